@@ -1,0 +1,33 @@
+"""expstore: a SQL-backed experience store (replay buffer) for training RL and LLM agents."""
+
+from .buffer import ReplayBuffer
+from .errors import (
+    CodecError,
+    EmptyBufferError,
+    ExpstoreError,
+    MissingDependencyError,
+    QueryError,
+    SchemaVersionError,
+    StorageError,
+)
+from .models import DataRow, Experience, ExpMeta
+from .storage import SqlStorage, Storage
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CodecError",
+    "DataRow",
+    "EmptyBufferError",
+    "ExpMeta",
+    "Experience",
+    "ExpstoreError",
+    "MissingDependencyError",
+    "QueryError",
+    "ReplayBuffer",
+    "SchemaVersionError",
+    "SqlStorage",
+    "Storage",
+    "StorageError",
+    "__version__",
+]

@@ -1,0 +1,144 @@
+"""ReplayBuffer: the facade trainers and agents use.
+
+>>> from expstore import DataRow, Experience, ExpMeta, QueryBuilder, ReplayBuffer
+>>> buffer = ReplayBuffer()  # a private in-memory SQLite store
+>>> buffer.store(DataRow(exp_meta=ExpMeta(task_id="t1", agent_id="a1", step=0),
+...                      exp_data=Experience(state={"url": "https://example.com"}, reward_t=1.0)))
+>>> buffer.count(QueryBuilder().eq("exp_meta.task_id", "t1").build())
+1
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+from sqlalchemy.engine import URL
+
+from .models import DataRow
+from .storage.base import QueryCondition, Storage
+from .storage.sql import SqlStorage
+
+__all__ = ["ReplayBuffer"]
+
+
+class ReplayBuffer:
+    """A durable, queryable replay buffer over a SQL :class:`Storage`.
+
+    ``ReplayBuffer(storage=None, *, name="default", capacity=None, eviction="fifo", upgrade=False)``
+
+    - ``storage``: ``None`` (default) gives a fresh in-memory SQLite store that no other
+      buffer shares; a string or URL opens :class:`SqlStorage` there (``sqlite:///path.db``,
+      ``postgresql+psycopg://user@host/db``); a :class:`Storage` is used as it is.
+    - ``name``: which buffer of the database (one database holds many, isolated).
+    - ``capacity``: at most this many rows remain after each write (default: unlimited).
+    - ``eviction``: which rows go beyond capacity: ``"fifo"`` (default), ``"max_reward"``,
+      ``"task_fifo"``.
+    - ``upgrade``: upgrade an older database schema instead of raising SchemaVersionError.
+    """
+
+    def __init__(
+        self,
+        storage: Storage | str | URL | None = None,
+        *,
+        name: str = "default",
+        capacity: int | None = None,
+        eviction: str = "fifo",
+        upgrade: bool = False,
+    ) -> None:
+        if storage is None:
+            storage = "sqlite://"
+        if isinstance(storage, (str, URL)):
+            storage = SqlStorage(
+                storage, name=name, capacity=capacity, eviction=eviction, upgrade=upgrade
+            )
+        elif not isinstance(storage, Storage):
+            raise TypeError(
+                "ReplayBuffer(storage=...) expects None, a database URL or a Storage, "
+                f"got {type(storage).__name__}"
+            )
+        self.storage: Storage = storage
+
+    # -- writing -------------------------------------------------------------------------
+    def store(self, row: DataRow) -> None:
+        """Store one row."""
+        self.storage.store(row)
+
+    def store_batch(self, rows: Sequence[DataRow]) -> None:
+        """Store every row in one transaction: all are validated first; all or none land."""
+        self.storage.store_batch(rows)
+
+    def delete(self, query_condition: QueryCondition) -> int:
+        """Delete the matching rows; returns how many went."""
+        return self.storage.delete(query_condition)
+
+    def clear(self) -> None:
+        """Delete every row of this buffer."""
+        self.storage.clear()
+
+    # -- reading -------------------------------------------------------------------------
+    def get(self, row_id: str) -> DataRow | None:
+        """The row with this id, or None."""
+        return self.storage.get(row_id)
+
+    def count(self, query_condition: QueryCondition = None) -> int:
+        """How many rows match (all rows for None)."""
+        return self.storage.count(query_condition)
+
+    def __len__(self) -> int:
+        return self.storage.count()
+
+    def query(
+        self,
+        query_condition: QueryCondition = None,
+        *,
+        limit: int | None = None,
+        order_by: str = "key",
+    ) -> Iterator[DataRow]:
+        """Stream the matching rows (insertion order by default; ``"-key"`` newest first)."""
+        return self.storage.query(query_condition, limit=limit, order_by=order_by)
+
+    def get_by_task_id(self, task_id: str) -> list[DataRow]:
+        """Every row of one task, ordered by step, then execute_time."""
+        return self.storage.get_by_task_id(task_id)
+
+    def get_batch_by_task_ids(self, task_ids: Iterable[str]) -> dict[str, list[DataRow]]:
+        """Every row of each task, grouped by task id."""
+        return self.storage.get_batch_by_task_ids(task_ids)
+
+    def task_ids(self, query_condition: QueryCondition = None) -> list[str]:
+        """Distinct task ids with at least one matching row, in order of first insertion."""
+        return self.storage.task_ids(query_condition)
+
+    def update_priorities(
+        self, ids: Sequence[str], priorities: Sequence[float] | np.ndarray
+    ) -> int:
+        """Set stored priorities (for PrioritizedSampler) by row id; returns rows updated."""
+        update = getattr(self.storage, "update_priorities", None)
+        if update is None:
+            raise TypeError(f"{type(self.storage).__name__} does not store priorities")
+        return int(update(ids, priorities))
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def close(self) -> None:
+        """Release the storage's connections."""
+        self.storage.close()
+
+    def __enter__(self) -> ReplayBuffer:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"ReplayBuffer({self.storage!r})"
+
+    def __reduce__(self) -> Any:
+        return (ReplayBuffer, (self.storage,))

@@ -1,0 +1,625 @@
+"""Turn the free-form fields of an experience row into a JSON document plus one blob, and back.
+
+A payload is a dict of fields (``state``, ``actions``, ``messages``...), each holding JSON
+values, pydantic models, numpy arrays and scalars, torch tensors and bytes, nested at any
+depth. :func:`encode_payload` keeps ordinary JSON data exactly as it is in the document (the
+query layer runs JSON-path queries such as ``state.url`` into it) and replaces everything
+JSON cannot hold with a placeholder, a dict with a single reserved key::
+
+    {"__tensor__": {"kind": "numpy", "dtype": "<f4", "shape": [2, 3], "offset": 0, "nbytes": 24}}
+    {"__float__": "nan"}                      # also "inf" and "-inf"
+    {"__escaped__": {"__float__": 1}}         # a user dict that happens to use a reserved key
+
+Tensor bytes go into one blob: ``b"XST1"``, the little-endian crc32 of the rest, then every
+tensor's bytes, each starting at a multiple of 8 from the end of that 8-byte header.
+
+Nothing is ever pickled: dtypes come from a whitelist, and decoding is ``np.frombuffer`` over
+one writable copy of the blob. Importing this module does not import torch; a value can only
+be a torch tensor if something else already imported torch, and decoding a stored torch
+tensor imports it on demand.
+
+>>> import numpy as np
+>>> doc, blob = encode_payload({"state": {"url": "a", "obs": np.zeros(2, np.float32)}})
+>>> doc["state"]["url"], doc["state"]["obs"]["__tensor__"]["dtype"]
+('a', '<f4')
+>>> decode_payload(doc, blob, row_id="r1")["state"]["obs"]
+array([0., 0.], dtype=float32)
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import zlib
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel
+from pydantic_core import PydanticSerializationError, to_jsonable_python
+
+from ._optional import loaded_torch, require
+from .errors import CodecError
+
+__all__ = ["check_value", "decode_payload", "deep_equal", "encode_payload", "to_plain"]
+
+MAGIC = b"XST1"
+HEADER_SIZE = 8
+ALIGNMENT = 8
+
+TENSOR_KEY = "__tensor__"
+FLOAT_KEY = "__float__"
+ESCAPED_KEY = "__escaped__"
+RESERVED_KEYS = frozenset({TENSOR_KEY, FLOAT_KEY, ESCAPED_KEY})
+
+_TENSOR_FIELDS = frozenset({"kind", "dtype", "shape", "offset", "nbytes"})
+_TENSOR_KINDS = frozenset({"numpy", "npscalar", "torch", "bytes"})
+
+# numpy dtypes are stored as little-endian dtype strings and read back only through this
+# table, so a stored document can never name an object, string or structured dtype.
+# longdouble is platform-dependent ('<f16' on x86-64 Linux, '<f8' on Windows).
+_NUMPY_TYPES = (
+    np.bool_,
+    np.int8, np.int16, np.int32, np.int64,
+    np.uint8, np.uint16, np.uint32, np.uint64,
+    np.float16, np.float32, np.float64, np.longdouble,
+    np.complex64, np.complex128, np.clongdouble,
+)  # fmt: skip
+_NUMPY_DTYPES: dict[str, np.dtype[Any]] = {
+    np.dtype(t).newbyteorder("<").str: np.dtype(t).newbyteorder("<") for t in _NUMPY_TYPES
+}
+_NUMERIC_KINDS = frozenset("biufc")
+
+# torch dtype name -> (numpy dtype of the stored bytes, torch dtype to view those bytes as
+# when numpy has no equivalent). Only names in this table are ever looked up on torch.
+_TORCH_DTYPES: dict[str, tuple[str, str | None]] = {
+    "bool": ("|b1", None),
+    "uint8": ("|u1", None),
+    "int8": ("|i1", None),
+    "int16": ("<i2", None),
+    "int32": ("<i4", None),
+    "int64": ("<i8", None),
+    "uint16": ("<u2", None),
+    "uint32": ("<u4", None),
+    "uint64": ("<u8", None),
+    "float16": ("<f2", None),
+    "float32": ("<f4", None),
+    "float64": ("<f8", None),
+    "complex64": ("<c8", None),
+    "complex128": ("<c16", None),
+    "bfloat16": ("<i2", "int16"),
+    "float8_e4m3fn": ("|u1", "uint8"),
+    "float8_e4m3fnuz": ("|u1", "uint8"),
+    "float8_e5m2": ("|u1", "uint8"),
+    "float8_e5m2fnuz": ("|u1", "uint8"),
+}
+
+_ACCEPTED = (
+    "accepted types are None, bool, int, float, str, bytes, list, tuple, dict with str keys, "
+    "pydantic models, numpy arrays and scalars of bool/int/uint/float/complex dtype, "
+    "and torch tensors"
+)
+
+_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+_DAMAGED = "the stored tensor data is damaged or truncated; delete and re-store the row"
+_MALFORMED = "the stored document is damaged; delete and re-store the row"
+
+
+# ---------------------------------------------------------------------------------------
+# Shared checks
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _numpy_problem(dtype: np.dtype[Any]) -> str | None:
+    """Why an array of ``dtype`` cannot be stored, or None if it can."""
+    if dtype.kind in _NUMERIC_KINDS:
+        if dtype.newbyteorder("<").str in _NUMPY_DTYPES:
+            return None
+        return f"numpy dtype {dtype} is not supported"
+    if dtype.kind == "O":
+        return "object arrays would need pickle; convert to a numeric dtype or a list"
+    if dtype.kind in "US":
+        return "string arrays are not stored as tensors; convert to a list with .tolist()"
+    if dtype.kind in "Mm":
+        return "datetime arrays are not supported; convert with .astype('int64') or .tolist()"
+    if dtype.kind == "V":
+        return "structured arrays are not supported; store each field as its own array"
+    return f"numpy dtype {dtype} is not supported; convert to a numeric dtype or a list"
+
+
+def _torch_problem(tensor: Any, torch: Any) -> str | None:
+    """Why ``tensor`` cannot be stored, or None if it can."""
+    if tensor.layout != torch.strided:
+        return f"{tensor.layout} tensors are not supported; convert with .to_dense()"
+    if tensor.is_quantized:
+        return "quantized tensors are not supported; convert with .dequantize()"
+    if getattr(tensor, "is_nested", False):
+        return "nested tensors are not supported; store a list of tensors"
+    name = str(tensor.dtype).removeprefix("torch.")
+    if name not in _TORCH_DTYPES:
+        supported = ", ".join(sorted(_TORCH_DTYPES))
+        return f"torch dtype {name} is not supported; supported dtypes are {supported}"
+    return None
+
+
+def _unsupported(value: Any) -> str:
+    kind = type(value)
+    name = (
+        kind.__qualname__
+        if kind.__module__ == "builtins"
+        else f"{kind.__module__}.{kind.__qualname__}"
+    )
+    hint = ""
+    if isinstance(value, (set, frozenset)):
+        hint = "; convert the set to a (sorted) list"
+    elif isinstance(value, complex):
+        hint = "; wrap it as np.complex128(...) or store real and imaginary parts"
+    return f"cannot store a value of type {name}; {_ACCEPTED}{hint}"
+
+
+# ---------------------------------------------------------------------------------------
+# Encoding
+
+
+class _Encoder:
+    """Walks one payload, collecting tensor bytes and building the JSON document."""
+
+    def __init__(self) -> None:
+        self.chunks: list[memoryview] = []
+        self.size = 0
+
+    def fail(self, path: str, message: str) -> CodecError:
+        return CodecError(f"{path or 'payload'}: {message}")
+
+    def add_bytes(self, data: np.ndarray[Any, Any]) -> tuple[int, int]:
+        """Append a C-contiguous array's bytes at an aligned offset; return (offset, nbytes)."""
+        raw = data.reshape(-1).view(np.uint8)
+        offset = -(-self.size // ALIGNMENT) * ALIGNMENT
+        if offset > self.size:
+            self.chunks.append(memoryview(bytes(offset - self.size)))
+        self.chunks.append(raw.data)
+        self.size = offset + raw.size
+        return offset, raw.size
+
+    def placeholder(self, kind: str, dtype: str, shape: tuple[int, ...], data: Any) -> Any:
+        offset, nbytes = self.add_bytes(data)
+        shape_list = [int(n) for n in shape]
+        spec = {
+            "kind": kind,
+            "dtype": dtype,
+            "shape": shape_list,
+            "offset": offset,
+            "nbytes": nbytes,
+        }
+        return {TENSOR_KEY: spec}
+
+    def encode(self, value: Any, path: str, lenient: bool = False) -> Any:
+        """The JSON form of ``value``; ``lenient`` is set inside pydantic dumps."""
+        kind = type(value)
+        if value is None or kind is bool or kind is int or kind is str:
+            return value
+        if kind is float:
+            return value if math.isfinite(value) else {FLOAT_KEY: repr(value)}
+        if kind is dict:
+            return self.encode_dict(value, path, lenient)
+        if kind is list or kind is tuple:
+            return [self.encode(v, f"{path}[{i}]", lenient) for i, v in enumerate(value)]
+        if isinstance(value, np.ndarray):
+            return self.encode_numpy(value, path)
+        if isinstance(value, np.generic):
+            return self.encode_numpy_scalar(value, path, lenient)
+        torch = loaded_torch()
+        if torch is not None and isinstance(value, torch.Tensor):
+            return self.encode_torch(value, path, torch)
+        if isinstance(value, BaseModel):
+            return self.encode(value.model_dump(mode="python"), path, lenient=True)
+        # Subclasses (IntEnum, StrEnum, OrderedDict, namedtuple...) are stored as their base.
+        if isinstance(value, bool):
+            return bool(value)
+        if isinstance(value, int):
+            return int(value)
+        if isinstance(value, float):
+            return self.encode(float(value), path)
+        if isinstance(value, str):
+            return str.__str__(value)
+        if isinstance(value, (bytes, bytearray)):
+            data = np.frombuffer(value, np.uint8)
+            return self.placeholder("bytes", "|u1", data.shape, data)
+        if isinstance(value, dict):
+            return self.encode_dict(value, path, lenient)
+        if isinstance(value, (list, tuple)):
+            return [self.encode(v, f"{path}[{i}]", lenient) for i, v in enumerate(value)]
+        if lenient:
+            # Inside a pydantic dump, datetimes, UUIDs, enums, sets... take their JSON form.
+            try:
+                plain = to_jsonable_python(value)
+            except PydanticSerializationError as exc:
+                raise self.fail(path, _unsupported(value)) from exc
+            return self.encode(plain, path)
+        raise self.fail(path, _unsupported(value))
+
+    def encode_dict(self, value: dict[Any, Any], path: str, lenient: bool) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if type(key) is not str:
+                if isinstance(key, str):
+                    key = str.__str__(key)
+                elif lenient:
+                    key = self.jsonable_key(key, path)
+                else:
+                    raise self.fail(
+                        path,
+                        f"dict keys must be str, got key {key!r} of type {type(key).__name__}; "
+                        "convert the keys to str",
+                    )
+            out[key] = self.encode(item, _join(path, key), lenient)
+        if not RESERVED_KEYS.isdisjoint(out):
+            return {ESCAPED_KEY: out}
+        return out
+
+    def jsonable_key(self, key: Any, path: str) -> str:
+        """The str a pydantic JSON dump would use for a non-str dict key (1 -> "1")."""
+        try:
+            (plain,) = to_jsonable_python({key: None})
+        except (PydanticSerializationError, TypeError, ValueError) as exc:
+            raise self.fail(path, f"cannot use {key!r} as a dict key; use str keys") from exc
+        return str(plain)
+
+    def encode_numpy(self, value: np.ndarray[Any, Any], path: str) -> Any:
+        if isinstance(value, np.ma.MaskedArray):
+            raise self.fail(path, "masked arrays are not supported; store data and mask apart")
+        problem = _numpy_problem(value.dtype)
+        if problem:
+            raise self.fail(path, f"{problem} (got dtype {value.dtype})")
+        little = value.dtype.newbyteorder("<")
+        data = np.ascontiguousarray(value, dtype=little)
+        return self.placeholder("numpy", little.str, value.shape, data)
+
+    def encode_numpy_scalar(self, value: np.generic, path: str, lenient: bool) -> Any:
+        dtype = value.dtype
+        if dtype.kind in _NUMERIC_KINDS and _numpy_problem(dtype) is None:
+            little = dtype.newbyteorder("<")
+            data = np.ascontiguousarray(np.asarray(value), dtype=little)
+            return self.placeholder("npscalar", little.str, (), data)
+        if isinstance(value, str):  # np.str_
+            return str.__str__(value)
+        if isinstance(value, bytes):  # np.bytes_
+            data = np.frombuffer(value, np.uint8)
+            return self.placeholder("bytes", "|u1", data.shape, data)
+        raise self.fail(path, f"{_numpy_problem(dtype)} (got numpy scalar {value!r})")
+
+    def encode_torch(self, value: Any, path: str, torch: Any) -> Any:
+        problem = _torch_problem(value, torch)
+        if problem:
+            raise self.fail(path, problem)
+        name = str(value.dtype).removeprefix("torch.")
+        np_dtype, view_as = _TORCH_DTYPES[name]
+        try:
+            tensor = value.detach().cpu().resolve_conj().resolve_neg().contiguous()
+            if view_as is not None:
+                tensor = tensor.view(getattr(torch, view_as))
+            data = tensor.numpy()
+        except (RuntimeError, TypeError, NotImplementedError) as exc:
+            raise self.fail(path, f"cannot copy the tensor to CPU memory: {exc}") from exc
+        data = np.ascontiguousarray(data, dtype=_NUMPY_DTYPES[np_dtype])
+        return self.placeholder("torch", name, tuple(value.shape), data)
+
+    def blob(self) -> bytes | None:
+        if not self.chunks:
+            return None
+        crc = 0
+        for chunk in self.chunks:
+            crc = zlib.crc32(chunk, crc)
+        return b"".join([MAGIC, struct.pack("<I", crc), *self.chunks])
+
+
+def encode_payload(payload: dict[str, Any]) -> tuple[dict[str, Any], bytes | None]:
+    """Split ``payload`` into a JSON-able document and one blob of tensor bytes.
+
+    The blob is None when the payload holds no arrays, tensors or bytes. Top-level keys are
+    field names and are kept as they are; below them, reserved keys are escaped. Raises
+    CodecError naming the path (``state.obs[2]``) of the first value that cannot be stored.
+    """
+    encoder = _Encoder()
+    doc: dict[str, Any] = {}
+    try:
+        for key, value in payload.items():
+            if not isinstance(key, str):
+                raise CodecError(f"payload field names must be str, got {key!r}")
+            doc[str.__str__(key)] = encoder.encode(value, key)
+    except RecursionError as exc:
+        raise CodecError(
+            "payload is nested too deeply or contains itself; store a flatter structure"
+        ) from exc
+    return doc, encoder.blob()
+
+
+# ---------------------------------------------------------------------------------------
+# Decoding
+
+
+class _Decoder:
+    """Rebuilds values from one document and one writable copy of its blob."""
+
+    def __init__(self, blob: bytes | bytearray | memoryview | None, row_id: str) -> None:
+        self.row_id = row_id
+        self.buf: bytearray | None = None
+        if blob is not None:
+            self.buf = self.check_blob(memoryview(blob))
+
+    def damaged(self, message: str) -> CodecError:
+        return CodecError(f"row {self.row_id}: {message}; {_DAMAGED}")
+
+    def malformed(self, path: str, message: str) -> CodecError:
+        return CodecError(f"row {self.row_id}: {message} at {path or 'payload'}; {_MALFORMED}")
+
+    def check_blob(self, view: memoryview) -> bytearray:
+        view = view.cast("B")
+        if len(view) < HEADER_SIZE:
+            raise self.damaged(f"the blob is {len(view)} bytes, shorter than its header")
+        if view[:4] != MAGIC:
+            raise self.damaged(f"the blob starts with {bytes(view[:4])!r}, expected {MAGIC!r}")
+        (expected,) = struct.unpack("<I", view[4:HEADER_SIZE])
+        rest = view[HEADER_SIZE:]
+        if zlib.crc32(rest) != expected:
+            raise self.damaged("the blob's checksum does not match its contents")
+        # The one copy per row: arrays view into it, so they are writable.
+        return bytearray(rest)
+
+    def decode(self, value: Any, path: str) -> Any:
+        kind = type(value)
+        if kind is dict:
+            if len(value) == 1:
+                (key,) = value
+                if key in RESERVED_KEYS:
+                    return self.decode_placeholder(key, value[key], path)
+            elif not RESERVED_KEYS.isdisjoint(value):
+                raise self.malformed(path, f"a placeholder with extra keys {sorted(value)}")
+            return {k: self.decode(v, _join(path, k)) for k, v in value.items()}
+        if kind is list:
+            return [self.decode(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return value
+
+    def decode_placeholder(self, key: str, spec: Any, path: str) -> Any:
+        if key == FLOAT_KEY:
+            if not isinstance(spec, str) or spec not in _NON_FINITE:
+                raise self.malformed(path, f"a float placeholder holding {spec!r}")
+            return _NON_FINITE[spec]
+        if key == ESCAPED_KEY:
+            if type(spec) is not dict:
+                raise self.malformed(path, f"an escaped dict holding {type(spec).__name__}")
+            return {k: self.decode(v, _join(path, k)) for k, v in spec.items()}
+        return self.decode_tensor(spec, path)
+
+    def decode_tensor(self, spec: Any, path: str) -> Any:
+        if type(spec) is not dict or spec.keys() != _TENSOR_FIELDS:
+            raise self.malformed(path, f"a tensor placeholder holding {spec!r}")
+        kind, dtype_name = spec["kind"], spec["dtype"]
+        shape, offset, nbytes = spec["shape"], spec["offset"], spec["nbytes"]
+        if kind not in _TENSOR_KINDS:
+            raise self.malformed(path, f"a tensor placeholder of unknown kind {kind!r}")
+        if (
+            type(shape) is not list
+            or not all(type(n) is int and n >= 0 for n in shape)
+            or type(offset) is not int
+            or type(nbytes) is not int
+            or offset < 0
+            or nbytes < 0
+        ):
+            raise self.malformed(path, f"a tensor placeholder holding {spec!r}")
+        if kind == "torch":
+            if dtype_name not in _TORCH_DTYPES:
+                raise self.damaged(f"{path} names torch dtype {dtype_name!r}, not a known dtype")
+            np_dtype = _NUMPY_DTYPES[_TORCH_DTYPES[dtype_name][0]]
+        else:
+            if dtype_name not in _NUMPY_DTYPES:
+                raise self.damaged(f"{path} names dtype {dtype_name!r}, not a numeric dtype")
+            np_dtype = _NUMPY_DTYPES[dtype_name]
+        if (kind == "npscalar" and shape) or (
+            kind == "bytes" and (len(shape) != 1 or dtype_name != "|u1")
+        ):
+            raise self.malformed(path, f"a {kind} placeholder with shape {shape}")
+        count = math.prod(shape)
+        if count * np_dtype.itemsize != nbytes:
+            raise self.damaged(
+                f"{path} has shape {shape} of {dtype_name} ({count * np_dtype.itemsize} bytes) "
+                f"but records {nbytes} bytes"
+            )
+        if self.buf is None:
+            raise self.damaged(f"{path} refers to tensor data but the row has no blob")
+        if offset + nbytes > len(self.buf):
+            raise self.damaged(
+                f"{path} needs bytes {offset}..{offset + nbytes} of a {len(self.buf)}-byte blob"
+            )
+        if kind == "bytes":
+            return bytes(memoryview(self.buf)[offset : offset + nbytes])
+        array = np.frombuffer(self.buf, np_dtype, count, offset).reshape(shape)
+        if not np_dtype.isnative:  # only on big-endian machines
+            array = array.astype(np_dtype.newbyteorder("="))
+        if kind == "numpy":
+            return array
+        if kind == "npscalar":
+            return array[()]
+        return self.to_torch(array, dtype_name, path)
+
+    def to_torch(self, array: np.ndarray[Any, Any], dtype_name: str, path: str) -> Any:
+        torch = require("torch", "decoding a stored torch tensor")
+        torch_dtype = getattr(torch, dtype_name, None)
+        if torch_dtype is None:
+            raise CodecError(
+                f"row {self.row_id}: {path} is a torch {dtype_name} tensor, which this torch "
+                f"{torch.__version__} does not support; upgrade torch"
+            )
+        tensor = torch.from_numpy(array)
+        view_as = _TORCH_DTYPES[dtype_name][1]
+        return tensor.view(torch_dtype) if view_as is not None else tensor
+
+
+def decode_payload(
+    doc: dict[str, Any], blob: bytes | bytearray | memoryview | None, *, row_id: str
+) -> dict[str, Any]:
+    """Rebuild the payload :func:`encode_payload` split into ``doc`` and ``blob``.
+
+    Arrays and tensors of one row share one writable copy of the blob. A damaged blob or a
+    malformed placeholder raises CodecError naming ``row_id``.
+    """
+    if type(doc) is not dict:
+        raise CodecError(
+            f"row {row_id}: the stored document is a {type(doc).__name__}, "
+            f"not a JSON object; {_MALFORMED}"
+        )
+    decoder = _Decoder(blob, row_id)
+    try:
+        return {key: decoder.decode(value, key) for key, value in doc.items()}
+    except RecursionError as exc:
+        raise CodecError(f"row {row_id}: the stored document is nested too deeply") from exc
+
+
+# ---------------------------------------------------------------------------------------
+# Validation, equality, plain conversion
+
+
+def check_value(value: Any, path: str) -> None:
+    """Raise ValueError if :func:`encode_payload` could not store ``value``.
+
+    Walks containers without copying anything and checks arrays and tensors by dtype only,
+    so it is cheap enough for a pydantic field validator. Pydantic models are accepted as
+    they are.
+    """
+    try:
+        _check(value, path)
+    except RecursionError as exc:
+        raise ValueError(f"{path}: nested too deeply or contains itself") from exc
+
+
+def _check(value: Any, path: str) -> None:
+    kind = type(value)
+    if value is None or kind in (bool, int, str, float, bytes):
+        return
+    if kind is dict:
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ValueError(
+                    f"{path}: dict keys must be str, got key {key!r} of type "
+                    f"{type(key).__name__}; convert the keys to str"
+                )
+            _check(item, _join(path, key))
+        return
+    if kind is list or kind is tuple:
+        for i, item in enumerate(value):
+            _check(item, f"{path}[{i}]")
+        return
+    if isinstance(value, np.ndarray):
+        problem = _numpy_problem(value.dtype)
+        if isinstance(value, np.ma.MaskedArray):
+            problem = "masked arrays are not supported; store data and mask apart"
+        if problem:
+            raise ValueError(f"{path}: {problem} (got numpy array of dtype {value.dtype})")
+        return
+    if isinstance(value, np.generic):
+        if isinstance(value, (str, bytes)):
+            return
+        problem = _numpy_problem(value.dtype)
+        if problem:
+            raise ValueError(f"{path}: {problem} (got numpy scalar {value!r})")
+        return
+    torch = loaded_torch()
+    if torch is not None and isinstance(value, torch.Tensor):
+        problem = _torch_problem(value, torch)
+        if problem:
+            raise ValueError(f"{path}: {problem}")
+        return
+    if isinstance(value, (BaseModel, bool, int, float, str, bytes, bytearray)):
+        return
+    if isinstance(value, dict):
+        return _check(dict(value), path)
+    if isinstance(value, (list, tuple)):
+        return _check(list(value), path)
+    raise ValueError(f"{path}: {_unsupported(value)}")
+
+
+def _array_bytes(value: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """The little-endian bytes of an array as a flat uint8 array (a view when possible)."""
+    data = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<"))
+    return data.reshape(-1).view(np.uint8)
+
+
+def _tensor_bytes(value: Any, torch: Any) -> np.ndarray[Any, Any]:
+    tensor = value.detach().cpu().resolve_conj().resolve_neg().contiguous()
+    return tensor.reshape(-1).view(torch.uint8).numpy()
+
+
+def deep_equal(a: Any, b: Any) -> bool:
+    """Structural equality that treats arrays and tensors as values.
+
+    Arrays and tensors are equal when they are the same kind (numpy or torch), dtype
+    (ignoring byte order) and shape and hold the same bytes, so NaN equals itself and -0.0
+    differs from 0.0. Dicts, lists and tuples compare item by item, pydantic models field
+    by field, NaN floats equal each other; everything else uses ``==``.
+    """
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
+            return False
+        if a.dtype.hasobject or b.dtype.hasobject:
+            return (
+                a.shape == b.shape
+                and a.dtype == b.dtype
+                and all(deep_equal(x, y) for x, y in zip(a.flat, b.flat, strict=True))
+            )
+        return (
+            a.shape == b.shape
+            and a.dtype.newbyteorder("<") == b.dtype.newbyteorder("<")
+            and bool(np.array_equal(_array_bytes(a), _array_bytes(b)))
+        )
+    if isinstance(a, np.generic) or isinstance(b, np.generic):
+        if type(a) is not type(b):
+            return False
+        return deep_equal(np.asarray(a), np.asarray(b))
+    torch = loaded_torch()
+    if torch is not None and (isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor)):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return False
+        if a.dtype != b.dtype or a.shape != b.shape or a.layout != b.layout:
+            return False
+        if a.layout != torch.strided:
+            return bool(torch.equal(a, b))
+        return bool(np.array_equal(_tensor_bytes(a, torch), _tensor_bytes(b, torch)))
+    if isinstance(a, BaseModel) or isinstance(b, BaseModel):
+        return (
+            type(a) is type(b)
+            and deep_equal(a.__dict__, b.__dict__)
+            and deep_equal(a.__pydantic_extra__, b.__pydantic_extra__)
+            and deep_equal(a.__pydantic_private__, b.__pydantic_private__)
+        )
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(deep_equal(a[k], b[k]) for k in a)
+    if (isinstance(a, list) and isinstance(b, list)) or (
+        isinstance(a, tuple) and isinstance(b, tuple)
+    ):
+        return len(a) == len(b) and all(deep_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    try:
+        return bool(a == b)
+    except (ValueError, TypeError):
+        return False
+
+
+def to_plain(value: Any) -> Any:
+    """Replace pydantic models with their ``model_dump()`` at any depth.
+
+    Arrays, tensors and other values are returned as they are; dicts, lists and tuples
+    are rebuilt around them.
+    """
+    if isinstance(value, BaseModel):
+        return to_plain(value.model_dump(mode="python"))
+    if isinstance(value, dict):
+        return {k: to_plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [to_plain(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(to_plain(v) for v in value)
+    return value

@@ -1,0 +1,151 @@
+"""Schema migrations: create, check and upgrade a database with the Alembic scripts.
+
+The scripts live in ``migrations/`` at the top of the repository and ship inside the wheel as
+``expstore/_migrations``, so an installed expstore can create and upgrade databases.
+
+Opening a store calls :func:`ensure_schema`: an empty database is created at the head
+revision; an older one raises :class:`SchemaVersionError` naming the command that upgrades it
+(or is upgraded when asked); a newer one raises without writing anything.
+"""
+
+from __future__ import annotations
+
+import io
+from functools import lru_cache
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, text
+
+from .errors import SchemaVersionError
+from .storage.schema import VERSION_TABLE
+
+__all__ = [
+    "current_revision",
+    "downgrade",
+    "ensure_schema",
+    "head_revision",
+    "script_location",
+    "upgrade",
+    "upgrade_sql",
+]
+
+# An arbitrary constant: the key of the Postgres advisory lock that serialises migrations.
+_PG_LOCK_KEY = 0x65787073  # "exps"
+
+
+def script_location() -> Path:
+    """The folder holding env.py and versions/: inside the package when installed."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "_migrations", here.parent / "migrations"):
+        if (candidate / "env.py").is_file():
+            return candidate
+    raise SchemaVersionError(
+        f"expstore's migration scripts are missing (looked in {here / '_migrations'} and "
+        f"{here.parent / 'migrations'}); reinstall expstore"
+    )
+
+
+def _config(connection: Connection | None = None, url: str | None = None) -> Config:
+    cfg = Config(stdout=io.StringIO())
+    cfg.set_main_option("script_location", str(script_location()))
+    if url is not None:
+        cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
+@lru_cache(maxsize=1)
+def _scripts() -> ScriptDirectory:
+    return ScriptDirectory.from_config(_config())
+
+
+def head_revision() -> str:
+    """The schema revision this library writes and expects."""
+    head = _scripts().get_current_head()
+    assert head is not None
+    return head
+
+
+def known_revisions() -> set[str]:
+    return {script.revision for script in _scripts().walk_revisions()}
+
+
+def current_revision(connection: Connection) -> str | None:
+    """The revision a database is at, or None when expstore never touched it."""
+    context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+    return context.get_current_revision()
+
+
+def _lock(connection: Connection) -> None:
+    """Serialise schema changes between processes for the rest of this transaction."""
+    if connection.dialect.name == "postgresql":
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_LOCK_KEY})
+    # SQLite: the write engine begins transactions with BEGIN IMMEDIATE, which takes the
+    # database's write lock up front.
+
+
+def _check(revision: str | None, url: str, *, upgrade: bool) -> bool:
+    """True when the schema must be created or upgraded; raises when it must not be."""
+    head = head_revision()
+    if revision == head:
+        return False
+    if revision is None:
+        return True
+    if revision not in known_revisions():
+        raise SchemaVersionError(
+            f"the database {url} has schema revision {revision!r}, newer than this expstore "
+            f"(which knows up to {head!r}); nothing was written. Upgrade expstore "
+            "(pip install -U expstore) to open it"
+        )
+    if not upgrade:
+        raise SchemaVersionError(
+            f"the database {url} has schema revision {revision!r}, older than this expstore's "
+            f"{head!r}. Upgrade it with `expstore upgrade --db {url}` or open it with "
+            "ReplayBuffer(url, upgrade=True)"
+        )
+    return True
+
+
+def ensure_schema(engine: Engine, *, upgrade: bool = False) -> None:
+    """Create the schema in an empty database; check (or upgrade) an existing one.
+
+    ``engine`` must begin write transactions that lock (see SqlStorage's write engine).
+    """
+    url = engine.url.render_as_string(hide_password=True)
+    with engine.connect() as conn:  # a cheap read first: most opens find the head revision
+        if not _check(current_revision(conn), url, upgrade=upgrade):
+            return
+    with engine.begin() as conn:
+        _lock(conn)
+        if _check(current_revision(conn), url, upgrade=upgrade):
+            command.upgrade(_config(conn), "head")
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Upgrade (or create) the schema up to ``revision``."""
+    with engine.begin() as conn:
+        _lock(conn)
+        command.upgrade(_config(conn), revision)
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    """Downgrade the schema to ``revision`` (``"base"`` drops every expstore table)."""
+    with engine.begin() as conn:
+        _lock(conn)
+        command.downgrade(_config(conn), revision)
+
+
+def upgrade_sql(url: str, revision: str = "head", *, from_revision: str | None = None) -> str:
+    """The SQL that upgrading would run (Alembic's offline mode), without running it."""
+    cfg = _config(url=url)
+    out = io.StringIO()
+    cfg.stdout = out
+    cfg.output_buffer = out
+    target = f"{from_revision}:{revision}" if from_revision else revision
+    command.upgrade(cfg, target, sql=True)
+    return out.getvalue()

@@ -1,0 +1,124 @@
+"""The row model: ``DataRow = ExpMeta + Experience``, as in AWorld's replay buffer.
+
+Metadata (``ExpMeta`` plus ``reward_t``, ``adv_t``, ``v_t`` and ``done``) is stored in typed,
+indexed columns; the rest of the experience (``state``, ``actions``, ``messages``,
+``next_state``, ``ext_info``) is stored as JSON plus tensor bytes by :mod:`expstore.codec`.
+Those free-form fields take any JSON value, pydantic models (stored as their dump, so they
+come back as dicts), numpy arrays and torch tensors, nested at any depth.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .codec import check_value, deep_equal, to_plain
+
+__all__ = ["DataRow", "ExpMeta", "Experience", "PAYLOAD_FIELDS"]
+
+#: The Experience fields stored through the codec (JSON plus tensor bytes).
+PAYLOAD_FIELDS = ("state", "actions", "messages", "next_state", "ext_info")
+
+
+class ExpMeta(BaseModel):
+    """Who produced a row and when: task, agent, step and time.
+
+    >>> ExpMeta(task_id="t1", agent_id="a1", step=0).task_name
+    ''
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    task_id: str = Field(min_length=1)
+    task_name: str = ""
+    agent_id: str = Field(min_length=1)
+    step: int = Field(ge=0, le=2**63 - 1)
+    execute_time: float = Field(default_factory=time.time)
+    pre_agent: str | None = None
+
+    @field_validator("execute_time")
+    @classmethod
+    def _finite_time(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError(f"execute_time must be a finite number of seconds, got {value!r}")
+        return value
+
+
+class Experience(BaseModel):
+    """What happened at one step: state, actions, reward and the rest.
+
+    ``action=`` (singular, as in AWorld's README) is accepted and stored as ``actions=[action]``.
+    """
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    state: Any = None
+    actions: Any = Field(default_factory=list)
+    reward_t: float | None = None
+    adv_t: float | None = None
+    v_t: float | None = None
+    messages: list[dict[str, Any]] | None = None
+    done: bool = False
+    next_state: Any = None
+    ext_info: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _singular_action(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "action" in data:
+            if "actions" in data:
+                raise ValueError("give either action= or actions=, not both")
+            data = dict(data)
+            data["actions"] = [data.pop("action")]
+        return data
+
+    @field_validator("reward_t", "adv_t", "v_t")
+    @classmethod
+    def _finite_scalar(cls, value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
+            raise ValueError(
+                f"must be a finite number or None, got {value!r}; "
+                "store non-finite values in ext_info instead"
+            )
+        return value
+
+    @field_validator("state", "actions", "messages", "next_state", "ext_info")
+    @classmethod
+    def _storable(cls, value: Any, info: Any) -> Any:
+        check_value(value, info.field_name)
+        return value
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Experience):
+            return NotImplemented
+        return all(
+            deep_equal(getattr(self, name), getattr(other, name))
+            for name in type(self).model_fields
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class DataRow(BaseModel):
+    """One stored experience: metadata, data and a unique id (a uuid4 string by default)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    exp_meta: ExpMeta
+    exp_data: Experience
+    id: str = Field(default_factory=lambda: str(uuid.uuid4()), min_length=1, max_length=255)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as plain Python: pydantic models become dicts, tensors stay tensors."""
+        return {
+            "exp_meta": self.exp_meta.model_dump(),
+            "exp_data": {
+                name: to_plain(getattr(self.exp_data, name))
+                for name in type(self.exp_data).model_fields
+            },
+            "id": self.id,
+        }

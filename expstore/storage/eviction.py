@@ -1,0 +1,93 @@
+"""Retention policies: which rows go when a buffer holds more than its capacity.
+
+Each policy is one SQL DELETE run in the same transaction as the write it follows, so a
+committed write never leaves more than ``capacity`` rows.
+
+- ``fifo``: the oldest rows by insertion order go first.
+- ``max_reward``: keep the rows with the highest ``reward_t`` (torchgfn's prioritized
+  capacity); rows without a reward go first, ties are broken by recency (newer rows stay).
+- ``task_fifo``: evict whole tasks, the task first inserted goes first (AWorld's FIFO), so no
+  trajectory is left half. A single task larger than the capacity is evicted whole too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import Connection, and_, delete, func, select
+
+from .schema import rows
+
+__all__ = ["EVICTION_POLICIES", "evict"]
+
+
+def _fifo(conn: Connection, buffer_id: int, capacity: int) -> int:
+    threshold = (
+        select(rows.c.key)
+        .where(rows.c.buffer_id == buffer_id)
+        .order_by(rows.c.key.desc())
+        .limit(1)
+        .offset(capacity - 1)
+        .scalar_subquery()
+    )
+    stmt = delete(rows).where(rows.c.buffer_id == buffer_id, rows.c.key < threshold)
+    return conn.execute(stmt).rowcount
+
+
+def _keep_ranked(conn: Connection, buffer_id: int, capacity: int, *order: object) -> int:
+    keep = (
+        select(rows.c.key)
+        .where(rows.c.buffer_id == buffer_id)
+        .order_by(*order)  # type: ignore[arg-type]
+        .limit(capacity)
+    )
+    count = conn.execute(
+        select(func.count()).select_from(rows).where(rows.c.buffer_id == buffer_id)
+    ).scalar_one()
+    if count <= capacity:
+        return 0
+    stmt = delete(rows).where(rows.c.buffer_id == buffer_id, rows.c.key.not_in(keep))
+    return conn.execute(stmt).rowcount
+
+
+def _max_reward(conn: Connection, buffer_id: int, capacity: int) -> int:
+    return _keep_ranked(
+        conn, buffer_id, capacity, rows.c.reward_t.desc().nulls_last(), rows.c.key.desc()
+    )
+
+
+def _task_fifo(conn: Connection, buffer_id: int, capacity: int) -> int:
+    tasks = (
+        select(
+            rows.c.task_id,
+            func.count().label("n"),
+            func.min(rows.c.key).label("first_key"),
+        )
+        .where(rows.c.buffer_id == buffer_id)
+        .group_by(rows.c.task_id)
+        .subquery()
+    )
+    # Rows held by this task and every task inserted after it.
+    running = (
+        select(
+            tasks.c.task_id,
+            func.sum(tasks.c.n)
+            .over(order_by=tasks.c.first_key.desc(), rows=(None, 0))
+            .label("held"),
+        )
+    ).subquery()
+    doomed = select(running.c.task_id).where(running.c.held > capacity)
+    stmt = delete(rows).where(and_(rows.c.buffer_id == buffer_id, rows.c.task_id.in_(doomed)))
+    return conn.execute(stmt).rowcount
+
+
+EVICTION_POLICIES: dict[str, Callable[[Connection, int, int], int]] = {
+    "fifo": _fifo,
+    "max_reward": _max_reward,
+    "task_fifo": _task_fifo,
+}
+
+
+def evict(conn: Connection, buffer_id: int, capacity: int, policy: str) -> int:
+    """Delete rows of ``buffer_id`` beyond ``capacity`` by ``policy``; returns how many went."""
+    return EVICTION_POLICIES[policy](conn, buffer_id, capacity)

@@ -1,0 +1,95 @@
+"""The SQL schema: one MetaData, the tables, and their indexes.
+
+The Alembic migrations in ``migrations/`` create and upgrade exactly this schema; a test checks
+that autogenerate finds no difference between the migrations' head and these tables.
+
+- ``expstore_buffers``: one row per named buffer in the database.
+- ``expstore_rows``: one row per experience. ``key`` (an integer primary key) gives the
+  insertion order; metadata lives in typed, indexed columns; the rest of the experience is
+  ``data`` (JSON, JSONB on Postgres) plus ``tensors`` (the codec's blob).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import BYTEA, JSONB
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+#: Alembic's version table for expstore, prefixed so it never collides with an application's.
+VERSION_TABLE = "expstore_alembic_version"
+
+# SQLite only aliases the rowid (and so autoincrements) for a column typed exactly INTEGER.
+KeyType = BigInteger().with_variant(Integer(), "sqlite")
+JsonType = JSON().with_variant(JSONB(), "postgresql")
+BlobType = LargeBinary().with_variant(BYTEA(), "postgresql")
+
+buffers = Table(
+    "expstore_buffers",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(255), nullable=False),
+    Column("created_at", Double, nullable=False),
+    # Bumped by every change other than an insert (delete, eviction, priority update), so
+    # readers can tell cheaply whether cached key arrays are still valid.
+    Column("version", BigInteger, nullable=False, server_default="0"),
+    UniqueConstraint("name"),
+)
+
+rows = Table(
+    "expstore_rows",
+    metadata,
+    Column("key", KeyType, primary_key=True, autoincrement=True),
+    Column(
+        "buffer_id",
+        Integer,
+        ForeignKey("expstore_buffers.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("id", String(255), nullable=False),
+    Column("task_id", String(255), nullable=False),
+    Column("task_name", Text, nullable=False),
+    Column("agent_id", String(255), nullable=False),
+    Column("step", BigInteger, nullable=False),
+    Column("execute_time", Double, nullable=False),
+    Column("pre_agent", String(255), nullable=True),
+    Column("reward_t", Double, nullable=True),
+    Column("adv_t", Double, nullable=True),
+    Column("v_t", Double, nullable=True),
+    Column("done", Boolean, nullable=False),
+    Column("priority", Double, nullable=True),
+    Column("data", JsonType, nullable=False),
+    Column("tensors", BlobType, nullable=True),
+    UniqueConstraint("buffer_id", "id"),
+    Index(None, "buffer_id", "key"),
+    Index(None, "buffer_id", "task_id", "step"),
+    Index(None, "buffer_id", "agent_id"),
+    Index(None, "buffer_id", "reward_t"),
+)
+
+#: Metadata columns, in the order ExpMeta / Experience name them.
+META_COLUMNS = ("task_id", "task_name", "agent_id", "step", "execute_time", "pre_agent")
+SCALAR_COLUMNS = ("reward_t", "adv_t", "v_t", "done")

@@ -1,0 +1,680 @@
+"""SqlStorage: rows in SQLite (the embedded default) or PostgreSQL, through SQLAlchemy Core.
+
+Writes run in one transaction each: validation and encoding happen before it starts, the
+insert and any eviction inside it, so a batch is stored whole or not at all. On SQLite, write
+transactions begin with ``BEGIN IMMEDIATE`` (after a busy timeout), so concurrent writers
+queue for the lock instead of failing with "database is locked"; the journal is WAL, so
+readers never block writers. On Postgres, inserts go through ``COPY`` and writers of a
+buffer with a capacity serialise on that buffer's row, which keeps the capacity exact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Row,
+    bindparam,
+    create_engine,
+    delete,
+    event,
+    func,
+    insert,
+    select,
+    tuple_,
+    update,
+)
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import (
+    ArgumentError,
+    DBAPIError,
+    IntegrityError,
+    NoSuchModuleError,
+    OperationalError,
+)
+from sqlalchemy.pool import StaticPool
+from sqlalchemy.sql.elements import ColumnElement
+
+from .. import migrate
+from .._optional import require
+from ..codec import decode_payload, encode_payload
+from ..errors import CodecError, StorageError
+from ..models import PAYLOAD_FIELDS, DataRow, Experience, ExpMeta
+from .base import QueryCondition, Storage
+from .eviction import EVICTION_POLICIES, evict
+from .schema import META_COLUMNS, SCALAR_COLUMNS, buffers, rows
+
+__all__ = ["SqlStorage", "create_sql_engine"]
+
+#: Rows fetched per round trip when streaming a query.
+CHUNK = 1000
+#: Columns that key_index() and query(order_by=...) accept.
+ORDERABLE = ("key", "step", "execute_time", "task_id", "agent_id", "task_name")
+INDEXABLE = (
+    "id",
+    *META_COLUMNS,
+    *SCALAR_COLUMNS,
+    "priority",
+)
+_WRITE_COLUMNS = ("buffer_id", "id", *META_COLUMNS, *SCALAR_COLUMNS, "data", "tensors")
+_ROW_COLUMNS = [c for c in rows.c if c.name not in ("buffer_id", "priority")]
+_SQLITE_BUSY_MS = 60_000
+
+
+def _normalise_url(url: str | URL) -> URL:
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise StorageError(
+            f"expected a database URL such as sqlite:///path.db, sqlite:// or "
+            f"postgresql+psycopg://user@host:5432/db, got {url!r}"
+        ) from exc
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed
+
+
+def _is_memory(url: URL) -> bool:
+    return url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:")
+
+
+def create_sql_engine(url: str | URL) -> Engine:
+    """An Engine set up for expstore: SQLite in WAL mode with a busy timeout and explicit
+    BEGIN (``BEGIN IMMEDIATE`` under ``execution_options(expstore_begin="IMMEDIATE")``);
+    Postgres through psycopg 3."""
+    parsed = _normalise_url(url)
+    backend = parsed.get_backend_name()
+    if backend == "postgresql":
+        if parsed.get_driver_name() == "psycopg":
+            require("psycopg", "a PostgreSQL URL")
+        kwargs: dict[str, Any] = {"pool_pre_ping": True}
+    elif backend == "sqlite":
+        kwargs = {"connect_args": {"check_same_thread": False, "timeout": _SQLITE_BUSY_MS / 1000}}
+        if _is_memory(parsed):
+            kwargs["poolclass"] = StaticPool
+    else:
+        raise StorageError(
+            f"expstore stores rows in SQLite or PostgreSQL, got a {backend!r} URL "
+            f"({parsed.render_as_string(hide_password=True)}); use sqlite:///path.db or "
+            "postgresql+psycopg://user@host:5432/db"
+        )
+    try:
+        engine = create_engine(parsed, **kwargs)
+    except (NoSuchModuleError, ArgumentError, ImportError) as exc:
+        raise StorageError(
+            f"cannot open {parsed.render_as_string(hide_password=True)}: {exc}"
+        ) from exc
+    if backend == "sqlite":
+        memory = _is_memory(parsed)
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+            # Let SQLAlchemy's "begin" event (below) issue BEGIN itself.
+            dbapi_connection.isolation_level = None
+            cursor = dbapi_connection.cursor()
+            cursor.execute(f"PRAGMA busy_timeout = {_SQLITE_BUSY_MS}")
+            if not memory:
+                cursor.execute("PRAGMA journal_mode = WAL")
+                cursor.execute("PRAGMA synchronous = NORMAL")
+            cursor.execute("PRAGMA foreign_keys = ON")
+            cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: Connection) -> None:
+            mode = conn.get_execution_options().get("expstore_begin", "")
+            conn.exec_driver_sql(f"BEGIN {mode}".strip())
+
+    return engine
+
+
+class SqlStorage(Storage):
+    """One named buffer in a SQL database.
+
+    ``SqlStorage(url, name="default", capacity=None, eviction="fifo", upgrade=False)``
+
+    - ``url``: ``sqlite:///path.db``, ``sqlite://`` (in memory, private to this object) or
+      ``postgresql+psycopg://user@host:5432/db``.
+    - ``name``: one database holds many buffers, isolated from each other.
+    - ``capacity``: at most this many rows remain after every write; ``eviction`` chooses
+      which go (``fifo``, ``max_reward``, ``task_fifo``; see :mod:`expstore.storage.eviction`).
+    - ``upgrade``: upgrade an older schema instead of raising SchemaVersionError.
+    """
+
+    def __init__(
+        self,
+        url: str | URL,
+        *,
+        name: str = "default",
+        capacity: int | None = None,
+        eviction: str = "fifo",
+        upgrade: bool = False,
+    ) -> None:
+        if not isinstance(name, str) or not name or len(name) > 255:
+            raise ValueError(f"name must be a non-empty string of at most 255 chars, got {name!r}")
+        if capacity is not None and (
+            isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1
+        ):
+            raise ValueError(f"capacity must be None or an int >= 1, got {capacity!r}")
+        if eviction not in EVICTION_POLICIES:
+            raise ValueError(
+                f"eviction must be one of {sorted(EVICTION_POLICIES)}, got {eviction!r}"
+            )
+        self.url = _normalise_url(url)
+        self.name = name
+        self.capacity = capacity
+        self.eviction = eviction
+        self._upgrade = upgrade
+        self._cache: dict[
+            tuple[str, tuple[str, ...]], tuple[tuple[int, int], dict[str, np.ndarray]]
+        ] = {}
+        self._connect()
+
+    # -- connections ---------------------------------------------------------------------
+    def _connect(self) -> None:
+        self._pid = os.getpid()
+        self._engine = create_sql_engine(self.url)
+        self._write_engine = self._engine.execution_options(expstore_begin="IMMEDIATE")
+        self.dialect = self._engine.dialect.name
+        with self._errors("open"):
+            migrate.ensure_schema(self._write_engine, upgrade=self._upgrade)
+            self.buffer_id = self._buffer_id()
+
+    def _engines(self) -> tuple[Engine, Engine]:
+        if os.getpid() != self._pid:  # forked (e.g. a DataLoader worker): fresh connections
+            self._pid = os.getpid()
+            self._engine.dispose(close=False)
+            self._write_engine = self._engine.execution_options(expstore_begin="IMMEDIATE")
+            self._cache.clear()
+        return self._engine, self._write_engine
+
+    def _read(self) -> Connection:
+        return self._engines()[0].connect()
+
+    def _write(self) -> Any:
+        return self._engines()[1].begin()
+
+    def _errors(self, action: str) -> Any:
+        return _TranslateErrors(self, action)
+
+    def _buffer_id(self) -> int:
+        with self._read() as conn:
+            found = conn.execute(select(buffers.c.id).where(buffers.c.name == self.name)).scalar()
+        if found is not None:
+            return int(found)
+        with self._write() as conn:
+            found = conn.execute(select(buffers.c.id).where(buffers.c.name == self.name)).scalar()
+            if found is None:
+                if self.dialect == "postgresql":
+                    from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+                    conn.execute(
+                        pg_insert(buffers)
+                        .values(name=self.name, created_at=time.time())
+                        .on_conflict_do_nothing()
+                    )
+                else:
+                    conn.execute(insert(buffers).values(name=self.name, created_at=time.time()))
+                found = conn.execute(
+                    select(buffers.c.id).where(buffers.c.name == self.name)
+                ).scalar_one()
+        return int(found)
+
+    def close(self) -> None:
+        """Close every pooled connection. The storage can't be used afterwards."""
+        self._engine.dispose()
+        self._cache.clear()
+
+    def __reduce__(self) -> Any:
+        # Lets a storage travel to spawned processes (multiprocessing, DataLoader workers)
+        # as its URL and options, reconnecting there. Rows are never pickled.
+        if _is_memory(self.url):
+            raise StorageError(
+                "an in-memory SQLite buffer (sqlite://) cannot be shared with another "
+                "process; use a file (sqlite:///path.db) or Postgres"
+            )
+        return (
+            _reopen,
+            (
+                self.url.render_as_string(hide_password=False),
+                self.name,
+                self.capacity,
+                self.eviction,
+            ),
+        )
+
+    def __repr__(self) -> str:
+        url = self.url.render_as_string(hide_password=True)
+        return f"SqlStorage({url!r}, name={self.name!r}, capacity={self.capacity!r})"
+
+    # -- conditions ----------------------------------------------------------------------
+    def _where(self, query_condition: QueryCondition) -> list[ColumnElement[bool]]:
+        clauses: list[ColumnElement[bool]] = [rows.c.buffer_id == self.buffer_id]
+        if query_condition is not None:
+            from ..query import to_sql
+
+            compiled = to_sql(query_condition, rows, self.dialect)
+            if compiled is not None:
+                clauses.append(compiled)
+        return clauses
+
+    # -- writing -------------------------------------------------------------------------
+    def _encode(self, batch: Sequence[DataRow]) -> list[dict[str, Any]]:
+        if batch is None or isinstance(batch, (DataRow, dict, str, bytes)):
+            raise ValueError(
+                f"store_batch() needs a list of DataRow, got {type(batch).__name__}; "
+                "use store() for one row"
+            )
+        params: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        for position, row in enumerate(batch):
+            if row is None:
+                raise ValueError(
+                    f"store_batch() got None at position {position}; every item must be a "
+                    "DataRow. Nothing was stored"
+                )
+            if isinstance(row, dict):
+                row = DataRow.model_validate(row)
+            elif not isinstance(row, DataRow):
+                raise TypeError(
+                    f"store_batch() expected DataRow items, got {type(row).__name__} at "
+                    f"position {position}. Nothing was stored"
+                )
+            if row.id in seen:
+                raise ValueError(
+                    f"row id {row.id!r} appears twice in one batch; ids must be unique. "
+                    "Nothing was stored"
+                )
+            seen.add(row.id)
+            params.append(self._row_params(row))
+        if not params:
+            raise ValueError("store_batch() got an empty batch; give at least one DataRow")
+        return params
+
+    def _row_params(self, row: DataRow) -> dict[str, Any]:
+        meta, data = row.exp_meta, row.exp_data
+        try:
+            doc, blob = encode_payload({name: getattr(data, name) for name in PAYLOAD_FIELDS})
+        except CodecError as exc:
+            raise CodecError(f"row {row.id}: {exc}. Nothing was stored") from exc
+        return {
+            "buffer_id": self.buffer_id,
+            "id": row.id,
+            "task_id": meta.task_id,
+            "task_name": meta.task_name,
+            "agent_id": meta.agent_id,
+            "step": meta.step,
+            "execute_time": meta.execute_time,
+            "pre_agent": meta.pre_agent,
+            "reward_t": data.reward_t,
+            "adv_t": data.adv_t,
+            "v_t": data.v_t,
+            "done": bool(data.done),
+            "data": doc,
+            "tensors": blob,
+        }
+
+    def store_batch(self, rows_: Sequence[DataRow]) -> None:
+        """Store every row in one transaction, or none (validated and encoded first)."""
+        params = self._encode(rows_)
+        with self._errors("store rows"):
+            try:
+                with self._write() as conn:
+                    if self.capacity is not None and self.dialect == "postgresql":
+                        # Writers with a capacity take turns, so the count stays exact.
+                        conn.execute(
+                            select(buffers.c.id)
+                            .where(buffers.c.id == self.buffer_id)
+                            .with_for_update()
+                        )
+                    self._insert(conn, params)
+                    if self.capacity is not None:
+                        if evict(conn, self.buffer_id, self.capacity, self.eviction):
+                            self._bump_version(conn)
+            except IntegrityError as exc:
+                raise self._duplicate_error([p["id"] for p in params]) from exc
+
+    def _insert(self, conn: Connection, params: list[dict[str, Any]]) -> None:
+        if self.dialect != "postgresql":
+            conn.execute(insert(rows), params)
+            return
+        import psycopg
+        from psycopg.types.json import Jsonb
+
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        columns = ", ".join(f'"{c}"' for c in _WRITE_COLUMNS)
+        statement = f"COPY {rows.name} ({columns}) FROM STDIN (FORMAT BINARY)"
+        try:
+            with raw.cursor() as cursor, cursor.copy(statement) as copy:
+                copy.set_types(_PG_COPY_TYPES)
+                for p in params:
+                    copy.write_row(
+                        tuple(Jsonb(p[c]) if c == "data" else p[c] for c in _WRITE_COLUMNS)
+                    )
+        except psycopg.errors.IntegrityError as exc:  # surface as SQLAlchemy's errors do
+            raise IntegrityError(statement, None, exc) from exc
+        except psycopg.Error as exc:
+            raise OperationalError(statement, None, exc) from exc
+
+    def _duplicate_error(self, ids: list[str]) -> StorageError:
+        present: list[str] = []
+        with self._read() as conn:
+            for start in range(0, len(ids), 500):
+                present += (
+                    conn.execute(
+                        select(rows.c.id).where(
+                            rows.c.buffer_id == self.buffer_id,
+                            rows.c.id.in_(ids[start : start + 500]),
+                        )
+                    )
+                    .scalars()
+                    .all()
+                )
+        shown = ", ".join(repr(i) for i in present[:5]) or "(another writer's row)"
+        return StorageError(
+            f"row ids must be unique in buffer {self.name!r}, but {shown} "
+            f"{'is' if len(present) == 1 else 'are'} already stored. Nothing was stored; "
+            "give the new rows fresh ids (the default id is a new uuid4)"
+        )
+
+    def _bump_version(self, conn: Connection) -> None:
+        conn.execute(
+            update(buffers)
+            .where(buffers.c.id == self.buffer_id)
+            .values(version=buffers.c.version + 1)
+        )
+
+    def delete(self, query_condition: QueryCondition) -> int:
+        """Delete the matching rows and return how many went. ``None`` is refused: use clear()."""
+        if query_condition is None:
+            raise ValueError("delete() needs a condition; to delete every row call clear()")
+        where = self._where(query_condition)
+        with self._errors("delete rows"), self._write() as conn:
+            count = conn.execute(delete(rows).where(*where)).rowcount
+            if count:
+                self._bump_version(conn)
+        return int(count)
+
+    def clear(self) -> None:
+        """Delete every row of this buffer (other buffers in the database are untouched)."""
+        with self._errors("clear the buffer"), self._write() as conn:
+            conn.execute(delete(rows).where(rows.c.buffer_id == self.buffer_id))
+            self._bump_version(conn)
+
+    def update_priorities(self, ids: Sequence[str], priorities: Sequence[float]) -> int:
+        """Set the stored priority of rows by id; returns how many rows were updated."""
+        ids = list(ids)
+        values = np.asarray(priorities, dtype=np.float64).reshape(-1)
+        if len(ids) != len(values):
+            raise ValueError(
+                f"update_priorities() needs one priority per id, got {len(ids)} ids and "
+                f"{len(values)} priorities"
+            )
+        if not np.all(np.isfinite(values)) or np.any(values < 0):
+            raise ValueError("priorities must be finite numbers >= 0; nothing was updated")
+        if not ids:
+            return 0
+        stmt = (
+            update(rows)
+            .where(rows.c.buffer_id == self.buffer_id, rows.c.id == bindparam("row_id"))
+            .values(priority=bindparam("new_priority"))
+        )
+        with self._errors("update priorities"), self._write() as conn:
+            result = conn.execute(
+                stmt,
+                [{"row_id": i, "new_priority": float(p)} for i, p in zip(ids, values, strict=True)],
+            )
+            self._bump_version(conn)
+        return int(result.rowcount)
+
+    # -- reading -------------------------------------------------------------------------
+    def _decode(self, r: Row[Any]) -> DataRow:
+        m = r._mapping
+        payload = decode_payload(m["data"], m["tensors"], row_id=m["id"])
+        meta = ExpMeta.model_construct(**{c: m[c] for c in META_COLUMNS})
+        data = Experience.model_construct(**payload, **{c: m[c] for c in SCALAR_COLUMNS})
+        return DataRow.model_construct(exp_meta=meta, exp_data=data, id=m["id"])
+
+    def _select(self, query_condition: QueryCondition = None) -> Any:
+        return select(*_ROW_COLUMNS).where(*self._where(query_condition))
+
+    def get(self, row_id: str) -> DataRow | None:
+        with self._errors("read a row"), self._read() as conn:
+            found = conn.execute(self._select().where(rows.c.id == row_id)).first()
+        return None if found is None else self._decode(found)
+
+    def count(self, query_condition: QueryCondition = None) -> int:
+        stmt = select(func.count()).select_from(rows).where(*self._where(query_condition))
+        with self._errors("count rows"), self._read() as conn:
+            return int(conn.execute(stmt).scalar_one())
+
+    def query(
+        self,
+        query_condition: QueryCondition = None,
+        *,
+        limit: int | None = None,
+        order_by: str = "key",
+    ) -> Iterator[DataRow]:
+        """Stream matching rows, ``CHUNK`` at a time, in ``order_by`` order.
+
+        ``order_by`` is a column of :data:`ORDERABLE` (``"key"`` is insertion order), with a
+        leading ``-`` for descending. Each chunk is fetched in its own short read by keyset
+        pagination, so the table is never loaded whole and no connection is held between
+        chunks: the loop body may write to the buffer.
+        """
+        descending = order_by.startswith("-")
+        column_name = order_by.lstrip("-")
+        if column_name not in ORDERABLE:
+            raise ValueError(
+                f"order_by must be one of {ORDERABLE} (optionally with '-'), got {order_by!r}"
+            )
+        if limit is not None and (not isinstance(limit, int) or limit < 0):
+            raise ValueError(f"limit must be None or an int >= 0, got {limit!r}")
+        where = self._where(query_condition)  # compile now: errors surface at the call
+        return self._stream(where, column_name, descending, limit)
+
+    def _stream(
+        self,
+        where: list[ColumnElement[bool]],
+        column_name: str,
+        descending: bool,
+        limit: int | None,
+    ) -> Iterator[DataRow]:
+        column = rows.c[column_name]
+        keys = (column, rows.c.key) if column_name != "key" else (rows.c.key,)
+        order = [k.desc() if descending else k.asc() for k in keys]
+        position: tuple[Any, ...] | None = None
+        remaining = limit
+        while remaining is None or remaining > 0:
+            size = CHUNK if remaining is None else min(CHUNK, remaining)
+            stmt = select(*_ROW_COLUMNS).where(*where).order_by(*order).limit(size)
+            if position is not None:
+                cursor = tuple_(*keys)
+                stmt = stmt.where(
+                    cursor < tuple_(*position) if descending else cursor > tuple_(*position)
+                )
+            with self._errors("query rows"), self._read() as conn:
+                chunk = conn.execute(stmt).all()
+            for r in chunk:
+                yield self._decode(r)
+            if len(chunk) < size:
+                return
+            last = chunk[-1]._mapping
+            position = tuple(last[k.name] for k in keys)
+            if remaining is not None:
+                remaining -= len(chunk)
+
+    def _page(self, query_condition: QueryCondition, *, offset: int, limit: int) -> list[DataRow]:
+        stmt = self._select(query_condition).order_by(rows.c.key).offset(offset).limit(limit)
+        with self._errors("read a page"), self._read() as conn:
+            return [self._decode(r) for r in conn.execute(stmt)]
+
+    def _task_rows(self, task_ids: list[str]) -> dict[str, list[DataRow]]:
+        grouped: dict[str, list[DataRow]] = {t: [] for t in task_ids}
+        if not task_ids:
+            return grouped
+        order = (rows.c.task_id, rows.c.step, rows.c.execute_time, rows.c.key)
+        with self._errors("read tasks"), self._read() as conn:
+            for start in range(0, len(task_ids), 500):
+                part = task_ids[start : start + 500]
+                stmt = self._select().where(rows.c.task_id.in_(part)).order_by(*order)
+                for r in conn.execute(stmt):
+                    grouped[r._mapping["task_id"]].append(self._decode(r))
+        return grouped
+
+    def get_by_task_id(self, task_id: str) -> list[DataRow]:
+        return self._task_rows([task_id])[task_id]
+
+    def get_batch_by_task_ids(self, task_ids: Iterable[str]) -> dict[str, list[DataRow]]:
+        if isinstance(task_ids, str):
+            raise TypeError("get_batch_by_task_ids() needs a list of task ids, got one string")
+        return self._task_rows(list(dict.fromkeys(task_ids)))
+
+    def task_ids(self, query_condition: QueryCondition = None) -> list[str]:
+        stmt = (
+            select(rows.c.task_id)
+            .where(*self._where(query_condition))
+            .group_by(rows.c.task_id)
+            .order_by(func.min(rows.c.key))
+        )
+        with self._errors("list tasks"), self._read() as conn:
+            return list(conn.execute(stmt).scalars())
+
+    # -- the samplers' fast path ---------------------------------------------------------
+    def _signature(self, conn: Connection) -> tuple[int, int]:
+        """Changes whenever rows are added (max key) or changed otherwise (version)."""
+        max_key = (
+            select(func.max(rows.c.key)).where(rows.c.buffer_id == self.buffer_id).scalar_subquery()
+        )
+        version = select(buffers.c.version).where(buffers.c.id == self.buffer_id).scalar_subquery()
+        got = conn.execute(select(max_key, version)).one()
+        return (int(got[0] or 0), int(got[1] or 0))
+
+    def key_index(
+        self, query_condition: QueryCondition = None, columns: Sequence[str] = ()
+    ) -> dict[str, np.ndarray]:
+        """The matching rows' keys (``"key"``, int64, ascending) and ``columns`` as arrays.
+
+        Float columns give float64 with NaN for NULL, ``step`` int64, ``done`` bool, string
+        columns object arrays. The arrays are cached until the buffer changes; new inserts
+        are appended incrementally, other changes reload.
+        """
+        columns = tuple(columns)
+        for c in columns:
+            if c not in INDEXABLE:
+                raise ValueError(f"key_index() columns must be among {INDEXABLE}, got {c!r}")
+        cache_key = (_condition_key(query_condition), columns)
+        where = self._where(query_condition)
+        with self._errors("index rows"), self._read() as conn:
+            signature = self._signature(conn)
+            cached = self._cache.get(cache_key)
+            if cached is not None and cached[0] == signature:
+                return cached[1]
+            since = None
+            if cached is not None and cached[0][1] == signature[1] and len(cached[1]["key"]):
+                since = int(cached[1]["key"][-1])
+            stmt = select(rows.c.key, *(rows.c[c] for c in columns)).where(*where)
+            if since is not None:
+                stmt = stmt.where(rows.c.key > since)
+            fetched = conn.execute(stmt.order_by(rows.c.key)).all()
+        arrays = _to_arrays(fetched, columns)
+        if since is not None and cached is not None:
+            arrays = {k: np.concatenate([cached[1][k], arrays[k]]) for k in arrays}
+        for a in arrays.values():
+            a.flags.writeable = False
+        self._cache[cache_key] = (signature, arrays)
+        return arrays
+
+    def fetch_keys(self, keys: Sequence[int] | np.ndarray) -> list[DataRow]:
+        """The rows with these keys in the given order (repeats allowed; vanished keys skipped)."""
+        wanted = [int(k) for k in np.asarray(keys, dtype=np.int64).reshape(-1)]
+        if not wanted:
+            return []
+        unique = list(dict.fromkeys(wanted))
+        found: dict[int, DataRow] = {}
+        stmt = select(*_ROW_COLUMNS).where(
+            rows.c.buffer_id == self.buffer_id, rows.c.key.in_(bindparam("keys", expanding=True))
+        )
+        with self._errors("fetch rows"), self._read() as conn:
+            for start in range(0, len(unique), 5000):
+                for r in conn.execute(stmt, {"keys": unique[start : start + 5000]}):
+                    found[r._mapping["key"]] = self._decode(r)
+        return [found[k] for k in wanted if k in found]
+
+
+_PG_COPY_TYPES = [
+    "int4",  # buffer_id
+    "text",  # id
+    "text",  # task_id
+    "text",  # task_name
+    "text",  # agent_id
+    "int8",  # step
+    "float8",  # execute_time
+    "text",  # pre_agent
+    "float8",  # reward_t
+    "float8",  # adv_t
+    "float8",  # v_t
+    "bool",  # done
+    "jsonb",  # data
+    "bytea",  # tensors
+]
+
+
+def _reopen(url: str, name: str, capacity: int | None, eviction: str) -> SqlStorage:
+    return SqlStorage(url, name=name, capacity=capacity, eviction=eviction)
+
+
+def _condition_key(query_condition: QueryCondition) -> str:
+    if query_condition is None:
+        return ""
+    from ..query import as_condition
+
+    condition = as_condition(query_condition)
+    return (
+        "" if condition is None else json.dumps(condition.to_dict(), sort_keys=True, default=repr)
+    )
+
+
+def _to_arrays(fetched: list[Row[Any]], columns: tuple[str, ...]) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {
+        "key": np.fromiter((r[0] for r in fetched), dtype=np.int64, count=len(fetched))
+    }
+    for i, name in enumerate(columns, start=1):
+        values = [r[i] for r in fetched]
+        if name in ("reward_t", "adv_t", "v_t", "priority", "execute_time"):
+            out[name] = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+        elif name == "step":
+            out[name] = np.array(values, dtype=np.int64)
+        elif name == "done":
+            out[name] = np.array(values, dtype=bool)
+        else:
+            out[name] = np.array(values, dtype=object)
+    return out
+
+
+class _TranslateErrors:
+    """Turns driver errors into StorageError with what to do; lets expstore errors through."""
+
+    def __init__(self, storage: SqlStorage, action: str) -> None:
+        self.storage = storage
+        self.action = action
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
+        if exc is None or not isinstance(exc, DBAPIError):
+            return False
+        url = self.storage.url.render_as_string(hide_password=True)
+        raise StorageError(
+            f"could not {self.action} in {url} (buffer {self.storage.name!r}): "
+            f"{str(exc.orig).strip() or exc}. Check that the database is reachable and "
+            "writable; nothing was changed"
+        ) from exc
