@@ -89,6 +89,7 @@ class Storage(ABC):
     def fetch_keys(self, keys: Sequence[int] | np.ndarray) -> list[DataRow]:
         """The rows with these keys, in the order given (repeats allowed)."""
 
+    @abstractmethod
     def close(self) -> None:
         """Release connections."""
 
