@@ -295,16 +295,11 @@ class _Encoder:
         problem = _torch_problem(value, torch)
         if problem:
             raise self.fail(path, problem)
-        name = str(value.dtype).removeprefix("torch.")
-        np_dtype, view_as = _TORCH_DTYPES[name]
         try:
-            tensor = value.detach().cpu().resolve_conj().resolve_neg().contiguous()
-            if view_as is not None:
-                tensor = tensor.view(getattr(torch, view_as))
-            data = tensor.numpy()
+            data = _tensor_as_numpy(value, torch)
         except (RuntimeError, TypeError, NotImplementedError) as exc:
             raise self.fail(path, f"cannot copy the tensor to CPU memory: {exc}") from exc
-        data = np.ascontiguousarray(data, dtype=_NUMPY_DTYPES[np_dtype])
+        name = str(value.dtype).removeprefix("torch.")
         return self.placeholder("torch", name, tuple(value.shape), data)
 
     def blob(self) -> bytes | None:
@@ -547,9 +542,16 @@ def _array_bytes(value: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return data.reshape(-1).view(np.uint8)
 
 
-def _tensor_bytes(value: Any, torch: Any) -> np.ndarray[Any, Any]:
+def _tensor_as_numpy(value: Any, torch: Any) -> np.ndarray[Any, Any]:
+    """A C-contiguous little-endian CPU array holding the bits of a supported tensor.
+
+    Tensors whose dtype numpy lacks (bfloat16, float8) are viewed as a same-size integer.
+    """
+    np_dtype, view_as = _TORCH_DTYPES[str(value.dtype).removeprefix("torch.")]
     tensor = value.detach().cpu().resolve_conj().resolve_neg().contiguous()
-    return tensor.reshape(-1).view(torch.uint8).numpy()
+    if view_as is not None:
+        tensor = tensor.view(getattr(torch, view_as))
+    return np.ascontiguousarray(tensor.numpy(), dtype=_NUMPY_DTYPES[np_dtype])
 
 
 def deep_equal(a: Any, b: Any) -> bool:
@@ -584,9 +586,13 @@ def deep_equal(a: Any, b: Any) -> bool:
             return False
         if a.dtype != b.dtype or a.shape != b.shape or a.layout != b.layout:
             return False
-        if a.layout != torch.strided:
+        if _torch_problem(a, torch) or _torch_problem(b, torch):
             return bool(torch.equal(a, b))
-        return bool(np.array_equal(_tensor_bytes(a, torch), _tensor_bytes(b, torch)))
+        return bool(
+            np.array_equal(
+                _array_bytes(_tensor_as_numpy(a, torch)), _array_bytes(_tensor_as_numpy(b, torch))
+            )
+        )
     if isinstance(a, BaseModel) or isinstance(b, BaseModel):
         return (
             type(a) is type(b)

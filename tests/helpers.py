@@ -1,0 +1,36 @@
+"""Row factories shared by the tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from expstore import DataRow, Experience, ExpMeta
+
+
+def make_row(
+    task_id: str = "t1",
+    agent_id: str = "a1",
+    step: int = 0,
+    *,
+    reward: float | None = None,
+    execute_time: float | None = None,
+    **data: Any,
+) -> DataRow:
+    meta: dict[str, Any] = {"task_id": task_id, "agent_id": agent_id, "step": step}
+    if execute_time is not None:
+        meta["execute_time"] = execute_time
+    return DataRow(exp_meta=ExpMeta(**meta), exp_data=Experience(reward_t=reward, **data))
+
+
+def make_rows(n: int, *, tasks: int = 4, agents: int = 2, tensor: bool = False) -> list[DataRow]:
+    rows = []
+    for i in range(n):
+        extra: dict[str, Any] = {"state": {"i": i, "url": f"https://x/{i % 7}"}}
+        if tensor:
+            extra["state"]["obs"] = np.full(8, i, dtype=np.float32)
+        rows.append(
+            make_row(f"task{i % tasks}", f"agent{i % agents}", i // tasks, reward=float(i), **extra)
+        )
+    return rows

@@ -1,0 +1,81 @@
+"""Many processes write one buffer at once; rows survive the writer's process."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import subprocess
+import sys
+
+import pytest
+
+from expstore import ReplayBuffer
+from tests.helpers import make_row
+
+WRITERS = 4
+ROWS_EACH = 5_000
+
+
+def _write(url: str, name: str, writer: int, capacity: int | None, batch: int) -> None:
+    with ReplayBuffer(url, name=name, capacity=capacity) as buf:
+        for start in range(0, ROWS_EACH, batch):
+            buf.store_batch(
+                [
+                    make_row(f"w{writer}", f"agent{writer}", i, reward=float(i))
+                    for i in range(start, min(start + batch, ROWS_EACH))
+                ]
+            )
+
+
+def _run_writers(url: str, name: str, capacity: int | None, batch: int) -> None:
+    ctx = mp.get_context("spawn")
+    procs = [
+        ctx.Process(target=_write, args=(url, name, w, capacity, batch)) for w in range(WRITERS)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+    assert [p.exitcode for p in procs] == [0] * WRITERS
+
+
+@pytest.mark.slow
+def test_four_processes_store_batch_at_once_without_loss_or_duplicates(
+    db_url: str, buffer_name: str
+) -> None:
+    _run_writers(db_url, buffer_name, None, ROWS_EACH)
+    with ReplayBuffer(db_url, name=buffer_name) as buf:
+        assert len(buf) == WRITERS * ROWS_EACH
+        ids = [r.id for r in buf.query()]
+        assert len(set(ids)) == WRITERS * ROWS_EACH
+        for w in range(WRITERS):
+            assert [r.exp_meta.step for r in buf.get_by_task_id(f"w{w}")] == list(
+                range(ROWS_EACH)
+            )
+
+
+@pytest.mark.slow
+def test_capacity_is_exact_under_concurrent_writers(db_url: str, buffer_name: str) -> None:
+    _run_writers(db_url, buffer_name, 1_000, 250)
+    with ReplayBuffer(db_url, name=buffer_name) as buf:
+        assert len(buf) == 1_000
+        keys = buf.storage.key_index()["key"]
+        # The survivors are the newest 1,000 rows: writers took turns, so their keys are
+        # consecutive and end at the last key written.
+        assert keys.tolist() == list(range(int(keys[-1]) - 999, int(keys[-1]) + 1))
+        assert sum(len(buf.get_by_task_id(f"w{w}")) for w in range(WRITERS)) == 1_000
+
+
+def test_rows_written_by_one_process_are_there_in_another(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'p.db'}"
+    script = (
+        "from expstore import ReplayBuffer\n"
+        "from tests.helpers import make_rows\n"
+        f"buf = ReplayBuffer({url!r})\n"
+        "buf.store_batch(make_rows(40, tensor=True))\n"
+        "buf.close()\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    with ReplayBuffer(url) as buf:
+        rows = list(buf.query())
+    assert len(rows) == 40
+    assert rows[7].exp_data.state["obs"].tolist() == [7.0] * 8

@@ -1,0 +1,100 @@
+"""The Alembic migrations agree with the models and move both ways, on both backends."""
+
+from __future__ import annotations
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect, text
+
+from expstore import ReplayBuffer, SchemaVersionError, migrate
+from expstore.storage.schema import VERSION_TABLE, metadata
+from expstore.storage.sql import create_sql_engine
+from tests.helpers import make_rows
+
+
+@pytest.fixture
+def fresh_url(request: pytest.FixtureRequest, tmp_path, db_url: str):
+    """A database with no expstore tables (the Postgres one is emptied before and after)."""
+    engine = create_sql_engine(db_url)
+    write = engine.execution_options(expstore_begin="IMMEDIATE")
+    migrate.downgrade(write, "base") if _has_schema(engine) else None
+    yield db_url
+    if engine.dialect.name == "postgresql":
+        migrate.downgrade(write, "base")
+        migrate.upgrade(write)  # leave the shared test database as other tests expect it
+    engine.dispose()
+
+
+def _has_schema(engine) -> bool:
+    return inspect(engine).has_table(VERSION_TABLE)
+
+
+def _writer(url: str):
+    return create_sql_engine(url).execution_options(expstore_begin="IMMEDIATE")
+
+
+def test_migrations_head_matches_the_models(fresh_url: str) -> None:
+    engine = _writer(fresh_url)
+    migrate.upgrade(engine)
+    with engine.connect() as conn:
+        context = MigrationContext.configure(conn, opts={"compare_type": True, "version_table": VERSION_TABLE})
+        diff = compare_metadata(context, metadata)
+    assert diff == []
+
+
+def test_upgrade_downgrade_upgrade(fresh_url: str) -> None:
+    engine = _writer(fresh_url)
+    migrate.upgrade(engine)
+    with ReplayBuffer(fresh_url) as buf:
+        buf.store_batch(make_rows(3))
+    migrate.downgrade(engine, "0001")
+    with engine.connect() as conn:
+        assert migrate.current_revision(conn) == "0001"
+        assert "priority" not in {c["name"] for c in inspect(conn).get_columns("expstore_rows")}
+        assert conn.execute(text("SELECT count(*) FROM expstore_rows")).scalar_one() == 3
+    migrate.downgrade(engine, "base")
+    assert not inspect(engine).has_table("expstore_rows")
+    migrate.upgrade(engine)
+    with engine.connect() as conn:
+        assert migrate.current_revision(conn) == migrate.head_revision()
+
+
+def test_older_schema_raises_with_the_upgrade_command(fresh_url: str) -> None:
+    engine = _writer(fresh_url)
+    migrate.upgrade(engine, "0001")
+    with pytest.raises(SchemaVersionError, match="expstore upgrade --db") as info:
+        ReplayBuffer(fresh_url)
+    assert "upgrade=True" in str(info.value)
+    with engine.connect() as conn:
+        assert migrate.current_revision(conn) == "0001"
+    with ReplayBuffer(fresh_url, upgrade=True) as buf:
+        buf.store_batch(make_rows(2))
+        assert len(buf) == 2
+    with engine.connect() as conn:
+        assert migrate.current_revision(conn) == migrate.head_revision()
+
+
+def test_newer_schema_raises_and_writes_nothing(fresh_url: str) -> None:
+    engine = _writer(fresh_url)
+    migrate.upgrade(engine)
+    with engine.begin() as conn:
+        conn.execute(text(f"UPDATE {VERSION_TABLE} SET version_num = '9999_future'"))
+    with pytest.raises(SchemaVersionError, match="newer than this expstore") as info:
+        ReplayBuffer(fresh_url, name="never_created")
+    assert "nothing was written" in str(info.value)
+    with engine.connect() as conn:
+        names = conn.execute(text("SELECT name FROM expstore_buffers")).scalars().all()
+        assert "never_created" not in names
+        assert migrate.current_revision(conn) == "9999_future"
+    with engine.begin() as conn:
+        conn.execute(text(f"UPDATE {VERSION_TABLE} SET version_num = :v"), {"v": migrate.head_revision()})
+
+
+def test_upgrade_sql_prints_without_running(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    sql = migrate.upgrade_sql(url)
+    assert "CREATE TABLE expstore_rows" in sql
+    assert not (tmp_path / "x.db").exists() or not inspect(create_sql_engine(url)).has_table(
+        "expstore_rows"
+    )

@@ -1,0 +1,254 @@
+"""The storage contract, run on SQLite and on Postgres."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from pydantic import ValidationError
+
+from expstore import DataRow, Experience, ExpMeta, ReplayBuffer, StorageError
+from tests.helpers import make_row, make_rows
+
+
+@pytest.fixture
+def buffer(db_url: str, buffer_name: str):
+    with ReplayBuffer(db_url, name=buffer_name) as buf:
+        yield buf
+
+
+def test_row_comes_back_equal_with_tensors_and_types(buffer: ReplayBuffer) -> None:
+    row = DataRow(
+        exp_meta=ExpMeta(task_id="t", task_name="web", agent_id="a", step=3, pre_agent="p"),
+        exp_data=Experience(
+            state={"img": np.arange(6, dtype=np.uint8).reshape(2, 3), "url": "u"},
+            actions=[{"name": "click", "xy": torch.tensor([1.5, -0.0], dtype=torch.bfloat16)}],
+            reward_t=1.0,
+            adv_t=-0.5,
+            v_t=0.25,
+            messages=[{"role": "user", "content": "hi"}],
+            done=True,
+            next_state=torch.zeros(2, 2, dtype=torch.float64),
+            ext_info={"nested": [1, 2.5, None, True, "s"]},
+        ),
+    )
+    buffer.store(row)
+    back = buffer.get(row.id)
+    assert back == row
+    assert isinstance(back.exp_data.state["img"], np.ndarray)
+    assert isinstance(back.exp_data.actions[0]["xy"], torch.Tensor)
+    assert back.exp_data.actions[0]["xy"].dtype == torch.bfloat16
+    assert back.exp_meta == row.exp_meta
+
+
+def test_get_missing_id_returns_none(buffer: ReplayBuffer) -> None:
+    assert buffer.get("nope") is None
+
+
+def test_store_batch_counts_and_len(buffer: ReplayBuffer) -> None:
+    buffer.store_batch(make_rows(25))
+    assert len(buffer) == 25
+    assert buffer.count() == 25
+    assert buffer.storage.size() == 25
+
+
+def test_store_batch_with_one_invalid_row_stores_nothing(buffer: ReplayBuffer) -> None:
+    rows = make_rows(5)
+    rows[3].exp_data.state = {"bad": {1, 2}}  # a set cannot be stored
+    with pytest.raises(Exception, match=rows[3].id):
+        buffer.store_batch(rows)
+    assert len(buffer) == 0
+
+
+def test_store_batch_with_an_already_stored_id_stores_nothing(buffer: ReplayBuffer) -> None:
+    first = make_rows(3)
+    buffer.store_batch(first)
+    again = make_rows(4)
+    again[2] = first[1]
+    with pytest.raises(StorageError, match=f"{first[1].id!r} is already stored"):
+        buffer.store_batch(again)
+    assert len(buffer) == 3
+    assert [r.id for r in buffer.query()] == [r.id for r in first]
+
+
+def test_duplicate_ids_within_a_batch_are_refused(buffer: ReplayBuffer) -> None:
+    row = make_row()
+    with pytest.raises(ValueError, match="appears twice in one batch"):
+        buffer.store_batch([row, row])
+    assert len(buffer) == 0
+
+
+@pytest.mark.parametrize("bad", [None, []])
+def test_store_none_or_empty_batch_raises_value_error(buffer: ReplayBuffer, bad) -> None:
+    with pytest.raises(ValueError, match="DataRow|empty batch"):
+        if bad is None:
+            buffer.store(bad)
+        else:
+            buffer.store_batch(bad)
+
+
+def test_none_inside_a_batch_names_its_position(buffer: ReplayBuffer) -> None:
+    with pytest.raises(ValueError, match="None at position 1"):
+        buffer.store_batch([make_row(), None])  # type: ignore[list-item]
+    assert len(buffer) == 0
+
+
+def test_invalid_rows_raise_validation_error_naming_the_field() -> None:
+    with pytest.raises(ValidationError, match="task_id"):
+        ExpMeta(task_id="", agent_id="a", step=0)
+    with pytest.raises(ValidationError, match="step"):
+        ExpMeta(task_id="t", agent_id="a", step=-1)
+    with pytest.raises(ValidationError, match="execute_time"):
+        ExpMeta(task_id="t", agent_id="a", step=0, execute_time=float("nan"))
+    with pytest.raises(ValidationError, match="state"):
+        Experience(state=object())
+
+
+def test_aworld_singular_action_is_accepted() -> None:
+    assert Experience(state={}, action={"name": "click"}).actions == [{"name": "click"}]
+
+
+def test_query_streams_in_insertion_order_with_limit(buffer: ReplayBuffer) -> None:
+    rows = make_rows(2500)
+    buffer.store_batch(rows)
+    got = buffer.query()
+    assert not isinstance(got, list)
+    assert [r.id for r in got] == [r.id for r in rows]
+    assert [r.id for r in buffer.query(limit=1234)] == [r.id for r in rows[:1234]]
+    newest = [r.id for r in buffer.query(limit=3, order_by="-key")]
+    assert newest == [r.id for r in rows[::-1][:3]]
+
+
+def test_query_by_step_orders_by_step_then_insertion(buffer: ReplayBuffer) -> None:
+    rows = make_rows(2100, tasks=3)
+    buffer.store_batch(rows)
+    steps = [r.exp_meta.step for r in buffer.query(order_by="step")]
+    assert steps == sorted(r.exp_meta.step for r in rows)
+    assert len(steps) == 2100
+
+
+def test_query_rejects_unknown_order(buffer: ReplayBuffer) -> None:
+    with pytest.raises(ValueError, match="order_by must be one of"):
+        buffer.query(order_by="state")
+
+
+def test_get_by_task_id_orders_by_step_then_execute_time(buffer: ReplayBuffer) -> None:
+    buffer.store_batch(
+        [
+            make_row("t", step=2, execute_time=5.0),
+            make_row("t", step=1, execute_time=9.0),
+            make_row("t", step=1, execute_time=3.0),
+            make_row("other", step=0),
+        ]
+    )
+    got = [(r.exp_meta.step, r.exp_meta.execute_time) for r in buffer.get_by_task_id("t")]
+    assert got == [(1, 3.0), (1, 9.0), (2, 5.0)]
+    assert buffer.get_by_task_id("missing") == []
+
+
+def test_get_batch_by_task_ids_groups_rows(buffer: ReplayBuffer) -> None:
+    buffer.store_batch(make_rows(12, tasks=3))
+    got = buffer.get_batch_by_task_ids(["task2", "task0", "nope"])
+    assert list(got) == ["task2", "task0", "nope"]
+    assert [r.exp_meta.step for r in got["task2"]] == [0, 1, 2, 3]
+    assert got["nope"] == []
+    assert buffer.storage.get_bacth_by_task_ids(["task1"])["task1"] == got_task1(buffer)
+
+
+def got_task1(buffer: ReplayBuffer) -> list[DataRow]:
+    return buffer.get_by_task_id("task1")
+
+
+def test_task_ids_in_first_insertion_order(buffer: ReplayBuffer) -> None:
+    buffer.store_batch([make_row("b"), make_row("a"), make_row("b", step=1), make_row("c")])
+    assert buffer.task_ids() == ["b", "a", "c"]
+
+
+def test_get_paginated_is_one_based_and_deterministic(buffer: ReplayBuffer) -> None:
+    rows = make_rows(10)
+    buffer.store_batch(rows)
+    storage = buffer.storage
+    assert [r.id for r in storage.get_paginated(1, 4)] == [r.id for r in rows[:4]]
+    assert [r.id for r in storage.get_paginated(3, 4)] == [r.id for r in rows[8:]]
+    assert storage.get_paginated(4, 4) == []
+    with pytest.raises(ValueError, match="1-based"):
+        storage.get_paginated(0, 4)
+    assert [r.id for r in storage.get_all()] == [r.id for r in rows]
+
+
+def test_aworld_storage_names(buffer: ReplayBuffer) -> None:
+    storage = buffer.storage
+    storage.add(make_row("x"))
+    storage.add_batch([make_row("y"), make_row("y", step=1)])
+    assert storage.size() == 3
+    assert len(storage.get_by_task_id("y")) == 2
+
+
+def test_clear_empties_only_this_buffer(db_url: str, buffer_name: str) -> None:
+    with ReplayBuffer(db_url, name=buffer_name) as one, ReplayBuffer(
+        db_url, name=buffer_name + "_b"
+    ) as two:
+        one.store_batch(make_rows(5))
+        two.store_batch(make_rows(3))
+        assert (len(one), len(two)) == (5, 3)
+        one.clear()
+        assert (len(one), len(two)) == (0, 3)
+
+
+def test_named_buffers_are_isolated(db_url: str, buffer_name: str) -> None:
+    with ReplayBuffer(db_url, name=buffer_name) as one, ReplayBuffer(
+        db_url, name=buffer_name + "_b"
+    ) as two:
+        row = make_row("shared")
+        one.store(row)
+        two.store(row)  # the same id may live in two buffers
+        assert one.get(row.id) == two.get(row.id) == row
+        assert one.task_ids() == two.task_ids() == ["shared"]
+
+
+def test_in_memory_buffers_never_share_storage() -> None:
+    one, two = ReplayBuffer(), ReplayBuffer()
+    one.store(make_row())
+    assert (len(one), len(two)) == (1, 0)
+
+
+def test_capacity_evicts_oldest_in_the_same_write(db_url: str, buffer_name: str) -> None:
+    with ReplayBuffer(db_url, name=buffer_name, capacity=10) as buf:
+        rows = make_rows(25)
+        buf.store_batch(rows[:7])
+        buf.store_batch(rows[7:18])
+        assert len(buf) == 10
+        buf.store(rows[18])
+        assert [r.id for r in buf.query()] == [r.id for r in rows[9:19]]
+        buf.store_batch(rows[19:])
+        assert [r.id for r in buf.query()] == [r.id for r in rows[15:]]
+
+
+def test_persistence_after_close(db_url: str, buffer_name: str) -> None:
+    rows = make_rows(30, tensor=True)
+    with ReplayBuffer(db_url, name=buffer_name) as buf:
+        buf.store_batch(rows)
+    with ReplayBuffer(db_url, name=buffer_name) as buf:
+        assert list(buf.query()) == rows
+
+
+def test_key_index_is_cached_until_the_buffer_changes(buffer: ReplayBuffer) -> None:
+    storage = buffer.storage
+    buffer.store_batch(make_rows(6))
+    first = storage.key_index(columns=("step", "reward_t", "task_id"))
+    assert storage.key_index(columns=("step", "reward_t", "task_id")) is first
+    buffer.store_batch(make_rows(2))
+    second = storage.key_index(columns=("step", "reward_t", "task_id"))
+    assert len(second["key"]) == 8 and second["key"][:6].tolist() == first["key"].tolist()
+    assert np.all(np.diff(second["key"]) > 0)
+    buffer.storage.update_priorities([next(buffer.query()).id], [2.0])
+    third = storage.key_index(columns=("priority",))
+    assert np.nansum(third["priority"]) == 2.0
+
+
+def test_fetch_keys_keeps_order_and_repeats(buffer: ReplayBuffer) -> None:
+    rows = make_rows(5)
+    buffer.store_batch(rows)
+    keys = buffer.storage.key_index()["key"]
+    got = buffer.storage.fetch_keys([keys[3], keys[0], keys[3]])
+    assert [r.id for r in got] == [rows[3].id, rows[0].id, rows[3].id]

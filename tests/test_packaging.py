@@ -1,0 +1,92 @@
+"""The package imports without its optional extras, exports what it says, and installs as a
+wheel that can create a database on its own."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+import expstore
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_exported_members_match_all() -> None:
+    public = {name for name in dir(expstore) if not name.startswith("_")}
+    modules = {name for name in public if inspect.ismodule(getattr(expstore, name))}
+    assert set(expstore.__all__) - {"__version__"} == public - modules
+    assert expstore.__all__ == sorted(expstore.__all__, key=str.lower) or expstore.__all__ == sorted(
+        expstore.__all__
+    )
+
+
+def test_import_works_without_torch_and_psycopg() -> None:
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('torch', 'psycopg', 'pyarrow'):\n"
+        "            raise ImportError(f'blocked {name}')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import numpy as np\n"
+        "import expstore\n"
+        "from expstore import ReplayBuffer, DataRow, ExpMeta, Experience\n"
+        "b = ReplayBuffer()\n"
+        "b.store(DataRow(exp_meta=ExpMeta(task_id='t', agent_id='a', step=0),"
+        " exp_data=Experience(state=np.ones(3))))\n"
+        "assert len(b) == 1 and 'torch' not in sys.modules\n"
+        "try:\n"
+        "    ReplayBuffer('postgresql+psycopg://u@127.0.0.1/db')\n"
+        "except expstore.MissingDependencyError as e:\n"
+        "    assert \"pip install 'expstore[postgres]'\" in str(e), e\n"
+        "else:\n"
+        "    raise SystemExit('expected MissingDependencyError')\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+@pytest.mark.slow
+def test_wheel_carries_migrations_and_creates_a_database(tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(ROOT)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    wheel = next(dist.glob("expstore-*.whl"))
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=False, system_site_packages=True)
+    python = env_dir / "bin" / "python"
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "--no-deps", "--no-index", "--quiet", str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    db = tmp_path / "fresh.db"
+    code = (
+        "import expstore, sys\n"
+        "from expstore import migrate\n"
+        "assert 'site-packages' in expstore.__file__, expstore.__file__\n"
+        "assert migrate.script_location().name == '_migrations', migrate.script_location()\n"
+        f"b = expstore.ReplayBuffer('sqlite:///{db}')\n"
+        "b.store(expstore.DataRow(exp_meta=expstore.ExpMeta(task_id='t', agent_id='a', step=0),"
+        " exp_data=expstore.Experience()))\n"
+        "print(len(b))\n"
+    )
+    out = subprocess.run(
+        [str(python), "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "1"
