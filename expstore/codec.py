@@ -40,7 +40,13 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 from ._optional import loaded_torch, require
 from .errors import CodecError
 
-__all__ = ["check_value", "decode_payload", "deep_equal", "encode_payload", "to_plain"]
+__all__ = [
+    "check_value",
+    "decode_payload",
+    "deep_equal",
+    "encode_payload",
+    "to_plain",
+]
 
 MAGIC = b"XST1"
 HEADER_SIZE = 8
@@ -197,16 +203,20 @@ class _Encoder:
         return {TENSOR_KEY: spec}
 
     def encode(self, value: Any, path: str, lenient: bool = False) -> Any:
-        """The JSON form of ``value``; ``lenient`` is set inside pydantic dumps."""
+        """The JSON form of ``value``; ``lenient`` is set inside pydantic dumps.
+
+        The hot path builds no path strings: a failure deep inside raises _Failure, which
+        collects the path segments as it unwinds (see encode_payload).
+        """
         kind = type(value)
         if value is None or kind is bool or kind is int or kind is str:
             return value
         if kind is float:
             return value if math.isfinite(value) else {FLOAT_KEY: repr(value)}
         if kind is dict:
-            return self.encode_dict(value, path, lenient)
+            return self.encode_dict(value, lenient)
         if kind is list or kind is tuple:
-            return [self.encode(v, f"{path}[{i}]", lenient) for i, v in enumerate(value)]
+            return self.encode_list(value, lenient)
         if isinstance(value, np.ndarray):
             return self.encode_numpy(value, path)
         if isinstance(value, np.generic):
@@ -229,9 +239,9 @@ class _Encoder:
             data = np.frombuffer(value, np.uint8)
             return self.placeholder("bytes", "|u1", data.shape, data)
         if isinstance(value, dict):
-            return self.encode_dict(value, path, lenient)
+            return self.encode_dict(value, lenient)
         if isinstance(value, (list, tuple)):
-            return [self.encode(v, f"{path}[{i}]", lenient) for i, v in enumerate(value)]
+            return self.encode_list(value, lenient)
         if lenient:
             # Inside a pydantic dump, datetimes, UUIDs, enums, sets... take their JSON form.
             try:
@@ -241,21 +251,51 @@ class _Encoder:
             return self.encode(plain, path)
         raise self.fail(path, _unsupported(value))
 
-    def encode_dict(self, value: dict[Any, Any], path: str, lenient: bool) -> dict[str, Any]:
+    def encode_list(self, value: list[Any] | tuple[Any, ...], lenient: bool) -> list[Any]:
+        out = []
+        encode = self.encode
+        append = out.append
+        for i, item in enumerate(value):
+            kind = type(item)
+            # Plain JSON scalars are most of the data: keep them off the call path.
+            if kind is str or kind is int or kind is bool or item is None:
+                append(item)
+                continue
+            try:
+                append(encode(item, "", lenient))
+            except _Failure as failure:
+                failure.segments.append(f"[{i}]")
+                raise
+            except CodecError as exc:
+                raise _Failure(exc, f"[{i}]") from exc
+        return out
+
+    def encode_dict(self, value: dict[Any, Any], lenient: bool) -> dict[str, Any]:
         out: dict[str, Any] = {}
+        encode = self.encode
         for key, item in value.items():
             if type(key) is not str:
                 if isinstance(key, str):
                     key = str.__str__(key)
                 elif lenient:
-                    key = self.jsonable_key(key, path)
+                    key = self.jsonable_key(key, "")
                 else:
                     raise self.fail(
-                        path,
+                        "",
                         f"dict keys must be str, got key {key!r} of type {type(key).__name__}; "
                         "convert the keys to str",
                     )
-            out[key] = self.encode(item, _join(path, key), lenient)
+            kind = type(item)
+            if kind is str or kind is int or kind is bool or item is None:
+                out[key] = item
+                continue
+            try:
+                out[key] = encode(item, "", lenient)
+            except _Failure as failure:
+                failure.segments.append(f".{key}")
+                raise
+            except CodecError as exc:
+                raise _Failure(exc, f".{key}") from exc
         if not RESERVED_KEYS.isdisjoint(out):
             return {ESCAPED_KEY: out}
         return out
@@ -311,6 +351,21 @@ class _Encoder:
         return b"".join([MAGIC, struct.pack("<I", crc), *self.chunks])
 
 
+class _Failure(Exception):
+    """A CodecError raised below a container, collecting its path while it unwinds."""
+
+    def __init__(self, error: CodecError, segment: str) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.segments = [segment]
+
+    def as_error(self, field: str) -> CodecError:
+        # The inner error's message is "payload: <what is wrong>"; put the full path first.
+        message = str(self.error).split(": ", 1)[-1]
+        path = field + "".join(reversed(self.segments))
+        return CodecError(f"{path}: {message}")
+
+
 def encode_payload(payload: dict[str, Any]) -> tuple[dict[str, Any], bytes | None]:
     """Split ``payload`` into a JSON-able document and one blob of tensor bytes.
 
@@ -324,7 +379,10 @@ def encode_payload(payload: dict[str, Any]) -> tuple[dict[str, Any], bytes | Non
         for key, value in payload.items():
             if not isinstance(key, str):
                 raise CodecError(f"payload field names must be str, got {key!r}")
-            doc[str.__str__(key)] = encoder.encode(value, key)
+            try:
+                doc[str.__str__(key)] = encoder.encode(value, key)
+            except _Failure as failure:
+                raise failure.as_error(key) from failure.error
     except RecursionError as exc:
         raise CodecError(
             "payload is nested too deeply or contains itself; store a flatter structure"

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -65,6 +67,13 @@ INDEXABLE = (
 )
 _WRITE_COLUMNS = ("buffer_id", "id", *META_COLUMNS, *SCALAR_COLUMNS, "data", "tensors")
 _ROW_COLUMNS = [c for c in rows.c if c.name not in ("buffer_id", "priority")]
+_COLUMN_LIST = ", ".join(f'"{c}"' for c in _WRITE_COLUMNS)
+# A constant statement over our own column names; every value is a bound parameter.
+_SQLITE_INSERT = (
+    f"INSERT INTO {rows.name} ({_COLUMN_LIST}) VALUES ({', '.join('?' * len(_WRITE_COLUMNS))})"
+)
+#: Rows encoded and sent per round trip inside one store_batch transaction.
+WRITE_CHUNK = 1000
 _SQLITE_BUSY_MS = 60_000
 
 
@@ -265,13 +274,14 @@ class SqlStorage(Storage):
         return clauses
 
     # -- writing -------------------------------------------------------------------------
-    def _encode(self, batch: Sequence[DataRow]) -> list[dict[str, Any]]:
+    def _prepare(self, batch: Sequence[DataRow]) -> list[DataRow]:
+        """Check the batch's shape and ids before anything is written."""
         if batch is None or isinstance(batch, (DataRow, dict, str, bytes)):
             raise ValueError(
                 f"store_batch() needs a list of DataRow, got {type(batch).__name__}; "
                 "use store() for one row"
             )
-        params: list[dict[str, Any]] = []
+        prepared: list[DataRow] = []
         seen: set[str] = set()
         for position, row in enumerate(batch):
             if row is None:
@@ -292,37 +302,42 @@ class SqlStorage(Storage):
                     "Nothing was stored"
                 )
             seen.add(row.id)
-            params.append(self._row_params(row))
-        if not params:
+            prepared.append(row)
+        if not prepared:
             raise ValueError("store_batch() got an empty batch; give at least one DataRow")
-        return params
+        return prepared
 
-    def _row_params(self, row: DataRow) -> dict[str, Any]:
+    def _row_params(self, row: DataRow) -> tuple[Any, ...]:
+        """The row's values in _WRITE_COLUMNS order, the document as JSON text."""
         meta, data = row.exp_meta, row.exp_data
         try:
             doc, blob = encode_payload({name: getattr(data, name) for name in PAYLOAD_FIELDS})
         except CodecError as exc:
             raise CodecError(f"row {row.id}: {exc}. Nothing was stored") from exc
-        return {
-            "buffer_id": self.buffer_id,
-            "id": row.id,
-            "task_id": meta.task_id,
-            "task_name": meta.task_name,
-            "agent_id": meta.agent_id,
-            "step": meta.step,
-            "execute_time": meta.execute_time,
-            "pre_agent": meta.pre_agent,
-            "reward_t": data.reward_t,
-            "adv_t": data.adv_t,
-            "v_t": data.v_t,
-            "done": bool(data.done),
-            "data": doc,
-            "tensors": blob,
-        }
+        return (
+            self.buffer_id,
+            row.id,
+            meta.task_id,
+            meta.task_name,
+            meta.agent_id,
+            meta.step,
+            meta.execute_time,
+            meta.pre_agent,
+            data.reward_t,
+            data.adv_t,
+            data.v_t,
+            bool(data.done),
+            _dumps(doc),
+            blob,
+        )
 
     def store_batch(self, rows_: Sequence[DataRow]) -> None:
-        """Store every row in one transaction, or none (validated and encoded first)."""
-        params = self._encode(rows_)
+        """Store every row in one transaction, or none.
+
+        Rows are encoded and written in chunks inside that transaction, so memory stays
+        small; any failure (a value the codec refuses, a duplicate id) rolls it all back.
+        """
+        batch = self._prepare(rows_)
         with self._errors("store rows"):
             try:
                 with self._write() as conn:
@@ -333,31 +348,58 @@ class SqlStorage(Storage):
                             .where(buffers.c.id == self.buffer_id)
                             .with_for_update()
                         )
-                    self._insert(conn, params)
+                    for params in self._encoded_chunks(batch):
+                        self._insert(conn, params)
                     if self.capacity is not None:
                         if evict(conn, self.buffer_id, self.capacity, self.eviction):
                             self._bump_version(conn)
             except IntegrityError as exc:
-                raise self._duplicate_error([p["id"] for p in params]) from exc
+                raise self._duplicate_error([row.id for row in batch]) from exc
 
-    def _insert(self, conn: Connection, params: list[dict[str, Any]]) -> None:
+    def _encode_chunk(self, chunk: Sequence[DataRow]) -> list[tuple[Any, ...]]:
+        return [self._row_params(row) for row in chunk]
+
+    def _encoded_chunks(self, batch: list[DataRow]) -> Iterator[list[tuple[Any, ...]]]:
+        """Encoded chunks of ``batch``, the next one encoded in a thread while the database
+        takes the current one (sqlite3 and psycopg release the GIL while they wait), with
+        at most two chunks in flight."""
+        chunks = [batch[i : i + WRITE_CHUNK] for i in range(0, len(batch), WRITE_CHUNK)]
+        if len(chunks) == 1:
+            yield self._encode_chunk(chunks[0])
+            return
+        with ThreadPoolExecutor(1, thread_name_prefix="expstore-encode") as pool:
+            pending = deque(pool.submit(self._encode_chunk, c) for c in chunks[:2])
+            queued = len(pending)
+            while pending:
+                params = pending.popleft().result()
+                if queued < len(chunks):
+                    pending.append(pool.submit(self._encode_chunk, chunks[queued]))
+                    queued += 1
+                yield params
+
+    def _insert(self, conn: Connection, params: list[tuple[Any, ...]]) -> None:
         if self.dialect != "postgresql":
-            conn.execute(insert(rows), params)
+            # The DB-API's executemany directly: the values are already in column order.
+            conn.exec_driver_sql(_SQLITE_INSERT, params)
             return
         import psycopg
+        from psycopg.copy import QueuedLibpqWriter
         from psycopg.types.json import Jsonb
 
         raw = conn.connection.driver_connection
         assert raw is not None
-        columns = ", ".join(f'"{c}"' for c in _WRITE_COLUMNS)
-        statement = f"COPY {rows.name} ({columns}) FROM STDIN (FORMAT BINARY)"
+        statement = f"COPY {rows.name} ({_COLUMN_LIST}) FROM STDIN (FORMAT BINARY)"
+        data_at = _WRITE_COLUMNS.index("data")
         try:
-            with raw.cursor() as cursor, cursor.copy(statement) as copy:
+            # The queued writer sends to the server from a thread of its own, so encoding
+            # the next rows overlaps the network and the server's work.
+            with raw.cursor() as cursor, cursor.copy(
+                statement, writer=QueuedLibpqWriter(cursor)
+            ) as copy:
                 copy.set_types(_PG_COPY_TYPES)
                 for p in params:
-                    copy.write_row(
-                        tuple(Jsonb(p[c]) if c == "data" else p[c] for c in _WRITE_COLUMNS)
-                    )
+                    document = Jsonb(p[data_at], dumps=_as_is)
+                    copy.write_row(p[:data_at] + (document,) + p[data_at + 1 :])
         except psycopg.errors.IntegrityError as exc:  # surface as SQLAlchemy's errors do
             raise IntegrityError(statement, None, exc) from exc
         except psycopg.Error as exc:
@@ -625,6 +667,15 @@ _PG_COPY_TYPES = [
     "jsonb",  # data
     "bytea",  # tensors
 ]
+
+
+def _dumps(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _as_is(text: str) -> str:
+    """psycopg's JSON dumps for a document the codec already serialised."""
+    return text
 
 
 def _reopen(url: str, name: str, capacity: int | None, eviction: str) -> SqlStorage:
