@@ -35,7 +35,10 @@ def make_rows(n: int) -> list[DataRow]:
         rows.append(
             DataRow(
                 exp_meta=ExpMeta(
-                    task_id=f"task-{i // 50}", task_name="web_nav", agent_id=f"agent-{i % 8}", step=i % 50
+                    task_id=f"task-{i // 50}",
+                    task_name="web_nav",
+                    agent_id=f"agent-{i % 8}",
+                    step=i % 50,
                 ),
                 exp_data=Experience(
                     state={
@@ -59,14 +62,30 @@ def encoded(rows: list[DataRow]) -> list[tuple]:
         doc, blob = encode_payload({f: getattr(r.exp_data, f) for f in PAYLOAD_FIELDS})
         m, d = r.exp_meta, r.exp_data
         out.append(
-            (1, r.id, m.task_id, m.task_name, m.agent_id, m.step, m.execute_time, m.pre_agent,
-             d.reward_t, d.adv_t, d.v_t, d.done, doc, blob)
+            (
+                1,
+                r.id,
+                m.task_id,
+                m.task_name,
+                m.agent_id,
+                m.step,
+                m.execute_time,
+                m.pre_agent,
+                d.reward_t,
+                d.adv_t,
+                d.v_t,
+                d.done,
+                doc,
+                blob,
+            )
         )
     return out
 
 
-COLS = ("buffer_id, id, task_id, task_name, agent_id, step, execute_time, pre_agent, "
-        "reward_t, adv_t, v_t, done, data, tensors")
+COLS = (
+    "buffer_id, id, task_id, task_name, agent_id, step, execute_time, pre_agent, "
+    "reward_t, adv_t, v_t, done, data, tensors"
+)
 
 
 def sqlite_floor(path: str, data: list[tuple]) -> float:
@@ -96,9 +115,10 @@ def pg_floor(url: str, data: list[tuple]) -> float:
     with psycopg.connect(host=u.host, port=u.port, user=u.username, dbname=u.database) as conn:
         bid = conn.execute("SELECT id FROM expstore_buffers WHERE name = 'floor'").fetchone()[0]
         start = time.perf_counter()
-        with conn.cursor() as cur, cur.copy(
-            f"COPY expstore_rows ({COLS}) FROM STDIN (FORMAT BINARY)"
-        ) as copy:
+        with (
+            conn.cursor() as cur,
+            cur.copy(f"COPY expstore_rows ({COLS}) FROM STDIN (FORMAT BINARY)") as copy,
+        ):
             copy.set_types(_PG_COPY_TYPES)
             for t in data:
                 copy.write_row((bid,) + t[1:12] + (Jsonb(t[12]), t[13]))

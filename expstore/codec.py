@@ -252,7 +252,7 @@ class _Encoder:
         raise self.fail(path, _unsupported(value))
 
     def encode_list(self, value: list[Any] | tuple[Any, ...], lenient: bool) -> list[Any]:
-        out = []
+        out: list[Any] = []
         encode = self.encode
         append = out.append
         for i, item in enumerate(value):

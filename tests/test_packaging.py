@@ -20,9 +20,9 @@ def test_exported_members_match_all() -> None:
     public = {name for name in dir(expstore) if not name.startswith("_")}
     modules = {name for name in public if inspect.ismodule(getattr(expstore, name))}
     assert set(expstore.__all__) - {"__version__"} == public - modules
-    assert expstore.__all__ == sorted(expstore.__all__, key=str.lower) or expstore.__all__ == sorted(
-        expstore.__all__
-    )
+    assert expstore.__all__ == sorted(
+        expstore.__all__, key=str.lower
+    ) or expstore.__all__ == sorted(expstore.__all__)
 
 
 def test_import_works_without_torch_and_psycopg() -> None:
@@ -59,7 +59,16 @@ def test_import_works_without_torch_and_psycopg() -> None:
 def test_wheel_carries_migrations_and_creates_a_database(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
     subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(ROOT)],
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "--wheel",
+            "--no-isolation",
+            "--outdir",
+            str(dist),
+            str(ROOT),
+        ],
         check=True,
         capture_output=True,
         timeout=300,

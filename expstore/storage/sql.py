@@ -14,8 +14,8 @@ import json
 import os
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -393,9 +393,10 @@ class SqlStorage(Storage):
         try:
             # The queued writer sends to the server from a thread of its own, so encoding
             # the next rows overlaps the network and the server's work.
-            with raw.cursor() as cursor, cursor.copy(
-                statement, writer=QueuedLibpqWriter(cursor)
-            ) as copy:
+            with (
+                raw.cursor() as cursor,
+                cursor.copy(statement, writer=QueuedLibpqWriter(cursor)) as copy,
+            ):
                 copy.set_types(_PG_COPY_TYPES)
                 for p in params:
                     document = Jsonb(p[data_at], dumps=_as_is)
@@ -693,7 +694,7 @@ def _condition_key(query_condition: QueryCondition) -> str:
     )
 
 
-def _to_arrays(fetched: list[Row[Any]], columns: tuple[str, ...]) -> dict[str, np.ndarray]:
+def _to_arrays(fetched: Sequence[Row[Any]], columns: tuple[str, ...]) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {
         "key": np.fromiter((r[0] for r in fetched), dtype=np.int64, count=len(fetched))
     }
@@ -720,9 +721,9 @@ class _TranslateErrors:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
         if exc is None or not isinstance(exc, DBAPIError):
-            return False
+            return
         url = self.storage.url.render_as_string(hide_password=True)
         raise StorageError(
             f"could not {self.action} in {url} (buffer {self.storage.name!r}): "

@@ -48,9 +48,7 @@ def test_four_processes_store_batch_at_once_without_loss_or_duplicates(
         ids = [r.id for r in buf.query()]
         assert len(set(ids)) == WRITERS * ROWS_EACH
         for w in range(WRITERS):
-            assert [r.exp_meta.step for r in buf.get_by_task_id(f"w{w}")] == list(
-                range(ROWS_EACH)
-            )
+            assert [r.exp_meta.step for r in buf.get_by_task_id(f"w{w}")] == list(range(ROWS_EACH))
 
 
 @pytest.mark.slow

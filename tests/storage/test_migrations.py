@@ -38,7 +38,9 @@ def test_migrations_head_matches_the_models(fresh_url: str) -> None:
     engine = _writer(fresh_url)
     migrate.upgrade(engine)
     with engine.connect() as conn:
-        context = MigrationContext.configure(conn, opts={"compare_type": True, "version_table": VERSION_TABLE})
+        context = MigrationContext.configure(
+            conn, opts={"compare_type": True, "version_table": VERSION_TABLE}
+        )
         diff = compare_metadata(context, metadata)
     assert diff == []
 
@@ -88,7 +90,9 @@ def test_newer_schema_raises_and_writes_nothing(fresh_url: str) -> None:
         assert "never_created" not in names
         assert migrate.current_revision(conn) == "9999_future"
     with engine.begin() as conn:
-        conn.execute(text(f"UPDATE {VERSION_TABLE} SET version_num = :v"), {"v": migrate.head_revision()})
+        conn.execute(
+            text(f"UPDATE {VERSION_TABLE} SET version_num = :v"), {"v": migrate.head_revision()}
+        )
 
 
 def test_upgrade_sql_prints_without_running(tmp_path) -> None:

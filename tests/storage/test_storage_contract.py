@@ -185,9 +185,10 @@ def test_aworld_storage_names(buffer: ReplayBuffer) -> None:
 
 
 def test_clear_empties_only_this_buffer(db_url: str, buffer_name: str) -> None:
-    with ReplayBuffer(db_url, name=buffer_name) as one, ReplayBuffer(
-        db_url, name=buffer_name + "_b"
-    ) as two:
+    with (
+        ReplayBuffer(db_url, name=buffer_name) as one,
+        ReplayBuffer(db_url, name=buffer_name + "_b") as two,
+    ):
         one.store_batch(make_rows(5))
         two.store_batch(make_rows(3))
         assert (len(one), len(two)) == (5, 3)
@@ -196,9 +197,10 @@ def test_clear_empties_only_this_buffer(db_url: str, buffer_name: str) -> None:
 
 
 def test_named_buffers_are_isolated(db_url: str, buffer_name: str) -> None:
-    with ReplayBuffer(db_url, name=buffer_name) as one, ReplayBuffer(
-        db_url, name=buffer_name + "_b"
-    ) as two:
+    with (
+        ReplayBuffer(db_url, name=buffer_name) as one,
+        ReplayBuffer(db_url, name=buffer_name + "_b") as two,
+    ):
         row = make_row("shared")
         one.store(row)
         two.store(row)  # the same id may live in two buffers
