@@ -394,6 +394,10 @@ def encode_payload(payload: dict[str, Any]) -> tuple[dict[str, Any], bytes | Non
 # Decoding
 
 
+class _Fallback(Exception):
+    """The fast decoding walk met something for the full walk to explain."""
+
+
 class _Decoder:
     """Rebuilds values from one document and one writable copy of its blob."""
 
@@ -434,6 +438,29 @@ class _Decoder:
             return {k: self.decode(v, _join(path, k)) for k, v in value.items()}
         if kind is list:
             return [self.decode(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return value
+
+    def decode_fast(self, value: Any) -> Any:
+        """decode() without paths, rebuilding containers in place (the document is ours,
+        fresh from the database driver). Raises _Fallback on anything unusual."""
+        kind = type(value)
+        if kind is dict:
+            if not RESERVED_KEYS.isdisjoint(value):
+                if len(value) != 1:
+                    raise _Fallback
+                ((key, spec),) = value.items()
+                return self.decode_placeholder(key, spec, "")
+            for key, item in value.items():
+                kind = type(item)
+                if kind is dict or kind is list:
+                    value[key] = self.decode_fast(item)
+            return value
+        if kind is list:
+            for i, item in enumerate(value):
+                kind = type(item)
+                if kind is dict or kind is list:
+                    value[i] = self.decode_fast(item)
+            return value
         return value
 
     def decode_placeholder(self, key: str, spec: Any, path: str) -> Any:
@@ -526,7 +553,11 @@ def decode_payload(
         )
     decoder = _Decoder(blob, row_id)
     try:
-        return {key: decoder.decode(value, key) for key, value in doc.items()}
+        try:
+            return {key: decoder.decode_fast(value) for key, value in doc.items()}
+        except (CodecError, _Fallback):
+            # Walk again with paths, for an error message that says where.
+            return {key: decoder.decode(value, key) for key, value in doc.items()}
     except RecursionError as exc:
         raise CodecError(f"row {row_id}: the stored document is nested too deeply") from exc
 

@@ -48,13 +48,14 @@ from .. import migrate
 from .._optional import require
 from ..codec import decode_payload, encode_payload
 from ..errors import CodecError, StorageError
-from ..models import PAYLOAD_FIELDS, DataRow, Experience, ExpMeta
+from ..models import PAYLOAD_FIELDS, DataRow, Experience, ExpMeta, trusted
 from .base import QueryCondition, Storage
 from .eviction import EVICTION_POLICIES, evict
 from .schema import META_COLUMNS, SCALAR_COLUMNS, buffers, rows
 
 __all__ = ["SqlStorage", "create_sql_engine"]
 
+_EXPERIENCE_FIELDS = tuple(Experience.model_fields)
 #: Rows fetched per round trip when streaming a query.
 CHUNK = 1000
 #: Columns that key_index() and query(order_by=...) accept.
@@ -67,6 +68,12 @@ INDEXABLE = (
 )
 _WRITE_COLUMNS = ("buffer_id", "id", *META_COLUMNS, *SCALAR_COLUMNS, "data", "tensors")
 _ROW_COLUMNS = [c for c in rows.c if c.name not in ("buffer_id", "priority")]
+_ROW_NAMES = [c.name for c in _ROW_COLUMNS]
+_AT_KEY, _AT_ID, _AT_DATA, _AT_TENSORS = (
+    _ROW_NAMES.index(n) for n in ("key", "id", "data", "tensors")
+)
+_AT_META = tuple((c, _ROW_NAMES.index(c)) for c in META_COLUMNS)
+_AT_SCALARS = tuple((c, _ROW_NAMES.index(c)) for c in SCALAR_COLUMNS)
 _COLUMN_LIST = ", ".join(f'"{c}"' for c in _WRITE_COLUMNS)
 # A constant statement over our own column names; every value is a bound parameter.
 _SQLITE_INSERT = (
@@ -479,11 +486,14 @@ class SqlStorage(Storage):
 
     # -- reading -------------------------------------------------------------------------
     def _decode(self, r: Row[Any]) -> DataRow:
-        m = r._mapping
-        payload = decode_payload(m["data"], m["tensors"], row_id=m["id"])
-        meta = ExpMeta.model_construct(**{c: m[c] for c in META_COLUMNS})
-        data = Experience.model_construct(**payload, **{c: m[c] for c in SCALAR_COLUMNS})
-        return DataRow.model_construct(exp_meta=meta, exp_data=data, id=m["id"])
+        # Positional access: a sampler decodes hundreds of rows per batch.
+        row_id = r[_AT_ID]
+        payload = decode_payload(r[_AT_DATA], r[_AT_TENSORS], row_id=row_id)
+        meta = trusted(ExpMeta, {c: r[i] for c, i in _AT_META})
+        for c, i in _AT_SCALARS:
+            payload[c] = r[i]
+        data = trusted(Experience, {name: payload[name] for name in _EXPERIENCE_FIELDS})
+        return trusted(DataRow, {"exp_meta": meta, "exp_data": data, "id": row_id})
 
     def _select(self, query_condition: QueryCondition = None) -> Any:
         return select(*_ROW_COLUMNS).where(*self._where(query_condition))
@@ -648,7 +658,7 @@ class SqlStorage(Storage):
         with self._errors("fetch rows"), self._read() as conn:
             for start in range(0, len(unique), 5000):
                 for r in conn.execute(stmt, {"keys": unique[start : start + 5000]}):
-                    found[r._mapping["key"]] = self._decode(r)
+                    found[r[_AT_KEY]] = self._decode(r)
         return [found[k] for k in wanted if k in found]
 
 
