@@ -11,18 +11,21 @@ from .errors import (
     StorageError,
 )
 from .models import DataRow, Experience, ExpMeta
+from .query import Condition, QueryBuilder
 from .storage import SqlStorage, Storage
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CodecError",
+    "Condition",
     "DataRow",
     "EmptyBufferError",
     "ExpMeta",
     "Experience",
     "ExpstoreError",
     "MissingDependencyError",
+    "QueryBuilder",
     "QueryError",
     "ReplayBuffer",
     "SchemaVersionError",

@@ -10,7 +10,7 @@ A field is one of
 
 In a path, a segment of decimal digits without a leading zero (``0``, ``12``) indexes a
 list; any other segment is a dict key. So a dict key made only of digits, and a key holding
-a ``.`` or a ``"``, cannot be addressed (SQLite's JSON paths cannot spell a ``"``).
+a ``.`` or a ``"``, cannot be addressed (SQLite before 3.45 cannot spell a ``"`` in a path).
 """
 
 from __future__ import annotations

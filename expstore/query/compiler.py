@@ -1,0 +1,288 @@
+"""Compile a Condition into a SQLAlchemy Core boolean expression, for SQLite or Postgres.
+
+Values are always bound parameters and field names never reach SQL text: a column field
+becomes ``table.c.<column>``; a JSON path's keys and indexes are bound parameters too.
+
+JSON values compare by type: a number matches only numbers, a string only strings, a bool
+only booleans, and nothing ever casts, so a value of another type never matches and never
+raises (casting a string to a number would fail on Postgres). Every comparison with a
+missing path or a null yields NULL, which no WHERE accepts; conditions are only ever
+combined with AND and OR, so NULL and false behave alike.
+
+- Postgres: the path is a chain of ``->`` with bound keys (text) and indexes (integer), so
+  a key never reads an array and an index never reads an object; as ``jsonb -> 0`` on a
+  scalar returns the scalar, each index step also checks that it meets an array. ``eq`` and
+  ``in_`` are jsonb equality with the value bound as JSONB (``node = '7'::jsonb``), which is
+  type-aware and compares numbers as NUMERIC (so 7 = 7.0, and 0.1 matches a stored 0.1).
+  The other operators add ``jsonb_typeof(node) = 'number'`` (or ``'string'``, ``'boolean'``)
+  and compare jsonb with jsonb; strings are ordered and LIKE-matched on ``->>`` text, with
+  ``COLLATE "C"`` (code point order, as in Python and SQLite) for ordering. Column equality
+  keeps the column's collation, so the indexes stay usable.
+- SQLite: the path is one bound JSON path string (``$."state"."url"``, ``$."actions"[0]``);
+  the test is ``json_extract(data, path) <op> ?`` AND ``json_type(data, path) IN ('integer',
+  'real')`` (``'text'`` for strings; ``'true'``/``'false'`` for booleans, which json_extract
+  returns as 1/0). The comparison comes first, so the second parse only runs for rows whose
+  value already matched.
+
+LIKE is case-sensitive on both: Postgres uses ``LIKE ... ESCAPE '\\'``; SQLite, whose LIKE
+ignores ASCII case, gets the pattern rewritten to GLOB (see :mod:`expstore.query._like`).
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Double,
+    Integer,
+    String,
+    Table,
+    Text,
+    and_,
+    bindparam,
+    case,
+    false,
+    func,
+    not_,
+    or_,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.sql.elements import BindParameter, ColumnElement
+
+from ..errors import QueryError
+from ._like import ESCAPE, like_to_glob
+from .conditions import And, Comparison, Condition, Or, as_condition
+from .fields import ColumnField, JsonField, Kind
+
+__all__ = ["DIALECTS", "sqlite_json_path", "to_sql"]
+
+#: The SQLAlchemy dialect names to_sql() compiles for.
+DIALECTS = ("sqlite", "postgresql")
+
+_PG_TYPES: dict[Kind, str] = {"number": "number", "string": "string", "bool": "boolean"}
+_SQLITE_TYPES: dict[Kind, tuple[str, ...]] = {
+    "number": ("integer", "real"),
+    "string": ("text",),
+    "bool": ("true", "false"),
+}
+_ORDERING = frozenset({"gt", "gte", "lt", "lte", "between"})
+_TEXT_OPS = _ORDERING | {"like", "not_like"}
+
+
+def to_sql(
+    condition: Condition | Mapping[str, Any] | None, table: Table, dialect_name: str
+) -> ColumnElement[bool] | None:
+    """The WHERE expression for ``condition`` over ``table``'s columns, or None for None.
+
+    ``table`` has the columns of ``expstore.storage.schema.rows``; ``dialect_name`` is
+    ``"sqlite"`` or ``"postgresql"``.
+
+    >>> from expstore.storage.schema import rows
+    >>> print(to_sql({"field": "task_id", "value": "t1", "op": "eq"}, rows, "sqlite"))
+    expstore_rows.task_id = :param_1
+    """
+    if dialect_name not in DIALECTS:
+        raise QueryError(
+            f"cannot compile conditions for the {dialect_name!r} dialect; "
+            f"expstore supports {' and '.join(DIALECTS)}"
+        )
+    built = as_condition(condition)
+    if built is None:
+        return None
+    return _Compiler(table, dialect_name).condition(built)
+
+
+def sqlite_json_path(top: str, path: Sequence[str | int], *, ensure_ascii: bool = True) -> str:
+    """The SQLite JSON path for a payload field and its path: ``$."state"."url"``.
+
+    Keys are written as quoted labels, spelled as ``json.dumps`` spells them in the stored
+    document: SQLite before 3.45 compares a label with the key's text as stored, escapes and
+    all (3.45 and later decode both sides), so a non-ASCII key is tried both escaped and raw.
+    Keys holding ``"`` are refused by :func:`~expstore.query.fields.resolve_field`: SQLite
+    before 3.45 ends a label at the first ``"``, escaped or not.
+    """
+    parts = ["$"]
+    for segment in (top, *path):
+        if isinstance(segment, int):
+            parts.append(f"[{segment}]")
+        else:
+            parts.append(f'."{json.dumps(segment, ensure_ascii=ensure_ascii)[1:-1]}"')
+    return "".join(parts)
+
+
+def _jsonb(value: Any) -> BindParameter[Any]:
+    """A value bound as JSONB (``%(param)s::JSONB``), for Postgres' type-aware jsonb comparison."""
+    return bindparam(None, value, type_=JSONB())
+
+
+def _bind(value: Any) -> BindParameter[Any]:
+    """A bound parameter typed by the Python value, never by the column it meets.
+
+    (Typing it by the column would make psycopg cast ``2.5`` to ``BIGINT`` against ``step``.)
+    """
+    if isinstance(value, bool):
+        return bindparam(None, value, type_=Boolean())
+    if isinstance(value, int):
+        return bindparam(None, value, type_=BigInteger())
+    if isinstance(value, float):
+        return bindparam(None, value, type_=Double())
+    return bindparam(None, value, type_=String())
+
+
+class _Compiler:
+    def __init__(self, table: Table, dialect: str) -> None:
+        self.table = table
+        self.pg = dialect == "postgresql"
+
+    def condition(self, condition: Condition) -> ColumnElement[bool]:
+        if isinstance(condition, And):
+            return and_(*(self.condition(c) for c in condition.conditions))
+        if isinstance(condition, Or):
+            return or_(*(self.condition(c) for c in condition.conditions))
+        assert isinstance(condition, Comparison)
+        return self.comparison(condition)
+
+    def comparison(self, c: Comparison) -> ColumnElement[bool]:
+        op, target = c.op, c.target
+        if op in ("is_null", "is_not_null"):
+            return self.null_test(target, is_null=op == "is_null")
+        if op == "in" and not c.value:
+            return false()
+        if op == "not_in" and not c.value:
+            return self.null_test(target, is_null=False)
+        if isinstance(target, JsonField):
+            if self.pg:
+                return self.pg_comparison(c, target)
+            return self.sqlite_comparison(c, target)
+        operand: ColumnElement[Any] = self.table.c[target.column]
+        if self.pg and c.kind == "string" and op in _ORDERING:
+            operand = operand.collate("C")
+        return self.test(op, operand, c.value, _bind)
+
+    def test(
+        self,
+        op: str,
+        operand: ColumnElement[Any],
+        value: Any,
+        bind: Callable[[Any], BindParameter[Any]],
+    ) -> ColumnElement[bool]:
+        """``operand op value``, with values bound by ``bind``."""
+        if op in ("like", "not_like"):
+            if self.pg:
+                if op == "not_like":
+                    return operand.not_like(_bind(value), escape=ESCAPE)
+                return operand.like(_bind(value), escape=ESCAPE)
+            glob = operand.op("GLOB", is_comparison=True)(_bind(like_to_glob(value)))
+            return not_(glob) if op == "not_like" else glob
+        if op in ("in", "not_in"):
+            binds = [bind(v) for v in value]
+            return operand.in_(binds) if op == "in" else operand.not_in(binds)
+        if op == "between":
+            return operand.between(bind(value[0]), bind(value[1]))
+        compare = {
+            "eq": operator.eq,
+            "ne": operator.ne,
+            "gt": operator.gt,
+            "gte": operator.ge,
+            "lt": operator.lt,
+            "lte": operator.le,
+        }[op]
+        return compare(operand, bind(value))  # type: ignore[no-any-return]
+
+    def null_test(self, target: ColumnField | JsonField, is_null: bool) -> ColumnElement[bool]:
+        if isinstance(target, ColumnField):
+            column = self.table.c[target.column]
+            return column.is_(None) if is_null else column.is_not(None)
+        json_type: ColumnElement[Any]
+        if self.pg:
+            _, json_type = self.pg_node(target)
+        else:
+            json_type = self.sqlite_call("json_type", self.sqlite_paths(target))
+        null = _bind("null")
+        if is_null:
+            return func.coalesce(json_type, null) == null
+        return json_type != null
+
+    # Postgres -----------------------------------------------------------------------------
+    def pg_step(self, node: ColumnElement[Any], segment: str | int, op: str) -> Any:
+        key = bindparam(None, segment, type_=Integer() if isinstance(segment, int) else Text())
+        return node.op(op, return_type=Text() if op == "->>" else JSONB())(key)
+
+    def pg_path(
+        self, target: JsonField
+    ) -> tuple[ColumnElement[Any], str | int, list[ColumnElement[bool]]]:
+        """The node holding the path's last segment, that segment, and the array checks.
+
+        ``jsonb -> 0`` on a scalar returns the scalar itself (Postgres stores a scalar as a
+        one-element pseudo-array), so every index step is checked to meet an array.
+        """
+        *prefix, last = (target.top, *target.path)
+        node: ColumnElement[Any] = self.table.c.data
+        arrays: list[ColumnElement[bool]] = []
+        for segment in prefix:
+            if isinstance(segment, int):
+                arrays.append(func.jsonb_typeof(node) == _bind("array"))
+            node = self.pg_step(node, segment, "->")
+        if isinstance(last, int):
+            arrays.append(func.jsonb_typeof(node) == _bind("array"))
+        return node, last, arrays
+
+    def pg_json_type(
+        self, node: ColumnElement[Any], arrays: list[ColumnElement[bool]]
+    ) -> ColumnElement[Any]:
+        """``jsonb_typeof(node)``, or NULL when an index step did not meet an array."""
+        if not arrays:
+            return func.jsonb_typeof(node)
+        return case((and_(*arrays), func.jsonb_typeof(node)))
+
+    def pg_node(self, target: JsonField) -> tuple[ColumnElement[Any], ColumnElement[Any]]:
+        parent, last, arrays = self.pg_path(target)
+        node = self.pg_step(parent, last, "->")
+        return node, self.pg_json_type(node, arrays)
+
+    def pg_comparison(self, c: Comparison, target: JsonField) -> ColumnElement[bool]:
+        assert c.kind is not None
+        parent, last, arrays = self.pg_path(target)
+        node = self.pg_step(parent, last, "->")
+        checks = list(arrays)
+        if c.kind == "string" and c.op in _TEXT_OPS:
+            text = self.pg_step(parent, last, "->>")
+            operand = text.collate("C") if c.op in _ORDERING else text
+            compared = self.test(c.op, operand, c.value, _bind)
+        else:
+            compared = self.test(c.op, node, c.value, _jsonb)
+        if c.op not in ("eq", "in"):  # jsonb equality already tells types apart
+            checks.append(func.jsonb_typeof(node) == _bind(_PG_TYPES[c.kind]))
+        return and_(*checks, compared)
+
+    # SQLite -------------------------------------------------------------------------------
+    def sqlite_call(self, name: str, paths: list[BindParameter[Any]]) -> ColumnElement[Any]:
+        """``name(data, path)``, or the first non-null of it over several spellings."""
+        data = self.table.c.data
+        calls = [getattr(func, name)(data, path) for path in paths]
+        return calls[0] if len(calls) == 1 else func.coalesce(*calls)
+
+    def sqlite_paths(self, target: JsonField) -> list[BindParameter[Any]]:
+        """The path, bound once; twice (escaped and raw) when a key is not ASCII."""
+        escaped = sqlite_json_path(target.top, target.path)
+        raw = sqlite_json_path(target.top, target.path, ensure_ascii=False)
+        return [_bind(escaped)] if raw == escaped else [_bind(escaped), _bind(raw)]
+
+    def sqlite_comparison(self, c: Comparison, target: JsonField) -> ColumnElement[bool]:
+        assert c.kind is not None
+        paths = self.sqlite_paths(target)
+        compared = self.test(c.op, self.sqlite_call("json_extract", paths), c.value, _bind)
+        json_type = self.sqlite_call("json_type", paths)
+        names = _SQLITE_TYPES[c.kind]
+        if len(names) == 1:
+            is_kind = json_type == _bind(names[0])
+        else:
+            is_kind = json_type.in_([_bind(name) for name in names])
+        # The comparison first: SQLite stops at the first false term, so the type is only
+        # looked up (a second parse of the document) for rows whose value already matched.
+        return and_(compared, is_kind)

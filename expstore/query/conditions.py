@@ -1,0 +1,457 @@
+"""Conditions: immutable data saying which rows to select, with the same answers in Python.
+
+A :class:`Condition` is a :class:`Comparison` (a field, an operator, a value) or an
+:class:`And` / :class:`Or` of conditions. Conditions are frozen dataclasses, validated when
+built; :mod:`expstore.query.compiler` turns them into SQL, :meth:`Condition.matches`
+evaluates them in Python.
+
+Semantics, identical in SQL and in ``matches()``:
+
+- The Python type of the value decides what it can match: a number matches only numbers,
+  a string only strings, a bool only booleans. A stored value of another type (or a dict,
+  a list, a tensor) never matches, whatever the operator.
+- A missing JSON path or a null never matches a comparison, ``ne`` and ``not_in``
+  included; ``is_null`` is true for both, ``is_not_null`` for everything else.
+- ``in_([])`` matches nothing; ``not_in([])`` matches every non-null value.
+- ``like`` patterns are SQL LIKE patterns, case-sensitive, with ``\\`` as the escape
+  character (see :mod:`expstore.query._like`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..errors import QueryError
+from ._like import check_pattern, like_to_regex
+from .fields import ColumnField, JsonField, Kind, check_text, resolve_field
+
+if TYPE_CHECKING:
+    from ..models import DataRow
+
+__all__ = ["And", "Comparison", "Condition", "OPERATORS", "Or", "as_condition", "value_kind"]
+
+#: Operator names, as AWorld spells them in its dicts (``in``, not ``in_``).
+OPERATORS = (
+    "eq",
+    "ne",
+    "gt",
+    "gte",
+    "lt",
+    "lte",
+    "in",
+    "not_in",
+    "like",
+    "not_like",
+    "between",
+    "is_null",
+    "is_not_null",
+)
+_ORDERING = frozenset({"gt", "gte", "lt", "lte", "between"})
+_ALIASES = {"in_": "in", "not_in_": "not_in", "ge": "gte", "le": "lte"}
+_SQL_OPS = {"eq": "=", "ne": "!=", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
+_LOGICAL_KEYS = {"and_": "and", "or_": "or", "and": "and", "or": "or"}
+_MAX_INT = 2**63 - 1
+
+_MISSING: Any = object()
+
+
+def value_kind(value: object) -> Kind | None:
+    """The kind of a comparable value ("string", "number" or "bool"); None for anything else.
+
+    Non-finite floats count as None: the codec stores them as ``{"__float__": ...}``.
+    """
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, int):
+        return "number"
+    if isinstance(value, float):
+        return "number" if math.isfinite(value) else None
+    return None
+
+
+class Condition(ABC):
+    """Which rows to select: a :class:`Comparison`, an :class:`And` or an :class:`Or`.
+
+    >>> c = Condition.from_dict({"field": "exp_meta.task_id", "value": "t1", "op": "eq"})
+    >>> str(c)
+    "exp_meta.task_id = 't1'"
+    """
+
+    __slots__ = ()
+
+    @abstractmethod
+    def matches(self, row: DataRow) -> bool:
+        """Whether ``row`` satisfies this condition, with the same answer as the SQL."""
+
+    @abstractmethod
+    def to_dict(self) -> dict[str, Any]:
+        """AWorld's dict shape: ``{"field", "value", "op"}``, ``{"and_": []}``, ``{"or_": []}``."""
+
+    @abstractmethod
+    def __str__(self) -> str:
+        """The condition written like a SQL WHERE clause."""
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any]) -> Condition:
+        """Read AWorld's dict shape back; QueryError says what is wrong with a bad dict.
+
+        Also reads ``{"and": [...]}``, ``{"or": [...]}`` and ``{"nested": {...}}``, which
+        other AWorld versions write.
+        """
+        return _from_dict(data, "condition")
+
+
+@dataclass(frozen=True)
+class Comparison(Condition):
+    """``field op value``: one test of one field.
+
+    ``value`` is a string, number or bool; a tuple of them for ``in`` and ``not_in``; a
+    ``(low, high)`` pair for ``between``; None for ``is_null`` and ``is_not_null``. Lists are
+    stored as tuples, so a Comparison is hashable.
+    """
+
+    field: str
+    op: str
+    value: Any = None
+    target: ColumnField | JsonField = dataclasses.field(init=False, repr=False, compare=False)
+    kind: Kind | None = dataclasses.field(init=False, repr=False, compare=False)
+    _regex: re.Pattern[str] | None = dataclasses.field(
+        init=False, repr=False, compare=False, default=None
+    )
+
+    def __post_init__(self) -> None:
+        op = _ALIASES.get(self.op, self.op) if isinstance(self.op, str) else self.op
+        if op not in OPERATORS:
+            raise QueryError(
+                f"unknown operator {self.op!r}; expected one of {', '.join(OPERATORS)}"
+            )
+        target = resolve_field(self.field)
+        value, kind = _check_value(self.field, op, self.value)
+        if isinstance(target, ColumnField) and kind is not None and kind != target.kind:
+            raise QueryError(
+                f"{op}() on {self.field!r}: that field holds "
+                f"{'booleans' if target.kind == 'bool' else target.kind + 's'}, "
+                f"so it cannot match {_show(self.value)} ({type(self.value).__name__}); "
+                f"compare it with {_PY_TYPE[target.kind]}"
+            )
+        object.__setattr__(self, "op", op)
+        object.__setattr__(self, "value", value)
+        object.__setattr__(self, "target", target)
+        object.__setattr__(self, "kind", kind)
+        if op in ("like", "not_like"):
+            object.__setattr__(self, "_regex", like_to_regex(value))
+
+    # -- Python evaluation --------------------------------------------------------------
+    def matches(self, row: DataRow) -> bool:
+        return self.test(_read(self.target, row))
+
+    def test(self, actual: Any) -> bool:
+        """Whether a stored value (``_MISSING`` for an absent path) satisfies this test."""
+        op = self.op
+        if op == "is_null":
+            return actual is _MISSING or actual is None
+        if op == "is_not_null":
+            return actual is not _MISSING and actual is not None
+        if op == "not_in" and not self.value:
+            return actual is not _MISSING and actual is not None
+        if value_kind(actual) != self.kind:
+            return False
+        value = self.value
+        if op == "eq":
+            return bool(actual == value)
+        if op == "ne":
+            return bool(actual != value)
+        if op == "gt":
+            return bool(actual > value)
+        if op == "gte":
+            return bool(actual >= value)
+        if op == "lt":
+            return bool(actual < value)
+        if op == "lte":
+            return bool(actual <= value)
+        if op == "in":
+            return any(actual == v for v in value)
+        if op == "not_in":
+            return all(actual != v for v in value)
+        if op == "between":
+            return bool(value[0] <= actual <= value[1])
+        assert self._regex is not None
+        found = self._regex.fullmatch(actual) is not None
+        return found if op == "like" else not found
+
+    # -- shapes ---------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        value = list(self.value) if isinstance(self.value, tuple) else self.value
+        return {"field": self.field, "value": value, "op": self.op}
+
+    def __str__(self) -> str:
+        name, op, value = self.field, self.op, self.value
+        if op in _SQL_OPS:
+            return f"{name} {_SQL_OPS[op]} {_sql_literal(value)}"
+        if op in ("in", "not_in"):
+            items = ", ".join(_sql_literal(v) for v in value)
+            return f"{name} {'IN' if op == 'in' else 'NOT IN'} ({items})"
+        if op in ("like", "not_like"):
+            return f"{name} {'LIKE' if op == 'like' else 'NOT LIKE'} {_sql_literal(value)}"
+        if op == "between":
+            return f"{name} BETWEEN {_sql_literal(value[0])} AND {_sql_literal(value[1])}"
+        return f"{name} {'IS NULL' if op == 'is_null' else 'IS NOT NULL'}"
+
+
+@dataclass(frozen=True)
+class _Group(Condition):
+    conditions: tuple[Condition, ...]
+    word: ClassVar[str]
+    key: ClassVar[str]
+
+    def __post_init__(self) -> None:
+        conditions = self.conditions
+        if isinstance(conditions, list):
+            conditions = tuple(conditions)
+        if not isinstance(conditions, tuple) or not conditions:
+            raise QueryError(
+                f"{type(self).__name__}() needs a non-empty tuple of conditions; "
+                f"got {self.conditions!r}"
+            )
+        for item in conditions:
+            if not isinstance(item, Condition):
+                raise QueryError(
+                    f"{type(self).__name__}() holds conditions only; got {item!r} "
+                    f"({type(item).__name__})"
+                )
+        object.__setattr__(self, "conditions", conditions)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {self.key: [c.to_dict() for c in self.conditions]}
+
+    def __str__(self) -> str:
+        parts = (f"({c})" if isinstance(c, _Group) else str(c) for c in self.conditions)
+        return f" {self.word} ".join(parts)
+
+
+@dataclass(frozen=True)
+class And(_Group):
+    """All of ``conditions`` hold."""
+
+    word: ClassVar[str] = "AND"
+    key: ClassVar[str] = "and_"
+
+    def matches(self, row: DataRow) -> bool:
+        return all(c.matches(row) for c in self.conditions)
+
+
+@dataclass(frozen=True)
+class Or(_Group):
+    """At least one of ``conditions`` holds."""
+
+    word: ClassVar[str] = "OR"
+    key: ClassVar[str] = "or_"
+
+    def matches(self, row: DataRow) -> bool:
+        return any(c.matches(row) for c in self.conditions)
+
+
+def as_condition(condition: Condition | Mapping[str, Any] | None) -> Condition | None:
+    """A Condition from a Condition, AWorld's dict shape, or None (which stays None)."""
+    if condition is None or isinstance(condition, Condition):
+        return condition
+    if isinstance(condition, Mapping):
+        return Condition.from_dict(condition)
+    hint = (
+        "; call .build() on the QueryBuilder" if type(condition).__name__ == "QueryBuilder" else ""
+    )
+    raise QueryError(
+        "query_condition must be a Condition (from QueryBuilder().build()), its dict form, "
+        f"or None; got {type(condition).__name__}{hint}"
+    )
+
+
+# -- validation -------------------------------------------------------------------------
+
+_PY_TYPE = {"string": "a str", "number": "an int or a float", "bool": "a bool"}
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _scalar(field_name: str, op: str, value: Any) -> Kind:
+    """Check one comparison value and return its kind."""
+    if value is None:
+        raise QueryError(
+            f"{op}() on {field_name!r} got None; comparisons with null never match, "
+            f"so test for it with is_null({field_name!r}) or is_not_null({field_name!r})"
+        )
+    kind = value_kind(value)
+    if kind is None:
+        if isinstance(value, float):
+            raise QueryError(
+                f"{op}() on {field_name!r} got {value!r}; only finite numbers can be compared"
+            )
+        raise QueryError(
+            f"{op}() on {field_name!r} compares with a str, int, float or bool; got "
+            f"{_show(value)} ({type(value).__name__}). To test a value inside a dict or "
+            "list, give its path, such as exp_data.state.url or exp_data.actions.0.name"
+        )
+    if kind == "string":
+        check_text(value, f"the value of {op}() on {field_name!r}")
+    if kind == "number" and not isinstance(value, float) and abs(value) > _MAX_INT:
+        raise QueryError(
+            f"{op}() on {field_name!r} got {value}, beyond the 64-bit integer range; "
+            "compare with a float instead"
+        )
+    if kind == "bool" and op in _ORDERING:
+        raise QueryError(
+            f"{op}() on {field_name!r} orders numbers or strings; got the bool {value!r}. "
+            "Compare booleans with eq() or ne()"
+        )
+    return kind
+
+
+def _check_value(field_name: str, op: str, value: Any) -> tuple[Any, Kind | None]:
+    """Validate ``value`` for ``op`` and return it normalised, with its kind."""
+    if op in ("is_null", "is_not_null"):
+        if value is not None:
+            raise QueryError(f"{op}() on {field_name!r} takes no value; got {_show(value)}")
+        return None, None
+    if op in ("in", "not_in"):
+        name = "in_" if op == "in" else op
+        if isinstance(value, (str, bytes, Mapping)) or not isinstance(
+            value, (list, tuple, set, frozenset)
+        ):
+            raise QueryError(
+                f"{name}() on {field_name!r} takes a list of values; got {_show(value)} "
+                f"({type(value).__name__}); write {name}({field_name!r}, [value, ...])"
+            )
+        items = tuple(value)
+        if isinstance(value, (set, frozenset)):
+            try:  # a stable order, so equal sets give equal conditions
+                items = tuple(sorted(value))
+            except TypeError:
+                pass
+        kinds = {_scalar(field_name, op, item) for item in items}
+        if len(kinds) > 1:
+            raise QueryError(
+                f"{name}() on {field_name!r} takes values of one type (strings, numbers or "
+                f"booleans); got {_show(list(items))}. Use or_() to combine types"
+            )
+        return items, (kinds.pop() if kinds else None)
+    if op == "between":
+        if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, (list, tuple)):
+            raise QueryError(
+                f"between() on {field_name!r} takes two bounds, low and high; got {_show(value)}"
+            )
+        if len(value) != 2:
+            raise QueryError(
+                f"between() on {field_name!r} takes exactly two bounds, low and high; "
+                f"got {len(value)}: {_show(value)}"
+            )
+        low, high = value
+        low_kind, high_kind = _scalar(field_name, op, low), _scalar(field_name, op, high)
+        if low_kind != high_kind:
+            raise QueryError(
+                f"between() on {field_name!r} takes two bounds of one type; got "
+                f"{_show(low)} and {_show(high)}"
+            )
+        return (low, high), low_kind
+    if op in ("like", "not_like"):
+        if not isinstance(value, str):
+            raise QueryError(
+                f"{op}() on {field_name!r} takes a string pattern such as 'web_%'; "
+                f"got {_show(value)} ({type(value).__name__})"
+            )
+        check_text(value, f"the pattern of {op}() on {field_name!r}")
+        check_pattern(value)
+        return value, "string"
+    return value, _scalar(field_name, op, value)
+
+
+def _sql_literal(value: Any) -> str:
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    return repr(value)
+
+
+# -- reading rows -------------------------------------------------------------------------
+
+
+def _read(target: ColumnField | JsonField, row: DataRow) -> Any:
+    """The stored value ``target`` names in ``row``, as the database holds it."""
+    if isinstance(target, ColumnField):
+        owner: Any = row if target.owner == "row" else getattr(row, target.owner)
+        return getattr(owner, target.column)
+    from ..codec import encode_payload
+
+    # The JSON the database holds: pydantic models as dumps, tuples as lists, tensors and
+    # non-finite floats as placeholder dicts. Reading it here keeps Python and SQL in step.
+    doc, _ = encode_payload({target.top: getattr(row.exp_data, target.top)})
+    node: Any = doc[target.top]
+    for segment in target.path:
+        if isinstance(segment, int):
+            if not isinstance(node, list) or segment >= len(node):
+                return _MISSING
+            node = node[segment]
+        else:
+            if not isinstance(node, dict) or segment not in node:
+                return _MISSING
+            node = node[segment]
+    return node
+
+
+# -- reading dicts ------------------------------------------------------------------------
+
+
+def _from_dict(data: Any, where: str) -> Condition:
+    if isinstance(data, Condition):
+        return data
+    if not isinstance(data, Mapping):
+        raise QueryError(
+            f"{where}: expected a dict such as {{'field': 'exp_meta.task_id', 'value': 't1', "
+            f"'op': 'eq'}} or {{'and_': [...]}}; got {_show(data)} ({type(data).__name__})"
+        )
+    keys = set(data)
+    if keys == {"nested"}:
+        return _from_dict(data["nested"], f"{where}.nested")
+    logical = keys & set(_LOGICAL_KEYS)
+    if logical:
+        if len(keys) != 1:
+            raise QueryError(
+                f"{where}: a logical condition has exactly one key (and_ or or_); "
+                f"got keys {sorted(keys)}"
+            )
+        (key,) = logical
+        items = data[key]
+        if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, (list, tuple)):
+            raise QueryError(f"{where}.{key}: expected a list of conditions; got {_show(items)}")
+        if not items:
+            raise QueryError(f"{where}.{key}: the list of conditions is empty; give at least one")
+        children = tuple(_from_dict(item, f"{where}.{key}[{i}]") for i, item in enumerate(items))
+        return And(children) if _LOGICAL_KEYS[key] == "and" else Or(children)
+    if "field" in keys and "op" in keys:
+        extra = keys - {"field", "op", "value"}
+        if extra:
+            raise QueryError(
+                f"{where}: unexpected keys {sorted(extra)}; a comparison has field, op and value"
+            )
+        op = data["op"]
+        if "value" not in keys and op not in ("is_null", "is_not_null"):
+            raise QueryError(f"{where}: the {op!r} comparison on {data['field']!r} has no value")
+        try:
+            return Comparison(data["field"], op, data.get("value"))
+        except QueryError as exc:
+            raise QueryError(f"{where}: {exc}") from None
+    raise QueryError(
+        f"{where}: expected a comparison {{'field', 'value', 'op'}} or a logical "
+        f"{{'and_': [...]}} / {{'or_': [...]}}; got keys {sorted(map(str, keys))}"
+    )

@@ -1,0 +1,1 @@
+"""The query builder: conditions, their SQL on SQLite and Postgres, and matches()."""

@@ -1,0 +1,120 @@
+"""Queries by task_id and by agent_id use an index, on SQLite and on Postgres.
+
+The statement is the one storage runs: the buffer's id and the compiled condition. The
+table holds a few thousand rows over many tasks and agents, and Postgres has ANALYZEd it,
+so the planner chooses freely; on Postgres the test also runs with ``enable_seqscan = off``
+(which only forbids a sequential scan when another plan exists) to show that the index
+*can* serve the condition whatever the table's size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import Connection, create_engine, func, select, text
+
+from expstore import DataRow, Experience, ExpMeta, ReplayBuffer
+from expstore.query import QueryBuilder, to_sql
+from expstore.storage.schema import buffers, rows
+
+TASK_INDEX = "ix_expstore_rows_buffer_id_task_id_step"
+AGENT_INDEX = "ix_expstore_rows_buffer_id_agent_id"
+
+
+def make_rows(n: int = 3000) -> list[DataRow]:
+    return [
+        DataRow(
+            exp_meta=ExpMeta(task_id=f"task{i % 300}", agent_id=f"agent{i % 100}", step=i // 300),
+            exp_data=Experience(state={"i": i}),
+        )
+        for i in range(n)
+    ]
+
+
+@pytest.fixture
+def connection(db_url: str, buffer_name: str) -> Iterator[tuple[Connection, int]]:
+    with ReplayBuffer(db_url, name=buffer_name) as buffer:
+        buffer.store_batch(make_rows())
+        engine = create_engine(buffer.storage.url)  # type: ignore[attr-defined]
+        try:
+            with engine.connect() as conn:
+                buffer_id = conn.execute(
+                    select(buffers.c.id).where(buffers.c.name == buffer_name)
+                ).scalar_one()
+                conn.execute(text("ANALYZE"))
+                yield conn, buffer_id
+        finally:
+            engine.dispose()
+            buffer.clear()
+
+
+def plan(conn: Connection, buffer_id: int, builder: QueryBuilder, count: bool = False) -> str:
+    dialect = conn.dialect
+    where = to_sql(builder.build(), rows, dialect.name)
+    assert where is not None
+    columns: Any = [func.count()] if count else [rows.c.key, rows.c.id, rows.c.data]
+    stmt = select(*columns).select_from(rows).where(rows.c.buffer_id == buffer_id, where)
+    compiled = stmt.compile(dialect=dialect, compile_kwargs={"render_postcompile": True})
+    if dialect.name == "sqlite":
+        params: Any = tuple(compiled.params[name] for name in compiled.positiontup or ())
+        found = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {compiled}", params).all()
+        return "\n".join(str(row[-1]) for row in found)
+    found = conn.exec_driver_sql(f"EXPLAIN {compiled}", compiled.params).all()
+    return "\n".join(row[0] for row in found)
+
+
+@pytest.mark.parametrize("count", [False, True], ids=["fetch", "count"])
+def test_query_by_task_id_uses_the_task_index(
+    connection: tuple[Connection, int], count: bool
+) -> None:
+    conn, buffer_id = connection
+    shown = plan(conn, buffer_id, QueryBuilder().eq("exp_meta.task_id", "task7"), count)
+    assert TASK_INDEX in shown, shown
+
+
+@pytest.mark.parametrize("count", [False, True], ids=["fetch", "count"])
+def test_query_by_agent_id_uses_the_agent_index(
+    connection: tuple[Connection, int], count: bool
+) -> None:
+    conn, buffer_id = connection
+    shown = plan(conn, buffer_id, QueryBuilder().eq("agent_id", "agent7"), count)
+    assert AGENT_INDEX in shown, shown
+
+
+def test_query_by_task_id_and_step_range_uses_the_task_index(
+    connection: tuple[Connection, int],
+) -> None:
+    conn, buffer_id = connection
+    builder = QueryBuilder().eq("task_id", "task7").and_().gte("step", 3)
+    shown = plan(conn, buffer_id, builder)
+    assert TASK_INDEX in shown, shown
+
+
+def test_query_by_agent_id_list_uses_the_agent_index(connection: tuple[Connection, int]) -> None:
+    conn, buffer_id = connection
+    shown = plan(conn, buffer_id, QueryBuilder().in_("agent_id", ["agent1", "agent2"]))
+    assert AGENT_INDEX in shown, shown
+
+
+@pytest.mark.parametrize(
+    ("builder", "index"),
+    [
+        (QueryBuilder().eq("task_id", "task7"), TASK_INDEX),
+        (QueryBuilder().eq("agent_id", "agent7"), AGENT_INDEX),
+    ],
+    ids=["task_id", "agent_id"],
+)
+def test_postgres_can_serve_the_query_from_the_index_alone(
+    connection: tuple[Connection, int], builder: QueryBuilder, index: str
+) -> None:
+    conn, buffer_id = connection
+    if conn.dialect.name != "postgresql":
+        pytest.skip("enable_seqscan is a Postgres setting")
+    conn.execute(text("SET enable_seqscan = off"))
+    try:
+        shown = plan(conn, buffer_id, builder)
+    finally:
+        conn.execute(text("RESET enable_seqscan"))
+    assert index in shown, shown
