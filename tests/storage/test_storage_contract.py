@@ -254,3 +254,23 @@ def test_fetch_keys_keeps_order_and_repeats(buffer: ReplayBuffer) -> None:
     keys = buffer.storage.key_index()["key"]
     got = buffer.storage.fetch_keys([keys[3], keys[0], keys[3]])
     assert [r.id for r in got] == [rows[3].id, rows[0].id, rows[3].id]
+
+
+def test_conditions_plug_into_every_storage_method(buffer: ReplayBuffer) -> None:
+    from expstore import QueryBuilder
+
+    rows = make_rows(20, tasks=4, agents=2)
+    buffer.store_batch(rows)
+    by_agent = QueryBuilder().eq("exp_meta.agent_id", "agent1").build()
+    assert buffer.count(by_agent) == 10
+    assert buffer.storage.size(by_agent.to_dict()) == 10  # AWorld's dict shape works too
+    assert buffer.task_ids(by_agent) == ["task1", "task3"]
+    assert [r.id for r in buffer.query(by_agent, limit=2)] == [rows[1].id, rows[3].id]
+    assert len(buffer.storage.get_paginated(1, 3, by_agent)) == 3
+    by_url = QueryBuilder().eq("exp_data.state.url", "https://x/3").build()
+    assert [r.id for r in buffer.query(by_url)] == [
+        r.id for r in rows if r.exp_data.state["i"] % 7 == 3
+    ]
+    assert buffer.delete(by_agent) == 10
+    assert len(buffer) == 10
+    assert buffer.count(by_agent) == 0
