@@ -1,6 +1,17 @@
 """expstore: a SQL-backed experience store (replay buffer) for training RL and LLM agents."""
 
+import typing as _typing
+
 from .buffer import ReplayBuffer
+from .converters import (
+    ChatConverter,
+    Converter,
+    DefaultConverter,
+    NumpyConverter,
+    TensorConverter,
+    TrajectoryConverter,
+    TransitionConverter,
+)
 from .errors import (
     CodecError,
     EmptyBufferError,
@@ -12,25 +23,78 @@ from .errors import (
 )
 from .models import DataRow, Experience, ExpMeta
 from .query import Condition, QueryBuilder
+from .samplers import (
+    KeySampler,
+    LatestSampler,
+    PrioritizedSampler,
+    RandomTaskSample,
+    RandomTaskSampler,
+    RecencySampler,
+    RewardWeightedSampler,
+    Sampler,
+    SliceSampler,
+    StratifiedSampler,
+    TaskSampler,
+    UniformSampler,
+)
 from .storage import SqlStorage, Storage
+
+if _typing.TYPE_CHECKING:
+    from .torch_data import ExperienceDataset, SampledBatches
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ChatConverter",
     "CodecError",
     "Condition",
+    "Converter",
     "DataRow",
+    "DefaultConverter",
     "EmptyBufferError",
     "ExpMeta",
     "Experience",
+    "ExperienceDataset",
     "ExpstoreError",
+    "KeySampler",
+    "LatestSampler",
     "MissingDependencyError",
+    "NumpyConverter",
+    "PrioritizedSampler",
     "QueryBuilder",
     "QueryError",
+    "RandomTaskSample",
+    "RandomTaskSampler",
+    "RecencySampler",
     "ReplayBuffer",
+    "RewardWeightedSampler",
+    "SampledBatches",
+    "Sampler",
     "SchemaVersionError",
+    "SliceSampler",
     "SqlStorage",
     "Storage",
     "StorageError",
+    "StratifiedSampler",
+    "TaskSampler",
+    "TensorConverter",
+    "TrajectoryConverter",
+    "TransitionConverter",
+    "UniformSampler",
     "__version__",
 ]
+
+_TORCH_NAMES = ("ExperienceDataset", "SampledBatches")
+
+
+def __getattr__(name: str) -> _typing.Any:
+    # The torch datasets subclass torch's classes, so they load torch: only on first use.
+    if name in _TORCH_NAMES:
+        from . import torch_data
+
+        return getattr(torch_data, name)
+    raise AttributeError(f"module 'expstore' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_TORCH_NAMES))

@@ -17,7 +17,12 @@ from typing import Any
 import numpy as np
 from sqlalchemy.engine import URL
 
+from .converters.base import Converter
+from .converters.default import DefaultConverter
 from .models import DataRow
+from .samplers.base import Sampler, TaskSampler
+from .samplers.random_task import RandomTaskSampler
+from .samplers.uniform import UniformSampler
 from .storage.base import QueryCondition, Storage
 from .storage.sql import SqlStorage
 
@@ -120,6 +125,60 @@ class ReplayBuffer:
         if update is None:
             raise TypeError(f"{type(self.storage).__name__} does not store priorities")
         return int(update(ids, priorities))
+
+    # -- sampling ------------------------------------------------------------------------
+    def sample(
+        self,
+        sampler: Sampler | None = None,
+        query_condition: QueryCondition = None,
+        converter: Converter | None = None,
+        batch_size: int = 1000,
+    ) -> Any:
+        """A batch: ``sampler`` chooses up to ``batch_size`` matching rows, ``converter``
+        turns them into the batch (``converter.to_dataset_row(rows)``).
+
+        Defaults: ``UniformSampler()`` (with replacement) and ``DefaultConverter()`` (the
+        rows as a list). When the sampler gives per-row extras and the converter builds a
+        dict, the extras join the batch: with ``PrioritizedSampler`` and ``TensorConverter``
+        the batch has ``"weights"`` (importance-sampling weights) and ``"ids"`` (for
+        :meth:`update_priorities`). No matching row raises EmptyBufferError. ::
+
+            per = PrioritizedSampler(seed=0)
+            conv = TensorConverter({"obs": "exp_data.state.obs", "r": "exp_data.reward_t"})
+            batch = buffer.sample(per, converter=conv, batch_size=256)
+            loss = (batch["weights"] * td_error(batch) ** 2).mean()
+            buffer.update_priorities(batch["ids"], td_error(batch).abs().detach().numpy())
+        """
+        sampler = UniformSampler() if sampler is None else sampler
+        converter = DefaultConverter() if converter is None else converter
+        with_info = getattr(sampler, "sample_with_info", None)
+        if with_info is not None:
+            rows, info = with_info(self.storage, batch_size, query_condition)
+        else:  # a duck-typed AWorld sampler
+            rows, info = sampler.sample(self.storage, batch_size, query_condition), {}
+        batch = converter.to_dataset_row(rows)
+        if info and hasattr(converter, "attach_info"):
+            batch = converter.attach_info(batch, info)
+        return batch
+
+    def sample_task(
+        self,
+        sampler: TaskSampler | None = None,
+        query_condition: QueryCondition = None,
+        converter: Converter | None = None,
+        batch_size: int = 1000,
+    ) -> list[Any]:
+        """Whole tasks: one converted item per sampled task (up to ``batch_size`` tasks).
+
+        The condition chooses the tasks (those with at least one matching row); every row
+        of a chosen task comes back, ordered by step, then execute_time. Defaults:
+        ``RandomTaskSampler()`` and ``DefaultConverter()`` (each item a list of rows). No
+        matching row raises EmptyBufferError.
+        """
+        sampler = RandomTaskSampler() if sampler is None else sampler
+        converter = DefaultConverter() if converter is None else converter
+        tasks = sampler.sample_tasks(self.storage, batch_size, query_condition)
+        return [converter.to_dataset_row(task_rows) for task_rows in tasks.values()]
 
     # -- lifecycle -----------------------------------------------------------------------
     def close(self) -> None:

@@ -3,7 +3,6 @@ wheel that can create a database on its own."""
 
 from __future__ import annotations
 
-import inspect
 import subprocess
 import sys
 import venv
@@ -11,18 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import expstore
-
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def test_exported_members_match_all() -> None:
-    public = {name for name in dir(expstore) if not name.startswith("_")}
-    modules = {name for name in public if inspect.ismodule(getattr(expstore, name))}
-    assert set(expstore.__all__) - {"__version__"} == public - modules
-    assert expstore.__all__ == sorted(
-        expstore.__all__, key=str.lower
-    ) or expstore.__all__ == sorted(expstore.__all__)
 
 
 def test_import_works_without_torch_and_psycopg() -> None:

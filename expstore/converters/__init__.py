@@ -1,0 +1,23 @@
+"""Converters turn the rows a sampler chose into a training batch.
+
+:class:`Converter` is the interface (AWorld's ``to_dataset_row(rows)``). Importing this
+package does not import torch; :class:`TensorConverter` imports it when created.
+"""
+
+from .arrays import NumpyConverter
+from .base import Converter
+from .chat import ChatConverter
+from .default import DefaultConverter
+from .tensors import TensorConverter
+from .trajectory import TrajectoryConverter
+from .transition import TransitionConverter
+
+__all__ = [
+    "ChatConverter",
+    "Converter",
+    "DefaultConverter",
+    "NumpyConverter",
+    "TensorConverter",
+    "TrajectoryConverter",
+    "TransitionConverter",
+]

@@ -1,0 +1,117 @@
+"""PrioritizedSampler: prioritized experience replay over priorities stored in the database."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..errors import EmptyBufferError
+from ..models import DataRow
+from ..storage.base import QueryCondition, Storage
+from .base import KeySampler
+
+__all__ = ["PrioritizedSampler"]
+
+
+class PrioritizedSampler(KeySampler):
+    """Prioritized experience replay (Schaul et al. 2016), proportional variant.
+
+    ``PrioritizedSampler(alpha=0.6, beta=0.4, eps=1e-6, *, seed=None)``
+
+    A matching row with stored priority ``p`` is drawn, with replacement, with probability
+    ``P = (p + eps) ** alpha / sum_j (p_j + eps) ** alpha``. Priorities live in the
+    database (``buffer.update_priorities(ids, priorities)``), so they survive restarts and
+    every process sees them. A row whose priority was never set counts as the current
+    maximum stored priority among the matching rows (1.0 when none is set), so new rows are
+    likely to be seen soon.
+
+    Each batch carries importance-sampling weights ``w = (N * P) ** -beta``, normalised by
+    the largest weight any matching row could get (that of the least likely row), so
+    ``0 < w <= 1``. They are reachable three ways:
+
+    - ``rows, info = sampler.sample_with_info(storage, n)``: ``info["weights"]`` (float32
+      array) and ``info["ids"]`` (list of row ids), aligned with ``rows``;
+    - after ``sampler.sample(...)``: ``sampler.last_weights`` and ``sampler.last_ids``;
+    - ``buffer.sample(sampler=PrioritizedSampler(), converter=TensorConverter(...))``: the
+      batch dict gains ``"weights"`` (a tensor) and ``"ids"``.
+
+    A training step then feeds back new priorities (e.g. absolute TD errors)::
+
+        batch = buffer.sample(sampler=per, converter=conv, batch_size=256)
+        loss = (batch["weights"] * td_error**2).mean()
+        buffer.update_priorities(batch["ids"], td_error.abs().detach().numpy())
+
+    Choosing keys is vectorised numpy over the cached priority array (cumulative sum, once
+    per change of the buffer, then ``searchsorted``); there is no loop over rows. ``beta``
+    may be changed between calls (annealing).
+    """
+
+    columns = ("priority",)
+
+    def __init__(
+        self,
+        alpha: float = 0.6,
+        beta: float = 0.4,
+        eps: float = 1e-6,
+        *,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__(seed=seed)
+        for name, value in (("alpha", alpha), ("beta", beta), ("eps", eps)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        self.alpha = float(alpha)
+        self.beta = float(beta)
+        self.eps = float(eps)
+        self.last_weights: np.ndarray = np.empty(0, dtype=np.float32)
+
+    def _distribution(self, priority: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+        """(unnormalised weights, their cumulative sum, the smallest positive weight)."""
+
+        def compute() -> tuple[np.ndarray, np.ndarray, float]:
+            unset = np.isnan(priority)
+            if unset.all():
+                filled = np.ones_like(priority)
+            elif unset.any():
+                filled = np.where(unset, np.nanmax(priority), priority)
+            else:
+                filled = priority
+            weights = np.power(filled + self.eps, self.alpha)
+            cdf = np.cumsum(weights)
+            positive = weights[weights > 0]
+            smallest = float(positive.min()) if len(positive) else 0.0
+            return weights, cdf, smallest
+
+        return self.derived(f"dist:{self.alpha!r}:{self.eps!r}", (priority,), compute)
+
+    def sample_keys(
+        self, index: dict[str, np.ndarray], batch_size: int, rng: np.random.Generator
+    ) -> np.ndarray:
+        _, cdf, smallest = self._distribution(index["priority"])
+        total = float(cdf[-1])
+        if smallest <= 0 or not math.isfinite(total):
+            raise EmptyBufferError(
+                "every matching row has priority 0 and eps is 0, so none can be drawn"
+            )
+        positions = np.searchsorted(cdf, rng.random(batch_size) * total, side="right")
+        return index["key"][np.minimum(positions, len(cdf) - 1)]
+
+    def batch_info(
+        self, index: dict[str, np.ndarray], keys: np.ndarray, rows: list[DataRow]
+    ) -> dict[str, Any]:
+        weights, _, smallest = self._distribution(index["priority"])
+        positions = np.searchsorted(index["key"], keys)
+        # (N P_i)^-beta / max_j (N P_j)^-beta == (w_i / min_j w_j)^-beta
+        is_weights = np.power(weights[positions] / smallest, -self.beta).astype(np.float32)
+        return {"weights": is_weights, "ids": [r.id for r in rows]}
+
+    def sample_with_info(
+        self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
+    ) -> tuple[list[DataRow], dict[str, Any]]:
+        rows, info = super().sample_with_info(storage, batch_size, query_condition)
+        self.last_weights = info.get("weights", np.empty(0, dtype=np.float32))
+        return rows, info

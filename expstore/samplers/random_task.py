@@ -1,0 +1,56 @@
+"""RandomTaskSampler: whole tasks, each equally likely whatever its row count."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..storage.base import QueryCondition, Storage
+from .base import DerivedArrays, TaskSampler, check_batch_size, empty_error
+
+__all__ = ["RandomTaskSample", "RandomTaskSampler"]
+
+
+class RandomTaskSampler(TaskSampler):
+    """Distinct tasks chosen uniformly at random (AWorld's ``RandomTaskSample``).
+
+    ``RandomTaskSampler(*, seed=None)``
+
+    The condition decides which tasks are eligible: those with at least one matching row.
+    Each eligible task is equally likely, however many rows it has. A ``batch_size`` larger
+    than the number of eligible tasks returns all of them (in random order); AWorld's
+    version crashes there. The task list comes from the storage's cached key index, so the
+    table is not scanned per batch.
+
+    >>> sampler = RandomTaskSampler(seed=0)
+    """
+
+    def __init__(self, *, seed: int | None = None) -> None:
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+        self._derived = DerivedArrays()
+
+    def reseed(self, seed: Any) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def sample_task_ids(
+        self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
+    ) -> list[str]:
+        batch_size = check_batch_size(batch_size)
+        index = storage.key_index(query_condition, ("task_id",))
+        if not len(index["key"]):
+            raise empty_error(storage, query_condition, "no rows match")
+        task_ids = index["task_id"]
+        # Distinct tasks in order of first insertion, computed once per change of the buffer.
+        tasks = self._derived.get(
+            "tasks",
+            (task_ids,),
+            lambda: np.array(list(dict.fromkeys(task_ids.tolist())), dtype=object),
+        )
+        chosen = self.rng.choice(len(tasks), size=min(batch_size, len(tasks)), replace=False)
+        return [str(tasks[i]) for i in chosen]
+
+
+#: AWorld's name for RandomTaskSampler.
+RandomTaskSample = RandomTaskSampler

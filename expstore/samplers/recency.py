@@ -1,0 +1,53 @@
+"""RecencySampler: newer rows more likely, as WebGym's ``recency_bias_power``."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .base import KeySampler
+
+__all__ = ["RecencySampler"]
+
+
+class RecencySampler(KeySampler):
+    """Weight ``(rank + 1) ** power`` by insertion order among the matching rows, without
+    replacement (WebGym's recency-biased sampling).
+
+    ``RecencySampler(power=1.0, *, seed=None)``
+
+    The oldest matching row has rank 0, the newest rank ``n - 1``. ``power=0`` is uniform;
+    a larger power favours recent rows more; a negative one favours old rows. The rows of a
+    batch are distinct, drawn one after another with probability proportional to their
+    weight among those not yet drawn (so the first row of a batch follows the weights
+    exactly). A batch larger than the matching rows returns all of them.
+
+    >>> sampler = RecencySampler(power=2.0, seed=0)
+    """
+
+    def __init__(self, power: float = 1.0, *, seed: int | None = None) -> None:
+        super().__init__(seed=seed)
+        if isinstance(power, bool) or not isinstance(power, (int, float)):
+            raise ValueError(f"power must be a finite number, got {power!r}")
+        if not math.isfinite(power):
+            raise ValueError(f"power must be a finite number, got {power!r}")
+        self.power = float(power)
+
+    def sample_keys(
+        self, index: dict[str, np.ndarray], batch_size: int, rng: np.random.Generator
+    ) -> np.ndarray:
+        keys = index["key"]
+        n = len(keys)
+        if batch_size >= n:
+            return keys[rng.permutation(n)]
+        if self.power == 0.0:
+            return keys[rng.choice(n, size=batch_size, replace=False)]
+        # Gumbel top-k: the k largest log-weight + Gumbel noise are a draw of k items
+        # without replacement, successively proportional to weight. Logs keep large
+        # powers from overflowing.
+        log_weights = self.power * np.log(np.arange(1, n + 1, dtype=np.float64))
+        scores = log_weights + rng.gumbel(size=n)
+        top = np.argpartition(scores, n - batch_size)[n - batch_size :]
+        top = top[np.argsort(-scores[top], kind="stable")]
+        return keys[top]

@@ -1,0 +1,88 @@
+"""StratifiedSampler: an equal share of the batch per group of a metadata field."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..storage.schema import META_COLUMNS, SCALAR_COLUMNS
+from .base import KeySampler
+
+__all__ = ["StratifiedSampler"]
+
+_GROUPABLE = (*META_COLUMNS, *SCALAR_COLUMNS)
+
+
+def _column(by: str) -> str:
+    if not isinstance(by, str):
+        raise ValueError(f"by must be a field name such as 'exp_meta.agent_id', got {by!r}")
+    name = by
+    for prefix in ("exp_meta.", "exp_data."):
+        if by.startswith(prefix):
+            name = by[len(prefix) :]
+    if name not in _GROUPABLE:
+        fields = ", ".join(
+            [f"exp_meta.{c}" for c in META_COLUMNS] + [f"exp_data.{c}" for c in SCALAR_COLUMNS]
+        )
+        raise ValueError(
+            f"StratifiedSampler groups by a metadata column, one of {fields}; got {by!r}. "
+            "To group by something inside the payload, store it in a column such as task_name"
+        )
+    return name
+
+
+class StratifiedSampler(KeySampler):
+    """Every group of a field gets an equal share of the batch.
+
+    ``StratifiedSampler(by="exp_meta.agent_id", *, seed=None)``
+
+    ``by`` is a metadata column: ``exp_meta.task_id``, ``exp_meta.agent_id``,
+    ``exp_meta.task_name``, ``exp_meta.step``, ``exp_data.done``, ``exp_data.reward_t`` ...
+    (the prefix may be left out). Each group (a distinct value, NULL being one) among the
+    matching rows gets ``batch_size // groups`` rows, drawn uniformly with replacement
+    within the group; the remaining ``batch_size % groups`` rows go to distinct groups
+    chosen at random. With fewer rows asked than groups, that many distinct groups give
+    one row each. The batch comes back shuffled.
+
+    >>> sampler = StratifiedSampler(by="exp_meta.task_id", seed=0)
+    """
+
+    def __init__(self, by: str = "exp_meta.agent_id", *, seed: int | None = None) -> None:
+        super().__init__(seed=seed)
+        self.by = by
+        self.column = _column(by)
+
+    def index_columns(self) -> tuple[str, ...]:
+        return (self.column,)
+
+    def _groups(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(row positions ordered by group, each group's start in that order, its size)."""
+
+        def compute() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            if values.dtype == object:
+                seen: dict[object, int] = {}
+                codes = np.fromiter(
+                    (seen.setdefault(v, len(seen)) for v in values.tolist()),
+                    dtype=np.int64,
+                    count=len(values),
+                )
+            else:  # numbers and bools; NaN (NULL) forms one group
+                codes = np.unique(values, return_inverse=True)[1].reshape(-1)
+            order = np.argsort(codes, kind="stable")
+            counts = np.bincount(codes)  # codes run 0..groups-1, every group non-empty
+            starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+            return order, starts, counts
+
+        return self.derived("groups", (values,), compute)
+
+    def sample_keys(
+        self, index: dict[str, np.ndarray], batch_size: int, rng: np.random.Generator
+    ) -> np.ndarray:
+        order, starts, counts = self._groups(index[self.column])
+        groups = len(counts)
+        shares = np.full(groups, batch_size // groups, dtype=np.int64)
+        extra = rng.choice(groups, size=batch_size % groups, replace=False)
+        shares[extra] += 1
+        group_of_row = np.repeat(np.arange(groups), shares)
+        offsets = np.floor(rng.random(batch_size) * counts[group_of_row]).astype(np.int64)
+        positions = order[starts[group_of_row] + offsets]
+        return index["key"][positions[rng.permutation(batch_size)]]

@@ -1,0 +1,85 @@
+"""UniformSampler: every matching row equally likely."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..models import DataRow
+from ..storage.base import QueryCondition, Storage
+from .base import KeySampler
+
+__all__ = ["UniformSampler"]
+
+
+class UniformSampler(KeySampler):
+    """Uniform sampling over the matching rows.
+
+    ``UniformSampler(replacement=True, *, seed=None)``
+
+    - ``replacement=True``: each row of the batch is drawn independently; a batch larger
+      than the matching rows is filled with repeats.
+    - ``replacement=False``: epochs. Each matching row is returned once per epoch across
+      successive calls, in a random order; the call that exhausts an epoch returns only
+      what is left of it (a short batch), and the next call starts a new epoch. A batch
+      larger than the matching rows is one whole epoch. Rows stored during an epoch join
+      the next one; rows deleted during it are skipped. Changing the condition starts a
+      new epoch.
+
+    >>> sampler = UniformSampler(replacement=False, seed=0)
+    """
+
+    def __init__(self, replacement: bool = True, *, seed: int | None = None) -> None:
+        super().__init__(seed=seed)
+        self.replacement = bool(replacement)
+        self._epoch: np.ndarray | None = None
+        self._position = 0
+        self._epoch_condition: Any = None
+
+    def reseed(self, seed: Any) -> None:
+        super().reseed(seed)
+        self._epoch = None
+        self._position = 0
+
+    def sample_with_info(
+        self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
+    ) -> tuple[list[DataRow], dict[str, Any]]:
+        if not self.replacement and (
+            self._epoch is None or not _same_condition(self._epoch_condition, query_condition)
+        ):
+            self._epoch = None
+            self._epoch_condition = query_condition
+        return super().sample_with_info(storage, batch_size, query_condition)
+
+    def sample_keys(
+        self, index: dict[str, np.ndarray], batch_size: int, rng: np.random.Generator
+    ) -> np.ndarray:
+        keys = index["key"]
+        if self.replacement:
+            return keys[rng.integers(0, len(keys), size=batch_size)]
+        return self._next_from_epoch(keys, batch_size, rng)
+
+    def _next_from_epoch(
+        self, keys: np.ndarray, batch_size: int, rng: np.random.Generator
+    ) -> np.ndarray:
+        while True:
+            if self._epoch is None or self._position >= len(self._epoch):
+                self._epoch = keys[rng.permutation(len(keys))]
+                self._position = 0
+            chosen = self._epoch[self._position : self._position + batch_size]
+            self._position += len(chosen)
+            # Keys deleted since the epoch began are skipped (keys is sorted).
+            found = np.searchsorted(keys, chosen).clip(max=len(keys) - 1)
+            chosen = chosen[keys[found] == chosen]
+            if len(chosen):
+                return chosen
+
+
+def _same_condition(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - incomparable conditions are different ones
+        return False

@@ -1,0 +1,145 @@
+"""NumpyConverter and TensorConverter: shapes, dtypes, padding and masks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from expstore import DataRow, ReplayBuffer
+from expstore.converters import NumpyConverter, TensorConverter
+from tests.helpers import make_row
+
+
+def _rows() -> list[DataRow]:
+    return [
+        make_row(
+            "t1",
+            step=i,
+            reward=float(i) if i != 1 else None,
+            state={
+                "image_features": np.full(4, i, dtype=np.float32),
+                "tokens": list(range(i + 1)),
+                "url": f"https://x/{i}",
+                "t": torch.full((2, 2), i, dtype=torch.float16),
+            },
+            actions=[{"name": "click", "xy": [i, i + 1]}],
+        )
+        for i in range(3)
+    ]
+
+
+def test_tensor_converter_stacks_columns_and_tensor_paths() -> None:
+    conv = TensorConverter(
+        {
+            "obs": "exp_data.state.image_features",
+            "step": "exp_meta.step",
+            "done": "exp_data.done",
+            "t": "exp_data.state.t",
+            "xy": "exp_data.actions.0.xy",
+            "id": "id",
+        }
+    )
+    rows = _rows()
+    batch = conv.to_dataset_row(rows)
+    assert batch["obs"].shape == (3, 4) and batch["obs"].dtype == torch.float32
+    assert batch["step"].tolist() == [0, 1, 2] and batch["step"].dtype == torch.int64
+    assert batch["done"].dtype == torch.bool
+    assert batch["t"].shape == (3, 2, 2) and batch["t"].dtype == torch.float16
+    assert batch["xy"].tolist() == [[0, 1], [1, 2], [2, 3]]
+    assert batch["id"] == [r.id for r in rows]  # strings stay a list, as default_collate does
+    assert not any(k.endswith("_mask") for k in batch)
+
+
+def test_variable_length_values_are_padded_with_a_mask() -> None:
+    batch = NumpyConverter({"tokens": "exp_data.state.tokens"}, pad_value=-1).to_dataset_row(
+        _rows()
+    )
+    assert batch["tokens"].tolist() == [[0, -1, -1], [0, 1, -1], [0, 1, 2]]
+    assert batch["tokens_mask"].tolist() == [
+        [True, False, False],
+        [True, True, False],
+        [True, True, True],
+    ]
+
+
+def test_missing_values_are_padding_and_masked() -> None:
+    batch = TensorConverter({"reward": "exp_data.reward_t"}).to_dataset_row(_rows())
+    assert batch["reward"].tolist() == [0.0, 0.0, 2.0]
+    assert batch["reward_mask"].tolist() == [True, False, True]
+    assert batch["reward"].dtype == torch.float64  # Python floats, as default_collate
+
+
+def test_mask_true_always_adds_masks_and_false_never() -> None:
+    always = NumpyConverter({"s": "exp_meta.step"}, mask=True).to_dataset_row(_rows())
+    assert always["s_mask"].tolist() == [True, True, True]
+    never = NumpyConverter({"r": "exp_data.reward_t"}, mask=False).to_dataset_row(_rows())
+    assert set(never) == {"r"}
+
+
+def test_dtypes_override_numpy_and_torch() -> None:
+    conv = TensorConverter(
+        {"obs": "exp_data.state.image_features", "step": "exp_meta.step"},
+        dtypes={"obs": torch.float64, "step": np.int32},
+    )
+    batch = conv.to_dataset_row(_rows())
+    assert batch["obs"].dtype == torch.float64 and batch["step"].dtype == torch.int32
+
+
+def test_device_is_honoured() -> None:
+    batch = TensorConverter({"s": "step"}, device="cpu").to_dataset_row(_rows())
+    assert batch["s"].device == torch.device("cpu")
+
+
+def test_non_numeric_fields_are_object_arrays_in_numpy() -> None:
+    batch = NumpyConverter({"url": "exp_data.state.url"}).to_dataset_row(_rows())
+    assert batch["url"].dtype == object and batch["url"].tolist()[0] == "https://x/0"
+
+
+def test_a_function_of_the_row_is_a_field() -> None:
+    batch = NumpyConverter({"n": lambda r: len(r.exp_data.state["tokens"])}).to_dataset_row(_rows())
+    assert batch["n"].tolist() == [1, 2, 3]
+
+
+def test_a_path_no_row_has_is_an_error_unless_lenient() -> None:
+    with pytest.raises(ValueError, match=r"no row of the batch has field 'x'.*strict=False"):
+        NumpyConverter({"x": "exp_data.state.nope"}).to_dataset_row(_rows())
+    lenient = NumpyConverter({"x": "exp_data.state.nope"}, strict=False).to_dataset_row(_rows())
+    assert lenient["x"].tolist() == [None, None, None]
+
+
+@pytest.mark.parametrize(
+    ("path", "match"),
+    [
+        ("", "dotted name"),
+        ("exp_data..x", "dotted name"),
+        ("nothing.x", "must start with"),
+        ("exp_meta.nope", "exp_meta has no field 'nope'"),
+        ("exp_data", "needs a field"),
+    ],
+)
+def test_bad_paths_are_refused_when_the_converter_is_made(path: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        NumpyConverter({"x": path})
+
+
+def test_mixed_dimensions_cannot_be_padded() -> None:
+    rows = [make_row(state={"v": [1, 2]}), make_row(state={"v": [[1, 2]]})]
+    with pytest.raises(ValueError, match="different numbers of dimensions"):
+        NumpyConverter({"v": "exp_data.state.v"}).to_dataset_row(rows)
+
+
+def test_an_empty_batch_gives_empty_arrays() -> None:
+    assert NumpyConverter({"s": "step"}).to_dataset_row([])["s"].shape == (0,)
+
+
+def test_shapes_and_dtypes_survive_storage(buffer: ReplayBuffer) -> None:
+    buffer.store_batch(_rows())
+    conv = TensorConverter(
+        {"obs": "exp_data.state.image_features", "t": "exp_data.state.t", "step": "step"}
+    )
+    batch = buffer.sample(None, None, conv, 5)
+    assert batch["obs"].shape == (5, 4) and batch["obs"].dtype == torch.float32
+    assert batch["t"].shape == (5, 2, 2) and batch["t"].dtype == torch.float16
+    for i in range(5):
+        assert torch.all(batch["obs"][i] == batch["step"][i].float())

@@ -1,0 +1,169 @@
+"""The contract every built-in sampler keeps, on SQLite and on Postgres."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+
+from expstore import EmptyBufferError, ExpstoreError, ReplayBuffer
+from expstore.query import QueryBuilder
+from expstore.samplers import (
+    LatestSampler,
+    PrioritizedSampler,
+    RandomTaskSampler,
+    RecencySampler,
+    RewardWeightedSampler,
+    Sampler,
+    SliceSampler,
+    StratifiedSampler,
+    UniformSampler,
+)
+from expstore.storage.base import QueryCondition
+from tests.helpers import make_rows
+
+SAMPLERS: dict[str, Callable[[int | None], Sampler]] = {
+    "uniform": lambda seed: UniformSampler(seed=seed),
+    "uniform_epochs": lambda seed: UniformSampler(replacement=False, seed=seed),
+    "recency": lambda seed: RecencySampler(power=1.5, seed=seed),
+    "prioritized": lambda seed: PrioritizedSampler(seed=seed),
+    "reward_weighted": lambda seed: RewardWeightedSampler(temperature=20.0, seed=seed),
+    "slice": lambda seed: SliceSampler(2, seed=seed),
+    "stratified": lambda seed: StratifiedSampler(by="exp_meta.agent_id", seed=seed),
+    "latest": lambda seed: LatestSampler(seed=seed),
+    "random_task": lambda seed: RandomTaskSampler(seed=seed),
+}
+WITH_REPLACEMENT = {"uniform", "prioritized", "reward_weighted", "slice", "stratified"}
+RANDOM = set(SAMPLERS) - {"latest"}
+
+
+@pytest.fixture(params=sorted(SAMPLERS))
+def sampler_name(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def _ids(sampler: Sampler, buffer: ReplayBuffer, n: int, cond: QueryCondition = None) -> list[str]:
+    return [r.id for r in sampler.sample(buffer.storage, n, cond)]
+
+
+def test_same_seed_over_same_data_gives_same_batches(
+    buffer: ReplayBuffer, sampler_name: str
+) -> None:
+    buffer.store_batch(make_rows(40))
+    a, b = SAMPLERS[sampler_name](7), SAMPLERS[sampler_name](7)
+    for _ in range(3):  # successive batches too
+        assert _ids(a, buffer, 6) == _ids(b, buffer, 6)
+
+
+@pytest.mark.parametrize("name", sorted(RANDOM))
+def test_different_seeds_give_different_batches(buffer: ReplayBuffer, name: str) -> None:
+    buffer.store_batch(make_rows(40))
+    batches = {tuple(_ids(SAMPLERS[name](seed), buffer, 4)) for seed in range(5)}
+    assert len(batches) > 1
+
+
+def test_no_matching_row_raises_empty_buffer_error_naming_the_condition(
+    buffer: ReplayBuffer, sampler_name: str
+) -> None:
+    sampler = SAMPLERS[sampler_name](0)
+    with pytest.raises(EmptyBufferError, match=r"no rows match in buffer .* \(condition: none"):
+        buffer.sample(sampler, batch_size=4)
+    buffer.store_batch(make_rows(8))
+    cond = QueryBuilder().eq("exp_meta.task_id", "no-such-task").build()
+    with pytest.raises(EmptyBufferError) as caught:
+        buffer.sample(sampler, cond, batch_size=4)
+    assert str(cond) in str(caught.value)
+    assert buffer.storage.name in str(caught.value)  # type: ignore[attr-defined]
+    assert isinstance(caught.value, ExpstoreError) and isinstance(caught.value, ValueError)
+
+
+def test_batch_larger_than_matches_fills_with_replacement_or_returns_what_exists(
+    buffer: ReplayBuffer, sampler_name: str
+) -> None:
+    buffer.store_batch(make_rows(16, tasks=2))  # 8 rows per task
+    cond = QueryBuilder().eq("exp_meta.task_id", "task1").build()
+    rows = SAMPLERS[sampler_name](0).sample(buffer.storage, 20, cond)
+    assert {r.exp_meta.task_id for r in rows} == {"task1"}
+    if sampler_name in WITH_REPLACEMENT:
+        assert len(rows) == 20
+    else:
+        assert sorted(r.id for r in rows) == sorted(r.id for r in buffer.query(cond))
+
+
+def test_rows_come_from_the_condition_only(buffer: ReplayBuffer, sampler_name: str) -> None:
+    buffer.store_batch(make_rows(40, tasks=4, agents=2))
+    cond = QueryBuilder().eq("exp_meta.agent_id", "agent1").build()
+    rows = SAMPLERS[sampler_name](3).sample(buffer.storage, 6, cond)
+    assert rows
+    if sampler_name == "random_task":  # whole tasks: every row of a task with a match
+        assert {r.exp_meta.task_id for r in rows} <= {"task1", "task3"}
+    else:
+        assert {r.exp_meta.agent_id for r in rows} == {"agent1"}
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "8", True, None])
+def test_batch_size_must_be_a_positive_int(
+    buffer: ReplayBuffer, sampler_name: str, bad: object
+) -> None:
+    buffer.store_batch(make_rows(4))
+    with pytest.raises(ValueError, match="batch_size must be an int >= 1"):
+        SAMPLERS[sampler_name](0).sample(buffer.storage, bad)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def statements() -> Iterator[list[str]]:
+    seen: list[str] = []
+
+    def spy(conn, cursor, statement, params, context, executemany) -> None:  # noqa: ANN001
+        seen.append(" ".join(statement.split()))
+
+    event.listen(Engine, "before_cursor_execute", spy)
+    yield seen
+    event.remove(Engine, "before_cursor_execute", spy)
+
+
+def test_with_a_warm_index_sampling_only_checks_freshness_and_fetches_by_key(
+    buffer: ReplayBuffer, sampler_name: str, statements: list[str]
+) -> None:
+    buffer.store_batch(make_rows(60))
+    cond = QueryBuilder().eq("exp_meta.agent_id", "agent0").build()
+    sampler = SAMPLERS[sampler_name](0)
+    sampler.sample(buffer.storage, 4, cond)  # warms the key index
+    statements.clear()
+    sampler.sample(buffer.storage, 4, cond)
+    queries = [s for s in statements if s.upper().startswith("SELECT")]
+    assert not any("random" in s.lower() for s in queries)
+    assert queries[0].startswith("SELECT (SELECT max(expstore_rows")  # the freshness check
+    if sampler_name == "random_task":  # whole tasks are fetched by task id
+        assert all("task_id IN" in s for s in queries[1:])
+    else:
+        assert len(queries) == 2 and re.search(r'expstore_rows\."?key"? IN', queries[1])
+
+
+def test_sampling_after_a_delete_never_returns_deleted_rows(
+    buffer: ReplayBuffer, sampler_name: str
+) -> None:
+    buffer.store_batch(make_rows(24, tasks=3))
+    sampler = SAMPLERS[sampler_name](1)
+    sampler.sample(buffer.storage, 4)
+    buffer.delete(QueryBuilder().eq("exp_meta.task_id", "task0").build())
+    for _ in range(3):
+        rows = sampler.sample(buffer.storage, 8)
+        assert rows and "task0" not in {r.exp_meta.task_id for r in rows}
+
+
+def test_samplers_pickle_without_their_derived_arrays(buffer: ReplayBuffer) -> None:
+    import pickle
+
+    buffer.store_batch(make_rows(10))
+    sampler = PrioritizedSampler(seed=0)
+    sampler.sample(buffer.storage, 4)
+    copy = pickle.loads(pickle.dumps(sampler))
+    assert not copy.__dict__["_derived"]._entries
+    assert np.array_equal(
+        sampler.rng.integers(0, 100, 5), copy.rng.integers(0, 100, 5)
+    )  # the stream travels with it

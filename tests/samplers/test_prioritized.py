@@ -1,0 +1,166 @@
+"""PrioritizedSampler: proportional PER over priorities stored in the database."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from expstore import ReplayBuffer
+from expstore.converters import NumpyConverter, TensorConverter
+from expstore.query import QueryBuilder
+from expstore.samplers import PrioritizedSampler
+from tests.helpers import make_rows
+from tests.samplers.stats import chi_square_p, make_index, positions
+
+
+def test_draws_are_proportional_to_priority_plus_eps_to_the_alpha() -> None:
+    priority = np.array([0.0, 0.5, 1.0, 2.0, 4.0, 8.0])
+    index = make_index(6, priority=priority)
+    sampler = PrioritizedSampler(alpha=0.7, eps=0.1, seed=0)
+    drawn = positions(index, sampler.sample_keys(index, 30_000, sampler.rng))
+    expected = (priority + 0.1) ** 0.7
+    assert chi_square_p(np.bincount(drawn, minlength=6), expected) > 1e-3
+    assert chi_square_p(np.bincount(drawn, minlength=6), priority + 0.1) < 1e-6
+
+
+def test_unset_priorities_count_as_the_current_maximum() -> None:
+    priority = np.array([1.0, np.nan, 3.0, np.nan])
+    index = make_index(4, priority=priority)
+    sampler = PrioritizedSampler(alpha=1.0, eps=0.0, seed=1)
+    drawn = positions(index, sampler.sample_keys(index, 20_000, sampler.rng))
+    assert chi_square_p(np.bincount(drawn, minlength=4), [1.0, 3.0, 3.0, 3.0]) > 1e-3
+
+
+def test_with_no_priority_set_sampling_is_uniform() -> None:
+    index = make_index(8, priority=np.full(8, np.nan))
+    sampler = PrioritizedSampler(seed=2)
+    drawn = positions(index, sampler.sample_keys(index, 16_000, sampler.rng))
+    assert chi_square_p(np.bincount(drawn, minlength=8), np.ones(8)) > 1e-3
+
+
+def test_importance_weights_are_n_p_to_minus_beta_normalised_by_the_maximum() -> None:
+    priority = np.array([1.0, 2.0, 4.0, 8.0])
+    index = make_index(4, priority=priority)
+    sampler = PrioritizedSampler(alpha=1.0, beta=0.5, eps=0.0, seed=0)
+    keys = index["key"]
+    info = sampler.batch_info(index, keys, [])
+    probs = priority / priority.sum()
+    raw = (4 * probs) ** -0.5
+    np.testing.assert_allclose(info["weights"], raw / raw.max(), rtol=1e-6)
+    assert info["weights"].dtype == np.float32 and info["weights"][0] == 1.0
+
+
+def test_one_million_rows_need_no_python_loop() -> None:
+    rng = np.random.default_rng(0)
+    index = make_index(1_000_000, priority=rng.random(1_000_000))
+    sampler = PrioritizedSampler(seed=0)
+    sampler.sample_keys(index, 256, sampler.rng)  # builds the cumulative sum once
+    start = time.perf_counter()
+    for _ in range(20):
+        keys = sampler.sample_keys(index, 256, sampler.rng)
+        sampler.batch_info(index, keys, [])
+    per_batch = (time.perf_counter() - start) / 20
+    assert per_batch < 0.005, f"{per_batch * 1000:.2f} ms per batch of 256"
+
+
+def test_the_distribution_is_built_once_per_change_of_the_buffer() -> None:
+    index = make_index(100, priority=np.ones(100))
+    sampler = PrioritizedSampler(seed=0)
+    first = sampler._distribution(index["priority"])
+    assert sampler._distribution(index["priority"]) is first
+    changed = make_index(100, priority=np.ones(100))
+    assert sampler._distribution(changed["priority"]) is not first
+
+
+def test_priorities_persist_and_every_process_sees_them(db_url: str, buffer_name: str) -> None:
+    with ReplayBuffer(db_url, name=buffer_name) as buffer:
+        rows = make_rows(10)
+        buffer.store_batch(rows)
+        assert buffer.update_priorities([rows[3].id], [1e9]) == 1
+        assert buffer.update_priorities([r.id for r in rows[:3]], [0.0, 0.0, 0.0]) == 3
+    with ReplayBuffer(db_url, name=buffer_name) as reopened:  # a restart
+        sampler = PrioritizedSampler(alpha=1.0, eps=0.0, seed=0)
+        ids = [r.id for r in sampler.sample(reopened.storage, 50)]
+        # Unset rows count as the maximum (1e9) too, so rows[3] and rows[4:] share the draws.
+        assert rows[3].id in ids
+        assert not {r.id for r in rows[:3]} & set(ids)
+
+
+def test_new_rows_get_the_current_maximum_priority(buffer: ReplayBuffer) -> None:
+    old = make_rows(20)
+    buffer.store_batch(old)
+    buffer.update_priorities([r.id for r in old], [0.001] * 19 + [50.0])
+    new = make_rows(1)
+    buffer.store_batch(new)
+    sampler = PrioritizedSampler(alpha=1.0, eps=0.0, seed=0)
+    ids = [r.id for r in sampler.sample(buffer.storage, 400)]
+    # new and old[-1] each carry 50 of the total 100.019
+    assert 150 < ids.count(new[0].id) < 250
+    assert 150 < ids.count(old[-1].id) < 250
+
+
+def test_weights_and_ids_reach_the_training_loop_all_three_ways(buffer: ReplayBuffer) -> None:
+    rows = make_rows(30, tensor=True)
+    buffer.store_batch(rows)
+    buffer.update_priorities([r.id for r in rows], np.linspace(0.1, 3.0, 30))
+    sampler = PrioritizedSampler(seed=4)
+
+    got, info = sampler.sample_with_info(buffer.storage, 16)
+    assert info["ids"] == [r.id for r in got] == sampler.last_ids
+    assert np.array_equal(info["weights"], sampler.last_weights)
+    assert (
+        info["weights"].shape == (16,) and 0 < info["weights"].min() <= info["weights"].max() <= 1
+    )
+
+    batch = buffer.sample(sampler, None, TensorConverter({"obs": "exp_data.state.obs"}), 16)
+    assert isinstance(batch["weights"], torch.Tensor) and batch["weights"].dtype == torch.float32
+    assert batch["weights"].shape == (16,) and len(batch["ids"]) == 16
+    assert torch.equal(batch["weights"], torch.from_numpy(sampler.last_weights))
+    by_id = {r.id: r for r in rows}
+    for i, row_id in enumerate(batch["ids"]):  # ids are aligned with the batch
+        assert torch.equal(batch["obs"][i], torch.from_numpy(by_id[row_id].exp_data.state["obs"]))
+
+    as_numpy = buffer.sample(sampler, None, NumpyConverter({"i": "exp_data.state.i"}), 8)
+    assert as_numpy["weights"].dtype == np.float32 and len(as_numpy["ids"]) == 8
+    assert [by_id[i].exp_data.state["i"] for i in as_numpy["ids"]] == as_numpy["i"].tolist()
+
+
+def test_the_training_loop_updates_priorities_from_the_batch(buffer: ReplayBuffer) -> None:
+    buffer.store_batch(make_rows(40, tasks=2))
+    cond = QueryBuilder().eq("exp_meta.task_id", "task1").build()
+    sampler = PrioritizedSampler(alpha=1.0, seed=0)
+    conv = TensorConverter({"r": "exp_data.reward_t"})
+    for _ in range(3):
+        batch = buffer.sample(sampler, cond, conv, 8)
+        buffer.update_priorities(batch["ids"], np.zeros(len(batch["ids"])))
+    index = buffer.storage.key_index(cond, ("priority",))
+    assert (index["priority"] == 0).any()
+
+
+def test_a_name_clash_between_fields_and_sampler_extras_is_an_error(buffer: ReplayBuffer) -> None:
+    buffer.store_batch(make_rows(5))
+    conv = NumpyConverter({"weights": "exp_data.reward_t"})
+    with pytest.raises(ValueError, match=r"adds \['weights'\].*rename"):
+        buffer.sample(PrioritizedSampler(seed=0), None, conv, 4)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"alpha": -1}, "alpha"), ({"beta": float("nan")}, "beta"), ({"eps": "0"}, "eps")],
+)
+def test_parameters_are_checked(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        PrioritizedSampler(**kwargs)  # type: ignore[arg-type]
+
+
+def test_all_zero_priorities_with_zero_eps_raise_a_clear_error(buffer: ReplayBuffer) -> None:
+    rows = make_rows(3)
+    buffer.store_batch(rows)
+    buffer.update_priorities([r.id for r in rows], [0, 0, 0])
+    from expstore import EmptyBufferError
+
+    with pytest.raises(EmptyBufferError, match="priority 0"):
+        PrioritizedSampler(eps=0.0).sample(buffer.storage, 2)
