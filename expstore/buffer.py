@@ -20,7 +20,7 @@ from sqlalchemy.engine import URL
 from .converters.base import Converter
 from .converters.default import DefaultConverter
 from .models import DataRow
-from .samplers.base import Sampler, TaskSampler
+from .samplers.base import KeySampler, Sampler, TaskSampler
 from .samplers.random_task import RandomTaskSampler
 from .samplers.uniform import UniformSampler
 from .storage.base import QueryCondition, Storage
@@ -151,6 +151,19 @@ class ReplayBuffer:
         """
         sampler = UniformSampler() if sampler is None else sampler
         converter = DefaultConverter() if converter is None else converter
+        paths = getattr(converter, "field_paths", None)
+        if (
+            paths is not None
+            and isinstance(sampler, KeySampler)
+            and hasattr(self.storage, "fetch_fields")
+        ):
+            # Fast path: fetch only the fields the converter reads, not whole rows.
+            records, info = sampler.sample_fields(self.storage, batch_size, query_condition, paths)
+            columns = list(zip(*records, strict=True)) if records else [()] * (len(paths) + 1)
+            batch = converter.from_values(
+                {name: list(col) for name, col in zip(converter.fields, columns[1:], strict=True)}
+            )
+            return converter.attach_info(batch, info) if info else batch
         with_info = getattr(sampler, "sample_with_info", None)
         if with_info is not None:
             rows, info = with_info(self.storage, batch_size, query_condition)

@@ -43,6 +43,7 @@ from .errors import CodecError
 __all__ = [
     "check_value",
     "decode_payload",
+    "decode_value",
     "deep_equal",
     "encode_payload",
     "to_plain",
@@ -560,6 +561,24 @@ def decode_payload(
             return {key: decoder.decode(value, key) for key, value in doc.items()}
     except RecursionError as exc:
         raise CodecError(f"row {row_id}: the stored document is nested too deeply") from exc
+
+
+def decode_value(
+    value: Any, blob: bytes | bytearray | memoryview | None, *, row_id: str, path: str
+) -> Any:
+    """Decode one part of a stored document (``value``, found at ``path``) with its row's
+    blob: what a converter asking for one field needs, without decoding the whole row."""
+    decoder = _Decoder(blob, row_id)
+    try:
+        return decoder.decode_fast(value)
+    except (CodecError, _Fallback):
+        return decoder.decode(value, path)
+
+
+def is_placeholder(value: Any) -> bool:
+    """Whether a stored document's ``value`` stands for something decoded (a tensor, a
+    non-finite float, an escaped dict) rather than plain JSON."""
+    return type(value) is dict and not RESERVED_KEYS.isdisjoint(value)
 
 
 # ---------------------------------------------------------------------------------------

@@ -74,11 +74,26 @@ class NumpyConverter(Converter):
             return [reader(row) for row in rows]
         return [read_path(row, reader) for row in rows]
 
+    @property
+    def field_paths(self) -> list[str] | None:
+        """The path of every field, in order, or None if a field is a function of the row.
+
+        With paths, :meth:`ReplayBuffer.sample` fetches just those fields of the chosen rows
+        (``storage.fetch_fields``) and calls :meth:`from_values`, never building whole rows.
+        """
+        if any(callable(spec) for spec in self.fields.values()):
+            return None
+        return [str(spec) for spec in self.fields.values()]
+
     def to_dataset_row(self, rows: Sequence[DataRow]) -> dict[str, Any]:
+        return self.from_values({name: self._values(name, rows) for name in self.fields})
+
+    def from_values(self, values_by_field: dict[str, list[Any]]) -> dict[str, Any]:
+        """The batch from each field's values, one per row (MISSING where a row has none)."""
         out: dict[str, Any] = {}
         for name in self.fields:
-            values = self._values(name, rows)
-            if self.strict and rows and all(v is MISSING for v in values):
+            values = values_by_field[name]
+            if self.strict and values and all(v is MISSING for v in values):
                 raise ValueError(
                     f"no row of the batch has field {name!r} ({self.fields[name]!r}); check "
                     "the path, or pass strict=False to get None for rows without it"

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from .._optional import require
-from ..models import DataRow
 from .arrays import NumpyConverter
 from .base import FieldSpec
 
@@ -54,8 +53,8 @@ class TensorConverter(NumpyConverter):
         self.torch_dtypes = torch_dtypes
         self.device = None if device is None else torch.device(device)
 
-    def to_dataset_row(self, rows: Sequence[DataRow]) -> dict[str, Any]:
-        arrays = super().to_dataset_row(rows)
+    def from_values(self, values_by_field: dict[str, list[Any]]) -> dict[str, Any]:
+        arrays = super().from_values(values_by_field)
         return {
             name: self._tensor(value, self.torch_dtypes.get(name)) for name, value in arrays.items()
         }

@@ -39,7 +39,7 @@ the same seed over the same data gives the same batches.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -59,6 +59,7 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
+_R = TypeVar("_R")
 
 #: Derived arrays kept per sampler (one per condition in use, most recent first).
 _DERIVED_ENTRIES = 4
@@ -219,9 +220,9 @@ class KeySampler(Sampler):
         """
 
     def batch_info(
-        self, index: dict[str, np.ndarray], keys: np.ndarray, rows: list[DataRow]
+        self, index: dict[str, np.ndarray], keys: np.ndarray, ids: list[str]
     ) -> dict[str, Any]:
-        """Per-row extras for a batch whose ``keys`` were all fetched as ``rows``."""
+        """Per-row extras for a batch whose ``keys`` were all fetched (rows ``ids``)."""
         return {}
 
     def sample(
@@ -232,6 +233,32 @@ class KeySampler(Sampler):
     def sample_with_info(
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
     ) -> tuple[list[DataRow], dict[str, Any]]:
+        return self._draw(storage, batch_size, query_condition, storage.fetch_keys, _row_id)
+
+    def sample_fields(
+        self,
+        storage: Storage,
+        batch_size: int,
+        query_condition: QueryCondition,
+        paths: Sequence[str],
+    ) -> tuple[list[tuple[Any, ...]], dict[str, Any]]:
+        """Like :meth:`sample_with_info`, but fetches only ``paths`` of the chosen rows
+        (``storage.fetch_fields``): a tuple ``(id, value per path)`` per row."""
+        fetch = getattr(storage, "fetch_fields", None)
+        if fetch is None:
+            raise TypeError(f"{type(storage).__name__} cannot fetch single fields")
+        return self._draw(
+            storage, batch_size, query_condition, lambda keys: fetch(keys, paths), _first
+        )
+
+    def _draw(
+        self,
+        storage: Storage,
+        batch_size: int,
+        query_condition: QueryCondition,
+        fetch: Callable[[np.ndarray], list[_R]],
+        id_of: Callable[[_R], str],
+    ) -> tuple[list[_R], dict[str, Any]]:
         batch_size = check_batch_size(batch_size)
         has_info = type(self).batch_info is not KeySampler.batch_info
         attempts = _FETCH_ATTEMPTS if has_info else 1
@@ -243,10 +270,10 @@ class KeySampler(Sampler):
                 keys = np.asarray(self.sample_keys(index, batch_size, self.rng), dtype=np.int64)
             except EmptyBufferError as exc:
                 raise empty_error(storage, query_condition, str(exc)) from None
-            rows = storage.fetch_keys(keys)
+            fetched = fetch(keys)
             # A row deleted by another writer between choosing and fetching is skipped; a
             # batch with per-row info must stay aligned, so it chooses again instead.
-            if len(rows) == len(keys):
+            if len(fetched) == len(keys):
                 break
             if has_info and attempt == attempts - 1:
                 raise StorageError(
@@ -255,9 +282,17 @@ class KeySampler(Sampler):
                     "deleting or evicting faster than this sampler reads. Retry the call"
                 )
         self.last_keys = keys
-        self.last_ids = [r.id for r in rows]
-        info = self.batch_info(index, keys, rows) if has_info else {}
-        return rows, info
+        self.last_ids = [id_of(item) for item in fetched]
+        info = self.batch_info(index, keys, self.last_ids) if has_info else {}
+        return fetched, info
+
+
+def _row_id(row: DataRow) -> str:
+    return row.id
+
+
+def _first(record: tuple[Any, ...]) -> str:
+    return str(record[0])
 
 
 class TaskSampler(Sampler):

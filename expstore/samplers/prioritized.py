@@ -8,8 +8,6 @@ from typing import Any
 import numpy as np
 
 from ..errors import EmptyBufferError
-from ..models import DataRow
-from ..storage.base import QueryCondition, Storage
 from .base import KeySampler
 
 __all__ = ["PrioritizedSampler"]
@@ -101,17 +99,15 @@ class PrioritizedSampler(KeySampler):
         return index["key"][np.minimum(positions, len(cdf) - 1)]
 
     def batch_info(
-        self, index: dict[str, np.ndarray], keys: np.ndarray, rows: list[DataRow]
+        self, index: dict[str, np.ndarray], keys: np.ndarray, ids: list[str]
     ) -> dict[str, Any]:
         weights, _, smallest = self._distribution(index["priority"])
         positions = np.searchsorted(index["key"], keys)
         # (N P_i)^-beta / max_j (N P_j)^-beta == (w_i / min_j w_j)^-beta
         is_weights = np.power(weights[positions] / smallest, -self.beta).astype(np.float32)
-        return {"weights": is_weights, "ids": [r.id for r in rows]}
+        return {"weights": is_weights, "ids": list(ids)}
 
-    def sample_with_info(
-        self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
-    ) -> tuple[list[DataRow], dict[str, Any]]:
-        rows, info = super().sample_with_info(storage, batch_size, query_condition)
+    def _draw(self, *args: Any, **kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
+        fetched, info = super()._draw(*args, **kwargs)
         self.last_weights = info.get("weights", np.empty(0, dtype=np.float32))
-        return rows, info
+        return fetched, info

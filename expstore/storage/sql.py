@@ -46,9 +46,10 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from .. import migrate
 from .._optional import require
-from ..codec import decode_payload, encode_payload
+from ..codec import decode_payload, decode_value, encode_payload, is_placeholder
 from ..errors import CodecError, StorageError
 from ..models import PAYLOAD_FIELDS, DataRow, Experience, ExpMeta, trusted
+from ..paths import MISSING, CompiledPath, compile_path, step_into
 from .base import QueryCondition, Storage
 from .eviction import EVICTION_POLICIES, evict
 from .schema import META_COLUMNS, SCALAR_COLUMNS, buffers, rows
@@ -434,12 +435,16 @@ class SqlStorage(Storage):
             "give the new rows fresh ids (the default id is a new uuid4)"
         )
 
-    def _bump_version(self, conn: Connection) -> None:
+    def _bump_version(self, conn: Connection) -> int:
+        """Mark a change other than an insert; returns the new version (the row is locked
+        until the transaction ends, so it is exact)."""
         conn.execute(
             update(buffers)
             .where(buffers.c.id == self.buffer_id)
             .values(version=buffers.c.version + 1)
         )
+        version = select(buffers.c.version).where(buffers.c.id == self.buffer_id)
+        return int(conn.execute(version).scalar_one())
 
     def delete(self, query_condition: QueryCondition) -> int:
         """Delete the matching rows and return how many went. ``None`` is refused: use clear()."""
@@ -459,13 +464,20 @@ class SqlStorage(Storage):
             self._bump_version(conn)
 
     def update_priorities(self, ids: Sequence[str], priorities: Sequence[float]) -> int:
-        """Set the stored priority of rows by id; returns how many rows were updated."""
+        """Set the stored priority of rows by id; returns how many rows were updated.
+
+        Ids no longer in the buffer (evicted since they were sampled, say) are skipped. This
+        process's cached key index is patched in place rather than reloaded, so a training
+        loop that samples and updates priorities every step stays cheap at any size.
+        """
+        if isinstance(ids, str):
+            raise TypeError("update_priorities() needs a list of ids, got one string")
         ids = list(ids)
         values = np.asarray(priorities, dtype=np.float64).reshape(-1)
         if len(ids) != len(values):
             raise ValueError(
                 f"update_priorities() needs one priority per id, got {len(ids)} ids and "
-                f"{len(values)} priorities"
+                f"{len(values)} priorities; nothing was updated"
             )
         if not np.all(np.isfinite(values)) or np.any(values < 0):
             raise ValueError("priorities must be finite numbers >= 0; nothing was updated")
@@ -473,16 +485,48 @@ class SqlStorage(Storage):
             return 0
         stmt = (
             update(rows)
-            .where(rows.c.buffer_id == self.buffer_id, rows.c.id == bindparam("row_id"))
+            .where(rows.c.key == bindparam("row_key"))
             .values(priority=bindparam("new_priority"))
         )
         with self._errors("update priorities"), self._write() as conn:
-            result = conn.execute(
-                stmt,
-                [{"row_id": i, "new_priority": float(p)} for i, p in zip(ids, values, strict=True)],
-            )
-            self._bump_version(conn)
-        return int(result.rowcount)
+            key_of: dict[str, int] = {}
+            unique = list(dict.fromkeys(ids))
+            for start in range(0, len(unique), 5000):
+                part = unique[start : start + 5000]
+                key_of.update(
+                    (row_id, key)
+                    for key, row_id in conn.execute(
+                        select(rows.c.key, rows.c.id).where(
+                            rows.c.buffer_id == self.buffer_id, rows.c.id.in_(part)
+                        )
+                    )
+                )
+            found = [(key_of[i], float(p)) for i, p in zip(ids, values, strict=True) if i in key_of]
+            if not found:
+                return 0
+            conn.execute(stmt, [{"row_key": k, "new_priority": p} for k, p in found])
+            version = self._bump_version(conn)
+        keys = np.fromiter((k for k, _ in found), dtype=np.int64, count=len(found))
+        new = np.fromiter((p for _, p in found), dtype=np.float64, count=len(found))
+        self._patch_priorities(version, keys, new)
+        return len({k for k, _ in found})
+
+    def _patch_priorities(self, version: int, keys: np.ndarray, values: np.ndarray) -> None:
+        """Carry cached key indexes that were current just before this process's priority
+        update (version - 1) over to ``version``, with the new priorities written in."""
+        for cache_key, ((max_key, cached_version), arrays) in list(self._cache.items()):
+            if cached_version != version - 1:
+                continue
+            if "priority" in arrays:
+                positions = np.searchsorted(arrays["key"], keys)
+                inside = positions < len(arrays["key"])
+                hit = inside.copy()
+                hit[inside] = arrays["key"][positions[inside]] == keys[inside]
+                priority = arrays["priority"].copy()
+                priority[positions[hit]] = values[hit]
+                priority.flags.writeable = False
+                arrays = {**arrays, "priority": priority}
+            self._cache[cache_key] = ((max_key, version), arrays)
 
     # -- reading -------------------------------------------------------------------------
     def _decode(self, r: Row[Any]) -> DataRow:
@@ -645,6 +689,38 @@ class SqlStorage(Storage):
         self._cache[cache_key] = (signature, arrays)
         return arrays
 
+    def fetch_fields(
+        self, keys: Sequence[int] | np.ndarray, paths: Sequence[str]
+    ) -> list[tuple[Any, ...]]:
+        """For each key found (in the order given, repeats allowed, vanished keys skipped)
+        a tuple ``(id, value at paths[0], value at paths[1], ...)``; MISSING where a row
+        has nothing at a path.
+
+        Only the columns the paths need are read, and of the JSON document only the parts
+        they reach are decoded: the fast path for converters that read a few fields
+        (:class:`~expstore.TensorConverter`) instead of whole rows.
+        """
+        compiled = [compile_path(p) for p in paths]
+        wanted = [int(k) for k in np.asarray(keys, dtype=np.int64).reshape(-1)]
+        columns = ["key", "id"]
+        for head, steps in compiled:
+            if head == "exp_meta" or (head == "exp_data" and steps[0] in SCALAR_COLUMNS):
+                columns.append(str(steps[0]))
+            elif head == "exp_data":
+                columns += ["data", "tensors"]
+        columns = list(dict.fromkeys(columns))
+        at = {name: i for i, name in enumerate(columns)}
+        stmt = select(*(rows.c[c] for c in columns)).where(
+            rows.c.buffer_id == self.buffer_id, rows.c.key.in_(bindparam("keys", expanding=True))
+        )
+        found: dict[int, tuple[Any, ...]] = {}
+        unique = list(dict.fromkeys(wanted))
+        with self._errors("fetch rows"), self._read() as conn:
+            for start in range(0, len(unique), 5000):
+                for r in conn.execute(stmt, {"keys": unique[start : start + 5000]}):
+                    found[r[0]] = (r[1], *(_read_field(r, at, c) for c in compiled))
+        return [found[k] for k in wanted if k in found]
+
     def fetch_keys(self, keys: Sequence[int] | np.ndarray) -> list[DataRow]:
         """The rows with these keys in the given order (repeats allowed; vanished keys skipped)."""
         wanted = [int(k) for k in np.asarray(keys, dtype=np.int64).reshape(-1)]
@@ -660,6 +736,38 @@ class SqlStorage(Storage):
                 for r in conn.execute(stmt, {"keys": unique[start : start + 5000]}):
                     found[r[_AT_KEY]] = self._decode(r)
         return [found[k] for k in wanted if k in found]
+
+
+def _read_field(r: Row[Any], at: dict[str, int], compiled: CompiledPath) -> Any:
+    head, steps = compiled
+    if head == "id":
+        return r[at["id"]]
+    if head == "exp_meta" or steps[0] in SCALAR_COLUMNS:
+        value = r[at[str(steps[0])]]
+        for step in steps[1:]:
+            value = step_into(value, step)
+        return value
+    return _payload_value(r[at["data"]], r[at["tensors"]], r[at["id"]], steps)
+
+
+def _payload_value(
+    doc: dict[str, Any], blob: bytes | None, row_id: str, steps: tuple[str | int, ...]
+) -> Any:
+    """The value at ``steps`` of a stored document, decoding only what the path reaches."""
+    node: Any = doc
+    for i, step in enumerate(steps):
+        if is_placeholder(node):  # a tensor, float or escaped dict: decode, then go on
+            node = decode_value(node, blob, row_id=row_id, path=".".join(map(str, steps[:i])))
+            for rest in steps[i:]:
+                node = step_into(node, rest)
+                if node is MISSING:
+                    break
+            return node
+        node = step_into(node, step)
+        if node is MISSING:
+            return MISSING
+    path = ".".join(map(str, steps))
+    return decode_value(node, blob, row_id=row_id, path=path)
 
 
 _PG_COPY_TYPES = [

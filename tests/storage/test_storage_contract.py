@@ -274,3 +274,30 @@ def test_conditions_plug_into_every_storage_method(buffer: ReplayBuffer) -> None
     assert buffer.delete(by_agent) == 10
     assert len(buffer) == 10
     assert buffer.count(by_agent) == 0
+
+
+def test_update_priorities_patches_the_cached_index_like_a_reload(buffer: ReplayBuffer) -> None:
+    rows = make_rows(50)
+    buffer.store_batch(rows)
+    storage = buffer.storage
+    before = storage.key_index(columns=("priority", "step"))
+    assert np.isnan(before["priority"]).all()
+    ids = [rows[3].id, rows[10].id, "evicted-or-unknown", rows[3].id]
+    assert buffer.update_priorities(ids, [1.0, 2.5, 9.0, 4.0]) == 2
+    patched = storage.key_index(columns=("priority", "step"))
+    assert patched is not before and not patched["priority"].flags.writeable
+    assert patched["step"] is before["step"]  # only the priorities were rebuilt
+    storage._cache.clear()
+    reloaded = storage.key_index(columns=("priority", "step"))
+    np.testing.assert_array_equal(patched["priority"], reloaded["priority"])
+    assert patched["priority"][3] == 4.0 and patched["priority"][10] == 2.5
+
+
+def test_update_priorities_refuses_bad_input_and_changes_nothing(buffer: ReplayBuffer) -> None:
+    rows = make_rows(3)
+    buffer.store_batch(rows)
+    with pytest.raises(ValueError, match="one priority per id"):
+        buffer.update_priorities([rows[0].id], [1.0, 2.0])
+    with pytest.raises(ValueError, match="finite numbers >= 0"):
+        buffer.update_priorities([rows[0].id, rows[1].id], [1.0, float("nan")])
+    assert np.isnan(buffer.storage.key_index(columns=("priority",))["priority"]).all()
