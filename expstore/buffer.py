@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy.engine import URL
 
+from .converters.arrays import NumpyConverter
 from .converters.base import Converter
 from .converters.default import DefaultConverter
 from .models import DataRow
@@ -151,9 +152,10 @@ class ReplayBuffer:
         """
         sampler = UniformSampler() if sampler is None else sampler
         converter = DefaultConverter() if converter is None else converter
-        paths = getattr(converter, "field_paths", None)
+        paths = converter.field_paths if isinstance(converter, NumpyConverter) else None
         if (
             paths is not None
+            and isinstance(converter, NumpyConverter)
             and isinstance(sampler, KeySampler)
             and hasattr(self.storage, "fetch_fields")
         ):
