@@ -44,6 +44,7 @@ __all__ = [
     "check_value",
     "decode_payload",
     "decode_value",
+    "PartDecoder",
     "deep_equal",
     "encode_payload",
     "to_plain",
@@ -568,11 +569,27 @@ def decode_value(
 ) -> Any:
     """Decode one part of a stored document (``value``, found at ``path``) with its row's
     blob: what a converter asking for one field needs, without decoding the whole row."""
-    decoder = _Decoder(blob, row_id)
-    try:
-        return decoder.decode_fast(value)
-    except (CodecError, _Fallback):
-        return decoder.decode(value, path)
+    return PartDecoder(blob, row_id).decode_part(value, path)
+
+
+class PartDecoder:
+    """Decodes parts of one row's document, checking and copying its blob only once."""
+
+    def __init__(self, blob: bytes | bytearray | memoryview | None, row_id: str) -> None:
+        self._blob = blob
+        self._row_id = row_id
+        self._decoder: _Decoder | None = None
+
+    def decode_part(self, value: Any, path: str) -> Any:
+        kind = type(value)
+        if kind is not dict and kind is not list:
+            return value
+        if self._decoder is None:
+            self._decoder = _Decoder(self._blob, self._row_id)
+        try:
+            return self._decoder.decode_fast(value)
+        except (CodecError, _Fallback):
+            return self._decoder.decode(value, path)
 
 
 def is_placeholder(value: Any) -> bool:

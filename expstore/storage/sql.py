@@ -46,7 +46,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from .. import migrate
 from .._optional import require
-from ..codec import decode_payload, decode_value, encode_payload, is_placeholder
+from ..codec import PartDecoder, decode_payload, encode_payload, is_placeholder
 from ..errors import CodecError, StorageError
 from ..models import PAYLOAD_FIELDS, DataRow, Experience, ExpMeta, trusted
 from ..paths import MISSING, CompiledPath, compile_path, step_into
@@ -717,8 +717,8 @@ class SqlStorage(Storage):
         unique = list(dict.fromkeys(wanted))
         with self._errors("fetch rows"), self._read() as conn:
             for start in range(0, len(unique), 5000):
-                for r in conn.execute(stmt, {"keys": unique[start : start + 5000]}):
-                    found[r[0]] = (r[1], *(_read_field(r, at, c) for c in compiled))
+                for r in conn.execute(stmt, {"keys": unique[start : start + 5000]}).all():
+                    found[r[0]] = _read_fields(r, at, compiled)
         return [found[k] for k in wanted if k in found]
 
     def fetch_keys(self, keys: Sequence[int] | np.ndarray) -> list[DataRow]:
@@ -733,31 +733,38 @@ class SqlStorage(Storage):
         )
         with self._errors("fetch rows"), self._read() as conn:
             for start in range(0, len(unique), 5000):
-                for r in conn.execute(stmt, {"keys": unique[start : start + 5000]}):
+                for r in conn.execute(stmt, {"keys": unique[start : start + 5000]}).all():
                     found[r[_AT_KEY]] = self._decode(r)
         return [found[k] for k in wanted if k in found]
 
 
-def _read_field(r: Row[Any], at: dict[str, int], compiled: CompiledPath) -> Any:
-    head, steps = compiled
-    if head == "id":
-        return r[at["id"]]
-    if head == "exp_meta" or steps[0] in SCALAR_COLUMNS:
-        value = r[at[str(steps[0])]]
-        for step in steps[1:]:
-            value = step_into(value, step)
-        return value
-    return _payload_value(r[at["data"]], r[at["tensors"]], r[at["id"]], steps)
+def _read_fields(r: Row[Any], at: dict[str, int], compiled: list[CompiledPath]) -> tuple[Any, ...]:
+    """(id, value per path) of one fetched row (see SqlStorage.fetch_fields)."""
+    row_id = r[at["id"]]
+    decoder: PartDecoder | None = None
+    out: list[Any] = [row_id]
+    for head, steps in compiled:
+        if head == "id":
+            out.append(row_id)
+            continue
+        if head == "exp_meta" or steps[0] in SCALAR_COLUMNS:
+            value = r[at[str(steps[0])]]
+            for step in steps[1:]:
+                value = step_into(value, step)
+            out.append(value)
+            continue
+        if decoder is None:
+            decoder = PartDecoder(r[at["tensors"]], row_id)
+        out.append(_payload_value(r[at["data"]], decoder, steps))
+    return tuple(out)
 
 
-def _payload_value(
-    doc: dict[str, Any], blob: bytes | None, row_id: str, steps: tuple[str | int, ...]
-) -> Any:
+def _payload_value(doc: dict[str, Any], decoder: PartDecoder, steps: tuple[str | int, ...]) -> Any:
     """The value at ``steps`` of a stored document, decoding only what the path reaches."""
     node: Any = doc
     for i, step in enumerate(steps):
         if is_placeholder(node):  # a tensor, float or escaped dict: decode, then go on
-            node = decode_value(node, blob, row_id=row_id, path=".".join(map(str, steps[:i])))
+            node = decoder.decode_part(node, ".".join(map(str, steps[:i])))
             for rest in steps[i:]:
                 node = step_into(node, rest)
                 if node is MISSING:
@@ -766,8 +773,7 @@ def _payload_value(
         node = step_into(node, step)
         if node is MISSING:
             return MISSING
-    path = ".".join(map(str, steps))
-    return decode_value(node, blob, row_id=row_id, path=path)
+    return decoder.decode_part(node, ".".join(map(str, steps)))
 
 
 _PG_COPY_TYPES = [
