@@ -21,6 +21,7 @@ from .errors import (
     SchemaVersionError,
     StorageError,
 )
+from .io import export_rows, import_rows
 from .models import DataRow, Experience, ExpMeta
 from .query import Condition, QueryBuilder
 from .samplers import (
@@ -82,6 +83,8 @@ __all__ = [
     "TransitionConverter",
     "UniformSampler",
     "__version__",
+    "export_rows",
+    "import_rows",
 ]
 
 _TORCH_NAMES = ("ExperienceDataset", "SampledBatches")

@@ -28,6 +28,7 @@ __all__ = [
     "downgrade",
     "ensure_schema",
     "head_revision",
+    "known_revisions",
     "script_location",
     "upgrade",
     "upgrade_sql",

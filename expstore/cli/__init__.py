@@ -1,0 +1,52 @@
+"""The ``expstore`` command: a thin layer over the library, one module per command group.
+
+- :mod:`.schema`: ``init``, ``upgrade``, ``version``
+- :mod:`.stats`: ``stats``
+- :mod:`.rows`: ``query``, ``sample``
+- :mod:`.transfer`: ``export``, ``import``
+- :mod:`.demo`: ``demo``
+- :mod:`.where`: the ``--where`` filter language
+
+The database comes from ``--db URL``, else ``EXPSTORE_URL``, else ``sqlite:///expstore.db``.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from . import demo, rows, schema, stats, transfer
+from ._common import ExpstoreGroup
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="expstore",
+    cls=ExpstoreGroup,
+    help=(
+        "Look into, move and sample an expstore experience buffer (SQLite or PostgreSQL).\n\n"
+        "The database comes from --db URL, else the EXPSTORE_URL variable, else "
+        "sqlite:///expstore.db in the current folder.\n\n"
+        "\b\nExample:\n  expstore demo\n  expstore stats --db sqlite:///expstore-demo/demo.db "
+        "--buffer demo --by agent"
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+app.command("demo")(demo.demo)
+app.command("init")(schema.init)
+app.command("upgrade")(schema.upgrade)
+app.command("version")(schema.version)
+app.command("stats")(stats.stats)
+app.command("query")(rows.query)
+app.command("sample")(rows.sample)
+app.command("export")(transfer.export)
+app.command("import")(transfer.import_)
+
+
+def main() -> None:
+    """The console script's entry point."""
+    app(prog_name="expstore")

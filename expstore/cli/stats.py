@@ -1,0 +1,314 @@
+"""``expstore stats``: rows, tasks, agents, steps per task, rewards and success rate."""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import typer
+
+from ..buffer import ReplayBuffer
+from ..storage.base import QueryCondition
+from ._common import (
+    DEFAULT_URL,
+    BufferOption,
+    DbOption,
+    JsonOption,
+    WhereOption,
+    echo_err,
+    number,
+    open_buffer,
+    render_table,
+    show_url,
+    where_condition,
+)
+
+_COLUMNS = ("task_id", "agent_id", "step", "reward_t", "execute_time")
+
+
+class GroupBy(str, Enum):
+    agent = "agent"
+    task = "task"
+
+
+def _summary(values: np.ndarray) -> dict[str, float | int | None]:
+    present = values[~np.isnan(values)]
+    if not len(present):
+        return {"count": 0, "mean": None, "std": None, "min": None, "max": None, "sum": None}
+    return {
+        "count": int(len(present)),
+        "mean": float(present.mean()),
+        "std": float(present.std()),
+        "min": float(present.min()),
+        "max": float(present.max()),
+        "sum": float(present.sum()),
+    }
+
+
+def _tasks(index: dict[str, np.ndarray], success_above: float) -> dict[str, Any]:
+    """Per-task arrays: ids, row counts, final reward, success, first row position."""
+    task_ids, first, inverse, counts = np.unique(
+        index["task_id"].astype(str), return_index=True, return_inverse=True, return_counts=True
+    )
+    # The last row of a task: highest step, then latest insertion.
+    order = np.lexsort((index["key"], index["step"], inverse))
+    ends = np.cumsum(counts) - 1
+    last = order[ends]
+    final = index["reward_t"][last]
+    success = np.nan_to_num(final, nan=-np.inf) > success_above
+    return {
+        "ids": task_ids,
+        "inverse": inverse,
+        "counts": counts,
+        "final": final,
+        "success": success,
+        "first": first,
+        "agent": index["agent_id"][last],
+    }
+
+
+def compute_stats(
+    buffer: ReplayBuffer,
+    query_condition: QueryCondition = None,
+    *,
+    by: str | None = None,
+    success_above: float = 0.0,
+) -> dict[str, Any]:
+    """The statistics ``expstore stats`` prints, as a dict (what ``--json`` prints)."""
+    index = buffer.storage.key_index(query_condition, _COLUMNS)
+    n = len(index["key"])
+    out: dict[str, Any] = {"rows": n}
+    if not n:
+        out.update(tasks=0, agents=0, steps_per_task=None, reward=_summary(np.zeros(0)))
+        out["success_rate"] = None
+        if by:
+            out["groups"] = []
+        return out
+    tasks = _tasks(index, success_above)
+    agents = np.unique(index["agent_id"].astype(str))
+    counts = tasks["counts"]
+    out["tasks"] = int(len(tasks["ids"]))
+    out["agents"] = int(len(agents))
+    out["steps_per_task"] = {
+        "mean": float(counts.mean()),
+        "min": int(counts.min()),
+        "max": int(counts.max()),
+    }
+    out["reward"] = _summary(index["reward_t"])
+    out["success_rate"] = float(tasks["success"].mean())
+    out["time"] = {
+        "first": float(index["execute_time"].min()),
+        "last": float(index["execute_time"].max()),
+    }
+    if by == "agent":
+        out["groups"] = _by_agent(index, tasks)
+    elif by == "task":
+        out["groups"] = _by_task(index, tasks)
+    return out
+
+
+def _by_agent(index: dict[str, np.ndarray], tasks: dict[str, Any]) -> list[dict[str, Any]]:
+    agent_ids = index["agent_id"].astype(str)
+    groups = []
+    for agent in sorted(set(agent_ids.tolist())):
+        mask = agent_ids == agent
+        task_mask = tasks["agent"].astype(str) == agent
+        reward = _summary(index["reward_t"][mask])
+        groups.append(
+            {
+                "agent_id": agent,
+                "rows": int(mask.sum()),
+                "tasks": int(len(np.unique(index["task_id"][mask].astype(str)))),
+                "mean_reward": reward["mean"],
+                "success_rate": (
+                    float(tasks["success"][task_mask].mean()) if task_mask.any() else None
+                ),
+            }
+        )
+    return groups
+
+
+def _by_task(index: dict[str, np.ndarray], tasks: dict[str, Any]) -> list[dict[str, Any]]:
+    rewards = np.nan_to_num(index["reward_t"], nan=0.0)
+    totals = np.bincount(tasks["inverse"], weights=rewards, minlength=len(tasks["ids"]))
+    groups = []
+    for i in np.argsort(tasks["first"], kind="stable"):  # first-inserted task first
+        final = tasks["final"][i]
+        groups.append(
+            {
+                "task_id": str(tasks["ids"][i]),
+                "agent_id": str(tasks["agent"][i]),
+                "steps": int(tasks["counts"][i]),
+                "total_reward": float(totals[i]),
+                "final_reward": None if np.isnan(final) else float(final),
+                "success": bool(tasks["success"][i]),
+            }
+        )
+    return groups
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
+
+
+def _print(stats: dict[str, Any], header: str, by: str | None, limit: int) -> None:
+    lines = [("rows", str(stats["rows"])), ("tasks", str(stats["tasks"]))]
+    lines.append(("agents", str(stats["agents"])))
+    steps = stats["steps_per_task"]
+    if steps:
+        lines.append(
+            (
+                "steps per task",
+                f"mean {number(steps['mean'], 1)}, min {steps['min']}, max {steps['max']}",
+            )
+        )
+    reward = stats["reward"]
+    if reward["count"]:
+        lines.append(
+            (
+                "reward_t",
+                f"mean {number(reward['mean'])}, std {number(reward['std'])}, "
+                f"min {number(reward['min'])}, max {number(reward['max'])} "
+                f"({reward['count']} rows have one)",
+            )
+        )
+    else:
+        lines.append(("reward_t", "no row has one"))
+    lines.append(("success rate", _pct(stats["success_rate"]) + " of tasks"))
+    typer.echo(header)
+    for name, value in lines:
+        typer.echo(f"  {name:<15} {value}")
+    groups = stats.get("groups")
+    if not by or not groups:
+        return
+    typer.echo("")
+    if by == "agent":
+        headers = ["agent_id", "rows", "tasks", "mean reward", "success"]
+        cells = [
+            [
+                g["agent_id"],
+                str(g["rows"]),
+                str(g["tasks"]),
+                number(g["mean_reward"]),
+                _pct(g["success_rate"]),
+            ]
+            for g in groups[:limit]
+        ]
+    else:
+        headers = ["task_id", "agent_id", "steps", "total reward", "final reward", "success"]
+        cells = [
+            [
+                g["task_id"],
+                g["agent_id"],
+                str(g["steps"]),
+                number(g["total_reward"]),
+                number(g["final_reward"]),
+                "yes" if g["success"] else "no",
+            ]
+            for g in groups[:limit]
+        ]
+    right = [h for h in headers if not h.endswith("_id")]
+    typer.echo(render_table(headers, cells, right=right))
+    if len(groups) > limit:
+        typer.echo(f"({len(groups) - limit} more; raise --limit or use --json)")
+
+
+def _plot(buffer: ReplayBuffer, query_condition: QueryCondition, path: Path) -> bool:
+    """Reward over time per agent (a moving average), if matplotlib is installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        echo_err(
+            "skipped --plot: it needs matplotlib, which is not installed (pip install matplotlib)"
+        )
+        return False
+    index = buffer.storage.key_index(query_condition, ("agent_id", "reward_t", "execute_time"))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    agents = index["agent_id"].astype(str)
+    start = float(index["execute_time"].min()) if len(agents) else 0.0
+    for agent in sorted(set(agents.tolist())):
+        mask = (agents == agent) & ~np.isnan(index["reward_t"])
+        if not mask.any():
+            continue
+        order = np.argsort(index["execute_time"][mask], kind="stable")
+        t = index["execute_time"][mask][order] - start
+        r = index["reward_t"][mask][order]
+        window = max(1, min(50, len(r) // 10))
+        smooth = np.convolve(r, np.ones(window) / window, mode="valid")
+        ax.plot(t[window - 1 :], smooth, label=agent)
+    ax.set_xlabel("seconds since the first row")
+    ax.set_ylabel("reward_t (moving average)")
+    ax.set_title("Reward over time per agent")
+    if len(agents):
+        ax.legend(loc="best", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def stats(
+    db: DbOption = DEFAULT_URL,
+    buffer: BufferOption = "default",
+    by: Annotated[
+        GroupBy | None, typer.Option("--by", help="Add a table per agent or per task.")
+    ] = None,
+    where: WhereOption = None,
+    as_json: JsonOption = False,
+    limit: Annotated[
+        int, typer.Option("--limit", min=1, metavar="N", help="Rows of the --by table to show.")
+    ] = 20,
+    success_above: Annotated[
+        float,
+        typer.Option(
+            "--success-above",
+            metavar="R",
+            help="A task succeeds when its last step's reward_t is above R.",
+        ),
+    ] = 0.0,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            "--plot",
+            metavar="FILE.png",
+            help="Also draw reward over time per agent (needs matplotlib).",
+        ),
+    ] = None,
+) -> None:
+    """Summarise a buffer: rows, tasks, agents, steps per task, rewards, success rate.
+
+    A task's steps are its rows; it succeeds when its last step (highest step) has a
+    reward_t above --success-above (default 0).
+
+    \b
+    Example:
+      expstore stats --db sqlite:///demo.db --buffer demo --by agent
+      expstore stats --where "task_name = 'checkout'" --json
+    """
+    condition = where_condition(where)
+    buf = open_buffer(db, buffer)
+    try:
+        result = compute_stats(
+            buf, condition, by=by.value if by else None, success_above=success_above
+        )
+        if plot is not None and _plot(buf, condition, plot):
+            echo_err(f"Wrote {plot}")
+    finally:
+        buf.close()
+    if as_json:
+        about = {
+            "database": show_url(buf.storage.url) if hasattr(buf.storage, "url") else None,
+            "buffer": buffer,
+            "where": None if condition is None else str(condition),
+        }
+        typer.echo(json.dumps({**about, **result}))
+        return
+    url = show_url(getattr(buf.storage, "url", db))
+    header = f"buffer {buffer!r} in {url}" + (f" where {condition}" if condition else "")
+    _print(result, header, by.value if by else None, limit)

@@ -1,0 +1,487 @@
+"""The demo behind ``expstore demo``: many agent processes, one store, a trainer.
+
+:func:`run_demo` plays a whole (small) training pipeline on the embedded default, a SQLite
+file:
+
+1. Several agent *processes* (``multiprocessing``, spawn) play episodes of a tiny grid world
+   at the same time, each storing every finished episode as one atomic ``store_batch``.
+   Each agent is the same noisy greedy policy with a different amount of noise.
+2. The main process queries the store by task and by agent.
+3. It samples batches of successful steps with two samplers (uniform and stratified by
+   agent) through a ``TensorConverter`` (or ``NumpyConverter`` without torch).
+4. It trains a small policy on sampled batches by behaviour cloning (torch when installed,
+   else numpy) and plays it in the environment.
+
+The episodes depend only on ``seed``, so the writing and querying parts print the same
+numbers on every run; sampling and training vary slightly because the writers' rows
+interleave differently each time.
+
+>>> run_demo(workdir="/tmp/expstore-demo")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import multiprocessing
+import os
+import queue
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sqlalchemy.engine import make_url
+
+from .buffer import ReplayBuffer
+from .models import DataRow, Experience, ExpMeta
+from .query import QueryBuilder
+
+__all__ = ["GRID", "ACTIONS", "AgentSpec", "DemoResult", "play_episode", "run_demo"]
+
+#: The grid world: GRID x GRID cells; each episode has its own start and goal.
+GRID = 5
+ACTIONS = ("up", "down", "left", "right")
+_MOVES = ((0, 1), (0, -1), (-1, 0), (1, 0))
+MAX_STEPS = 12
+GAMMA = 0.9
+#: How long the simulated environment takes per step, so agents write while others do.
+STEP_SECONDS = 0.002
+BUFFER = "demo"
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """One agent process: its name, how often it acts at random, how many episodes."""
+
+    agent_id: str
+    epsilon: float
+    episodes: int
+    seed: int
+    url: str
+
+
+@dataclass
+class DemoResult:
+    """What the demo measured (the numbers it prints)."""
+
+    rows: int
+    episodes: int
+    write_seconds: float
+    per_agent: dict[str, dict[str, float]]
+    trained_success: float
+    baseline_success: float
+    backend: str
+    seconds: float
+
+
+def observe(pos: tuple[int, int], goal: tuple[int, int]) -> np.ndarray:
+    """The observation: agent and goal coordinates scaled to [0, 1], float32[4]."""
+    return np.array([*pos, *goal], dtype=np.float32) / (GRID - 1)
+
+
+def greedy_action(pos: tuple[int, int], goal: tuple[int, int], rng: np.random.Generator) -> int:
+    """A move that brings the agent closer to the goal (at random among those that do)."""
+    good = [
+        a
+        for a, (dx, dy) in enumerate(_MOVES)
+        if abs(pos[0] + dx - goal[0]) + abs(pos[1] + dy - goal[1])
+        < abs(pos[0] - goal[0]) + abs(pos[1] - goal[1])
+    ]
+    return int(rng.choice(good)) if good else int(rng.integers(4))
+
+
+def _step(pos: tuple[int, int], action: int) -> tuple[int, int]:
+    dx, dy = _MOVES[action]
+    return (min(max(pos[0] + dx, 0), GRID - 1), min(max(pos[1] + dy, 0), GRID - 1))
+
+
+def _start_and_goal(rng: np.random.Generator) -> tuple[tuple[int, int], tuple[int, int]]:
+    while True:
+        start = (int(rng.integers(GRID)), int(rng.integers(GRID)))
+        goal = (int(rng.integers(GRID)), int(rng.integers(GRID)))
+        if start != goal:
+            return start, goal
+
+
+def play_episode(
+    policy: Callable[[tuple[int, int], tuple[int, int]], int], rng: np.random.Generator
+) -> tuple[list[tuple[tuple[int, int], tuple[int, int], int, float]], bool]:
+    """One episode: [(pos, goal, action, reward)] and whether the goal was reached."""
+    pos, goal = _start_and_goal(rng)
+    steps = []
+    for _ in range(MAX_STEPS):
+        action = policy(pos, goal)
+        new = _step(pos, action)
+        reward = 1.0 if new == goal else 0.0
+        steps.append((pos, goal, action, reward))
+        pos = new
+        if reward:
+            return steps, True
+    return steps, False
+
+
+def episode_rows(
+    agent_id: str, episode: int, steps: list[Any], success: bool, epsilon: float
+) -> list[DataRow]:
+    """The rows of one episode: state, action, reward, Monte Carlo return, success flag."""
+    task_id = f"{agent_id}/ep{episode:03d}"
+    returns = np.zeros(len(steps))
+    running = 0.0
+    for i in range(len(steps) - 1, -1, -1):
+        running = steps[i][3] + GAMMA * running
+        returns[i] = running
+    rows = []
+    for i, (pos, goal, action, reward) in enumerate(steps):
+        nxt = _step(pos, action)
+        rows.append(
+            DataRow(
+                exp_meta=ExpMeta(
+                    task_id=task_id,
+                    task_name=f"grid-{GRID}x{GRID}",
+                    agent_id=agent_id,
+                    step=i,
+                    pre_agent=None,
+                ),
+                exp_data=Experience(
+                    state={"obs": observe(pos, goal), "pos": list(pos), "goal": list(goal)},
+                    actions=[{"name": ACTIONS[action], "index": action}],
+                    reward_t=reward,
+                    done=i == len(steps) - 1,
+                    next_state={"obs": observe(nxt, goal), "pos": list(nxt)},
+                    ext_info={
+                        "success": success,
+                        "mc_return": float(returns[i]),
+                        "epsilon": epsilon,
+                    },
+                ),
+            )
+        )
+    return rows
+
+
+def agent_process(spec: AgentSpec, start: Any = None, reports: Any = None) -> dict[str, Any]:
+    """The body of one agent process: play episodes and store each one as it ends.
+
+    ``start`` (a multiprocessing Barrier) lines the agents up so they write at the same
+    time; the report goes to ``reports`` (a Queue) and is returned.
+    """
+    rng = np.random.default_rng(spec.seed)
+    buffer = ReplayBuffer(spec.url, name=BUFFER)
+
+    def policy(pos: tuple[int, int], goal: tuple[int, int]) -> int:
+        time.sleep(STEP_SECONDS)  # the environment takes a moment to answer
+        if rng.random() < spec.epsilon:
+            return int(rng.integers(4))
+        return greedy_action(pos, goal, rng)
+
+    if start is not None:
+        start.wait()
+    rows = successes = 0
+    started = time.time()
+    for episode in range(spec.episodes):
+        steps, success = play_episode(policy, rng)
+        batch = episode_rows(spec.agent_id, episode, steps, success, spec.epsilon)
+        buffer.store_batch(batch)  # one transaction per episode
+        rows += len(batch)
+        successes += success
+    finished = time.time()
+    buffer.close()
+    report = {
+        "agent_id": spec.agent_id,
+        "epsilon": spec.epsilon,
+        "episodes": spec.episodes,
+        "rows": rows,
+        "successes": successes,
+        "started": started,
+        "finished": finished,
+        "pid": os.getpid(),
+    }
+    if reports is not None:
+        reports.put(report)
+    return report
+
+
+def _start_method() -> str:
+    """fork where it is safe and fast (Linux), else spawn (macOS, Windows)."""
+    methods = multiprocessing.get_all_start_methods()
+    return "fork" if sys.platform.startswith("linux") and "fork" in methods else "spawn"
+
+
+def run_agents(specs: list[AgentSpec], timeout: float = 120.0) -> list[dict[str, Any]]:
+    """Run one process per agent, all writing at once; their reports in agent order."""
+    context: Any = multiprocessing.get_context(_start_method())
+    start = context.Barrier(len(specs))
+    reports = context.Queue()
+    processes = [
+        context.Process(target=agent_process, args=(spec, start, reports), daemon=True)
+        for spec in specs
+    ]
+    for process in processes:
+        process.start()
+    got: dict[str, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(got) < len(specs):
+            try:
+                report = reports.get(timeout=0.5)
+            except queue.Empty:
+                failed = [p for p in processes if p.exitcode not in (None, 0)]
+                if failed or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"an agent process failed (exit code {failed[0].exitcode})"
+                        if failed
+                        else f"the agent processes did not finish within {timeout:.0f} s"
+                    ) from None
+                continue
+            got[report["agent_id"]] = report
+    finally:
+        for process in processes:
+            process.join(timeout=5)
+            if process.is_alive():
+                process.terminate()
+    return [got[spec.agent_id] for spec in specs]
+
+
+# -- training -------------------------------------------------------------------------------
+
+
+class _NumpyPolicy:
+    """Softmax regression from the observation to the action, trained with plain SGD."""
+
+    def __init__(self, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        self.w = rng.normal(0, 0.1, size=(5, 4))
+        self.lr = 1.0
+
+    def _features(self, obs: np.ndarray) -> np.ndarray:
+        return np.concatenate([obs, np.ones((len(obs), 1))], axis=1)
+
+    def train_step(self, obs: np.ndarray, action: np.ndarray) -> float:
+        x = self._features(obs)
+        logits = x @ self.w
+        logits -= logits.max(axis=1, keepdims=True)
+        p = np.exp(logits)
+        p /= p.sum(axis=1, keepdims=True)
+        n = len(action)
+        loss = float(-np.log(p[np.arange(n), action] + 1e-12).mean())
+        grad = p.copy()
+        grad[np.arange(n), action] -= 1
+        self.w -= self.lr * x.T @ grad / n
+        return loss
+
+    def act(self, obs: np.ndarray) -> int:
+        return int((self._features(obs[None]) @ self.w).argmax())
+
+
+class _TorchPolicy:
+    """A small MLP trained with Adam and cross-entropy (behaviour cloning)."""
+
+    def __init__(self, seed: int) -> None:
+        import torch
+
+        torch.manual_seed(seed)
+        self.torch = torch
+        self.model = torch.nn.Sequential(
+            torch.nn.Linear(4, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)
+        )
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.02)
+
+    def train_step(self, obs: Any, action: Any) -> float:
+        logits = self.model(obs)
+        loss = self.torch.nn.functional.cross_entropy(logits, action)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        return float(loss.item())
+
+    def act(self, obs: np.ndarray) -> int:
+        with self.torch.no_grad():
+            return int(self.model(self.torch.from_numpy(obs)[None]).argmax())
+
+
+def _torch_available() -> bool:
+    # find_spec, not import: torch is imported after the agent processes have forked.
+    return importlib.util.find_spec("torch") is not None
+
+
+def _success_rate(policy: Callable[[tuple[int, int], tuple[int, int]], int], seed: int) -> float:
+    rng = np.random.default_rng(seed)
+    return float(np.mean([play_episode(policy, rng)[1] for _ in range(200)]))
+
+
+# -- the demo ---------------------------------------------------------------------------------
+
+
+def run_demo(
+    db: str | None = None,
+    workdir: str | os.PathLike[str] = "expstore-demo",
+    *,
+    agents: int = 4,
+    episodes: int = 40,
+    train_steps: int = 150,
+    batch_size: int = 128,
+    seed: int = 0,
+    backend: str | None = None,
+    echo: Callable[[str], None] = print,
+) -> DemoResult:
+    """Run the demo, printing an account through ``echo``; returns what it measured.
+
+    ``db`` defaults to ``sqlite:///<workdir>/demo.db``; the demo uses (and first empties)
+    the buffer named ``demo`` there. ``backend`` is ``"torch"``, ``"numpy"`` or None (torch
+    when installed).
+    """
+    began = time.perf_counter()
+    folder = Path(workdir)
+    folder.mkdir(parents=True, exist_ok=True)
+    url = db or f"sqlite:///{folder / 'demo.db'}"
+    if backend is None:
+        backend = "torch" if _torch_available() else "numpy"
+    if backend not in ("torch", "numpy"):
+        raise ValueError(f"backend must be 'torch' or 'numpy', got {backend!r}")
+
+    buffer = ReplayBuffer(url, name=BUFFER)
+    shown = make_url(url).render_as_string(hide_password=True)
+    old = buffer.count()
+    buffer.clear()
+    echo(f"expstore demo: {agents} agent processes play a {GRID}x{GRID} grid world into {shown}")
+    if old:
+        echo(f"  (emptied buffer {BUFFER!r}, which held {old} rows from an earlier run)")
+
+    # 1. Several processes write at once.
+    epsilons = np.linspace(0.1, 0.8, agents) if agents > 1 else np.array([0.1])
+    specs = [
+        AgentSpec(f"agent-{i}", round(float(epsilons[i]), 2), episodes, seed * 1000 + i, url)
+        for i in range(agents)
+    ]
+    echo("")
+    echo(f"1. Writing: {agents} processes, {episodes} episodes each, one store_batch per episode")
+    buffer.close()  # the agents open their own connections
+    t0 = time.perf_counter()
+    reports = run_agents(specs)
+    write_seconds = time.perf_counter() - t0
+    buffer = ReplayBuffer(url, name=BUFFER)
+    expected = sum(r["rows"] for r in reports)
+    stored = buffer.count()
+    overlap = min(r["finished"] for r in reports) - max(r["started"] for r in reports)
+    per_agent: dict[str, dict[str, float]] = {}
+    for r in reports:
+        per_agent[r["agent_id"]] = {
+            "epsilon": r["epsilon"],
+            "rows": r["rows"],
+            "success_rate": r["successes"] / r["episodes"],
+        }
+        echo(
+            f"   {r['agent_id']} (pid {r['pid']}, acts at random {r['epsilon']:.0%} of the time): "
+            f"{r['episodes']} episodes, {r['rows']} steps, reached the goal "
+            f"{r['successes']}/{r['episodes']}"
+        )
+    lost = "none lost" if stored == expected else f"{expected - stored} MISSING"
+    echo(
+        f"   {stored} rows stored of {expected} written ({lost}) in {write_seconds:.1f} s; "
+        f"all {agents} writers were writing at once for {max(overlap, 0):.1f} s"
+    )
+
+    # 2. Query by task and by agent.
+    echo("")
+    echo("2. Querying")
+    task_id = buffer.task_ids(QueryBuilder().eq("exp_meta.agent_id", "agent-0").build())[0]
+    trajectory = buffer.get_by_task_id(task_id)
+    moves = " ".join(str(r.exp_data.actions[0]["name"]) for r in trajectory)
+    first, final = trajectory[0].exp_data, trajectory[-1].exp_data
+    echo(
+        f"   by task:  get_by_task_id({task_id!r}) -> {len(trajectory)} steps from "
+        f"{tuple(first.state['pos'])} to the goal {tuple(first.state['goal'])}: {moves}; "
+        f"reward {final.reward_t:g} at step {trajectory[-1].exp_meta.step}"
+    )
+    successful = QueryBuilder().eq("exp_data.ext_info.success", True).build()
+    for agent_id in (specs[0].agent_id, specs[-1].agent_id):
+        mine = QueryBuilder().eq("exp_meta.agent_id", agent_id).build()
+        mine_ok = (
+            QueryBuilder()
+            .eq("exp_meta.agent_id", agent_id)
+            .and_()
+            .eq("exp_data.ext_info.success", True)
+            .build()
+        )
+        echo(
+            f"   by agent: {agent_id} -> {buffer.count(mine)} rows in "
+            f"{len(buffer.task_ids(mine))} tasks, {buffer.count(mine_ok)} rows from successful "
+            "episodes"
+        )
+    n_ok = buffer.count(successful)
+    echo(f"   where {successful} -> {n_ok} rows to learn from")
+
+    # 3. Sample with two samplers through a converter.
+    from .samplers import StratifiedSampler, UniformSampler
+
+    fields = {"obs": "exp_data.state.obs", "action": "exp_data.actions.0.index"}
+    converter: Any
+    if backend == "torch":
+        from .converters import TensorConverter
+
+        converter = TensorConverter(fields)
+    else:
+        from .converters import NumpyConverter
+
+        converter = NumpyConverter(fields)
+    echo("")
+    echo(
+        f"3. Sampling successful steps through {type(converter).__name__}"
+        f"({{'obs': float32[B, 4], 'action': int64[B]}})"
+    )
+    uniform = UniformSampler(seed=seed)
+    stratified = StratifiedSampler(by="exp_meta.agent_id", seed=seed)
+    for sampler in (uniform, stratified):
+        rows = buffer.sample(sampler, successful, batch_size=512)
+        agents_in = [r.exp_meta.agent_id for r in rows]
+        shares = ", ".join(f"{a} {agents_in.count(a) / len(agents_in):.0%}" for a in per_agent)
+        echo(f"   {type(sampler).__name__:<17} batch of 512 by agent: {shares}")
+
+    # 4. Train on sampled batches.
+    echo("")
+    policy: Any = _TorchPolicy(seed) if backend == "torch" else _NumpyPolicy(seed)
+    what = "a 4-32-4 MLP (torch)" if backend == "torch" else "softmax regression (numpy)"
+    echo(
+        f"4. Training {what} by behaviour cloning on {train_steps} stratified batches of "
+        f"{batch_size}"
+    )
+    t0 = time.perf_counter()
+    marks = {0, train_steps // 3, 2 * train_steps // 3, train_steps - 1}
+    for step in range(train_steps):
+        batch = buffer.sample(stratified, successful, converter, batch_size)
+        loss = policy.train_step(batch["obs"], batch["action"])
+        if step in marks:
+            echo(f"   step {step + 1:>4}: cross-entropy {loss:.3f}")
+    train_seconds = time.perf_counter() - t0
+    trained = _success_rate(lambda p, g: policy.act(observe(p, g)), seed + 99)
+    baseline_rng = np.random.default_rng(seed + 7)
+    baseline = _success_rate(lambda p, g: int(baseline_rng.integers(4)), seed + 99)
+    best = max(per_agent.values(), key=lambda a: a["success_rate"])
+    echo(
+        f"   trained in {train_seconds:.1f} s; playing 200 new episodes it reaches the goal "
+        f"{trained:.0%} of the time (random moves: {baseline:.0%}; best agent: "
+        f"{best['success_rate']:.0%})"
+    )
+    buffer.close()
+
+    seconds = time.perf_counter() - began
+    echo("")
+    echo(f"Done in {seconds:.1f} s. Look around:")
+    echo(f"   expstore stats --db {shown} --buffer {BUFFER} --by agent")
+    echo(
+        f"   expstore query --db {shown} --buffer {BUFFER} --where "
+        "\"agent_id = 'agent-0' and reward_t > 0\" --limit 5"
+    )
+    return DemoResult(
+        rows=stored,
+        episodes=agents * episodes,
+        write_seconds=write_seconds,
+        per_agent=per_agent,
+        trained_success=trained,
+        baseline_success=baseline,
+        backend=backend,
+        seconds=seconds,
+    )

@@ -1,0 +1,405 @@
+"""Export rows to files and import them back: JSON Lines and Parquet.
+
+Both formats hold one record per row with the same flat columns, so they open in ordinary
+tools (``pandas.read_parquet``, ``polars.read_parquet``, Hugging Face
+``datasets.load_dataset("parquet", ...)``, ``jq``)::
+
+    id, task_id, task_name, agent_id, step, execute_time, pre_agent,   -- ExpMeta and the id
+    reward_t, adv_t, v_t, done,                                         -- scalar columns
+    data,     -- state, actions, messages, next_state, ext_info: the codec's JSON document
+    tensors   -- the codec's tensor blob (base64 text in JSONL, binary in Parquet), or null
+
+``data`` is a JSON object in JSONL and JSON text in Parquet. Arrays and tensors appear in it
+as ``{"__tensor__": {"dtype", "shape", "offset", "nbytes", ...}}`` placeholders pointing into
+``tensors`` (see :mod:`expstore.codec`), so a round trip gives back equal rows, dtypes and
+torch-vs-numpy included. Nothing is pickled.
+
+Usage::
+
+    from expstore.io import export_rows, import_rows
+
+    export_rows(buffer, "good.parquet", query_condition=successful)   # -> rows written
+    import_rows(other_buffer, "good.parquet", skip_existing=True)     # -> rows stored
+
+Parquet needs pyarrow (``pip install 'expstore[parquet]'``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+from pydantic import ValidationError
+
+from ._optional import require
+from .buffer import ReplayBuffer
+from .codec import decode_payload, encode_payload
+from .errors import CodecError, ExpstoreError, StorageError
+from .models import PAYLOAD_FIELDS, DataRow, Experience, ExpMeta
+from .query import Comparison
+from .storage.base import QueryCondition
+
+__all__ = [
+    "COLUMNS",
+    "FORMATS",
+    "count_records",
+    "detect_format",
+    "export_rows",
+    "import_rows",
+    "record_to_row",
+    "row_to_record",
+]
+
+#: The file formats export and import understand.
+FORMATS = ("jsonl", "parquet")
+#: The columns of every exported record, in order.
+COLUMNS = (
+    "id",
+    "task_id",
+    "task_name",
+    "agent_id",
+    "step",
+    "execute_time",
+    "pre_agent",
+    "reward_t",
+    "adv_t",
+    "v_t",
+    "done",
+    "data",
+    "tensors",
+)
+_META = ("task_id", "task_name", "agent_id", "step", "execute_time", "pre_agent")
+_SCALARS = ("reward_t", "adv_t", "v_t", "done")
+_REQUIRED = frozenset({"id", "task_id", "agent_id", "step", "execute_time", "data"})
+_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
+#: Rows per Parquet row group and per import transaction.
+CHUNK = 1000
+
+#: Called with the number of rows just written or read.
+Progress = Callable[[int], None]
+
+
+def detect_format(path: str | os.PathLike[str], format: str | None = None) -> str:
+    """``format`` if given (checked), else the one the file name's suffix implies."""
+    if format is not None:
+        if format not in FORMATS:
+            raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+        return format
+    if str(path) == "-":
+        return "jsonl"
+    suffix = Path(path).suffix.lower()
+    if suffix in _SUFFIXES:
+        return _SUFFIXES[suffix]
+    raise ValueError(
+        f"cannot tell the format of {str(path)!r} from its suffix; name the file *.jsonl or "
+        "*.parquet, or give the format (jsonl or parquet)"
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Rows <-> records
+
+
+def row_to_record(row: DataRow, *, binary: bool = False) -> dict[str, Any]:
+    """One row as a flat record (``data`` a dict; ``tensors`` base64 text, or bytes when
+    ``binary``)."""
+    meta, data = row.exp_meta, row.exp_data
+    doc, blob = encode_payload({name: getattr(data, name) for name in PAYLOAD_FIELDS})
+    record: dict[str, Any] = {"id": row.id}
+    for name in _META:
+        record[name] = getattr(meta, name)
+    for name in _SCALARS:
+        record[name] = getattr(data, name)
+    record["data"] = doc
+    if blob is not None and not binary:
+        record["tensors"] = base64.b64encode(blob).decode("ascii")
+    else:
+        record["tensors"] = blob
+    return record
+
+
+def record_to_row(record: dict[str, Any], where: str = "record") -> DataRow:
+    """The row a record describes, validated; ``where`` names the record in errors."""
+    if not isinstance(record, dict):
+        raise CodecError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    missing = sorted(_REQUIRED - set(record))
+    if missing:
+        raise CodecError(
+            f"{where}: missing {', '.join(missing)}; a record has the columns "
+            f"{', '.join(COLUMNS)} (as written by expstore export)"
+        )
+    unknown = sorted(set(record) - set(COLUMNS))
+    if unknown:
+        raise CodecError(
+            f"{where}: unknown column {', '.join(map(repr, unknown))}; a record has the "
+            f"columns {', '.join(COLUMNS)}"
+        )
+    row_id = record["id"]
+    doc = record["data"]
+    if isinstance(doc, str):
+        try:
+            doc = json.loads(doc)
+        except json.JSONDecodeError as exc:
+            raise CodecError(f"{where}: data is not valid JSON ({exc})") from None
+    if not isinstance(doc, dict) or set(doc) - set(PAYLOAD_FIELDS):
+        raise CodecError(
+            f"{where}: data must be a JSON object with keys among {', '.join(PAYLOAD_FIELDS)}"
+        )
+    blob = record.get("tensors")
+    if isinstance(blob, str):
+        try:
+            blob = base64.b64decode(blob, validate=True)
+        except (binascii.Error, ValueError):
+            raise CodecError(f"{where}: tensors is not valid base64") from None
+    elif blob is not None and not isinstance(blob, (bytes, bytearray, memoryview)):
+        raise CodecError(f"{where}: tensors must be base64 text, bytes or null")
+    try:
+        payload = decode_payload(doc, blob, row_id=str(row_id))
+        return DataRow(
+            id=row_id,
+            exp_meta=ExpMeta.model_validate(
+                {name: record[name] for name in _META if name in record}
+            ),
+            exp_data=Experience(
+                **payload,
+                **{name: record[name] for name in _SCALARS if record.get(name) is not None},
+            ),
+        )
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'row'}: {e['msg']}" for e in exc.errors()
+        )
+        raise CodecError(f"{where}: {problems}") from None
+    except CodecError as exc:
+        raise CodecError(f"{where}: {exc}") from None
+
+
+# ---------------------------------------------------------------------------------------
+# Export
+
+
+def export_rows(
+    buffer: ReplayBuffer,
+    path: str | os.PathLike[str],
+    format: str | None = None,
+    query_condition: QueryCondition = None,
+    *,
+    progress: Progress | None = None,
+) -> int:
+    """Write the matching rows of ``buffer`` to ``path`` in insertion order; returns how many.
+
+    ``format`` is ``"jsonl"`` or ``"parquet"`` (default: from the suffix). The file appears
+    whole or not at all: rows go to ``<path>.partial``, renamed when complete. ``"-"``
+    writes JSON Lines to standard output.
+    """
+    format = detect_format(path, format)
+    rows = buffer.query(query_condition)
+    if format == "jsonl":
+        return _export_jsonl(rows, path, progress)
+    return _export_parquet(rows, path, buffer, query_condition, progress)
+
+
+@contextmanager
+def _replacing(path: str | os.PathLike[str], mode: str) -> Iterator[tuple[IO[Any], Path]]:
+    target = Path(path)
+    partial = target.with_name(target.name + ".partial")
+    try:
+        with open(partial, mode, encoding=None if "b" in mode else "utf-8") as f:
+            yield f, partial
+        os.replace(partial, target)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+
+
+def _export_jsonl(
+    rows: Iterable[DataRow], path: str | os.PathLike[str], progress: Progress | None
+) -> int:
+    def write(out: IO[str]) -> int:
+        count = 0
+        for row in rows:
+            out.write(json.dumps(row_to_record(row), ensure_ascii=False, allow_nan=False))
+            out.write("\n")
+            count += 1
+            if progress is not None:
+                progress(1)
+        return count
+
+    if str(path) == "-":
+        return write(sys.stdout)
+    with _replacing(path, "w") as (out, _):
+        return write(out)
+
+
+def _arrow_schema(pa: Any) -> Any:
+    return pa.schema(
+        [
+            ("id", pa.string()),
+            ("task_id", pa.string()),
+            ("task_name", pa.string()),
+            ("agent_id", pa.string()),
+            ("step", pa.int64()),
+            ("execute_time", pa.float64()),
+            ("pre_agent", pa.string()),
+            ("reward_t", pa.float64()),
+            ("adv_t", pa.float64()),
+            ("v_t", pa.float64()),
+            ("done", pa.bool_()),
+            ("data", pa.string()),
+            ("tensors", pa.binary()),
+        ]
+    )
+
+
+def _export_parquet(
+    rows: Iterable[DataRow],
+    path: str | os.PathLike[str],
+    buffer: ReplayBuffer,
+    query_condition: QueryCondition,
+    progress: Progress | None,
+) -> int:
+    if str(path) == "-":
+        raise ValueError("Parquet cannot be written to standard output; give a file name")
+    pa = require("pyarrow", "exporting to Parquet")
+    pq = require("pyarrow.parquet", "exporting to Parquet")
+    from . import __version__
+
+    about = {
+        "format": "expstore-rows",
+        "version": 1,
+        "expstore": __version__,
+        "buffer": getattr(buffer.storage, "name", None),
+        "where": None if query_condition is None else _describe(query_condition),
+    }
+    schema = _arrow_schema(pa).with_metadata({"expstore": json.dumps(about)})
+    count = 0
+    with _replacing(path, "wb") as (out, _):
+        with pq.ParquetWriter(out, schema) as writer:
+            for chunk in _chunks(rows, CHUNK):
+                columns: dict[str, list[Any]] = {name: [] for name in COLUMNS}
+                for row in chunk:
+                    record = row_to_record(row, binary=True)
+                    record["data"] = json.dumps(record["data"], ensure_ascii=False, allow_nan=False)
+                    for name in COLUMNS:
+                        columns[name].append(record[name])
+                writer.write_table(pa.Table.from_pydict(columns, schema=schema))
+                count += len(chunk)
+                if progress is not None:
+                    progress(len(chunk))
+    return count
+
+
+def _describe(query_condition: QueryCondition) -> str:
+    from .query import as_condition
+
+    return str(as_condition(query_condition))
+
+
+def _chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    chunk: list[Any] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+# ---------------------------------------------------------------------------------------
+# Import
+
+
+def count_records(path: str | os.PathLike[str], format: str | None = None) -> int | None:
+    """How many records a file holds (cheaply: lines or Parquet metadata); None for stdin."""
+    format = detect_format(path, format)
+    if str(path) == "-":
+        return None
+    if format == "parquet":
+        pq = require("pyarrow.parquet", "reading Parquet")
+        return int(pq.ParquetFile(path).metadata.num_rows)
+    with open(path, "rb") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def _read_jsonl(path: str | os.PathLike[str]) -> Iterator[DataRow]:
+    def rows(lines: Iterable[str]) -> Iterator[DataRow]:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            where = f"{'stdin' if str(path) == '-' else Path(path).name} line {number}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise CodecError(f"{where}: not valid JSON ({exc.msg} at char {exc.pos})") from None
+            yield record_to_row(record, where)
+
+    if str(path) == "-":
+        yield from rows(sys.stdin)
+        return
+    with open(path, encoding="utf-8") as f:
+        yield from rows(f)
+
+
+def _read_parquet(path: str | os.PathLike[str]) -> Iterator[DataRow]:
+    pq = require("pyarrow.parquet", "importing Parquet")
+    pa = require("pyarrow", "importing Parquet")
+    try:
+        parquet = pq.ParquetFile(path)
+    except pa.ArrowException as exc:
+        raise CodecError(f"{Path(path).name} is not a readable Parquet file: {exc}") from None
+    number = 0
+    for batch in parquet.iter_batches(batch_size=CHUNK):
+        for record in batch.to_pylist():
+            number += 1
+            yield record_to_row(record, f"{Path(path).name} row {number}")
+
+
+def import_rows(
+    buffer: ReplayBuffer,
+    path: str | os.PathLike[str],
+    format: str | None = None,
+    *,
+    skip_existing: bool = False,
+    progress: Progress | None = None,
+) -> int:
+    """Store the rows of an exported file into ``buffer``; returns how many were stored.
+
+    Rows are validated as they are read and stored ``CHUNK`` (1000) at a time, each chunk
+    in one transaction. A row whose id the buffer already holds stops the import (the rows
+    of earlier chunks stay) unless ``skip_existing``, which leaves such rows out.
+    ``"-"`` reads JSON Lines from standard input.
+    """
+    format = detect_format(path, format)
+    if format == "jsonl":
+        rows = _read_jsonl(path)
+    else:
+        rows = _read_parquet(path)
+    stored = 0
+    for chunk in _chunks(rows, CHUNK):
+        read = len(chunk)
+        if skip_existing:
+            ids = [row.id for row in chunk]
+            present = {row.id for row in buffer.query(Comparison("id", "in", tuple(ids)))}
+            chunk = [row for row in chunk if row.id not in present]
+        if chunk:
+            try:
+                buffer.store_batch(chunk)
+            except ExpstoreError as exc:
+                if not isinstance(exc, StorageError) or "already stored" not in str(exc):
+                    raise
+                raise StorageError(
+                    f"{exc}. The import stopped after {stored} rows; run it again with "
+                    "skip_existing=True (expstore import --skip-existing) to add only new rows"
+                ) from None
+            stored += len(chunk)
+        if progress is not None:
+            progress(read)
+    return stored
