@@ -3,6 +3,7 @@ wheel that can create a database on its own."""
 
 from __future__ import annotations
 
+import site
 import subprocess
 import sys
 import venv
@@ -62,11 +63,34 @@ def test_wheel_carries_migrations_and_creates_a_database(tmp_path: Path) -> None
         timeout=300,
     )
     wheel = next(dist.glob("expstore-*.whl"))
+    # A fresh venv holding only the wheel; its dependencies come from this environment
+    # through a .pth path line (so the test needs no network), which does not bring this
+    # checkout's expstore along.
     env_dir = tmp_path / "venv"
-    venv.create(env_dir, with_pip=False, system_site_packages=True)
+    venv.create(env_dir, with_pip=False)
     python = env_dir / "bin" / "python"
+    site_dir = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
+    (site_dir / "_deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     subprocess.run(
-        [str(python), "-m", "pip", "install", "--no-deps", "--no-index", "--quiet", str(wheel)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--quiet",
+            "--target",
+            str(site_dir),
+            str(wheel),
+        ],
         check=True,
         capture_output=True,
         timeout=300,
@@ -75,7 +99,7 @@ def test_wheel_carries_migrations_and_creates_a_database(tmp_path: Path) -> None
     code = (
         "import expstore, sys\n"
         "from expstore import migrate\n"
-        "assert 'site-packages' in expstore.__file__, expstore.__file__\n"
+        f"assert expstore.__file__.startswith({str(site_dir)!r}), expstore.__file__\n"
         "assert migrate.script_location().name == '_migrations', migrate.script_location()\n"
         f"b = expstore.ReplayBuffer('sqlite:///{db}')\n"
         "b.store(expstore.DataRow(exp_meta=expstore.ExpMeta(task_id='t', agent_id='a', step=0),"
