@@ -615,9 +615,16 @@ def check_value(value: Any, path: str) -> None:
         raise ValueError(f"{path}: nested too deeply or contains itself") from exc
 
 
+_NUL_HINT = "strings cannot hold NUL (\\x00), which PostgreSQL cannot store; remove it"
+
+
 def _check(value: Any, path: str) -> None:
     kind = type(value)
-    if value is None or kind in (bool, int, str, float, bytes):
+    if kind is str:
+        if "\x00" in value:
+            raise ValueError(f"{path}: {_NUL_HINT}")
+        return
+    if value is None or kind in (bool, int, float, bytes):
         return
     if kind is dict:
         for key, item in value.items():
@@ -626,6 +633,8 @@ def _check(value: Any, path: str) -> None:
                     f"{path}: dict keys must be str, got key {key!r} of type "
                     f"{type(key).__name__}; convert the keys to str"
                 )
+            if "\x00" in key:
+                raise ValueError(f"{path}: a dict key has a NUL; {_NUL_HINT}")
             _check(item, _join(path, key))
         return
     if kind is list or kind is tuple:
@@ -652,7 +661,9 @@ def _check(value: Any, path: str) -> None:
         if problem:
             raise ValueError(f"{path}: {problem}")
         return
-    if isinstance(value, (BaseModel, bool, int, float, str, bytes, bytearray)):
+    if isinstance(value, str):
+        return _check(str.__str__(value), path)
+    if isinstance(value, (BaseModel, bool, int, float, bytes, bytearray)):
         return
     if isinstance(value, dict):
         return _check(dict(value), path)

@@ -112,16 +112,16 @@ def _check(revision: str | None, url: str, *, upgrade: bool) -> bool:
     return True
 
 
-def ensure_schema(engine: Engine, *, upgrade: bool = False) -> None:
+def ensure_schema(engine: Engine, write_engine: Engine, *, upgrade: bool = False) -> None:
     """Create the schema in an empty database; check (or upgrade) an existing one.
 
-    ``engine`` must begin write transactions that lock (see SqlStorage's write engine).
+    ``engine`` reads; ``write_engine`` must begin transactions that lock (see SqlStorage).
     """
     url = engine.url.render_as_string(hide_password=True)
     with engine.connect() as conn:  # a cheap read first: most opens find the head revision
         if not _check(current_revision(conn), url, upgrade=upgrade):
             return
-    with engine.begin() as conn:
+    with write_engine.begin() as conn:
         _lock(conn)
         if _check(current_revision(conn), url, upgrade=upgrade):
             command.upgrade(_config(conn), "head")

@@ -35,12 +35,19 @@ class ExpMeta(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    task_id: str = Field(min_length=1)
+    task_id: str = Field(min_length=1, max_length=255)
     task_name: str = ""
-    agent_id: str = Field(min_length=1)
+    agent_id: str = Field(min_length=1, max_length=255)
     step: int = Field(ge=0, le=2**63 - 1)
     execute_time: float = Field(default_factory=time.time)
-    pre_agent: str | None = None
+    pre_agent: str | None = Field(default=None, max_length=255)
+
+    @field_validator("task_id", "task_name", "agent_id", "pre_agent")
+    @classmethod
+    def _no_nul(cls, value: str | None) -> str | None:
+        if value is not None and "\x00" in value:
+            raise ValueError("must not contain NUL (\\x00), which PostgreSQL cannot store")
+        return value
 
     @field_validator("execute_time")
     @classmethod
@@ -113,6 +120,13 @@ class DataRow(BaseModel):
     exp_meta: ExpMeta
     exp_data: Experience
     id: str = Field(default_factory=lambda: str(uuid.uuid4()), min_length=1, max_length=255)
+
+    @field_validator("id")
+    @classmethod
+    def _no_nul(cls, value: str) -> str:
+        if "\x00" in value:
+            raise ValueError("must not contain NUL (\\x00), which PostgreSQL cannot store")
+        return value
 
     def to_dict(self) -> dict[str, Any]:
         """The row as plain Python: pydantic models become dicts, tensors stay tensors."""

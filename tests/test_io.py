@@ -240,7 +240,7 @@ _leaves = (
     | st.booleans()
     | st.integers(-(2**63), 2**63 - 1)
     | st.floats(allow_nan=True, allow_infinity=True)
-    | st.text(st.characters(codec="utf-8"), max_size=6)
+    | st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=6)
     | st.binary(max_size=6)
     | _arrays
 )

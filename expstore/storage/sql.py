@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
-from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from contextlib import contextmanager, nullcontext
+from typing import Any, TypeVar
 
 import numpy as np
 from sqlalchemy import (
@@ -36,6 +38,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import (
     ArgumentError,
+    DataError,
     DBAPIError,
     IntegrityError,
     NoSuchModuleError,
@@ -46,7 +49,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from .. import migrate
 from .._optional import require
-from ..codec import PartDecoder, decode_payload, encode_payload, is_placeholder
+from ..codec import PartDecoder, decode_payload, encode_payload
 from ..errors import CodecError, StorageError
 from ..models import PAYLOAD_FIELDS, DataRow, Experience, ExpMeta, trusted
 from ..paths import MISSING, CompiledPath, compile_path, step_into
@@ -55,6 +58,8 @@ from .eviction import EVICTION_POLICIES, evict
 from .schema import META_COLUMNS, SCALAR_COLUMNS, buffers, rows
 
 __all__ = ["SqlStorage", "create_sql_engine"]
+
+_T = TypeVar("_T")
 
 _EXPERIENCE_FIELDS = tuple(Experience.model_fields)
 #: Rows fetched per round trip when streaming a query.
@@ -70,9 +75,7 @@ INDEXABLE = (
 _WRITE_COLUMNS = ("buffer_id", "id", *META_COLUMNS, *SCALAR_COLUMNS, "data", "tensors")
 _ROW_COLUMNS = [c for c in rows.c if c.name not in ("buffer_id", "priority")]
 _ROW_NAMES = [c.name for c in _ROW_COLUMNS]
-_AT_KEY, _AT_ID, _AT_DATA, _AT_TENSORS = (
-    _ROW_NAMES.index(n) for n in ("key", "id", "data", "tensors")
-)
+_AT_ID, _AT_DATA, _AT_TENSORS = (_ROW_NAMES.index(n) for n in ("id", "data", "tensors"))
 _AT_META = tuple((c, _ROW_NAMES.index(c)) for c in META_COLUMNS)
 _AT_SCALARS = tuple((c, _ROW_NAMES.index(c)) for c in SCALAR_COLUMNS)
 _COLUMN_LIST = ", ".join(f'"{c}"' for c in _WRITE_COLUMNS)
@@ -80,6 +83,8 @@ _COLUMN_LIST = ", ".join(f'"{c}"' for c in _WRITE_COLUMNS)
 _SQLITE_INSERT = (
     f"INSERT INTO {rows.name} ({_COLUMN_LIST}) VALUES ({', '.join('?' * len(_WRITE_COLUMNS))})"
 )
+#: How many key_index() results (condition x columns) a storage keeps.
+KEY_INDEX_CACHE = 8
 #: Rows encoded and sent per round trip inside one store_batch transaction.
 WRITE_CHUNK = 1000
 _SQLITE_BUSY_MS = 60_000
@@ -188,34 +193,48 @@ class SqlStorage(Storage):
         self.capacity = capacity
         self.eviction = eviction
         self._upgrade = upgrade
-        self._cache: dict[
+        # key_index() results by (condition, columns), least recently used first.
+        self._cache: OrderedDict[
             tuple[str, tuple[str, ...]], tuple[tuple[int, int], dict[str, np.ndarray]]
-        ] = {}
+        ] = OrderedDict()
         self._connect()
 
     # -- connections ---------------------------------------------------------------------
     def _connect(self) -> None:
         self._pid = os.getpid()
+        # An in-memory database is one connection shared by every thread: take turns on it.
+        self._memory = _is_memory(self.url)
+        self._memory_lock: Any = threading.RLock() if self._memory else nullcontext()
         self._engine = create_sql_engine(self.url)
         self._write_engine = self._engine.execution_options(expstore_begin="IMMEDIATE")
         self.dialect = self._engine.dialect.name
         with self._errors("open"):
-            migrate.ensure_schema(self._write_engine, upgrade=self._upgrade)
+            migrate.ensure_schema(self._engine, self._write_engine, upgrade=self._upgrade)
             self.buffer_id = self._buffer_id()
 
     def _engines(self) -> tuple[Engine, Engine]:
         if os.getpid() != self._pid:  # forked (e.g. a DataLoader worker): fresh connections
+            if self._memory:
+                raise StorageError(
+                    "an in-memory SQLite buffer (sqlite://) lives in the process that made it "
+                    "and cannot be used from a forked process (a DataLoader worker, say); use "
+                    "a file (sqlite:///path.db) or Postgres"
+                )
             self._pid = os.getpid()
             self._engine.dispose(close=False)
             self._write_engine = self._engine.execution_options(expstore_begin="IMMEDIATE")
             self._cache.clear()
         return self._engine, self._write_engine
 
-    def _read(self) -> Connection:
-        return self._engines()[0].connect()
+    @contextmanager
+    def _read(self) -> Iterator[Connection]:
+        with self._memory_lock, self._engines()[0].connect() as conn:
+            yield conn
 
-    def _write(self) -> Any:
-        return self._engines()[1].begin()
+    @contextmanager
+    def _write(self) -> Iterator[Connection]:
+        with self._memory_lock, self._engines()[1].begin() as conn:
+            yield conn
 
     def _errors(self, action: str) -> Any:
         return _TranslateErrors(self, action)
@@ -349,8 +368,11 @@ class SqlStorage(Storage):
         with self._errors("store rows"):
             try:
                 with self._write() as conn:
-                    if self.capacity is not None and self.dialect == "postgresql":
-                        # Writers with a capacity take turns, so the count stays exact.
+                    if self.dialect == "postgresql":
+                        # Writers of a buffer take turns, so keys are handed out in commit
+                        # order (readers' cached key indexes only ever need the keys above
+                        # the largest they saw) and a capacity stays exact. SQLite's BEGIN
+                        # IMMEDIATE gives both already.
                         conn.execute(
                             select(buffers.c.id)
                             .where(buffers.c.id == self.buffer_id)
@@ -362,7 +384,10 @@ class SqlStorage(Storage):
                         if evict(conn, self.buffer_id, self.capacity, self.eviction):
                             self._bump_version(conn)
             except IntegrityError as exc:
-                raise self._duplicate_error([row.id for row in batch]) from exc
+                duplicate = self._duplicate_error([row.id for row in batch])
+                if duplicate is None:
+                    raise  # not a duplicate id: reported as the database said it
+                raise duplicate from exc
 
     def _encode_chunk(self, chunk: Sequence[DataRow]) -> list[tuple[Any, ...]]:
         return [self._row_params(row) for row in chunk]
@@ -411,29 +436,34 @@ class SqlStorage(Storage):
                     copy.write_row(p[:data_at] + (document,) + p[data_at + 1 :])
         except psycopg.errors.IntegrityError as exc:  # surface as SQLAlchemy's errors do
             raise IntegrityError(statement, None, exc) from exc
+        except psycopg.DataError as exc:
+            raise DataError(statement, None, exc) from exc
         except psycopg.Error as exc:
             raise OperationalError(statement, None, exc) from exc
 
-    def _duplicate_error(self, ids: list[str]) -> StorageError:
-        present: list[str] = []
+    def _duplicate_error(self, ids: list[str]) -> StorageError | None:
+        """The error for a batch whose ids are already stored, or None if none is."""
         with self._read() as conn:
-            for start in range(0, len(ids), 500):
-                present += (
-                    conn.execute(
-                        select(rows.c.id).where(
-                            rows.c.buffer_id == self.buffer_id,
-                            rows.c.id.in_(ids[start : start + 500]),
-                        )
-                    )
-                    .scalars()
-                    .all()
-                )
-        shown = ", ".join(repr(i) for i in present[:5]) or "(another writer's row)"
+            present = list(self._ids_to_keys(conn, ids))
+        if not present:
+            return None
+        shown = ", ".join(repr(i) for i in present[:5])
         return StorageError(
             f"row ids must be unique in buffer {self.name!r}, but {shown} "
             f"{'is' if len(present) == 1 else 'are'} already stored. Nothing was stored; "
             "give the new rows fresh ids (the default id is a new uuid4)"
         )
+
+    def _ids_to_keys(self, conn: Connection, ids: Sequence[str]) -> dict[str, int]:
+        """The keys of the rows of this buffer with these ids (unknown ids left out)."""
+        found: dict[str, int] = {}
+        unique = list(dict.fromkeys(ids))
+        for start in range(0, len(unique), 5000):
+            stmt = select(rows.c.id, rows.c.key).where(
+                rows.c.buffer_id == self.buffer_id, rows.c.id.in_(unique[start : start + 5000])
+            )
+            found.update((row_id, key) for row_id, key in conn.execute(stmt))
+        return found
 
     def _bump_version(self, conn: Connection) -> int:
         """Mark a change other than an insert; returns the new version (the row is locked
@@ -489,18 +519,7 @@ class SqlStorage(Storage):
             .values(priority=bindparam("new_priority"))
         )
         with self._errors("update priorities"), self._write() as conn:
-            key_of: dict[str, int] = {}
-            unique = list(dict.fromkeys(ids))
-            for start in range(0, len(unique), 5000):
-                part = unique[start : start + 5000]
-                key_of.update(
-                    (row_id, key)
-                    for key, row_id in conn.execute(
-                        select(rows.c.key, rows.c.id).where(
-                            rows.c.buffer_id == self.buffer_id, rows.c.id.in_(part)
-                        )
-                    )
-                )
+            key_of = self._ids_to_keys(conn, ids)
             found = [(key_of[i], float(p)) for i, p in zip(ids, values, strict=True) if i in key_of]
             if not found:
                 return 0
@@ -672,8 +691,10 @@ class SqlStorage(Storage):
         with self._errors("index rows"), self._read() as conn:
             signature = self._signature(conn)
             cached = self._cache.get(cache_key)
-            if cached is not None and cached[0] == signature:
-                return cached[1]
+            if cached is not None:
+                self._cache.move_to_end(cache_key)
+                if cached[0] == signature:
+                    return cached[1]
             since = None
             if cached is not None and cached[0][1] == signature[1] and len(cached[1]["key"]):
                 since = int(cached[1]["key"][-1])
@@ -687,6 +708,8 @@ class SqlStorage(Storage):
         for a in arrays.values():
             a.flags.writeable = False
         self._cache[cache_key] = (signature, arrays)
+        while len(self._cache) > KEY_INDEX_CACHE:
+            self._cache.popitem(last=False)
         return arrays
 
     def fetch_fields(
@@ -696,12 +719,11 @@ class SqlStorage(Storage):
         a tuple ``(id, value at paths[0], value at paths[1], ...)``; MISSING where a row
         has nothing at a path.
 
-        Only the columns the paths need are read, and of the JSON document only the parts
+        Only the columns the paths need are read, and of the JSON document only the fields
         they reach are decoded: the fast path for converters that read a few fields
         (:class:`~expstore.TensorConverter`) instead of whole rows.
         """
         compiled = [compile_path(p) for p in paths]
-        wanted = [int(k) for k in np.asarray(keys, dtype=np.int64).reshape(-1)]
         columns = ["key", "id"]
         for head, steps in compiled:
             if head == "exp_meta" or (head == "exp_data" and steps[0] in SCALAR_COLUMNS):
@@ -710,70 +732,58 @@ class SqlStorage(Storage):
                 columns += ["data", "tensors"]
         columns = list(dict.fromkeys(columns))
         at = {name: i for i, name in enumerate(columns)}
-        stmt = select(*(rows.c[c] for c in columns)).where(
-            rows.c.buffer_id == self.buffer_id, rows.c.key.in_(bindparam("keys", expanding=True))
+        return self._by_keys(
+            keys, [rows.c[c] for c in columns], lambda r: _read_fields(r, at, compiled)
         )
-        found: dict[int, tuple[Any, ...]] = {}
-        unique = list(dict.fromkeys(wanted))
-        with self._errors("fetch rows"), self._read() as conn:
-            for start in range(0, len(unique), 5000):
-                for r in conn.execute(stmt, {"keys": unique[start : start + 5000]}).all():
-                    found[r[0]] = _read_fields(r, at, compiled)
-        return [found[k] for k in wanted if k in found]
 
     def fetch_keys(self, keys: Sequence[int] | np.ndarray) -> list[DataRow]:
         """The rows with these keys in the given order (repeats allowed; vanished keys skipped)."""
+        return self._by_keys(keys, _ROW_COLUMNS, self._decode)
+
+    def _by_keys(
+        self, keys: Sequence[int] | np.ndarray, columns: Sequence[Any], make: Callable[[Any], _T]
+    ) -> list[_T]:
+        """``make(row)`` for the rows with these keys (``columns[0]`` must be ``key``), in
+        the order given, repeats allowed, keys no longer stored skipped."""
         wanted = [int(k) for k in np.asarray(keys, dtype=np.int64).reshape(-1)]
-        if not wanted:
-            return []
-        unique = list(dict.fromkeys(wanted))
-        found: dict[int, DataRow] = {}
-        stmt = select(*_ROW_COLUMNS).where(
+        stmt = select(*columns).where(
             rows.c.buffer_id == self.buffer_id, rows.c.key.in_(bindparam("keys", expanding=True))
         )
+        found: dict[int, _T] = {}
+        unique = list(dict.fromkeys(wanted))
         with self._errors("fetch rows"), self._read() as conn:
             for start in range(0, len(unique), 5000):
                 for r in conn.execute(stmt, {"keys": unique[start : start + 5000]}).all():
-                    found[r[_AT_KEY]] = self._decode(r)
+                    found[r[0]] = make(r)
         return [found[k] for k in wanted if k in found]
 
 
 def _read_fields(r: Row[Any], at: dict[str, int], compiled: list[CompiledPath]) -> tuple[Any, ...]:
-    """(id, value per path) of one fetched row (see SqlStorage.fetch_fields)."""
+    """(id, value per path) of one fetched row (see SqlStorage.fetch_fields). Each payload
+    field a path reaches is decoded once, however many paths go into it."""
     row_id = r[at["id"]]
     decoder: PartDecoder | None = None
+    decoded: dict[str, Any] = {}
     out: list[Any] = [row_id]
     for head, steps in compiled:
         if head == "id":
             out.append(row_id)
             continue
-        if head == "exp_meta" or steps[0] in SCALAR_COLUMNS:
-            value = r[at[str(steps[0])]]
-            for step in steps[1:]:
-                value = step_into(value, step)
-            out.append(value)
-            continue
-        if decoder is None:
-            decoder = PartDecoder(r[at["tensors"]], row_id)
-        out.append(_payload_value(r[at["data"]], decoder, steps))
+        field = str(steps[0])
+        if head == "exp_meta" or field in SCALAR_COLUMNS:
+            value = r[at[field]]
+        else:
+            if field not in decoded:
+                if decoder is None:
+                    decoder = PartDecoder(r[at["tensors"]], row_id)
+                decoded[field] = decoder.decode_part(r[at["data"]].get(field), field)
+            value = decoded[field]
+        for step in steps[1:]:
+            value = step_into(value, step)
+            if value is MISSING:
+                break
+        out.append(value)
     return tuple(out)
-
-
-def _payload_value(doc: dict[str, Any], decoder: PartDecoder, steps: tuple[str | int, ...]) -> Any:
-    """The value at ``steps`` of a stored document, decoding only what the path reaches."""
-    node: Any = doc
-    for i, step in enumerate(steps):
-        if is_placeholder(node):  # a tensor, float or escaped dict: decode, then go on
-            node = decoder.decode_part(node, ".".join(map(str, steps[:i])))
-            for rest in steps[i:]:
-                node = step_into(node, rest)
-                if node is MISSING:
-                    break
-            return node
-        node = step_into(node, step)
-        if node is MISSING:
-            return MISSING
-    return decoder.decode_part(node, ".".join(map(str, steps)))
 
 
 _PG_COPY_TYPES = [
@@ -849,8 +859,12 @@ class _TranslateErrors:
         if exc is None or not isinstance(exc, DBAPIError):
             return
         url = self.storage.url.render_as_string(hide_password=True)
+        reason = str(exc.orig).strip() or str(exc)
+        if isinstance(exc, DataError | IntegrityError):
+            advice = "the database refused the data; fix the value it names"
+        else:
+            advice = "check that the database is reachable and writable"
         raise StorageError(
-            f"could not {self.action} in {url} (buffer {self.storage.name!r}): "
-            f"{str(exc.orig).strip() or exc}. Check that the database is reachable and "
-            "writable; nothing was changed"
+            f"could not {self.action} in {url} (buffer {self.storage.name!r}): {reason}. "
+            f"Nothing was changed; {advice}"
         ) from exc

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from expstore import DataRow, ReplayBuffer
+from expstore import DataRow, ReplayBuffer, StorageError
 from expstore.samplers import UniformSampler
 from tests.helpers import make_row
 
@@ -161,7 +161,7 @@ def test_a_failed_write_evicts_nothing(db_url: str, buffer_name: str) -> None:
     with ReplayBuffer(db_url, name=buffer_name, capacity=3) as buffer:
         rows = [make_row("t", step=i) for i in range(3)]
         buffer.store_batch(rows)
-        with pytest.raises(Exception, match="already stored"):
+        with pytest.raises(StorageError, match="already stored"):
             buffer.store_batch([make_row("t", step=9), rows[0]])  # rows[0]'s id is taken
         assert [r.id for r in buffer.query()] == [r.id for r in rows]
 

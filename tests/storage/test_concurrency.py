@@ -77,3 +77,28 @@ def test_rows_written_by_one_process_are_there_in_another(tmp_path) -> None:
         rows = list(buf.query())
     assert len(rows) == 40
     assert rows[7].exp_data.state["obs"].tolist() == [7.0] * 8
+
+
+def test_postgres_writers_of_a_buffer_take_turns(pg_url: str, buffer_name: str) -> None:
+    """Keys are handed out in commit order: a writer waits while another holds the buffer."""
+    import threading
+
+    from sqlalchemy import select
+
+    from expstore.storage.schema import buffers
+
+    with ReplayBuffer(pg_url, name=buffer_name) as buf:
+        storage = buf.storage
+        with storage._write() as holder:  # another writer's open transaction
+            holder.execute(
+                select(buffers.c.id).where(buffers.c.id == storage.buffer_id).with_for_update()
+            )
+            done = threading.Event()
+            thread = threading.Thread(
+                target=lambda: (buf.store_batch([make_row("late")]), done.set())
+            )
+            thread.start()
+            assert not done.wait(1.0)  # the second writer waits for the first
+            assert buf.count() == 0
+        thread.join(timeout=30)
+        assert done.is_set() and buf.count() == 1

@@ -7,7 +7,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from expstore import DataRow, Experience, ExpMeta, ReplayBuffer, StorageError
+from expstore import CodecError, DataRow, Experience, ExpMeta, ReplayBuffer, StorageError
 from tests.helpers import make_row, make_rows
 
 
@@ -55,7 +55,7 @@ def test_store_batch_counts_and_len(buffer: ReplayBuffer) -> None:
 def test_store_batch_with_one_invalid_row_stores_nothing(buffer: ReplayBuffer) -> None:
     rows = make_rows(5)
     rows[3].exp_data.state = {"bad": {1, 2}}  # a set cannot be stored
-    with pytest.raises(Exception, match=rows[3].id):
+    with pytest.raises(CodecError, match=rows[3].id):
         buffer.store_batch(rows)
     assert len(buffer) == 0
 
@@ -301,3 +301,82 @@ def test_update_priorities_refuses_bad_input_and_changes_nothing(buffer: ReplayB
     with pytest.raises(ValueError, match="finite numbers >= 0"):
         buffer.update_priorities([rows[0].id, rows[1].id], [1.0, float("nan")])
     assert np.isnan(buffer.storage.key_index(columns=("priority",))["priority"]).all()
+
+
+def test_a_bad_row_in_a_later_chunk_rolls_back_the_earlier_chunks(buffer: ReplayBuffer) -> None:
+    from expstore import CodecError
+    from expstore.storage.sql import WRITE_CHUNK
+
+    rows = make_rows(WRITE_CHUNK + 500)
+    bad = rows[WRITE_CHUNK + 100]
+    bad.exp_data.state = {"bad": {1, 2}}  # mutated after validation: only encoding sees it
+    with pytest.raises(CodecError, match=bad.id):
+        buffer.store_batch(rows)
+    assert len(buffer) == 0
+
+
+def test_metadata_too_long_or_with_nul_is_a_validation_error() -> None:
+    for bad in ({"task_id": "t" * 256}, {"agent_id": "a\x00b"}, {"pre_agent": "p" * 256}):
+        fields = {"task_id": "t", "agent_id": "a", "step": 0, **bad}
+        with pytest.raises(ValidationError, match=next(iter(bad))):
+            ExpMeta(**fields)
+    with pytest.raises(ValidationError, match="NUL"):
+        Experience(state={"text": "a\x00b"})
+
+
+def test_fetch_fields_reads_several_paths_into_one_field(buffer: ReplayBuffer) -> None:
+    row = make_row(ext_info={"x": {"__float__": "nan"}, "y": {"__float__": 1}, "t": np.ones(2)})
+    buffer.store(row)
+    keys = buffer.storage.key_index()["key"]
+    paths = ["ext_info", "ext_info.x", "ext_info.y", "ext_info.t", "ext_info.t.1", "step", "id"]
+    (got,) = buffer.storage.fetch_fields(keys, paths)
+    assert got[0] == row.id and got[-1] == row.id and got[-2] == 0
+    assert got[2] == {"__float__": "nan"} and got[3] == {"__float__": 1}
+    assert got[4].tolist() == [1.0, 1.0] and got[5] == 1.0
+    assert got[1]["x"] == {"__float__": "nan"}
+
+
+def test_an_in_memory_buffer_takes_turns_between_threads() -> None:
+    import threading
+
+    from expstore import UniformSampler
+
+    buf = ReplayBuffer()
+    buf.store_batch(make_rows(10))
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            for _ in range(30):
+                buf.store_batch(make_rows(20))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    for _ in range(60):
+        buf.sample(UniformSampler(seed=0), batch_size=8)
+        assert len(buf) >= 10
+    writer.join()
+    assert errors == [] and len(buf) == 10 + 30 * 20
+
+
+def test_a_forked_child_cannot_use_an_in_memory_buffer() -> None:
+    import os
+
+    buf = ReplayBuffer()
+    buf.store(make_row())
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child reports what len() did
+        try:
+            len(buf)
+            message = b"no error"
+        except StorageError as exc:
+            message = str(exc).encode()
+        os.write(write, message[:500])
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    assert b"cannot be used from a forked process" in os.read(read, 1000)
+    assert len(buf) == 1
