@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import threading
 import time
 from collections import OrderedDict, deque
@@ -143,7 +144,7 @@ def create_sql_engine(url: str | URL) -> Engine:
             cursor = dbapi_connection.cursor()
             cursor.execute(f"PRAGMA busy_timeout = {_SQLITE_BUSY_MS}")
             if not memory:
-                cursor.execute("PRAGMA journal_mode = WAL")
+                _use_wal(cursor)
                 cursor.execute("PRAGMA synchronous = NORMAL")
             cursor.execute("PRAGMA foreign_keys = ON")
             cursor.close()
@@ -154,6 +155,21 @@ def create_sql_engine(url: str | URL) -> Engine:
             conn.exec_driver_sql(f"BEGIN {mode}".strip())
 
     return engine
+
+
+def _use_wal(cursor: Any) -> None:
+    """Put a SQLite file in WAL mode (it stays so). Switching needs a moment alone with the
+    file, which processes opening a new file together may not get at once: retry then."""
+    deadline = time.monotonic() + _SQLITE_BUSY_MS / 1000
+    while True:
+        try:
+            if cursor.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 class SqlStorage(Storage):
