@@ -16,19 +16,14 @@ from collections.abc import Callable
 
 from sqlalchemy import Connection, and_, delete, func, select
 
-from .schema import rows
+from .schema import newest_first, rows
 
 __all__ = ["EVICTION_POLICIES", "evict"]
 
 
 def _fifo(conn: Connection, buffer_id: int, capacity: int) -> int:
     threshold = (
-        select(rows.c.key)
-        .where(rows.c.buffer_id == buffer_id)
-        .order_by(rows.c.key.desc())
-        .limit(1)
-        .offset(capacity - 1)
-        .scalar_subquery()
+        newest_first(select(rows.c.key), buffer_id).limit(1).offset(capacity - 1).scalar_subquery()
     )
     stmt = delete(rows).where(rows.c.buffer_id == buffer_id, rows.c.key < threshold)
     return conn.execute(stmt).rowcount

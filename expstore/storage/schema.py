@@ -11,6 +11,8 @@ that autogenerate finds no difference between the migrations' head and these tab
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -22,6 +24,7 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     MetaData,
+    Select,
     String,
     Table,
     Text,
@@ -93,3 +96,16 @@ rows = Table(
 #: Metadata columns, in the order ExpMeta / Experience name them.
 META_COLUMNS = ("task_id", "task_name", "agent_id", "step", "execute_time", "pre_agent")
 SCALAR_COLUMNS = ("reward_t", "adv_t", "v_t", "done")
+
+
+def newest_first(stmt: Select[Any], buffer_id: int) -> Select[Any]:
+    """``stmt`` limited to one buffer's rows, newest first, in a form every planner serves
+    from the (buffer_id, key) index.
+
+    With ``buffer_id = :b``, Postgres may walk the primary key backwards instead, filtering
+    out every newer row of other buffers (seconds on a shared table). A range on buffer_id
+    ordered by (buffer_id, key) can only be served by the composite index.
+    """
+    return stmt.where(rows.c.buffer_id >= buffer_id, rows.c.buffer_id <= buffer_id).order_by(
+        rows.c.buffer_id.desc(), rows.c.key.desc()
+    )

@@ -56,7 +56,7 @@ from ..models import PAYLOAD_FIELDS, DataRow, Experience, ExpMeta, trusted
 from ..paths import MISSING, CompiledPath, compile_path, step_into
 from .base import QueryCondition, Storage
 from .eviction import EVICTION_POLICIES, evict
-from .schema import META_COLUMNS, SCALAR_COLUMNS, buffers, rows
+from .schema import META_COLUMNS, SCALAR_COLUMNS, buffers, newest_first, rows
 
 __all__ = ["SqlStorage", "create_sql_engine"]
 
@@ -682,9 +682,7 @@ class SqlStorage(Storage):
     # -- the samplers' fast path ---------------------------------------------------------
     def _signature(self, conn: Connection) -> tuple[int, int]:
         """Changes whenever rows are added (max key) or changed otherwise (version)."""
-        max_key = (
-            select(func.max(rows.c.key)).where(rows.c.buffer_id == self.buffer_id).scalar_subquery()
-        )
+        max_key = newest_first(select(rows.c.key), self.buffer_id).limit(1).scalar_subquery()
         version = select(buffers.c.version).where(buffers.c.id == self.buffer_id).scalar_subquery()
         got = conn.execute(select(max_key, version)).one()
         return (int(got[0] or 0), int(got[1] or 0))
