@@ -137,7 +137,7 @@ def test_with_a_warm_index_sampling_only_checks_freshness_and_fetches_by_key(
     sampler.sample(buffer.storage, 4, cond)
     queries = [s for s in statements if s.upper().startswith("SELECT")]
     assert not any("random" in s.lower() for s in queries)
-    assert queries[0].startswith("SELECT (SELECT max(expstore_rows")  # the freshness check
+    assert "expstore_buffers.version" in queries[0]  # the freshness check
     if sampler_name == "random_task":  # whole tasks are fetched by task id
         assert all("task_id IN" in s for s in queries[1:])
     else:
