@@ -394,8 +394,7 @@ class SqlStorage(Storage):
                             .where(buffers.c.id == self.buffer_id)
                             .with_for_update()
                         )
-                    for params in self._encoded_chunks(batch):
-                        self._insert(conn, params)
+                    self._insert(conn, self._encoded_chunks(batch))
                     if self.capacity is not None:
                         if evict(conn, self.buffer_id, self.capacity, self.eviction):
                             self._bump_version(conn)
@@ -426,10 +425,12 @@ class SqlStorage(Storage):
                     queued += 1
                 yield params
 
-    def _insert(self, conn: Connection, params: list[tuple[Any, ...]]) -> None:
+    def _insert(self, conn: Connection, chunks: Iterator[list[tuple[Any, ...]]]) -> None:
+        """Insert encoded rows, chunk by chunk as the encoder hands them over."""
         if self.dialect != "postgresql":
             # The DB-API's executemany directly: the values are already in column order.
-            conn.exec_driver_sql(_SQLITE_INSERT, params)
+            for params in chunks:
+                conn.exec_driver_sql(_SQLITE_INSERT, params)
             return
         import psycopg
         from psycopg.copy import QueuedLibpqWriter
@@ -447,9 +448,10 @@ class SqlStorage(Storage):
                 cursor.copy(statement, writer=QueuedLibpqWriter(cursor)) as copy,
             ):
                 copy.set_types(_PG_COPY_TYPES)
-                for p in params:
-                    document = Jsonb(p[data_at], dumps=_as_is)
-                    copy.write_row(p[:data_at] + (document,) + p[data_at + 1 :])
+                for params in chunks:  # one COPY for the whole batch: no stall per chunk
+                    for p in params:
+                        document = Jsonb(p[data_at], dumps=_as_is)
+                        copy.write_row(p[:data_at] + (document,) + p[data_at + 1 :])
         except psycopg.errors.IntegrityError as exc:  # surface as SQLAlchemy's errors do
             raise IntegrityError(statement, None, exc) from exc
         except psycopg.DataError as exc:
