@@ -144,6 +144,13 @@ def fresh_pg(server: str) -> tuple[str, object]:
     return url.set(database=name).render_as_string(hide_password=False), (admin, name)
 
 
+def checkpoint(server: str) -> None:
+    admin = create_engine(make_url(server), isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text("CHECKPOINT"))
+    admin.dispose()
+
+
 def drop_pg(handle: object) -> None:
     admin, name = handle  # type: ignore[misc]
     with admin.connect() as c:
@@ -170,7 +177,10 @@ def main() -> None:
     print(f"{args.rows:,} rows, JSON {size} bytes + tensor {len(data[0][13])} bytes each")
 
     with tempfile.TemporaryDirectory() as tmp:
+        # os.sync() before each run, so neither waits on the other's dirty pages.
+        os.sync()
         floor = sqlite_floor(os.path.join(tmp, "floor.db"), data)
+        os.sync()
         ours = timed_store(f"sqlite:///{os.path.join(tmp, 'ours.db')}", rows)
         report("sqlite", args.rows, ours, floor)
 
@@ -179,7 +189,12 @@ def main() -> None:
         floor_url, floor_db = fresh_pg(args.pg)
         ours_url, ours_db = fresh_pg(args.pg)
         try:
+            # A checkpoint before each run, so neither pays for the other's WAL.
+            checkpoint(args.pg)
+            os.sync()
             floor = pg_floor(floor_url, data)
+            checkpoint(args.pg)
+            os.sync()
             ours = timed_store(ours_url, rows, name="ours")
             report("postgres", args.rows, ours, floor)
         finally:

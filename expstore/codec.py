@@ -28,6 +28,7 @@ array([0., 0.], dtype=float32)
 
 from __future__ import annotations
 
+import json
 import math
 import struct
 import zlib
@@ -45,7 +46,9 @@ __all__ = [
     "decode_payload",
     "decode_value",
     "PartDecoder",
+    "PayloadWriter",
     "deep_equal",
+    "dump_document",
     "encode_payload",
     "to_plain",
 ]
@@ -178,6 +181,7 @@ class _Encoder:
     def __init__(self) -> None:
         self.chunks: list[memoryview] = []
         self.size = 0
+        self.tensors = 0
 
     def fail(self, path: str, message: str) -> CodecError:
         return CodecError(f"{path or 'payload'}: {message}")
@@ -194,6 +198,7 @@ class _Encoder:
 
     def placeholder(self, kind: str, dtype: str, shape: tuple[int, ...], data: Any) -> Any:
         offset, nbytes = self.add_bytes(data)
+        self.tensors += 1
         shape_list = [int(n) for n in shape]
         spec = {
             "kind": kind,
@@ -392,12 +397,66 @@ def encode_payload(payload: dict[str, Any]) -> tuple[dict[str, Any], bytes | Non
     return doc, encoder.blob()
 
 
+def dump_document(doc: dict[str, Any]) -> str:
+    """The compact JSON text a document is stored as."""
+    return json.dumps(doc, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+
+
+class PayloadWriter:
+    """Encodes many payloads to (JSON text, blob), as ``encode_payload`` plus
+    :func:`dump_document` would, faster.
+
+    The json module's C encoder walks the plain data and calls back only for arrays,
+    tensors, bytes and pydantic models. Whatever it cannot settle alone (non-finite floats,
+    keys or strings starting with "__" that may need escaping, unsupported values) goes
+    through the full walk, so the result and every error are the same.
+    """
+
+    def __init__(self) -> None:
+        self._encoder = _Encoder()
+        self._json = json.JSONEncoder(
+            allow_nan=False,
+            separators=(",", ":"),
+            ensure_ascii=False,
+            check_circular=False,
+            default=self._default,
+        )
+
+    def _default(self, value: Any) -> Any:
+        encoder = self._encoder
+        if isinstance(value, np.ndarray):
+            return encoder.encode_numpy(value, "")
+        torch = loaded_torch()
+        if torch is not None and isinstance(value, torch.Tensor):
+            return encoder.encode_torch(value, "", torch)
+        if isinstance(value, (np.generic, bytes, bytearray, BaseModel)):
+            return encoder.encode(value, "")
+        raise _Fallback
+
+    def encode(self, payload: dict[str, Any]) -> tuple[str, bytes | None]:
+        """``(document as JSON text, blob)`` for one payload; raises like encode_payload."""
+        self._encoder = encoder = _Encoder()
+        try:
+            text = self._json.encode(payload)
+        except (_Fallback, ValueError, TypeError, CodecError, RecursionError):
+            pass
+        else:
+            marks = text.count('"__')
+            if marks == 0 or marks == text.count(_TENSOR_MARK) == encoder.tensors:
+                return text, encoder.blob()
+        doc, blob = encode_payload(payload)
+        return dump_document(doc), blob
+
+
+_TENSOR_MARK = f'"{TENSOR_KEY}":'
+
+
 # ---------------------------------------------------------------------------------------
 # Decoding
 
 
 class _Fallback(Exception):
-    """The fast decoding walk met something for the full walk to explain."""
+    """A fast walk met something for the full walk to handle or explain."""
 
 
 class _Decoder:

@@ -24,7 +24,15 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes, arrays
 from pydantic import BaseModel, ConfigDict
 
-from expstore.codec import check_value, decode_payload, deep_equal, encode_payload, to_plain
+from expstore.codec import (
+    PayloadWriter,
+    check_value,
+    decode_payload,
+    deep_equal,
+    dump_document,
+    encode_payload,
+    to_plain,
+)
 from expstore.errors import CodecError
 
 ROW = "r-42"
@@ -523,3 +531,46 @@ def test_importing_the_codec_and_decoding_numpy_does_not_import_torch() -> None:
         [sys.executable, "-c", script], cwd=root, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
+
+
+# --- PayloadWriter: the fast path gives exactly what the full walk gives -------------------
+
+
+class _Model(BaseModel):
+    name: str = "m"
+    values: list[float] = [1.0, float("nan")]
+
+
+_keys = st.sampled_from(["a", "b", "__tensor__", "__float__", "__x", "url", "é"])
+_leaves = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.sampled_from(["", "__init__", 'say "hi"', "\u2603", "__tensor__"])
+    | st.builds(lambda n: np.arange(n, dtype=np.float32), st.integers(0, 4))
+    | st.builds(lambda b: bytes(b), st.binary(max_size=4))
+    | st.just(_Model())
+    | st.builds(np.float16, st.floats(-10, 10))
+)
+_values = st.recursive(
+    _leaves,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(_keys, inner, max_size=3)
+        | st.tuples(inner, inner)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["state", "actions", "ext_info"]), _values))
+def test_payload_writer_matches_the_full_walk(payload: dict[str, Any]) -> None:
+    doc, blob = encode_payload(payload)
+    assert PayloadWriter().encode(payload) == (dump_document(doc), blob)
+
+
+def test_payload_writer_raises_what_the_full_walk_raises() -> None:
+    with pytest.raises(CodecError, match=r"state\.x\[1\]: cannot store a value of type set"):
+        PayloadWriter().encode({"state": {"x": [1, {2}]}})

@@ -50,7 +50,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from .. import migrate
 from .._optional import require
-from ..codec import PartDecoder, decode_payload, encode_payload
+from ..codec import PartDecoder, PayloadWriter, decode_payload
 from ..errors import CodecError, StorageError
 from ..models import PAYLOAD_FIELDS, DataRow, Experience, ExpMeta, trusted
 from ..paths import MISSING, CompiledPath, compile_path, step_into
@@ -350,11 +350,11 @@ class SqlStorage(Storage):
             raise ValueError("store_batch() got an empty batch; give at least one DataRow")
         return prepared
 
-    def _row_params(self, row: DataRow) -> tuple[Any, ...]:
+    def _row_params(self, row: DataRow, writer: PayloadWriter) -> tuple[Any, ...]:
         """The row's values in _WRITE_COLUMNS order, the document as JSON text."""
         meta, data = row.exp_meta, row.exp_data
         try:
-            doc, blob = encode_payload({name: getattr(data, name) for name in PAYLOAD_FIELDS})
+            doc, blob = writer.encode({name: getattr(data, name) for name in PAYLOAD_FIELDS})
         except CodecError as exc:
             raise CodecError(f"row {row.id}: {exc}. Nothing was stored") from exc
         return (
@@ -370,7 +370,7 @@ class SqlStorage(Storage):
             data.adv_t,
             data.v_t,
             bool(data.done),
-            _dumps(doc),
+            doc,
             blob,
         )
 
@@ -405,7 +405,8 @@ class SqlStorage(Storage):
                 raise duplicate from exc
 
     def _encode_chunk(self, chunk: Sequence[DataRow]) -> list[tuple[Any, ...]]:
-        return [self._row_params(row) for row in chunk]
+        writer = PayloadWriter()
+        return [self._row_params(row, writer) for row in chunk]
 
     def _encoded_chunks(self, batch: list[DataRow]) -> Iterator[list[tuple[Any, ...]]]:
         """Encoded chunks of ``batch``, the next one encoded in a thread while the database
@@ -818,10 +819,6 @@ _PG_COPY_TYPES = [
     "jsonb",  # data
     "bytea",  # tensors
 ]
-
-
-def _dumps(doc: dict[str, Any]) -> str:
-    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def _as_is(text: str) -> str:
