@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sqlite3
+import statistics
 import tempfile
 import time
 import uuid
@@ -167,39 +168,49 @@ def report(label: str, n: int, ours: float, floor: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each side; medians")
     parser.add_argument("--pg", default=os.environ.get("EXPSTORE_TEST_PG_URL", DEFAULT_PG))
     parser.add_argument("--skip-pg", action="store_true")
     args = parser.parse_args()
 
     rows = make_rows(args.rows)
     data = encoded(rows)
-    size = len(json.dumps(data[0][12]).encode()) - 0
+    size = len(json.dumps(data[0][12]).encode())
     print(f"{args.rows:,} rows, JSON {size} bytes + tensor {len(data[0][13])} bytes each")
-
-    with tempfile.TemporaryDirectory() as tmp:
-        # os.sync() before each run, so neither waits on the other's dirty pages.
-        os.sync()
-        floor = sqlite_floor(os.path.join(tmp, "floor.db"), data)
-        os.sync()
-        ours = timed_store(f"sqlite:///{os.path.join(tmp, 'ours.db')}", rows)
-        report("sqlite", args.rows, ours, floor)
-
-    if not args.skip_pg:
-        # Each side gets a database of its own, so neither writes into the other's indexes.
+    results: dict[str, list[tuple[float, float]]] = {"sqlite": [], "postgres": []}
+    for _ in range(args.repeats):
+        with tempfile.TemporaryDirectory() as tmp:
+            # os.sync() before each run, so neither waits on the other's dirty pages.
+            os.sync()
+            floor = sqlite_floor(os.path.join(tmp, "floor.db"), data)
+            os.sync()
+            ours = timed_store(f"sqlite:///{os.path.join(tmp, 'ours.db')}", rows)
+            results["sqlite"].append((ours, floor))
+            report("sqlite", args.rows, ours, floor)
+        if args.skip_pg:
+            continue
+        # Each side gets a database of its own, so neither writes into the other's indexes,
+        # and a checkpoint before each run, so neither pays for the other's WAL.
         floor_url, floor_db = fresh_pg(args.pg)
         ours_url, ours_db = fresh_pg(args.pg)
         try:
-            # A checkpoint before each run, so neither pays for the other's WAL.
             checkpoint(args.pg)
             os.sync()
             floor = pg_floor(floor_url, data)
             checkpoint(args.pg)
             os.sync()
             ours = timed_store(ours_url, rows, name="ours")
+            results["postgres"].append((ours, floor))
             report("postgres", args.rows, ours, floor)
         finally:
             drop_pg(floor_db)
             drop_pg(ours_db)
+    print(f"medians of {args.repeats} runs:")
+    for label, runs in results.items():
+        if runs:
+            ours = statistics.median(o for o, _ in runs)
+            floor = statistics.median(f for _, f in runs)
+            report(label, args.rows, ours, floor)
 
 
 if __name__ == "__main__":
