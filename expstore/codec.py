@@ -79,6 +79,11 @@ _NUMPY_DTYPES: dict[str, np.dtype[Any]] = {
     np.dtype(t).newbyteorder("<").str: np.dtype(t).newbyteorder("<") for t in _NUMPY_TYPES
 }
 _NUMERIC_KINDS = frozenset("biufc")
+# The stored (little-endian) dtype of each storable dtype already in that byte order: the
+# common case skips the checks in _numpy_problem.
+_STORED_DTYPE: dict[np.dtype[Any], np.dtype[Any]] = {
+    d: d for d in _NUMPY_DTYPES.values() if d.byteorder in "<|=" or d.itemsize == 1
+}
 
 # torch dtype name -> (numpy dtype of the stored bytes, torch dtype to view those bytes as
 # when numpy has no equivalent). Only names in this table are ever looked up on torch.
@@ -316,13 +321,18 @@ class _Encoder:
         return str(plain)
 
     def encode_numpy(self, value: np.ndarray[Any, Any], path: str) -> Any:
-        if isinstance(value, np.ma.MaskedArray):
+        if type(value) is not np.ndarray and isinstance(value, np.ma.MaskedArray):
             raise self.fail(path, "masked arrays are not supported; store data and mask apart")
-        problem = _numpy_problem(value.dtype)
-        if problem:
-            raise self.fail(path, f"{problem} (got dtype {value.dtype})")
-        little = value.dtype.newbyteorder("<")
-        data = np.ascontiguousarray(value, dtype=little)
+        little = _STORED_DTYPE.get(value.dtype)
+        if little is None:
+            problem = _numpy_problem(value.dtype)
+            if problem:
+                raise self.fail(path, f"{problem} (got dtype {value.dtype})")
+            little = value.dtype.newbyteorder("<")
+        exact = type(value) is np.ndarray and value.flags.c_contiguous
+        data = value if exact else np.ascontiguousarray(value)
+        if data.dtype != little or data.dtype.byteorder == ">":
+            data = np.ascontiguousarray(data, dtype=little)
         return self.placeholder("numpy", little.str, value.shape, data)
 
     def encode_numpy_scalar(self, value: np.generic, path: str, lenient: bool) -> Any:
