@@ -741,17 +741,18 @@ class SqlStorage(Storage):
         (:class:`~expstore.TensorConverter`) instead of whole rows.
         """
         compiled = [compile_path(p) for p in paths]
-        columns = ["key", "id"]
+        selected: dict[str, Any] = {"key": rows.c.key, "id": rows.c.id}
         for head, steps in compiled:
-            if head == "exp_meta" or (head == "exp_data" and steps[0] in SCALAR_COLUMNS):
-                columns.append(str(steps[0]))
+            field = str(steps[0]) if steps else ""
+            if head == "exp_meta" or (head == "exp_data" and field in SCALAR_COLUMNS):
+                selected[field] = rows.c[field]
             elif head == "exp_data":
-                columns += ["data", "tensors"]
-        columns = list(dict.fromkeys(columns))
-        at = {name: i for i, name in enumerate(columns)}
-        return self._by_keys(
-            keys, [rows.c[c] for c in columns], lambda r: _read_fields(r, at, compiled)
-        )
+                # Only this field of the JSON document: the database extracts it, so the
+                # rest of the document (messages, say) is never parsed in Python.
+                selected[f"payload.{field}"] = rows.c.data[field]
+                selected["tensors"] = rows.c.tensors
+        at = {name: i for i, name in enumerate(selected)}
+        return self._by_keys(keys, list(selected.values()), lambda r: _read_fields(r, at, compiled))
 
     def fetch_keys(self, keys: Sequence[int] | np.ndarray) -> list[DataRow]:
         """The rows with these keys in the given order (repeats allowed; vanished keys skipped)."""
@@ -793,7 +794,7 @@ def _read_fields(r: Row[Any], at: dict[str, int], compiled: list[CompiledPath]) 
             if field not in decoded:
                 if decoder is None:
                     decoder = PartDecoder(r[at["tensors"]], row_id)
-                decoded[field] = decoder.decode_part(r[at["data"]].get(field), field)
+                decoded[field] = decoder.decode_part(r[at[f"payload.{field}"]], field)
             value = decoded[field]
         for step in steps[1:]:
             value = step_into(value, step)
