@@ -152,10 +152,9 @@ class ReplayBuffer:
         """
         sampler = UniformSampler() if sampler is None else sampler
         converter = DefaultConverter() if converter is None else converter
-        paths = converter.field_paths if isinstance(converter, NumpyConverter) else None
         if (
-            paths is not None
-            and isinstance(converter, NumpyConverter)
+            isinstance(converter, NumpyConverter)
+            and (paths := converter.field_paths) is not None
             and isinstance(sampler, KeySampler)
             and hasattr(self.storage, "fetch_fields")
         ):

@@ -44,7 +44,6 @@ from .errors import CodecError
 __all__ = [
     "check_value",
     "decode_payload",
-    "decode_value",
     "PartDecoder",
     "PayloadWriter",
     "deep_equal",
@@ -622,49 +621,31 @@ def decode_payload(
             f"row {row_id}: the stored document is a {type(doc).__name__}, "
             f"not a JSON object; {_MALFORMED}"
         )
-    decoder = _Decoder(blob, row_id)
+    part = PartDecoder(blob, row_id)
     try:
-        try:
-            return {key: decoder.decode_fast(value) for key, value in doc.items()}
-        except (CodecError, _Fallback):
-            # Walk again with paths, for an error message that says where.
-            return {key: decoder.decode(value, key) for key, value in doc.items()}
+        return {key: part.decode_part(value, key) for key, value in doc.items()}
     except RecursionError as exc:
         raise CodecError(f"row {row_id}: the stored document is nested too deeply") from exc
 
 
-def decode_value(
-    value: Any, blob: bytes | bytearray | memoryview | None, *, row_id: str, path: str
-) -> Any:
-    """Decode one part of a stored document (``value``, found at ``path``) with its row's
-    blob: what a converter asking for one field needs, without decoding the whole row."""
-    return PartDecoder(blob, row_id).decode_part(value, path)
-
-
 class PartDecoder:
-    """Decodes parts of one row's document, checking and copying its blob only once."""
+    """Decodes parts of one row's document, checking and copying its blob once.
+
+    Each part goes through the fast walk (no paths, containers rebuilt in place); anything
+    unusual is walked again with paths, for an error message that says where.
+    """
 
     def __init__(self, blob: bytes | bytearray | memoryview | None, row_id: str) -> None:
-        self._blob = blob
-        self._row_id = row_id
-        self._decoder: _Decoder | None = None
+        self._decoder = _Decoder(blob, row_id)
 
     def decode_part(self, value: Any, path: str) -> Any:
         kind = type(value)
         if kind is not dict and kind is not list:
             return value
-        if self._decoder is None:
-            self._decoder = _Decoder(self._blob, self._row_id)
         try:
             return self._decoder.decode_fast(value)
         except (CodecError, _Fallback):
             return self._decoder.decode(value, path)
-
-
-def is_placeholder(value: Any) -> bool:
-    """Whether a stored document's ``value`` stands for something decoded (a tensor, a
-    non-finite float, an escaped dict) rather than plain JSON."""
-    return type(value) is dict and not RESERVED_KEYS.isdisjoint(value)
 
 
 # ---------------------------------------------------------------------------------------
