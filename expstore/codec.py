@@ -78,11 +78,13 @@ _NUMPY_DTYPES: dict[str, np.dtype[Any]] = {
     np.dtype(t).newbyteorder("<").str: np.dtype(t).newbyteorder("<") for t in _NUMPY_TYPES
 }
 _NUMERIC_KINDS = frozenset("biufc")
+_PADDING = [bytes(n) for n in range(ALIGNMENT)]
 # The stored (little-endian) dtype of each storable dtype already in that byte order: the
 # common case skips the checks in _numpy_problem.
 _STORED_DTYPE: dict[np.dtype[Any], np.dtype[Any]] = {
     d: d for d in _NUMPY_DTYPES.values() if d.byteorder in "<|=" or d.itemsize == 1
 }
+_FAST_DTYPE_NAMES: dict[np.dtype[Any], str] = {d: d.str for d in _STORED_DTYPE}
 
 # torch dtype name -> (numpy dtype of the stored bytes, torch dtype to view those bytes as
 # when numpy has no equivalent). Only names in this table are ever looked up on torch.
@@ -182,36 +184,36 @@ def _unsupported(value: Any) -> str:
 class _Encoder:
     """Walks one payload, collecting tensor bytes and building the JSON document."""
 
+    __slots__ = ("chunks", "size", "tensors")
+
     def __init__(self) -> None:
-        self.chunks: list[memoryview] = []
+        self.chunks: list[Any] = []
         self.size = 0
         self.tensors = 0
 
     def fail(self, path: str, message: str) -> CodecError:
         return CodecError(f"{path or 'payload'}: {message}")
 
-    def add_bytes(self, data: np.ndarray[Any, Any]) -> tuple[int, int]:
-        """Append a C-contiguous array's bytes at an aligned offset; return (offset, nbytes)."""
-        raw = data.reshape(-1).view(np.uint8)
-        offset = -(-self.size // ALIGNMENT) * ALIGNMENT
-        if offset > self.size:
-            self.chunks.append(memoryview(bytes(offset - self.size)))
-        self.chunks.append(raw.data)
-        self.size = offset + raw.size
-        return offset, raw.size
-
     def placeholder(self, kind: str, dtype: str, shape: tuple[int, ...], data: Any) -> Any:
-        offset, nbytes = self.add_bytes(data)
+        """Append a C-contiguous array's bytes at an aligned offset; its placeholder."""
+        size = self.size
+        offset = -(-size // ALIGNMENT) * ALIGNMENT
+        if offset > size:
+            self.chunks.append(_PADDING[offset - size])
+        # A C-contiguous array exports its bytes as is (0-d arrays included).
+        self.chunks.append(data)
+        nbytes = data.nbytes
+        self.size = offset + nbytes
         self.tensors += 1
-        shape_list = [int(n) for n in shape]
-        spec = {
-            "kind": kind,
-            "dtype": dtype,
-            "shape": shape_list,
-            "offset": offset,
-            "nbytes": nbytes,
+        return {
+            TENSOR_KEY: {
+                "kind": kind,
+                "dtype": dtype,
+                "shape": list(shape),
+                "offset": offset,
+                "nbytes": nbytes,
+            }
         }
-        return {TENSOR_KEY: spec}
 
     def encode(self, value: Any, path: str, lenient: bool = False) -> Any:
         """The JSON form of ``value``; ``lenient`` is set inside pydantic dumps.
@@ -429,10 +431,24 @@ class PayloadWriter:
             ensure_ascii=False,
             check_circular=False,
             default=self._default,
-        )
+        ).encode
+        make = getattr(json.encoder, "c_make_encoder", None)
+        if make is not None:
+            # What JSONEncoder.encode builds on every call, built once: the C encoder with
+            # the same settings (no circular check, compact separators, no NaN).
+            chunks = make(
+                None, self._default, json.encoder.encode_basestring, None, ":", ",",
+                False, False, False,
+            )  # fmt: skip
+            self._json = lambda value: "".join(chunks(value, 0))
 
     def _default(self, value: Any) -> Any:
         encoder = self._encoder
+        if type(value) is np.ndarray:
+            stored = _FAST_DTYPE_NAMES.get(value.dtype)
+            if stored is not None and value.flags.c_contiguous:
+                return encoder.placeholder("numpy", stored, value.shape, value)
+            return encoder.encode_numpy(value, "")
         if isinstance(value, np.ndarray):
             return encoder.encode_numpy(value, "")
         torch = loaded_torch()
@@ -446,7 +462,7 @@ class PayloadWriter:
         """``(document as JSON text, blob)`` for one payload; raises like encode_payload."""
         self._encoder = encoder = _Encoder()
         try:
-            text = self._json.encode(payload)
+            text = self._json(payload)
         except (_Fallback, ValueError, TypeError, CodecError, RecursionError):
             pass
         else:
