@@ -168,7 +168,7 @@ def report(label: str, n: int, ours: float, floor: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=100_000)
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each side; medians")
+    parser.add_argument("--repeats", type=int, default=5, help="runs of each side; medians")
     parser.add_argument("--pg", default=os.environ.get("EXPSTORE_TEST_PG_URL", DEFAULT_PG))
     parser.add_argument("--skip-pg", action="store_true")
     args = parser.parse_args()
@@ -178,15 +178,21 @@ def main() -> None:
     size = len(json.dumps(data[0][12]).encode())
     print(f"{args.rows:,} rows, JSON {size} bytes + tensor {len(data[0][13])} bytes each")
     results: dict[str, list[tuple[float, float]]] = {"sqlite": [], "postgres": []}
-    for _ in range(args.repeats):
+    for run in range(args.repeats):
+        # Which side goes first alternates, so neither always meets a fresher disk.
+        ours_first = run % 2 == 1
+        timings: dict[str, float] = {}
         with tempfile.TemporaryDirectory() as tmp:
-            # os.sync() before each run, so neither waits on the other's dirty pages.
-            os.sync()
-            floor = sqlite_floor(os.path.join(tmp, "floor.db"), data)
-            os.sync()
-            ours = timed_store(f"sqlite:///{os.path.join(tmp, 'ours.db')}", rows)
-            results["sqlite"].append((ours, floor))
-            report("sqlite", args.rows, ours, floor)
+            for side in ("ours", "floor") if ours_first else ("floor", "ours"):
+                # os.sync() before each side, so neither waits on the other's dirty pages.
+                os.sync()
+                path = os.path.join(tmp, f"{side}.db")
+                if side == "floor":
+                    timings[side] = sqlite_floor(path, data)
+                else:
+                    timings[side] = timed_store(f"sqlite:///{path}", rows)
+            results["sqlite"].append((timings["ours"], timings["floor"]))
+            report("sqlite", args.rows, timings["ours"], timings["floor"])
         if args.skip_pg:
             continue
         # Each side gets a database of its own, so neither writes into the other's indexes,
@@ -194,14 +200,15 @@ def main() -> None:
         floor_url, floor_db = fresh_pg(args.pg)
         ours_url, ours_db = fresh_pg(args.pg)
         try:
-            checkpoint(args.pg)
-            os.sync()
-            floor = pg_floor(floor_url, data)
-            checkpoint(args.pg)
-            os.sync()
-            ours = timed_store(ours_url, rows, name="ours")
-            results["postgres"].append((ours, floor))
-            report("postgres", args.rows, ours, floor)
+            for side in ("ours", "floor") if ours_first else ("floor", "ours"):
+                checkpoint(args.pg)
+                os.sync()
+                if side == "floor":
+                    timings[side] = pg_floor(floor_url, data)
+                else:
+                    timings[side] = timed_store(ours_url, rows, name="ours")
+            results["postgres"].append((timings["ours"], timings["floor"]))
+            report("postgres", args.rows, timings["ours"], timings["floor"])
         finally:
             drop_pg(floor_db)
             drop_pg(ours_db)
@@ -211,6 +218,11 @@ def main() -> None:
             ours = statistics.median(o for o, _ in runs)
             floor = statistics.median(f for _, f in runs)
             report(label, args.rows, ours, floor)
+            ratios = sorted(f / o for o, f in runs)
+            print(
+                f"{'':8s} per-run ratios {', '.join(f'{r:.2f}' for r in ratios)}; "
+                f"median {statistics.median(ratios):.2f}"
+            )
 
 
 if __name__ == "__main__":

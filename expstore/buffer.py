@@ -159,7 +159,10 @@ class ReplayBuffer:
             and hasattr(self.storage, "fetch_fields")
         ):
             # Fast path: fetch only the fields the converter reads, not whole rows.
-            records, info = sampler.sample_fields(self.storage, batch_size, query_condition, paths)
+            # The converter stacks (copies) every array, so they may be read-only views.
+            records, info = sampler.sample_fields(
+                self.storage, batch_size, query_condition, paths, writable=False
+            )
             columns = list(zip(*records, strict=True)) if records else [()] * (len(paths) + 1)
             batch = converter.from_values(
                 {name: list(col) for name, col in zip(converter.fields, columns[1:], strict=True)}

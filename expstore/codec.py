@@ -32,6 +32,7 @@ import json
 import math
 import struct
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,7 @@ __all__ = [
     "decode_payload",
     "PartDecoder",
     "PayloadWriter",
+    "decode_text",
     "deep_equal",
     "dump_document",
     "encode_payload",
@@ -54,6 +56,7 @@ __all__ = [
 
 MAGIC = b"XST1"
 HEADER_SIZE = 8
+_CRC = struct.Struct("<I")  # the header's checksum field
 ALIGNMENT = 8
 
 TENSOR_KEY = "__tensor__"
@@ -425,7 +428,7 @@ class PayloadWriter:
 
     def __init__(self) -> None:
         self._encoder = _Encoder()
-        self._json = json.JSONEncoder(
+        self._json: Callable[[Any], str] = json.JSONEncoder(
             allow_nan=False,
             separators=(",", ":"),
             ensure_ascii=False,
@@ -487,11 +490,21 @@ class _Fallback(Exception):
 class _Decoder:
     """Rebuilds values from one document and one writable copy of its blob."""
 
+    __slots__ = ("row_id", "buf")
+
     def __init__(self, blob: bytes | bytearray | memoryview | None, row_id: str) -> None:
         self.row_id = row_id
         self.buf: bytearray | None = None
-        if blob is not None:
-            self.buf = self.check_blob(memoryview(blob))
+        if blob is None:
+            return
+        # The common case, checked with as little work as possible; anything else goes
+        # through check_blob, which says what is wrong.
+        if type(blob) is bytes and blob.startswith(MAGIC) and len(blob) >= HEADER_SIZE:
+            rest = memoryview(blob)[HEADER_SIZE:]
+            if zlib.crc32(rest) == _CRC.unpack_from(blob, 4)[0]:
+                self.buf = bytearray(rest)
+                return
+        self.buf = self.check_blob(memoryview(blob))
 
     def damaged(self, message: str) -> CodecError:
         return CodecError(f"row {self.row_id}: {message}; {_DAMAGED}")
@@ -505,7 +518,7 @@ class _Decoder:
             raise self.damaged(f"the blob is {len(view)} bytes, shorter than its header")
         if view[:4] != MAGIC:
             raise self.damaged(f"the blob starts with {bytes(view[:4])!r}, expected {MAGIC!r}")
-        (expected,) = struct.unpack("<I", view[4:HEADER_SIZE])
+        (expected,) = _CRC.unpack(view[4:HEADER_SIZE])
         rest = view[HEADER_SIZE:]
         if zlib.crc32(rest) != expected:
             raise self.damaged("the blob's checksum does not match its contents")
@@ -561,6 +574,10 @@ class _Decoder:
         return self.decode_tensor(spec, path)
 
     def decode_tensor(self, spec: Any, path: str) -> Any:
+        return self.tensor_at(self.tensor_spec(spec, path), path)
+
+    def tensor_spec(self, spec: Any, path: str) -> _TensorSpec:
+        """A placeholder's spec, checked: everything about it that does not need the blob."""
         if type(spec) is not dict or spec.keys() != _TENSOR_FIELDS:
             raise self.malformed(path, f"a tensor placeholder holding {spec!r}")
         kind, dtype_name = spec["kind"], spec["dtype"]
@@ -594,6 +611,11 @@ class _Decoder:
                 f"{path} has shape {shape} of {dtype_name} ({count * np_dtype.itemsize} bytes) "
                 f"but records {nbytes} bytes"
             )
+        return kind, dtype_name, np_dtype, tuple(shape), count, offset, nbytes
+
+    def tensor_at(self, spec: _TensorSpec, path: str) -> Any:
+        """The array, tensor or bytes a checked spec names in this row's blob."""
+        kind, dtype_name, np_dtype, shape, count, offset, nbytes = spec
         if self.buf is None:
             raise self.damaged(f"{path} refers to tensor data but the row has no blob")
         if offset + nbytes > len(self.buf):
@@ -602,7 +624,9 @@ class _Decoder:
             )
         if kind == "bytes":
             return bytes(memoryview(self.buf)[offset : offset + nbytes])
-        array = np.frombuffer(self.buf, np_dtype, count, offset).reshape(shape)
+        array = np.frombuffer(self.buf, np_dtype, count, offset)
+        if len(shape) != 1:
+            array = array.reshape(shape)
         if not np_dtype.isnative:  # only on big-endian machines
             array = array.astype(np_dtype.newbyteorder("="))
         if kind == "numpy":
@@ -644,24 +668,83 @@ def decode_payload(
         raise CodecError(f"row {row_id}: the stored document is nested too deeply") from exc
 
 
-class PartDecoder:
+class PartDecoder(_Decoder):
     """Decodes parts of one row's document, checking and copying its blob once.
 
     Each part goes through the fast walk (no paths, containers rebuilt in place); anything
     unusual is walked again with paths, for an error message that says where.
     """
 
-    def __init__(self, blob: bytes | bytearray | memoryview | None, row_id: str) -> None:
-        self._decoder = _Decoder(blob, row_id)
+    __slots__ = ()
 
     def decode_part(self, value: Any, path: str) -> Any:
         kind = type(value)
         if kind is not dict and kind is not list:
             return value
         try:
-            return self._decoder.decode_fast(value)
+            return self.decode_fast(value)
         except (CodecError, _Fallback):
-            return self._decoder.decode(value, path)
+            return self.decode(value, path)
+
+    def decode_text(self, text: str, path: str) -> Any:
+        """:meth:`decode_part` of a part given as JSON text (as the database extracted it).
+
+        A tensor placeholder's text is the same in every row that stores a tensor of that
+        dtype and shape at that place, so its checked spec is kept: most rows of a batch
+        cost a dict lookup and ``np.frombuffer``.
+        """
+        spec = _KNOWN_SPECS.get(text)
+        if spec is not None:
+            return self.tensor_at(spec, path)
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise self.malformed(path, f"text that is not JSON ({exc})") from exc
+        if type(value) is dict and len(value) == 1 and TENSOR_KEY in value:
+            spec = self.tensor_spec(value[TENSOR_KEY], path)
+            if len(_KNOWN_SPECS) >= _KNOWN_SPECS_MAX:
+                _KNOWN_SPECS.clear()
+            _KNOWN_SPECS[text] = spec
+            return self.tensor_at(spec, path)
+        return self.decode_part(value, path)
+
+
+def decode_text(
+    text: str,
+    blob: bytes | bytearray | memoryview | None,
+    row_id: str,
+    path: str,
+    *,
+    writable: bool = True,
+) -> Any:
+    """``PartDecoder(blob, row_id).decode_text(text, path)``, for a row read for this one
+    part: a numpy array whose placeholder was seen before costs a dict lookup, the
+    checksum, and ``np.frombuffer`` over a copy of its own bytes, or with
+    ``writable=False`` over the blob itself (a read-only array, for a caller that copies
+    it anyway, such as a converter stacking a batch)."""
+    spec = _KNOWN_SPECS.get(text)
+    if spec is not None and spec[0] == "numpy" and type(blob) is bytes:
+        _, _, np_dtype, shape, count, offset, nbytes = spec
+        end = HEADER_SIZE + offset + nbytes
+        if (
+            len(blob) >= end
+            and blob.startswith(MAGIC)
+            and zlib.crc32(memoryview(blob)[HEADER_SIZE:]) == _CRC.unpack_from(blob, 4)[0]
+            and np_dtype.isnative
+        ):
+            if writable:
+                array = np.frombuffer(bytearray(blob[end - nbytes : end]), np_dtype, count)
+            else:
+                array = np.frombuffer(blob, np_dtype, count, end - nbytes)
+            return array if len(shape) == 1 else array.reshape(shape)
+    return PartDecoder(blob, row_id).decode_text(text, path)
+
+
+#: (kind, dtype name, numpy dtype, shape, element count, offset, nbytes), checked.
+_TensorSpec = tuple[str, str, np.dtype[Any], tuple[int, ...], int, int, int]
+#: Checked tensor specs by the JSON text of their placeholder (see decode_text).
+_KNOWN_SPECS: dict[str, _TensorSpec] = {}
+_KNOWN_SPECS_MAX = 4096
 
 
 # ---------------------------------------------------------------------------------------

@@ -138,12 +138,20 @@ def stack_values(
     Numeric values are stacked (padded to the largest shape when shapes differ or a value
     is missing); other values give an object array and no mask.
     """
+    first = values[0] if values else None
+    if type(first) is np.ndarray and first.dtype.kind in "biufc":
+        # The common case, in one pass: arrays of one shape and dtype (a tensor field).
+        shape, kind = first.shape, first.dtype
+        if all(type(v) is np.ndarray and v.shape == shape and v.dtype == kind for v in values):
+            return np.stack(values).astype(dtype or kind, copy=False), None
     present = [v is not MISSING and v is not None for v in values]
     arrays = [_as_array(v) if p else None for v, p in zip(values, present, strict=True)]
     numeric = any(present) and all(a is not None for a, p in zip(arrays, present, strict=True) if p)
     if not numeric:
         out = np.empty(len(values), dtype=object)
         for i, value in enumerate(values):
+            if isinstance(value, np.ndarray) and not value.flags.writeable:
+                value = value.copy()  # a read-only view of fetched bytes: the batch owns it
             out[i] = None if value is MISSING else value
         return out, None
     real = [a for a in arrays if a is not None]

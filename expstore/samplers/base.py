@@ -241,14 +241,21 @@ class KeySampler(Sampler):
         batch_size: int,
         query_condition: QueryCondition,
         paths: Sequence[str],
+        *,
+        writable: bool = True,
     ) -> tuple[list[tuple[Any, ...]], dict[str, Any]]:
         """Like :meth:`sample_with_info`, but fetches only ``paths`` of the chosen rows
-        (``storage.fetch_fields``): a tuple ``(id, value per path)`` per row."""
+        (``storage.fetch_fields``): a tuple ``(id, value per path)`` per row. With
+        ``writable=False`` arrays may be read-only (for a converter that copies them)."""
         fetch = getattr(storage, "fetch_fields", None)
         if fetch is None:
             raise TypeError(f"{type(storage).__name__} cannot fetch single fields")
         return self._draw(
-            storage, batch_size, query_condition, lambda keys: fetch(keys, paths), _first
+            storage,
+            batch_size,
+            query_condition,
+            lambda keys: fetch(keys, paths, writable=writable),
+            _first,
         )
 
     def _draw(

@@ -30,7 +30,9 @@ from sqlalchemy import (
     Engine,
     Integer,
     Row,
+    Select,
     bindparam,
+    column,
     create_engine,
     delete,
     event,
@@ -54,12 +56,13 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from .. import migrate
 from .._optional import require
-from ..codec import PartDecoder, PayloadWriter, decode_payload
+from ..codec import PayloadWriter, decode_payload
 from ..errors import CodecError, StorageError
 from ..models import PAYLOAD_FIELDS, DataRow, Experience, ExpMeta, trusted
-from ..paths import MISSING, CompiledPath, compile_path, step_into
 from .base import QueryCondition, Storage
+from .compiled import CompiledSelect
 from .eviction import EVICTION_POLICIES, evict
+from .fields import FieldPlan, field_plans
 from .schema import META_COLUMNS, SCALAR_COLUMNS, buffers, newest_first, rows
 
 __all__ = ["SqlStorage", "create_sql_engine"]
@@ -217,6 +220,10 @@ class SqlStorage(Storage):
         self._cache: OrderedDict[
             tuple[str, tuple[str, ...]], tuple[tuple[int, int], dict[str, np.ndarray]]
         ] = OrderedDict()
+        # fetch_fields() plans by paths.
+        self._plans: dict[tuple[tuple[str, ...], bool], tuple[FieldPlan, FieldPlan | None]] = {}
+        # Statements compiled once (see expstore.storage.compiled), by their columns.
+        self._statements: dict[tuple[Any, ...], CompiledSelect] = {}
         self._connect()
 
     # -- connections ---------------------------------------------------------------------
@@ -689,10 +696,15 @@ class SqlStorage(Storage):
     # -- the samplers' fast path ---------------------------------------------------------
     def _signature(self, conn: Connection) -> tuple[int, int]:
         """Changes whenever rows are added (max key) or changed otherwise (version)."""
-        max_key = newest_first(select(rows.c.key), self.buffer_id).limit(1).scalar_subquery()
-        version = select(buffers.c.version).where(buffers.c.id == self.buffer_id).scalar_subquery()
-        got = conn.execute(select(max_key, version)).one()
-        return (int(got[0] or 0), int(got[1] or 0))
+        statement = self._statements.get(("signature",))
+        if statement is None:
+            max_key = newest_first(select(rows.c.key), self.buffer_id).limit(1).scalar_subquery()
+            version = (
+                select(buffers.c.version).where(buffers.c.id == self.buffer_id).scalar_subquery()
+            )
+            statement = self._statement(("signature",), select(max_key, version))
+        ((key, version),) = statement.run(conn)
+        return (int(key or 0), int(version or 0))
 
     def key_index(
         self, query_condition: QueryCondition = None, columns: Sequence[str] = ()
@@ -708,7 +720,6 @@ class SqlStorage(Storage):
             if c not in INDEXABLE:
                 raise ValueError(f"key_index() columns must be among {INDEXABLE}, got {c!r}")
         cache_key = (_condition_key(query_condition), columns)
-        where = self._where(query_condition)
         with self._errors("index rows"), self._read() as conn:
             signature = self._signature(conn)
             cached = self._cache.get(cache_key)
@@ -719,7 +730,8 @@ class SqlStorage(Storage):
             since = None
             if cached is not None and cached[0][1] == signature[1] and len(cached[1]["key"]):
                 since = int(cached[1]["key"][-1])
-            stmt = select(rows.c.key, *(rows.c[c] for c in columns)).where(*where)
+            stmt = select(rows.c.key, *(rows.c[c] for c in columns))
+            stmt = stmt.where(*self._where(query_condition))
             if since is not None:
                 stmt = stmt.where(rows.c.key > since)
             fetched = conn.execute(stmt.order_by(rows.c.key)).all()
@@ -734,29 +746,31 @@ class SqlStorage(Storage):
         return arrays
 
     def fetch_fields(
-        self, keys: Sequence[int] | np.ndarray, paths: Sequence[str]
+        self, keys: Sequence[int] | np.ndarray, paths: Sequence[str], *, writable: bool = True
     ) -> list[tuple[Any, ...]]:
         """For each key found (in the order given, repeats allowed, vanished keys skipped)
         a tuple ``(id, value at paths[0], value at paths[1], ...)``; MISSING where a row
         has nothing at a path.
 
-        Only the columns the paths need are read, and of the JSON document only the fields
-        they reach are decoded: the fast path for converters that read a few fields
-        (:class:`~expstore.TensorConverter`) instead of whole rows.
+        Only the columns the paths need are read, and of the JSON document only the parts
+        they reach, extracted by the database (see :mod:`expstore.storage.fields`): the
+        fast path for converters that read a few fields (:class:`~expstore.TensorConverter`)
+        instead of whole rows. With ``writable=False`` arrays may be read-only views of the
+        fetched bytes, for a caller that copies them anyway.
         """
-        compiled = [compile_path(p) for p in paths]
-        selected: dict[str, Any] = {"key": rows.c.key, "id": rows.c.id}
-        for head, steps in compiled:
-            field = str(steps[0]) if steps else ""
-            if head == "exp_meta" or (head == "exp_data" and field in SCALAR_COLUMNS):
-                selected[field] = rows.c[field]
-            elif head == "exp_data":
-                # Only this field of the JSON document: the database extracts it, so the
-                # rest of the document (messages, say) is never parsed in Python.
-                selected[f"payload.{field}"] = rows.c.data[field]
-                selected["tensors"] = rows.c.tensors
-        at = {name: i for i, name in enumerate(selected)}
-        return self._by_keys(keys, list(selected.values()), lambda r: _read_fields(r, at, compiled))
+        plans = self._plans.get((tuple(paths), writable))
+        if plans is None:
+            plans = field_plans(paths, self.dialect, writable=writable)
+            if len(self._plans) >= KEY_INDEX_CACHE:
+                self._plans.clear()
+            self._plans[(tuple(paths), writable)] = plans
+        plan, whole = plans
+        wanted = _key_list(keys)
+        found = self._found(wanted, plan.columns, plan.read)
+        unread = [k for k, v in found.items() if v is None]
+        if unread and whole is not None:
+            found.update(self._found(unread, whole.columns, whole.read))
+        return [v for v in (found.get(k) for k in wanted) if v is not None]
 
     def fetch_keys(self, keys: Sequence[int] | np.ndarray) -> list[DataRow]:
         """The rows with these keys in the given order (repeats allowed; vanished keys skipped)."""
@@ -767,45 +781,58 @@ class SqlStorage(Storage):
     ) -> list[_T]:
         """``make(row)`` for the rows with these keys (``columns[0]`` must be ``key``), in
         the order given, repeats allowed, keys no longer stored skipped."""
-        wanted = [int(k) for k in np.asarray(keys, dtype=np.int64).reshape(-1)]
-        stmt = select(*columns).where(
-            rows.c.buffer_id == self.buffer_id, rows.c.key.in_(bindparam("keys", expanding=True))
-        )
-        found: dict[int, _T] = {}
-        unique = list(dict.fromkeys(wanted))
-        with self._errors("fetch rows"), self._read() as conn:
-            for start in range(0, len(unique), 5000):
-                for r in conn.execute(stmt, {"keys": unique[start : start + 5000]}).all():
-                    found[r[0]] = make(r)
+        wanted = _key_list(keys)
+        found = self._found(wanted, columns, make)
         return [found[k] for k in wanted if k in found]
 
+    def _found(
+        self, wanted: list[int], columns: Sequence[Any], make: Callable[[Any], _T]
+    ) -> dict[int, _T]:
+        """``make(row)`` by key, for the stored rows among ``wanted``."""
+        statement = self._statements.get(tuple(columns))
+        if statement is None:
+            # Keys are unique across buffers. The buffer is checked here rather than in the
+            # WHERE clause, where it would lead SQLite to look each key up through the
+            # (buffer_id, key) index and then the table, instead of the table alone.
+            stmt = select(*columns, rows.c.buffer_id).where(_key_in(self.dialect))
+            statement = self._statement(tuple(columns), stmt)
+        found: dict[int, _T] = {}
+        unique = list(dict.fromkeys(wanted))
+        buffer_id = self.buffer_id
+        with self._errors("fetch rows"), self._read() as conn:
+            for start in range(0, len(unique), 5000):
+                chunk = unique[start : start + 5000]
+                for r in statement.run(conn, keys=_key_set(chunk, self.dialect)):
+                    if r[-1] == buffer_id:
+                        found[r[0]] = make(r)
+        return found
 
-def _read_fields(r: Row[Any], at: dict[str, int], compiled: list[CompiledPath]) -> tuple[Any, ...]:
-    """(id, value per path) of one fetched row (see SqlStorage.fetch_fields). Each payload
-    field a path reaches is decoded once, however many paths go into it."""
-    row_id = r[at["id"]]
-    decoder: PartDecoder | None = None
-    decoded: dict[str, Any] = {}
-    out: list[Any] = [row_id]
-    for head, steps in compiled:
-        if head == "id":
-            out.append(row_id)
-            continue
-        field = str(steps[0])
-        if head == "exp_meta" or field in SCALAR_COLUMNS:
-            value = r[at[field]]
-        else:
-            if field not in decoded:
-                if decoder is None:
-                    decoder = PartDecoder(r[at["tensors"]], row_id)
-                decoded[field] = decoder.decode_part(r[at[f"payload.{field}"]], field)
-            value = decoded[field]
-        for step in steps[1:]:
-            value = step_into(value, step)
-            if value is MISSING:
-                break
-        out.append(value)
-    return tuple(out)
+    def _statement(self, key: tuple[Any, ...], stmt: Select[Any]) -> CompiledSelect:
+        """``stmt`` compiled for this database, kept under ``key``."""
+        if len(self._statements) >= 64:
+            self._statements.clear()
+        compiled = self._statements[key] = CompiledSelect(stmt, self._engine.dialect)
+        return compiled
+
+
+def _key_in(dialect: str) -> ColumnElement[bool]:
+    """``key`` is in the set bound as ``keys`` (see _key_set): one statement whatever the
+    number of keys, so it is compiled once."""
+    if dialect == "postgresql":
+        return rows.c.key == func.any(bindparam("keys"))
+    each: Select[Any] = select(column("value")).select_from(func.json_each(bindparam("keys")))
+    return rows.c.key.in_(each.scalar_subquery())
+
+
+def _key_set(keys: list[int], dialect: str) -> Any:
+    """The ``keys`` parameter of _key_in: an array for Postgres, JSON text for SQLite."""
+    if dialect == "postgresql":
+        return keys
+    return "[" + ",".join(map(str, keys)) + "]"
+
+
+def _key_list(keys: Sequence[int] | np.ndarray) -> list[int]:
+    return np.asarray(keys, dtype=np.int64).reshape(-1).tolist()  # type: ignore[no-any-return]
 
 
 _PG_COPY_TYPES = [

@@ -1,0 +1,76 @@
+"""Statements built with SQLAlchemy Core, compiled once, run on the driver's cursor.
+
+The sampling path runs the same few statements for every batch: the freshness check of a
+cached key index and the fetch of the chosen keys. There SQLAlchemy's per-execution work
+(cache keys, parameter processing, Row objects) costs as much as the database's, so these
+statements are compiled once per storage and run on the DB-API cursor. Everything else
+still goes through SQLAlchemy: the SQL text is SQLAlchemy's, values are bound parameters,
+result columns get the processors SQLAlchemy would apply, and driver errors become
+SQLAlchemy's exception classes, as ``Connection.execute`` raises them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection, Select
+from sqlalchemy.engine import Dialect
+from sqlalchemy.exc import DBAPIError
+
+__all__ = ["CompiledSelect"]
+
+
+class CompiledSelect:
+    """A SELECT compiled for one dialect; :meth:`run` returns its rows as tuples.
+
+    Parameters given to :meth:`run` must be values the driver takes as they are (int,
+    str, float, bytes, lists of ints for Postgres arrays): no bind processors run on them.
+    """
+
+    def __init__(self, stmt: Select[Any], dialect: Dialect) -> None:
+        compiled = stmt.compile(dialect=dialect)
+        self.sql = str(compiled)
+        # Values bound at build time (JSON paths, say) get their bind processors once here.
+        self._defaults: dict[str, Any] = {}
+        for name, value in compiled.params.items():
+            processor = compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect)
+            self._defaults[name] = value if processor is None else processor(value)
+        positional = compiled.positiontup
+        self._order = list(positional) if dialect.positional and positional is not None else None
+        self._error: type[Exception] = dialect.loaded_dbapi.Error
+        self._dialect = dialect
+        self._types = [column.type.dialect_impl(dialect) for column in stmt.selected_columns]
+        # Result processors need the driver's type codes: set at the first run.
+        self._processors: list[tuple[int, Any]] | None = None
+
+    def run(self, conn: Connection, **params: Any) -> list[Sequence[Any]]:
+        values = {**self._defaults, **params}
+        args: Any = values if self._order is None else [values[n] for n in self._order]
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        cursor = driver.cursor()
+        try:
+            cursor.execute(self.sql, args)
+            fetched: list[Any] = cursor.fetchall()
+            processors = self._processors
+            if processors is None:
+                codes = [d[1] for d in cursor.description]
+                processors = self._processors = [
+                    (i, p)
+                    for i, (kind, code) in enumerate(zip(self._types, codes, strict=True))
+                    if (p := kind.result_processor(self._dialect, code)) is not None
+                ]
+        except self._error as exc:
+            raise DBAPIError.instance(self.sql, args, exc, self._error) from exc
+        finally:
+            cursor.close()
+        if processors:
+            fetched = [self._process(list(r), processors) for r in fetched]
+        return fetched
+
+    @staticmethod
+    def _process(row: list[Any], processors: list[tuple[int, Any]]) -> list[Any]:
+        for i, processor in processors:
+            row[i] = processor(row[i])
+        return row
