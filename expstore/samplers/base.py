@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from operator import itemgetter
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -298,8 +299,8 @@ def _row_id(row: DataRow) -> str:
     return row.id
 
 
-def _first(record: tuple[Any, ...]) -> str:
-    return str(record[0])
+#: The id of a fetch_fields record (ids come back from the database as str).
+_first: Callable[[tuple[Any, ...]], str] = itemgetter(0)
 
 
 class TaskSampler(Sampler):

@@ -66,6 +66,8 @@ class PrioritizedSampler(KeySampler):
         self.beta = float(beta)
         self.eps = float(eps)
         self.last_weights: np.ndarray = np.empty(0, dtype=np.float32)
+        # (keys, their positions in the index) of the last sample_keys(), for batch_info.
+        self._drawn: tuple[np.ndarray, np.ndarray] | None = None
 
     def _distribution(self, priority: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
         """(unnormalised weights, their cumulative sum, the smallest positive weight)."""
@@ -95,17 +97,32 @@ class PrioritizedSampler(KeySampler):
             raise EmptyBufferError(
                 "every matching row has priority 0 and eps is 0, so none can be drawn"
             )
-        positions = np.searchsorted(cdf, rng.random(batch_size) * total, side="right")
-        return index["key"][np.minimum(positions, len(cdf) - 1)]
+        targets = rng.random(batch_size) * total
+        # Searched in ascending order (numpy then narrows each search by the last), put
+        # back in the order drawn: the same positions, fewer cache misses over a big cdf.
+        order = np.argsort(targets)
+        positions = np.empty(batch_size, dtype=np.intp)
+        positions[order] = np.searchsorted(cdf, targets[order], side="right")
+        np.minimum(positions, len(cdf) - 1, out=positions)
+        keys = index["key"][positions]
+        self._drawn = (keys, positions)
+        return keys
 
     def batch_info(
         self, index: dict[str, np.ndarray], keys: np.ndarray, ids: list[str]
     ) -> dict[str, Any]:
         weights, _, smallest = self._distribution(index["priority"])
-        positions = np.searchsorted(index["key"], keys)
+        drawn = self.__dict__.get("_drawn")
+        if drawn is not None and drawn[0] is keys:  # the keys sample_keys just chose
+            positions = drawn[1]
+        else:
+            positions = np.searchsorted(index["key"], keys)
         # (N P_i)^-beta / max_j (N P_j)^-beta == (w_i / min_j w_j)^-beta
         is_weights = np.power(weights[positions] / smallest, -self.beta).astype(np.float32)
         return {"weights": is_weights, "ids": list(ids)}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_drawn": None}
 
     def _draw(self, *args: Any, **kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
         fetched, info = super()._draw(*args, **kwargs)

@@ -31,6 +31,7 @@ from sqlalchemy import (
     Integer,
     Row,
     Select,
+    Text,
     bindparam,
     column,
     create_engine,
@@ -42,6 +43,7 @@ from sqlalchemy import (
     tuple_,
     update,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import (
     ArgumentError,
@@ -489,11 +491,26 @@ class SqlStorage(Storage):
         found: dict[str, int] = {}
         unique = list(dict.fromkeys(ids))
         for start in range(0, len(unique), 5000):
-            stmt = select(rows.c.id, rows.c.key).where(
-                rows.c.buffer_id == self.buffer_id, rows.c.id.in_(unique[start : start + 5000])
-            )
+            stmt = self._ids_statement(unique[start : start + 5000])
             found.update((row_id, key) for row_id, key in conn.execute(stmt))
         return found
+
+    def _ids_statement(self, ids: list[str]) -> Select[Any]:
+        """``SELECT id, key`` of this buffer's rows with these ids."""
+        if self.dialect != "postgresql":
+            return select(rows.c.id, rows.c.key).where(
+                rows.c.buffer_id == self.buffer_id, rows.c.id.in_(ids)
+            )
+        # A join with the ids as a set-returning function: Postgres looks each id up in the
+        # (buffer_id, id) index whatever its statistics say. With "id IN (...)" and no
+        # statistics yet (a freshly loaded table, autovacuum off) it scans the buffer.
+        wanted = (
+            func.unnest(bindparam("ids", ids, type_=ARRAY(Text)))
+            .table_valued("id")
+            .render_derived(name="wanted")
+        )
+        on = (rows.c.buffer_id == self.buffer_id) & (rows.c.id == wanted.c.id)
+        return select(rows.c.id, rows.c.key).join_from(wanted, rows, on)
 
     def _bump_version(self, conn: Connection) -> int:
         """Mark a change other than an insert; returns the new version (the row is locked

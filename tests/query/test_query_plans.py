@@ -118,3 +118,29 @@ def test_postgres_can_serve_the_query_from_the_index_alone(
     finally:
         conn.execute(text("RESET enable_seqscan"))
     assert index in shown, shown
+
+
+def test_ids_are_looked_up_by_index_on_postgres_even_without_statistics(
+    pg_url: str, buffer_name: str
+) -> None:
+    """update_priorities and the duplicate-id check find rows by id; on a freshly loaded
+    table (no ANALYZE yet, autovacuum off) Postgres must still use the (buffer_id, id)
+    index rather than scan the buffer."""
+    with ReplayBuffer(pg_url, name=buffer_name) as buffer:
+        stored = make_rows()
+        buffer.store_batch(stored)
+        storage = buffer.storage
+        stmt = storage._ids_statement([r.id for r in stored[::15]])  # type: ignore[attr-defined]
+        engine = create_engine(storage.url)  # type: ignore[attr-defined]
+        try:
+            with engine.begin() as conn:
+                conn.execute(
+                    text("DELETE FROM pg_statistic WHERE starelid = 'expstore_rows'::regclass")
+                )
+                compiled = stmt.compile(dialect=conn.dialect)
+                found = conn.exec_driver_sql("EXPLAIN " + str(compiled), compiled.params).all()
+        finally:
+            engine.dispose()
+        plan_text = "\n".join(r[0] for r in found)
+        assert "uq_expstore_rows_buffer_id_id" in plan_text, plan_text
+        buffer.clear()
