@@ -501,16 +501,21 @@ class SqlStorage(Storage):
             return select(rows.c.id, rows.c.key).where(
                 rows.c.buffer_id == self.buffer_id, rows.c.id.in_(ids)
             )
-        # A join with the ids as a set-returning function: Postgres looks each id up in the
-        # (buffer_id, id) index whatever its statistics say. With "id IN (...)" and no
-        # statistics yet (a freshly loaded table, autovacuum off) it scans the buffer.
+        # Each id's key by a subquery on the (buffer_id, id) unique index, which Postgres
+        # uses whatever its statistics say. With "id IN (...)", or a join, and no
+        # statistics yet (a freshly loaded table, autovacuum off) it may scan the buffer.
         wanted = (
             func.unnest(bindparam("ids", ids, type_=ARRAY(Text)))
             .table_valued("id")
             .render_derived(name="wanted")
         )
-        on = (rows.c.buffer_id == self.buffer_id) & (rows.c.id == wanted.c.id)
-        return select(rows.c.id, rows.c.key).join_from(wanted, rows, on)
+        key = (
+            select(rows.c.key)
+            .where(rows.c.buffer_id == self.buffer_id, rows.c.id == wanted.c.id)
+            .scalar_subquery()
+        )
+        found = select(wanted.c.id, key.label("key")).subquery()
+        return select(found.c.id, found.c.key).where(found.c.key.is_not(None))
 
     def _bump_version(self, conn: Connection) -> int:
         """Mark a change other than an insert; returns the new version (the row is locked

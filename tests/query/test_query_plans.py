@@ -121,26 +121,33 @@ def test_postgres_can_serve_the_query_from_the_index_alone(
 
 
 def test_ids_are_looked_up_by_index_on_postgres_even_without_statistics(
-    pg_url: str, buffer_name: str
+    pg_server_url: str,
 ) -> None:
     """update_priorities and the duplicate-id check find rows by id; on a freshly loaded
-    table (no ANALYZE yet, autovacuum off) Postgres must still use the (buffer_id, id)
-    index rather than scan the buffer."""
-    with ReplayBuffer(pg_url, name=buffer_name) as buffer:
-        stored = make_rows()
-        buffer.store_batch(stored)
-        storage = buffer.storage
-        stmt = storage._ids_statement([r.id for r in stored[::15]])  # type: ignore[attr-defined]
-        engine = create_engine(storage.url)  # type: ignore[attr-defined]
-        try:
-            with engine.begin() as conn:
-                conn.execute(
-                    text("DELETE FROM pg_statistic WHERE starelid = 'expstore_rows'::regclass")
-                )
+    table (never ANALYZEd: a new database, autovacuum off or not yet run) Postgres must
+    still use the (buffer_id, id) index rather than scan the buffer."""
+    import uuid
+
+    from sqlalchemy.engine import make_url
+
+    server = make_url(pg_server_url)
+    name = f"expstore_nostats_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        url = server.set(database=name)
+        with ReplayBuffer(url.render_as_string(hide_password=False)) as buffer:
+            stored = make_rows(20_000)
+            buffer.store_batch(stored)
+            storage = buffer.storage
+            stmt = storage._ids_statement([r.id for r in stored[::80]])  # type: ignore[attr-defined]
+            with storage._engine.connect() as conn:  # type: ignore[attr-defined]
                 compiled = stmt.compile(dialect=conn.dialect)
                 found = conn.exec_driver_sql("EXPLAIN " + str(compiled), compiled.params).all()
-        finally:
-            engine.dispose()
         plan_text = "\n".join(r[0] for r in found)
         assert "uq_expstore_rows_buffer_id_id" in plan_text, plan_text
-        buffer.clear()
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
