@@ -364,12 +364,16 @@ class _Encoder:
         return self.placeholder("torch", name, tuple(value.shape), data)
 
     def blob(self) -> bytes | None:
-        if not self.chunks:
+        chunks = self.chunks
+        if not chunks:
             return None
+        if len(chunks) == 1:  # one tensor, no padding: the common case
+            (chunk,) = chunks
+            return b"".join((MAGIC, _CRC.pack(zlib.crc32(chunk)), chunk))
         crc = 0
-        for chunk in self.chunks:
+        for chunk in chunks:
             crc = zlib.crc32(chunk, crc)
-        return b"".join([MAGIC, struct.pack("<I", crc), *self.chunks])
+        return b"".join([MAGIC, _CRC.pack(crc), *chunks])
 
 
 class _Failure(Exception):
@@ -469,14 +473,13 @@ class PayloadWriter:
         except (_Fallback, ValueError, TypeError, CodecError, RecursionError):
             pass
         else:
-            marks = text.count('"__')
-            if marks == 0 or marks == text.count(_TENSOR_MARK) == encoder.tensors:
+            # Each placeholder the encoder emitted holds '"__' exactly once; any other
+            # occurrence is user data (a key or string starting with "__") that the full
+            # walk may need to escape.
+            if text.count('"__') == encoder.tensors:
                 return text, encoder.blob()
         doc, blob = encode_payload(payload)
         return dump_document(doc), blob
-
-
-_TENSOR_MARK = f'"{TENSOR_KEY}":'
 
 
 # ---------------------------------------------------------------------------------------
