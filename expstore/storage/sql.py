@@ -83,6 +83,10 @@ INDEXABLE = (
     "priority",
 )
 _WRITE_COLUMNS = ("buffer_id", "id", *META_COLUMNS, *SCALAR_COLUMNS, "data", "tensors")
+# SqlStorage._encode_chunk spells these out for speed.
+assert PAYLOAD_FIELDS == ("state", "actions", "messages", "next_state", "ext_info")
+assert META_COLUMNS == ("task_id", "task_name", "agent_id", "step", "execute_time", "pre_agent")
+assert SCALAR_COLUMNS == ("reward_t", "adv_t", "v_t", "done")
 _ROW_COLUMNS = [c for c in rows.c if c.name not in ("buffer_id", "priority")]
 _ROW_NAMES = [c.name for c in _ROW_COLUMNS]
 _AT_ID, _AT_DATA, _AT_TENSORS = (_ROW_NAMES.index(n) for n in ("id", "data", "tensors"))
@@ -337,9 +341,14 @@ class SqlStorage(Storage):
                 f"store_batch() needs a list of DataRow, got {type(batch).__name__}; "
                 "use store() for one row"
             )
+        items = list(batch)
+        if items and all(type(row) is DataRow for row in items):
+            # The common case in one pass; anything else is explained below.
+            if len({row.id for row in items}) == len(items):
+                return items
         prepared: list[DataRow] = []
         seen: set[str] = set()
-        for position, row in enumerate(batch):
+        for position, row in enumerate(items):
             if row is None:
                 raise ValueError(
                     f"store_batch() got None at position {position}; every item must be a "
@@ -362,30 +371,6 @@ class SqlStorage(Storage):
         if not prepared:
             raise ValueError("store_batch() got an empty batch; give at least one DataRow")
         return prepared
-
-    def _row_params(self, row: DataRow, writer: PayloadWriter) -> tuple[Any, ...]:
-        """The row's values in _WRITE_COLUMNS order, the document as JSON text."""
-        meta, data = row.exp_meta, row.exp_data
-        try:
-            doc, blob = writer.encode({name: getattr(data, name) for name in PAYLOAD_FIELDS})
-        except CodecError as exc:
-            raise CodecError(f"row {row.id}: {exc}. Nothing was stored") from exc
-        return (
-            self.buffer_id,
-            row.id,
-            meta.task_id,
-            meta.task_name,
-            meta.agent_id,
-            meta.step,
-            meta.execute_time,
-            meta.pre_agent,
-            data.reward_t,
-            data.adv_t,
-            data.v_t,
-            bool(data.done),
-            doc,
-            blob,
-        )
 
     def store_batch(self, rows_: Sequence[DataRow]) -> None:
         """Store every row in one transaction, or none.
@@ -418,8 +403,46 @@ class SqlStorage(Storage):
                 raise duplicate from exc
 
     def _encode_chunk(self, chunk: Sequence[DataRow]) -> list[tuple[Any, ...]]:
-        writer = PayloadWriter()
-        return [self._row_params(row, writer) for row in chunk]
+        """Each row's values in _WRITE_COLUMNS order, the document as JSON text.
+
+        The hot loop of a write: one pass, fields read from the models' ``__dict__``.
+        """
+        encode = PayloadWriter().encode
+        buffer_id = self.buffer_id
+        out: list[tuple[Any, ...]] = []
+        append = out.append
+        for row in chunk:
+            m, d = row.exp_meta.__dict__, row.exp_data.__dict__
+            payload = {  # PAYLOAD_FIELDS, in order (checked where _WRITE_COLUMNS is built)
+                "state": d["state"],
+                "actions": d["actions"],
+                "messages": d["messages"],
+                "next_state": d["next_state"],
+                "ext_info": d["ext_info"],
+            }
+            try:
+                doc, blob = encode(payload)
+            except CodecError as exc:
+                raise CodecError(f"row {row.id}: {exc}. Nothing was stored") from exc
+            append(
+                (
+                    buffer_id,
+                    row.id,
+                    m["task_id"],
+                    m["task_name"],
+                    m["agent_id"],
+                    m["step"],
+                    m["execute_time"],
+                    m["pre_agent"],
+                    d["reward_t"],
+                    d["adv_t"],
+                    d["v_t"],
+                    bool(d["done"]),
+                    doc,
+                    blob,
+                )
+            )
+        return out
 
     def _encoded_chunks(self, batch: list[DataRow]) -> Iterator[list[tuple[Any, ...]]]:
         """Encoded chunks of ``batch``. On Postgres the next one is encoded in a thread
