@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from sqlalchemy import Text, cast, literal, type_coerce
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.sql.elements import ColumnElement
 
 from ..codec import RESERVED_KEYS, PartDecoder, decode_text
@@ -66,7 +67,7 @@ class FieldPlan:
                     columns_at[field] = self._add(rows.c[field])
                 self.parts.append(_Part("column", columns_at[field], steps[1:], field))
                 continue
-            prefix = _sql_prefix(steps) if deep else (field,)
+            prefix = _sql_prefix(steps, dialect) if deep else (field,)
             if prefix not in placed:
                 placed[prefix] = self._add(_json_part(prefix, dialect))
             if self._tensors_at < 0:
@@ -141,13 +142,16 @@ def field_plans(
     return plan, FieldPlan(paths, dialect, deep=False)
 
 
-def _sql_prefix(steps: tuple[str | int, ...]) -> tuple[str, ...]:
-    """The leading steps the database can follow: dict keys, stopping at a list index
-    (a digit step may be either, which only the decoded value tells), a reserved key or a
-    key the path syntax would need escapes for."""
+def _sql_prefix(steps: tuple[str | int, ...], dialect: str) -> tuple[str, ...]:
+    """The leading steps the database can follow: dict keys, stopping at a list index (a
+    digit step may be either, which only the decoded value tells), a reserved key, a key
+    the path syntax would need escapes for, and on Postgres a key that ``#>`` would read
+    as an array subscript when it meets a list (``01``, ``-1``, ``+1``)."""
     prefix = [str(steps[0])]
     for step in steps[1:]:
         if type(step) is not str or step in RESERVED_KEYS or '"' in step or "\\" in step:
+            break
+        if dialect == "postgresql" and step.strip().lstrip("+-").isdigit():
             break
         prefix.append(step)
     return tuple(prefix)
@@ -157,7 +161,10 @@ def _json_part(prefix: tuple[str, ...], dialect: str) -> ColumnElement[Any]:
     """The JSON text of the document's part at ``prefix`` (NULL where there is none, for
     deep prefixes); every key is a bound parameter."""
     if dialect == "postgresql":
-        return cast(rows.c.data[prefix], Text)
+        # The path bound as a real text[] (not an array literal, whose syntax would split
+        # or trim keys holding commas, braces or spaces).
+        path_array = literal(list(prefix), ARRAY(Text))
+        return cast(rows.c.data.op("#>", return_type=JSONB)(path_array), Text)
     if len(prefix) == 1 and not _SQLITE_ARROW:
         return type_coerce(rows.c.data[prefix[0]], Text)
     path = "$" + "".join(f'."{key}"' for key in prefix)

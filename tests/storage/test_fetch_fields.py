@@ -18,7 +18,10 @@ from expstore import DataRow, Experience, ExpMeta, ReplayBuffer
 from expstore.codec import deep_equal
 from expstore.paths import MISSING, compile_path, read_path
 
-KEYS = ["a", "b", "0", "1", "__tensor__", "__float__", "__escaped__", 'q"k', "b\\s", "x y", "é"]
+KEYS = [
+    "a", "b", "0", "1", "01", "-1", "+1", "__tensor__", "__float__", "__escaped__",
+    'q"k', "b\\s", "x y", " x", "é", "a,b", "{", "x}", "NULL", "[0]", "$",
+]  # fmt: skip
 
 arrays = st.builds(
     lambda n, dtype: np.arange(n, dtype=dtype),
@@ -55,11 +58,12 @@ def _paths_into(value: Any, prefix: str, out: list[str], depth: int = 0) -> None
         for i in range(min(len(value), 2)):
             item = value[i]
             _paths_into(item, f"{prefix}.{i}", out, depth + 1)
-        out.append(f"{prefix}.7")
+        # Steps that only look like indexes: dict keys, never list subscripts.
+        out.extend(f"{prefix}.{step}" for step in ("7", "01", "-1", "+1"))
 
 
 @settings(
-    max_examples=40,
+    max_examples=60,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
