@@ -33,7 +33,7 @@ import math
 import struct
 import zlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 from pydantic import BaseModel
@@ -451,12 +451,10 @@ class PayloadWriter:
 
     def _default(self, value: Any) -> Any:
         encoder = self._encoder
-        if type(value) is np.ndarray:
-            stored = _FAST_DTYPE_NAMES.get(value.dtype)
-            if stored is not None and value.flags.c_contiguous:
-                return encoder.placeholder("numpy", stored, value.shape, value)
-            return encoder.encode_numpy(value, "")
         if isinstance(value, np.ndarray):
+            stored = _FAST_DTYPE_NAMES.get(value.dtype)
+            if stored is not None and type(value) is np.ndarray and value.flags.c_contiguous:
+                return encoder.placeholder("numpy", stored, value.shape, value)
             return encoder.encode_numpy(value, "")
         torch = loaded_torch()
         if torch is not None and isinstance(value, torch.Tensor):
@@ -490,6 +488,18 @@ class _Fallback(Exception):
     """A fast walk met something for the full walk to handle or explain."""
 
 
+def _intact(blob: object) -> TypeGuard[bytes]:
+    """Whether ``blob`` is bytes with the magic and a matching checksum: the common case,
+    checked with as little work as possible (anything else goes through
+    ``_Decoder.check_blob``, which says what is wrong)."""
+    return (
+        type(blob) is bytes
+        and len(blob) >= HEADER_SIZE
+        and blob.startswith(MAGIC)
+        and zlib.crc32(memoryview(blob)[HEADER_SIZE:]) == _CRC.unpack_from(blob, 4)[0]
+    )
+
+
 class _Decoder:
     """Rebuilds values from one document and one writable copy of its blob."""
 
@@ -500,13 +510,9 @@ class _Decoder:
         self.buf: bytearray | None = None
         if blob is None:
             return
-        # The common case, checked with as little work as possible; anything else goes
-        # through check_blob, which says what is wrong.
-        if type(blob) is bytes and blob.startswith(MAGIC) and len(blob) >= HEADER_SIZE:
-            rest = memoryview(blob)[HEADER_SIZE:]
-            if zlib.crc32(rest) == _CRC.unpack_from(blob, 4)[0]:
-                self.buf = bytearray(rest)
-                return
+        if _intact(blob):
+            self.buf = bytearray(memoryview(blob)[HEADER_SIZE:])
+            return
         self.buf = self.check_blob(memoryview(blob))
 
     def damaged(self, message: str) -> CodecError:
@@ -726,15 +732,10 @@ def decode_text(
     ``writable=False`` over the blob itself (a read-only array, for a caller that copies
     it anyway, such as a converter stacking a batch)."""
     spec = _KNOWN_SPECS.get(text)
-    if spec is not None and spec[0] == "numpy" and type(blob) is bytes:
+    if spec is not None and spec[0] == "numpy":
         _, _, np_dtype, shape, count, offset, nbytes = spec
         end = HEADER_SIZE + offset + nbytes
-        if (
-            len(blob) >= end
-            and blob.startswith(MAGIC)
-            and zlib.crc32(memoryview(blob)[HEADER_SIZE:]) == _CRC.unpack_from(blob, 4)[0]
-            and np_dtype.isnative
-        ):
+        if np_dtype.isnative and _intact(blob) and len(blob) >= end:
             if writable:
                 array = np.frombuffer(bytearray(blob[end - nbytes : end]), np_dtype, count)
             else:

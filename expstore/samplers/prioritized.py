@@ -107,7 +107,7 @@ class PrioritizedSampler(KeySampler):
     ) -> dict[str, Any]:
         dist = self._distribution(index["priority"])
         weights, smallest = dist.weights, dist.smallest
-        drawn = self.__dict__.get("_drawn")
+        drawn = self._drawn
         if drawn is not None and drawn[0] is keys:  # the keys sample_keys just chose
             positions = drawn[1]
         else:
