@@ -156,17 +156,15 @@ class ReplayBuffer:
             isinstance(converter, NumpyConverter)
             and (paths := converter.field_paths) is not None
             and isinstance(sampler, KeySampler)
-            and hasattr(self.storage, "fetch_fields")
+            and hasattr(self.storage, "fetch_columns")
         ):
-            # Fast path: fetch only the fields the converter reads, not whole rows.
-            # The converter stacks (copies) every array, so they may be read-only views.
-            records, info = sampler.sample_fields(
+            # Fast path: fetch only the fields the converter reads, not whole rows, column
+            # by column (a tensor field comes stacked). The converter stacks (copies) every
+            # array it is given one per row, so those may be read-only views.
+            (_, columns), info = sampler.sample_fields(
                 self.storage, batch_size, query_condition, paths, writable=False
             )
-            columns = list(zip(*records, strict=True)) if records else [()] * (len(paths) + 1)
-            batch = converter.from_values(
-                {name: list(col) for name, col in zip(converter.fields, columns[1:], strict=True)}
-            )
+            batch = converter.from_values(dict(zip(converter.fields, columns, strict=True)))
             return converter.attach_info(batch, info) if info else batch
         with_info = getattr(sampler, "sample_with_info", None)
         if with_info is not None:

@@ -88,12 +88,19 @@ class NumpyConverter(Converter):
     def to_dataset_row(self, rows: Sequence[DataRow]) -> dict[str, Any]:
         return self.from_values({name: self._values(name, rows) for name in self.fields})
 
-    def from_values(self, values_by_field: dict[str, list[Any]]) -> dict[str, Any]:
-        """The batch from each field's values, one per row (MISSING where a row has none)."""
+    def from_values(self, values_by_field: dict[str, Any]) -> dict[str, Any]:
+        """The batch from each field's values, one per row (MISSING where a row has none):
+        a list, or an array whose first axis runs over the rows (numeric: taken as the
+        field's batch as it is)."""
         out: dict[str, Any] = {}
         for name in self.fields:
             values = values_by_field[name]
-            if self.strict and values and all(v is MISSING for v in values):
+            if (
+                self.strict
+                and type(values) is list
+                and values
+                and all(v is MISSING for v in values)
+            ):
                 raise ValueError(
                     f"no row of the batch has field {name!r} ({self.fields[name]!r}); check "
                     "the path, or pass strict=False to get None for rows without it"
@@ -131,13 +138,18 @@ def _as_array(value: Any) -> np.ndarray | None:
 
 
 def stack_values(
-    name: str, values: list[Any], dtype: Any = None, pad_value: float = 0
+    name: str, values: list[Any] | np.ndarray, dtype: Any = None, pad_value: float = 0
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Stack one field's values: (array, mask or None when nothing was padded).
 
     Numeric values are stacked (padded to the largest shape when shapes differ or a value
-    is missing); other values give an object array and no mask.
+    is missing); other values give an object array and no mask. A numeric array whose first
+    axis runs over the rows is already stacked: it is used as it is (cast to ``dtype``).
     """
+    if isinstance(values, np.ndarray):
+        if values.dtype.kind in "biufc" and values.ndim >= 1:
+            return values.astype(dtype or values.dtype, copy=False), None
+        values = list(values)
     first = values[0] if values else None
     if type(first) is np.ndarray and first.dtype.kind in "biufc":
         # The common case, in one pass: arrays of one shape and dtype (a tensor field).

@@ -46,6 +46,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    cast,
     false,
     func,
     not_,
@@ -59,7 +60,7 @@ from ._like import ESCAPE, like_to_glob
 from .conditions import And, Comparison, Condition, Or, as_condition
 from .fields import ColumnField, JsonField, Kind
 
-__all__ = ["DIALECTS", "sqlite_json_path", "to_sql"]
+__all__ = ["DIALECTS", "json_text", "sqlite_json_path", "to_sql"]
 
 #: The SQLAlchemy dialect names to_sql() compiles for.
 DIALECTS = ("sqlite", "postgresql")
@@ -95,6 +96,41 @@ def to_sql(
     if built is None:
         return None
     return _Compiler(table, dialect_name).condition(built)
+
+
+def json_text(
+    field: JsonField, table: Table, dialect_name: str, *, sqlite_arrow: bool = True
+) -> ColumnElement[Any]:
+    """The JSON text of the value at ``field``'s path (``'"easy"'``, ``'3'``, ``'true'``,
+    ``'null'``), NULL where the path reaches nothing; read by the same path rules as the
+    conditions (an index step must meet a list, a key a dict).
+
+    SQLite: ``data -> path`` (3.38 and later); with ``sqlite_arrow=False`` an expression of
+    ``json_type`` and ``json_quote(json_extract(...))`` that older versions understand.
+    """
+    compiler = _Compiler(table, dialect_name)
+    if compiler.pg:
+        node, json_type = compiler.pg_node(field)
+        return case((json_type.is_not(None), cast(node, Text)))
+    paths = compiler.sqlite_paths(field)
+    data = table.c.data
+    texts: list[ColumnElement[Any]]
+    if sqlite_arrow:
+        texts = [data.op("->", return_type=Text())(path) for path in paths]
+    else:
+        # json_extract gives true/false as 1/0, so booleans are spelled from their type;
+        # json_quote leaves an object or array that json_extract returned as it is.
+        texts = [
+            case(
+                (func.json_type(data, path).in_(["true", "false"]), func.json_type(data, path)),
+                (
+                    func.json_type(data, path).is_not(None),
+                    func.json_quote(func.json_extract(data, path)),
+                ),
+            )
+            for path in paths
+        ]
+    return texts[0] if len(texts) == 1 else func.coalesce(*texts)
 
 
 def sqlite_json_path(top: str, path: Sequence[str | int], *, ensure_ascii: bool = True) -> str:

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from operator import itemgetter
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -234,7 +233,11 @@ class KeySampler(Sampler):
     def sample_with_info(
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
     ) -> tuple[list[DataRow], dict[str, Any]]:
-        return self._draw(storage, batch_size, query_condition, storage.fetch_keys, _row_id)
+        def fetch(keys: np.ndarray) -> tuple[list[DataRow], list[str]]:
+            rows = storage.fetch_keys(keys)
+            return rows, [row.id for row in rows]
+
+        return self._draw(storage, batch_size, query_condition, fetch)
 
     def sample_fields(
         self,
@@ -244,29 +247,28 @@ class KeySampler(Sampler):
         paths: Sequence[str],
         *,
         writable: bool = True,
-    ) -> tuple[list[tuple[Any, ...]], dict[str, Any]]:
+    ) -> tuple[tuple[list[str], list[Any]], dict[str, Any]]:
         """Like :meth:`sample_with_info`, but fetches only ``paths`` of the chosen rows
-        (``storage.fetch_fields``): a tuple ``(id, value per path)`` per row. With
-        ``writable=False`` arrays may be read-only (for a converter that copies them)."""
-        fetch = getattr(storage, "fetch_fields", None)
-        if fetch is None:
+        (``storage.fetch_columns``): ``((ids, values per path), info)``, where a path's
+        values are a list or, for a tensor field, an array whose first axis is the rows.
+        With ``writable=False`` arrays may be read-only (for a converter that copies them)."""
+        fetch_columns = getattr(storage, "fetch_columns", None)
+        if fetch_columns is None:
             raise TypeError(f"{type(storage).__name__} cannot fetch single fields")
-        return self._draw(
-            storage,
-            batch_size,
-            query_condition,
-            lambda keys: fetch(keys, paths, writable=writable),
-            _first,
-        )
+
+        def fetch(keys: np.ndarray) -> tuple[tuple[list[str], list[Any]], list[str]]:
+            ids, columns = fetch_columns(keys, paths, writable=writable)
+            return (ids, columns), ids
+
+        return self._draw(storage, batch_size, query_condition, fetch)
 
     def _draw(
         self,
         storage: Storage,
         batch_size: int,
         query_condition: QueryCondition,
-        fetch: Callable[[np.ndarray], list[_R]],
-        id_of: Callable[[_R], str],
-    ) -> tuple[list[_R], dict[str, Any]]:
+        fetch: Callable[[np.ndarray], tuple[_R, list[str]]],
+    ) -> tuple[_R, dict[str, Any]]:
         batch_size = check_batch_size(batch_size)
         has_info = type(self).batch_info is not KeySampler.batch_info
         attempts = _FETCH_ATTEMPTS if has_info else 1
@@ -278,10 +280,10 @@ class KeySampler(Sampler):
                 keys = np.asarray(self.sample_keys(index, batch_size, self.rng), dtype=np.int64)
             except EmptyBufferError as exc:
                 raise empty_error(storage, query_condition, str(exc)) from None
-            fetched = fetch(keys)
+            fetched, ids = fetch(keys)
             # A row deleted by another writer between choosing and fetching is skipped; a
             # batch with per-row info must stay aligned, so it chooses again instead.
-            if len(fetched) == len(keys):
+            if len(ids) == len(keys):
                 break
             if has_info and attempt == attempts - 1:
                 raise StorageError(
@@ -290,17 +292,9 @@ class KeySampler(Sampler):
                     "deleting or evicting faster than this sampler reads. Retry the call"
                 )
         self.last_keys = keys
-        self.last_ids = [id_of(item) for item in fetched]
+        self.last_ids = ids
         info = self.batch_info(index, keys, self.last_ids) if has_info else {}
         return fetched, info
-
-
-def _row_id(row: DataRow) -> str:
-    return row.id
-
-
-#: The id of a fetch_fields record (ids come back from the database as str).
-_first: Callable[[tuple[Any, ...]], str] = itemgetter(0)
 
 
 class TaskSampler(Sampler):

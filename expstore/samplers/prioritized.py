@@ -119,7 +119,7 @@ class PrioritizedSampler(KeySampler):
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_drawn": None}
 
-    def _draw(self, *args: Any, **kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
+    def _draw(self, *args: Any, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         fetched, info = super()._draw(*args, **kwargs)
         self.last_weights = info.get("weights", np.empty(0, dtype=np.float32))
         return fetched, info

@@ -1,9 +1,13 @@
-"""StratifiedSampler: an equal share of the batch per group of a metadata field."""
+"""StratifiedSampler: an equal share of the batch per group of a field's values."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import numpy as np
 
+from ..query.fields import JsonField, resolve_field
 from ..storage.schema import META_COLUMNS, SCALAR_COLUMNS
 from .base import KeySampler
 
@@ -13,21 +17,34 @@ _GROUPABLE = (*META_COLUMNS, *SCALAR_COLUMNS)
 
 
 def _column(by: str) -> str:
+    """The key_index column for ``by``: a metadata column's bare name, or a payload path."""
     if not isinstance(by, str):
         raise ValueError(f"by must be a field name such as 'exp_meta.agent_id', got {by!r}")
     name = by
     for prefix in ("exp_meta.", "exp_data."):
         if by.startswith(prefix):
             name = by[len(prefix) :]
-    if name not in _GROUPABLE:
-        fields = ", ".join(
-            [f"exp_meta.{c}" for c in META_COLUMNS] + [f"exp_data.{c}" for c in SCALAR_COLUMNS]
-        )
-        raise ValueError(
-            f"StratifiedSampler groups by a metadata column, one of {fields}; got {by!r}. "
-            "To group by something inside the payload, store it in a column such as task_name"
-        )
-    return name
+    if name in _GROUPABLE:
+        return name
+    if by.startswith("exp_data.") and isinstance(resolve_field(by), JsonField):
+        return by  # a path into the payload; resolve_field refused a malformed one
+    fields = ", ".join(
+        [f"exp_meta.{c}" for c in META_COLUMNS] + [f"exp_data.{c}" for c in SCALAR_COLUMNS]
+    )
+    raise ValueError(
+        f"StratifiedSampler groups by a metadata column ({fields}) or a path into the "
+        f"payload such as 'exp_data.state.difficulty'; got {by!r}"
+    )
+
+
+def _group_key(value: Any) -> Any:
+    """A hashable key under which equal JSON values meet: True and 1 stay apart (as JSON
+    tells them apart), 1 and 1.0 meet, lists and dicts by their JSON text."""
+    if type(value) is bool:
+        return (bool, value)
+    if isinstance(value, (list, dict)):
+        return (list, json.dumps(value, sort_keys=True))
+    return value
 
 
 class StratifiedSampler(KeySampler):
@@ -35,15 +52,19 @@ class StratifiedSampler(KeySampler):
 
     ``StratifiedSampler(by="exp_meta.agent_id", *, seed=None)``
 
-    ``by`` is a metadata column: ``exp_meta.task_id``, ``exp_meta.agent_id``,
-    ``exp_meta.task_name``, ``exp_meta.step``, ``exp_data.done``, ``exp_data.reward_t`` ...
-    (the prefix may be left out). Each group (a distinct value, NULL being one) among the
-    matching rows gets ``batch_size // groups`` rows, drawn uniformly with replacement
+    ``by`` is a metadata column (``exp_meta.task_id``, ``exp_meta.agent_id``,
+    ``exp_meta.task_name``, ``exp_meta.step``, ``exp_data.done``, ``exp_data.reward_t`` ...;
+    the prefix may be left out) or a path into the payload (``exp_data.state.difficulty``,
+    ``exp_data.ext_info.env.0``), read by the same rules as query conditions. Each group
+    (a distinct value; NULL, JSON null and a path that reaches nothing are one group) among
+    the matching rows gets ``batch_size // groups`` rows, drawn uniformly with replacement
     within the group; the remaining ``batch_size % groups`` rows go to distinct groups
     chosen at random. With fewer rows asked than groups, that many distinct groups give
-    one row each. The batch comes back shuffled.
+    one row each. The batch comes back shuffled. Payload values group as JSON compares
+    them: ``1`` and ``1.0`` are one group, ``true`` and ``1`` two.
 
     >>> sampler = StratifiedSampler(by="exp_meta.task_id", seed=0)
+    >>> by_level = StratifiedSampler(by="exp_data.state.difficulty", seed=0)
     """
 
     def __init__(self, by: str = "exp_meta.agent_id", *, seed: int | None = None) -> None:
@@ -60,8 +81,11 @@ class StratifiedSampler(KeySampler):
         def compute() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             if values.dtype == object:
                 seen: dict[object, int] = {}
+                listed = values.tolist()
+                if self.column not in _GROUPABLE:  # payload values: any JSON value
+                    listed = list(map(_group_key, listed))
                 codes = np.fromiter(
-                    (seen.setdefault(v, len(seen)) for v in values.tolist()),
+                    (seen.setdefault(v, len(seen)) for v in listed),
                     dtype=np.int64,
                     count=len(values),
                 )

@@ -19,18 +19,23 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
 from sqlalchemy import Text, cast, literal, type_coerce
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.sql.elements import ColumnElement
 
-from ..codec import RESERVED_KEYS, PartDecoder, decode_text
+from ..codec import RESERVED_KEYS, decode_texts
 from ..paths import MISSING, compile_path, step_into
 from .schema import SCALAR_COLUMNS, rows
 
-__all__ = ["FieldPlan", "field_plans"]
+__all__ = ["SQLITE_ARROW", "FieldPlan", "Values", "field_plans"]
 
-# SQLite's -> operator (JSON text of a part, NULL where there is none) came in 3.38.
-_SQLITE_ARROW = sqlite3.sqlite_version_info >= (3, 38, 0)
+#: SQLite's -> operator (JSON text of a part, NULL where there is none) came in 3.38.
+SQLITE_ARROW = sqlite3.sqlite_version_info >= (3, 38, 0)
+
+
+#: One path's values over a batch of rows: a list, or an array whose first axis is the rows.
+Values = list[Any] | np.ndarray
 
 
 class _Part(NamedTuple):
@@ -74,59 +79,75 @@ class FieldPlan:
                 self._tensors_at = self._add(rows.c.tensors)
             self.parts.append(_Part("json", placed[prefix], steps[len(prefix) :], ".".join(prefix)))
 
-        # One extracted part per row: decoded without a PartDecoder (see codec.decode_text).
-        self._one_part = len(placed) == 1
-        if len(self.parts) == 1 and self.parts[0].kind == "json" and not self.parts[0].rest:
-            self.read = self._read_one  # type: ignore[method-assign]  # the common case
-
-    def _read_one(self, r: Sequence[Any]) -> tuple[Any, ...] | None:
-        """:meth:`read` for a plan of one path that the database extracts whole."""
-        text = r[2]
-        if text is None:
-            return None if self.deep else (r[1], None)
-        label = self.parts[0].label
-        return (r[1], decode_text(text, r[3], r[1], label, writable=self.writable))
+        self._json_at = sorted(set(placed.values()))
 
     def _add(self, column: ColumnElement[Any]) -> int:
         self.columns.append(column)
         return len(self.columns) - 1
 
-    def read(self, r: Sequence[Any]) -> tuple[Any, ...] | None:
-        """``(id, value per path)`` of one fetched row; MISSING where the row has nothing at
-        a path. None when a deep part came back NULL: read the row again by whole fields."""
-        row_id = r[1]
-        decoder: PartDecoder | None = None
-        decoded: dict[int, Any] = {}  # each extracted part is decoded once per row
-        out: list[Any] = [row_id]
+    def read_all(
+        self, fetched: Sequence[Sequence[Any]]
+    ) -> tuple[list[int], list[str], list[Values], list[int]]:
+        """``(keys, ids, values per path, keys to read again)`` for rows fetched by
+        :attr:`columns`; MISSING where a row has nothing at a path. A path's values are a
+        list, or for a tensor field (one dtype and shape in every row) one read-only array
+        whose first axis runs over the rows. A row whose deep part came back NULL is left
+        out and its key listed last: read it by whole fields.
+
+        Works column by column: each extracted part is decoded for all rows in one call of
+        :func:`~expstore.codec.decode_texts`, and a row's blob is checked once.
+        """
+        none: list[Values] = [[] for _ in self.parts]
+        if not fetched:
+            return [], [], none, []
+        columns = list(zip(*fetched, strict=True))
+        unread: list[int] = []
+        if self.deep:
+            nulls = {
+                i
+                for at in self._json_at
+                if None in columns[at]
+                for i, text in enumerate(columns[at])
+                if text is None
+            }
+            if nulls:
+                unread = [columns[0][i] for i in sorted(nulls)]
+                kept = [r for i, r in enumerate(fetched) if i not in nulls]
+                if not kept:
+                    return [], [], none, unread
+                columns = list(zip(*kept, strict=True))
+        ids: tuple[str, ...] = columns[1]
+        checked: set[int] | None = set() if len(self._json_at) > 1 else None
+        decoded: dict[int, Values] = {}
+        out: list[Values] = []
         for kind, at, rest, label in self.parts:
+            values: Values
             if kind == "json":
-                if at in decoded:
-                    value = decoded[at]
-                else:
-                    text = r[at]
-                    if text is not None:
-                        if self._one_part:
-                            blob = r[self._tensors_at]
-                            value = decode_text(text, blob, row_id, label, writable=self.writable)
-                        else:
-                            if decoder is None:
-                                decoder = PartDecoder(r[self._tensors_at], row_id)
-                            value = decoder.decode_text(text, label)
-                    elif self.deep:
-                        return None
-                    else:
-                        value = None  # a whole field that is not there: as decoding gives
-                    decoded[at] = value
-            elif kind == "column":
-                value = r[at]
+                values = decoded.get(at)  # type: ignore[assignment]
+                if values is None:
+                    values = decoded[at] = decode_texts(
+                        columns[at],
+                        columns[self._tensors_at],
+                        ids,
+                        label,
+                        writable=self.writable,
+                        checked=checked,
+                        stack=not rest,
+                    )
             else:
-                value = row_id
-            for step in rest:
-                value = step_into(value, step)
-                if value is MISSING:
-                    break
-            out.append(value)
-        return tuple(out)
+                values = list(columns[at])
+            if rest:
+                values = [_walk(value, rest) for value in values]
+            out.append(values)
+        return list(columns[0]), list(ids), out, unread
+
+
+def _walk(value: Any, steps: tuple[str | int, ...]) -> Any:
+    for step in steps:
+        value = step_into(value, step)
+        if value is MISSING:
+            break
+    return value
 
 
 def field_plans(
@@ -135,7 +156,7 @@ def field_plans(
     """The plan for ``paths`` and, when it extracts deep parts, the whole-field plan that
     reads rows it could not. ``writable=False`` lets arrays be read-only views of the
     fetched bytes."""
-    deep = dialect == "postgresql" or _SQLITE_ARROW
+    deep = dialect == "postgresql" or SQLITE_ARROW
     plan = FieldPlan(paths, dialect, deep=deep, writable=writable)
     if not deep:
         return plan, None
@@ -165,7 +186,7 @@ def _json_part(prefix: tuple[str, ...], dialect: str) -> ColumnElement[Any]:
         # or trim keys holding commas, braces or spaces).
         path_array = literal(list(prefix), ARRAY(Text))
         return cast(rows.c.data.op("#>", return_type=JSONB)(path_array), Text)
-    if len(prefix) == 1 and not _SQLITE_ARROW:
+    if len(prefix) == 1 and not SQLITE_ARROW:
         return type_coerce(rows.c.data[prefix[0]], Text)
     path = "$" + "".join(f'."{key}"' for key in prefix)
     return type_coerce(rows.c.data.op("->")(literal(path, Text)), Text)

@@ -64,7 +64,7 @@ from ..models import PAYLOAD_FIELDS, DataRow, Experience, ExpMeta, trusted
 from .base import QueryCondition, Storage
 from .compiled import CompiledSelect
 from .eviction import EVICTION_POLICIES, evict
-from .fields import FieldPlan, field_plans
+from .fields import SQLITE_ARROW, FieldPlan, Values, field_plans
 from .schema import META_COLUMNS, SCALAR_COLUMNS, buffers, newest_first, rows
 
 __all__ = ["SqlStorage", "create_sql_engine"]
@@ -760,13 +760,14 @@ class SqlStorage(Storage):
         """The matching rows' keys (``"key"``, int64, ascending) and ``columns`` as arrays.
 
         Float columns give float64 with NaN for NULL, ``step`` int64, ``done`` bool, string
-        columns object arrays. The arrays are cached until the buffer changes; new inserts
-        are appended incrementally, other changes reload.
+        columns object arrays. A column may also be a path into the payload
+        (``"exp_data.state.difficulty"``): an object array of the values there as JSON
+        decodes them (str, int, float, bool, list, dict), None where the value is null or
+        the path reaches nothing. The arrays are cached until the buffer changes; new
+        inserts are appended incrementally, other changes reload.
         """
         columns = tuple(columns)
-        for c in columns:
-            if c not in INDEXABLE:
-                raise ValueError(f"key_index() columns must be among {INDEXABLE}, got {c!r}")
+        selected = [_index_column(c, self.dialect) for c in columns]
         cache_key = (_condition_key(query_condition), columns)
         with self._errors("index rows"), self._read() as conn:
             signature = self._signature(conn)
@@ -778,7 +779,7 @@ class SqlStorage(Storage):
             since = None
             if cached is not None and cached[0][1] == signature[1] and len(cached[1]["key"]):
                 since = int(cached[1]["key"][-1])
-            stmt = select(rows.c.key, *(rows.c[c] for c in columns))
+            stmt = select(rows.c.key, *selected)
             stmt = stmt.where(*self._where(query_condition))
             if since is not None:
                 stmt = stmt.where(rows.c.key > since)
@@ -806,6 +807,16 @@ class SqlStorage(Storage):
         instead of whole rows. With ``writable=False`` arrays may be read-only views of the
         fetched bytes, for a caller that copies them anyway.
         """
+        ids, columns = self.fetch_columns(keys, paths, writable=writable)
+        return list(zip(ids, *map(list, columns), strict=True))
+
+    def fetch_columns(
+        self, keys: Sequence[int] | np.ndarray, paths: Sequence[str], *, writable: bool = True
+    ) -> tuple[list[str], list[Values]]:
+        """:meth:`fetch_fields` by column: the ids of the rows found (in the order given,
+        repeats allowed, vanished keys skipped) and each path's values over them, as a
+        list, or for a tensor field (one dtype and shape in every row) as one array whose
+        first axis runs over the rows: the batch, stacked without a per-row array."""
         plans = self._plans.get((tuple(paths), writable))
         if plans is None:
             plans = field_plans(paths, self.dialect, writable=writable)
@@ -814,11 +825,19 @@ class SqlStorage(Storage):
             self._plans[(tuple(paths), writable)] = plans
         plan, whole = plans
         wanted = _key_list(keys)
-        found = self._found(wanted, plan.columns, plan.read)
-        unread = [k for k, v in found.items() if v is None]
+        found, ids, values, unread = plan.read_all(
+            self._fetch(list(dict.fromkeys(wanted)), plan.columns)
+        )
         if unread and whole is not None:
-            found.update(self._found(unread, whole.columns, whole.read))
-        return [v for v in (found.get(k) for k in wanted) if v is not None]
+            again, more_ids, more, _ = whole.read_all(self._fetch(unread, whole.columns))
+            found, ids = found + again, ids + more_ids
+            values = [[*a, *b] for a, b in zip(values, more, strict=True)]
+        at = {key: i for i, key in enumerate(found)}
+        positions = [at[k] for k in wanted if k in at]
+        order = np.array(positions, dtype=np.intp)
+        return [ids[i] for i in positions], [
+            v[order] if isinstance(v, np.ndarray) else [v[i] for i in positions] for v in values
+        ]
 
     def fetch_keys(self, keys: Sequence[int] | np.ndarray) -> list[DataRow]:
         """The rows with these keys in the given order (repeats allowed; vanished keys skipped)."""
@@ -837,6 +856,11 @@ class SqlStorage(Storage):
         self, wanted: list[int], columns: Sequence[Any], make: Callable[[Any], _T]
     ) -> dict[int, _T]:
         """``make(row)`` by key, for the stored rows among ``wanted``."""
+        return {r[0]: make(r) for r in self._fetch(list(dict.fromkeys(wanted)), columns)}
+
+    def _fetch(self, keys: list[int], columns: Sequence[Any]) -> list[Any]:
+        """``columns`` (``columns[0]`` the key) of this buffer's rows among the distinct
+        ``keys``, in no particular order."""
         statement = self._statements.get(tuple(columns))
         if statement is None:
             # Keys are unique across buffers. The buffer is checked here rather than in the
@@ -844,16 +868,17 @@ class SqlStorage(Storage):
             # (buffer_id, key) index and then the table, instead of the table alone.
             stmt = select(*columns, rows.c.buffer_id).where(_key_in(self.dialect))
             statement = self._statement(tuple(columns), stmt)
-        found: dict[int, _T] = {}
-        unique = list(dict.fromkeys(wanted))
+        fetched: list[Any] = []
         buffer_id = self.buffer_id
         with self._errors("fetch rows"), self._read() as conn:
-            for start in range(0, len(unique), 5000):
-                chunk = unique[start : start + 5000]
-                for r in statement.run(conn, keys=_key_set(chunk, self.dialect)):
-                    if r[-1] == buffer_id:
-                        found[r[0]] = make(r)
-        return found
+            for start in range(0, len(keys), 5000):
+                chunk = keys[start : start + 5000]
+                fetched += [
+                    r
+                    for r in statement.run(conn, keys=_key_set(chunk, self.dialect))
+                    if r[-1] == buffer_id
+                ]
+        return fetched
 
     def _statement(self, key: tuple[Any, ...], stmt: Select[Any]) -> CompiledSelect:
         """``stmt`` compiled for this database, kept under ``key``."""
@@ -935,13 +960,40 @@ def _array_dtype(column: Any) -> Any:
 _ARRAY_DTYPES = {column.name: _array_dtype(column) for column in rows.c}
 
 
+def _index_column(name: str, dialect: str) -> ColumnElement[Any]:
+    """What key_index() selects for ``name``: a column, or the JSON text at a payload path."""
+    if name in INDEXABLE:
+        return rows.c[name]
+    from ..query.compiler import json_text
+    from ..query.fields import JsonField, resolve_field
+
+    field = resolve_field(name) if isinstance(name, str) and name.startswith("exp_data.") else None
+    if not isinstance(field, JsonField):
+        raise ValueError(
+            f"key_index() columns must be among {INDEXABLE} or paths into the payload such "
+            f"as 'exp_data.state.difficulty'; got {name!r}"
+        )
+    return json_text(field, rows, dialect, sqlite_arrow=SQLITE_ARROW)
+
+
 def _to_arrays(fetched: Sequence[Row[Any]], columns: tuple[str, ...]) -> dict[str, np.ndarray]:
     # zip(*rows) transposes in C: no Python-level loop per row, even at millions of rows.
     transposed = list(zip(*fetched, strict=True)) if fetched else [()] * (len(columns) + 1)
     out: dict[str, np.ndarray] = {"key": np.array(transposed[0], dtype=np.int64)}
     for name, values in zip(columns, transposed[1:], strict=True):
-        out[name] = np.array(values, dtype=_ARRAY_DTYPES[name])
+        dtype = _ARRAY_DTYPES.get(name)
+        out[name] = _json_values(values) if dtype is None else np.array(values, dtype=dtype)
     return out
+
+
+def _json_values(texts: Sequence[str | None]) -> np.ndarray:
+    """The decoded values of JSON texts (None for SQL NULL and JSON null), each distinct
+    text parsed once."""
+    parsed: dict[str | None, Any] = {None: None}
+    for text in set(texts):
+        if text not in parsed:
+            parsed[text] = json.loads(text)  # type: ignore[arg-type]
+    return np.fromiter(map(parsed.__getitem__, texts), dtype=object, count=len(texts))
 
 
 class _TranslateErrors:

@@ -12,6 +12,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from expstore.errors import QueryError
 from expstore.query import QueryBuilder, to_sql
+from expstore.query.fields import JsonField
 from expstore.storage.schema import rows
 
 DIALECTS = {"postgresql": postgresql.dialect(), "sqlite": sqlite.dialect()}
@@ -219,3 +220,50 @@ def test_dicts_compile_like_conditions() -> None:
 def test_unknown_dialect_is_refused() -> None:
     with pytest.raises(QueryError, match=r"cannot compile conditions for the 'mysql' dialect"):
         to_sql(QueryBuilder().eq("step", 1).build(), rows, "mysql")
+
+
+def test_json_text_binds_the_path_and_reads_it_with_the_arrow() -> None:
+    from expstore.query.compiler import json_text
+    from expstore.query.fields import resolve_field
+
+    field = resolve_field("exp_data.state.level")
+    assert isinstance(field, JsonField)
+    expression = json_text(field, rows, "sqlite").compile(dialect=DIALECTS["sqlite"])
+    assert (str(expression), list(expression.params.values())) == (
+        "expstore_rows.data -> ?",
+        ['$."state"."level"'],
+    )
+
+
+@pytest.mark.parametrize(
+    "value", ["easy", "é", 3, -2.5, 1.0, True, False, None, [1, "a"], {"k": [True]}, "", 0]
+)
+def test_json_text_without_the_arrow_gives_what_the_arrow_gives(value: object) -> None:
+    """The spelling for SQLite before 3.38 (no ``->``) reads every JSON value as the arrow
+    does, checked on this SQLite, which has both."""
+    import json
+    import sqlite3
+
+    from sqlalchemy import select
+
+    from expstore.query.compiler import json_text
+    from expstore.query.fields import resolve_field
+
+    texts = []
+    for path in ("exp_data.state.v", "exp_data.state.w", "exp_data.state.v.0", "exp_data.state.é"):
+        field = resolve_field(path)
+        assert isinstance(field, JsonField)
+        for arrow in (True, False):
+            statement = select(json_text(field, rows, "sqlite", sqlite_arrow=arrow)).compile(
+                dialect=DIALECTS["sqlite"], compile_kwargs={"render_postcompile": True}
+            )
+            params = [statement.params[name] for name in statement.positiontup or ()]
+            connection = sqlite3.connect(":memory:")
+            connection.execute("CREATE TABLE expstore_rows (data TEXT)")
+            document = {"state": {"v": value, "é": value}}
+            connection.execute("INSERT INTO expstore_rows VALUES (?)", (json.dumps(document),))
+            (text,) = connection.execute(str(statement), params).fetchone()
+            texts.append(None if text is None else json.loads(text))
+    # Per path, both spellings agree; and the value read back is the value stored.
+    assert texts[0::2] == texts[1::2]
+    assert texts[0] == value and texts[6] == value and texts[2] is None

@@ -65,6 +65,53 @@ def test_by_any_metadata_column_through_storage(buffer: ReplayBuffer) -> None:
     assert Counter(r.exp_meta.task_id for r in rows) == {"t0": 10, "t1": 10, "t2": 10, "rare": 10}
 
 
-def test_a_field_that_is_not_a_column_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"groups by a metadata column.*got 'exp_data.state.url'"):
-        StratifiedSampler(by="exp_data.state.url")
+def test_by_a_payload_path_every_json_value_is_a_group(buffer: ReplayBuffer) -> None:
+    values: list[object] = ["easy"] * 40 + ["hard"] * 3 + [1] * 2 + [1.0] * 2 + [True] * 2
+    values += [[1, 2]] * 2 + [{"a": 1}] * 2 + [None] * 2
+    rows = [make_row(f"t{i}", state={"level": v}) for i, v in enumerate(values)]
+    rows += [make_row("no-level", state={"other": 1}), make_row("scalar", state=5)]
+    buffer.store_batch(rows)
+    sampler = StratifiedSampler(by="exp_data.state.level", seed=0)
+    got = sampler.sample(buffer.storage, 70)
+
+    def group(row: object) -> str:
+        state = row.exp_data.state  # type: ignore[attr-defined]
+        value = state.get("level") if isinstance(state, dict) else None
+        # 1 and 1.0 are one group; True is another; null and "nothing there" are one
+        return "number" if type(value) in (int, float) else repr(value)
+
+    assert Counter(map(group, got)) == {
+        "'easy'": 10,
+        "'hard'": 10,
+        "number": 10,
+        "True": 10,
+        "[1, 2]": 10,
+        "{'a': 1}": 10,
+        "None": 10,
+    }
+
+
+def test_a_payload_path_under_a_condition_groups_only_matching_rows(buffer: ReplayBuffer) -> None:
+    from expstore import QueryBuilder
+
+    rows = [make_row("a", step=i, state={"env": f"e{i % 2}"}) for i in range(10)]
+    rows += [make_row("b", step=i, state={"env": "e9"}) for i in range(10)]
+    buffer.store_batch(rows)
+    condition = QueryBuilder().eq("exp_meta.task_id", "a").build()
+    got = StratifiedSampler(by="exp_data.state.env", seed=3).sample(buffer.storage, 8, condition)
+    assert Counter(r.exp_data.state["env"] for r in got) == {"e0": 4, "e1": 4}
+
+
+@pytest.mark.parametrize(
+    ("by", "message"),
+    [
+        ("exp_meta.colour", r"groups by a metadata column .* got 'exp_meta.colour'"),
+        ("priority", r"groups by a metadata column .* got 'priority'"),
+        ("exp_data.state..url", r"empty path segment"),
+        ("exp_data.unknown.x", r"unknown field 'exp_data.unknown.x'; the valid fields"),
+        (7, r"by must be a field name"),
+    ],
+)
+def test_a_field_that_cannot_be_grouped_is_refused(by: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        StratifiedSampler(by=by)  # type: ignore[arg-type]

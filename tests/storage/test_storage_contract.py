@@ -248,6 +248,29 @@ def test_key_index_is_cached_until_the_buffer_changes(buffer: ReplayBuffer) -> N
     assert np.nansum(third["priority"]) == 2.0
 
 
+def test_key_index_reads_payload_paths_as_json_values(buffer: ReplayBuffer) -> None:
+    storage = buffer.storage
+    values: list[object] = ["x", 3, 2.5, True, None, [1, {"b": 2}], {"k": "v"}, "é\u2028"]
+    buffer.store_batch([make_row(f"t{i}", state={"v": v, "l": [i]}) for i, v in enumerate(values)])
+    buffer.store_batch([make_row("none", state={}), make_row("str", state="flat")])
+    path, item = "exp_data.state.v", "exp_data.state.l.0"
+    index = storage.key_index(columns=(path, item, "task_id"))
+    assert index[path].dtype == object
+    assert index[path].tolist() == [*values, None, None]
+    assert [type(v) for v in index[path][:4]] == [str, int, float, bool]
+    assert index[item].tolist() == [*range(len(values)), None, None]
+    # New rows are appended to the cached arrays like any column's.
+    buffer.store(make_row("late", state={"v": "new"}))
+    assert storage.key_index(columns=(path, item, "task_id"))[path].tolist()[-1] == "new"
+
+
+@pytest.mark.parametrize("column", ["exp_meta.colour", "state.v", "exp_data.state..v", "data"])
+def test_key_index_refuses_unknown_columns(buffer: ReplayBuffer, column: str) -> None:
+    buffer.store(make_row())
+    with pytest.raises(ValueError, match=r"key_index\(\) columns must be|empty path segment"):
+        buffer.storage.key_index(columns=(column,))
+
+
 def test_fetch_keys_keeps_order_and_repeats(buffer: ReplayBuffer) -> None:
     rows = make_rows(5)
     buffer.store_batch(rows)
