@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 from collections.abc import Callable, Sequence
 from typing import Any, TypeGuard
@@ -48,6 +49,7 @@ except ImportError:  # pragma: no cover - isal is a dependency; zlib gives the s
 
 __all__ = [
     "check_value",
+    "text_problem",
     "decode_payload",
     "PartDecoder",
     "PayloadWriter",
@@ -747,7 +749,9 @@ def decode_texts(
     the ``id()`` of blobs already verified, so that several parts of one row check its
     blob once; its blobs must stay alive while it is in use.
     """
-    if stack and texts:
+    if stack and texts and texts[0] is not None:
+        if texts[0] not in _KNOWN_VIEWS:  # learn the placeholder from the first row
+            PartDecoder(blobs[0], row_ids[0]).decode_text(texts[0], path)
         stacked = _stacked(texts, blobs, checked)
         if stacked is not None:
             return stacked
@@ -862,14 +866,31 @@ def check_value(value: Any, path: str) -> None:
         raise ValueError(f"{path}: nested too deeply or contains itself") from exc
 
 
-_NUL_HINT = "strings cannot hold NUL (\\x00), which PostgreSQL cannot store; remove it"
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def text_problem(text: str) -> str | None:
+    """Why no database can store ``text`` (None when it can): a NUL, which PostgreSQL
+    cannot store, or a lone surrogate, which is not Unicode text and cannot be written as
+    UTF-8 (text decoded with ``errors="surrogateescape"`` holds them)."""
+    if "\x00" in text:
+        return "strings cannot hold NUL (\\x00), which PostgreSQL cannot store; remove it"
+    if not text.isascii() and _SURROGATE.search(text) is not None:
+        return (
+            f"strings cannot hold lone surrogates ({_SURROGATE.search(text)[0]!r}), which are "  # type: ignore[index]
+            "not Unicode text and no database can store; decode the text with "
+            "errors='replace' or store its bytes"
+        )
+    return None
 
 
 def _check(value: Any, path: str) -> None:
     kind = type(value)
     if kind is str:
-        if "\x00" in value:
-            raise ValueError(f"{path}: {_NUL_HINT}")
+        if "\x00" in value or not value.isascii():
+            problem = text_problem(value)
+            if problem:
+                raise ValueError(f"{path}: {problem}")
         return
     if value is None or kind in (bool, int, float, bytes):
         return
@@ -880,8 +901,9 @@ def _check(value: Any, path: str) -> None:
                     f"{path}: dict keys must be str, got key {key!r} of type "
                     f"{type(key).__name__}; convert the keys to str"
                 )
-            if "\x00" in key:
-                raise ValueError(f"{path}: a dict key has a NUL; {_NUL_HINT}")
+            problem = text_problem(key)
+            if problem:
+                raise ValueError(f"{path}: a dict key {key!r}: {problem}")
             _check(item, _join(path, key))
         return
     if kind is list or kind is tuple:

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .codec import check_value, deep_equal, to_plain
+from .codec import check_value, deep_equal, text_problem, to_plain
 
 __all__ = ["DataRow", "ExpMeta", "Experience", "PAYLOAD_FIELDS", "trusted"]
 
@@ -24,6 +24,14 @@ _M = TypeVar("_M", bound=BaseModel)
 
 #: The Experience fields stored through the codec (JSON plus tensor bytes).
 PAYLOAD_FIELDS = ("state", "actions", "messages", "next_state", "ext_info")
+
+
+def _storable_text(value: str) -> str:
+    """``value`` if a database can store it; the ValueError that says why not otherwise."""
+    problem = text_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
 
 
 class ExpMeta(BaseModel):
@@ -44,10 +52,8 @@ class ExpMeta(BaseModel):
 
     @field_validator("task_id", "task_name", "agent_id", "pre_agent")
     @classmethod
-    def _no_nul(cls, value: str | None) -> str | None:
-        if value is not None and "\x00" in value:
-            raise ValueError("must not contain NUL (\\x00), which PostgreSQL cannot store")
-        return value
+    def _storable(cls, value: str | None) -> str | None:
+        return value if value is None else _storable_text(value)
 
     @field_validator("execute_time")
     @classmethod
@@ -123,10 +129,8 @@ class DataRow(BaseModel):
 
     @field_validator("id")
     @classmethod
-    def _no_nul(cls, value: str) -> str:
-        if "\x00" in value:
-            raise ValueError("must not contain NUL (\\x00), which PostgreSQL cannot store")
-        return value
+    def _storable(cls, value: str) -> str:
+        return _storable_text(value)
 
     def to_dict(self) -> dict[str, Any]:
         """The row as plain Python: pydantic models become dicts, tensors stay tensors."""

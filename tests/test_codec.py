@@ -574,3 +574,29 @@ def test_payload_writer_matches_the_full_walk(payload: dict[str, Any]) -> None:
 def test_payload_writer_raises_what_the_full_walk_raises() -> None:
     with pytest.raises(CodecError, match=r"state\.x\[1\]: cannot store a value of type set"):
         PayloadWriter().encode({"state": {"x": [1, {2}]}})
+
+
+@pytest.mark.parametrize(
+    "state",
+    [{"a": "x\ud800"}, {"k\udfff": 1}, ["ok", {"deep": ["é\udc80"]}]],
+    ids=["value", "key", "nested"],
+)
+def test_a_lone_surrogate_is_refused_where_the_row_is_built(state: object) -> None:
+    from pydantic import ValidationError
+
+    from expstore import Experience
+
+    with pytest.raises(
+        ValidationError, match=r"state\S*: (a dict key .*: )?strings cannot hold lone surrogates"
+    ):
+        Experience(state=state)
+
+
+def test_text_that_only_looks_unusual_is_storable(tmp_path) -> None:
+    from expstore import ReplayBuffer
+    from tests.helpers import make_row
+
+    row = make_row(state={"é\U0001f600": "日本語 \u2028 \ufffd"})
+    with ReplayBuffer(f"sqlite:///{tmp_path / 'x.db'}") as buf:
+        buf.store(row)
+        assert list(buf.query()) == [row]
