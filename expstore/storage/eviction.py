@@ -6,8 +6,11 @@ committed write never leaves more than ``capacity`` rows.
 - ``fifo``: the oldest rows by insertion order go first.
 - ``max_reward``: keep the rows with the highest ``reward_t`` (torchgfn's prioritized
   capacity); rows without a reward go first, ties are broken by recency (newer rows stay).
-- ``task_fifo``: evict whole tasks, the task first inserted goes first (AWorld's FIFO), so no
-  trajectory is left half. A single task larger than the capacity is evicted whole too.
+- ``task_fifo``: evict whole tasks (AWorld's FIFO), so no stored trajectory is left half:
+  the task written least recently (by its newest row) goes first, so a task still being
+  written step by step is never evicted in favour of a finished one. A single task larger
+  than the capacity is evicted whole too. (A task whose later steps arrive after it was
+  evicted starts again from those steps.)
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from sqlalchemy import Connection, and_, delete, func, select
 
 from .schema import newest_first, rows
 
-__all__ = ["EVICTION_POLICIES", "evict"]
+__all__ = ["EVICTION_POLICIES", "OLDEST_FIRST_POLICIES", "evict"]
 
 
 def _fifo(conn: Connection, buffer_id: int, capacity: int) -> int:
@@ -56,18 +59,18 @@ def _task_fifo(conn: Connection, buffer_id: int, capacity: int) -> int:
         select(
             rows.c.task_id,
             func.count().label("n"),
-            func.min(rows.c.key).label("first_key"),
+            func.max(rows.c.key).label("last_key"),
         )
         .where(rows.c.buffer_id == buffer_id)
         .group_by(rows.c.task_id)
         .subquery()
     )
-    # Rows held by this task and every task inserted after it.
+    # Rows held by this task and every task written more recently.
     running = (
         select(
             tasks.c.task_id,
             func.sum(tasks.c.n)
-            .over(order_by=tasks.c.first_key.desc(), rows=(None, 0))
+            .over(order_by=tasks.c.last_key.desc(), rows=(None, 0))
             .label("held"),
         )
     ).subquery()
@@ -75,6 +78,10 @@ def _task_fifo(conn: Connection, buffer_id: int, capacity: int) -> int:
     stmt = delete(rows).where(and_(rows.c.buffer_id == buffer_id, rows.c.task_id.in_(doomed)))
     return conn.execute(stmt).rowcount
 
+
+#: Policies that only ever delete a buffer's oldest rows (every key below some key), which
+#: readers' cached key indexes follow from the buffer's smallest key, with no reload.
+OLDEST_FIRST_POLICIES = frozenset({"fifo"})
 
 EVICTION_POLICIES: dict[str, Callable[[Connection, int, int], int]] = {
     "fifo": _fifo,

@@ -98,6 +98,13 @@ META_COLUMNS = ("task_id", "task_name", "agent_id", "step", "execute_time", "pre
 SCALAR_COLUMNS = ("reward_t", "adv_t", "v_t", "done")
 
 
+def oldest_first(stmt: Select[Any], buffer_id: int) -> Select[Any]:
+    """:func:`newest_first` the other way round."""
+    return stmt.where(rows.c.buffer_id >= buffer_id, rows.c.buffer_id <= buffer_id).order_by(
+        rows.c.buffer_id, rows.c.key
+    )
+
+
 def newest_first(stmt: Select[Any], buffer_id: int) -> Select[Any]:
     """``stmt`` limited to one buffer's rows, newest first, in a form every planner serves
     from the (buffer_id, key) index.

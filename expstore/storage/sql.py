@@ -63,9 +63,9 @@ from ..errors import CodecError, StorageError
 from ..models import PAYLOAD_FIELDS, DataRow, Experience, ExpMeta, trusted
 from .base import QueryCondition, Storage
 from .compiled import CompiledSelect
-from .eviction import EVICTION_POLICIES, evict
+from .eviction import EVICTION_POLICIES, OLDEST_FIRST_POLICIES, evict
 from .fields import SQLITE_ARROW, FieldPlan, Values, field_plans
-from .schema import META_COLUMNS, SCALAR_COLUMNS, buffers, newest_first, rows
+from .schema import META_COLUMNS, SCALAR_COLUMNS, buffers, newest_first, oldest_first, rows
 
 __all__ = ["SqlStorage", "create_sql_engine"]
 
@@ -224,7 +224,7 @@ class SqlStorage(Storage):
         self._upgrade = upgrade
         # key_index() results by (condition, columns), least recently used first.
         self._cache: OrderedDict[
-            tuple[str, tuple[str, ...]], tuple[tuple[int, int], dict[str, np.ndarray]]
+            tuple[str, tuple[str, ...]], tuple[tuple[int, int, int], dict[str, np.ndarray]]
         ] = OrderedDict()
         # fetch_fields() plans by paths.
         self._plans: dict[tuple[tuple[str, ...], bool], tuple[FieldPlan, FieldPlan | None]] = {}
@@ -394,8 +394,9 @@ class SqlStorage(Storage):
                         )
                     self._insert(conn, self._encoded_chunks(batch))
                     if self.capacity is not None:
-                        if evict(conn, self.buffer_id, self.capacity, self.eviction):
-                            self._bump_version(conn)
+                        evicted = evict(conn, self.buffer_id, self.capacity, self.eviction)
+                        if evicted and self.eviction not in OLDEST_FIRST_POLICIES:
+                            self._bump_version(conn)  # readers see FIFO by the min key
             except IntegrityError as exc:
                 duplicate = self._duplicate_error([row.id for row in batch])
                 if duplicate is None:
@@ -611,7 +612,7 @@ class SqlStorage(Storage):
     def _patch_priorities(self, version: int, keys: np.ndarray, values: np.ndarray) -> None:
         """Carry cached key indexes that were current just before this process's priority
         update (version - 1) over to ``version``, with the new priorities written in."""
-        for cache_key, ((max_key, cached_version), arrays) in list(self._cache.items()):
+        for cache_key, ((max_key, cached_version, min_key), arrays) in list(self._cache.items()):
             if cached_version != version - 1:
                 continue
             if "priority" in arrays:
@@ -623,7 +624,7 @@ class SqlStorage(Storage):
                 priority[positions[hit]] = values[hit]
                 priority.flags.writeable = False
                 arrays = {**arrays, "priority": priority}
-            self._cache[cache_key] = ((max_key, version), arrays)
+            self._cache[cache_key] = ((max_key, version, min_key), arrays)
 
     # -- reading -------------------------------------------------------------------------
     def _decode(self, r: Row[Any]) -> DataRow:
@@ -742,17 +743,21 @@ class SqlStorage(Storage):
             return list(conn.execute(stmt).scalars())
 
     # -- the samplers' fast path ---------------------------------------------------------
-    def _signature(self, conn: Connection) -> tuple[int, int]:
-        """Changes whenever rows are added (max key) or changed otherwise (version)."""
+    def _signature(self, conn: Connection) -> tuple[int, int, int]:
+        """``(max key, version, min key)``: rows added raise the max key; FIFO eviction
+        (which deletes only the oldest rows) raises the min key; any other change bumps
+        the version."""
         statement = self._statements.get(("signature",))
         if statement is None:
-            max_key = newest_first(select(rows.c.key), self.buffer_id).limit(1).scalar_subquery()
+            key = select(rows.c.key)
+            max_key = newest_first(key, self.buffer_id).limit(1).scalar_subquery()
+            min_key = oldest_first(key, self.buffer_id).limit(1).scalar_subquery()
             version = (
                 select(buffers.c.version).where(buffers.c.id == self.buffer_id).scalar_subquery()
             )
-            statement = self._statement(("signature",), select(max_key, version))
-        ((key, version),) = statement.run(conn)
-        return (int(key or 0), int(version or 0))
+            statement = self._statement(("signature",), select(max_key, version, min_key))
+        ((key, version, smallest),) = statement.run(conn)
+        return (int(key or 0), int(version or 0), int(smallest or 0))
 
     def key_index(
         self, query_condition: QueryCondition = None, columns: Sequence[str] = ()
@@ -763,8 +768,10 @@ class SqlStorage(Storage):
         columns object arrays. A column may also be a path into the payload
         (``"exp_data.state.difficulty"``): an object array of the values there as JSON
         decodes them (str, int, float, bool, list, dict), None where the value is null or
-        the path reaches nothing. The arrays are cached until the buffer changes; new
-        inserts are appended incrementally, other changes reload.
+        the path reaches nothing. The arrays are cached until the buffer changes: new
+        inserts are appended and rows evicted by FIFO dropped from the front, so a full
+        buffer with a writer never reloads; other changes (deletes, other eviction
+        policies, priority updates from another process) reload.
         """
         columns = tuple(columns)
         selected = [_index_column(c, self.dialect) for c in columns]
@@ -776,17 +783,25 @@ class SqlStorage(Storage):
                 self._cache.move_to_end(cache_key)
                 if cached[0] == signature:
                     return cached[1]
-            since = None
-            if cached is not None and cached[0][1] == signature[1] and len(cached[1]["key"]):
-                since = int(cached[1]["key"][-1])
-            stmt = select(rows.c.key, *selected)
-            stmt = stmt.where(*self._where(query_condition))
-            if since is not None:
-                stmt = stmt.where(rows.c.key > since)
-            fetched = conn.execute(stmt.order_by(rows.c.key)).all()
+            since, kept = None, None
+            if cached is not None and cached[0][1] == signature[1]:
+                # The same version: since then rows were only added (keys above the cached
+                # max key, which writers hand out in commit order) or evicted oldest first
+                # (every key below the buffer's min key).
+                since, kept = cached[0][0], cached[1]
+                start = int(np.searchsorted(kept["key"], signature[2]))
+                if start:
+                    kept = {k: v[start:] for k, v in kept.items()}
+            fetched: Sequence[Any] = ()
+            if since is None or signature[0] > since:
+                stmt = select(rows.c.key, *selected)
+                stmt = stmt.where(*self._where(query_condition))
+                if since is not None:
+                    stmt = stmt.where(rows.c.key > since)
+                fetched = conn.execute(stmt.order_by(rows.c.key)).all()
         arrays = _to_arrays(fetched, columns)
-        if since is not None and cached is not None:
-            arrays = {k: np.concatenate([cached[1][k], arrays[k]]) for k in arrays}
+        if kept is not None:
+            arrays = {k: np.concatenate([kept[k], arrays[k]]) for k in arrays}
         for a in arrays.values():
             a.flags.writeable = False
         self._cache[cache_key] = (signature, arrays)

@@ -39,14 +39,15 @@ def model_after_write(kept: list[Kept], policy: str, capacity: int) -> list[Kept
         ranked = sorted(kept, key=lambda k: (k.reward is None, -(k.reward or 0.0), -k.key))
         survivors = {k.key for k in ranked[:capacity]}
         return [k for k in kept if k.key in survivors]
-    # task_fifo: keep the newest tasks (by first insertion) while they fit; whole tasks only.
-    first_key: dict[str, int] = {}
+    # task_fifo: keep the most recently written tasks (by their newest row) while they fit;
+    # whole tasks only.
+    last_key: dict[str, int] = {}
     size: dict[str, int] = {}
     for k in kept:
-        first_key.setdefault(k.task, k.key)
+        last_key[k.task] = k.key
         size[k.task] = size.get(k.task, 0) + 1
     held, kept_tasks = 0, set[str]()
-    for task in sorted(first_key, key=first_key.__getitem__, reverse=True):
+    for task in sorted(last_key, key=last_key.__getitem__, reverse=True):
         held += size[task]
         if held > capacity:
             break
@@ -155,6 +156,21 @@ def test_task_fifo_evicts_whole_tasks_oldest_first(db_url: str, buffer_name: str
         assert len(buffer) == 3
         for task in ("b", "c"):
             assert len(buffer.get_by_task_id(task)) == {"b": 2, "c": 1}[task]
+
+
+def test_task_fifo_never_evicts_the_task_being_written(db_url: str, buffer_name: str) -> None:
+    """Two tasks written a step at a time: the one written least recently goes whole, the
+    rows just stored always stay."""
+    with ReplayBuffer(db_url, name=buffer_name, capacity=4, eviction="task_fifo") as buffer:
+        for step in range(3):
+            for task in ("a", "b"):
+                row = make_row(task, step=step)
+                buffer.store(row)
+                assert row.id in {r.id for r in buffer.query()}
+                assert len(buffer) <= 4
+        # After a2 (5 rows): b, written before a2, went whole; then b2 started b again.
+        held = {t: [r.exp_meta.step for r in buffer.get_by_task_id(t)] for t in ("a", "b")}
+        assert held == {"a": [0, 1, 2], "b": [2]}
 
 
 def test_a_failed_write_evicts_nothing(db_url: str, buffer_name: str) -> None:

@@ -403,3 +403,61 @@ def test_a_forked_child_cannot_use_an_in_memory_buffer() -> None:
     os.waitpid(pid, 0)
     assert b"cannot be used from a forked process" in os.read(read, 1000)
     assert len(buf) == 1
+
+
+def test_a_full_fifo_buffer_with_a_writer_never_reloads_its_key_index(
+    db_url: str, buffer_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FIFO eviction only deletes the oldest rows: readers drop them from the front of the
+    cached arrays (by the buffer's min key) and fetch only the new rows, in this process
+    and in another handle, whatever the condition; the result is always what a fresh
+    index gives."""
+    from expstore import QueryBuilder
+    from expstore.storage import sql
+
+    fetched: list[int] = []
+    to_arrays = sql._to_arrays
+    monkeypatch.setattr(
+        sql, "_to_arrays", lambda rows, cols: fetched.append(len(rows)) or to_arrays(rows, cols)
+    )
+    conditions = [None, QueryBuilder().eq("exp_meta.agent_id", "agent1").build()]
+    columns = ("step", "reward_t", "exp_data.state.i")
+    with (
+        ReplayBuffer(db_url, name=buffer_name, capacity=20) as writer,
+        ReplayBuffer(db_url, name=buffer_name, capacity=20) as reader,
+    ):
+        writer.store_batch(make_rows(20))
+        for c in conditions:
+            reader.storage.key_index(c, columns)
+        for step in range(6):
+            fetched.clear()
+            # Three new rows evict the three oldest, written by either handle.
+            (writer if step % 2 else reader).store_batch(make_rows(3))
+            for c in conditions:
+                got = reader.storage.key_index(c, columns)
+                with ReplayBuffer(db_url, name=buffer_name) as fresh:
+                    expected = fresh.storage.key_index(c, columns)
+                assert got.keys() == expected.keys()
+                for name in got:
+                    assert got[name].tolist() == expected[name].tolist(), name
+            # Each reader index fetched at most the three new rows, never the buffer again.
+            assert max(fetched[0::2]) <= 3, fetched
+            assert len(reader.storage.key_index(None, columns)["key"]) == 20
+
+
+def test_other_changes_still_reload_the_key_index(buffer: ReplayBuffer) -> None:
+    from expstore import QueryBuilder
+
+    storage = buffer.storage
+    buffer.store_batch(make_rows(12))
+    before = storage.key_index(None, ("step",))
+    # Deleting the newest row and then an older one: neither is a FIFO eviction.
+    newest = list(buffer.query(order_by="-key", limit=1))[0]
+    buffer.delete(QueryBuilder().eq("id", newest.id).build())
+    buffer.delete(QueryBuilder().eq("exp_data.state.i", 3).build())
+    buffer.store_batch(make_rows(2))
+    after = storage.key_index(None, ("step",))
+    assert len(before["key"]) == len(after["key"]) == 12
+    assert before["key"][3] not in after["key"].tolist()
+    got = [r.exp_data.state["i"] for r in storage.fetch_keys(after["key"])]
+    assert got == [0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 0, 1]
