@@ -64,8 +64,8 @@ _R = TypeVar("_R")
 #: Derived arrays kept per sampler (one per condition in use, most recent first).
 _DERIVED_ENTRIES = 4
 
-#: How many times a sampler whose batch carries per-row info (weights) re-chooses when rows
-#: it chose were deleted by another writer before they could be fetched.
+#: How many times a sampler chooses again when rows it chose were deleted by another writer
+#: before they could be fetched.
 _FETCH_ATTEMPTS = 5
 
 
@@ -271,7 +271,7 @@ class KeySampler(Sampler):
     ) -> tuple[_R, dict[str, Any]]:
         batch_size = check_batch_size(batch_size)
         has_info = type(self).batch_info is not KeySampler.batch_info
-        attempts = _FETCH_ATTEMPTS if has_info else 1
+        attempts = _FETCH_ATTEMPTS
         for attempt in range(attempts):
             index = storage.key_index(query_condition, self.index_columns())
             if not len(index["key"]):
@@ -281,8 +281,10 @@ class KeySampler(Sampler):
             except EmptyBufferError as exc:
                 raise empty_error(storage, query_condition, str(exc)) from None
             fetched, ids = fetch(keys)
-            # A row deleted by another writer between choosing and fetching is skipped; a
-            # batch with per-row info must stay aligned, so it chooses again instead.
+            # A row deleted by another writer (evicted, say) between choosing and fetching
+            # is missing: choose again from the fresh index, so the batch is full. After the
+            # last attempt a batch with per-row info (which must stay aligned) fails; any
+            # other comes back with the rows that could be fetched.
             if len(ids) == len(keys):
                 break
             if has_info and attempt == attempts - 1:

@@ -178,3 +178,48 @@ def test_samplers_pickle_without_their_derived_arrays(buffer: ReplayBuffer) -> N
     assert np.array_equal(
         sampler.rng.integers(0, 100, 5), copy.rng.integers(0, 100, 5)
     )  # the stream travels with it
+
+
+@pytest.mark.parametrize("fast_path", [False, True], ids=["rows", "fields"])
+def test_rows_deleted_between_choosing_and_fetching_are_replaced(
+    buffer: ReplayBuffer, sampler_name: str, fast_path: bool
+) -> None:
+    """Another writer evicts rows after the sampler chose them: the sampler chooses again,
+    so a sampler with replacement still fills its batch, and no deleted row comes back."""
+    from expstore import NumpyConverter
+
+    if sampler_name == "random_task":
+        pytest.skip("RandomTaskSampler fetches whole tasks, not chosen keys")
+    buffer.store_batch(make_rows(40, tasks=4))
+    storage = buffer.storage
+    deleted: list[str] = []
+    real_keys, real_columns = storage.fetch_keys, storage.fetch_columns
+
+    def delete_some_first(keys: np.ndarray) -> None:
+        if not deleted:  # once: delete half of the chosen rows, as an evicting writer would
+            doomed = [r.id for r in real_keys(np.unique(keys)[::2])]
+            deleted.extend(doomed)
+            buffer.delete(QueryBuilder().in_("id", doomed).build())
+
+    def fetch_keys(keys: np.ndarray) -> list:
+        delete_some_first(keys)
+        return real_keys(keys)
+
+    def fetch_columns(keys: np.ndarray, paths: list[str], **kwargs: object) -> tuple:
+        delete_some_first(keys)
+        return real_columns(keys, paths, **kwargs)
+
+    storage.fetch_keys = fetch_keys  # type: ignore[method-assign]
+    storage.fetch_columns = fetch_columns  # type: ignore[method-assign]
+    sampler = SAMPLERS[sampler_name](3)
+    if fast_path:
+        batch = buffer.sample(sampler, None, NumpyConverter({"i": "exp_data.state.i"}), 12)
+        got = sampler.last_ids
+        assert len(batch["i"]) == len(got)
+    else:
+        got = [r.id for r in sampler.sample(storage, 12)]
+    assert deleted and not set(got) & set(deleted)
+    if sampler_name in WITH_REPLACEMENT:
+        assert len(got) == 12
+    else:
+        assert 0 < len(got) <= 12
