@@ -207,6 +207,12 @@ class KeySampler(Sampler):
         """The columns to ask ``key_index`` for (``columns`` unless an instance overrides)."""
         return tuple(self.columns)
 
+    def read_index(self, storage: Storage, query_condition: QueryCondition) -> dict[str, Any]:
+        """The arrays :meth:`sample_keys` chooses from: ``storage.key_index`` of the matching
+        rows and :meth:`index_columns`. A sampler that also needs something of the whole
+        buffer adds it here."""
+        return storage.key_index(query_condition, self.index_columns())
+
     @abstractmethod
     def sample_keys(
         self, index: dict[str, np.ndarray], batch_size: int, rng: np.random.Generator
@@ -273,7 +279,7 @@ class KeySampler(Sampler):
         has_info = type(self).batch_info is not KeySampler.batch_info
         attempts = _FETCH_ATTEMPTS
         for attempt in range(attempts):
-            index = storage.key_index(query_condition, self.index_columns())
+            index = self.read_index(storage, query_condition)
             if not len(index["key"]):
                 raise empty_error(storage, query_condition, "no rows match")
             try:

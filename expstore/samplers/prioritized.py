@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import EmptyBufferError
+from ..storage.base import QueryCondition, Storage
 from .base import KeySampler
 
 __all__ = ["PrioritizedSampler"]
@@ -22,8 +23,8 @@ class PrioritizedSampler(KeySampler):
     ``P = (p + eps) ** alpha / sum_j (p_j + eps) ** alpha``. Priorities live in the
     database (``buffer.update_priorities(ids, priorities)``), so they survive restarts and
     every process sees them. A row whose priority was never set counts as the current
-    maximum stored priority among the matching rows (1.0 when none is set), so new rows are
-    likely to be seen soon.
+    maximum stored priority in the buffer (1.0 when none is set), whatever the condition,
+    so new rows are likely to be seen soon.
 
     Each batch carries importance-sampling weights ``w = (N * P) ** -beta``, normalised by
     the largest weight any matching row could get (that of the least likely row), so
@@ -69,16 +70,27 @@ class PrioritizedSampler(KeySampler):
         # (keys, their positions in the index) of the last sample_keys(), for batch_info.
         self._drawn: tuple[np.ndarray, np.ndarray] | None = None
 
-    def _distribution(self, priority: np.ndarray) -> _Distribution:
+    def read_index(self, storage: Storage, query_condition: QueryCondition) -> dict[str, Any]:
+        """The matching rows' priorities and, under a condition, the buffer's largest
+        stored priority (``"max_priority"``), which rows without one count as."""
+        index = super().read_index(storage, query_condition)
+        if query_condition is None:
+            return index
+        whole = storage.key_index(None, ("priority",))["priority"]
+        largest = self.derived("max", (whole,), lambda: _largest(whole))
+        return {**index, "max_priority": largest}
+
+    def _distribution(self, index: dict[str, Any]) -> _Distribution:
         """The unnormalised weights, their cumulative sum in blocks, and the smallest
         positive weight, computed once per change of the buffer."""
+        priority = index["priority"]
+        largest = index.get("max_priority")
 
         def compute() -> _Distribution:
             unset = np.isnan(priority)
-            if unset.all():
-                filled = np.ones_like(priority)
-            elif unset.any():
-                filled = np.where(unset, np.nanmax(priority), priority)
+            if unset.any():
+                top = _largest(priority) if largest is None else largest
+                filled = np.where(unset, top, priority)
             else:
                 filled = priority
             weights = np.power(filled + self.eps, self.alpha)
@@ -86,12 +98,13 @@ class PrioritizedSampler(KeySampler):
             smallest = float(positive.min()) if len(positive) else 0.0
             return _Distribution(weights, _BlockedCdf(np.cumsum(weights)), smallest)
 
-        return self.derived(f"dist:{self.alpha!r}:{self.eps!r}", (priority,), compute)
+        key = f"dist:{self.alpha!r}:{self.eps!r}:{largest!r}"
+        return self.derived(key, (priority,), compute)
 
     def sample_keys(
         self, index: dict[str, np.ndarray], batch_size: int, rng: np.random.Generator
     ) -> np.ndarray:
-        dist = self._distribution(index["priority"])
+        dist = self._distribution(index)
         total = dist.cdf.total
         if dist.smallest <= 0 or not math.isfinite(total):
             raise EmptyBufferError(
@@ -105,7 +118,7 @@ class PrioritizedSampler(KeySampler):
     def batch_info(
         self, index: dict[str, np.ndarray], keys: np.ndarray, ids: list[str]
     ) -> dict[str, Any]:
-        dist = self._distribution(index["priority"])
+        dist = self._distribution(index)
         weights, smallest = dist.weights, dist.smallest
         drawn = self._drawn
         if drawn is not None and drawn[0] is keys:  # the keys sample_keys just chose
@@ -123,6 +136,12 @@ class PrioritizedSampler(KeySampler):
         fetched, info = super()._draw(*args, **kwargs)
         self.last_weights = info.get("weights", np.empty(0, dtype=np.float32))
         return fetched, info
+
+
+def _largest(priority: np.ndarray) -> float:
+    """The largest stored priority, 1.0 when none is stored."""
+    stored = priority[~np.isnan(priority)]
+    return float(stored.max()) if len(stored) else 1.0
 
 
 class _BlockedCdf:

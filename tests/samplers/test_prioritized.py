@@ -81,10 +81,10 @@ def test_one_million_rows_need_no_python_loop() -> None:
 def test_the_distribution_is_built_once_per_change_of_the_buffer() -> None:
     index = make_index(100, priority=np.ones(100))
     sampler = PrioritizedSampler(seed=0)
-    first = sampler._distribution(index["priority"])
-    assert sampler._distribution(index["priority"]) is first
+    first = sampler._distribution(index)
+    assert sampler._distribution(index) is first
     changed = make_index(100, priority=np.ones(100))
-    assert sampler._distribution(changed["priority"]) is not first
+    assert sampler._distribution(changed) is not first
 
 
 def test_priorities_persist_and_every_process_sees_them(db_url: str, buffer_name: str) -> None:
@@ -112,6 +112,29 @@ def test_new_rows_get_the_current_maximum_priority(buffer: ReplayBuffer) -> None
     # new and old[-1] each carry 50 of the total 100.019
     assert 150 < ids.count(new[0].id) < 250
     assert 150 < ids.count(old[-1].id) < 250
+
+
+def test_a_row_without_priority_counts_as_the_buffer_maximum_whatever_the_condition(
+    buffer: ReplayBuffer,
+) -> None:
+    """The unset priority does not depend on the query: under a condition that matches only
+    low-priority rows, a new row still counts as the buffer's largest priority."""
+    old = make_rows(3, agents=3)  # agents agent0, agent1, agent2
+    buffer.store_batch(old)
+    buffer.update_priorities([r.id for r in old], [9.0, 1.0, 0.5])
+    new = make_rows(3, agents=3)[2:]  # one more row of agent2, priority never set
+    buffer.store_batch(new)
+    sampler = PrioritizedSampler(alpha=1.0, eps=0.0, seed=0)
+    agent2 = QueryBuilder().eq("exp_meta.agent_id", "agent2").build()
+    rows, info = sampler.sample_with_info(buffer.storage, 950, agent2)
+    # 9 against 0.5: the new row takes 9/9.5 of the draws, the old agent2 row the rest.
+    assert 850 < sum(r.id == new[0].id for r in rows) < 950
+    weights = dict(zip(info["ids"], info["weights"].tolist(), strict=True))
+    assert weights[new[0].id] == pytest.approx((9.0 / 0.5) ** -0.4)  # normalised by the max
+    # A later update lowers what unset rows count as, in this process and the next.
+    buffer.update_priorities([old[0].id], [0.5])
+    rows = sampler.sample(buffer.storage, 1000, agent2)
+    assert 400 < sum(r.id == new[0].id for r in rows) < 800  # 1.0 against 0.5
 
 
 def test_weights_and_ids_reach_the_training_loop_all_three_ways(buffer: ReplayBuffer) -> None:
