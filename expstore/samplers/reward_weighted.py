@@ -21,6 +21,9 @@ class RewardWeightedSampler(KeySampler):
     ``exp(reward_t / temperature)`` (a softmax over rewards; torchgfn's softmax over
     log-rewards is this with ``reward_t`` holding the log-reward). A high temperature
     flattens the distribution towards uniform, a low one concentrates it on the best rows.
+    Weights are computed as ``exp((reward_t - max reward_t) / temperature)``, so no reward
+    and no temperature overflows: rows whose weight underflows to 0 are simply never drawn,
+    and the rows holding the maximum always keep their share.
     Rows without a ``reward_t`` are never drawn; if no matching row has one, sampling
     raises :class:`~expstore.EmptyBufferError`.
 
@@ -39,13 +42,26 @@ class RewardWeightedSampler(KeySampler):
 
     def _cdf(self, reward: np.ndarray) -> np.ndarray:
         def compute() -> np.ndarray:
-            scaled = reward / self.temperature
-            present = ~np.isnan(scaled)
+            present = ~np.isnan(reward)
             if not present.any():
                 return np.zeros(0)
-            # Subtracting the maximum keeps exp() from overflowing (softmax is shift-free).
-            weights = np.where(present, np.exp(scaled - np.nanmax(scaled)), 0.0)
-            return np.cumsum(weights)
+            # exp((r - rmax) / T): softmax is shift-free, and shifting *before* dividing keeps
+            # every exponent <= 0, so nothing overflows however large r / T would be. The
+            # difference itself may round to -inf (1e308 - -1e308), which exp() turns into 0;
+            # rows equal to the maximum get exactly 1 (also when it is +-inf, where the
+            # difference would be NaN).
+            top = np.nanmax(reward)
+            with np.errstate(over="ignore", invalid="ignore"):
+                shifted = (reward - top) / self.temperature
+            shifted = np.where(reward == top, 0.0, shifted)
+            cdf = np.cumsum(np.exp(np.where(present, shifted, -np.inf)))
+            if not (np.isfinite(cdf[-1]) and cdf[-1] > 0):
+                raise ValueError(
+                    "RewardWeightedSampler expected a finite, positive total weight over the "
+                    f"rewards present, got {cdf[-1]!r} (temperature={self.temperature!r}); "
+                    "check reward_t for values that are not numbers"
+                )
+            return cdf
 
         return self.derived(f"cdf:{self.temperature!r}", (reward,), compute)
 

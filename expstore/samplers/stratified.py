@@ -9,7 +9,7 @@ import numpy as np
 
 from ..query.fields import JsonField, resolve_field
 from ..storage.schema import META_COLUMNS, SCALAR_COLUMNS
-from .base import KeySampler
+from .base import KeySampler, value_codes
 
 __all__ = ["StratifiedSampler"]
 
@@ -80,15 +80,10 @@ class StratifiedSampler(KeySampler):
 
         def compute() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             if values.dtype == object:
-                seen: dict[object, int] = {}
                 listed = values.tolist()
                 if self.column not in _GROUPABLE:  # payload values: any JSON value
                     listed = list(map(_group_key, listed))
-                codes = np.fromiter(
-                    (seen.setdefault(v, len(seen)) for v in listed),
-                    dtype=np.int64,
-                    count=len(values),
-                )
+                codes = value_codes(listed)
             else:  # numbers and bools; NaN (NULL) forms one group
                 codes = np.unique(values, return_inverse=True)[1].reshape(-1)
             order = np.argsort(codes, kind="stable")

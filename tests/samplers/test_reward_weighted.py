@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -35,6 +37,54 @@ def test_huge_rewards_do_not_overflow() -> None:
     sampler = RewardWeightedSampler(temperature=1.0, seed=0)
     drawn = positions(index, sampler.sample_keys(index, 2000, sampler.rng))
     assert set(drawn.tolist()) == {1, 2}
+
+
+@pytest.mark.parametrize(
+    ("reward", "temperature", "expected"),
+    [
+        # r / T overflows to inf: inf - inf would be NaN and starve every rewarded row.
+        ([1e308, 0.0, np.nan], 0.5, [1.0, 0.0, 0.0]),
+        # r - rmax overflows to -inf: that row gets weight 0, not NaN.
+        ([1e308, -1e308, np.nan, 1e308], 1e-300, [1.0, 0.0, 0.0, 1.0]),
+        ([-1e308, -1e308, np.nan], 1e-300, [1.0, 1.0, 0.0]),
+        ([1.0, 1.0 + 1e-12, np.nan], 1e-300, [0.0, 1.0, 0.0]),
+    ],
+)
+def test_extreme_rewards_and_temperatures_keep_the_softmax(
+    reward: list[float], temperature: float, expected: list[float]
+) -> None:
+    index = make_index(len(reward), reward_t=np.array(reward))
+    sampler = RewardWeightedSampler(temperature=temperature, seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow or invalid-value RuntimeWarning
+        drawn = positions(index, sampler.sample_keys(index, 4000, sampler.rng))
+    counts = np.bincount(drawn, minlength=len(reward))
+    assert set(drawn.tolist()) == {i for i, p in enumerate(expected) if p}
+    assert chi_square_p(counts, expected) > 1e-3
+
+
+def test_infinite_rewards_in_an_index_share_the_draws() -> None:
+    index = make_index(4, reward_t=np.array([np.inf, 5.0, np.inf, -np.inf]))
+    sampler = RewardWeightedSampler(temperature=2.0, seed=0)
+    drawn = positions(index, sampler.sample_keys(index, 1000, sampler.rng))
+    assert set(drawn.tolist()) == {0, 2}
+    index = make_index(2, reward_t=np.array([-np.inf, -np.inf]))
+    drawn = positions(index, sampler.sample_keys(index, 1000, sampler.rng))
+    assert set(drawn.tolist()) == {0, 1}
+
+
+def test_extreme_rewards_from_storage_never_draw_unrewarded_rows(buffer: ReplayBuffer) -> None:
+    buffer.store_batch(
+        [
+            make_row("top", step=0, reward=1e308),
+            make_row("low", step=0, reward=-1e308),
+            make_row("zero", step=0, reward=0.0),
+            make_row("none", step=0, reward=None),
+        ]
+    )
+    for temperature in (0.5, 1e-300):
+        rows = RewardWeightedSampler(temperature=temperature, seed=0).sample(buffer.storage, 200)
+        assert {r.exp_meta.task_id for r in rows} == {"top"}
 
 
 def test_no_reward_among_matching_rows_names_the_condition(buffer: ReplayBuffer) -> None:
