@@ -23,7 +23,9 @@ class NumpyConverter(Converter):
       ``"exp_data.state.image_features"``, ``"exp_data.actions.0"``) or a function of the row.
     - Numbers, arrays, tensors and (nested) lists of numbers are stacked; dtypes follow the
       data (float32 tensors stay float32, Python floats give float64, ints int64) unless
-      ``dtypes`` names one for the output.
+      ``dtypes`` names one for the output. torch tensors of a dtype numpy lacks (bfloat16,
+      the float8 types) become float32, which holds each of their values exactly
+      (complex32 becomes complex64); :class:`TensorConverter` turns them back.
     - Variable-length values (shapes that differ between rows, same number of dimensions)
       are padded with ``pad_value`` to the largest shape, and ``<name>_mask`` (bool, same
       shape) is True where a value is real. A row without the value (``None``, or nothing
@@ -127,13 +129,30 @@ def _as_array(value: Any) -> np.ndarray | None:
         return array if array.dtype.kind in "biufc" else None
     torch = loaded_torch()
     if torch is not None and isinstance(value, torch.Tensor):
-        return value.detach().cpu().numpy()
+        value = value.detach().cpu()
+        stand_in = numpy_stand_in(value.dtype)
+        return (value if stand_in is None else value.to(stand_in)).numpy()
     if isinstance(value, (list, tuple)):
         try:
             array = np.asarray(value)
         except ValueError:  # ragged nested lists
             return None
         return array if array.dtype.kind in "biufc" else None
+    return None
+
+
+def numpy_stand_in(torch_dtype: Any) -> Any | None:
+    """The torch dtype to upcast a tensor of ``torch_dtype`` to before it becomes a numpy
+    array, when numpy has no equivalent (bfloat16 and the float8 types: float32, which
+    holds their values exactly; complex32: complex64); None when numpy has one."""
+    torch = loaded_torch()
+    if torch is None or not isinstance(torch_dtype, torch.dtype):
+        return None
+    if torch_dtype.is_floating_point:
+        numpy_has = torch_dtype in (torch.float16, torch.float32, torch.float64)
+        return None if numpy_has else torch.float32
+    if torch_dtype.is_complex:
+        return torch.complex64 if torch_dtype == getattr(torch, "complex32", None) else None
     return None
 
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from .._optional import require
-from .arrays import NumpyConverter
-from .base import FieldSpec
+from .._optional import loaded_torch, require
+from .arrays import NumpyConverter, numpy_stand_in
+from .base import MISSING, FieldSpec
 
 __all__ = ["TensorConverter"]
 
@@ -24,6 +24,9 @@ class TensorConverter(NumpyConverter):
     ``<name>_mask`` rules), then turns every numeric array into a tensor on ``device``
     (``None``: CPU). Fields that are not numbers (strings, dicts) come back as lists, as
     ``torch.utils.data.default_collate`` does. ``dtypes`` may name numpy or torch dtypes.
+    A field whose values are all torch tensors of one dtype numpy lacks (bfloat16, the
+    float8 types) keeps that dtype, although :class:`NumpyConverter` gives float32 for it;
+    a dtype named in ``dtypes`` for the field wins.
     torch is imported when the converter is created, so ``import expstore`` never needs it.
 
     With :class:`~expstore.samplers.PrioritizedSampler`, ``buffer.sample`` adds
@@ -55,9 +58,11 @@ class TensorConverter(NumpyConverter):
 
     def from_values(self, values_by_field: dict[str, list[Any]]) -> dict[str, Any]:
         arrays = super().from_values(values_by_field)
-        return {
-            name: self._tensor(value, self.torch_dtypes.get(name)) for name, value in arrays.items()
-        }
+        dtypes = dict(self.torch_dtypes)
+        for name in self.fields:
+            if name not in dtypes and name not in self.dtypes:
+                dtypes[name] = _lacking_dtype(values_by_field[name])
+        return {name: self._tensor(value, dtypes.get(name)) for name, value in arrays.items()}
 
     def _tensor(self, value: np.ndarray, dtype: Any = None) -> Any:
         if value.dtype == object:
@@ -76,3 +81,19 @@ class TensorConverter(NumpyConverter):
             name: self._tensor(value) if isinstance(value, np.ndarray) else value
             for name, value in info.items()
         }
+
+
+def _lacking_dtype(values: list[Any] | np.ndarray) -> Any:
+    """The torch dtype of ``values`` when every one present is a tensor of one dtype numpy
+    lacks (bfloat16, say), which NumpyConverter upcast; else None (keep numpy's dtype)."""
+    torch = loaded_torch()
+    if torch is None or isinstance(values, np.ndarray):
+        return None
+    found = None
+    for value in values:
+        if value is None or value is MISSING:
+            continue
+        if not isinstance(value, torch.Tensor) or found not in (None, value.dtype):
+            return None
+        found = value.dtype
+    return found if numpy_stand_in(found) is not None else None

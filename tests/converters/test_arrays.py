@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from expstore import DataRow, ReplayBuffer
+from expstore import DataRow, ReplayBuffer, UniformSampler
 from expstore.converters import NumpyConverter, TensorConverter
 from tests.helpers import make_row
 
@@ -143,3 +143,78 @@ def test_shapes_and_dtypes_survive_storage(buffer: ReplayBuffer) -> None:
     assert batch["t"].shape == (5, 2, 2) and batch["t"].dtype == torch.float16
     for i in range(5):
         assert torch.all(batch["obs"][i] == batch["step"][i].float())
+
+
+# -- torch dtypes numpy lacks (bfloat16, float8) --------------------------------------------
+
+LACKING = [torch.bfloat16, torch.float8_e4m3fn]
+
+
+def _low_precision_rows(dtype: torch.dtype, lengths: tuple[int, ...] = (3, 3, 3)) -> list[DataRow]:
+    # Values every one of these dtypes holds exactly: i + k / 2.
+    return [
+        make_row("lp", step=i, state={"h": (i + torch.arange(n) / 2).to(dtype)})
+        for i, n in enumerate(lengths)
+    ]
+
+
+def _expected(step: int, n: int = 3) -> list[float]:
+    return [step + k / 2 for k in range(n)]
+
+
+@pytest.mark.parametrize("dtype", LACKING)
+def test_numpy_converter_upcasts_dtypes_numpy_lacks_to_float32(dtype: torch.dtype) -> None:
+    batch = NumpyConverter({"h": "exp_data.state.h"}).to_dataset_row(_low_precision_rows(dtype))
+    assert batch["h"].dtype == np.float32
+    assert batch["h"].tolist() == [_expected(i) for i in range(3)]
+
+
+@pytest.mark.parametrize("dtype", LACKING)
+def test_tensor_converter_keeps_dtypes_numpy_lacks(dtype: torch.dtype) -> None:
+    rows = _low_precision_rows(dtype, lengths=(1, 3, 2))  # ragged: padded, with a mask
+    batch = TensorConverter({"h": "exp_data.state.h"}).to_dataset_row(rows)
+    assert batch["h"].dtype == dtype and batch["h"].shape == (3, 3)
+    assert batch["h"].float().tolist() == [[0.0, 0.0, 0.0], _expected(1), [2.0, 2.5, 0.0]]
+    assert batch["h_mask"].dtype == torch.bool and batch["h_mask"].sum() == 6
+
+
+def test_a_dtype_named_for_a_low_precision_field_wins() -> None:
+    rows = _low_precision_rows(torch.bfloat16)
+    conv = TensorConverter(
+        {"a": "exp_data.state.h", "b": "exp_data.state.h"},
+        dtypes={"a": torch.float16, "b": np.float64},
+    )
+    batch = conv.to_dataset_row(rows)
+    assert batch["a"].dtype == torch.float16 and batch["b"].dtype == torch.float64
+    assert batch["b"].tolist() == [_expected(i) for i in range(3)]
+
+
+def test_mixed_tensor_dtypes_keep_numpys_common_dtype() -> None:
+    rows = _low_precision_rows(torch.bfloat16)
+    rows[1].exp_data.state["h"] = rows[1].exp_data.state["h"].float()
+    batch = TensorConverter({"h": "exp_data.state.h"}).to_dataset_row(rows)
+    assert batch["h"].dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype", LACKING)
+def test_low_precision_tensors_from_storage_keep_their_dtype(
+    buffer: ReplayBuffer, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    buffer.store_batch(_low_precision_rows(dtype))
+    fields = {"h": "exp_data.state.h", "step": "exp_meta.step"}
+
+    def whole_rows(*args: object, **kwargs: object) -> None:
+        raise AssertionError("buffer.sample took the whole-row path, not fetch_columns")
+
+    monkeypatch.setattr(buffer.storage, "fetch_keys", whole_rows)
+    sampled = buffer.sample(UniformSampler(seed=0), None, TensorConverter(fields), 6)
+    as_numpy = buffer.sample(UniformSampler(seed=0), None, NumpyConverter(fields), 6)
+    monkeypatch.undo()
+    assert sampled["h"].dtype == dtype and sampled["h"].shape == (6, 3)
+    assert sampled["h"].float().tolist() == [_expected(s) for s in sampled["step"].tolist()]
+    assert as_numpy["h"].dtype == np.float32
+    assert as_numpy["h"].tolist() == [_expected(s) for s in as_numpy["step"].tolist()]
+
+    whole = TensorConverter(fields).to_dataset_row(buffer.get_by_task_id("lp"))
+    assert whole["h"].dtype == dtype
+    assert whole["h"].float().tolist() == [_expected(s) for s in whole["step"].tolist()]
