@@ -51,7 +51,9 @@ class ExperienceDataset(Dataset):  # type: ignore[type-arg]
     rows stored later are not included until then. ``dataset[i]`` is a
     :class:`~expstore.DataRow`; a batch of rows becomes a training batch through
     :meth:`collate`, which applies ``converter`` (default: the list of rows). Fetching a
-    batch of indices takes one query (``__getitems__``)::
+    batch of indices takes one query (``__getitems__``). Fetching a row deleted since then
+    raises :class:`~expstore.StorageError` (also when SQLite has given its key to a newer
+    row; the dataset checks the row's id); :meth:`refresh` takes the rows that exist now::
 
         dataset = ExperienceDataset(buffer, cond, TensorConverter({"obs": "exp_data.state.obs"}))
         for batch in dataset.loader(batch_size=32, shuffle=True, num_workers=2):
@@ -70,38 +72,47 @@ class ExperienceDataset(Dataset):  # type: ignore[type-arg]
         self.query_condition = query_condition
         self.converter = converter if converter is not None else DefaultConverter()
         self._keys: np.ndarray = np.empty(0, dtype=np.int64)
+        self._ids: np.ndarray = np.empty(0, dtype=object)
         self.refresh()
 
     def refresh(self) -> None:
         """Take the matching rows afresh (new rows join, deleted ones leave)."""
-        self._keys = np.array(self.buffer.storage.key_index(self.query_condition)["key"])
+        index = self.buffer.storage.key_index(self.query_condition, ("id",))
+        # The ids too: SQLite may give a deleted row's key to the next row stored, so a key
+        # alone cannot tell that the row it named is gone.
+        self._keys, self._ids = np.array(index["key"]), np.array(index["id"])
 
     def __len__(self) -> int:
         return len(self._keys)
 
-    def _key(self, i: Any) -> int:
+    def _position(self, i: Any) -> int:
         if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
             raise TypeError(f"ExperienceDataset indices are ints, got {type(i).__name__}")
         n = len(self._keys)
         if not -n <= i < n:
             raise IndexError(f"index {i} is out of range for a dataset of {n} rows")
-        return int(self._keys[i])
+        return int(i) % n
 
-    def _fetch(self, keys: list[int]) -> list[DataRow]:
-        rows = self.buffer.storage.fetch_keys(keys)
-        if len(rows) != len(keys):
+    def _fetch(self, positions: list[int]) -> list[DataRow]:
+        rows = self.buffer.storage.fetch_keys(self._keys[positions])
+        if len(rows) == len(positions):
+            # A row stored since may hold a deleted row's key: it is not the row listed.
+            gone = sum(row.id != self._ids[p] for row, p in zip(rows, positions, strict=True))
+        else:
+            gone = len(positions) - len(rows)
+        if gone:
             raise StorageError(
-                f"{len(keys) - len(rows)} of the rows this dataset lists were deleted since it "
-                "was created; call dataset.refresh() to take the rows that exist now"
+                f"{gone} of the rows this dataset lists were deleted since it was created; "
+                "call dataset.refresh() to take the rows that exist now"
             )
         return rows
 
     def __getitem__(self, i: int) -> DataRow:
-        return self._fetch([self._key(i)])[0]
+        return self._fetch([self._position(i)])[0]
 
     def __getitems__(self, indices: Sequence[int]) -> list[DataRow]:
         """Rows at ``indices`` fetched in one query (DataLoader uses this for a batch)."""
-        return self._fetch([self._key(i) for i in indices])
+        return self._fetch([self._position(i) for i in indices])
 
     def collate(self, rows: Sequence[DataRow]) -> Any:
         """A batch from rows of this dataset: ``converter.to_dataset_row(rows)``."""

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import itertools
 import os
+import random
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from expstore import DataRow, ReplayBuffer, StorageError
 from expstore.converters import Converter, TensorConverter
 from expstore.query import QueryBuilder
-from expstore.samplers import PrioritizedSampler, UniformSampler
+from expstore.samplers import PrioritizedSampler, Sampler, UniformSampler
 from expstore.torch_data import ExperienceDataset, SampledBatches
 from tests.helpers import make_rows
 
@@ -61,6 +63,28 @@ def test_dataset_order_is_fixed_until_refresh(buffer: ReplayBuffer) -> None:
     assert len(dataset) == 4  # 6 stored, 2 of task0 deleted
 
 
+def test_dataset_refuses_a_newer_row_that_reuses_a_deleted_rows_key(
+    buffer: ReplayBuffer,
+) -> None:
+    rows = make_rows(3)
+    buffer.store_batch(rows)
+    dataset = ExperienceDataset(buffer)
+    newest_key = int(buffer.storage.key_index()["key"][-1])
+    buffer.delete(QueryBuilder().eq("id", rows[2].id).build())
+    newer = make_rows(1)[0]
+    buffer.store(newer)
+    if buffer.storage.dialect == "sqlite":  # SQLite hands the freed key to the next row
+        assert int(buffer.storage.key_index()["key"][-1]) == newest_key
+    deleted = r"1 of the rows this dataset lists were deleted since it was created; call "
+    with pytest.raises(StorageError, match=deleted + r"dataset.refresh\(\)"):
+        dataset[2]
+    with pytest.raises(StorageError, match=deleted):
+        dataset.__getitems__([0, 2, 1])
+    assert dataset[-3].id == rows[0].id
+    dataset.refresh()
+    assert [dataset[i].id for i in range(3)] == [rows[0].id, rows[1].id, newer.id]
+
+
 def test_dataset_loader_with_two_workers_yields_every_row_once(buffer: ReplayBuffer) -> None:
     buffer.store_batch(make_rows(50, tensor=True))
     dataset = ExperienceDataset(buffer, converter=TensorConverter({"obs": "exp_data.state.obs"}))
@@ -95,6 +119,30 @@ def test_two_workers_sample_on_their_own_connections_without_duplicates(
     assert len({tuple(b["i"]) for b in got}) == 10  # no two batches alike
     by_worker = [[tuple(b["i"]) for b in got if b["pid"] == p] for p in pids]
     assert not set(by_worker[0]) & set(by_worker[1])
+
+
+class OwnStreamsSampler(Sampler):
+    """An AWorld-style custom sampler that keeps its own generators and no reseed()."""
+
+    def __init__(self) -> None:
+        self.rng = np.random.default_rng(0)
+        self.py = random.Random(0)
+
+    def sample(self, storage: Any, batch_size: int, query_condition: Any = None) -> list:
+        rows = list(storage.query(query_condition))
+        picks = self.rng.integers(0, len(rows), batch_size // 2).tolist()
+        picks += [self.py.randrange(len(rows)) for _ in range(batch_size - len(picks))]
+        return [rows[i] for i in picks]
+
+
+def test_a_custom_sampler_with_its_own_generators_gets_a_stream_per_worker(
+    buffer: ReplayBuffer,
+) -> None:
+    buffer.store_batch(make_rows(400))
+    batches = SampledBatches(buffer, OwnStreamsSampler(), 16, WhoConverter(), num_batches=8)
+    got = list(batches.loader(num_workers=2))
+    assert len({b["pid"] for b in got}) == 2
+    assert len({tuple(b["i"]) for b in got}) == 8  # the two workers never draw alike
 
 
 def test_worker_streams_are_reproducible_under_torch_manual_seed(buffer: ReplayBuffer) -> None:

@@ -38,6 +38,7 @@ the same seed over the same data gives the same batches.
 
 from __future__ import annotations
 
+import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeVar
@@ -56,6 +57,7 @@ __all__ = [
     "check_batch_size",
     "describe_condition",
     "empty_error",
+    "value_codes",
 ]
 
 _T = TypeVar("_T")
@@ -67,6 +69,14 @@ _DERIVED_ENTRIES = 4
 #: How many times a sampler chooses again when rows it chose were deleted by another writer
 #: before they could be fetched.
 _FETCH_ATTEMPTS = 5
+
+
+def value_codes(values: Sequence[Any]) -> np.ndarray:
+    """An int64 code per value, equal codes for equal values, numbered in order of first
+    appearance. ``dict.fromkeys`` and ``map`` run in C: no Python-level loop per row."""
+    first_seen = dict.fromkeys(values)
+    codes = dict(zip(first_seen, range(len(first_seen)), strict=False))
+    return np.fromiter(map(codes.__getitem__, values), dtype=np.int64, count=len(values))
 
 
 def check_batch_size(batch_size: Any) -> int:
@@ -152,12 +162,24 @@ class Sampler(ABC):
         """
         return self.sample(storage, batch_size, query_condition), {}
 
-    def reseed(self, seed: Any) -> None:  # noqa: B027 - optional hook, a no-op by default
+    def reseed(self, seed: Any) -> None:
         """Restart the sampler's random stream from ``seed`` (and forget any epoch state).
 
         :class:`~expstore.torch_data.SampledBatches` calls this in each DataLoader worker.
-        Samplers without randomness ignore it.
+        This default restarts every ``numpy.random.Generator`` and ``random.Random`` the
+        sampler holds as an attribute, each from its own child of ``seed``, so a custom
+        sampler that keeps one gets a stream of its own in each worker (the module-level
+        ``random`` and ``np.random`` streams torch already seeds per worker). Override it
+        to reset other state.
         """
+        sequence = (
+            seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
+        )
+        for name, value in sorted(vars(self).items()):
+            if isinstance(value, np.random.Generator):
+                setattr(self, name, np.random.default_rng(sequence.spawn(1)[0]))
+            elif isinstance(value, random.Random):
+                value.seed(int(sequence.spawn(1)[0].generate_state(1, np.uint64)[0]))
 
 
 class KeySampler(Sampler):
