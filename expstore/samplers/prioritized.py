@@ -73,10 +73,12 @@ class PrioritizedSampler(KeySampler):
     def read_index(self, storage: Storage, query_condition: QueryCondition) -> dict[str, Any]:
         """The matching rows' priorities and, under a condition, the buffer's largest
         stored priority (``"max_priority"``), which rows without one count as."""
-        index = super().read_index(storage, query_condition)
         if query_condition is None:
-            return index
-        whole = storage.key_index(None, ("priority",))["priority"]
+            return super().read_index(storage, query_condition)
+        index, everything = storage.key_indexes(
+            [(query_condition, self.index_columns()), (None, ("priority",))]
+        )
+        whole = everything["priority"]
         largest = self.derived("max", (whole,), lambda: _largest(whole))
         return {**index, "max_priority": largest}
 

@@ -85,6 +85,13 @@ class Storage(ABC):
     ) -> dict[str, np.ndarray]:
         """The matching rows' integer keys (``"key"``) and metadata ``columns`` as arrays."""
 
+    def key_indexes(
+        self, requests: Sequence[tuple[QueryCondition, Sequence[str]]]
+    ) -> list[dict[str, np.ndarray]]:
+        """:meth:`key_index` for each ``(condition, columns)``; a storage may serve them
+        from one read."""
+        return [self.key_index(condition, columns) for condition, columns in requests]
+
     @abstractmethod
     def fetch_keys(self, keys: Sequence[int] | np.ndarray) -> list[DataRow]:
         """The rows with these keys, in the order given (repeats allowed)."""

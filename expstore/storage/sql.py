@@ -773,32 +773,57 @@ class SqlStorage(Storage):
         buffer with a writer never reloads; other changes (deletes, other eviction
         policies, priority updates from another process) reload.
         """
-        columns = tuple(columns)
-        selected = [_index_column(c, self.dialect) for c in columns]
-        cache_key = (_condition_key(query_condition), columns)
+        return self.key_indexes([(query_condition, columns)])[0]
+
+    def key_indexes(
+        self, requests: Sequence[tuple[QueryCondition, Sequence[str]]]
+    ) -> list[dict[str, np.ndarray]]:
+        """:meth:`key_index` for each ``(condition, columns)``, all from one read with one
+        freshness check (a sampler that needs the matching rows and something of the whole
+        buffer pays one round trip, and sees both at the same moment)."""
+        plans = []
+        for query_condition, columns in requests:
+            columns = tuple(columns)
+            selected = [_index_column(c, self.dialect) for c in columns]
+            plans.append((query_condition, columns, selected))
+        out = []
         with self._errors("index rows"), self._read() as conn:
             signature = self._signature(conn)
-            cached = self._cache.get(cache_key)
-            if cached is not None:
-                self._cache.move_to_end(cache_key)
-                if cached[0] == signature:
-                    return cached[1]
-            since, kept = None, None
-            if cached is not None and cached[0][1] == signature[1]:
-                # The same version: since then rows were only added (keys above the cached
-                # max key, which writers hand out in commit order) or evicted oldest first
-                # (every key below the buffer's min key).
-                since, kept = cached[0][0], cached[1]
-                start = int(np.searchsorted(kept["key"], signature[2]))
-                if start:
-                    kept = {k: v[start:] for k, v in kept.items()}
-            fetched: Sequence[Any] = ()
-            if since is None or signature[0] > since:
-                stmt = select(rows.c.key, *selected)
-                stmt = stmt.where(*self._where(query_condition))
-                if since is not None:
-                    stmt = stmt.where(rows.c.key > since)
-                fetched = conn.execute(stmt.order_by(rows.c.key)).all()
+            for query_condition, columns, selected in plans:
+                out.append(self._index(conn, signature, query_condition, columns, selected))
+        return out
+
+    def _index(
+        self,
+        conn: Connection,
+        signature: tuple[int, int, int],
+        query_condition: QueryCondition,
+        columns: tuple[str, ...],
+        selected: list[ColumnElement[Any]],
+    ) -> dict[str, np.ndarray]:
+        """One key_index() result at ``signature``: cached, brought up to date, or read."""
+        cache_key = (_condition_key(query_condition), columns)
+        cached = self._cache.get(cache_key)
+        if cached is not None:
+            self._cache.move_to_end(cache_key)
+            if cached[0] == signature:
+                return cached[1]
+        since, kept = None, None
+        if cached is not None and cached[0][1] == signature[1]:
+            # The same version: since then rows were only added (keys above the cached
+            # max key, which writers hand out in commit order) or evicted oldest first
+            # (every key below the buffer's min key).
+            since, kept = cached[0][0], cached[1]
+            start = int(np.searchsorted(kept["key"], signature[2]))
+            if start:
+                kept = {k: v[start:] for k, v in kept.items()}
+        fetched: Sequence[Any] = ()
+        if since is None or signature[0] > since:
+            stmt = select(rows.c.key, *selected)
+            stmt = stmt.where(*self._where(query_condition))
+            if since is not None:
+                stmt = stmt.where(rows.c.key > since)
+            fetched = conn.execute(stmt.order_by(rows.c.key)).all()
         arrays = _to_arrays(fetched, columns)
         if kept is not None:
             arrays = {k: np.concatenate([kept[k], arrays[k]]) for k in arrays}

@@ -158,7 +158,7 @@ def test_with_a_warm_index_sampling_only_checks_freshness_and_fetches_by_key(
 def test_sampling_after_a_delete_never_returns_deleted_rows(
     buffer: ReplayBuffer, sampler_name: str
 ) -> None:
-    buffer.store_batch(make_rows(24, tasks=3))
+    buffer.store_batch(make_rows(24, tasks=3, agents=1))  # one agent: slices need its steps
     sampler = SAMPLERS[sampler_name](1)
     sampler.sample(buffer.storage, 4)
     buffer.delete(QueryBuilder().eq("exp_meta.task_id", "task0").build())
