@@ -33,7 +33,7 @@ __all__ = ["ReplayBuffer"]
 class ReplayBuffer:
     """A durable, queryable replay buffer over a SQL :class:`Storage`.
 
-    ``ReplayBuffer(storage=None, *, name="default", capacity=None, eviction="fifo", upgrade=False)``
+    ``ReplayBuffer(storage=None, *, name="default", capacity=None, eviction=None, upgrade=False)``
 
     - ``storage``: ``None`` (default) gives a fresh in-memory SQLite store that no other
       buffer shares; a string or URL opens :class:`SqlStorage` there (``sqlite:///path.db``,
@@ -41,7 +41,10 @@ class ReplayBuffer:
     - ``name``: which buffer of the database (one database holds many, isolated).
     - ``capacity``: at most this many rows remain after each write (default: unlimited).
     - ``eviction``: which rows go beyond capacity: ``"fifo"`` (default), ``"max_reward"``,
-      ``"task_fifo"``.
+      ``"task_fifo"``. Both are kept with the buffer in the database, so every process
+      that writes to it evicts alike: the first to give them sets them, a handle that gives
+      neither uses them, one that asks for others raises ValueError, and
+      :meth:`set_retention` changes them for everyone.
     - ``upgrade``: upgrade an older database schema instead of raising SchemaVersionError.
     """
 
@@ -51,7 +54,7 @@ class ReplayBuffer:
         *,
         name: str = "default",
         capacity: int | None = None,
-        eviction: str = "fifo",
+        eviction: str | None = None,
         upgrade: bool = False,
     ) -> None:
         if storage is None:
@@ -126,6 +129,15 @@ class ReplayBuffer:
         if update is None:
             raise TypeError(f"{type(self.storage).__name__} does not store priorities")
         return int(update(ids, priorities))
+
+    def set_retention(self, capacity: int | None, eviction: str | None = None) -> int:
+        """Change this buffer's capacity (None: unlimited) and eviction policy (None: keep
+        it) for every process that writes to it; rows beyond the new capacity go now.
+        Returns how many rows went."""
+        change = getattr(self.storage, "set_retention", None)
+        if change is None:
+            raise TypeError(f"{type(self.storage).__name__} does not keep a retention")
+        return int(change(capacity, eviction))
 
     # -- sampling ------------------------------------------------------------------------
     def sample(

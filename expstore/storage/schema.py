@@ -59,6 +59,10 @@ buffers = Table(
     # Bumped by every change other than an insert (delete, eviction, priority update), so
     # readers can tell cheaply whether cached key arrays are still valid.
     Column("version", BigInteger, nullable=False, server_default="0"),
+    # The buffer's retention, the same for every handle and process that writes to it:
+    # at most ``capacity`` rows (NULL: unlimited), evicted by ``eviction`` (NULL: fifo).
+    Column("capacity", BigInteger, nullable=True),
+    Column("eviction", String(32), nullable=True),
     UniqueConstraint("name"),
 )
 

@@ -188,13 +188,17 @@ def _use_wal(cursor: Any) -> None:
 class SqlStorage(Storage):
     """One named buffer in a SQL database.
 
-    ``SqlStorage(url, name="default", capacity=None, eviction="fifo", upgrade=False)``
+    ``SqlStorage(url, name="default", capacity=None, eviction=None, upgrade=False)``
 
     - ``url``: ``sqlite:///path.db``, ``sqlite://`` (in memory, private to this object) or
       ``postgresql+psycopg://user@host:5432/db``.
     - ``name``: one database holds many buffers, isolated from each other.
     - ``capacity``: at most this many rows remain after every write; ``eviction`` chooses
-      which go (``fifo``, ``max_reward``, ``task_fifo``; see :mod:`expstore.storage.eviction`).
+      which go (``fifo``, the default, ``max_reward``, ``task_fifo``; see
+      :mod:`expstore.storage.eviction`). Both are kept with the buffer in the database, so
+      every handle and process that writes evicts alike: the first handle to give them
+      sets them, a handle that gives neither uses them, and one that asks for others
+      raises ValueError. :meth:`set_retention` changes them for everyone.
     - ``upgrade``: upgrade an older schema instead of raising SchemaVersionError.
     """
 
@@ -204,23 +208,18 @@ class SqlStorage(Storage):
         *,
         name: str = "default",
         capacity: int | None = None,
-        eviction: str = "fifo",
+        eviction: str | None = None,
         upgrade: bool = False,
     ) -> None:
         if not isinstance(name, str) or not name or len(name) > 255:
             raise ValueError(f"name must be a non-empty string of at most 255 chars, got {name!r}")
-        if capacity is not None and (
-            isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1
-        ):
-            raise ValueError(f"capacity must be None or an int >= 1, got {capacity!r}")
-        if eviction not in EVICTION_POLICIES:
-            raise ValueError(
-                f"eviction must be one of {sorted(EVICTION_POLICIES)}, got {eviction!r}"
-            )
+        _check_retention(capacity, eviction)
         self.url = _normalise_url(url)
         self.name = name
+        # What this handle asked for; the buffer's own retention is read when it opens.
         self.capacity = capacity
-        self.eviction = eviction
+        self.eviction = eviction or "fifo"
+        self._asked = (capacity, eviction)
         self._upgrade = upgrade
         # key_index() results by (condition, columns), least recently used first.
         self._cache: OrderedDict[
@@ -244,6 +243,7 @@ class SqlStorage(Storage):
         with self._errors("open"):
             migrate.ensure_schema(self._engine, self._write_engine, upgrade=self._upgrade)
             self.buffer_id = self._buffer_id()
+            self._settle_retention(*self._asked)
 
     def _engines(self) -> tuple[Engine, Engine]:
         if os.getpid() != self._pid:  # forked (e.g. a DataLoader worker): fresh connections
@@ -295,6 +295,55 @@ class SqlStorage(Storage):
                 ).scalar_one()
         return int(found)
 
+    def _settle_retention(self, capacity: int | None, eviction: str | None) -> None:
+        """Take the buffer's retention, setting it first if it has none and this handle
+        asks for one; ValueError if the handle asks for another than the buffer keeps."""
+        where = buffers.c.id == self.buffer_id
+        kept = select(buffers.c.capacity, buffers.c.eviction).where(where)
+        with self._read() as conn:
+            stored = conn.execute(kept).one()
+        if (capacity, eviction) != (None, None) and tuple(stored) == (None, None):
+            with self._write() as conn:  # only if nobody set it meanwhile
+                conn.execute(
+                    update(buffers)
+                    .where(where, buffers.c.capacity.is_(None), buffers.c.eviction.is_(None))
+                    .values(capacity=capacity, eviction=eviction or "fifo")
+                )
+                stored = conn.execute(kept).one()
+        stored_capacity, stored_eviction = stored[0], stored[1] or "fifo"
+        if (capacity is not None and capacity != stored_capacity) or (
+            eviction is not None and eviction != stored_eviction
+        ):
+            asked = ", ".join(
+                f"{k}={v!r}" for k, v in (("capacity", capacity), ("eviction", eviction)) if v
+            )
+            raise ValueError(
+                f"buffer {self.name!r} keeps capacity={stored_capacity!r} with "
+                f"eviction={stored_eviction!r}, which every writer uses; this handle asked for "
+                f"{asked}. Open it without capacity=/eviction= to use the buffer's, or change "
+                "it for every writer with buffer.set_retention(capacity, eviction)"
+            )
+        self.capacity = None if stored_capacity is None else int(stored_capacity)
+        self.eviction = stored_eviction
+
+    def set_retention(self, capacity: int | None, eviction: str | None = None) -> int:
+        """Change the buffer's capacity (None: unlimited) and eviction policy (None: keep
+        the current one) for every handle and process that writes to it; rows beyond the
+        new capacity go now, in the same transaction. Returns how many rows went."""
+        _check_retention(capacity, eviction)
+        where = buffers.c.id == self.buffer_id
+        with self._errors("change the retention"), self._write() as conn:
+            current = conn.execute(select(buffers.c.eviction).where(where).with_for_update())
+            policy = eviction or current.scalar() or "fifo"
+            conn.execute(update(buffers).where(where).values(capacity=capacity, eviction=policy))
+            evicted = 0
+            if capacity is not None:
+                evicted = evict(conn, self.buffer_id, capacity, policy)
+                if evicted and policy not in OLDEST_FIRST_POLICIES:
+                    self._bump_version(conn)
+        self.capacity, self.eviction = capacity, policy
+        return int(evicted)
+
     def close(self) -> None:
         """Close every pooled connection. The storage can't be used afterwards."""
         self._engine.dispose()
@@ -313,8 +362,6 @@ class SqlStorage(Storage):
             (
                 self.url.render_as_string(hide_password=False),
                 self.name,
-                self.capacity,
-                self.eviction,
             ),
         )
 
@@ -382,19 +429,21 @@ class SqlStorage(Storage):
         with self._errors("store rows"):
             try:
                 with self._write() as conn:
+                    # The buffer's retention as it is now (another process may have changed
+                    # it). On Postgres, writers of a buffer take turns on its row, so keys
+                    # are handed out in commit order (readers' cached key indexes only ever
+                    # need the keys above the largest they saw) and a capacity stays exact;
+                    # SQLite's BEGIN IMMEDIATE gives both already.
+                    retention = select(buffers.c.capacity, buffers.c.eviction).where(
+                        buffers.c.id == self.buffer_id
+                    )
                     if self.dialect == "postgresql":
-                        # Writers of a buffer take turns, so keys are handed out in commit
-                        # order (readers' cached key indexes only ever need the keys above
-                        # the largest they saw) and a capacity stays exact. SQLite's BEGIN
-                        # IMMEDIATE gives both already.
-                        conn.execute(
-                            select(buffers.c.id)
-                            .where(buffers.c.id == self.buffer_id)
-                            .with_for_update()
-                        )
+                        retention = retention.with_for_update()
+                    capacity, policy = conn.execute(retention).one()
+                    self.capacity, self.eviction = capacity, policy or "fifo"
                     self._insert(conn, self._encoded_chunks(batch))
-                    if self.capacity is not None:
-                        evicted = evict(conn, self.buffer_id, self.capacity, self.eviction)
+                    if capacity is not None:
+                        evicted = evict(conn, self.buffer_id, capacity, self.eviction)
                         if evicted and self.eviction not in OLDEST_FIRST_POLICIES:
                             self._bump_version(conn)  # readers see FIFO by the min key
             except IntegrityError as exc:
@@ -971,8 +1020,18 @@ def _as_is(text: str) -> str:
     return text
 
 
-def _reopen(url: str, name: str, capacity: int | None, eviction: str) -> SqlStorage:
-    return SqlStorage(url, name=name, capacity=capacity, eviction=eviction)
+def _reopen(url: str, name: str) -> SqlStorage:
+    """The storage in another process: the buffer's retention comes from the database."""
+    return SqlStorage(url, name=name)
+
+
+def _check_retention(capacity: Any, eviction: Any) -> None:
+    if capacity is not None and (
+        isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1
+    ):
+        raise ValueError(f"capacity must be None or an int >= 1, got {capacity!r}")
+    if eviction is not None and eviction not in EVICTION_POLICIES:
+        raise ValueError(f"eviction must be one of {sorted(EVICTION_POLICIES)}, got {eviction!r}")
 
 
 def _condition_key(query_condition: QueryCondition) -> str:

@@ -6,6 +6,7 @@ Each write's eviction runs in the write's transaction, so every committed state 
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -189,3 +190,68 @@ def test_samplers_never_return_evicted_rows(db_url: str, buffer_name: str) -> No
             buffer.store_batch([make_row("t", step=start + i) for i in range(5)])
             steps = {r.exp_meta.step for r in sampler.sample(buffer.storage, 30)}
             assert min(steps) >= max(0, start + 5 - 10)
+
+
+def test_a_handle_without_capacity_evicts_by_the_buffers_retention(
+    db_url: str, buffer_name: str
+) -> None:
+    """Capacity and eviction live with the buffer: an actor that opens it without them
+    still evicts, so the buffer never outgrows what the trainer asked for."""
+    with (
+        ReplayBuffer(db_url, name=buffer_name, capacity=5, eviction="max_reward") as trainer,
+        ReplayBuffer(db_url, name=buffer_name) as actor,
+    ):
+        assert (actor.storage.capacity, actor.storage.eviction) == (5, "max_reward")
+        actor.store_batch([make_row("t", step=i, reward=float(i)) for i in range(50)])
+        assert len(trainer) == 5
+        assert sorted(r.exp_data.reward_t for r in trainer.query()) == [45, 46, 47, 48, 49]
+
+
+@pytest.mark.parametrize(
+    ("asked", "shown"),
+    [
+        ({"capacity": 6}, "capacity=6"),
+        ({"eviction": "task_fifo"}, "eviction='task_fifo'"),
+        ({"capacity": 5, "eviction": "max_reward"}, "capacity=5, eviction='max_reward'"),
+    ],
+)
+def test_a_handle_asking_for_another_retention_is_refused(
+    db_url: str, buffer_name: str, asked: dict[str, object], shown: str
+) -> None:
+    with ReplayBuffer(db_url, name=buffer_name, capacity=5) as first:
+        first.store_batch([make_row("t", step=i) for i in range(5)])
+        message = (
+            rf"buffer '{buffer_name}' keeps capacity=5 with eviction='fifo'.*asked for "
+            rf"{re.escape(shown)}\. Open it without capacity=/eviction=.*set_retention"
+        )
+        with pytest.raises(ValueError, match=message):
+            ReplayBuffer(db_url, name=buffer_name, **asked)  # type: ignore[arg-type]
+        with ReplayBuffer(db_url, name=buffer_name, capacity=5, eviction="fifo") as same:
+            assert len(same) == 5  # the same retention, spelled out, is fine
+        assert len(first) == 5 and first.storage.capacity == 5
+
+
+def test_set_retention_changes_it_for_every_writer_and_evicts_now(
+    db_url: str, buffer_name: str
+) -> None:
+    with (
+        ReplayBuffer(db_url, name=buffer_name, capacity=10) as one,
+        ReplayBuffer(db_url, name=buffer_name) as other,
+    ):
+        one.store_batch([make_row("t", step=i, reward=float(-i)) for i in range(10)])
+        assert other.set_retention(4, "max_reward") == 6
+        assert sorted(r.exp_meta.step for r in one.query()) == [0, 1, 2, 3]
+        # The first handle, opened with capacity=10 and fifo, now writes by the new rules.
+        one.store(make_row("t", step=10, reward=-100.0))
+        assert sorted(r.exp_meta.step for r in one.query()) == [0, 1, 2, 3]
+        assert (one.storage.capacity, one.storage.eviction) == (4, "max_reward")
+        with ReplayBuffer(db_url, name=buffer_name, capacity=4, eviction="max_reward"):
+            pass  # what it keeps now
+        assert one.set_retention(None) == 0  # unlimited, eviction kept
+        one.store_batch([make_row("u", step=i) for i in range(6)])
+        assert len(other) == 10
+        with pytest.raises(ValueError, match="capacity must be None or an int >= 1, got 0"):
+            one.set_retention(0)
+        with pytest.raises(ValueError, match="eviction must be one of"):
+            one.set_retention(3, "lifo")
+        assert len(other) == 10
