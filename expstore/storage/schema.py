@@ -7,6 +7,8 @@ that autogenerate finds no difference between the migrations' head and these tab
 - ``expstore_rows``: one row per experience. ``key`` (an integer primary key) gives the
   insertion order; metadata lives in typed, indexed columns; the rest of the experience is
   ``data`` (JSON, JSONB on Postgres) plus ``tensors`` (the codec's blob).
+- ``expstore_priority_log``: the recent priority updates of each buffer, so that other
+  processes bring their cached priorities up to date without reading every row again.
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ buffers = Table(
     # at most ``capacity`` rows (NULL: unlimited), evicted by ``eviction`` (NULL: fifo).
     Column("capacity", BigInteger, nullable=True),
     Column("eviction", String(32), nullable=True),
+    # Bumped by every priority update; expstore_priority_log holds the recent ones.
+    Column("priority_version", BigInteger, nullable=False, server_default="0"),
     UniqueConstraint("name"),
 )
 
@@ -120,3 +124,23 @@ def newest_first(stmt: Select[Any], buffer_id: int) -> Select[Any]:
     return stmt.where(rows.c.buffer_id >= buffer_id, rows.c.buffer_id <= buffer_id).order_by(
         rows.c.buffer_id.desc(), rows.c.key.desc()
     )
+
+
+#: The priorities set by the last updates of each buffer (``seq`` is the buffer's
+#: ``priority_version`` after the update), kept for PRIORITY_LOG_KEEP updates.
+priority_log = Table(
+    "expstore_priority_log",
+    metadata,
+    Column(
+        "buffer_id",
+        Integer,
+        ForeignKey("expstore_buffers.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("seq", BigInteger, primary_key=True),
+    Column("key", BigInteger, primary_key=True),
+    Column("priority", Double, nullable=False),
+)
+
+#: How many priority updates a buffer's log keeps; a reader further behind reloads.
+PRIORITY_LOG_KEEP = 64

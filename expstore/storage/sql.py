@@ -65,7 +65,16 @@ from .base import QueryCondition, Storage
 from .compiled import CompiledSelect
 from .eviction import EVICTION_POLICIES, OLDEST_FIRST_POLICIES, evict
 from .fields import SQLITE_ARROW, FieldPlan, Values, field_plans
-from .schema import META_COLUMNS, SCALAR_COLUMNS, buffers, newest_first, oldest_first, rows
+from .schema import (
+    META_COLUMNS,
+    PRIORITY_LOG_KEEP,
+    SCALAR_COLUMNS,
+    buffers,
+    newest_first,
+    oldest_first,
+    priority_log,
+    rows,
+)
 
 __all__ = ["SqlStorage", "create_sql_engine"]
 
@@ -223,7 +232,7 @@ class SqlStorage(Storage):
         self._upgrade = upgrade
         # key_index() results by (condition, columns), least recently used first.
         self._cache: OrderedDict[
-            tuple[str, tuple[str, ...]], tuple[tuple[int, int, int], dict[str, np.ndarray]]
+            tuple[str, tuple[str, ...]], tuple[tuple[int, int, int, int], dict[str, np.ndarray]]
         ] = OrderedDict()
         # fetch_fields() plans by paths.
         self._plans: dict[tuple[tuple[str, ...], bool], tuple[FieldPlan, FieldPlan | None]] = {}
@@ -593,16 +602,15 @@ class SqlStorage(Storage):
         found = select(wanted.c.id, key.label("key")).subquery()
         return select(found.c.id, found.c.key).where(found.c.key.is_not(None))
 
-    def _bump_version(self, conn: Connection) -> int:
-        """Mark a change other than an insert; returns the new version (the row is locked
-        until the transaction ends, so it is exact)."""
+    def _bump_version(self, conn: Connection, counter: Any = buffers.c.version) -> int:
+        """Mark a change other than an insert (``counter``: ``version``, or
+        ``priority_version`` for a priority update); returns its new value (the row is
+        locked until the transaction ends, so it is exact)."""
         conn.execute(
-            update(buffers)
-            .where(buffers.c.id == self.buffer_id)
-            .values(version=buffers.c.version + 1)
+            update(buffers).where(buffers.c.id == self.buffer_id).values({counter: counter + 1})
         )
-        version = select(buffers.c.version).where(buffers.c.id == self.buffer_id)
-        return int(conn.execute(version).scalar_one())
+        value = select(counter).where(buffers.c.id == self.buffer_id)
+        return int(conn.execute(value).scalar_one())
 
     def delete(self, query_condition: QueryCondition) -> int:
         """Delete the matching rows and return how many went. ``None`` is refused: use clear()."""
@@ -624,9 +632,12 @@ class SqlStorage(Storage):
     def update_priorities(self, ids: Sequence[str], priorities: Sequence[float]) -> int:
         """Set the stored priority of rows by id; returns how many rows were updated.
 
-        Ids no longer in the buffer (evicted since they were sampled, say) are skipped. This
-        process's cached key index is patched in place rather than reloaded, so a training
-        loop that samples and updates priorities every step stays cheap at any size.
+        Ids no longer in the buffer (evicted since they were sampled, say) are skipped; for
+        an id given twice the last priority wins. This process's cached key index is
+        patched in place, and the update is logged (``expstore_priority_log``, the last
+        PRIORITY_LOG_KEEP updates) so that other processes patch theirs too: a training loop
+        that samples and updates priorities every step, with DataLoader workers sampling
+        beside it, stays cheap at any size.
         """
         if isinstance(ids, str):
             raise TypeError("update_priorities() needs a list of ids, got one string")
@@ -648,32 +659,58 @@ class SqlStorage(Storage):
         )
         with self._errors("update priorities"), self._write() as conn:
             key_of = self._ids_to_keys(conn, ids)
-            found = [(key_of[i], float(p)) for i, p in zip(ids, values, strict=True) if i in key_of]
-            if not found:
+            # By key, the last priority given for it winning (as the UPDATEs in order would).
+            latest = {key_of[i]: float(p) for i, p in zip(ids, values, strict=True) if i in key_of}
+            if not latest:
                 return 0
-            conn.execute(stmt, [{"row_key": k, "new_priority": p} for k, p in found])
-            version = self._bump_version(conn)
-        keys = np.fromiter((k for k, _ in found), dtype=np.int64, count=len(found))
-        new = np.fromiter((p for _, p in found), dtype=np.float64, count=len(found))
-        self._patch_priorities(version, keys, new)
-        return len({k for k, _ in found})
+            conn.execute(stmt, [{"row_key": k, "new_priority": p} for k, p in latest.items()])
+            seq = self._bump_version(conn, buffers.c.priority_version)
+            # Logged for other processes' cached key indexes (see _index); old entries go.
+            conn.execute(
+                insert(priority_log),
+                [
+                    {"buffer_id": self.buffer_id, "seq": seq, "key": k, "priority": p}
+                    for k, p in latest.items()
+                ],
+            )
+            conn.execute(
+                delete(priority_log).where(
+                    priority_log.c.buffer_id == self.buffer_id,
+                    priority_log.c.seq <= seq - PRIORITY_LOG_KEEP,
+                )
+            )
+        keys = np.fromiter(latest, dtype=np.int64, count=len(latest))
+        new = np.fromiter(latest.values(), dtype=np.float64, count=len(latest))
+        self._patch_priorities(seq, keys, new)
+        return len(latest)
 
-    def _patch_priorities(self, version: int, keys: np.ndarray, values: np.ndarray) -> None:
+    def _patch_priorities(self, seq: int, keys: np.ndarray, values: np.ndarray) -> None:
         """Carry cached key indexes that were current just before this process's priority
-        update (version - 1) over to ``version``, with the new priorities written in."""
-        for cache_key, ((max_key, cached_version, min_key), arrays) in list(self._cache.items()):
-            if cached_version != version - 1:
+        update (priority version ``seq - 1``) over to ``seq``, with the new priorities."""
+        for cache_key, (signature, arrays) in list(self._cache.items()):
+            if signature[3] != seq - 1:
                 continue
-            if "priority" in arrays:
-                positions = np.searchsorted(arrays["key"], keys)
-                inside = positions < len(arrays["key"])
-                hit = inside.copy()
-                hit[inside] = arrays["key"][positions[inside]] == keys[inside]
-                priority = arrays["priority"].copy()
-                priority[positions[hit]] = values[hit]
-                priority.flags.writeable = False
-                arrays = {**arrays, "priority": priority}
-            self._cache[cache_key] = ((max_key, version, min_key), arrays)
+            self._cache[cache_key] = ((*signature[:3], seq), _with_priorities(arrays, keys, values))
+
+    def _logged_priorities(
+        self, conn: Connection, after: int, upto: int
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """(keys, priorities) set by this buffer's priority updates ``after + 1 .. upto``,
+        each key's latest; None if the log no longer reaches back that far."""
+        log = priority_log.c
+        stmt = (
+            select(log.seq, log.key, log.priority)
+            .where(log.buffer_id == self.buffer_id, log.seq > after, log.seq <= upto)
+            .order_by(log.seq)
+        )
+        entries = conn.execute(stmt).all()
+        if not entries or entries[0][0] != after + 1:
+            return None
+        latest = {key: priority for _, key, priority in entries}
+        return (
+            np.fromiter(latest, dtype=np.int64, count=len(latest)),
+            np.fromiter(latest.values(), dtype=np.float64, count=len(latest)),
+        )
 
     # -- reading -------------------------------------------------------------------------
     def _decode(self, r: Row[Any]) -> DataRow:
@@ -792,21 +829,23 @@ class SqlStorage(Storage):
             return list(conn.execute(stmt).scalars())
 
     # -- the samplers' fast path ---------------------------------------------------------
-    def _signature(self, conn: Connection) -> tuple[int, int, int]:
-        """``(max key, version, min key)``: rows added raise the max key; FIFO eviction
-        (which deletes only the oldest rows) raises the min key; any other change bumps
-        the version."""
+    def _signature(self, conn: Connection) -> tuple[int, int, int, int]:
+        """``(max key, version, min key, priority version)``: rows added raise the max key;
+        FIFO eviction (which deletes only the oldest rows) raises the min key; priority
+        updates bump the priority version; any other change bumps the version."""
         statement = self._statements.get(("signature",))
         if statement is None:
             key = select(rows.c.key)
             max_key = newest_first(key, self.buffer_id).limit(1).scalar_subquery()
             min_key = oldest_first(key, self.buffer_id).limit(1).scalar_subquery()
-            version = (
-                select(buffers.c.version).where(buffers.c.id == self.buffer_id).scalar_subquery()
+            this = buffers.c.id == self.buffer_id
+            version = select(buffers.c.version).where(this).scalar_subquery()
+            priority_version = select(buffers.c.priority_version).where(this).scalar_subquery()
+            statement = self._statement(
+                ("signature",), select(max_key, version, min_key, priority_version)
             )
-            statement = self._statement(("signature",), select(max_key, version, min_key))
-        ((key, version, smallest),) = statement.run(conn)
-        return (int(key or 0), int(version or 0), int(smallest or 0))
+        ((key, version, smallest, priority_version),) = statement.run(conn)
+        return (int(key or 0), int(version or 0), int(smallest or 0), int(priority_version or 0))
 
     def key_index(
         self, query_condition: QueryCondition = None, columns: Sequence[str] = ()
@@ -818,9 +857,11 @@ class SqlStorage(Storage):
         (``"exp_data.state.difficulty"``): an object array of the values there as JSON
         decodes them (str, int, float, bool, list, dict), None where the value is null or
         the path reaches nothing. The arrays are cached until the buffer changes: new
-        inserts are appended and rows evicted by FIFO dropped from the front, so a full
-        buffer with a writer never reloads; other changes (deletes, other eviction
-        policies, priority updates from another process) reload.
+        inserts are appended, rows evicted by FIFO dropped from the front and priorities
+        updated by any process patched from the priority log, so a full buffer with a
+        writer and a trainer updating priorities never reloads; other changes (deletes,
+        other eviction policies, a reader more than PRIORITY_LOG_KEEP priority updates
+        behind) reload.
         """
         return self.key_indexes([(query_condition, columns)])[0]
 
@@ -845,7 +886,7 @@ class SqlStorage(Storage):
     def _index(
         self,
         conn: Connection,
-        signature: tuple[int, int, int],
+        signature: tuple[int, int, int, int],
         query_condition: QueryCondition,
         columns: tuple[str, ...],
         selected: list[ColumnElement[Any]],
@@ -866,6 +907,14 @@ class SqlStorage(Storage):
             start = int(np.searchsorted(kept["key"], signature[2]))
             if start:
                 kept = {k: v[start:] for k, v in kept.items()}
+            if cached[0][3] != signature[3] and "priority" in kept:
+                # Priorities updated since (by any process): patch them from the log, or
+                # read everything again if the log no longer reaches back that far.
+                logged = self._logged_priorities(conn, cached[0][3], signature[3])
+                if logged is None:
+                    since, kept = None, None
+                else:
+                    kept = _with_priorities(kept, *logged)
         fetched: Sequence[Any] = ()
         if since is None or signature[0] > since:
             stmt = select(rows.c.key, *selected)
@@ -1057,6 +1106,23 @@ def _array_dtype(column: Any) -> Any:
 
 #: The numpy dtype of each key_index() column, from the schema's column types.
 _ARRAY_DTYPES = {column.name: _array_dtype(column) for column in rows.c}
+
+
+def _with_priorities(
+    arrays: dict[str, np.ndarray], keys: np.ndarray, values: np.ndarray
+) -> dict[str, np.ndarray]:
+    """``arrays`` with ``priority`` set to ``values`` at ``keys`` (those it holds); arrays
+    without priorities as they are."""
+    if "priority" not in arrays or not len(arrays["key"]):
+        return arrays
+    positions = np.searchsorted(arrays["key"], keys)
+    inside = positions < len(arrays["key"])
+    hit = inside.copy()
+    hit[inside] = arrays["key"][positions[inside]] == keys[inside]
+    priority = arrays["priority"].copy()
+    priority[positions[hit]] = values[hit]
+    priority.flags.writeable = False
+    return {**arrays, "priority": priority}
 
 
 def _index_column(name: str, dialect: str) -> ColumnElement[Any]:

@@ -461,3 +461,52 @@ def test_other_changes_still_reload_the_key_index(buffer: ReplayBuffer) -> None:
     assert before["key"][3] not in after["key"].tolist()
     got = [r.exp_data.state["i"] for r in storage.fetch_keys(after["key"])]
     assert got == [0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 0, 1]
+
+
+def test_priority_updates_from_another_handle_are_patched_from_the_log(
+    db_url: str, buffer_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trainer updates priorities while another process (a DataLoader worker, say) samples:
+    the other handle's cached priorities follow from the priority log, never by reading
+    every row again, and always equal a fresh index; a handle further behind than the log
+    keeps reloads instead."""
+    from expstore import QueryBuilder
+    from expstore.storage import schema, sql
+
+    fetched: list[int] = []
+    to_arrays = sql._to_arrays
+    monkeypatch.setattr(
+        sql, "_to_arrays", lambda rows, cols: fetched.append(len(rows)) or to_arrays(rows, cols)
+    )
+    rows = make_rows(60)
+    conditions = [None, QueryBuilder().eq("exp_meta.agent_id", "agent1").build()]
+    with (
+        ReplayBuffer(db_url, name=buffer_name, capacity=60) as trainer,
+        ReplayBuffer(db_url, name=buffer_name) as worker,
+    ):
+        trainer.store_batch(rows)
+        for c in conditions:
+            worker.storage.key_index(c, ("priority", "step"))
+        rng = np.random.default_rng(0)
+        for step in range(5):
+            chosen = rng.choice(60, 8)  # repeats: the last priority given wins
+            trainer.update_priorities([rows[i].id for i in chosen], rng.random(8) * 10)
+            if step == 2:  # new rows evict old ones too (FIFO: no reload either)
+                rows = rows[4:] + make_rows(4)
+                trainer.store_batch(rows[-4:])
+            fetched.clear()
+            for c in conditions:
+                got = worker.storage.key_index(c, ("priority", "step"))
+                with ReplayBuffer(db_url, name=buffer_name) as fresh:
+                    expected = fresh.storage.key_index(c, ("priority", "step"))
+                for name in ("key", "priority", "step"):
+                    np.testing.assert_array_equal(got[name], expected[name])
+            assert max(fetched[0::2]) <= 4, fetched  # only new rows were read
+        # Further behind than the log keeps: the worker reads everything again, correctly.
+        monkeypatch.setattr(schema, "PRIORITY_LOG_KEEP", 2)
+        monkeypatch.setattr(sql, "PRIORITY_LOG_KEEP", 2)
+        for _ in range(4):
+            trainer.update_priorities([rows[0].id], [float(_)])
+        fetched.clear()
+        got = worker.storage.key_index(None, ("priority", "step"))
+        assert fetched[0] == 60 and got["priority"][0] == 3.0
