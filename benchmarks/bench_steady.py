@@ -89,11 +89,14 @@ def run(label: str, url: str, capacity: int, write: int, steps: int) -> None:
         return statistics.median(values) * 1e3
 
     print(f"\n== {label}: {capacity:,} rows held, {write} written per step, {steps} steps ==")
-    print(f"  store ({write} rows, evicting {write})          {ms(store):9.2f} ms")
-    print(f"  sample after a write                         {ms(after):9.2f} ms")
-    print(f"  sample, no write                             {ms(still):9.2f} ms")
-    print(f"  full index read (what a reload costs)        {ms(reads):9.2f} ms")
-    print(f"  ratio sample after a write / no write:  {ms(after) / ms(still):.2f}x")
+    for what, value in (
+        (f"store ({write} rows, evicting {write})", ms(store)),
+        ("sample after a write", ms(after)),
+        ("sample, no write", ms(still)),
+        ("full index read (what a reload costs)", ms(reads)),
+    ):
+        print(f"  {what:<44}{value:9.2f} ms")
+    print(f"  ratio sample after a write / no write: {ms(after) / ms(still):.2f}x")
 
 
 def main() -> None:
