@@ -600,3 +600,17 @@ def test_text_that_only_looks_unusual_is_storable(tmp_path) -> None:
     with ReplayBuffer(f"sqlite:///{tmp_path / 'x.db'}") as buf:
         buf.store(row)
         assert list(buf.query()) == [row]
+
+
+def test_a_lone_surrogate_that_validation_cannot_see_fails_the_write_clearly(tmp_path) -> None:
+    """A numpy string holds one: the write says what is wrong and stores nothing."""
+    from expstore import CodecError, ReplayBuffer
+    from tests.helpers import make_row
+
+    with ReplayBuffer(f"sqlite:///{tmp_path / 'x.db'}") as buf:
+        buf.store(make_row("kept"))
+        with pytest.raises(
+            CodecError, match=r"holds '\\udc80', which is not Unicode text.*Nothing was stored"
+        ):
+            buf.store_batch([make_row("a"), make_row("b", state={"s": np.str_("x\udc80")})])
+        assert [r.exp_meta.task_id for r in buf.query()] == ["kept"]

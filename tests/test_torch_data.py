@@ -145,6 +145,28 @@ def test_a_custom_sampler_with_its_own_generators_gets_a_stream_per_worker(
     assert len({tuple(b["i"]) for b in got}) == 8  # the two workers never draw alike
 
 
+class JitteredUniform(UniformSampler):
+    """A KeySampler subclass with a generator of its own besides the sampler's stream."""
+
+    def __init__(self, seed: int | None = None) -> None:
+        super().__init__(seed=seed)
+        self.jitter = np.random.default_rng(0)
+
+    def sample_keys(self, index: Any, batch_size: int, rng: np.random.Generator) -> Any:
+        keys = index["key"]
+        return keys[self.jitter.integers(0, len(keys), batch_size)]
+
+
+def test_a_key_sampler_subclass_with_its_own_generator_gets_a_stream_per_worker(
+    buffer: ReplayBuffer,
+) -> None:
+    buffer.store_batch(make_rows(400))
+    batches = SampledBatches(buffer, JitteredUniform(seed=0), 16, WhoConverter(), num_batches=8)
+    got = list(batches.loader(num_workers=2))
+    assert len({b["pid"] for b in got}) == 2
+    assert len({tuple(b["i"]) for b in got}) == 8
+
+
 def test_worker_streams_are_reproducible_under_torch_manual_seed(buffer: ReplayBuffer) -> None:
     buffer.store_batch(make_rows(200))
 

@@ -212,6 +212,7 @@ class KeySampler(Sampler):
         return rng
 
     def reseed(self, seed: Any) -> None:
+        super().reseed(seed)  # generators a subclass holds
         self._rng = np.random.default_rng(seed)
 
     def derived(self, name: str, sources: tuple[np.ndarray, ...], compute: Callable[[], _T]) -> _T:

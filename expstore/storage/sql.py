@@ -58,7 +58,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from .. import migrate
 from .._optional import require
-from ..codec import PayloadWriter, decode_payload
+from ..codec import PartDecoder, PayloadWriter, decode_payload
 from ..errors import CodecError, StorageError
 from ..models import PAYLOAD_FIELDS, DataRow, Experience, ExpMeta, trusted
 from .base import QueryCondition, Storage
@@ -455,6 +455,13 @@ class SqlStorage(Storage):
                         evicted = evict(conn, self.buffer_id, capacity, self.eviction)
                         if evicted and self.eviction not in OLDEST_FIRST_POLICIES:
                             self._bump_version(conn)  # readers see FIFO by the min key
+            except UnicodeEncodeError as exc:  # a string the row's validation could not see
+                text = exc.object[exc.start : exc.end]
+                raise CodecError(
+                    f"a string in the batch holds {text!r}, which is not Unicode text "
+                    f"({exc.reason}) and no database can store; decode the text with "
+                    "errors='replace' or store its bytes. Nothing was stored"
+                ) from exc
             except IntegrityError as exc:
                 duplicate = self._duplicate_error([row.id for row in batch])
                 if duplicate is None:
@@ -658,6 +665,12 @@ class SqlStorage(Storage):
             .values(priority=bindparam("new_priority"))
         )
         with self._errors("update priorities"), self._write() as conn:
+            if self.dialect == "postgresql":
+                # The buffer's row first, as store_batch takes it: locking rows and then the
+                # buffer would deadlock with a writer evicting those rows.
+                conn.execute(
+                    select(buffers.c.id).where(buffers.c.id == self.buffer_id).with_for_update()
+                )
             key_of = self._ids_to_keys(conn, ids)
             # By key, the last priority given for it winning (as the UPDATEs in order would).
             latest = {key_of[i]: float(p) for i, p in zip(ids, values, strict=True) if i in key_of}
@@ -917,8 +930,11 @@ class SqlStorage(Storage):
                     kept = _with_priorities(kept, *logged)
         fetched: Sequence[Any] = ()
         if since is None or signature[0] > since:
+            # Up to the signature's max key only: rows committed after the signature was
+            # read are left to the next call, so the cached arrays are exactly what the
+            # signature describes (and a row is never fetched twice).
             stmt = select(rows.c.key, *selected)
-            stmt = stmt.where(*self._where(query_condition))
+            stmt = stmt.where(*self._where(query_condition), rows.c.key <= signature[0])
             if since is not None:
                 stmt = stmt.where(rows.c.key > since)
             fetched = conn.execute(stmt.order_by(rows.c.key)).all()
@@ -969,7 +985,11 @@ class SqlStorage(Storage):
         if unread and whole is not None:
             again, more_ids, more, _ = whole.read_all(self._fetch(unread, whole.columns))
             found, ids = found + again, ids + more_ids
-            values = [[*a, *b] for a, b in zip(values, more, strict=True)]
+            # A stacked array is a read-only view of the fetched bytes: its rows are copied.
+            values = [
+                [*(a.copy() if isinstance(a, np.ndarray) else a), *b]
+                for a, b in zip(values, more, strict=True)
+            ]
         at = {key: i for i, key in enumerate(found)}
         positions = [at[k] for k in wanted if k in at]
         order = np.array(positions, dtype=np.intp)
@@ -1151,13 +1171,23 @@ def _to_arrays(fetched: Sequence[Row[Any]], columns: tuple[str, ...]) -> dict[st
     return out
 
 
+def _json_value(text: str) -> Any:
+    """A stored JSON part as the codec decodes it (NaN, escaped dicts); a tensor, which
+    needs its row's blob, stays its placeholder."""
+    value = json.loads(text)
+    try:
+        return PartDecoder(None, "").decode_part(value, "value")
+    except CodecError:
+        return value
+
+
 def _json_values(texts: Sequence[str | None]) -> np.ndarray:
     """The decoded values of JSON texts (None for SQL NULL and JSON null), each distinct
     text parsed once."""
     parsed: dict[str | None, Any] = {None: None}
     for text in set(texts):
         if text not in parsed:
-            parsed[text] = json.loads(text)  # type: ignore[arg-type]
+            parsed[text] = _json_value(text)  # type: ignore[arg-type]
     return np.fromiter(map(parsed.__getitem__, texts), dtype=object, count=len(texts))
 
 

@@ -102,3 +102,47 @@ def test_postgres_writers_of_a_buffer_take_turns(pg_url: str, buffer_name: str) 
             assert buf.count() == 0
         thread.join(timeout=30)
         assert done.is_set() and buf.count() == 1
+
+
+def test_update_priorities_and_an_evicting_writer_never_deadlock(
+    pg_url: str, buffer_name: str
+) -> None:
+    """update_priorities takes the buffer's row before the rows' (as store_batch does): a
+    writer evicting the very rows being updated waits instead of deadlocking. The update is
+    held open between the two locks, so without that order Postgres reports a deadlock."""
+    import threading
+    import time
+
+    from expstore.storage.sql import SqlStorage
+    from tests.helpers import make_rows
+
+    trainer = SqlStorage(pg_url, name=buffer_name, capacity=10)
+    actor = SqlStorage(pg_url, name=buffer_name)
+    trainer.store_batch(make_rows(10))
+    oldest = trainer.key_index(columns=("id",))["id"][0]
+    bump = trainer._bump_version
+    started = threading.Event()
+
+    def held_open(conn, *args):  # noqa: ANN001, ANN002, ANN202
+        started.set()
+        time.sleep(0.3)  # the row locks are taken; the writer comes now
+        return bump(conn, *args)
+
+    trainer._bump_version = held_open  # type: ignore[method-assign]
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        started.wait(10)
+        try:
+            actor.store_batch(make_rows(1))  # evicts the oldest row, the one being updated
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    assert trainer.update_priorities([oldest], [5.0]) == 1
+    writer.join(30)
+    assert not errors, errors
+    assert len(trainer.key_index()["key"]) == 10
+    trainer.close()
+    actor.close()

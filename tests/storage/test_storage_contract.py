@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -510,3 +512,53 @@ def test_priority_updates_from_another_handle_are_patched_from_the_log(
         fetched.clear()
         got = worker.storage.key_index(None, ("priority", "step"))
         assert fetched[0] == 60 and got["priority"][0] == 3.0
+
+
+def test_rows_committed_while_the_index_is_read_are_never_cached_twice(
+    db_url: str, buffer_name: str
+) -> None:
+    """Another process commits rows right after the freshness check: the index holds what
+    the check saw and takes the new rows on the next call, each once."""
+    with (
+        ReplayBuffer(db_url, name=buffer_name) as reader,
+        ReplayBuffer(db_url, name=buffer_name) as writer,
+    ):
+        writer.store_batch(make_rows(5))
+        reader.storage.key_index()
+        writer.store_batch(make_rows(1))  # the cache is stale now
+        signature = reader.storage._signature
+
+        def then_a_commit(conn):  # noqa: ANN001, ANN202
+            seen = signature(conn)
+            writer.store_batch(make_rows(3))
+            return seen
+
+        reader.storage._signature = then_a_commit  # type: ignore[method-assign]
+        assert len(reader.storage.key_index()["key"]) == 6
+        reader.storage._signature = signature  # type: ignore[method-assign]
+        keys = reader.storage.key_index()["key"]
+        assert len(keys) == len(np.unique(keys)) == 9
+
+
+def test_fields_of_rows_read_two_ways_are_writable_arrays(buffer: ReplayBuffer) -> None:
+    """A batch mixing rows whose tensor the database extracts with rows it must read whole
+    (the path missing): the tensors still come back writable and aligned."""
+    rows = [
+        make_row(state={"obs": np.full(3, i, np.float64), "pad": np.ones(1, np.uint8)})
+        for i in range(3)
+    ]
+    rows.append(make_row(state={"other": 1}))
+    buffer.store_batch(rows)
+    keys = buffer.storage.key_index()["key"]
+    got = buffer.storage.fetch_fields(keys, ["exp_data.state.obs"])
+    arrays = [value for _, value in got[:3]]
+    assert all(a.flags.writeable and a.flags.aligned for a in arrays)
+    arrays[0][0] = 42.0
+    assert arrays[0].tolist() == [42.0, 0.0, 0.0] and arrays[1].tolist() == [1.0] * 3
+
+
+def test_key_index_payload_values_are_decoded_as_the_codec_does(buffer: ReplayBuffer) -> None:
+    values: list[object] = [math.nan, math.inf, {"__tensor__": 1}, {"__float__": "x"}, 10**20]
+    buffer.store_batch([make_row(f"t{i}", state={"v": v}) for i, v in enumerate(values)])
+    got = buffer.storage.key_index(columns=("exp_data.state.v",))["exp_data.state.v"].tolist()
+    assert math.isnan(got[0]) and got[1:] == values[1:]
