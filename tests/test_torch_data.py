@@ -135,16 +135,6 @@ class OwnStreamsSampler(Sampler):
         return [rows[i] for i in picks]
 
 
-def test_a_custom_sampler_with_its_own_generators_gets_a_stream_per_worker(
-    buffer: ReplayBuffer,
-) -> None:
-    buffer.store_batch(make_rows(400))
-    batches = SampledBatches(buffer, OwnStreamsSampler(), 16, WhoConverter(), num_batches=8)
-    got = list(batches.loader(num_workers=2))
-    assert len({b["pid"] for b in got}) == 2
-    assert len({tuple(b["i"]) for b in got}) == 8  # the two workers never draw alike
-
-
 class JitteredUniform(UniformSampler):
     """A KeySampler subclass with a generator of its own besides the sampler's stream."""
 
@@ -157,14 +147,17 @@ class JitteredUniform(UniformSampler):
         return keys[self.jitter.integers(0, len(keys), batch_size)]
 
 
-def test_a_key_sampler_subclass_with_its_own_generator_gets_a_stream_per_worker(
-    buffer: ReplayBuffer,
+@pytest.mark.parametrize(
+    "make", [OwnStreamsSampler, lambda: JitteredUniform(seed=0)], ids=["sampler", "key_sampler"]
+)
+def test_a_custom_sampler_with_its_own_generators_gets_a_stream_per_worker(
+    buffer: ReplayBuffer, make: Any
 ) -> None:
     buffer.store_batch(make_rows(400))
-    batches = SampledBatches(buffer, JitteredUniform(seed=0), 16, WhoConverter(), num_batches=8)
+    batches = SampledBatches(buffer, make(), 16, WhoConverter(), num_batches=8)
     got = list(batches.loader(num_workers=2))
     assert len({b["pid"] for b in got}) == 2
-    assert len({tuple(b["i"]) for b in got}) == 8
+    assert len({tuple(b["i"]) for b in got}) == 8  # the two workers never draw alike
 
 
 def test_worker_streams_are_reproducible_under_torch_manual_seed(buffer: ReplayBuffer) -> None:
