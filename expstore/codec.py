@@ -757,16 +757,12 @@ def decode_texts(
             return stacked
     views = _KNOWN_VIEWS
     frombuffer = np.frombuffer
-    unpack = _CRC.unpack_from
     out: list[Any] = []
     append = out.append
     for text, blob, row_id in zip(texts, blobs, row_ids, strict=True):
         view = views.get(text)  # type: ignore[arg-type]  # None is never a key
         if view is not None and type(blob) is bytes and len(blob) >= view[3]:
-            if (checked is not None and id(blob) in checked) or (
-                blob.startswith(MAGIC)
-                and crc32(memoryview(blob)[HEADER_SIZE:]) == unpack(blob, 4)[0]
-            ):
+            if (checked is not None and id(blob) in checked) or _intact(blob):
                 dtype, count, start, end, shape = view
                 if writable:
                     array = frombuffer(bytearray(memoryview(blob)[start:end]), dtype, count)
@@ -875,11 +871,12 @@ def text_problem(text: str) -> str | None:
     UTF-8 (text decoded with ``errors="surrogateescape"`` holds them)."""
     if "\x00" in text:
         return "strings cannot hold NUL (\\x00), which PostgreSQL cannot store; remove it"
-    if not text.isascii() and _SURROGATE.search(text) is not None:
+    surrogate = None if text.isascii() else _SURROGATE.search(text)
+    if surrogate is not None:
         return (
-            f"strings cannot hold lone surrogates ({_SURROGATE.search(text)[0]!r}), which are "  # type: ignore[index]
-            "not Unicode text and no database can store; decode the text with "
-            "errors='replace' or store its bytes"
+            f"strings cannot hold lone surrogates ({surrogate[0]!r}), which are not Unicode "
+            "text and no database can store; decode the text with errors='replace' or store "
+            "its bytes"
         )
     return None
 

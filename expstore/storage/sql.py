@@ -342,8 +342,8 @@ class SqlStorage(Storage):
         _check_retention(capacity, eviction)
         where = buffers.c.id == self.buffer_id
         with self._errors("change the retention"), self._write() as conn:
-            current = conn.execute(select(buffers.c.eviction).where(where).with_for_update())
-            policy = eviction or current.scalar() or "fifo"
+            (current,) = self._lock_buffer(conn, buffers.c.eviction)
+            policy = eviction or current or "fifo"
             conn.execute(update(buffers).where(where).values(capacity=capacity, eviction=policy))
             evicted = 0
             if capacity is not None:
@@ -439,16 +439,12 @@ class SqlStorage(Storage):
             try:
                 with self._write() as conn:
                     # The buffer's retention as it is now (another process may have changed
-                    # it). On Postgres, writers of a buffer take turns on its row, so keys
-                    # are handed out in commit order (readers' cached key indexes only ever
-                    # need the keys above the largest they saw) and a capacity stays exact;
-                    # SQLite's BEGIN IMMEDIATE gives both already.
-                    retention = select(buffers.c.capacity, buffers.c.eviction).where(
-                        buffers.c.id == self.buffer_id
+                    # it). Writers of a buffer take turns on its row, so keys are handed out
+                    # in commit order (readers' cached key indexes only ever need the keys
+                    # above the largest they saw) and a capacity stays exact.
+                    capacity, policy = self._lock_buffer(
+                        conn, buffers.c.capacity, buffers.c.eviction
                     )
-                    if self.dialect == "postgresql":
-                        retention = retention.with_for_update()
-                    capacity, policy = conn.execute(retention).one()
                     self.capacity, self.eviction = capacity, policy or "fifo"
                     self._insert(conn, self._encoded_chunks(batch))
                     if capacity is not None:
@@ -609,6 +605,15 @@ class SqlStorage(Storage):
         found = select(wanted.c.id, key.label("key")).subquery()
         return select(found.c.id, found.c.key).where(found.c.key.is_not(None))
 
+    def _lock_buffer(self, conn: Connection, *columns: Any) -> tuple[Any, ...]:
+        """``columns`` of this buffer's row, locked until the transaction ends: every change
+        to a buffer takes its row first, so changes take turns in one order (on Postgres by
+        ``FOR UPDATE``; SQLite's BEGIN IMMEDIATE already lets one writer in at a time)."""
+        stmt = select(*columns).where(buffers.c.id == self.buffer_id)
+        if self.dialect == "postgresql":
+            stmt = stmt.with_for_update()
+        return tuple(conn.execute(stmt).one())
+
     def _bump_version(self, conn: Connection, counter: Any = buffers.c.version) -> int:
         """Mark a change other than an insert (``counter``: ``version``, or
         ``priority_version`` for a priority update); returns its new value (the row is
@@ -665,12 +670,9 @@ class SqlStorage(Storage):
             .values(priority=bindparam("new_priority"))
         )
         with self._errors("update priorities"), self._write() as conn:
-            if self.dialect == "postgresql":
-                # The buffer's row first, as store_batch takes it: locking rows and then the
-                # buffer would deadlock with a writer evicting those rows.
-                conn.execute(
-                    select(buffers.c.id).where(buffers.c.id == self.buffer_id).with_for_update()
-                )
+            # The buffer's row first, as store_batch takes it: locking rows and then the
+            # buffer would deadlock with a writer evicting those rows.
+            self._lock_buffer(conn, buffers.c.id)
             key_of = self._ids_to_keys(conn, ids)
             # By key, the last priority given for it winning (as the UPDATEs in order would).
             latest = {key_of[i]: float(p) for i, p in zip(ids, values, strict=True) if i in key_of}
