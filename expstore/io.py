@@ -42,7 +42,8 @@ from ._optional import require
 from .buffer import ReplayBuffer
 from .codec import decode_payload, encode_payload
 from .errors import CodecError, ExpstoreError, StorageError
-from .models import PAYLOAD_FIELDS, DataRow, Experience, ExpMeta
+from .layout import PAYLOAD_FIELDS
+from .models import DataRow, Experience, ExpMeta
 from .query import Comparison
 from .storage.base import QueryCondition
 

@@ -1,7 +1,7 @@
 """The row model: ``DataRow = ExpMeta + Experience``, as in AWorld's replay buffer.
 
 Metadata (``ExpMeta`` plus ``reward_t``, ``adv_t``, ``v_t`` and ``done``) is stored in typed,
-indexed columns; the rest of the experience (``state``, ``actions``, ``messages``,
+indexed columns (:mod:`expstore.layout` reads which from these models); the rest of the experience (``state``, ``actions``, ``messages``,
 ``next_state``, ``ext_info``) is stored as JSON plus tensor bytes by :mod:`expstore.codec`.
 Those free-form fields take any JSON value, pydantic models (stored as their dump, so they
 come back as dicts), numpy arrays and torch tensors, nested at any depth.
@@ -18,12 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .codec import check_value, deep_equal, text_problem, to_plain
 
-__all__ = ["DataRow", "ExpMeta", "Experience", "PAYLOAD_FIELDS", "trusted"]
+__all__ = ["DataRow", "ExpMeta", "Experience", "trusted"]
 
 _M = TypeVar("_M", bound=BaseModel)
-
-#: The Experience fields stored through the codec (JSON plus tensor bytes).
-PAYLOAD_FIELDS = ("state", "actions", "messages", "next_state", "ext_info")
+#: Marks a column that gets a ``(buffer_id, column)`` index (see :mod:`expstore.layout`).
+_INDEXED: dict[str, Any] = {"indexed": True}
 
 
 def _storable_text(value: str) -> str:
@@ -45,7 +44,7 @@ class ExpMeta(BaseModel):
 
     task_id: str = Field(min_length=1, max_length=255)
     task_name: str = ""
-    agent_id: str = Field(min_length=1, max_length=255)
+    agent_id: str = Field(min_length=1, max_length=255, json_schema_extra=_INDEXED)
     step: int = Field(ge=0, le=2**63 - 1)
     execute_time: float = Field(default_factory=time.time)
     pre_agent: str | None = Field(default=None, max_length=255)
@@ -73,7 +72,7 @@ class Experience(BaseModel):
 
     state: Any = None
     actions: Any = Field(default_factory=list)
-    reward_t: float | None = None
+    reward_t: float | None = Field(default=None, json_schema_extra=_INDEXED)
     adv_t: float | None = None
     v_t: float | None = None
     messages: list[dict[str, Any]] | None = None

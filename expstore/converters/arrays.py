@@ -9,7 +9,7 @@ import numpy as np
 
 from .._optional import loaded_torch
 from ..models import DataRow
-from .base import MISSING, Converter, FieldSpec, compile_path, read_path
+from .base import MISSING, Converter, FieldSpec, parse_path, read_path
 
 __all__ = ["NumpyConverter"]
 
@@ -61,7 +61,7 @@ class NumpyConverter(Converter):
             if callable(spec):
                 self._readers[name] = spec
             else:
-                self._readers[name] = compile_path(spec)
+                self._readers[name] = parse_path(spec)
         unknown = sorted(set(dtypes or {}) - set(self.fields))
         if unknown:
             raise ValueError(f"dtypes names {unknown}, which are not among the fields")

@@ -4,9 +4,10 @@ A :class:`Converter` implements ``to_dataset_row(rows)`` (AWorld's interface). A
 that builds a dict batch can also take the sampler's per-row extras (a prioritized batch's
 ``"weights"`` and ``"ids"``) through :meth:`Converter.attach_info`.
 
-Field paths name a value inside a row: ``"id"``, ``"exp_meta.step"``, ``"exp_data.reward_t"``,
-``"exp_data.state.image_features"``, ``"exp_data.actions.0"`` (a segment of digits indexes a
-list). Bare metadata names (``"step"``, ``"reward_t"``) work too.
+Field paths name a value inside a row by the grammar of :mod:`expstore.paths` (the same as
+queries'): ``"id"``, ``"exp_meta.step"``, ``"exp_data.reward_t"``,
+``"exp_data.state.image_features"``, ``"exp_data.actions.0"`` (ASCII digits index a list).
+Bare names (``"step"``, ``"reward_t"``, ``"state.url"``) work too.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..models import DataRow
-from ..paths import MISSING, compile_path, read_path
+from ..paths import MISSING, parse_path, read_path
 
-__all__ = ["MISSING", "Converter", "FieldSpec", "compile_path", "read_path"]
+__all__ = ["MISSING", "Converter", "FieldSpec", "parse_path", "read_path"]
 
 #: A field of a row: a path string, or a function of the row.
 FieldSpec = str | Callable[[DataRow], Any]

@@ -58,7 +58,8 @@ from sqlalchemy.sql.elements import BindParameter, ColumnElement
 from ..errors import QueryError
 from ._like import ESCAPE, like_to_glob
 from .conditions import And, Comparison, Condition, Or, as_condition
-from .fields import ColumnField, JsonField, Kind
+from ..layout import Kind
+from ..paths import FieldPath
 
 __all__ = ["DIALECTS", "json_text", "sqlite_json_path", "to_sql"]
 
@@ -99,7 +100,7 @@ def to_sql(
 
 
 def json_text(
-    field: JsonField, table: Table, dialect_name: str, *, sqlite_arrow: bool = True
+    field: FieldPath, table: Table, dialect_name: str, *, sqlite_arrow: bool = True
 ) -> ColumnElement[Any]:
     """The JSON text of the value at ``field``'s path (``'"easy"'``, ``'3'``, ``'true'``,
     ``'null'``), NULL where the path reaches nothing; read by the same path rules as the
@@ -110,8 +111,9 @@ def json_text(
     """
     compiler = _Compiler(table, dialect_name)
     if compiler.pg:
-        node, json_type = compiler.pg_node(field)
-        return case((json_type.is_not(None), cast(node, Text)))
+        parent, last, arrays = compiler.pg_path(field)
+        text = cast(compiler.pg_step(parent, last, "->"), Text)
+        return case((and_(*arrays), text)) if arrays else text
     paths = compiler.sqlite_paths(field)
     data = table.c.data
     texts: list[ColumnElement[Any]]
@@ -139,7 +141,7 @@ def sqlite_json_path(top: str, path: Sequence[str | int], *, ensure_ascii: bool 
     Keys are written as quoted labels, spelled as ``json.dumps`` spells them in the stored
     document: SQLite before 3.45 compares a label with the key's text as stored, escapes and
     all (3.45 and later decode both sides), so a non-ASCII key is tried both escaped and raw.
-    Keys holding ``"`` are refused by :func:`~expstore.query.fields.resolve_field`: SQLite
+    Keys holding ``"`` are refused in conditions by :func:`~expstore.query.fields.resolve_field`: SQLite
     before 3.45 ends a label at the first ``"``, escaped or not.
     """
     parts = ["$"]
@@ -191,11 +193,11 @@ class _Compiler:
             return false()
         if op == "not_in" and not c.value:
             return self.null_test(target, is_null=False)
-        if isinstance(target, JsonField):
+        if target.column is None:
             if self.pg:
                 return self.pg_comparison(c, target)
             return self.sqlite_comparison(c, target)
-        operand: ColumnElement[Any] = self.table.c[target.column]
+        operand: ColumnElement[Any] = self.table.c[target.column.name]
         if self.pg and c.kind == "string" and op in _ORDERING:
             operand = operand.collate("C")
         return self.test(op, operand, c.value, _bind)
@@ -230,9 +232,9 @@ class _Compiler:
         }[op]
         return compare(operand, bind(value))  # type: ignore[no-any-return]
 
-    def null_test(self, target: ColumnField | JsonField, is_null: bool) -> ColumnElement[bool]:
-        if isinstance(target, ColumnField):
-            column = self.table.c[target.column]
+    def null_test(self, target: FieldPath, is_null: bool) -> ColumnElement[bool]:
+        if target.column is not None:
+            column = self.table.c[target.column.name]
             return column.is_(None) if is_null else column.is_not(None)
         json_type: ColumnElement[Any]
         if self.pg:
@@ -250,14 +252,14 @@ class _Compiler:
         return node.op(op, return_type=Text() if op == "->>" else JSONB())(key)
 
     def pg_path(
-        self, target: JsonField
+        self, target: FieldPath
     ) -> tuple[ColumnElement[Any], str | int, list[ColumnElement[bool]]]:
         """The node holding the path's last segment, that segment, and the array checks.
 
         ``jsonb -> 0`` on a scalar returns the scalar itself (Postgres stores a scalar as a
         one-element pseudo-array), so every index step is checked to meet an array.
         """
-        *prefix, last = (target.top, *target.path)
+        *prefix, last = (str(target.top), *target.steps)
         node: ColumnElement[Any] = self.table.c.data
         arrays: list[ColumnElement[bool]] = []
         for segment in prefix:
@@ -276,12 +278,12 @@ class _Compiler:
             return func.jsonb_typeof(node)
         return case((and_(*arrays), func.jsonb_typeof(node)))
 
-    def pg_node(self, target: JsonField) -> tuple[ColumnElement[Any], ColumnElement[Any]]:
+    def pg_node(self, target: FieldPath) -> tuple[ColumnElement[Any], ColumnElement[Any]]:
         parent, last, arrays = self.pg_path(target)
         node = self.pg_step(parent, last, "->")
         return node, self.pg_json_type(node, arrays)
 
-    def pg_comparison(self, c: Comparison, target: JsonField) -> ColumnElement[bool]:
+    def pg_comparison(self, c: Comparison, target: FieldPath) -> ColumnElement[bool]:
         assert c.kind is not None
         parent, last, arrays = self.pg_path(target)
         node = self.pg_step(parent, last, "->")
@@ -303,13 +305,13 @@ class _Compiler:
         calls = [getattr(func, name)(data, path) for path in paths]
         return calls[0] if len(calls) == 1 else func.coalesce(*calls)
 
-    def sqlite_paths(self, target: JsonField) -> list[BindParameter[Any]]:
+    def sqlite_paths(self, target: FieldPath) -> list[BindParameter[Any]]:
         """The path, bound once; twice (escaped and raw) when a key is not ASCII."""
-        escaped = sqlite_json_path(target.top, target.path)
-        raw = sqlite_json_path(target.top, target.path, ensure_ascii=False)
+        escaped = sqlite_json_path(str(target.top), target.steps)
+        raw = sqlite_json_path(str(target.top), target.steps, ensure_ascii=False)
         return [_bind(escaped)] if raw == escaped else [_bind(escaped), _bind(raw)]
 
-    def sqlite_comparison(self, c: Comparison, target: JsonField) -> ColumnElement[bool]:
+    def sqlite_comparison(self, c: Comparison, target: FieldPath) -> ColumnElement[bool]:
         assert c.kind is not None
         paths = self.sqlite_paths(target)
         compared = self.test(c.op, self.sqlite_call("json_extract", paths), c.value, _bind)

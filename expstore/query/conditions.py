@@ -29,7 +29,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import QueryError
 from ._like import check_pattern, like_to_regex
-from .fields import ColumnField, JsonField, Kind, check_text, resolve_field
+from ..codec import encode_payload
+from ..layout import Kind
+from ..paths import MISSING, FieldPath, read_path, walk
+from .fields import check_text, resolve_field
 
 if TYPE_CHECKING:
     from ..models import DataRow
@@ -57,9 +60,6 @@ _ALIASES = {"in_": "in", "not_in_": "not_in", "ge": "gte", "le": "lte"}
 _SQL_OPS = {"eq": "=", "ne": "!=", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
 _LOGICAL_KEYS = {"and_": "and", "or_": "or", "and": "and", "or": "or"}
 _MAX_INT = 2**63 - 1
-
-_MISSING: Any = object()
-
 
 def value_kind(value: object) -> Kind | None:
     """The kind of a comparable value ("string", "number" or "bool"); None for anything else.
@@ -121,7 +121,7 @@ class Comparison(Condition):
     field: str
     op: str
     value: Any = None
-    target: ColumnField | JsonField = dataclasses.field(init=False, repr=False, compare=False)
+    target: FieldPath = dataclasses.field(init=False, repr=False, compare=False)
     kind: Kind | None = dataclasses.field(init=False, repr=False, compare=False)
     _regex: re.Pattern[str] | None = dataclasses.field(
         init=False, repr=False, compare=False, default=None
@@ -135,12 +135,13 @@ class Comparison(Condition):
             )
         target = resolve_field(self.field)
         value, kind = _check_value(self.field, op, self.value)
-        if isinstance(target, ColumnField) and kind is not None and kind != target.kind:
+        column = target.column
+        if column is not None and kind is not None and kind != column.kind:
             raise QueryError(
                 f"{op}() on {self.field!r}: that field holds "
-                f"{'booleans' if target.kind == 'bool' else target.kind + 's'}, "
+                f"{'booleans' if column.kind == 'bool' else column.kind + 's'}, "
                 f"so it cannot match {_show(self.value)} ({type(self.value).__name__}); "
-                f"compare it with {_PY_TYPE[target.kind]}"
+                f"compare it with {_PY_TYPE[column.kind]}"
             )
         object.__setattr__(self, "op", op)
         object.__setattr__(self, "value", value)
@@ -154,14 +155,14 @@ class Comparison(Condition):
         return self.test(_read(self.target, row))
 
     def test(self, actual: Any) -> bool:
-        """Whether a stored value (``_MISSING`` for an absent path) satisfies this test."""
+        """Whether a stored value (``MISSING`` for an absent path) satisfies this test."""
         op = self.op
         if op == "is_null":
-            return actual is _MISSING or actual is None
+            return actual is MISSING or actual is None
         if op == "is_not_null":
-            return actual is not _MISSING and actual is not None
+            return actual is not MISSING and actual is not None
         if op == "not_in" and not self.value:
-            return actual is not _MISSING and actual is not None
+            return actual is not MISSING and actual is not None
         if value_kind(actual) != self.kind:
             return False
         value = self.value
@@ -386,27 +387,15 @@ def _sql_literal(value: Any) -> str:
 # -- reading rows -------------------------------------------------------------------------
 
 
-def _read(target: ColumnField | JsonField, row: DataRow) -> Any:
+def _read(target: FieldPath, row: DataRow) -> Any:
     """The stored value ``target`` names in ``row``, as the database holds it."""
-    if isinstance(target, ColumnField):
-        owner: Any = row if target.owner == "row" else getattr(row, target.owner)
-        return getattr(owner, target.column)
-    from ..codec import encode_payload
-
+    if target.is_column:
+        return read_path(row, target)
+    top = str(target.top)
     # The JSON the database holds: pydantic models as dumps, tuples as lists, tensors and
     # non-finite floats as placeholder dicts. Reading it here keeps Python and SQL in step.
-    doc, _ = encode_payload({target.top: getattr(row.exp_data, target.top)})
-    node: Any = doc[target.top]
-    for segment in target.path:
-        if isinstance(segment, int):
-            if not isinstance(node, list) or segment >= len(node):
-                return _MISSING
-            node = node[segment]
-        else:
-            if not isinstance(node, dict) or segment not in node:
-                return _MISSING
-            node = node[segment]
-    return node
+    doc, _ = encode_payload({top: getattr(row.exp_data, top)})
+    return walk(doc[top], target.steps)
 
 
 # -- reading dicts ------------------------------------------------------------------------

@@ -7,34 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from ..query.fields import JsonField, resolve_field
-from ..storage.schema import META_COLUMNS, SCALAR_COLUMNS
+from ..query.fields import resolve_field
 from .base import KeySampler, value_codes
 
 __all__ = ["StratifiedSampler"]
-
-_GROUPABLE = (*META_COLUMNS, *SCALAR_COLUMNS)
-
-
-def _column(by: str) -> str:
-    """The key_index column for ``by``: a metadata column's bare name, or a payload path."""
-    if not isinstance(by, str):
-        raise ValueError(f"by must be a field name such as 'exp_meta.agent_id', got {by!r}")
-    name = by
-    for prefix in ("exp_meta.", "exp_data."):
-        if by.startswith(prefix):
-            name = by[len(prefix) :]
-    if name in _GROUPABLE:
-        return name
-    if by.startswith("exp_data.") and isinstance(resolve_field(by), JsonField):
-        return by  # a path into the payload; resolve_field refused a malformed one
-    fields = ", ".join(
-        [f"exp_meta.{c}" for c in META_COLUMNS] + [f"exp_data.{c}" for c in SCALAR_COLUMNS]
-    )
-    raise ValueError(
-        f"StratifiedSampler groups by a metadata column ({fields}) or a path into the "
-        f"payload such as 'exp_data.state.difficulty'; got {by!r}"
-    )
 
 
 def _group_key(value: Any) -> Any:
@@ -70,7 +46,10 @@ class StratifiedSampler(KeySampler):
     def __init__(self, by: str = "exp_meta.agent_id", *, seed: int | None = None) -> None:
         super().__init__(seed=seed)
         self.by = by
-        self.column = _column(by)
+        path = resolve_field(by)
+        #: The key-index column grouped on: a column's name, or the payload path.
+        self.column = path.column.name if path.column is not None else path.canonical
+        self._payload = path.column is None
 
     def index_columns(self) -> tuple[str, ...]:
         return (self.column,)
@@ -81,7 +60,7 @@ class StratifiedSampler(KeySampler):
         def compute() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             if values.dtype == object:
                 listed = values.tolist()
-                if self.column not in _GROUPABLE:  # payload values: any JSON value
+                if self._payload:  # any JSON value
                     listed = list(map(_group_key, listed))
                 codes = value_codes(listed)
             else:  # numbers and bools; NaN (NULL) forms one group

@@ -3,10 +3,10 @@ which parts of the JSON document to select, and how a fetched row becomes the va
 paths.
 
 A path into the payload (``exp_data.state.image_features``) is extracted by the database as
-deep as it safely can (``data -> '$."state"."image_features"'`` on SQLite 3.38+,
-``data #> '{state,image_features}'`` on Postgres), as JSON text, so Python parses only that
-part: for a tensor, just its placeholder, whose checked spec the codec keeps by its text.
-The rest of the path (list indexes, say) is walked in Python.
+deep as it can address it, by the same SQL as conditions and key indexes use
+(:func:`expstore.query.compiler.json_text`), as JSON text, so Python parses only that part:
+for a tensor, just its placeholder, whose checked spec the codec keeps by its text. The rest
+of the path (below a key SQL cannot spell, say) is walked in Python.
 
 The database cannot see through the codec's escapes: a row whose deep part comes back NULL
 (nothing there, or a dict on the way that the codec escaped) is read again by its whole
@@ -20,13 +20,12 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
-from sqlalchemy import Text, cast, literal, type_coerce
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.sql.elements import ColumnElement
 
 from ..codec import RESERVED_KEYS, decode_texts
-from ..paths import MISSING, compile_path, step_into
-from .schema import SCALAR_COLUMNS, rows
+from ..paths import FieldPath, parse_path, walk
+from ..query.compiler import json_text
+from .schema import rows
 
 __all__ = ["SQLITE_ARROW", "FieldPlan", "Values", "field_plans"]
 
@@ -39,7 +38,7 @@ Values = list[Any] | np.ndarray
 
 
 class _Part(NamedTuple):
-    kind: str  # "id", "column" or "json"
+    kind: str  # "column" or "json"
     at: int  # where its value is in a fetched row
     rest: tuple[str | int, ...]  # steps walked in Python after what the database gave
     label: str  # the path the database extracted, for error messages
@@ -60,24 +59,24 @@ class FieldPlan:
         self.parts: list[_Part] = []
         self.deep = deep
         self._tensors_at = -1
-        placed: dict[tuple[str, ...], int] = {}
-        columns_at: dict[str, int] = {}
-        for head, steps in (compile_path(p) for p in paths):
-            if head == "id":
-                self.parts.append(_Part("id", 1, (), "id"))
+        placed: dict[tuple[Any, ...], int] = {}
+        columns_at: dict[str, int] = {"id": 1}
+        for path in map(parse_path, paths):
+            column = path.column
+            if column is not None:
+                if column.name not in columns_at:
+                    columns_at[column.name] = self._add(rows.c[column.name])
+                self.parts.append(_Part("column", columns_at[column.name], (), column.name))
                 continue
-            field = str(steps[0])
-            if head == "exp_meta" or field in SCALAR_COLUMNS:
-                if field not in columns_at:
-                    columns_at[field] = self._add(rows.c[field])
-                self.parts.append(_Part("column", columns_at[field], steps[1:], field))
-                continue
-            prefix = _sql_prefix(steps, dialect) if deep else (field,)
-            if prefix not in placed:
-                placed[prefix] = self._add(_json_part(prefix, dialect))
+            steps = _sql_steps(path.steps) if deep else ()
+            where = (path.top, steps)
+            if where not in placed:
+                part = FieldPath(path.text, None, path.top, steps)
+                placed[where] = self._add(json_text(part, rows, dialect, sqlite_arrow=SQLITE_ARROW))
             if self._tensors_at < 0:
                 self._tensors_at = self._add(rows.c.tensors)
-            self.parts.append(_Part("json", placed[prefix], steps[len(prefix) :], ".".join(prefix)))
+            label = ".".join([str(path.top), *map(str, steps)])
+            self.parts.append(_Part("json", placed[where], path.steps[len(steps) :], label))
 
         self._json_at = sorted(set(placed.values()))
 
@@ -137,17 +136,9 @@ class FieldPlan:
             else:
                 values = list(columns[at])
             if rest:
-                values = [_walk(value, rest) for value in values]
+                values = [walk(value, rest) for value in values]
             out.append(values)
         return list(columns[0]), list(ids), out, unread
-
-
-def _walk(value: Any, steps: tuple[str | int, ...]) -> Any:
-    for step in steps:
-        value = step_into(value, step)
-        if value is MISSING:
-            break
-    return value
 
 
 def field_plans(
@@ -163,30 +154,10 @@ def field_plans(
     return plan, FieldPlan(paths, dialect, deep=False)
 
 
-def _sql_prefix(steps: tuple[str | int, ...], dialect: str) -> tuple[str, ...]:
-    """The leading steps the database can follow: dict keys, stopping at a list index (a
-    digit step may be either, which only the decoded value tells), a reserved key, a key
-    the path syntax would need escapes for, and on Postgres a key that ``#>`` would read
-    as an array subscript when it meets a list (``01``, ``-1``, ``+1``)."""
-    prefix = [str(steps[0])]
-    for step in steps[1:]:
-        if type(step) is not str or step in RESERVED_KEYS or '"' in step or "\\" in step:
-            break
-        if dialect == "postgresql" and step.strip().lstrip("+-").isdigit():
-            break
-        prefix.append(step)
-    return tuple(prefix)
-
-
-def _json_part(prefix: tuple[str, ...], dialect: str) -> ColumnElement[Any]:
-    """The JSON text of the document's part at ``prefix`` (NULL where there is none, for
-    deep prefixes); every key is a bound parameter."""
-    if dialect == "postgresql":
-        # The path bound as a real text[] (not an array literal, whose syntax would split
-        # or trim keys holding commas, braces or spaces).
-        path_array = literal(list(prefix), ARRAY(Text))
-        return cast(rows.c.data.op("#>", return_type=JSONB)(path_array), Text)
-    if len(prefix) == 1 and not SQLITE_ARROW:
-        return type_coerce(rows.c.data[prefix[0]], Text)
-    path = "$" + "".join(f'."{key}"' for key in prefix)
-    return type_coerce(rows.c.data.op("->")(literal(path, Text)), Text)
+def _sql_steps(steps: tuple[str | int, ...]) -> tuple[str | int, ...]:
+    """The leading steps the database follows: up to a reserved key (the codec's
+    placeholders) or a key a JSON path cannot spell (a ``"`` or ``\\``)."""
+    for i, step in enumerate(steps):
+        if type(step) is str and (step in RESERVED_KEYS or '"' in step or "\\" in step):
+            return steps[:i]
+    return steps

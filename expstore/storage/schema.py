@@ -5,7 +5,8 @@ that autogenerate finds no difference between the migrations' head and these tab
 
 - ``expstore_buffers``: one row per named buffer in the database.
 - ``expstore_rows``: one row per experience. ``key`` (an integer primary key) gives the
-  insertion order; metadata lives in typed, indexed columns; the rest of the experience is
+  insertion order; metadata lives in typed, indexed columns, one per column of
+  :mod:`expstore.layout` (read off the models); the rest of the experience is
   ``data`` (JSON, JSONB on Postgres) plus ``tensors`` (the codec's blob).
 - ``expstore_priority_log``: the recent priority updates of each buffer, so that other
   processes bring their cached priorities up to date without reading every row again.
@@ -33,6 +34,8 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.dialects.postgresql import BYTEA, JSONB
+
+from ..layout import COLUMNS, ID_COLUMN, ColumnSpec
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -70,6 +73,17 @@ buffers = Table(
     UniqueConstraint("name"),
 )
 
+def _sql_type(spec: ColumnSpec) -> Any:
+    """The SQL type of a layout column: strings with a maximum length as VARCHAR(n)."""
+    if spec.python is str:
+        return String(spec.max_length) if spec.max_length else Text
+    return {int: BigInteger, float: Double, bool: Boolean}[spec.python]
+
+
+def _column(spec: ColumnSpec) -> Column[Any]:
+    return Column(spec.name, _sql_type(spec), nullable=spec.nullable)
+
+
 rows = Table(
     "expstore_rows",
     metadata,
@@ -80,30 +94,16 @@ rows = Table(
         ForeignKey("expstore_buffers.id", ondelete="CASCADE"),
         nullable=False,
     ),
-    Column("id", String(255), nullable=False),
-    Column("task_id", String(255), nullable=False),
-    Column("task_name", Text, nullable=False),
-    Column("agent_id", String(255), nullable=False),
-    Column("step", BigInteger, nullable=False),
-    Column("execute_time", Double, nullable=False),
-    Column("pre_agent", String(255), nullable=True),
-    Column("reward_t", Double, nullable=True),
-    Column("adv_t", Double, nullable=True),
-    Column("v_t", Double, nullable=True),
-    Column("done", Boolean, nullable=False),
+    _column(ID_COLUMN),
+    *(_column(spec) for spec in COLUMNS),
     Column("priority", Double, nullable=True),
     Column("data", JsonType, nullable=False),
     Column("tensors", BlobType, nullable=True),
     UniqueConstraint("buffer_id", "id"),
     Index(None, "buffer_id", "key"),
     Index(None, "buffer_id", "task_id", "step"),
-    Index(None, "buffer_id", "agent_id"),
-    Index(None, "buffer_id", "reward_t"),
+    *(Index(None, "buffer_id", spec.name) for spec in COLUMNS if spec.indexed),
 )
-
-#: Metadata columns, in the order ExpMeta / Experience name them.
-META_COLUMNS = ("task_id", "task_name", "agent_id", "step", "execute_time", "pre_agent")
-SCALAR_COLUMNS = ("reward_t", "adv_t", "v_t", "done")
 
 
 def oldest_first(stmt: Select[Any], buffer_id: int) -> Select[Any]:

@@ -60,15 +60,14 @@ from .. import migrate
 from .._optional import require
 from ..codec import PartDecoder, PayloadWriter, decode_payload
 from ..errors import CodecError, StorageError
-from ..models import PAYLOAD_FIELDS, DataRow, Experience, ExpMeta, trusted
+from ..layout import META_COLUMNS, PAYLOAD_FIELDS, SCALAR_COLUMNS
+from ..models import DataRow, Experience, ExpMeta, trusted
 from .base import QueryCondition, Storage
 from .compiled import CompiledSelect
 from .eviction import EVICTION_POLICIES, OLDEST_FIRST_POLICIES, evict
 from .fields import SQLITE_ARROW, FieldPlan, Values, field_plans
 from .schema import (
-    META_COLUMNS,
     PRIORITY_LOG_KEEP,
-    SCALAR_COLUMNS,
     buffers,
     newest_first,
     oldest_first,
@@ -1127,7 +1126,7 @@ def _array_dtype(column: Any) -> Any:
 
 
 #: The numpy dtype of each key_index() column, from the schema's column types.
-_ARRAY_DTYPES = {column.name: _array_dtype(column) for column in rows.c}
+_ARRAY_DTYPES = {column.name: _array_dtype(column) for column in rows.c if column.name not in ('data', 'tensors')}
 
 
 def _with_priorities(
@@ -1149,18 +1148,24 @@ def _with_priorities(
 
 def _index_column(name: str, dialect: str) -> ColumnElement[Any]:
     """What key_index() selects for ``name``: a column, or the JSON text at a payload path."""
-    if name in INDEXABLE:
-        return rows.c[name]
+    if name == "priority":
+        return rows.c.priority
     from ..query.compiler import json_text
-    from ..query.fields import JsonField, resolve_field
+    from ..query.fields import resolve_field
 
-    field = resolve_field(name) if isinstance(name, str) and name.startswith("exp_data.") else None
-    if not isinstance(field, JsonField):
-        raise ValueError(
-            f"key_index() columns must be among {INDEXABLE} or paths into the payload such "
-            f"as 'exp_data.state.difficulty'; got {name!r}"
-        )
-    return json_text(field, rows, dialect, sqlite_arrow=SQLITE_ARROW)
+    path = resolve_field(name)
+    if path.column is not None:
+        return rows.c[path.column.name].label(name)
+    return json_text(path, rows, dialect, sqlite_arrow=SQLITE_ARROW)
+
+
+def _array_dtype_of(name: str) -> Any:
+    if name in _ARRAY_DTYPES:
+        return _ARRAY_DTYPES[name]
+    from ..paths import parse_path
+
+    column = parse_path(name).column
+    return None if column is None else _ARRAY_DTYPES[column.name]
 
 
 def _to_arrays(fetched: Sequence[Row[Any]], columns: tuple[str, ...]) -> dict[str, np.ndarray]:
@@ -1168,7 +1173,7 @@ def _to_arrays(fetched: Sequence[Row[Any]], columns: tuple[str, ...]) -> dict[st
     transposed = list(zip(*fetched, strict=True)) if fetched else [()] * (len(columns) + 1)
     out: dict[str, np.ndarray] = {"key": np.array(transposed[0], dtype=np.int64)}
     for name, values in zip(columns, transposed[1:], strict=True):
-        dtype = _ARRAY_DTYPES.get(name)
+        dtype = _array_dtype_of(name)
         out[name] = _json_values(values) if dtype is None else np.array(values, dtype=dtype)
     return out
 

@@ -111,10 +111,11 @@ def test_a_path_no_row_has_is_an_error_unless_lenient() -> None:
 @pytest.mark.parametrize(
     ("path", "match"),
     [
-        ("", "dotted name"),
-        ("exp_data..x", "dotted name"),
-        ("nothing.x", "must start with"),
-        ("exp_meta.nope", "exp_meta has no field 'nope'"),
+        ("", "empty path segment"),
+        ("exp_data..x", "empty path segment"),
+        ("nothing.x", "unknown field 'nothing.x'; the valid fields"),
+        ("exp_meta.step.x", "is a column holding a single number"),
+        ("exp_meta.nope", "unknown field 'exp_meta.nope'"),
         ("exp_data", "needs a field"),
     ],
 )

@@ -24,7 +24,8 @@ from pydantic import BaseModel
 
 from expstore import DataRow, Experience, ExpMeta, ReplayBuffer
 from expstore.query import And, Comparison, Condition, Or
-from expstore.query.fields import COLUMN_FIELDS
+from expstore.layout import COLUMNS
+from expstore.paths import parse_path
 
 TRICKY_STRINGS = [
     "",
@@ -120,8 +121,16 @@ JSON_FIELDS = [
     "exp_data.ext_info.nan",
     "exp_data.ext_info.missing",
 ]
-COLUMNS = [*COLUMN_FIELDS, "task_id", "agent_id", "step", "reward_t", "pre_agent", "done"]
-FIELDS = COLUMNS + JSON_FIELDS
+COLUMN_NAMES = [c.path for c in COLUMNS] + [
+    "id",
+    "task_id",
+    "agent_id",
+    "step",
+    "reward_t",
+    "pre_agent",
+    "done",
+]
+FIELDS = COLUMN_NAMES + JSON_FIELDS
 
 
 class Page(BaseModel):
@@ -228,11 +237,7 @@ _VALUES = {"string": _STRINGS, "number": _NUMBERS, "bool": st.booleans()}
 @st.composite
 def comparisons(draw: st.DrawFn) -> Comparison:
     field = draw(st.sampled_from(FIELDS))
-    column = (
-        COLUMN_FIELDS.get(field)
-        or COLUMN_FIELDS.get(f"exp_meta.{field}")
-        or COLUMN_FIELDS.get(f"exp_data.{field}")
-    )
+    column = parse_path(field).column
     kind = column.kind if column else draw(st.sampled_from(["string", "number", "bool"]))
     ops = ["eq", "ne", "in", "not_in", "is_null", "is_not_null"]
     if kind != "bool":

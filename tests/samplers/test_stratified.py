@@ -105,11 +105,11 @@ def test_a_payload_path_under_a_condition_groups_only_matching_rows(buffer: Repl
 @pytest.mark.parametrize(
     ("by", "message"),
     [
-        ("exp_meta.colour", r"groups by a metadata column .* got 'exp_meta.colour'"),
-        ("priority", r"groups by a metadata column .* got 'priority'"),
+        ("exp_meta.colour", r"unknown field 'exp_meta.colour'; the valid fields"),
+        ("priority", r"unknown field 'priority'; the valid fields"),
         ("exp_data.state..url", r"empty path segment"),
         ("exp_data.unknown.x", r"unknown field 'exp_data.unknown.x'; the valid fields"),
-        (7, r"by must be a field name"),
+        (7, r"a field name must be a string"),
     ],
 )
 def test_a_field_that_cannot_be_grouped_is_refused(by: object, message: str) -> None:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from expstore import DataRow, Experience, ExpMeta, ReplayBuffer
 from expstore.codec import deep_equal
-from expstore.paths import MISSING, compile_path, read_path
+from expstore.paths import MISSING, read_path
 
 KEYS = [
     "a", "b", "0", "1", "01", "-1", "+1", "__tensor__", "__float__", "__escaped__",
@@ -103,7 +103,7 @@ def test_fetch_fields_equals_reading_whole_rows(
     for row, values_ in zip(whole, got, strict=True):
         assert values_[0] == row.id
         for path, value in zip(paths, values_[1:], strict=True):
-            expected = read_path(row, compile_path(path))
+            expected = read_path(row, path)
             if expected is MISSING:
                 assert value is MISSING, path
             else:
@@ -111,7 +111,7 @@ def test_fetch_fields_equals_reading_whole_rows(
     for path, records in alone.items():
         assert len(records) == len(whole)
         for row, (row_id, value) in zip(whole, records, strict=True):
-            expected = read_path(row, compile_path(path))
+            expected = read_path(row, path)
             assert row_id == row.id
             assert value is MISSING if expected is MISSING else deep_equal(value, expected), path
 
