@@ -1,8 +1,9 @@
 """The row model: ``DataRow = ExpMeta + Experience``, as in AWorld's replay buffer.
 
 Metadata (``ExpMeta`` plus ``reward_t``, ``adv_t``, ``v_t`` and ``done``) is stored in typed,
-indexed columns (:mod:`expstore.layout` reads which from these models); the rest of the experience (``state``, ``actions``, ``messages``,
-``next_state``, ``ext_info``) is stored as JSON plus tensor bytes by :mod:`expstore.codec`.
+indexed columns (:mod:`expstore.layout` reads which from these models); the rest of the
+experience (``state``, ``actions``, ``messages``, ``next_state``, ``ext_info``) is stored as
+JSON plus tensor bytes by :mod:`expstore.codec`.
 Those free-form fields take any JSON value, pydantic models (stored as their dump, so they
 come back as dicts), numpy arrays and torch tensors, nested at any depth.
 """

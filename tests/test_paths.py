@@ -60,7 +60,8 @@ def _values(buffer: ReplayBuffer, path: str) -> dict[str, list[Any]]:
     ids, (fetched,) = buffer.storage.fetch_columns(keys, [path])
     index = buffer.storage.key_index(columns=(path,))[path].tolist()
     batch = NumpyConverter({"v": path}, strict=False, mask=True).to_dataset_row(rows)
-    converted = [v if m else None for v, m in zip(batch["v"].tolist(), batch["v_mask"].tolist())]
+    pairs = zip(batch["v"].tolist(), batch["v_mask"].tolist(), strict=True)
+    converted = [v if m else None for v, m in pairs]
     return {
         "python": [None if (v := read_path(r, path)) is MISSING else v for r in rows],
         "fetch": [None if v is MISSING else v for v in fetched],

@@ -56,10 +56,10 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
 
 from ..errors import QueryError
-from ._like import ESCAPE, like_to_glob
-from .conditions import And, Comparison, Condition, Or, as_condition
 from ..layout import Kind
 from ..paths import FieldPath
+from ._like import ESCAPE, like_to_glob
+from .conditions import And, Comparison, Condition, Or, as_condition
 
 __all__ = ["DIALECTS", "json_text", "sqlite_json_path", "to_sql"]
 
@@ -141,8 +141,9 @@ def sqlite_json_path(top: str, path: Sequence[str | int], *, ensure_ascii: bool 
     Keys are written as quoted labels, spelled as ``json.dumps`` spells them in the stored
     document: SQLite before 3.45 compares a label with the key's text as stored, escapes and
     all (3.45 and later decode both sides), so a non-ASCII key is tried both escaped and raw.
-    Keys holding ``"`` are refused in conditions by :func:`~expstore.query.fields.resolve_field`: SQLite
-    before 3.45 ends a label at the first ``"``, escaped or not.
+    Keys holding ``"`` are refused in conditions by
+    :func:`~expstore.query.fields.resolve_field`: SQLite before 3.45 ends a label at the first
+    ``"``, escaped or not.
     """
     parts = ["$"]
     for segment in (top, *path):

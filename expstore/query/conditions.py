@@ -27,11 +27,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..errors import QueryError
-from ._like import check_pattern, like_to_regex
 from ..codec import encode_payload
+from ..errors import QueryError
 from ..layout import Kind
 from ..paths import MISSING, FieldPath, read_path, walk
+from ._like import check_pattern, like_to_regex
 from .fields import check_text, resolve_field
 
 if TYPE_CHECKING:

@@ -1126,7 +1126,7 @@ def _array_dtype(column: Any) -> Any:
 
 
 #: The numpy dtype of each key_index() column, from the schema's column types.
-_ARRAY_DTYPES = {column.name: _array_dtype(column) for column in rows.c if column.name not in ('data', 'tensors')}
+_ARRAY_DTYPES = {c.name: _array_dtype(c) for c in rows.c if c.name not in ("data", "tensors")}
 
 
 def _with_priorities(
