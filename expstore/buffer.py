@@ -17,13 +17,14 @@ from typing import Any
 import numpy as np
 from sqlalchemy.engine import URL
 
-from .converters.arrays import NumpyConverter
-from .converters.base import Converter
+from .converters.base import Converter, as_converter
 from .converters.default import DefaultConverter
+from .errors import UnsupportedTypeError
 from .models import DataRow
-from .samplers.base import KeySampler, Sampler, TaskSampler
+from .samplers.base import Sampler, TaskSampler, as_sampler
 from .samplers.random_task import RandomTaskSampler
 from .samplers.uniform import UniformSampler
+from .sampling import draw
 from .storage.base import QueryCondition, Storage
 from .storage.sql import SqlStorage
 
@@ -64,7 +65,7 @@ class ReplayBuffer:
                 storage, name=name, capacity=capacity, eviction=eviction, upgrade=upgrade
             )
         elif not isinstance(storage, Storage):
-            raise TypeError(
+            raise UnsupportedTypeError(
                 "ReplayBuffer(storage=...) expects None, a database URL or a Storage, "
                 f"got {type(storage).__name__}"
             )
@@ -125,19 +126,13 @@ class ReplayBuffer:
         self, ids: Sequence[str], priorities: Sequence[float] | np.ndarray
     ) -> int:
         """Set stored priorities (for PrioritizedSampler) by row id; returns rows updated."""
-        update = getattr(self.storage, "update_priorities", None)
-        if update is None:
-            raise TypeError(f"{type(self.storage).__name__} does not store priorities")
-        return int(update(ids, priorities))
+        return self.storage.update_priorities(ids, priorities)
 
     def set_retention(self, capacity: int | None, eviction: str | None = None) -> int:
         """Change this buffer's capacity (None: unlimited) and eviction policy (None: keep
         it) for every process that writes to it; rows beyond the new capacity go now.
         Returns how many rows went."""
-        change = getattr(self.storage, "set_retention", None)
-        if change is None:
-            raise TypeError(f"{type(self.storage).__name__} does not keep a retention")
-        return int(change(capacity, eviction))
+        return self.storage.set_retention(capacity, eviction)
 
     # -- sampling ------------------------------------------------------------------------
     def sample(
@@ -147,14 +142,16 @@ class ReplayBuffer:
         converter: Converter | None = None,
         batch_size: int = 1000,
     ) -> Any:
-        """A batch: ``sampler`` chooses up to ``batch_size`` matching rows, ``converter``
-        turns them into the batch (``converter.to_dataset_row(rows)``).
+        """A batch: ``sampler`` chooses up to ``batch_size`` matching rows, the storage
+        fetches what ``converter`` reads (whole rows, or only its fields), and ``converter``
+        builds the batch (see :mod:`expstore.sampling`).
 
         Defaults: ``UniformSampler()`` (with replacement) and ``DefaultConverter()`` (the
-        rows as a list). When the sampler gives per-row extras and the converter builds a
-        dict, the extras join the batch: with ``PrioritizedSampler`` and ``TensorConverter``
-        the batch has ``"weights"`` (importance-sampling weights) and ``"ids"`` (for
-        :meth:`update_priorities`). No matching row raises EmptyBufferError. ::
+        rows as a list). When the sampler weighs rows and the converter builds a dict, the
+        batch also has ``"weights"`` (importance-sampling weights) and ``"ids"`` (for
+        :meth:`update_priorities`); ``sampler.last_info`` has them whatever the converter.
+        AWorld-style samplers and converters (with only ``sample`` or ``to_dataset_row``)
+        work too. No matching row raises EmptyBufferError. ::
 
             per = PrioritizedSampler(seed=0)
             conv = TensorConverter({"obs": "exp_data.state.obs", "r": "exp_data.reward_t"})
@@ -162,31 +159,19 @@ class ReplayBuffer:
             loss = (batch["weights"] * td_error(batch) ** 2).mean()
             buffer.update_priorities(batch["ids"], td_error(batch).abs().detach().numpy())
         """
-        sampler = UniformSampler() if sampler is None else sampler
-        converter = DefaultConverter() if converter is None else converter
-        if (
-            isinstance(converter, NumpyConverter)
-            and (paths := converter.field_paths) is not None
-            and isinstance(sampler, KeySampler)
-            and hasattr(self.storage, "fetch_columns")
-        ):
-            # Fast path: fetch only the fields the converter reads, not whole rows, column
-            # by column (a tensor field comes stacked). The converter stacks (copies) every
-            # array it is given one per row, so those may be read-only views.
-            (_, columns), info = sampler.sample_fields(
-                self.storage, batch_size, query_condition, paths, writable=False
-            )
-            batch = converter.from_values(dict(zip(converter.fields, columns, strict=True)))
-            return converter.attach_info(batch, info) if info else batch
-        with_info = getattr(sampler, "sample_with_info", None)
-        if with_info is not None:
-            rows, info = with_info(self.storage, batch_size, query_condition)
-        else:  # a duck-typed AWorld sampler
-            rows, info = sampler.sample(self.storage, batch_size, query_condition), {}
-        batch = converter.to_dataset_row(rows)
-        if info and hasattr(converter, "attach_info"):
-            batch = converter.attach_info(batch, info)
-        return batch
+        chooser = as_sampler(UniformSampler() if sampler is None else sampler)
+        builder = as_converter(DefaultConverter() if converter is None else converter)
+        # The one loop (see expstore.sampling): choose, fetch what the converter reads,
+        # choose again for rows deleted meanwhile, describe; then build and attach.
+        fetched, info = draw(
+            self.storage,
+            chooser,
+            batch_size,
+            query_condition,
+            builder.paths,
+            writable=not builder.copies_arrays,
+        )
+        return builder.attach_info(builder.build(fetched), info)
 
     def sample_task(
         self,

@@ -1,29 +1,52 @@
 """The errors expstore raises.
 
-Every error is an :class:`ExpstoreError`, so ``except ExpstoreError`` catches them all::
+Every error expstore raises on purpose is an :class:`ExpstoreError`, so ``except
+ExpstoreError`` catches them all; where Python code expects a built-in kind (``ValueError``
+for a bad value, ``TypeError`` for a wrong type, ``IndexError`` out of range, ``ImportError``
+for a missing package, pydantic's ``ValidationError`` for an invalid row) the error is that
+too::
 
     ExpstoreError
-    ├── CodecError          a value cannot be encoded, or a stored blob is damaged
-    ├── SchemaVersionError  the database schema is older or newer than this library
-    ├── StorageError        the database refused or failed an operation
-    ├── QueryError          a malformed query condition (also a ValueError)
-    ├── EmptyBufferError    nothing matches what a sampler was asked for (also a ValueError)
-    └── MissingDependencyError  an optional extra (torch, postgres, parquet) is not installed
+    ├── InvalidArgumentError      an argument has a value expstore cannot use (ValueError)
+    │   └── RetentionConflictError    a handle asks for another capacity/eviction than the
+    │                                 buffer keeps
+    ├── UnsupportedTypeError      an argument or value of a type expstore cannot use (TypeError)
+    ├── OutOfRangeError           an index beyond the rows there are (IndexError)
+    ├── RowValidationError        a row holds an invalid value (pydantic's ValidationError)
+    ├── CodecError                a value cannot be encoded, or a stored blob is damaged
+    │                             (ValueError)
+    ├── QueryError                a malformed condition or field path (ValueError)
+    ├── EmptyBufferError          nothing matches what a sampler was asked for (ValueError)
+    ├── SchemaVersionError        the database schema is older or newer than this library
+    ├── StorageError              the database refused or failed an operation
+    │   └── DuplicateIdError          a row id is already stored, or given twice (ValueError)
+    └── MissingDependencyError    an optional extra (torch, postgres, parquet) is not
+                                  installed (ImportError)
 
-Invalid rows raise pydantic's ``ValidationError``, which names the field.
+Rows built with invalid values raise pydantic's ``ValidationError`` as pydantic raises it;
+a row changed after it was built is checked again when it is stored, and refused with a
+:class:`RowValidationError`, which is a ``ValidationError`` naming the field and the row.
 Every message says what was expected, what arrived, and what to do.
 """
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
 __all__ = [
     "CodecError",
+    "DuplicateIdError",
     "EmptyBufferError",
     "ExpstoreError",
+    "InvalidArgumentError",
     "MissingDependencyError",
+    "OutOfRangeError",
     "QueryError",
+    "RetentionConflictError",
+    "RowValidationError",
     "SchemaVersionError",
     "StorageError",
+    "UnsupportedTypeError",
 ]
 
 
@@ -31,7 +54,27 @@ class ExpstoreError(Exception):
     """The root of every error expstore raises."""
 
 
-class CodecError(ExpstoreError):
+class InvalidArgumentError(ExpstoreError, ValueError):
+    """An argument has a value expstore cannot use."""
+
+
+class RetentionConflictError(InvalidArgumentError):
+    """A handle asks for another capacity or eviction policy than the buffer keeps."""
+
+
+class UnsupportedTypeError(ExpstoreError, TypeError):
+    """An argument or value is of a type expstore cannot use there."""
+
+
+class OutOfRangeError(ExpstoreError, IndexError):
+    """An index points beyond the rows there are."""
+
+
+class RowValidationError(ExpstoreError, ValidationError):
+    """A row holds a value its model does not allow (it was changed after it was built)."""
+
+
+class CodecError(ExpstoreError, ValueError):
     """A value cannot be encoded for storage, or a stored blob cannot be decoded."""
 
 
@@ -43,8 +86,12 @@ class StorageError(ExpstoreError):
     """The database refused or failed a storage operation."""
 
 
+class DuplicateIdError(StorageError, ValueError):
+    """A row id is already stored in the buffer, or appears twice in one batch."""
+
+
 class QueryError(ExpstoreError, ValueError):
-    """A query condition is malformed or names an unknown field."""
+    """A query condition or field path is malformed or names an unknown field."""
 
 
 class EmptyBufferError(ExpstoreError, ValueError):

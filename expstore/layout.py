@@ -37,6 +37,7 @@ __all__ = [
     "META_COLUMNS",
     "ORDERABLE",
     "PAYLOAD_FIELDS",
+    "PAYLOAD_TYPES",
     "SCALAR_COLUMNS",
 ]
 
@@ -118,9 +119,16 @@ def _columns() -> tuple[ColumnSpec, ...]:
 #: Every typed column, metadata first, in the models' field order.
 COLUMNS: tuple[ColumnSpec, ...] = _columns()
 COLUMNS_BY_NAME: dict[str, ColumnSpec] = {c.name: c for c in COLUMNS}
+
+
+def _id_column() -> ColumnSpec:
+    spec = _spec("id", "row", DataRow.model_fields["id"])
+    assert spec is not None
+    return spec
+
+
 #: The row id, a column of its own (``DataRow.id``).
-ID_COLUMN = _spec("id", "row", DataRow.model_fields["id"])
-assert ID_COLUMN is not None
+ID_COLUMN: ColumnSpec = _id_column()
 #: Column names of the ``ExpMeta`` fields.
 META_COLUMNS: tuple[str, ...] = tuple(c.name for c in COLUMNS if c.owner == "exp_meta")
 #: Column names of the scalar ``Experience`` fields.
@@ -129,6 +137,38 @@ SCALAR_COLUMNS: tuple[str, ...] = tuple(c.name for c in COLUMNS if c.owner == "e
 PAYLOAD_FIELDS: tuple[str, ...] = tuple(
     name for name in Experience.model_fields if name not in SCALAR_COLUMNS
 )
+
+
+def _containers(annotation: Any) -> tuple[type, ...] | None:
+    """The container types a payload field's annotation allows (``list[dict] | None`` ->
+    ``(list, NoneType)``), or None when it allows anything."""
+    if annotation is Any:
+        return None
+    options = (
+        typing.get_args(annotation)
+        if typing.get_origin(annotation)
+        in (
+            typing.Union,
+            types.UnionType,
+        )
+        else (annotation,)
+    )
+    found: list[type] = []
+    for option in options:
+        origin = typing.get_origin(option) or option
+        if not isinstance(origin, type) or origin is object:
+            return None
+        found.append(origin)
+    return tuple(found)
+
+
+#: The types a payload field may hold, where its annotation says (``messages``: a list or
+#: None; ``ext_info``: a dict); fields typed ``Any`` are left out.
+PAYLOAD_TYPES: dict[str, tuple[type, ...]] = {
+    name: kinds
+    for name in PAYLOAD_FIELDS
+    if (kinds := _containers(Experience.model_fields[name].annotation)) is not None
+}
 #: What rows can be streamed in order of (keyset pagination needs values that are never
 #: NULL): the insertion order ``key`` and every column that cannot be NULL.
 ORDERABLE: tuple[str, ...] = ("key", *(c.name for c in COLUMNS if not c.nullable))

@@ -9,6 +9,7 @@ import numpy as np
 
 from .._optional import loaded_torch
 from ..models import DataRow
+from ..storage.base import Fetched
 from .base import MISSING, Converter, FieldSpec, parse_path, read_path
 
 __all__ = ["NumpyConverter"]
@@ -76,12 +77,15 @@ class NumpyConverter(Converter):
             return [reader(row) for row in rows]
         return [read_path(row, reader) for row in rows]
 
+    #: Every array is stacked (copied) into the batch.
+    copies_arrays = True
+
     @property
-    def field_paths(self) -> list[str] | None:
+    def paths(self) -> list[str] | None:
         """The path of every field, in order, or None if a field is a function of the row.
 
         With paths, :meth:`ReplayBuffer.sample` fetches just those fields of the chosen rows
-        (``storage.fetch_fields``) and calls :meth:`from_values`, never building whole rows.
+        (``storage.fetch_columns``), never building whole rows.
         """
         if any(callable(spec) for spec in self.fields.values()):
             return None
@@ -89,6 +93,11 @@ class NumpyConverter(Converter):
 
     def to_dataset_row(self, rows: Sequence[DataRow]) -> dict[str, Any]:
         return self.from_values({name: self._values(name, rows) for name in self.fields})
+
+    def build(self, fetched: Fetched) -> dict[str, Any]:
+        if fetched.columns is None:
+            return super().build(fetched)
+        return self.from_values(dict(zip(self.fields, fetched.columns, strict=True)))
 
     def from_values(self, values_by_field: dict[str, Any]) -> dict[str, Any]:
         """The batch from each field's values, one per row (MISSING where a row has none):

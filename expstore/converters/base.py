@@ -1,8 +1,10 @@
 """The converter interface: turn the rows a sampler chose into what training consumes.
 
-A :class:`Converter` implements ``to_dataset_row(rows)`` (AWorld's interface). A converter
-that builds a dict batch can also take the sampler's per-row extras (a prioritized batch's
-``"weights"`` and ``"ids"``) through :meth:`Converter.attach_info`.
+A :class:`Converter` implements ``to_dataset_row(rows)`` (AWorld's interface). It declares
+what it reads (:attr:`Converter.paths`: None for whole rows, or the field paths it needs, so
+that the storage fetches only those), builds the batch from what was fetched
+(:meth:`Converter.build`), and a dict batch takes the sampler's per-row extras (a
+prioritized batch's ``"weights"`` and ``"ids"``) through :meth:`Converter.attach_info`.
 
 Field paths name a value inside a row by the grammar of :mod:`expstore.paths` (the same as
 queries'): ``"id"``, ``"exp_meta.step"``, ``"exp_data.reward_t"``,
@@ -14,12 +16,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
+from ..errors import InvalidArgumentError, UnsupportedTypeError
 from ..models import DataRow
 from ..paths import MISSING, parse_path, read_path
+from ..sampling import SampleInfo
+from ..storage.base import Fetched
 
-__all__ = ["MISSING", "Converter", "FieldSpec", "parse_path", "read_path"]
+__all__ = ["MISSING", "Converter", "FieldSpec", "as_converter", "parse_path", "read_path"]
 
 #: A field of a row: a path string, or a function of the row.
 FieldSpec = str | Callable[[DataRow], Any]
@@ -28,29 +33,74 @@ FieldSpec = str | Callable[[DataRow], Any]
 class Converter(ABC):
     """Turns a list of rows into a batch (AWorld's ``Converter``)."""
 
+    #: Whether the converter copies every array it is given (so fetched arrays may be
+    #: read-only views of the database's bytes).
+    copies_arrays: ClassVar[bool] = False
+
+    @property
+    def paths(self) -> list[str] | None:
+        """The field paths the converter reads, for the storage to fetch only those; None
+        (the default) for whole rows."""
+        return None
+
     @abstractmethod
     def to_dataset_row(self, rows: Sequence[DataRow]) -> Any:
         """The batch built from ``rows`` (in the order given)."""
 
-    def attach_info(self, batch: Any, info: dict[str, Any]) -> Any:
-        """Add a sampler's per-row extras (e.g. ``weights``, ``ids``) to a built batch.
+    def build(self, fetched: Fetched) -> Any:
+        """The batch from what the storage fetched: the values at :attr:`paths` when it
+        fetched those, else the whole rows through :meth:`to_dataset_row`."""
+        assert fetched.rows is not None
+        return self.to_dataset_row(fetched.rows)
+
+    def attach_info(self, batch: Any, info: SampleInfo) -> Any:
+        """Add a sampler's per-row extras (``weights`` and ``ids`` of a prioritized batch)
+        to a built batch.
 
         A dict batch gains the entries (a name the batch already has is an error); any other
         batch comes back unchanged, and the extras stay reachable on the sampler
-        (``sampler.last_weights``, ``sampler.last_ids``).
+        (``sampler.last_info``, ``sampler.last_weights``, ``sampler.last_ids``).
         """
-        if not info or not isinstance(batch, dict):
+        extras = info.extras()
+        if not extras or not isinstance(batch, dict):
             return batch
-        clash = sorted(set(info) & set(batch))
+        clash = sorted(set(extras) & set(batch))
         if clash:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"the sampler adds {clash} to each batch, but the converter already produces "
                 f"{'that key' if len(clash) == 1 else 'those keys'}; rename the converter's "
                 "field"
             )
-        batch.update(self.convert_info(info))
+        batch.update(self.convert_info(extras))
         return batch
 
     def convert_info(self, info: dict[str, Any]) -> dict[str, Any]:
         """How extras look in this converter's batches (as they come by default)."""
         return dict(info)
+
+
+class _ForeignConverter(Converter):
+    """An object with AWorld's ``to_dataset_row(rows)`` that is not an expstore Converter
+    (AWorld's own): it gets whole rows, and its batch comes back as it is."""
+
+    def __init__(self, converter: Any) -> None:
+        self.converter = converter
+
+    def to_dataset_row(self, rows: Sequence[DataRow]) -> Any:
+        return self.converter.to_dataset_row(list(rows))
+
+    def attach_info(self, batch: Any, info: SampleInfo) -> Any:
+        return batch
+
+
+def as_converter(converter: Any) -> Converter:
+    """``converter`` as a :class:`Converter`: itself, or an object with AWorld's
+    ``to_dataset_row()`` wrapped; UnsupportedTypeError for anything else."""
+    if isinstance(converter, Converter):
+        return converter
+    if callable(getattr(converter, "to_dataset_row", None)):
+        return _ForeignConverter(converter)
+    raise UnsupportedTypeError(
+        "a converter is a Converter (DefaultConverter(), TensorConverter(...)...) or has a "
+        f"to_dataset_row(rows) method; got {type(converter).__name__}"
+    )

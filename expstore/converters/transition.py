@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..models import DataRow
+from ..storage.base import Fetched
 from .arrays import NumpyConverter
 from .base import Converter, FieldSpec
 
@@ -84,8 +85,18 @@ class TransitionConverter(Converter):
             inner = NumpyConverter(self.fields, strict=False)
         self._inner = inner
 
+    #: The inner converter stacks (copies) every array.
+    copies_arrays = True
+
+    @property
+    def paths(self) -> list[str] | None:
+        return self._inner.paths
+
     def to_dataset_row(self, rows: Sequence[DataRow]) -> dict[str, Any]:
         return self._inner.to_dataset_row(rows)
+
+    def build(self, fetched: Fetched) -> dict[str, Any]:
+        return self._inner.build(fetched)
 
     def convert_info(self, info: dict[str, Any]) -> dict[str, Any]:
         return self._inner.convert_info(info)

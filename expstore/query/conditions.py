@@ -61,6 +61,7 @@ _SQL_OPS = {"eq": "=", "ne": "!=", "gt": ">", "gte": ">=", "lt": "<", "lte": "<=
 _LOGICAL_KEYS = {"and_": "and", "or_": "or", "and": "and", "or": "or"}
 _MAX_INT = 2**63 - 1
 
+
 def value_kind(value: object) -> Kind | None:
     """The kind of a comparable value ("string", "number" or "bool"); None for anything else.
 

@@ -1,12 +1,11 @@
-"""The sampler interfaces: a Sampler chooses rows, storage fetches them.
+"""The sampler interfaces: a sampler chooses rows; the storage fetches them and a converter
+builds the batch, in the one loop of :mod:`expstore.sampling`.
 
-- :class:`Sampler` is AWorld's interface: ``sample(storage, batch_size, query_condition=None)``
-  returns a list of :class:`~expstore.models.DataRow`. Subclass it to sample any way at all.
-- :class:`KeySampler` is the fast path every built-in sampler takes. It asks the storage for
-  the matching rows' integer keys and a few metadata columns as numpy arrays
-  (``storage.key_index``, cached until the buffer changes), lets :meth:`KeySampler.sample_keys`
-  choose keys over those arrays, and fetches only the chosen rows by primary key. The table
-  is never scanned or ``ORDER BY random()``-ed per batch. A custom sampler overrides just
+- :class:`KeySampler` is what every built-in sampler is. It asks the storage for the
+  matching rows' integer keys and a few columns as numpy arrays (``storage.key_index``,
+  cached until the buffer changes) and lets :meth:`KeySampler.sample_keys` choose keys over
+  those arrays; only the chosen rows are fetched, by primary key. The table is never
+  scanned or ``ORDER BY random()``-ed per batch. A custom sampler overrides just
   ``sample_keys`` (and says which columns it reads in ``columns``)::
 
       import numpy as np
@@ -28,9 +27,14 @@
                   raise EmptyBufferError(f"no row has reward_t >= {self.threshold}")
               return rng.choice(keys, size=batch_size)  # with replacement
 
-      rows = HighRewardSampler(0.5, seed=0).sample(buffer.storage, 32)
+      rows = buffer.sample(HighRewardSampler(0.5, seed=0), batch_size=32)
 
+  A sampler that weighs its rows (importance weights) also overrides :meth:`KeySampler.weights`.
 - :class:`TaskSampler` chooses whole tasks (trajectories), as AWorld's ``TaskSampler``.
+- :class:`Sampler` is AWorld's interface: ``sample(storage, batch_size, query_condition=None)``
+  returns a list of :class:`~expstore.models.DataRow`. A subclass that implements only
+  ``sample`` (and any object with such a method, as AWorld's own samplers) works in
+  :meth:`ReplayBuffer.sample <expstore.ReplayBuffer.sample>` too: its rows go to the converter.
 
 Every built-in sampler takes ``seed=``: ``np.random.default_rng(seed)`` drives all its draws, so
 the same seed over the same data gives the same batches.
@@ -45,47 +49,45 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
-from ..errors import EmptyBufferError, StorageError
+from ..errors import EmptyBufferError, UnsupportedTypeError
 from ..models import DataRow
+from ..query import as_condition
+from ..sampling import Choice, SampleInfo, check_batch_size, draw
 from ..storage.base import QueryCondition, Storage
 
 __all__ = [
+    "Choice",
     "DerivedArrays",
     "KeySampler",
+    "SampleInfo",
     "Sampler",
     "TaskSampler",
+    "as_sampler",
     "check_batch_size",
     "describe_condition",
     "empty_error",
+    "numbering",
     "value_codes",
 ]
 
 _T = TypeVar("_T")
-_R = TypeVar("_R")
 
 #: Derived arrays kept per sampler (one per condition in use, most recent first).
 _DERIVED_ENTRIES = 4
 
-#: How many times a sampler chooses again when rows it chose were deleted by another writer
-#: before they could be fetched.
-_FETCH_ATTEMPTS = 5
+
+def numbering(values: Sequence[Any]) -> dict[Any, int]:
+    """Each distinct value's number, in order of first appearance. ``dict.fromkeys`` runs
+    in C: no Python-level loop per row."""
+    first_seen = dict.fromkeys(values)
+    return dict(zip(first_seen, range(len(first_seen)), strict=False))
 
 
 def value_codes(values: Sequence[Any]) -> np.ndarray:
     """An int64 code per value, equal codes for equal values, numbered in order of first
-    appearance. ``dict.fromkeys`` and ``map`` run in C: no Python-level loop per row."""
-    first_seen = dict.fromkeys(values)
-    codes = dict(zip(first_seen, range(len(first_seen)), strict=False))
+    appearance (see :func:`numbering`)."""
+    codes = numbering(values)
     return np.fromiter(map(codes.__getitem__, values), dtype=np.int64, count=len(values))
-
-
-def check_batch_size(batch_size: Any) -> int:
-    """``batch_size`` as an int >= 1, or a ValueError that says what arrived."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
-        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-    return int(batch_size)
 
 
 def describe_condition(query_condition: QueryCondition) -> str:
@@ -93,8 +95,6 @@ def describe_condition(query_condition: QueryCondition) -> str:
     if query_condition is None:
         return "none, all rows"
     try:
-        from ..query import as_condition
-
         return str(as_condition(query_condition))
     except Exception:  # noqa: BLE001 - only for a message; fall back to the raw value
         return str(query_condition)
@@ -142,9 +142,15 @@ class DerivedArrays:
 class Sampler(ABC):
     """Chooses rows from a storage (AWorld's interface).
 
-    Implement :meth:`sample`. A sampler that can say more about its batch than the rows
-    (importance weights, say) also overrides :meth:`sample_with_info`.
+    Implement :meth:`sample`, or, to take part in the sampling loop, :meth:`choose`
+    (:class:`KeySampler` and :class:`TaskSampler` do). After each batch drawn through the
+    loop, :attr:`last_info` describes it.
     """
+
+    #: Whether batches carry importance weights that must stay aligned with their rows.
+    weighs_rows: ClassVar[bool] = False
+    #: What the last batch drawn through the loop was (keys, ids, weights).
+    last_info: SampleInfo | None = None
 
     @abstractmethod
     def sample(
@@ -152,15 +158,38 @@ class Sampler(ABC):
     ) -> list[DataRow]:
         """Up to ``batch_size`` rows among those matching ``query_condition``."""
 
+    @property
+    def last_keys(self) -> np.ndarray:
+        """The keys chosen for the last batch, in batch order."""
+        return _NO_KEYS if self.last_info is None else self.last_info.keys
+
+    @property
+    def last_ids(self) -> list[str]:
+        """The ids of the rows of the last batch, in batch order."""
+        return [] if self.last_info is None else self.last_info.ids
+
+    def choose(
+        self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
+    ) -> Choice:
+        """What to fetch for a batch. By default the rows :meth:`sample` returns (the
+        AWorld way); KeySampler and TaskSampler choose keys instead."""
+        return Choice(_NO_KEYS, rows=self.sample(storage, batch_size, query_condition))
+
+    def describe(self, choice: Choice, ids: list[str]) -> SampleInfo:
+        """The :class:`SampleInfo` of a batch of ``choice`` whose rows ``ids`` were fetched
+        (kept as :attr:`last_info`)."""
+        info = SampleInfo(choice.keys, ids)
+        self.last_info = info
+        return info
+
     def sample_with_info(
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
     ) -> tuple[list[DataRow], dict[str, Any]]:
-        """The rows and per-row extras for the batch (``{}`` unless the sampler has some).
-
-        :class:`~expstore.ReplayBuffer.sample` calls this and hands the extras to the
-        converter, so e.g. a prioritized batch carries ``"weights"`` and ``"ids"``.
-        """
-        return self.sample(storage, batch_size, query_condition), {}
+        """The rows and the batch's extras as a dict (``{}``, or ``weights`` and ``ids``
+        from a sampler that weighs rows)."""
+        fetched, info = draw(storage, self, batch_size, query_condition)
+        assert fetched.rows is not None
+        return fetched.rows, info.extras()
 
     def reseed(self, seed: Any) -> None:
         """Restart the sampler's random stream from ``seed`` (and forget any epoch state).
@@ -182,15 +211,45 @@ class Sampler(ABC):
                 value.seed(int(sequence.spawn(1)[0].generate_state(1, np.uint64)[0]))
 
 
+_NO_KEYS = np.empty(0, dtype=np.int64)
+
+
+class _ForeignSampler(Sampler):
+    """An object with AWorld's ``sample(storage, batch_size, query_condition)`` that is not
+    an expstore Sampler (AWorld's own samplers): its rows go through the loop as they are."""
+
+    def __init__(self, sampler: Any) -> None:
+        self.sampler = sampler
+
+    def sample(
+        self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
+    ) -> list[DataRow]:
+        return list(self.sampler.sample(storage, batch_size, query_condition))
+
+
+def as_sampler(sampler: Any) -> Sampler:
+    """``sampler`` as a :class:`Sampler`: itself, or an object with AWorld's ``sample()``
+    method wrapped; UnsupportedTypeError for anything else."""
+    if isinstance(sampler, Sampler):
+        return sampler
+    if callable(getattr(sampler, "sample", None)):
+        return _ForeignSampler(sampler)
+    raise UnsupportedTypeError(
+        f"a sampler is a Sampler (UniformSampler(), PrioritizedSampler()...) or has a "
+        f"sample(storage, batch_size, query_condition) method; got {type(sampler).__name__}"
+    )
+
+
 class KeySampler(Sampler):
     """A sampler that chooses integer keys over the storage's cached key index.
 
     Subclasses implement :meth:`sample_keys` and list the index columns they read in
-    ``columns`` (any of ``step``, ``execute_time``, ``task_id``, ``task_name``, ``agent_id``,
-    ``pre_agent``, ``reward_t``, ``adv_t``, ``v_t``, ``done``, ``priority``).
+    ``columns`` (``step``, ``task_id``, ``agent_id``, ``reward_t``, ``done``, ``priority``,
+    any column or a path into the payload). One that weighs its rows implements
+    :meth:`weights` too.
 
-    After each call, ``last_keys`` holds the chosen keys and ``last_ids`` the ids of the rows
-    returned, in batch order.
+    After each batch, ``last_keys`` holds the chosen keys and ``last_ids`` the ids of the
+    rows returned, in batch order (``last_info`` both, and the weights).
     """
 
     #: The key_index columns :meth:`sample_keys` reads, besides ``"key"``.
@@ -199,8 +258,10 @@ class KeySampler(Sampler):
     def __init__(self, *, seed: int | None = None) -> None:
         self.seed = seed
         self._rng = np.random.default_rng(seed)
-        self.last_keys: np.ndarray = np.empty(0, dtype=np.int64)
-        self.last_ids: list[str] = []
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.weighs_rows = cls.weights is not KeySampler.weights
 
     @property
     def rng(self) -> np.random.Generator:
@@ -248,91 +309,43 @@ class KeySampler(Sampler):
         repeats are allowed. Raise :class:`~expstore.EmptyBufferError` if no row is eligible.
         """
 
-    def batch_info(
-        self, index: dict[str, np.ndarray], keys: np.ndarray, ids: list[str]
-    ) -> dict[str, Any]:
-        """Per-row extras for a batch whose ``keys`` were all fetched (rows ``ids``)."""
-        return {}
+    def weights(self, index: dict[str, np.ndarray], keys: np.ndarray) -> np.ndarray | None:
+        """Importance-sampling weights for a batch of ``keys`` (all fetched), aligned with
+        them; None for a sampler that does not weigh rows."""
+        return None
+
+    def choose(
+        self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
+    ) -> Choice:
+        index = self.read_index(storage, query_condition)
+        if not len(index["key"]):
+            raise empty_error(storage, query_condition, "no rows match")
+        try:
+            keys = np.asarray(self.sample_keys(index, batch_size, self.rng), dtype=np.int64)
+        except EmptyBufferError as exc:
+            raise empty_error(storage, query_condition, str(exc)) from None
+        return Choice(keys, index)
+
+    def describe(self, choice: Choice, ids: list[str]) -> SampleInfo:
+        weights = None
+        if self.weighs_rows and choice.key_index is not None:
+            weights = self.weights(choice.key_index, choice.keys)
+        info = SampleInfo(choice.keys, ids, weights)
+        self.last_info = info
+        return info
 
     def sample(
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
     ) -> list[DataRow]:
         return self.sample_with_info(storage, batch_size, query_condition)[0]
 
-    def sample_with_info(
-        self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
-    ) -> tuple[list[DataRow], dict[str, Any]]:
-        def fetch(keys: np.ndarray) -> tuple[list[DataRow], list[str]]:
-            rows = storage.fetch_keys(keys)
-            return rows, [row.id for row in rows]
-
-        return self._draw(storage, batch_size, query_condition, fetch)
-
-    def sample_fields(
-        self,
-        storage: Storage,
-        batch_size: int,
-        query_condition: QueryCondition,
-        paths: Sequence[str],
-        *,
-        writable: bool = True,
-    ) -> tuple[tuple[list[str], list[Any]], dict[str, Any]]:
-        """Like :meth:`sample_with_info`, but fetches only ``paths`` of the chosen rows
-        (``storage.fetch_columns``): ``((ids, values per path), info)``, where a path's
-        values are a list or, for a tensor field, an array whose first axis is the rows.
-        With ``writable=False`` arrays may be read-only (for a converter that copies them)."""
-        fetch_columns = getattr(storage, "fetch_columns", None)
-        if fetch_columns is None:
-            raise TypeError(f"{type(storage).__name__} cannot fetch single fields")
-
-        def fetch(keys: np.ndarray) -> tuple[tuple[list[str], list[Any]], list[str]]:
-            ids, columns = fetch_columns(keys, paths, writable=writable)
-            return (ids, columns), ids
-
-        return self._draw(storage, batch_size, query_condition, fetch)
-
-    def _draw(
-        self,
-        storage: Storage,
-        batch_size: int,
-        query_condition: QueryCondition,
-        fetch: Callable[[np.ndarray], tuple[_R, list[str]]],
-    ) -> tuple[_R, dict[str, Any]]:
-        batch_size = check_batch_size(batch_size)
-        has_info = type(self).batch_info is not KeySampler.batch_info
-        attempts = _FETCH_ATTEMPTS
-        for attempt in range(attempts):
-            index = self.read_index(storage, query_condition)
-            if not len(index["key"]):
-                raise empty_error(storage, query_condition, "no rows match")
-            try:
-                keys = np.asarray(self.sample_keys(index, batch_size, self.rng), dtype=np.int64)
-            except EmptyBufferError as exc:
-                raise empty_error(storage, query_condition, str(exc)) from None
-            fetched, ids = fetch(keys)
-            # A row deleted by another writer (evicted, say) between choosing and fetching
-            # is missing: choose again from the fresh index, so the batch is full. After the
-            # last attempt a batch with per-row info (which must stay aligned) fails; any
-            # other comes back with the rows that could be fetched.
-            if len(ids) == len(keys):
-                break
-            if has_info and attempt == attempts - 1:
-                raise StorageError(
-                    f"{type(self).__name__}: rows chosen from the index kept being deleted "
-                    f"before they could be fetched ({attempts} attempts); another process is "
-                    "deleting or evicting faster than this sampler reads. Retry the call"
-                )
-        self.last_keys = keys
-        self.last_ids = ids
-        info = self.batch_info(index, keys, self.last_ids) if has_info else {}
-        return fetched, info
-
 
 class TaskSampler(Sampler):
     """Chooses whole tasks (trajectories), as AWorld's ``TaskSampler``.
 
-    Implement :meth:`sample_task_ids`. :meth:`sample_tasks` fetches every row of each chosen
-    task (ordered by step, then execute_time), and :meth:`sample` returns those rows flat.
+    Implement :meth:`sample_task_ids`. In the sampling loop a batch is every row of each
+    chosen task, task by task, each ordered by step, then execute_time (then insertion);
+    :meth:`sample_tasks` gives the same rows grouped by task.
     """
 
     @abstractmethod
@@ -340,6 +353,53 @@ class TaskSampler(Sampler):
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
     ) -> list[str]:
         """Up to ``batch_size`` task ids among tasks with at least one matching row."""
+
+    #: The whole buffer's index columns that order a task's rows.
+    TASK_COLUMNS: ClassVar[tuple[str, ...]] = ("task_id", "step", "execute_time")
+
+    def choose(
+        self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
+    ) -> Choice:
+        task_ids = self.sample_task_ids(storage, batch_size, query_condition)
+        return Choice(self.task_keys(storage.key_index(None, self.TASK_COLUMNS), task_ids))
+
+    def task_keys(self, index: dict[str, np.ndarray], task_ids: Sequence[str]) -> np.ndarray:
+        """The keys of every row of these tasks in ``index`` (the whole buffer's, with
+        :attr:`TASK_COLUMNS`), task by task, each by step, execute_time and insertion."""
+        order, first, count = self._task_order(index)
+        codes = self._codes(index)
+        spans = [
+            order[first[t] : first[t] + count[t]] for t in map(codes.get, task_ids) if t is not None
+        ]
+        chosen = np.concatenate(spans) if spans else np.empty(0, dtype=np.intp)
+        return index["key"][chosen]
+
+    def _codes(self, index: dict[str, np.ndarray]) -> dict[str, int]:
+        """Each task id's number in the whole buffer's index."""
+        task_ids = index["task_id"]
+        return self._derived_arrays().get(
+            "codes", (task_ids,), lambda: numbering(task_ids.tolist())
+        )
+
+    def _task_order(self, index: dict[str, np.ndarray]) -> tuple[np.ndarray, Any, Any]:
+        """(row positions ordered by task, step, execute_time and key; each task's first
+        position in that order; its row count), by task number."""
+
+        def compute() -> tuple[np.ndarray, Any, Any]:
+            codes = value_codes(index["task_id"].tolist())
+            order = np.lexsort((index["key"], index["execute_time"], index["step"], codes))
+            counts = np.bincount(codes) if len(codes) else np.zeros(0, dtype=np.int64)
+            firsts = np.concatenate([[0], np.cumsum(counts)[:-1]]) if len(counts) else counts
+            return order, firsts.tolist(), counts.tolist()
+
+        sources = (index["key"], index["task_id"], index["step"], index["execute_time"])
+        return self._derived_arrays().get("tasks", sources, compute)
+
+    def _derived_arrays(self) -> DerivedArrays:
+        cache = self.__dict__.get("_derived")
+        if cache is None:
+            cache = self._derived = DerivedArrays()
+        return cache
 
     def sample_tasks(
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
@@ -353,5 +413,4 @@ class TaskSampler(Sampler):
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
     ) -> list[DataRow]:
         """Every row of up to ``batch_size`` chosen tasks, task by task."""
-        tasks = self.sample_tasks(storage, batch_size, query_condition)
-        return [row for task_rows in tasks.values() for row in task_rows]
+        return self.sample_with_info(storage, batch_size, query_condition)[0]

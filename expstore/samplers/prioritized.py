@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .._args import check_number
 from ..errors import EmptyBufferError
 from ..storage.base import QueryCondition, Storage
 from .base import KeySampler
@@ -30,11 +31,14 @@ class PrioritizedSampler(KeySampler):
     the largest weight any matching row could get (that of the least likely row), so
     ``0 < w <= 1``. They are reachable three ways:
 
-    - ``rows, info = sampler.sample_with_info(storage, n)``: ``info["weights"]`` (float32
-      array) and ``info["ids"]`` (list of row ids), aligned with ``rows``;
-    - after ``sampler.sample(...)``: ``sampler.last_weights`` and ``sampler.last_ids``;
     - ``buffer.sample(sampler=PrioritizedSampler(), converter=TensorConverter(...))``: the
-      batch dict gains ``"weights"`` (a tensor) and ``"ids"``.
+      batch dict gains ``"weights"`` (a tensor) and ``"ids"``, whatever the converter that
+      builds a dict;
+    - after any batch: ``sampler.last_info`` (a :class:`~expstore.sampling.SampleInfo` with
+      ``keys``, ``ids`` and ``weights``), or ``sampler.last_weights`` and
+      ``sampler.last_ids``;
+    - ``rows, extras = sampler.sample_with_info(storage, n)``: ``extras["weights"]``
+      (float32 array) and ``extras["ids"]``, aligned with ``rows``.
 
     A training step then feeds back new priorities (e.g. absolute TD errors)::
 
@@ -58,17 +62,19 @@ class PrioritizedSampler(KeySampler):
         seed: int | None = None,
     ) -> None:
         super().__init__(seed=seed)
-        for name, value in (("alpha", alpha), ("beta", beta), ("eps", eps)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        self.alpha = float(alpha)
-        self.beta = float(beta)
-        self.eps = float(eps)
-        self.last_weights: np.ndarray = np.empty(0, dtype=np.float32)
-        # (keys, their positions in the index) of the last sample_keys(), for batch_info.
+        self.alpha = check_number("alpha", alpha, minimum=0)
+        self.beta = check_number("beta", beta, minimum=0)
+        self.eps = check_number("eps", eps, minimum=0)
+        # (keys, their positions in the index) of the last sample_keys(), for weights().
         self._drawn: tuple[np.ndarray, np.ndarray] | None = None
+
+    @property
+    def last_weights(self) -> np.ndarray:
+        """The importance weights of the last batch (float32, aligned with its rows)."""
+        info = self.last_info
+        if info is None or info.weights is None:
+            return np.empty(0, dtype=np.float32)
+        return info.weights
 
     def read_index(self, storage: Storage, query_condition: QueryCondition) -> dict[str, Any]:
         """The matching rows' priorities and, under a condition, the buffer's largest
@@ -117,9 +123,7 @@ class PrioritizedSampler(KeySampler):
         self._drawn = (keys, positions)
         return keys
 
-    def batch_info(
-        self, index: dict[str, np.ndarray], keys: np.ndarray, ids: list[str]
-    ) -> dict[str, Any]:
+    def weights(self, index: dict[str, np.ndarray], keys: np.ndarray) -> np.ndarray:
         dist = self._distribution(index)
         weights, smallest = dist.weights, dist.smallest
         drawn = self._drawn
@@ -128,16 +132,10 @@ class PrioritizedSampler(KeySampler):
         else:
             positions = np.searchsorted(index["key"], keys)
         # (N P_i)^-beta / max_j (N P_j)^-beta == (w_i / min_j w_j)^-beta
-        is_weights = np.power(weights[positions] / smallest, -self.beta).astype(np.float32)
-        return {"weights": is_weights, "ids": list(ids)}
+        return np.power(weights[positions] / smallest, -self.beta).astype(np.float32)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_drawn": None}
-
-    def _draw(self, *args: Any, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        fetched, info = super()._draw(*args, **kwargs)
-        self.last_weights = info.get("weights", np.empty(0, dtype=np.float32))
-        return fetched, info
 
 
 def _largest(priority: np.ndarray) -> float:

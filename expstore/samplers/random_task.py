@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from ..sampling import Choice
 from ..storage.base import QueryCondition, Storage
 from .base import DerivedArrays, TaskSampler, check_batch_size, empty_error
 
@@ -21,7 +22,8 @@ class RandomTaskSampler(TaskSampler):
     Each eligible task is equally likely, however many rows it has. A ``batch_size`` larger
     than the number of eligible tasks returns all of them (in random order); AWorld's
     version crashes there. The task list comes from the storage's cached key index, so the
-    table is not scanned per batch.
+    table is not scanned per batch; :meth:`ReplayBuffer.sample` fetches the chosen tasks'
+    rows by key, like any other sampler's.
 
     >>> sampler = RandomTaskSampler(seed=0)
     """
@@ -37,8 +39,27 @@ class RandomTaskSampler(TaskSampler):
     def sample_task_ids(
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
     ) -> list[str]:
-        batch_size = check_batch_size(batch_size)
         index = storage.key_index(query_condition, ("task_id",))
+        return self._choose(index, batch_size, storage, query_condition)
+
+    def choose(
+        self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
+    ) -> Choice:
+        # The matching tasks and the whole buffer's rows, from one read.
+        matching, whole = storage.key_indexes(
+            [(query_condition, ("task_id",)), (None, self.TASK_COLUMNS)]
+        )
+        task_ids = self._choose(matching, batch_size, storage, query_condition)
+        return Choice(self.task_keys(whole, task_ids))
+
+    def _choose(
+        self,
+        index: dict[str, np.ndarray],
+        batch_size: int,
+        storage: Storage,
+        query_condition: QueryCondition,
+    ) -> list[str]:
+        batch_size = check_batch_size(batch_size)
         if not len(index["key"]):
             raise empty_error(storage, query_condition, "no rows match")
         task_ids = index["task_id"]

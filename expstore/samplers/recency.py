@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
+from .._args import check_number
 from .base import KeySampler
 
 __all__ = ["RecencySampler"]
@@ -28,11 +27,7 @@ class RecencySampler(KeySampler):
 
     def __init__(self, power: float = 1.0, *, seed: int | None = None) -> None:
         super().__init__(seed=seed)
-        if isinstance(power, bool) or not isinstance(power, (int, float)):
-            raise ValueError(f"power must be a finite number, got {power!r}")
-        if not math.isfinite(power):
-            raise ValueError(f"power must be a finite number, got {power!r}")
-        self.power = float(power)
+        self.power = check_number("power", power)
 
     def sample_keys(
         self, index: dict[str, np.ndarray], batch_size: int, rng: np.random.Generator

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
+from .._args import check_number
 from ..errors import EmptyBufferError
 from .base import KeySampler
 
@@ -34,11 +33,7 @@ class RewardWeightedSampler(KeySampler):
 
     def __init__(self, temperature: float = 1.0, *, seed: int | None = None) -> None:
         super().__init__(seed=seed)
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-            raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
-        if not math.isfinite(temperature) or temperature <= 0:
-            raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
-        self.temperature = float(temperature)
+        self.temperature = check_number("temperature", temperature, positive=True)
 
     def _cdf(self, reward: np.ndarray) -> np.ndarray:
         def compute() -> np.ndarray:

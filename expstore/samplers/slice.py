@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import EmptyBufferError
+from .._args import check_int
+from ..errors import EmptyBufferError, InvalidArgumentError
 from .base import KeySampler, value_codes
 
 __all__ = ["SliceSampler"]
@@ -37,9 +38,7 @@ class SliceSampler(KeySampler):
 
     def __init__(self, slice_len: int, *, seed: int | None = None) -> None:
         super().__init__(seed=seed)
-        if isinstance(slice_len, bool) or not isinstance(slice_len, int) or slice_len < 1:
-            raise ValueError(f"slice_len must be an int >= 1, got {slice_len!r}")
-        self.slice_len = slice_len
+        self.slice_len = check_int("slice_len", slice_len, minimum=1)
 
     def _windows(self, index: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, int]:
         """(row positions in run order, positions in that order where windows start, the
@@ -75,7 +74,7 @@ class SliceSampler(KeySampler):
         self, index: dict[str, np.ndarray], batch_size: int, rng: np.random.Generator
     ) -> np.ndarray:
         if batch_size % self.slice_len:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"SliceSampler(slice_len={self.slice_len}) returns whole windows, so batch_size "
                 f"must be a multiple of {self.slice_len}; got {batch_size}"
             )

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ..models import DataRow
+from ..sampling import Choice
 from ..storage.base import QueryCondition, Storage
 from .base import KeySampler
 
@@ -42,15 +42,15 @@ class UniformSampler(KeySampler):
         self._epoch = None
         self._position = 0
 
-    def sample_with_info(
+    def choose(
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
-    ) -> tuple[list[DataRow], dict[str, Any]]:
+    ) -> Choice:
         if not self.replacement and (
             self._epoch is None or not _same_condition(self._epoch_condition, query_condition)
         ):
             self._epoch = None
             self._epoch_condition = query_condition
-        return super().sample_with_info(storage, batch_size, query_condition)
+        return super().choose(storage, batch_size, query_condition)
 
     def sample_keys(
         self, index: dict[str, np.ndarray], batch_size: int, rng: np.random.Generator

@@ -1,19 +1,23 @@
-"""The Storage interface: where rows live and how they come back.
+"""The Storage interface: where rows live and how they come back. It declares everything the
+buffer, the samplers, the CLI and the torch datasets call on a storage.
 
 Method names follow AWorld's ``Storage`` (``add``, ``add_batch``, ``size``, ``get_paginated``,
 ``get_all``, ``get_by_task_id``, ``get_bacth_by_task_ids``) so code written against AWorld runs
-unchanged. The fast path that samplers use (``key_index``, ``fetch_keys``) lets them choose
-integer keys over numpy arrays and fetch only the chosen rows.
+unchanged. Sampling goes through :meth:`Storage.key_index` (the matching rows' integer keys
+and a few columns as arrays, which samplers choose from) and :meth:`Storage.fetch` (the
+chosen rows, whole or only the fields a converter reads).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from .._args import check_int
+from ..errors import InvalidArgumentError
 from ..models import DataRow
 
 if TYPE_CHECKING:
@@ -23,11 +27,32 @@ if TYPE_CHECKING:
 else:
     QueryCondition = Any
 
-__all__ = ["QueryCondition", "Storage"]
+__all__ = ["Fetched", "QueryCondition", "Storage", "Values"]
+
+#: One path's values over a batch of rows: a list, or an array whose first axis is the rows.
+Values = list[Any] | np.ndarray
+
+
+class Fetched(NamedTuple):
+    """Chosen rows as :meth:`Storage.fetch` gives them: the ids of the rows found, in the
+    order asked (repeats kept, rows deleted since they were chosen left out), and either
+    the whole rows or, when paths were asked for, each path's values over those rows."""
+
+    ids: list[str]
+    rows: list[DataRow] | None = None
+    columns: list[Values] | None = None
 
 
 class Storage(ABC):
     """Holds rows of one named buffer and fetches them back."""
+
+    #: The buffer's name in its database.
+    name: str
+
+    @property
+    @abstractmethod
+    def url(self) -> Any:
+        """Where the rows live (a SQLAlchemy URL for SQL storages)."""
 
     # -- writing -------------------------------------------------------------------------
     @abstractmethod
@@ -37,7 +62,7 @@ class Storage(ABC):
     def store(self, row: DataRow) -> None:
         """Store one row."""
         if row is None:
-            raise ValueError("store() needs a DataRow, got None")
+            raise InvalidArgumentError("store() needs a DataRow, got None")
         self.store_batch([row])
 
     @abstractmethod
@@ -47,6 +72,17 @@ class Storage(ABC):
     @abstractmethod
     def clear(self) -> None:
         """Delete every row of this buffer."""
+
+    @abstractmethod
+    def update_priorities(
+        self, ids: Sequence[str], priorities: Sequence[float] | np.ndarray
+    ) -> int:
+        """Set stored priorities by row id; returns how many rows were updated."""
+
+    @abstractmethod
+    def set_retention(self, capacity: int | None, eviction: str | None = None) -> int:
+        """Change the buffer's capacity and eviction policy for every writer; returns how
+        many rows went at once."""
 
     # -- reading -------------------------------------------------------------------------
     @abstractmethod
@@ -68,6 +104,10 @@ class Storage(ABC):
         """Stream the matching rows in ``order_by`` order."""
 
     @abstractmethod
+    def page(self, query_condition: QueryCondition, *, offset: int, limit: int) -> list[DataRow]:
+        """Rows ``offset`` .. ``offset + limit`` of the matching rows in insertion order."""
+
+    @abstractmethod
     def get_by_task_id(self, task_id: str) -> list[DataRow]:
         """Every row of one task, ordered by step, then execute_time."""
 
@@ -79,22 +119,44 @@ class Storage(ABC):
     def task_ids(self, query_condition: QueryCondition = None) -> list[str]:
         """The distinct task ids with at least one matching row, in order of first insertion."""
 
-    @abstractmethod
+    # -- sampling ------------------------------------------------------------------------
     def key_index(
         self, query_condition: QueryCondition = None, columns: Sequence[str] = ()
     ) -> dict[str, np.ndarray]:
-        """The matching rows' integer keys (``"key"``) and metadata ``columns`` as arrays."""
+        """The matching rows' integer keys (``"key"``, ascending) and ``columns`` as arrays."""
+        return self.key_indexes([(query_condition, columns)])[0]
 
+    @abstractmethod
     def key_indexes(
         self, requests: Sequence[tuple[QueryCondition, Sequence[str]]]
     ) -> list[dict[str, np.ndarray]]:
-        """:meth:`key_index` for each ``(condition, columns)``; a storage may serve them
-        from one read."""
-        return [self.key_index(condition, columns) for condition, columns in requests]
+        """:meth:`key_index` for each ``(condition, columns)``, all at one moment."""
 
     @abstractmethod
     def fetch_keys(self, keys: Sequence[int] | np.ndarray) -> list[DataRow]:
-        """The rows with these keys, in the order given (repeats allowed)."""
+        """The rows with these keys, in the order given (repeats allowed, vanished keys
+        skipped)."""
+
+    @abstractmethod
+    def fetch_columns(
+        self, keys: Sequence[int] | np.ndarray, paths: Sequence[str], *, writable: bool = True
+    ) -> tuple[list[str], list[Values]]:
+        """The ids of the rows with these keys (as :meth:`fetch_keys` orders them) and the
+        values at ``paths`` over them; ``writable=False`` allows read-only arrays."""
+
+    def fetch(
+        self,
+        keys: Sequence[int] | np.ndarray,
+        paths: Sequence[str] | None = None,
+        *,
+        writable: bool = True,
+    ) -> Fetched:
+        """The rows with these keys: whole (``paths=None``) or the values at ``paths``."""
+        if paths is None:
+            rows = self.fetch_keys(keys)
+            return Fetched([row.id for row in rows], rows=rows)
+        ids, columns = self.fetch_columns(keys, paths, writable=writable)
+        return Fetched(ids, columns=columns)
 
     @abstractmethod
     def close(self) -> None:
@@ -121,15 +183,9 @@ class Storage(ABC):
         self, page: int, page_size: int, query_condition: QueryCondition = None
     ) -> list[DataRow]:
         """Page ``page`` (1-based) of ``page_size`` matching rows, in insertion order."""
-        if not isinstance(page, int) or page < 1:
-            raise ValueError(f"page is 1-based: expected an int >= 1, got {page!r}")
-        if not isinstance(page_size, int) or page_size < 1:
-            raise ValueError(f"page_size must be an int >= 1, got {page_size!r}")
-        return self._page(query_condition, offset=(page - 1) * page_size, limit=page_size)
-
-    @abstractmethod
-    def _page(self, query_condition: QueryCondition, *, offset: int, limit: int) -> list[DataRow]:
-        """Rows ``offset`` .. ``offset + limit`` of the matching rows in insertion order."""
+        check_int("page", page, minimum=1)
+        check_int("page_size", page_size, minimum=1)
+        return self.page(query_condition, offset=(page - 1) * page_size, limit=page_size)
 
     def get_bacth_by_task_ids(self, task_ids: Iterable[str]) -> dict[str, list[DataRow]]:
         """AWorld's spelling of :meth:`get_batch_by_task_ids`."""

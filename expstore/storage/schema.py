@@ -73,6 +73,7 @@ buffers = Table(
     UniqueConstraint("name"),
 )
 
+
 def _sql_type(spec: ColumnSpec) -> Any:
     """The SQL type of a layout column: strings with a maximum length as VARCHAR(n)."""
     if spec.python is str:

@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from expstore import DataRow, Experience, ExpMeta, ReplayBuffer
-from expstore.query import And, Comparison, Condition, Or
 from expstore.layout import COLUMNS
 from expstore.paths import parse_path
+from expstore.query import And, Comparison, Condition, Or
 
 TRICKY_STRINGS = [
     "",

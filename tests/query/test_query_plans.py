@@ -140,9 +140,11 @@ def test_ids_are_looked_up_by_index_on_postgres_even_without_statistics(
         with ReplayBuffer(url.render_as_string(hide_password=False)) as buffer:
             stored = make_rows(20_000)
             buffer.store_batch(stored)
-            storage = buffer.storage
-            stmt = storage._ids_statement([r.id for r in stored[::80]])  # type: ignore[attr-defined]
-            with storage._engine.connect() as conn:  # type: ignore[attr-defined]
+            from expstore.storage.dialects import PostgresDialect
+
+            ids = [r.id for r in stored[::80]]
+            stmt = PostgresDialect().ids_statement(buffer.storage.buffer_id, ids)  # type: ignore[attr-defined]
+            with create_engine(url).connect() as conn:
                 compiled = stmt.compile(dialect=conn.dialect)
                 found = conn.exec_driver_sql("EXPLAIN " + str(compiled), compiled.params).all()
         plan_text = "\n".join(r[0] for r in found)

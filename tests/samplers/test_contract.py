@@ -149,10 +149,7 @@ def test_with_a_warm_index_sampling_only_checks_freshness_and_fetches_by_key(
     queries = [s for s in statements if s.upper().startswith("SELECT")]
     assert not any("random" in s.lower() for s in queries)
     assert "expstore_buffers.version" in queries[0]  # the freshness check
-    if sampler_name == "random_task":  # whole tasks are fetched by task id
-        assert all("task_id IN" in s for s in queries[1:])
-    else:
-        assert len(queries) == 2 and re.search(r'expstore_rows\."?key"? (IN|= any)', queries[1])
+    assert len(queries) == 2 and re.search(r'expstore_rows\."?key"? (IN|= any)', queries[1])
 
 
 def test_sampling_after_a_delete_never_returns_deleted_rows(
@@ -188,8 +185,6 @@ def test_rows_deleted_between_choosing_and_fetching_are_replaced(
     so a sampler with replacement still fills its batch, and no deleted row comes back."""
     from expstore import NumpyConverter
 
-    if sampler_name == "random_task":
-        pytest.skip("RandomTaskSampler fetches whole tasks, not chosen keys")
     buffer.store_batch(make_rows(40, tasks=4))
     storage = buffer.storage
     deleted: list[str] = []
@@ -221,5 +216,8 @@ def test_rows_deleted_between_choosing_and_fetching_are_replaced(
     assert deleted and not set(got) & set(deleted)
     if sampler_name in WITH_REPLACEMENT:
         assert len(got) == 12
+    elif sampler_name == "random_task":  # every remaining row of the chosen tasks
+        tasks = {r.exp_meta.task_id for r in buffer.query() if r.id in set(got)}
+        assert sorted(got) == sorted(r.id for r in buffer.query() if r.exp_meta.task_id in tasks)
     else:
         assert 0 < len(got) <= 12

@@ -44,11 +44,11 @@ def test_importance_weights_are_n_p_to_minus_beta_normalised_by_the_maximum() ->
     index = make_index(4, priority=priority)
     sampler = PrioritizedSampler(alpha=1.0, beta=0.5, eps=0.0, seed=0)
     keys = index["key"]
-    info = sampler.batch_info(index, keys, [])
+    weights = sampler.weights(index, keys)
     probs = priority / priority.sum()
     raw = (4 * probs) ** -0.5
-    np.testing.assert_allclose(info["weights"], raw / raw.max(), rtol=1e-6)
-    assert info["weights"].dtype == np.float32 and info["weights"][0] == 1.0
+    np.testing.assert_allclose(weights, raw / raw.max(), rtol=1e-6)
+    assert weights.dtype == np.float32 and weights[0] == 1.0
 
 
 def test_one_million_rows_need_no_python_loop() -> None:
@@ -71,10 +71,10 @@ def test_one_million_rows_need_no_python_loop() -> None:
     sys.settrace(tracer)
     try:
         keys = sampler.sample_keys(index, 256, sampler.rng)
-        info = sampler.batch_info(index, keys, [])
+        weights = sampler.weights(index, keys)
     finally:
         sys.settrace(None)
-    assert len(keys) == 256 and len(info["weights"]) == 256
+    assert len(keys) == 256 and len(weights) == 256
     assert lines < 200, f"{lines} Python lines ran for one batch"
 
 

@@ -85,11 +85,13 @@ def test_postgres_writers_of_a_buffer_take_turns(pg_url: str, buffer_name: str) 
 
     from sqlalchemy import select
 
+    from expstore.storage import create_sql_engine
     from expstore.storage.schema import buffers
 
+    other = create_sql_engine(pg_url)
     with ReplayBuffer(pg_url, name=buffer_name) as buf:
         storage = buf.storage
-        with storage._write() as holder:  # another writer's open transaction
+        with other.begin() as holder:  # another writer's open transaction
             holder.execute(
                 select(buffers.c.id).where(buffers.c.id == storage.buffer_id).with_for_update()
             )
@@ -102,10 +104,11 @@ def test_postgres_writers_of_a_buffer_take_turns(pg_url: str, buffer_name: str) 
             assert buf.count() == 0
         thread.join(timeout=30)
         assert done.is_set() and buf.count() == 1
+    other.dispose()
 
 
 def test_update_priorities_and_an_evicting_writer_never_deadlock(
-    pg_url: str, buffer_name: str
+    pg_url: str, buffer_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """update_priorities takes the buffer's row before the rows' (as store_batch does): a
     writer evicting the very rows being updated waits instead of deadlocking. The update is
@@ -113,6 +116,7 @@ def test_update_priorities_and_an_evicting_writer_never_deadlock(
     import threading
     import time
 
+    from expstore.storage import priorities
     from expstore.storage.sql import SqlStorage
     from tests.helpers import make_rows
 
@@ -120,7 +124,7 @@ def test_update_priorities_and_an_evicting_writer_never_deadlock(
     actor = SqlStorage(pg_url, name=buffer_name)
     trainer.store_batch(make_rows(10))
     oldest = trainer.key_index(columns=("id",))["id"][0]
-    bump = trainer._bump_version
+    bump = priorities.bump_version
     started = threading.Event()
 
     def held_open(conn, *args):  # noqa: ANN001, ANN002, ANN202
@@ -128,7 +132,7 @@ def test_update_priorities_and_an_evicting_writer_never_deadlock(
         time.sleep(0.3)  # the row locks are taken; the writer comes now
         return bump(conn, *args)
 
-    trainer._bump_version = held_open  # type: ignore[method-assign]
+    monkeypatch.setattr(priorities, "bump_version", held_open)
     errors: list[BaseException] = []
 
     def write() -> None:

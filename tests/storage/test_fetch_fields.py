@@ -1,4 +1,4 @@
-"""fetch_fields (the database extracts only the parts a path reaches) gives exactly what
+"""fetch_columns (the database extracts only the parts a path reaches) gives exactly what
 reading the same paths from whole decoded rows gives, on SQLite and Postgres, whatever the
 payload holds: escaped dicts, non-finite floats, arrays, nulls, missing keys, list indexes,
 keys that look like the codec's reserved keys or need quoting."""
@@ -62,6 +62,14 @@ def _paths_into(value: Any, prefix: str, out: list[str], depth: int = 0) -> None
         out.extend(f"{prefix}.{step}" for step in ("7", "01", "-1", "+1"))
 
 
+def _fetch_fields(
+    buf: ReplayBuffer, keys: Any, paths: list[str], *, writable: bool = True
+) -> list[tuple[Any, ...]]:
+    """Per row found: (id, value at paths[0], value at paths[1], ...)."""
+    ids, columns = buf.storage.fetch_columns(keys, paths, writable=writable)
+    return list(zip(ids, *map(list, columns), strict=True))
+
+
 @settings(
     max_examples=60,
     deadline=None,
@@ -95,9 +103,9 @@ def test_fetch_fields_equals_reading_whole_rows(
         keys = buf.storage.key_index()["key"]
         keys = np.concatenate([keys, keys[:1]])  # a repeated key
         whole = buf.storage.fetch_keys(keys)
-        got = buf.storage.fetch_fields(keys, paths)
+        got = _fetch_fields(buf, keys, paths)
         # One path alone takes a shorter way through the plan, and read-only arrays another.
-        alone = {p: buf.storage.fetch_fields(keys, [p], writable=False) for p in paths[::3][:12]}
+        alone = {p: _fetch_fields(buf, keys, [p], writable=False) for p in paths[::3][:12]}
         buf.clear()
     assert len(got) == len(whole) == len(keys)
     for row, values_ in zip(whole, got, strict=True):
@@ -117,8 +125,6 @@ def test_fetch_fields_equals_reading_whole_rows(
 
 
 def test_deep_parts_of_many_rows_share_one_checked_spec(db_url: str, buffer_name: str) -> None:
-    from expstore.codec import _KNOWN_SPECS, _KNOWN_VIEWS
-
     rows = [
         DataRow(
             exp_meta=ExpMeta(task_id="t", agent_id="a", step=i),
@@ -129,11 +135,11 @@ def test_deep_parts_of_many_rows_share_one_checked_spec(db_url: str, buffer_name
     with ReplayBuffer(db_url, name=buffer_name) as buf:
         buf.store_batch(rows)
         keys = buf.storage.key_index()["key"]
-        _KNOWN_SPECS.clear()
-        _KNOWN_VIEWS.clear()
-        got = buf.storage.fetch_fields(keys, ["exp_data.state.obs"])
+        decoder = buf.storage.fetcher.decoder
+        assert decoder.specs == {}
+        got = _fetch_fields(buf, keys, ["exp_data.state.obs"])
     assert [g[1].tolist() for g in got] == [[i] * 3 for i in range(20)]
-    assert len(_KNOWN_SPECS) == 1
+    assert len(decoder.specs) == 1
     assert all(g[1].flags.writeable for g in got)
 
 
@@ -141,6 +147,7 @@ def test_a_damaged_blob_read_by_fields_names_the_row(tmp_path) -> None:
     from sqlalchemy import update
 
     from expstore import CodecError
+    from expstore.storage import create_sql_engine
     from expstore.storage.schema import rows as table
 
     row = DataRow(
@@ -150,11 +157,12 @@ def test_a_damaged_blob_read_by_fields_names_the_row(tmp_path) -> None:
     with ReplayBuffer(f"sqlite:///{tmp_path / 'x.db'}") as buf:
         buf.store(row)
         keys = buf.storage.key_index()["key"]
-        engine = buf.storage._engine
+        engine = create_sql_engine(buf.storage.url)
         with engine.begin() as conn:
             conn.execute(update(table).values(tensors=b"XST1\x00\x00\x00\x00" + bytes(16)))
+        engine.dispose()
         with pytest.raises(CodecError, match=row.id):
-            buf.storage.fetch_fields(keys, ["exp_data.state.obs"])
+            buf.storage.fetch_columns(keys, ["exp_data.state.obs"])
 
 
 def test_a_tensor_field_comes_back_stacked_in_the_order_asked(
@@ -185,6 +193,7 @@ def test_one_damaged_blob_in_a_batch_names_its_row(tmp_path) -> None:
     from sqlalchemy import select, update
 
     from expstore import CodecError, TensorConverter
+    from expstore.storage import create_sql_engine
     from expstore.storage.schema import rows as table
 
     rows = [
@@ -198,10 +207,12 @@ def test_one_damaged_blob_in_a_batch_names_its_row(tmp_path) -> None:
         buf.store_batch(rows)
         keys = buf.storage.key_index()["key"]
         assert isinstance(buf.storage.fetch_columns(keys, ["exp_data.state.obs"])[1][0], np.ndarray)
-        with buf.storage._engine.begin() as conn:
+        engine = create_sql_engine(buf.storage.url)
+        with engine.begin() as conn:
             blob = conn.execute(select(table.c.tensors).where(table.c.id == rows[6].id)).scalar()
             damaged = blob[:-1] + bytes([blob[-1] ^ 1])  # one bit of the data, header intact
             conn.execute(update(table).where(table.c.id == rows[6].id).values(tensors=damaged))
+        engine.dispose()
         with pytest.raises(CodecError, match=f"{rows[6].id}.*checksum"):
             buf.storage.fetch_columns(keys, ["exp_data.state.obs"])
         converter = TensorConverter({"obs": "exp_data.state.obs"})

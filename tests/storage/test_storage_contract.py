@@ -9,7 +9,15 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from expstore import CodecError, DataRow, Experience, ExpMeta, QueryError, ReplayBuffer, StorageError
+from expstore import (
+    CodecError,
+    DataRow,
+    Experience,
+    ExpMeta,
+    QueryError,
+    ReplayBuffer,
+    StorageError,
+)
 from tests.helpers import make_row, make_rows
 
 
@@ -173,7 +181,7 @@ def test_get_paginated_is_one_based_and_deterministic(buffer: ReplayBuffer) -> N
     assert [r.id for r in storage.get_paginated(1, 4)] == [r.id for r in rows[:4]]
     assert [r.id for r in storage.get_paginated(3, 4)] == [r.id for r in rows[8:]]
     assert storage.get_paginated(4, 4) == []
-    with pytest.raises(ValueError, match="1-based"):
+    with pytest.raises(ValueError, match="page must be an int >= 1"):
         storage.get_paginated(0, 4)
     assert [r.id for r in storage.get_all()] == [r.id for r in rows]
 
@@ -312,7 +320,7 @@ def test_update_priorities_patches_the_cached_index_like_a_reload(buffer: Replay
     patched = storage.key_index(columns=("priority", "step"))
     assert patched is not before and not patched["priority"].flags.writeable
     assert patched["step"] is before["step"]  # only the priorities were rebuilt
-    storage._cache.clear()
+    storage.index.clear()
     reloaded = storage.key_index(columns=("priority", "step"))
     np.testing.assert_array_equal(patched["priority"], reloaded["priority"])
     assert patched["priority"][3] == 4.0 and patched["priority"][10] == 2.5
@@ -330,7 +338,7 @@ def test_update_priorities_refuses_bad_input_and_changes_nothing(buffer: ReplayB
 
 def test_a_bad_row_in_a_later_chunk_rolls_back_the_earlier_chunks(buffer: ReplayBuffer) -> None:
     from expstore import CodecError
-    from expstore.storage.sql import WRITE_CHUNK
+    from expstore.storage.writer import WRITE_CHUNK
 
     rows = make_rows(WRITE_CHUNK + 500)
     bad = rows[WRITE_CHUNK + 100]
@@ -354,7 +362,8 @@ def test_fetch_fields_reads_several_paths_into_one_field(buffer: ReplayBuffer) -
     buffer.store(row)
     keys = buffer.storage.key_index()["key"]
     paths = ["ext_info", "ext_info.x", "ext_info.y", "ext_info.t", "ext_info.t.1", "step", "id"]
-    (got,) = buffer.storage.fetch_fields(keys, paths)
+    ids, columns = buffer.storage.fetch_columns(keys, paths)
+    got = [ids[0], *(values[0] for values in columns)]
     assert got[0] == row.id and got[-1] == row.id and got[-2] == 0
     assert got[2] == {"__float__": "nan"} and got[3] == {"__float__": 1}
     assert got[4].tolist() == [1.0, 1.0] and got[5] == 1.0
@@ -408,20 +417,14 @@ def test_a_forked_child_cannot_use_an_in_memory_buffer() -> None:
 
 
 def test_a_full_fifo_buffer_with_a_writer_never_reloads_its_key_index(
-    db_url: str, buffer_name: str, monkeypatch: pytest.MonkeyPatch
+    db_url: str, buffer_name: str
 ) -> None:
     """FIFO eviction only deletes the oldest rows: readers drop them from the front of the
     cached arrays (by the buffer's min key) and fetch only the new rows, in this process
     and in another handle, whatever the condition; the result is always what a fresh
     index gives."""
     from expstore import QueryBuilder
-    from expstore.storage import sql
 
-    fetched: list[int] = []
-    to_arrays = sql._to_arrays
-    monkeypatch.setattr(
-        sql, "_to_arrays", lambda rows, cols: fetched.append(len(rows)) or to_arrays(rows, cols)
-    )
     conditions = [None, QueryBuilder().eq("exp_meta.agent_id", "agent1").build()]
     columns = ("step", "reward_t", "exp_data.state.i")
     with (
@@ -431,19 +434,22 @@ def test_a_full_fifo_buffer_with_a_writer_never_reloads_its_key_index(
         writer.store_batch(make_rows(20))
         for c in conditions:
             reader.storage.key_index(c, columns)
+        index = reader.storage.index
         for step in range(6):
-            fetched.clear()
+            fetched = []
             # Three new rows evict the three oldest, written by either handle.
             (writer if step % 2 else reader).store_batch(make_rows(3))
             for c in conditions:
+                before = index.rows_read
                 got = reader.storage.key_index(c, columns)
+                fetched.append(index.rows_read - before)
                 with ReplayBuffer(db_url, name=buffer_name) as fresh:
                     expected = fresh.storage.key_index(c, columns)
                 assert got.keys() == expected.keys()
                 for name in got:
                     assert got[name].tolist() == expected[name].tolist(), name
             # Each reader index fetched at most the three new rows, never the buffer again.
-            assert max(fetched[0::2]) <= 3, fetched
+            assert max(fetched) <= 3, fetched
             assert len(reader.storage.key_index(None, columns)["key"]) == 20
 
 
@@ -473,13 +479,8 @@ def test_priority_updates_from_another_handle_are_patched_from_the_log(
     every row again, and always equal a fresh index; a handle further behind than the log
     keeps reloads instead."""
     from expstore import QueryBuilder
-    from expstore.storage import schema, sql
+    from expstore.storage import schema
 
-    fetched: list[int] = []
-    to_arrays = sql._to_arrays
-    monkeypatch.setattr(
-        sql, "_to_arrays", lambda rows, cols: fetched.append(len(rows)) or to_arrays(rows, cols)
-    )
     rows = make_rows(60)
     conditions = [None, QueryBuilder().eq("exp_meta.agent_id", "agent1").build()]
     with (
@@ -487,6 +488,7 @@ def test_priority_updates_from_another_handle_are_patched_from_the_log(
         ReplayBuffer(db_url, name=buffer_name) as worker,
     ):
         trainer.store_batch(rows)
+        index = worker.storage.index
         for c in conditions:
             worker.storage.key_index(c, ("priority", "step"))
         rng = np.random.default_rng(0)
@@ -496,22 +498,23 @@ def test_priority_updates_from_another_handle_are_patched_from_the_log(
             if step == 2:  # new rows evict old ones too (FIFO: no reload either)
                 rows = rows[4:] + make_rows(4)
                 trainer.store_batch(rows[-4:])
-            fetched.clear()
+            fetched = []
             for c in conditions:
+                before = index.rows_read
                 got = worker.storage.key_index(c, ("priority", "step"))
+                fetched.append(index.rows_read - before)
                 with ReplayBuffer(db_url, name=buffer_name) as fresh:
                     expected = fresh.storage.key_index(c, ("priority", "step"))
                 for name in ("key", "priority", "step"):
                     np.testing.assert_array_equal(got[name], expected[name])
-            assert max(fetched[0::2]) <= 4, fetched  # only new rows were read
+            assert max(fetched) <= 4, fetched  # only new rows were read
         # Further behind than the log keeps: the worker reads everything again, correctly.
         monkeypatch.setattr(schema, "PRIORITY_LOG_KEEP", 2)
-        monkeypatch.setattr(sql, "PRIORITY_LOG_KEEP", 2)
         for _ in range(4):
             trainer.update_priorities([rows[0].id], [float(_)])
-        fetched.clear()
+        before = index.rows_read
         got = worker.storage.key_index(None, ("priority", "step"))
-        assert fetched[0] == 60 and got["priority"][0] == 3.0
+        assert index.rows_read - before == 60 and got["priority"][0] == 3.0
 
 
 def test_rows_committed_while_the_index_is_read_are_never_cached_twice(
@@ -526,16 +529,11 @@ def test_rows_committed_while_the_index_is_read_are_never_cached_twice(
         writer.store_batch(make_rows(5))
         reader.storage.key_index()
         writer.store_batch(make_rows(1))  # the cache is stale now
-        signature = reader.storage._signature
-
-        def then_a_commit(conn):  # noqa: ANN001, ANN202
-            seen = signature(conn)
-            writer.store_batch(make_rows(3))
-            return seen
-
-        reader.storage._signature = then_a_commit  # type: ignore[method-assign]
-        assert len(reader.storage.key_index()["key"]) == 6
-        reader.storage._signature = signature  # type: ignore[method-assign]
+        index = reader.storage.index
+        with index.handle.read() as conn:
+            seen = index.signature(conn)
+            writer.store_batch(make_rows(3))  # commits right after the check
+            assert len(index.read(conn, seen, None, ())["key"]) == 6
         keys = reader.storage.key_index()["key"]
         assert len(keys) == len(np.unique(keys)) == 9
 
@@ -550,8 +548,8 @@ def test_fields_of_rows_read_two_ways_are_writable_arrays(buffer: ReplayBuffer) 
     rows.append(make_row(state={"other": 1}))
     buffer.store_batch(rows)
     keys = buffer.storage.key_index()["key"]
-    got = buffer.storage.fetch_fields(keys, ["exp_data.state.obs"])
-    arrays = [value for _, value in got[:3]]
+    _, (got,) = buffer.storage.fetch_columns(keys, ["exp_data.state.obs"])
+    arrays = got[:3]
     assert all(a.flags.writeable and a.flags.aligned for a in arrays)
     arrays[0][0] = 42.0
     assert arrays[0].tolist() == [42.0, 0.0, 0.0] and arrays[1].tolist() == [1.0] * 3

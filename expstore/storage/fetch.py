@@ -1,6 +1,6 @@
-"""Reading a few fields of chosen rows (``SqlStorage.fetch_fields``): which columns and
-which parts of the JSON document to select, and how a fetched row becomes the values at the
-paths.
+"""Reading a few fields of chosen rows (``storage.fetch_columns``): which columns and
+which parts of the JSON document to select, and how fetched rows become the values at the
+paths, column by column.
 
 A path into the payload (``exp_data.state.image_features``) is extracted by the database as
 deep as it can address it, by the same SQL as conditions and key indexes use
@@ -22,19 +22,17 @@ from typing import Any, NamedTuple
 import numpy as np
 from sqlalchemy.sql.elements import ColumnElement
 
-from ..codec import RESERVED_KEYS, decode_texts
+from ..codec import RESERVED_KEYS, BatchDecoder
 from ..paths import FieldPath, parse_path, walk
 from ..query.compiler import json_text
+from .base import Values
+from .reader import RowReader, key_list
 from .schema import rows
 
-__all__ = ["SQLITE_ARROW", "FieldPlan", "Values", "field_plans"]
+__all__ = ["SQLITE_ARROW", "FieldFetcher", "FieldPlan"]
 
 #: SQLite's -> operator (JSON text of a part, NULL where there is none) came in 3.38.
 SQLITE_ARROW = sqlite3.sqlite_version_info >= (3, 38, 0)
-
-
-#: One path's values over a batch of rows: a list, or an array whose first axis is the rows.
-Values = list[Any] | np.ndarray
 
 
 class _Part(NamedTuple):
@@ -85,7 +83,7 @@ class FieldPlan:
         return len(self.columns) - 1
 
     def read_all(
-        self, fetched: Sequence[Sequence[Any]]
+        self, fetched: Sequence[Sequence[Any]], decoder: BatchDecoder
     ) -> tuple[list[int], list[str], list[Values], list[int]]:
         """``(keys, ids, values per path, keys to read again)`` for rows fetched by
         :attr:`columns`; MISSING where a row has nothing at a path. A path's values are a
@@ -94,7 +92,7 @@ class FieldPlan:
         out and its key listed last: read it by whole fields.
 
         Works column by column: each extracted part is decoded for all rows in one call of
-        :func:`~expstore.codec.decode_texts`, and a row's blob is checked once.
+        ``decoder.decode_texts``, and a row's blob is checked once.
         """
         none: list[Values] = [[] for _ in self.parts]
         if not fetched:
@@ -124,7 +122,7 @@ class FieldPlan:
             if kind == "json":
                 values = decoded.get(at)  # type: ignore[assignment]
                 if values is None:
-                    values = decoded[at] = decode_texts(
+                    values = decoded[at] = decoder.decode_texts(
                         columns[at],
                         columns[self._tensors_at],
                         ids,
@@ -141,17 +139,61 @@ class FieldPlan:
         return list(columns[0]), list(ids), out, unread
 
 
-def field_plans(
-    paths: Sequence[str], dialect: str, *, writable: bool = True
-) -> tuple[FieldPlan, FieldPlan | None]:
-    """The plan for ``paths`` and, when it extracts deep parts, the whole-field plan that
-    reads rows it could not. ``writable=False`` lets arrays be read-only views of the
-    fetched bytes."""
-    deep = dialect == "postgresql" or SQLITE_ARROW
-    plan = FieldPlan(paths, dialect, deep=deep, writable=writable)
-    if not deep:
-        return plan, None
-    return plan, FieldPlan(paths, dialect, deep=False)
+class FieldFetcher:
+    """Fetches fields of chosen rows of one buffer; keeps a plan per set of paths and one
+    :class:`~expstore.codec.BatchDecoder` for the placeholders it meets."""
+
+    PLANS = 8
+
+    def __init__(self, reader: RowReader) -> None:
+        self.reader = reader
+        self.decoder = BatchDecoder()
+        self._plans: dict[tuple[tuple[str, ...], bool], tuple[FieldPlan, FieldPlan | None]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_plans": {}}
+
+    def plans(self, paths: Sequence[str], writable: bool) -> tuple[FieldPlan, FieldPlan | None]:
+        """The plan for ``paths`` and, when it extracts deep parts, the whole-field plan
+        that reads rows it could not."""
+        key = (tuple(paths), writable)
+        plans = self._plans.get(key)
+        if plans is None:
+            dialect = self.reader.handle.dialect.name
+            deep = dialect == "postgresql" or SQLITE_ARROW
+            plan = FieldPlan(paths, dialect, deep=deep, writable=writable)
+            plans = (plan, FieldPlan(paths, dialect, deep=False) if deep else None)
+            if len(self._plans) >= self.PLANS:
+                self._plans.clear()
+            self._plans[key] = plans
+        return plans
+
+    def fetch_columns(
+        self, keys: Sequence[int] | np.ndarray, paths: Sequence[str], *, writable: bool = True
+    ) -> tuple[list[str], list[Values]]:
+        """The ids of the rows found (in the order given, repeats allowed, vanished keys
+        skipped) and each path's values over them: a list, or for a tensor field (one dtype
+        and shape in every row) one array whose first axis runs over the rows."""
+        plan, whole = self.plans(paths, writable)
+        wanted = key_list(keys)
+        fetch = self.reader.rows_by_keys
+        found, ids, values, unread = plan.read_all(
+            fetch(list(dict.fromkeys(wanted)), plan.columns), self.decoder
+        )
+        if unread and whole is not None:
+            again, more_ids, more, _ = whole.read_all(fetch(unread, whole.columns), self.decoder)
+            found, ids = found + again, ids + more_ids
+            # A stacked array is a read-only view of the fetched bytes: its rows are copied.
+            values = [
+                [*(a.copy() if isinstance(a, np.ndarray) else a), *b]
+                for a, b in zip(values, more, strict=True)
+            ]
+        at = {key: i for i, key in enumerate(found)}
+        positions = [at[k] for k in wanted if k in at]
+        order = np.array(positions, dtype=np.intp)
+        return [ids[i] for i in positions], [
+            v[order] if isinstance(v, np.ndarray) else [v[i] for i in positions] for v in values
+        ]
 
 
 def _sql_steps(steps: tuple[str | int, ...]) -> tuple[str | int, ...]:

@@ -1,0 +1,57 @@
+"""Checks of scalar arguments, written once: each returns the value normalised or raises
+:class:`~expstore.errors.InvalidArgumentError` saying what was expected and what arrived."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal, overload
+
+import numpy as np
+
+from .errors import InvalidArgumentError
+
+__all__ = ["check_int", "check_number"]
+
+
+@overload
+def check_int(
+    name: str, value: Any, *, minimum: int | None = ..., optional: Literal[False] = ...
+) -> int: ...
+@overload
+def check_int(
+    name: str, value: Any, *, minimum: int | None = ..., optional: Literal[True]
+) -> int | None: ...
+
+
+def check_int(
+    name: str, value: Any, *, minimum: int | None = None, optional: bool = False
+) -> int | None:
+    """``value`` as an int (numpy integers accepted, bools refused), at least ``minimum``;
+    None passes when ``optional``."""
+    if value is None and optional:
+        return None
+    ok = not isinstance(value, bool) and isinstance(value, (int, np.integer))
+    if not ok or (minimum is not None and value < minimum):
+        wanted = "an int" if minimum is None else f"an int >= {minimum}"
+        if optional:
+            wanted = f"None or {wanted}"
+        raise InvalidArgumentError(f"{name} must be {wanted}, got {value!r}")
+    return int(value)
+
+
+def check_number(
+    name: str, value: Any, *, minimum: float | None = None, positive: bool = False
+) -> float:
+    """``value`` as a finite float (ints accepted, bools refused), at least ``minimum``, or
+    above 0 when ``positive``."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating))
+    if ok:
+        ok = math.isfinite(value)
+    if ok and minimum is not None:
+        ok = value >= minimum
+    if ok and positive:
+        ok = value > 0
+    if not ok:
+        bound = " > 0" if positive else "" if minimum is None else f" >= {minimum:g}"
+        raise InvalidArgumentError(f"{name} must be a finite number{bound}, got {value!r}")
+    return float(value)

@@ -1,0 +1,47 @@
+"""The codec: the free-form fields of an experience row as a JSON document plus one blob.
+
+A payload is a dict of fields (``state``, ``actions``, ``messages``...), each holding JSON
+values, pydantic models, numpy arrays and scalars, torch tensors and bytes, nested at any
+depth. Ordinary JSON data stays exactly as it is in the document (queries run JSON paths
+into it); everything JSON cannot hold becomes a placeholder pointing into the blob. Nothing
+is ever pickled. Importing the codec does not import torch; decoding a stored torch tensor
+imports it on demand.
+
+- :mod:`~expstore.codec.format`: the placeholders, the blob's header and checksum, dtypes;
+- :mod:`~expstore.codec.checks`: what can be stored, one rule per kind of value;
+- :mod:`~expstore.codec.encode`: payload -> (document, blob);
+- :mod:`~expstore.codec.decode`: (document, blob) -> payload;
+- :mod:`~expstore.codec.batch`: one part of many rows at once, with a cache of placeholders;
+- :mod:`~expstore.codec.values`: equality that treats arrays and tensors as values.
+
+>>> import numpy as np
+>>> doc, blob = encode_payload({"state": {"url": "a", "obs": np.zeros(2, np.float32)}})
+>>> doc["state"]["url"], doc["state"]["obs"]["__tensor__"]["dtype"]
+('a', '<f4')
+>>> decode_payload(doc, blob, row_id="r1")["state"]["obs"]
+array([0., 0.], dtype=float32)
+"""
+
+from .batch import BatchDecoder
+from .checks import check_value, text_problem
+from .decode import PartDecoder, decode_payload
+from .encode import PayloadWriter, dump_document, encode_payload
+from .format import HEADER_SIZE, MAGIC, RESERVED_KEYS, TensorSpec
+from .values import deep_equal, to_plain
+
+__all__ = [
+    "BatchDecoder",
+    "HEADER_SIZE",
+    "MAGIC",
+    "PartDecoder",
+    "PayloadWriter",
+    "RESERVED_KEYS",
+    "TensorSpec",
+    "check_value",
+    "decode_payload",
+    "deep_equal",
+    "dump_document",
+    "encode_payload",
+    "text_problem",
+    "to_plain",
+]

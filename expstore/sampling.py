@@ -1,0 +1,102 @@
+"""The sampling loop, one straight line, as TorchRL's ``ReplayBuffer._sample``:
+
+1. the sampler chooses keys over the storage's cached key index (:meth:`Sampler.choose`);
+2. the storage fetches what the converter reads (:meth:`Storage.fetch`: whole rows, or only
+   the fields at the converter's paths);
+3. keys whose rows were deleted in between (by an evicting writer, say) are chosen again;
+4. the sampler describes the batch (:class:`SampleInfo`: keys, ids, importance weights);
+5. the converter builds the batch and the extras are attached to it.
+
+A sampler only chooses and a converter only builds; the loop is the same whatever either
+is, so every sampler behaves the same with every converter. An AWorld-style sampler that
+returns rows from its own ``sample()`` brings its rows in step 1 instead of keys.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+from ._args import check_int
+from .errors import StorageError
+from .models import DataRow
+from .storage.base import Fetched, QueryCondition, Storage
+
+if TYPE_CHECKING:
+    from .samplers.base import Sampler
+
+__all__ = ["Choice", "FETCH_ATTEMPTS", "SampleInfo", "draw"]
+
+#: How many times a sampler chooses again when rows it chose were deleted by another writer
+#: before they could be fetched.
+FETCH_ATTEMPTS = 5
+
+_NO_KEYS = np.empty(0, dtype=np.int64)
+_NO_KEYS.flags.writeable = False
+
+
+class Choice(NamedTuple):
+    """What a sampler chose: keys to fetch (with the index they were chosen from), or, for
+    an AWorld-style sampler whose ``sample()`` returns rows, those rows."""
+
+    keys: np.ndarray
+    key_index: dict[str, Any] | None = None
+    rows: list[DataRow] | None = None
+
+
+class SampleInfo(NamedTuple):
+    """What the sampler says about a batch beside its rows, aligned with them."""
+
+    #: The chosen keys, in batch order (empty for a sampler that returned rows itself).
+    keys: np.ndarray
+    #: The ids of the rows in the batch, in batch order (for ``update_priorities``).
+    ids: list[str]
+    #: Importance-sampling weights (float32), from samplers that weigh rows; else None.
+    weights: np.ndarray | None = None
+
+    def extras(self) -> dict[str, Any]:
+        """What a dict batch gains: ``weights`` and ``ids`` from a sampler that weighs
+        rows (:class:`~expstore.PrioritizedSampler`), nothing otherwise."""
+        if self.weights is None:
+            return {}
+        return {"weights": self.weights, "ids": list(self.ids)}
+
+
+def check_batch_size(batch_size: Any) -> int:
+    """``batch_size`` as an int >= 1, or InvalidArgumentError saying what arrived."""
+    return check_int("batch_size", batch_size, minimum=1)
+
+
+def draw(
+    storage: Storage,
+    sampler: Sampler,
+    batch_size: int,
+    query_condition: QueryCondition = None,
+    paths: list[str] | None = None,
+    *,
+    writable: bool = True,
+) -> tuple[Fetched, SampleInfo]:
+    """Up to ``batch_size`` rows chosen by ``sampler`` among those matching the condition,
+    fetched whole or at ``paths``, and what the sampler says about them.
+
+    A row deleted between choosing and fetching is chosen again from the fresh index, up
+    to :data:`FETCH_ATTEMPTS` times; after that a sampler that weighs rows (whose weights
+    must stay aligned) raises StorageError and any other returns the rows it could fetch.
+    """
+    batch_size = check_batch_size(batch_size)
+    for attempt in range(FETCH_ATTEMPTS):
+        choice = sampler.choose(storage, batch_size, query_condition)
+        if choice.rows is not None:
+            fetched = Fetched([row.id for row in choice.rows], rows=choice.rows)
+            break
+        fetched = storage.fetch(choice.keys, paths, writable=writable)
+        if len(fetched.ids) == len(choice.keys):
+            break
+        if sampler.weighs_rows and attempt == FETCH_ATTEMPTS - 1:
+            raise StorageError(
+                f"{type(sampler).__name__}: rows chosen from the index kept being deleted "
+                f"before they could be fetched ({FETCH_ATTEMPTS} attempts); another process "
+                "is deleting or evicting faster than this sampler reads. Retry the call"
+            )
+    return fetched, sampler.describe(choice, fetched.ids)

@@ -1,0 +1,212 @@
+"""Where SQLite and PostgreSQL differ, one class each, as SQLAlchemy keeps dialect
+differences in dialect classes: how chosen keys are bound, how rows are inserted in bulk,
+how ids become keys, how a buffer's row is locked and how it is first created.
+
+The query compiler keeps the JSON-path differences in one place of its own
+(:mod:`expstore.query.compiler`); migrations keep theirs (:mod:`expstore.migrate`).
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Connection,
+    Double,
+    Integer,
+    LargeBinary,
+    Select,
+    String,
+    Text,
+    bindparam,
+    column,
+    func,
+    insert,
+    select,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.exc import DataError, IntegrityError, OperationalError
+from sqlalchemy.sql.elements import ColumnElement
+
+from .schema import buffers, rows
+
+__all__ = ["Dialect", "PostgresDialect", "SqliteDialect", "WRITE_COLUMNS", "dialect_for"]
+
+#: The columns a write fills, in the order of the encoded tuples (see writer.py).
+WRITE_COLUMNS: tuple[str, ...] = tuple(c.name for c in rows.c if c.name not in ("key", "priority"))
+_COLUMN_LIST = ", ".join(f'"{c}"' for c in WRITE_COLUMNS)
+
+#: Encoded rows, one tuple per row in WRITE_COLUMNS order, a chunk at a time.
+Chunks = Iterator[list[tuple[Any, ...]]]
+
+
+class Dialect(ABC):
+    """What one backend does its own way."""
+
+    name: str
+    #: Whether encoding the next chunk in a thread overlaps the insert of the current one.
+    encodes_in_thread: bool = False
+
+    @abstractmethod
+    def key_in(self) -> ColumnElement[bool]:
+        """``key`` is in the set bound as ``keys``: one statement whatever the number of
+        keys, so it is compiled once."""
+
+    @abstractmethod
+    def key_set(self, keys: list[int]) -> Any:
+        """The ``keys`` parameter of :meth:`key_in`."""
+
+    @abstractmethod
+    def insert_rows(self, conn: Connection, chunks: Chunks) -> None:
+        """Insert encoded rows, chunk by chunk as the encoder hands them over."""
+
+    @abstractmethod
+    def ids_statement(self, buffer_id: int, ids: list[str]) -> Select[Any]:
+        """``SELECT id, key`` of a buffer's rows with these ids."""
+
+    def locked(self, stmt: Select[Any]) -> Select[Any]:
+        """``stmt`` locking the rows it reads until the transaction ends."""
+        return stmt
+
+    @abstractmethod
+    def create_buffer(self, conn: Connection, name: str) -> None:
+        """Add the buffer's row unless another process just added it."""
+
+
+class SqliteDialect(Dialect):
+    name = "sqlite"
+
+    def __init__(self) -> None:
+        marks = ", ".join("?" * len(WRITE_COLUMNS))
+        # A constant statement over our own column names; every value is a bound parameter.
+        self._insert = f"INSERT INTO {rows.name} ({_COLUMN_LIST}) VALUES ({marks})"
+
+    def key_in(self) -> ColumnElement[bool]:
+        each: Select[Any] = select(column("value")).select_from(func.json_each(bindparam("keys")))
+        return rows.c.key.in_(each.scalar_subquery())
+
+    def key_set(self, keys: list[int]) -> Any:
+        return "[" + ",".join(map(str, keys)) + "]"
+
+    def insert_rows(self, conn: Connection, chunks: Chunks) -> None:
+        # The DB-API's executemany directly: the values are already in column order.
+        for params in chunks:
+            conn.exec_driver_sql(self._insert, params)
+
+    def ids_statement(self, buffer_id: int, ids: list[str]) -> Select[Any]:
+        return select(rows.c.id, rows.c.key).where(
+            rows.c.buffer_id == buffer_id, rows.c.id.in_(ids)
+        )
+
+    # SQLite's BEGIN IMMEDIATE already lets one writer in at a time: no row locks.
+
+    def create_buffer(self, conn: Connection, name: str) -> None:
+        conn.execute(insert(buffers).values(name=name, created_at=time.time()))
+
+
+def _copy_type(sql_type: Any) -> str:
+    """The binary COPY type name of a column type of the rows table."""
+    sql_type = getattr(sql_type, "_variant_mapping", {}).get("postgresql", sql_type)
+    for kind, name in (
+        (Boolean, "bool"),
+        (BigInteger, "int8"),
+        (Integer, "int4"),
+        (Double, "float8"),
+        ((String, Text), "text"),
+        (JSONB, "jsonb"),
+        (LargeBinary, "bytea"),
+    ):
+        if isinstance(sql_type, kind):  # type: ignore[arg-type]
+            return name
+    raise TypeError(f"no COPY type for {sql_type!r}")  # pragma: no cover - schema change
+
+
+def _as_is(text: str) -> str:
+    """psycopg's JSON dumps for a document the codec already serialised."""
+    return text
+
+
+class PostgresDialect(Dialect):
+    name = "postgresql"
+    # psycopg releases the GIL while it waits on the server.
+    encodes_in_thread = True
+
+    def __init__(self) -> None:
+        self.copy_types = [_copy_type(rows.c[name].type) for name in WRITE_COLUMNS]
+        self._copy = f"COPY {rows.name} ({_COLUMN_LIST}) FROM STDIN (FORMAT BINARY)"
+        self._data_at = WRITE_COLUMNS.index("data")
+
+    def key_in(self) -> ColumnElement[bool]:
+        return rows.c.key == func.any(bindparam("keys"))
+
+    def key_set(self, keys: list[int]) -> Any:
+        return keys
+
+    def insert_rows(self, conn: Connection, chunks: Chunks) -> None:
+        import psycopg
+        from psycopg.copy import QueuedLibpqWriter
+        from psycopg.types.json import Jsonb
+
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        data_at = self._data_at
+        try:
+            # The queued writer sends to the server from a thread of its own, so encoding
+            # the next rows overlaps the network and the server's work.
+            with (
+                raw.cursor() as cursor,
+                cursor.copy(self._copy, writer=QueuedLibpqWriter(cursor)) as copy,
+            ):
+                copy.set_types(self.copy_types)
+                for params in chunks:  # one COPY for the whole batch: no stall per chunk
+                    for p in params:
+                        document = Jsonb(p[data_at], dumps=_as_is)
+                        copy.write_row(p[:data_at] + (document,) + p[data_at + 1 :])
+        except psycopg.errors.IntegrityError as exc:  # surface as SQLAlchemy's errors do
+            raise IntegrityError(self._copy, None, exc) from exc
+        except psycopg.DataError as exc:
+            raise DataError(self._copy, None, exc) from exc
+        except psycopg.Error as exc:
+            raise OperationalError(self._copy, None, exc) from exc
+
+    def ids_statement(self, buffer_id: int, ids: list[str]) -> Select[Any]:
+        # Each id's key by a subquery on the (buffer_id, id) unique index, which Postgres
+        # uses whatever its statistics say. With "id IN (...)", or a join, and no
+        # statistics yet (a freshly loaded table, autovacuum off) it may scan the buffer.
+        wanted = (
+            func.unnest(bindparam("ids", ids, type_=ARRAY(Text)))
+            .table_valued("id")
+            .render_derived(name="wanted")
+        )
+        key = (
+            select(rows.c.key)
+            .where(rows.c.buffer_id == buffer_id, rows.c.id == wanted.c.id)
+            .scalar_subquery()
+        )
+        found = select(wanted.c.id, key.label("key")).subquery()
+        return select(found.c.id, found.c.key).where(found.c.key.is_not(None))
+
+    def locked(self, stmt: Select[Any]) -> Select[Any]:
+        return stmt.with_for_update()
+
+    def create_buffer(self, conn: Connection, name: str) -> None:
+        conn.execute(
+            pg_insert(buffers).values(name=name, created_at=time.time()).on_conflict_do_nothing()
+        )
+
+
+def dialect_for(name: str) -> Dialect:
+    """The Dialect of a SQLAlchemy dialect name (``sqlite`` or ``postgresql``)."""
+    return PostgresDialect() if name == "postgresql" else SqliteDialect()
+
+
+def chunked(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    """``items`` in slices of ``size``."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]

@@ -1,0 +1,167 @@
+"""Connections: the SQLAlchemy engines of one storage, set up for expstore, and fork-aware.
+
+SQLite runs in WAL mode with a busy timeout and explicit ``BEGIN`` (``BEGIN IMMEDIATE`` for
+writes, so concurrent writers queue for the lock instead of failing with "database is
+locked"); Postgres goes through psycopg 3. A process forked from the one that opened the
+storage (a DataLoader worker, say) gets fresh connections on first use.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.pool import StaticPool
+
+from .._optional import require
+from ..errors import StorageError
+
+__all__ = ["Connections", "create_sql_engine", "is_memory", "normalise_url"]
+
+_SQLITE_BUSY_MS = 60_000
+
+
+def normalise_url(url: str | URL) -> URL:
+    """``url`` parsed, with ``postgresql://`` meaning psycopg 3; StorageError if it is not
+    a database URL."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise StorageError(
+            f"expected a database URL such as sqlite:///path.db, sqlite:// or "
+            f"postgresql+psycopg://user@host:5432/db, got {url!r}"
+        ) from exc
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed
+
+
+def is_memory(url: URL) -> bool:
+    """Whether ``url`` is a private in-memory SQLite database."""
+    return url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:")
+
+
+def create_sql_engine(url: str | URL) -> Engine:
+    """An Engine set up for expstore: SQLite in WAL mode with a busy timeout and explicit
+    BEGIN (``BEGIN IMMEDIATE`` under ``execution_options(expstore_begin="IMMEDIATE")``);
+    Postgres through psycopg 3."""
+    parsed = normalise_url(url)
+    backend = parsed.get_backend_name()
+    if backend == "postgresql":
+        if parsed.get_driver_name() == "psycopg":
+            require("psycopg", "a PostgreSQL URL")
+        kwargs: dict[str, Any] = {"pool_pre_ping": True}
+    elif backend == "sqlite":
+        kwargs = {"connect_args": {"check_same_thread": False, "timeout": _SQLITE_BUSY_MS / 1000}}
+        if is_memory(parsed):
+            kwargs["poolclass"] = StaticPool
+    else:
+        raise StorageError(
+            f"expstore stores rows in SQLite or PostgreSQL, got a {backend!r} URL "
+            f"({parsed.render_as_string(hide_password=True)}); use sqlite:///path.db or "
+            "postgresql+psycopg://user@host:5432/db"
+        )
+    try:
+        engine = create_engine(parsed, **kwargs)
+    except (NoSuchModuleError, ArgumentError, ImportError) as exc:
+        raise StorageError(
+            f"cannot open {parsed.render_as_string(hide_password=True)}: {exc}"
+        ) from exc
+    if backend == "sqlite":
+        _set_up_sqlite(engine, memory=is_memory(parsed))
+    return engine
+
+
+def _set_up_sqlite(engine: Engine, *, memory: bool) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let SQLAlchemy's "begin" event (below) issue BEGIN itself.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {_SQLITE_BUSY_MS}")
+        if not memory:
+            _use_wal(cursor)
+            cursor.execute("PRAGMA synchronous = NORMAL")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        mode = conn.get_execution_options().get("expstore_begin", "")
+        conn.exec_driver_sql(f"BEGIN {mode}".strip())
+
+
+def _use_wal(cursor: Any) -> None:
+    """Put a SQLite file in WAL mode (it stays so). Switching needs a moment alone with the
+    file, which processes opening a new file together may not get at once: retry then."""
+    deadline = time.monotonic() + _SQLITE_BUSY_MS / 1000
+    while True:
+        try:
+            if cursor.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+class Connections:
+    """The read and write engines of one storage.
+
+    ``read()`` and ``write()`` give a connection (``write()`` inside a transaction that
+    takes the write lock first on SQLite). An in-memory database is one connection shared
+    by every thread, which take turns on it. In a forked process the pooled connections of
+    the parent are dropped (never closed, which would break them for the parent) and
+    ``on_fork`` callbacks run, so caches of the parent's state can be forgotten.
+    """
+
+    def __init__(self, url: URL) -> None:
+        self.url = url
+        self.memory = is_memory(url)
+        self._lock: Any = threading.RLock() if self.memory else nullcontext()
+        self._pid = os.getpid()
+        self.engine = create_sql_engine(url)
+        self._write_engine = self.engine.execution_options(expstore_begin="IMMEDIATE")
+        self.on_fork: list[Callable[[], None]] = []
+
+    @property
+    def write_engine(self) -> Engine:
+        """The engine whose transactions take the write lock first (SQLite)."""
+        return self._engines()[1]
+
+    def _engines(self) -> tuple[Engine, Engine]:
+        if os.getpid() != self._pid:  # forked (e.g. a DataLoader worker): fresh connections
+            if self.memory:
+                raise StorageError(
+                    "an in-memory SQLite buffer (sqlite://) lives in the process that made it "
+                    "and cannot be used from a forked process (a DataLoader worker, say); use "
+                    "a file (sqlite:///path.db) or Postgres"
+                )
+            self._pid = os.getpid()
+            self.engine.dispose(close=False)
+            self._write_engine = self.engine.execution_options(expstore_begin="IMMEDIATE")
+            for forget in self.on_fork:
+                forget()
+        return self.engine, self._write_engine
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        with self._lock, self._engines()[0].connect() as conn:
+            yield conn
+
+    @contextmanager
+    def write(self) -> Iterator[Connection]:
+        with self._lock, self._engines()[1].begin() as conn:
+            yield conn
+
+    def close(self) -> None:
+        self.engine.dispose()

@@ -1,0 +1,96 @@
+"""What every role of a SQL storage shares: which buffer, its connections, its dialect, the
+statements compiled for it, and the one place where driver errors become StorageError."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+from sqlalchemy import Connection, Select
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
+from sqlalchemy.sql.elements import ColumnElement
+
+from ..errors import StorageError
+from ..query import to_sql
+from .base import QueryCondition
+from .compiled import CompiledSelect
+from .dialects import Dialect, dialect_for
+from .engine import Connections
+from .schema import rows
+
+__all__ = ["BufferHandle"]
+
+#: Statements a handle keeps compiled before it starts afresh.
+_STATEMENTS = 64
+
+
+class BufferHandle:
+    """One named buffer of one database, as the storage's parts see it.
+
+    ``buffer_id`` is set when the storage opens (see :mod:`expstore.storage.registry`).
+    """
+
+    def __init__(self, url: URL, name: str) -> None:
+        self.url = url
+        self.name = name
+        self.connections = Connections(url)
+        self.dialect: Dialect = dialect_for(self.connections.engine.dialect.name)
+        self.buffer_id = 0
+        self._statements: dict[tuple[Any, ...], CompiledSelect] = {}
+
+    def read(self) -> AbstractContextManager[Connection]:
+        return self.connections.read()
+
+    def write(self) -> AbstractContextManager[Connection]:
+        return self.connections.write()
+
+    def errors(self, action: str) -> AbstractContextManager[None]:
+        """Turns driver errors raised inside into StorageError saying what to do."""
+        return _TranslateErrors(self, action)
+
+    def where(self, query_condition: QueryCondition) -> list[ColumnElement[bool]]:
+        """The WHERE clauses for this buffer's rows matching ``query_condition``."""
+        clauses: list[ColumnElement[bool]] = [rows.c.buffer_id == self.buffer_id]
+        compiled = to_sql(query_condition, rows, self.dialect.name)
+        if compiled is not None:
+            clauses.append(compiled)
+        return clauses
+
+    def statement(self, key: tuple[Any, ...], build: Callable[[], Select[Any]]) -> CompiledSelect:
+        """The statement ``build()`` makes, compiled once for this database and kept."""
+        compiled = self._statements.get(key)
+        if compiled is None:
+            if len(self._statements) >= _STATEMENTS:
+                self._statements.clear()
+            compiled = CompiledSelect(build(), self.connections.engine.dialect)
+            self._statements[key] = compiled
+        return compiled
+
+    def shown_url(self) -> str:
+        return self.url.render_as_string(hide_password=True)
+
+
+class _TranslateErrors:
+    """Turns driver errors into StorageError with what to do; lets expstore errors through."""
+
+    def __init__(self, handle: BufferHandle, action: str) -> None:
+        self.handle = handle
+        self.action = action
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is None or not isinstance(exc, DBAPIError):
+            return
+        reason = str(exc.orig).strip() or str(exc)
+        if isinstance(exc, DataError | IntegrityError):
+            advice = "the database refused the data; fix the value it names"
+        else:
+            advice = "check that the database is reachable and writable"
+        raise StorageError(
+            f"could not {self.action} in {self.handle.shown_url()} (buffer "
+            f"{self.handle.name!r}): {reason}. Nothing was changed; {advice}"
+        ) from exc

@@ -1,0 +1,107 @@
+"""Priorities: stored per row (for prioritized replay), updated by id, and logged so that
+other processes bring their cached priorities up to date without reading every row again.
+
+Every update bumps the buffer's ``priority_version`` and writes the keys and priorities it
+set to ``expstore_priority_log`` under that number; the log keeps the last
+:data:`~expstore.storage.schema.PRIORITY_LOG_KEEP` updates of each buffer. A reader whose
+cached index is at version ``v`` patches it with the entries ``v + 1 ..`` (see
+:mod:`expstore.storage.key_index`), or reloads when the log no longer reaches back that far.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from sqlalchemy import Connection, bindparam, delete, insert, select, update
+
+from ..errors import InvalidArgumentError, UnsupportedTypeError
+from . import schema
+from .handle import BufferHandle
+from .registry import bump_version, lock_buffer
+from .schema import buffers, priority_log, rows
+from .writer import ids_to_keys
+
+__all__ = ["Update", "logged_priorities", "update_priorities"]
+
+#: (priority version after the update, the keys it set, their priorities), each key once.
+Update = tuple[int, np.ndarray, np.ndarray]
+
+_SET = update(rows).where(rows.c.key == bindparam("row_key")).values(priority=bindparam("value"))
+
+
+def check_priorities(
+    ids: Sequence[str], priorities: Sequence[float] | np.ndarray
+) -> tuple[list[str], np.ndarray]:
+    """``(ids, priorities as float64)``, or the error that says what is wrong with them."""
+    if isinstance(ids, str):
+        raise UnsupportedTypeError("update_priorities() needs a list of ids, got one string")
+    ids = list(ids)
+    values = np.asarray(priorities, dtype=np.float64).reshape(-1)
+    if len(ids) != len(values):
+        raise InvalidArgumentError(
+            f"update_priorities() needs one priority per id, got {len(ids)} ids and "
+            f"{len(values)} priorities; nothing was updated"
+        )
+    if not np.all(np.isfinite(values)) or np.any(values < 0):
+        raise InvalidArgumentError("priorities must be finite numbers >= 0; nothing was updated")
+    return ids, values
+
+
+def update_priorities(
+    handle: BufferHandle, ids: Sequence[str], priorities: Sequence[float] | np.ndarray
+) -> Update | None:
+    """Set the stored priority of rows by id, logging the update; None when no id is
+    stored. Ids no longer in the buffer are skipped; for an id given twice the last
+    priority wins."""
+    ids, values = check_priorities(ids, priorities)
+    if not ids:
+        return None
+    with handle.errors("update priorities"), handle.write() as conn:
+        # The buffer's row first, as store_batch takes it: locking rows and then the
+        # buffer would deadlock with a writer evicting those rows.
+        lock_buffer(handle, conn, buffers.c.id)
+        key_of = ids_to_keys(handle, conn, ids)
+        # By key, the last priority given for it winning (as the UPDATEs in order would).
+        latest = {key_of[i]: float(p) for i, p in zip(ids, values, strict=True) if i in key_of}
+        if not latest:
+            return None
+        conn.execute(_SET, [{"row_key": k, "value": p} for k, p in latest.items()])
+        seq = bump_version(handle, conn, buffers.c.priority_version)
+        conn.execute(
+            insert(priority_log),
+            [
+                {"buffer_id": handle.buffer_id, "seq": seq, "key": k, "priority": p}
+                for k, p in latest.items()
+            ],
+        )
+        conn.execute(
+            delete(priority_log).where(
+                priority_log.c.buffer_id == handle.buffer_id,
+                priority_log.c.seq <= seq - schema.PRIORITY_LOG_KEEP,
+            )
+        )
+    keys = np.fromiter(latest, dtype=np.int64, count=len(latest))
+    new = np.fromiter(latest.values(), dtype=np.float64, count=len(latest))
+    return seq, keys, new
+
+
+def logged_priorities(
+    handle: BufferHandle, conn: Connection, after: int, upto: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(keys, priorities) set by the buffer's priority updates ``after + 1 .. upto``, each
+    key's latest; None if the log no longer reaches back that far."""
+    log = priority_log.c
+    stmt = (
+        select(log.seq, log.key, log.priority)
+        .where(log.buffer_id == handle.buffer_id, log.seq > after, log.seq <= upto)
+        .order_by(log.seq)
+    )
+    entries = conn.execute(stmt).all()
+    if not entries or entries[0][0] != after + 1:
+        return None
+    latest = {key: priority for _, key, priority in entries}
+    return (
+        np.fromiter(latest, dtype=np.int64, count=len(latest)),
+        np.fromiter(latest.values(), dtype=np.float64, count=len(latest)),
+    )

@@ -1,0 +1,180 @@
+"""Reading whole rows: by id, by key, by condition (streamed), by page and by task.
+
+A stored row becomes a :class:`~expstore.DataRow` again without validating it a second
+time (it was validated when it was stored); its payload goes through the codec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Row, Select, func, select, tuple_
+from sqlalchemy.sql.elements import ColumnElement
+
+from .._args import check_int
+from ..codec import decode_payload
+from ..errors import InvalidArgumentError, UnsupportedTypeError
+from ..layout import META_COLUMNS, ORDERABLE, SCALAR_COLUMNS
+from ..models import DataRow, Experience, ExpMeta, trusted
+from .base import QueryCondition
+from .handle import BufferHandle
+from .schema import rows
+
+__all__ = ["CHUNK", "RowReader", "key_list"]
+
+#: Rows fetched per round trip when streaming a query.
+CHUNK = 1000
+
+#: What a whole-row read selects: every column a DataRow needs, the key first.
+ROW_COLUMNS = [rows.c.key, *(c for c in rows.c if c.name not in ("key", "buffer_id", "priority"))]
+_NAMES = [c.name for c in ROW_COLUMNS]
+_AT_ID, _AT_DATA, _AT_TENSORS = (_NAMES.index(n) for n in ("id", "data", "tensors"))
+_AT_META = tuple((c, _NAMES.index(c)) for c in META_COLUMNS)
+_AT_SCALARS = tuple((c, _NAMES.index(c)) for c in SCALAR_COLUMNS)
+_EXPERIENCE_FIELDS = tuple(Experience.model_fields)
+
+
+def key_list(keys: Sequence[int] | np.ndarray) -> list[int]:
+    """Keys as a flat list of Python ints."""
+    return np.asarray(keys, dtype=np.int64).reshape(-1).tolist()  # type: ignore[no-any-return]
+
+
+def decode_row(r: Row[Any] | Sequence[Any]) -> DataRow:
+    """The DataRow a whole-row read (:data:`ROW_COLUMNS`) fetched."""
+    # Positional access: a sampler decodes hundreds of rows per batch.
+    row_id = r[_AT_ID]
+    payload = decode_payload(r[_AT_DATA], r[_AT_TENSORS], row_id=row_id)
+    meta = trusted(ExpMeta, {c: r[i] for c, i in _AT_META})
+    for c, i in _AT_SCALARS:
+        payload[c] = r[i]
+    data = trusted(Experience, {name: payload[name] for name in _EXPERIENCE_FIELDS})
+    return trusted(DataRow, {"exp_meta": meta, "exp_data": data, "id": row_id})
+
+
+class RowReader:
+    """Whole rows of one buffer."""
+
+    def __init__(self, handle: BufferHandle) -> None:
+        self.handle = handle
+
+    def _select(self, query_condition: QueryCondition = None) -> Select[Any]:
+        return select(*ROW_COLUMNS).where(*self.handle.where(query_condition))
+
+    def rows_by_keys(self, keys: list[int], columns: Sequence[Any]) -> list[Any]:
+        """``columns`` (``columns[0]`` the key) of the buffer's rows among the distinct
+        ``keys``, in no particular order, 5,000 keys per statement."""
+        handle = self.handle
+        # Keys are unique across buffers. The buffer is checked here rather than in the
+        # WHERE clause, where it would lead SQLite to look each key up through the
+        # (buffer_id, key) index and then the table, instead of the table alone.
+        statement = handle.statement(
+            ("by keys", *columns),
+            lambda: select(*columns, rows.c.buffer_id).where(handle.dialect.key_in()),
+        )
+        buffer_id = handle.buffer_id
+        fetched: list[Any] = []
+        with handle.errors("fetch rows"), handle.read() as conn:
+            for start in range(0, len(keys), 5000):
+                chunk = handle.dialect.key_set(keys[start : start + 5000])
+                fetched += [r for r in statement.run(conn, keys=chunk) if r[-1] == buffer_id]
+        return fetched
+
+    def fetch_keys(self, keys: Sequence[int] | np.ndarray) -> list[DataRow]:
+        """The rows with these keys in the given order (repeats allowed; vanished keys
+        skipped)."""
+        wanted = key_list(keys)
+        found = {
+            r[0]: decode_row(r) for r in self.rows_by_keys(list(dict.fromkeys(wanted)), ROW_COLUMNS)
+        }
+        return [found[k] for k in wanted if k in found]
+
+    def get(self, row_id: str) -> DataRow | None:
+        with self.handle.errors("read a row"), self.handle.read() as conn:
+            found = conn.execute(self._select().where(rows.c.id == row_id)).first()
+        return None if found is None else decode_row(found)
+
+    def count(self, query_condition: QueryCondition = None) -> int:
+        stmt = select(func.count()).select_from(rows).where(*self.handle.where(query_condition))
+        with self.handle.errors("count rows"), self.handle.read() as conn:
+            return int(conn.execute(stmt).scalar_one())
+
+    def query(
+        self, query_condition: QueryCondition, *, limit: int | None, order_by: str
+    ) -> Iterator[DataRow]:
+        """Stream matching rows, ``CHUNK`` at a time, in ``order_by`` order (a column of
+        :data:`~expstore.layout.ORDERABLE`, ``key`` being insertion order, with a leading
+        ``-`` for descending). Each chunk is fetched in its own short read by keyset
+        pagination, so the table is never loaded whole and no connection is held between
+        chunks: the loop body may write to the buffer."""
+        if not isinstance(order_by, str):
+            raise UnsupportedTypeError(f"order_by must be a column name, got {order_by!r}")
+        descending = order_by.startswith("-")
+        column_name = order_by.lstrip("-")
+        if column_name not in ORDERABLE:
+            raise InvalidArgumentError(
+                f"order_by must be one of {ORDERABLE} (optionally with '-'), got {order_by!r}"
+            )
+        check_int("limit", limit, minimum=0, optional=True)
+        where = self.handle.where(query_condition)  # compile now: errors surface at the call
+        return self._stream(where, column_name, descending, limit)
+
+    def _stream(
+        self,
+        where: list[ColumnElement[bool]],
+        column_name: str,
+        descending: bool,
+        limit: int | None,
+    ) -> Iterator[DataRow]:
+        column = rows.c[column_name]
+        keys = (column, rows.c.key) if column_name != "key" else (rows.c.key,)
+        order = [k.desc() if descending else k.asc() for k in keys]
+        position: tuple[Any, ...] | None = None
+        remaining = limit
+        while remaining is None or remaining > 0:
+            size = CHUNK if remaining is None else min(CHUNK, remaining)
+            stmt = select(*ROW_COLUMNS).where(*where).order_by(*order).limit(size)
+            if position is not None:
+                cursor = tuple_(*keys)
+                stmt = stmt.where(
+                    cursor < tuple_(*position) if descending else cursor > tuple_(*position)
+                )
+            with self.handle.errors("query rows"), self.handle.read() as conn:
+                chunk = conn.execute(stmt).all()
+            for r in chunk:
+                yield decode_row(r)
+            if len(chunk) < size:
+                return
+            last = chunk[-1]._mapping
+            position = tuple(last[k.name] for k in keys)
+            if remaining is not None:
+                remaining -= len(chunk)
+
+    def page(self, query_condition: QueryCondition, *, offset: int, limit: int) -> list[DataRow]:
+        stmt = self._select(query_condition).order_by(rows.c.key).offset(offset).limit(limit)
+        with self.handle.errors("read a page"), self.handle.read() as conn:
+            return [decode_row(r) for r in conn.execute(stmt)]
+
+    def task_rows(self, task_ids: Iterable[str]) -> dict[str, list[DataRow]]:
+        """Every row of each task, ordered by step, then execute_time, then insertion."""
+        wanted = list(dict.fromkeys(task_ids))
+        grouped: dict[str, list[DataRow]] = {t: [] for t in wanted}
+        order = (rows.c.task_id, rows.c.step, rows.c.execute_time, rows.c.key)
+        with self.handle.errors("read tasks"), self.handle.read() as conn:
+            for start in range(0, len(wanted), 500):
+                part = wanted[start : start + 500]
+                stmt = self._select().where(rows.c.task_id.in_(part)).order_by(*order)
+                for r in conn.execute(stmt):
+                    grouped[r._mapping["task_id"]].append(decode_row(r))
+        return grouped
+
+    def task_ids(self, query_condition: QueryCondition = None) -> list[str]:
+        stmt = (
+            select(rows.c.task_id)
+            .where(*self.handle.where(query_condition))
+            .group_by(rows.c.task_id)
+            .order_by(func.min(rows.c.key))
+        )
+        with self.handle.errors("list tasks"), self.handle.read() as conn:
+            return list(conn.execute(stmt).scalars())

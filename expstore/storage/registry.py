@@ -1,0 +1,129 @@
+"""The buffer registry: each named buffer's row in ``expstore_buffers``, with its retention
+(capacity and eviction policy, the same for every handle and process that writes) and the
+counters readers use to tell whether their cached key indexes are still current.
+
+Every change to a buffer takes its row first (:func:`lock_buffer`), so changes take turns
+in one order: on Postgres by ``FOR UPDATE``; SQLite's ``BEGIN IMMEDIATE`` already lets one
+writer in at a time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, select, update
+
+from .._args import check_int
+from ..errors import InvalidArgumentError, RetentionConflictError
+from .eviction import EVICTION_POLICIES, OLDEST_FIRST_POLICIES, evict
+from .handle import BufferHandle
+from .schema import buffers
+
+__all__ = [
+    "bump_version",
+    "check_retention",
+    "evict_beyond",
+    "lock_buffer",
+    "open_buffer",
+    "set_retention",
+    "settle_retention",
+]
+
+
+def check_retention(capacity: Any, eviction: Any) -> None:
+    """ValueError unless ``capacity`` is None or an int >= 1 and ``eviction`` None or a
+    known policy."""
+    check_int("capacity", capacity, minimum=1, optional=True)
+    if eviction is not None and eviction not in EVICTION_POLICIES:
+        raise InvalidArgumentError(
+            f"eviction must be one of {sorted(EVICTION_POLICIES)}, got {eviction!r}"
+        )
+
+
+def open_buffer(handle: BufferHandle) -> int:
+    """The id of the handle's buffer, adding its row if it has none yet."""
+    find = select(buffers.c.id).where(buffers.c.name == handle.name)
+    with handle.read() as conn:
+        found = conn.execute(find).scalar()
+    if found is None:
+        with handle.write() as conn:
+            if conn.execute(find).scalar() is None:
+                handle.dialect.create_buffer(conn, handle.name)
+            found = conn.execute(find).scalar_one()
+    return int(found)
+
+
+def settle_retention(
+    handle: BufferHandle, capacity: int | None, eviction: str | None
+) -> tuple[int | None, str]:
+    """The buffer's retention, set first if it has none and this handle asks for one;
+    ValueError if the handle asks for another than the buffer keeps."""
+    where = buffers.c.id == handle.buffer_id
+    kept = select(buffers.c.capacity, buffers.c.eviction).where(where)
+    with handle.read() as conn:
+        stored = conn.execute(kept).one()
+    if (capacity, eviction) != (None, None) and tuple(stored) == (None, None):
+        with handle.write() as conn:  # only if nobody set it meanwhile
+            conn.execute(
+                update(buffers)
+                .where(where, buffers.c.capacity.is_(None), buffers.c.eviction.is_(None))
+                .values(capacity=capacity, eviction=eviction or "fifo")
+            )
+            stored = conn.execute(kept).one()
+    stored_capacity, stored_eviction = stored[0], stored[1] or "fifo"
+    if (capacity is not None and capacity != stored_capacity) or (
+        eviction is not None and eviction != stored_eviction
+    ):
+        asked = ", ".join(
+            f"{k}={v!r}" for k, v in (("capacity", capacity), ("eviction", eviction)) if v
+        )
+        raise RetentionConflictError(
+            f"buffer {handle.name!r} keeps capacity={stored_capacity!r} with "
+            f"eviction={stored_eviction!r}, which every writer uses; this handle asked for "
+            f"{asked}. Open it without capacity=/eviction= to use the buffer's, or change "
+            "it for every writer with buffer.set_retention(capacity, eviction)"
+        )
+    return (None if stored_capacity is None else int(stored_capacity)), stored_eviction
+
+
+def lock_buffer(handle: BufferHandle, conn: Connection, *columns: Any) -> tuple[Any, ...]:
+    """``columns`` of the buffer's row, locked until the transaction ends."""
+    stmt = select(*columns).where(buffers.c.id == handle.buffer_id)
+    return tuple(conn.execute(handle.dialect.locked(stmt)).one())
+
+
+def bump_version(handle: BufferHandle, conn: Connection, counter: Any = buffers.c.version) -> int:
+    """Mark a change other than an insert (``counter``: ``version``, or
+    ``priority_version`` for a priority update); returns its new value (the row is locked
+    until the transaction ends, so it is exact)."""
+    this = buffers.c.id == handle.buffer_id
+    conn.execute(update(buffers).where(this).values({counter: counter + 1}))
+    return int(conn.execute(select(counter).where(this)).scalar_one())
+
+
+def evict_beyond(handle: BufferHandle, conn: Connection, capacity: int, policy: str) -> int:
+    """Evict rows beyond ``capacity`` by ``policy`` inside the caller's transaction; readers
+    see FIFO eviction by the buffer's smallest key, any other by a new version."""
+    evicted = evict(conn, handle.buffer_id, capacity, policy)
+    if evicted and policy not in OLDEST_FIRST_POLICIES:
+        bump_version(handle, conn)
+    return evicted
+
+
+def set_retention(
+    handle: BufferHandle, capacity: int | None, eviction: str | None
+) -> tuple[int, str]:
+    """Change the buffer's capacity and policy (None: keep the current one) for every
+    writer; rows beyond the new capacity go in the same transaction. Returns (how many
+    rows went, the policy now in force)."""
+    check_retention(capacity, eviction)
+    with handle.errors("change the retention"), handle.write() as conn:
+        (current,) = lock_buffer(handle, conn, buffers.c.eviction)
+        policy = eviction or current or "fifo"
+        conn.execute(
+            update(buffers)
+            .where(buffers.c.id == handle.buffer_id)
+            .values(capacity=capacity, eviction=policy)
+        )
+        evicted = 0 if capacity is None else evict_beyond(handle, conn, capacity, policy)
+    return int(evicted), policy

@@ -1,0 +1,278 @@
+"""Writing: a batch of rows checked, encoded and inserted in one transaction, or not at all.
+
+Rows are encoded chunk by chunk inside the transaction, so memory stays small; any failure
+(a value the codec refuses, a value the model does not allow, a duplicate id) rolls it all
+back. Each chunk's typed columns are checked in bulk against the row layout before it is
+sent, so a row changed after it was built (``row.exp_meta.step = -1``) is refused with a
+:class:`~expstore.errors.RowValidationError` naming the field, however it was changed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from operator import attrgetter, itemgetter
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import Connection
+from sqlalchemy.exc import IntegrityError
+
+from ..codec import PayloadWriter
+from ..errors import (
+    CodecError,
+    DuplicateIdError,
+    InvalidArgumentError,
+    RowValidationError,
+    UnsupportedTypeError,
+)
+from ..layout import (
+    COLUMNS,
+    ID_COLUMN,
+    META_COLUMNS,
+    PAYLOAD_FIELDS,
+    PAYLOAD_TYPES,
+    SCALAR_COLUMNS,
+    ColumnSpec,
+)
+from ..models import DataRow
+from .dialects import WRITE_COLUMNS
+from .handle import BufferHandle
+from .registry import evict_beyond, lock_buffer
+from .schema import buffers
+
+__all__ = ["WRITE_CHUNK", "ids_to_keys", "store_batch"]
+
+#: Rows encoded and sent per round trip inside one store_batch transaction.
+WRITE_CHUNK = 1000
+
+# The encoded tuple is (buffer_id, id, *metadata, *scalars, data, tensors): WRITE_COLUMNS.
+assert WRITE_COLUMNS == ("buffer_id", "id", *META_COLUMNS, *SCALAR_COLUMNS, "data", "tensors")
+_meta_values = itemgetter(*META_COLUMNS)
+_scalar_values = itemgetter(*SCALAR_COLUMNS)
+_payload_values = itemgetter(*PAYLOAD_FIELDS)
+#: (position in the encoded tuple, column) of every typed column a row sets.
+_CHECKED = tuple((WRITE_COLUMNS.index(spec.name), spec) for spec in (ID_COLUMN, *COLUMNS))
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def prepare(batch: Sequence[DataRow]) -> list[DataRow]:
+    """Check the batch's shape and ids before anything is written."""
+    if batch is None or isinstance(batch, (DataRow, dict, str, bytes)):
+        raise UnsupportedTypeError(
+            f"store_batch() needs a list of DataRow, got {type(batch).__name__}; "
+            "use store() for one row"
+        )
+    items = list(batch)
+    if items and all(type(row) is DataRow for row in items):
+        # The common case in one pass; anything else is explained below.
+        if len({row.id for row in items}) == len(items):
+            return items
+    prepared: list[DataRow] = []
+    seen: set[str] = set()
+    for position, row in enumerate(items):
+        if row is None:
+            raise InvalidArgumentError(
+                f"store_batch() got None at position {position}; every item must be a "
+                "DataRow. Nothing was stored"
+            )
+        if isinstance(row, dict):
+            row = DataRow.model_validate(row)
+        elif not isinstance(row, DataRow):
+            raise UnsupportedTypeError(
+                f"store_batch() expected DataRow items, got {type(row).__name__} at "
+                f"position {position}. Nothing was stored"
+            )
+        if row.id in seen:
+            raise DuplicateIdError(
+                f"row id {row.id!r} appears twice in one batch; ids must be unique. "
+                "Nothing was stored"
+            )
+        seen.add(row.id)
+        prepared.append(row)
+    if not prepared:
+        raise InvalidArgumentError("store_batch() got an empty batch; give at least one DataRow")
+    return prepared
+
+
+def store_batch(handle: BufferHandle, rows: Sequence[DataRow]) -> tuple[int | None, str]:
+    """Store every row in one transaction, or none; returns the buffer's retention as the
+    write found it (capacity, eviction)."""
+    batch = prepare(rows)
+    with handle.errors("store rows"):
+        try:
+            with handle.write() as conn:
+                # The buffer's retention as it is now (another process may have changed
+                # it). Writers of a buffer take turns on its row, so keys are handed out
+                # in commit order (readers' cached key indexes only ever need the keys
+                # above the largest they saw) and a capacity stays exact.
+                capacity, policy = lock_buffer(handle, conn, buffers.c.capacity, buffers.c.eviction)
+                policy = policy or "fifo"
+                handle.dialect.insert_rows(conn, _encoded_chunks(handle, batch))
+                if capacity is not None:
+                    evict_beyond(handle, conn, int(capacity), policy)
+        except UnicodeEncodeError as exc:  # a string the row's validation could not see
+            text = exc.object[exc.start : exc.end]
+            raise CodecError(
+                f"a string in the batch holds {text!r}, which is not Unicode text "
+                f"({exc.reason}) and no database can store; decode the text with "
+                "errors='replace' or store its bytes. Nothing was stored"
+            ) from exc
+        except IntegrityError as exc:
+            duplicate = _duplicate_error(handle, [row.id for row in batch])
+            if duplicate is None:
+                raise  # not a duplicate id: reported as the database said it
+            raise duplicate from exc
+    return (None if capacity is None else int(capacity)), policy
+
+
+def _encoded_chunks(handle: BufferHandle, batch: list[DataRow]) -> Iterator[list[tuple[Any, ...]]]:
+    """Encoded, checked chunks of ``batch``. Where the dialect gains from it, the next
+    chunk is encoded in a thread while the current one is sent, with at most two chunks in
+    flight; otherwise one after the other."""
+    chunks = [batch[i : i + WRITE_CHUNK] for i in range(0, len(batch), WRITE_CHUNK)]
+    buffer_id = handle.buffer_id
+    if len(chunks) == 1 or not handle.dialect.encodes_in_thread:
+        # sqlite3 wants the GIL back between rows, so an encoding thread only makes it
+        # wait (measured: a few percent slower than encoding in turn).
+        for chunk in chunks:
+            yield encode_chunk(chunk, buffer_id)
+        return
+    with ThreadPoolExecutor(1, thread_name_prefix="expstore-encode") as pool:
+        pending = deque(pool.submit(encode_chunk, c, buffer_id) for c in chunks[:2])
+        queued = len(pending)
+        while pending:
+            params = pending.popleft().result()
+            if queued < len(chunks):
+                pending.append(pool.submit(encode_chunk, chunks[queued], buffer_id))
+                queued += 1
+            yield params
+
+
+def encode_chunk(chunk: Sequence[DataRow], buffer_id: int) -> list[tuple[Any, ...]]:
+    """Each row's values in WRITE_COLUMNS order, the document as JSON text, checked: a row
+    that breaks its model raises RowValidationError."""
+    encode = PayloadWriter().encode
+    out = _encode(chunk, buffer_id, encode)
+    for at in _suspects(out, chunk):
+        out[at] = _encode([_validated(chunk[at])], buffer_id, encode)[0]
+    return out
+
+
+def _encode(chunk: Sequence[DataRow], buffer_id: int, encode: Any) -> list[tuple[Any, ...]]:
+    """The hot loop of a write: one pass, fields read from the models' ``__dict__``."""
+    out: list[tuple[Any, ...]] = []
+    append = out.append
+    for row in chunk:
+        m, d = row.exp_meta.__dict__, row.exp_data.__dict__
+        try:
+            doc, blob = encode(dict(zip(PAYLOAD_FIELDS, _payload_values(d), strict=True)))
+        except CodecError as exc:
+            raise CodecError(f"row {row.id}: {exc}. Nothing was stored") from exc
+        append((buffer_id, row.id, *_meta_values(m), *_scalar_values(d), doc, blob))
+    return out
+
+
+def _suspects(encoded: list[tuple[Any, ...]], chunk: Sequence[DataRow]) -> list[int]:
+    """Positions of rows that may break their model: each column checked for the whole
+    chunk at once, then row by row only where a column failed."""
+    columns = list(zip(*encoded, strict=True))
+    suspects: set[int] = set()
+    for at, spec in _CHECKED:
+        values = columns[at]
+        if not _column_ok(values, spec):
+            suspects.update(i for i, value in enumerate(values) if not _value_ok(value, spec))
+    for name, kinds in PAYLOAD_TYPES.items():
+        get = attrgetter(name)
+        suspects.update(
+            i for i, row in enumerate(chunk) if not isinstance(get(row.exp_data), kinds)
+        )
+    return sorted(suspects)
+
+
+def _column_ok(values: Sequence[Any], spec: ColumnSpec) -> bool:
+    """Whether every value is plainly valid for ``spec`` (C-speed checks over the column);
+    False does not mean a value is invalid, only that rows must be looked at one by one."""
+    allowed: set[type] = {spec.python}
+    if spec.nullable:
+        allowed.add(type(None))
+        values = [v for v in values if v is not None]
+        if not values:
+            return True
+    if not set(map(type, values)) <= allowed:
+        return False
+    if spec.python is str:
+        lengths = list(map(len, values))
+        if spec.max_length is not None and max(lengths) > spec.max_length:
+            return False
+        if spec.min_length is not None and min(lengths) < spec.min_length:
+            return False
+        text = "".join(values)
+        return "\x00" not in text and (text.isascii() or _SURROGATE.search(text) is None)
+    if spec.python is float:
+        return all(map(math.isfinite, values))
+    if spec.ge is not None and min(values) < spec.ge:
+        return False
+    return spec.le is None or max(values) <= spec.le
+
+
+def _value_ok(value: Any, spec: ColumnSpec) -> bool:
+    return _column_ok([value], spec)
+
+
+def _validated(row: DataRow) -> DataRow:
+    """A suspect row validated again by its model: RowValidationError naming the field if
+    it is invalid, else the row pydantic makes of its values."""
+    try:
+        return DataRow.model_validate(
+            {
+                "exp_meta": dict(row.exp_meta.__dict__),
+                "exp_data": dict(row.exp_data.__dict__),
+                "id": row.id,
+            }
+        )
+    except ValidationError as exc:
+        raise _row_error(row.id, exc) from None
+
+
+class _StoreValidationError(RowValidationError):
+    def __str__(self) -> str:
+        return (
+            f"{super().__str__()}\nThe row was changed after it was built; fix the field "
+            "named above. Nothing of the batch was stored"
+        )
+
+
+def _row_error(row_id: str, exc: ValidationError) -> RowValidationError:
+    details = [
+        {key: error[key] for key in ("type", "loc", "input", "ctx") if key in error}
+        for error in exc.errors()
+    ]
+    return _StoreValidationError.from_exception_data(f"DataRow {row_id!r}", details)  # type: ignore[arg-type]
+
+
+def _duplicate_error(handle: BufferHandle, ids: list[str]) -> DuplicateIdError | None:
+    """The error for a batch whose ids are already stored, or None if none is."""
+    with handle.read() as conn:
+        present = list(ids_to_keys(handle, conn, ids))
+    if not present:
+        return None
+    shown = ", ".join(repr(i) for i in present[:5])
+    return DuplicateIdError(
+        f"row ids must be unique in buffer {handle.name!r}, but {shown} "
+        f"{'is' if len(present) == 1 else 'are'} already stored. Nothing was stored; "
+        "give the new rows fresh ids (the default id is a new uuid4)"
+    )
+
+
+def ids_to_keys(handle: BufferHandle, conn: Connection, ids: Sequence[str]) -> dict[str, int]:
+    """The keys of the buffer's rows with these ids (unknown ids left out)."""
+    found: dict[str, int] = {}
+    unique = list(dict.fromkeys(ids))
+    for start in range(0, len(unique), 5000):
+        stmt = handle.dialect.ids_statement(handle.buffer_id, unique[start : start + 5000])
+        found.update((row_id, key) for row_id, key in conn.execute(stmt))
+    return found
