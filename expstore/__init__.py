@@ -14,12 +14,18 @@ from .converters import (
 )
 from .errors import (
     CodecError,
+    DuplicateIdError,
     EmptyBufferError,
     ExpstoreError,
+    InvalidArgumentError,
     MissingDependencyError,
+    OutOfRangeError,
     QueryError,
+    RetentionConflictError,
+    RowValidationError,
     SchemaVersionError,
     StorageError,
+    UnsupportedTypeError,
 )
 from .io import export_rows, import_rows
 from .models import DataRow, Experience, ExpMeta
@@ -38,6 +44,7 @@ from .samplers import (
     TaskSampler,
     UniformSampler,
 )
+from .sampling import SampleInfo
 from .storage import SqlStorage, Storage
 
 if _typing.TYPE_CHECKING:
@@ -52,15 +59,18 @@ __all__ = [
     "Converter",
     "DataRow",
     "DefaultConverter",
+    "DuplicateIdError",
     "EmptyBufferError",
     "ExpMeta",
     "Experience",
     "ExperienceDataset",
     "ExpstoreError",
+    "InvalidArgumentError",
     "KeySampler",
     "LatestSampler",
     "MissingDependencyError",
     "NumpyConverter",
+    "OutOfRangeError",
     "PrioritizedSampler",
     "QueryBuilder",
     "QueryError",
@@ -68,7 +78,10 @@ __all__ = [
     "RandomTaskSampler",
     "RecencySampler",
     "ReplayBuffer",
+    "RetentionConflictError",
     "RewardWeightedSampler",
+    "RowValidationError",
+    "SampleInfo",
     "SampledBatches",
     "Sampler",
     "SchemaVersionError",
@@ -82,6 +95,7 @@ __all__ = [
     "TrajectoryConverter",
     "TransitionConverter",
     "UniformSampler",
+    "UnsupportedTypeError",
     "__version__",
     "export_rows",
     "import_rows",

@@ -40,18 +40,30 @@ def check_int(
 
 
 def check_number(
-    name: str, value: Any, *, minimum: float | None = None, positive: bool = False
+    name: str,
+    value: Any,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    positive: bool = False,
 ) -> float:
-    """``value`` as a finite float (ints accepted, bools refused), at least ``minimum``, or
-    above 0 when ``positive``."""
+    """``value`` as a finite float (ints accepted, bools refused), within ``minimum`` and
+    ``maximum``, or above 0 when ``positive``."""
     ok = not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating))
     if ok:
         ok = math.isfinite(value)
     if ok and minimum is not None:
         ok = value >= minimum
+    if ok and maximum is not None:
+        ok = value <= maximum
     if ok and positive:
         ok = value > 0
     if not ok:
-        bound = " > 0" if positive else "" if minimum is None else f" >= {minimum:g}"
+        if minimum is not None and maximum is not None:
+            bound = f" in [{minimum:g}, {maximum:g}]"
+        elif positive:
+            bound = " > 0"
+        else:
+            bound = "" if minimum is None else f" >= {minimum:g}"
         raise InvalidArgumentError(f"{name} must be a finite number{bound}, got {value!r}")
     return float(value)

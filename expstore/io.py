@@ -41,8 +41,9 @@ from pydantic import ValidationError
 from ._optional import require
 from .buffer import ReplayBuffer
 from .codec import decode_payload, encode_payload
-from .errors import CodecError, ExpstoreError, StorageError
-from .layout import PAYLOAD_FIELDS
+from .errors import CodecError, DuplicateIdError, InvalidArgumentError
+from .layout import COLUMNS as LAYOUT
+from .layout import META_COLUMNS, PAYLOAD_FIELDS, SCALAR_COLUMNS
 from .models import DataRow, Experience, ExpMeta
 from .query import Comparison
 from .storage.base import QueryCondition
@@ -60,25 +61,21 @@ __all__ = [
 
 #: The file formats export and import understand.
 FORMATS = ("jsonl", "parquet")
-#: The columns of every exported record, in order.
-COLUMNS = (
-    "id",
-    "task_id",
-    "task_name",
-    "agent_id",
-    "step",
-    "execute_time",
-    "pre_agent",
-    "reward_t",
-    "adv_t",
-    "v_t",
-    "done",
-    "data",
-    "tensors",
+#: The columns of every exported record, in order: the id, the row layout's typed columns
+#: (see :mod:`expstore.layout`), the document and the blob.
+COLUMNS = ("id", *(c.name for c in LAYOUT), "data", "tensors")
+_META = META_COLUMNS
+_SCALARS = SCALAR_COLUMNS
+#: What a record must hold: the document, and every column that has no default or whose
+#: default is made when a row is built (an id, a time), which an import must not invent.
+_REQUIRED = frozenset(
+    {"data"}
+    | {
+        name
+        for name, info in {**ExpMeta.model_fields, "id": DataRow.model_fields["id"]}.items()
+        if info.is_required() or info.default_factory is not None
+    }
 )
-_META = ("task_id", "task_name", "agent_id", "step", "execute_time", "pre_agent")
-_SCALARS = ("reward_t", "adv_t", "v_t", "done")
-_REQUIRED = frozenset({"id", "task_id", "agent_id", "step", "execute_time", "data"})
 _SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
 #: Rows per Parquet row group and per import transaction.
 CHUNK = 1000
@@ -91,14 +88,16 @@ def detect_format(path: str | os.PathLike[str], format: str | None = None) -> st
     """``format`` if given (checked), else the one the file name's suffix implies."""
     if format is not None:
         if format not in FORMATS:
-            raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+            raise InvalidArgumentError(
+                f"format must be one of {', '.join(FORMATS)}, got {format!r}"
+            )
         return format
     if str(path) == "-":
         return "jsonl"
     suffix = Path(path).suffix.lower()
     if suffix in _SUFFIXES:
         return _SUFFIXES[suffix]
-    raise ValueError(
+    raise InvalidArgumentError(
         f"cannot tell the format of {str(path)!r} from its suffix; name the file *.jsonl or "
         "*.parquet, or give the format (jsonl or parquet)"
     )
@@ -240,19 +239,12 @@ def _export_jsonl(
 
 
 def _arrow_schema(pa: Any) -> Any:
+    """The Parquet schema: each layout column's Arrow type follows its Python type."""
+    types = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
     return pa.schema(
         [
             ("id", pa.string()),
-            ("task_id", pa.string()),
-            ("task_name", pa.string()),
-            ("agent_id", pa.string()),
-            ("step", pa.int64()),
-            ("execute_time", pa.float64()),
-            ("pre_agent", pa.string()),
-            ("reward_t", pa.float64()),
-            ("adv_t", pa.float64()),
-            ("v_t", pa.float64()),
-            ("done", pa.bool_()),
+            *((c.name, types[c.python]) for c in LAYOUT),
             ("data", pa.string()),
             ("tensors", pa.binary()),
         ]
@@ -267,7 +259,7 @@ def _export_parquet(
     progress: Progress | None,
 ) -> int:
     if str(path) == "-":
-        raise ValueError("Parquet cannot be written to standard output; give a file name")
+        raise InvalidArgumentError("Parquet cannot be written to standard output; give a file name")
     pa = require("pyarrow", "exporting to Parquet")
     pq = require("pyarrow.parquet", "exporting to Parquet")
     from . import __version__
@@ -276,7 +268,7 @@ def _export_parquet(
         "format": "expstore-rows",
         "version": 1,
         "expstore": __version__,
-        "buffer": getattr(buffer.storage, "name", None),
+        "buffer": buffer.storage.name,
         "where": None if query_condition is None else _describe(query_condition),
     }
     schema = _arrow_schema(pa).with_metadata({"expstore": json.dumps(about)})
@@ -393,10 +385,8 @@ def import_rows(
         if chunk:
             try:
                 buffer.store_batch(chunk)
-            except ExpstoreError as exc:
-                if not isinstance(exc, StorageError) or "already stored" not in str(exc):
-                    raise
-                raise StorageError(
+            except DuplicateIdError as exc:
+                raise DuplicateIdError(
                     f"{exc}. The import stopped after {stored} rows; run it again with "
                     "skip_existing=True (expstore import --skip-existing) to add only new rows"
                 ) from None

@@ -27,6 +27,7 @@ from typing import Any, Literal
 from annotated_types import Ge, Le, MaxLen, MinLen
 from pydantic.fields import FieldInfo
 
+from .errors import UnsupportedTypeError
 from .models import DataRow, Experience, ExpMeta
 
 __all__ = [
@@ -107,7 +108,9 @@ def _columns() -> tuple[ColumnSpec, ...]:
     for name, info in ExpMeta.model_fields.items():
         spec = _spec(name, "exp_meta", info)
         if spec is None:
-            raise TypeError(f"ExpMeta.{name} must be a scalar (str, int, float, bool or None)")
+            raise UnsupportedTypeError(
+                f"ExpMeta.{name} must be a scalar (str, int, float, bool or None)"
+            )
         columns.append(spec)
     for name, info in Experience.model_fields.items():
         spec = _spec(name, "exp_data", info)

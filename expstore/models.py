@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .codec import check_value, deep_equal, text_problem, to_plain
+from .errors import InvalidArgumentError
 
 __all__ = ["DataRow", "ExpMeta", "Experience", "trusted"]
 
@@ -30,7 +31,7 @@ def _storable_text(value: str) -> str:
     """``value`` if a database can store it; the ValueError that says why not otherwise."""
     problem = text_problem(value)
     if problem:
-        raise ValueError(problem)
+        raise InvalidArgumentError(problem)
     return value
 
 
@@ -59,7 +60,9 @@ class ExpMeta(BaseModel):
     @classmethod
     def _finite_time(cls, value: float) -> float:
         if not math.isfinite(value):
-            raise ValueError(f"execute_time must be a finite number of seconds, got {value!r}")
+            raise InvalidArgumentError(
+                f"execute_time must be a finite number of seconds, got {value!r}"
+            )
         return value
 
 
@@ -86,7 +89,7 @@ class Experience(BaseModel):
     def _singular_action(cls, data: Any) -> Any:
         if isinstance(data, dict) and "action" in data:
             if "actions" in data:
-                raise ValueError("give either action= or actions=, not both")
+                raise InvalidArgumentError("give either action= or actions=, not both")
             data = dict(data)
             data["actions"] = [data.pop("action")]
         return data
@@ -95,7 +98,7 @@ class Experience(BaseModel):
     @classmethod
     def _finite_scalar(cls, value: float | None) -> float | None:
         if value is not None and not math.isfinite(value):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"must be a finite number or None, got {value!r}; "
                 "store non-finite values in ext_info instead"
             )

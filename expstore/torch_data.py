@@ -21,11 +21,12 @@ from typing import Any
 
 import numpy as np
 
+from ._args import check_int
 from ._optional import require
 from .buffer import ReplayBuffer
 from .converters.base import Converter
 from .converters.default import DefaultConverter
-from .errors import StorageError
+from .errors import OutOfRangeError, StorageError, UnsupportedTypeError
 from .models import DataRow
 from .samplers.base import Sampler, check_batch_size
 from .samplers.uniform import UniformSampler
@@ -87,10 +88,12 @@ class ExperienceDataset(Dataset):  # type: ignore[type-arg]
 
     def _position(self, i: Any) -> int:
         if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
-            raise TypeError(f"ExperienceDataset indices are ints, got {type(i).__name__}")
+            raise UnsupportedTypeError(
+                f"ExperienceDataset indices are ints, got {type(i).__name__}"
+            )
         n = len(self._keys)
         if not -n <= i < n:
-            raise IndexError(f"index {i} is out of range for a dataset of {n} rows")
+            raise OutOfRangeError(f"index {i} is out of range for a dataset of {n} rows")
         return int(i) % n
 
     def _fetch(self, positions: list[int]) -> list[DataRow]:
@@ -161,17 +164,16 @@ class SampledBatches(IterableDataset):  # type: ignore[type-arg]
         self.sampler = sampler if sampler is not None else UniformSampler()
         self.batch_size = check_batch_size(batch_size)
         self.converter = converter if converter is not None else DefaultConverter()
-        if num_batches is not None and (
-            isinstance(num_batches, bool) or not isinstance(num_batches, int) or num_batches < 0
-        ):
-            raise ValueError(f"num_batches must be None or an int >= 0, got {num_batches!r}")
+        check_int("num_batches", num_batches, minimum=0, optional=True)
         self.num_batches = num_batches
         self.query_condition = query_condition
         self._seeded_worker: tuple[int, int] | None = None
 
     def __len__(self) -> int:
         if self.num_batches is None:
-            raise TypeError("SampledBatches(num_batches=None) is endless and has no length")
+            raise UnsupportedTypeError(
+                "SampledBatches(num_batches=None) is endless and has no length"
+            )
         return self.num_batches
 
     def __iter__(self) -> Iterator[Any]:

@@ -90,7 +90,7 @@ def redact(text: str) -> str:
     return text
 
 
-class CliError(Exception):
+class CliError(ExpstoreError):
     """A mistake the user can fix: printed as ``Error: message`` on stderr, exit status 1.
 
     ``multiline`` keeps the message's line breaks (a ``--where`` caret display); other

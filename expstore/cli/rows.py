@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ..layout import ORDERABLE
 from ..models import DataRow
 from ..samplers import (
     LatestSampler,
@@ -36,7 +37,7 @@ from ._common import (
     where_condition,
 )
 
-ORDERS = ("key", "step", "execute_time", "task_id", "agent_id", "task_name")
+ORDERS = ORDERABLE
 
 
 def print_rows(rows: Sequence[DataRow], *, as_json: bool, title: str | None = None) -> None:

@@ -303,12 +303,12 @@ def stats(
         buf.close()
     if as_json:
         about = {
-            "database": show_url(buf.storage.url) if hasattr(buf.storage, "url") else None,
+            "database": show_url(buf.storage.url),
             "buffer": buffer,
             "where": None if condition is None else str(condition),
         }
         typer.echo(json.dumps({**about, **result}))
         return
-    url = show_url(getattr(buf.storage, "url", db))
+    url = show_url(buf.storage.url)
     header = f"buffer {buffer!r} in {url}" + (f" where {condition}" if condition else "")
     _print(result, header, by.value if by else None, limit)

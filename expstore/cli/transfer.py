@@ -12,6 +12,7 @@ from ..io import count_records, detect_format, export_rows, import_rows
 from ._common import (
     DEFAULT_URL,
     BufferOption,
+    CliError,
     DbOption,
     WhereOption,
     echo_err,
@@ -97,14 +98,14 @@ def import_(
     """
     fmt = detect_format(source, format.value if format else None)
     if source != "-" and not Path(source).is_file():
-        raise FileNotFoundError(2, "no such file", source)
+        raise CliError(f"no such file: {source}")
     total = count_records(source, fmt)
     buf = open_buffer(db, buffer, create=True)
     try:
         with progress(total, f"importing {source}") as advance:
             stored = import_rows(buf, source, fmt, skip_existing=skip_existing, progress=advance)
         size = buf.count()
-        url = show_url(getattr(buf.storage, "url", db))
+        url = show_url(buf.storage.url)
     finally:
         buf.close()
     skipped = "" if total is None or stored == total else f" ({total - stored} already there)"

@@ -14,6 +14,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from .._optional import loaded_torch
+from ..errors import CodecError
 from .format import NUMERIC_KINDS, NUMPY_DTYPES, TORCH_DTYPES
 
 __all__ = [
@@ -123,14 +124,15 @@ def unsupported(value: Any) -> str:
 
 
 def check_value(value: Any, path: str) -> None:
-    """Raise ValueError if the encoder could not store ``value``.
+    """Raise CodecError (a ValueError, which pydantic validators report) if the encoder
+    could not store ``value``.
 
     Pydantic models are accepted as they are (the encoder stores their dump).
     """
     try:
         _check(value, path)
     except RecursionError as exc:
-        raise ValueError(f"{path}: nested too deeply or contains itself") from exc
+        raise CodecError(f"{path}: nested too deeply or contains itself") from exc
 
 
 def _check(value: Any, path: str) -> None:
@@ -139,7 +141,7 @@ def _check(value: Any, path: str) -> None:
         if "\x00" in value or not value.isascii():
             problem = text_problem(value)
             if problem:
-                raise ValueError(f"{path}: {problem}")
+                raise CodecError(f"{path}: {problem}")
         return
     if value is None or kind in (bool, int, float, bytes):
         return
@@ -147,7 +149,7 @@ def _check(value: Any, path: str) -> None:
         for key, item in value.items():
             problem = key_problem(key)
             if problem:
-                raise ValueError(f"{path}: {problem}")
+                raise CodecError(f"{path}: {problem}")
             _check(item, join(path, key))
         return
     if kind is list or kind is tuple:
@@ -157,20 +159,20 @@ def _check(value: Any, path: str) -> None:
     if isinstance(value, np.ndarray):
         problem = array_problem(value)
         if problem:
-            raise ValueError(f"{path}: {problem}")
+            raise CodecError(f"{path}: {problem}")
         return
     if isinstance(value, np.generic):
         if isinstance(value, (str, bytes)):
             return
         problem = numpy_problem(value.dtype)
         if problem:
-            raise ValueError(f"{path}: {problem} (got numpy scalar {value!r})")
+            raise CodecError(f"{path}: {problem} (got numpy scalar {value!r})")
         return
     torch = loaded_torch()
     if torch is not None and isinstance(value, torch.Tensor):
         problem = torch_problem(value, torch)
         if problem:
-            raise ValueError(f"{path}: {problem}")
+            raise CodecError(f"{path}: {problem}")
         return
     if isinstance(value, str):
         return _check(str.__str__(value), path)
@@ -180,4 +182,4 @@ def _check(value: Any, path: str) -> None:
         return _check(dict(value), path)
     if isinstance(value, (list, tuple)):
         return _check(list(value), path)
-    raise ValueError(f"{path}: {unsupported(value)}")
+    raise CodecError(f"{path}: {unsupported(value)}")

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from .._optional import loaded_torch
+from ..errors import InvalidArgumentError
 from ..models import DataRow
 from ..storage.base import Fetched
 from .base import MISSING, Converter, FieldSpec, parse_path, read_path
@@ -50,7 +51,7 @@ class NumpyConverter(Converter):
         strict: bool = True,
     ) -> None:
         if not isinstance(fields, Mapping) or not fields:
-            raise ValueError(
+            raise InvalidArgumentError(
                 "fields must be a non-empty dict of output name -> field path, e.g. "
                 "{'obs': 'exp_data.state.image_features', 'reward': 'exp_data.reward_t'}"
             )
@@ -58,14 +59,14 @@ class NumpyConverter(Converter):
         self._readers: dict[str, Any] = {}
         for name, spec in self.fields.items():
             if not isinstance(name, str) or not name:
-                raise ValueError(f"output names must be non-empty strings, got {name!r}")
+                raise InvalidArgumentError(f"output names must be non-empty strings, got {name!r}")
             if callable(spec):
                 self._readers[name] = spec
             else:
                 self._readers[name] = parse_path(spec)
         unknown = sorted(set(dtypes or {}) - set(self.fields))
         if unknown:
-            raise ValueError(f"dtypes names {unknown}, which are not among the fields")
+            raise InvalidArgumentError(f"dtypes names {unknown}, which are not among the fields")
         self.dtypes = dict(dtypes or {})
         self.pad_value = pad_value
         self.mask = mask
@@ -112,7 +113,7 @@ class NumpyConverter(Converter):
                 and values
                 and all(v is MISSING for v in values)
             ):
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"no row of the batch has field {name!r} ({self.fields[name]!r}); check "
                     "the path, or pass strict=False to get None for rows without it"
                 )
@@ -202,7 +203,7 @@ def stack_values(
         return np.stack(real).astype(dtype, copy=False), None
     ndims = {len(s) for s in shapes}
     if len(ndims) != 1:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"field {name!r} mixes values with different numbers of dimensions "
             f"({sorted(shapes)}); only lengths may vary between rows"
         )

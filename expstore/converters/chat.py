@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..errors import InvalidArgumentError
 from ..models import DataRow
 from .base import Converter
 
@@ -85,7 +86,7 @@ class ChatConverter(Converter):
         action_to_text: Callable[[Any], str | None] | None = None,
     ) -> None:
         if format not in ("messages", "sharegpt"):
-            raise ValueError(f"format must be 'messages' or 'sharegpt', got {format!r}")
+            raise InvalidArgumentError(f"format must be 'messages' or 'sharegpt', got {format!r}")
         self.format = format
         self.action_to_text = action_to_text or action_text
 
@@ -96,7 +97,7 @@ class ChatConverter(Converter):
         """The fine-tuning record for one row."""
         messages = row.exp_data.messages
         if not messages:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"row {row.id}: ChatConverter needs exp_data.messages (the prompt as "
                 "[{'role': ..., 'content': ...}]), but the row has none"
             )
@@ -108,7 +109,7 @@ class ChatConverter(Converter):
         if answer is not None and not (last["role"] == "assistant" and last["content"] == answer):
             turns.append({"role": "assistant", "content": answer})
         elif answer is None and last["role"] != "assistant":
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"row {row.id}: no action and no final assistant message, so the record would "
                 "have no response to learn; store the response as the action"
             )

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from .._optional import loaded_torch, require
+from ..errors import InvalidArgumentError
 from .arrays import NumpyConverter, numpy_stand_in
 from .base import MISSING, FieldSpec
 
@@ -52,7 +53,7 @@ class TensorConverter(NumpyConverter):
         super().__init__(fields, dtypes=numpy_dtypes, pad_value=pad_value, mask=mask, strict=strict)
         unknown = sorted(set(torch_dtypes) - set(self.fields))
         if unknown:
-            raise ValueError(f"dtypes names {unknown}, which are not among the fields")
+            raise InvalidArgumentError(f"dtypes names {unknown}, which are not among the fields")
         self.torch_dtypes = torch_dtypes
         self.device = None if device is None else torch.device(device)
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from .._args import check_number
+from ..errors import InvalidArgumentError
 from ..models import DataRow
 from .base import Converter
 
@@ -36,17 +37,13 @@ class TrajectoryConverter(Converter):
     """
 
     def __init__(self, gamma: float = 1.0) -> None:
-        if isinstance(gamma, bool) or not isinstance(gamma, (int, float)):
-            raise ValueError(f"gamma must be a number in [0, 1], got {gamma!r}")
-        if not math.isfinite(gamma) or not 0 <= gamma <= 1:
-            raise ValueError(f"gamma must be a number in [0, 1], got {gamma!r}")
-        self.gamma = float(gamma)
+        self.gamma = check_number("gamma", gamma, minimum=0, maximum=1)
 
     def to_dataset_row(self, rows: Sequence[DataRow]) -> dict[str, Any]:
         tasks = list(dict.fromkeys(r.exp_meta.task_id for r in rows))
         if len(tasks) > 1:
             shown = ", ".join(repr(t) for t in tasks[:5])
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"TrajectoryConverter turns one task's rows into a trajectory, got rows of "
                 f"{len(tasks)} tasks ({shown}); use buffer.sample_task(...), which converts "
                 "each task on its own"

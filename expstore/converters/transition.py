@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..errors import InvalidArgumentError
 from ..models import DataRow
 from ..storage.base import Fetched
 from .arrays import NumpyConverter
@@ -69,7 +70,7 @@ class TransitionConverter(Converter):
     ) -> None:
         unknown = sorted(set(fields or {}) - set(TRANSITION_FIELDS))
         if unknown:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"TransitionConverter fields are {list(TRANSITION_FIELDS)}; got unknown "
                 f"{unknown}. Use TensorConverter or NumpyConverter for other layouts"
             )
@@ -81,7 +82,9 @@ class TransitionConverter(Converter):
             inner = TensorConverter(self.fields, device, strict=False)
         else:
             if device is not None:
-                raise ValueError("device= needs tensors=True (numpy arrays live on the CPU)")
+                raise InvalidArgumentError(
+                    "device= needs tensors=True (numpy arrays live on the CPU)"
+                )
             inner = NumpyConverter(self.fields, strict=False)
         self._inner = inner
 

@@ -102,8 +102,7 @@ def describe_condition(query_condition: QueryCondition) -> str:
 
 def empty_error(storage: Storage, query_condition: QueryCondition, what: str) -> EmptyBufferError:
     """The EmptyBufferError for ``what`` (e.g. "no rows match") under ``query_condition``."""
-    name = getattr(storage, "name", None)
-    where = f" in buffer {name!r}" if name else ""
+    where = f" in buffer {storage.name!r}" if storage.name else ""
     return EmptyBufferError(
         f"cannot sample: {what}{where} (condition: {describe_condition(query_condition)}); "
         "store rows first or loosen the condition"

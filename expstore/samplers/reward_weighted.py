@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._args import check_number
-from ..errors import EmptyBufferError
+from ..errors import EmptyBufferError, InvalidArgumentError
 from .base import KeySampler
 
 __all__ = ["RewardWeightedSampler"]
@@ -51,7 +51,7 @@ class RewardWeightedSampler(KeySampler):
             shifted = np.where(reward == top, 0.0, shifted)
             cdf = np.cumsum(np.exp(np.where(present, shifted, -np.inf)))
             if not (np.isfinite(cdf[-1]) and cdf[-1] > 0):
-                raise ValueError(
+                raise InvalidArgumentError(
                     "RewardWeightedSampler expected a finite, positive total weight over the "
                     f"rewards present, got {cdf[-1]!r} (temperature={self.temperature!r}); "
                     "check reward_t for values that are not numbers"

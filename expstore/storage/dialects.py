@@ -34,6 +34,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from sqlalchemy.sql.elements import ColumnElement
 
+from ..errors import UnsupportedTypeError
 from .schema import buffers, rows
 
 __all__ = ["Dialect", "PostgresDialect", "SqliteDialect", "WRITE_COLUMNS", "dialect_for"]
@@ -124,7 +125,7 @@ def _copy_type(sql_type: Any) -> str:
     ):
         if isinstance(sql_type, kind):  # type: ignore[arg-type]
             return name
-    raise TypeError(f"no COPY type for {sql_type!r}")  # pragma: no cover - schema change
+    raise UnsupportedTypeError(f"no COPY type for {sql_type!r}")  # pragma: no cover
 
 
 def _as_is(text: str) -> str:

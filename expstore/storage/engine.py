@@ -109,9 +109,16 @@ def _use_wal(cursor: Any) -> None:
                 cursor.execute("PRAGMA journal_mode = WAL")
             return
         except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or time.monotonic() > deadline:
+            if not _busy(exc) or time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
+
+
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    """Whether SQLite failed because another connection held the file (busy or locked).
+    Python 3.10 does not say: its errors there are taken as busy until the deadline."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is None or code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 class Connections:
