@@ -40,6 +40,7 @@ from expstore.codec import HEADER_SIZE
 from expstore.converters import TensorConverter
 from expstore.query import QueryBuilder
 from expstore.samplers import PrioritizedSampler, UniformSampler
+from expstore.storage import create_sql_engine
 from expstore.storage.schema import rows as rows_table
 
 DIM = 1024
@@ -92,7 +93,7 @@ class Floor:
     own connection (no SQLAlchemy, no pool); ``np.frombuffer``; a stack into one tensor."""
 
     def __init__(self, buffer: ReplayBuffer) -> None:
-        engine = buffer.storage._engine  # type: ignore[attr-defined]  # the same database
+        engine = create_sql_engine(buffer.storage.url)  # the same database
         self.connection = engine.raw_connection()
         self.mark = "?" if engine.dialect.name == "sqlite" else "%s"
 
@@ -144,7 +145,7 @@ def prewarm(buffer: ReplayBuffer, url: str) -> None:
             while f.read(1 << 24):
                 pass
     else:
-        engine = buffer.storage._engine  # type: ignore[attr-defined]
+        engine = create_sql_engine(buffer.storage.url)
         # get_byte() detoasts each blob (length() would read only the TOAST pointer).
         stmt = select(func.count(), func.sum(func.get_byte(rows_table.c.tensors, 0)))
         with engine.connect() as conn:

@@ -24,7 +24,7 @@ from sqlalchemy.engine import make_url
 
 from expstore import DataRow, Experience, ExpMeta, ReplayBuffer
 from expstore.codec import encode_payload
-from expstore.models import PAYLOAD_FIELDS
+from expstore.layout import PAYLOAD_FIELDS
 
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 

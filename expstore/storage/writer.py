@@ -14,7 +14,8 @@ import re
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from operator import attrgetter, itemgetter
+from functools import partial
+from operator import is_not, itemgetter
 from typing import Any
 
 from pydantic import ValidationError
@@ -57,6 +58,15 @@ _payload_values = itemgetter(*PAYLOAD_FIELDS)
 #: (position in the encoded tuple, column) of every typed column a row sets.
 _CHECKED = tuple((WRITE_COLUMNS.index(spec.name), spec) for spec in (ID_COLUMN, *COLUMNS))
 _SURROGATE = re.compile("[\ud800-\udfff]")
+#: The type each checked column's values may have as they are (None aside, where allowed);
+#: any other goes to pydantic.
+_ALLOWED = {spec.name: {spec.python} for _, spec in _CHECKED}
+_STR = {str}
+#: (position among the payload fields, the types it may hold) where the model says.
+_PAYLOAD_CHECKED = tuple(
+    (PAYLOAD_FIELDS.index(name), set(kinds)) for name, kinds in PAYLOAD_TYPES.items()
+)
+_present = partial(is_not, None)
 
 
 def prepare(batch: Sequence[DataRow]) -> list[DataRow]:
@@ -156,27 +166,33 @@ def encode_chunk(chunk: Sequence[DataRow], buffer_id: int) -> list[tuple[Any, ..
     """Each row's values in WRITE_COLUMNS order, the document as JSON text, checked: a row
     that breaks its model raises RowValidationError."""
     encode = PayloadWriter().encode
-    out = _encode(chunk, buffer_id, encode)
-    for at in _suspects(out, chunk):
-        out[at] = _encode([_validated(chunk[at])], buffer_id, encode)[0]
+    out, payloads = _encode(chunk, buffer_id, encode)
+    for at in _suspects(out, payloads):
+        out[at] = _encode([_validated(chunk[at])], buffer_id, encode)[0][0]
     return out
 
 
-def _encode(chunk: Sequence[DataRow], buffer_id: int, encode: Any) -> list[tuple[Any, ...]]:
-    """The hot loop of a write: one pass, fields read from the models' ``__dict__``."""
+def _encode(
+    chunk: Sequence[DataRow], buffer_id: int, encode: Any
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """The hot loop of a write, one pass with the fields read from the models'
+    ``__dict__``: the encoded tuples, and each row's payload values."""
     out: list[tuple[Any, ...]] = []
-    append = out.append
+    payloads: list[tuple[Any, ...]] = []
+    append, keep = out.append, payloads.append
     for row in chunk:
         m, d = row.exp_meta.__dict__, row.exp_data.__dict__
+        payload = _payload_values(d)
+        keep(payload)
         try:
-            doc, blob = encode(dict(zip(PAYLOAD_FIELDS, _payload_values(d), strict=True)))
+            doc, blob = encode(dict(zip(PAYLOAD_FIELDS, payload, strict=True)))
         except CodecError as exc:
             raise CodecError(f"row {row.id}: {exc}. Nothing was stored") from exc
         append((buffer_id, row.id, *_meta_values(m), *_scalar_values(d), doc, blob))
-    return out
+    return out, payloads
 
 
-def _suspects(encoded: list[tuple[Any, ...]], chunk: Sequence[DataRow]) -> list[int]:
+def _suspects(encoded: list[tuple[Any, ...]], payloads: list[tuple[Any, ...]]) -> list[int]:
     """Positions of rows that may break their model: each column checked for the whole
     chunk at once, then row by row only where a column failed."""
     columns = list(zip(*encoded, strict=True))
@@ -185,26 +201,24 @@ def _suspects(encoded: list[tuple[Any, ...]], chunk: Sequence[DataRow]) -> list[
         values = columns[at]
         if not _column_ok(values, spec):
             suspects.update(i for i, value in enumerate(values) if not _value_ok(value, spec))
-    for name, kinds in PAYLOAD_TYPES.items():
-        get = attrgetter(name)
-        suspects.update(
-            i for i, row in enumerate(chunk) if not isinstance(get(row.exp_data), kinds)
-        )
+    payload_columns = list(zip(*payloads, strict=True))
+    for at, kinds in _PAYLOAD_CHECKED:
+        values = payload_columns[at]
+        if not set(map(type, values)) <= kinds:
+            suspects.update(i for i, value in enumerate(values) if type(value) not in kinds)
     return sorted(suspects)
 
 
 def _column_ok(values: Sequence[Any], spec: ColumnSpec) -> bool:
     """Whether every value is plainly valid for ``spec`` (C-speed checks over the column);
     False does not mean a value is invalid, only that rows must be looked at one by one."""
-    allowed: set[type] = {spec.python}
     if spec.nullable:
-        allowed.add(type(None))
-        values = [v for v in values if v is not None]
+        values = list(filter(_present, values))
         if not values:
             return True
-    if not set(map(type, values)) <= allowed:
-        return False
     if spec.python is str:
+        if not set(map(type, values)) <= _STR:
+            return False
         lengths = list(map(len, values))
         if spec.max_length is not None and max(lengths) > spec.max_length:
             return False
@@ -212,6 +226,8 @@ def _column_ok(values: Sequence[Any], spec: ColumnSpec) -> bool:
             return False
         text = "".join(values)
         return "\x00" not in text and (text.isascii() or _SURROGATE.search(text) is None)
+    if not set(map(type, values)) <= _ALLOWED[spec.name]:
+        return False
     if spec.python is float:
         return all(map(math.isfinite, values))
     if spec.ge is not None and min(values) < spec.ge:
