@@ -50,7 +50,7 @@ from .storage import SqlStorage, Storage
 if _typing.TYPE_CHECKING:
     from .torch_data import ExperienceDataset, SampledBatches
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "ChatConverter",

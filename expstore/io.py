@@ -39,13 +39,14 @@ from typing import IO, Any
 from pydantic import ValidationError
 
 from ._optional import require
+from ._version import __version__
 from .buffer import ReplayBuffer
 from .codec import decode_payload, encode_payload
 from .errors import CodecError, DuplicateIdError, InvalidArgumentError
 from .layout import COLUMNS as LAYOUT
 from .layout import META_COLUMNS, PAYLOAD_FIELDS, SCALAR_COLUMNS
 from .models import DataRow, Experience, ExpMeta
-from .query import Comparison
+from .query import Comparison, as_condition
 from .storage.base import QueryCondition
 
 __all__ = [
@@ -262,8 +263,6 @@ def _export_parquet(
         raise InvalidArgumentError("Parquet cannot be written to standard output; give a file name")
     pa = require("pyarrow", "exporting to Parquet")
     pq = require("pyarrow.parquet", "exporting to Parquet")
-    from . import __version__
-
     about = {
         "format": "expstore-rows",
         "version": 1,
@@ -290,8 +289,6 @@ def _export_parquet(
 
 
 def _describe(query_condition: QueryCondition) -> str:
-    from .query import as_condition
-
     return str(as_condition(query_condition))
 
 

@@ -22,6 +22,8 @@ from urllib.parse import quote, quote_plus
 import numpy as np
 import typer
 from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from sqlalchemy import select
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
@@ -34,6 +36,7 @@ from ..errors import ExpstoreError, QueryError, SchemaVersionError, StorageError
 from ..models import DataRow
 from ..query import Condition
 from ..storage import create_sql_engine
+from ..storage.schema import buffers
 from .where import parse_where
 
 DEFAULT_URL = "sqlite:///expstore.db"
@@ -220,8 +223,6 @@ def inspect_database(url: URL) -> tuple[str, list[str]]:
             f"there is no database at {path}; create one with `expstore init --db "
             f"{show_url(url)}`, or point --db (or {URL_ENV}) at an existing one"
         )
-    from ..storage.schema import buffers
-
     engine = create_sql_engine(url)
     try:
         with engine.connect() as conn:
@@ -284,15 +285,6 @@ def progress(total: int | None, description: str) -> Iterator[Callable[[int], No
     if not sys.stderr.isatty():
         yield lambda n: None
         return
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-    )
-
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),

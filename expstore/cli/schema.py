@@ -9,6 +9,7 @@ import typer
 from sqlalchemy.exc import SQLAlchemyError
 
 from .. import migrate
+from .._version import __version__
 from ..buffer import ReplayBuffer
 from ..errors import SchemaVersionError, StorageError
 from ..storage import create_sql_engine
@@ -133,8 +134,6 @@ def version(
     Example:
       expstore version --db sqlite:///runs/buffer.db
     """
-    from .. import __version__
-
     head = migrate.head_revision()
     url = parse_url(db)
     shown = show_url(url)

@@ -10,6 +10,7 @@ from ..models import DataRow
 from ..storage.base import Fetched
 from .arrays import NumpyConverter
 from .base import Converter, FieldSpec
+from .tensors import TensorConverter
 
 __all__ = ["TRANSITION_FIELDS", "TransitionConverter"]
 
@@ -77,8 +78,6 @@ class TransitionConverter(Converter):
         self.fields = {**TRANSITION_FIELDS, **(fields or {})}
         inner: NumpyConverter
         if tensors:
-            from .tensors import TensorConverter
-
             inner = TensorConverter(self.fields, device, strict=False)
         else:
             if device is not None:
