@@ -37,7 +37,6 @@ from ..models import DataRow
 from ..query import Condition
 from ..storage import create_sql_engine
 from ..storage.schema import buffers
-from .where import parse_where
 
 DEFAULT_URL = "sqlite:///expstore.db"
 URL_ENV = "EXPSTORE_URL"
@@ -265,7 +264,7 @@ def where_condition(text: str | None) -> Condition | None:
     if text is None:
         return None
     try:
-        return parse_where(text)
+        return Condition.parse(text)
     except QueryError as exc:
         # Keep the caret display: the one place an error takes more than a line.
         raise CliError(f"--where: {exc}", multiline=True) from None

@@ -1,7 +1,8 @@
 """Select rows by metadata and by anything inside the experience's JSON.
 
-Build conditions with :class:`QueryBuilder` (AWorld's fluent API) or from AWorld's dict
-shape; :func:`to_sql` compiles them to SQLAlchemy Core for SQLite and Postgres, and
+Build conditions with :class:`QueryBuilder` (AWorld's fluent API), from AWorld's dict
+shape, or from text (:meth:`Condition.parse`, the CLI's ``--where`` language);
+:func:`to_sql` compiles them to SQLAlchemy Core for SQLite and Postgres, and
 :meth:`Condition.matches` gives the same answers in Python.
 
 >>> from expstore.query import QueryBuilder
@@ -14,5 +15,15 @@ from __future__ import annotations
 from .builder import QueryBuilder
 from .compiler import to_sql
 from .conditions import And, Comparison, Condition, Or, as_condition
+from .where import parse_where
 
-__all__ = ["And", "Comparison", "Condition", "Or", "QueryBuilder", "as_condition", "to_sql"]
+__all__ = [
+    "And",
+    "Comparison",
+    "Condition",
+    "Or",
+    "QueryBuilder",
+    "as_condition",
+    "parse_where",
+    "to_sql",
+]

@@ -101,6 +101,19 @@ class Condition(ABC):
         """The condition written like a SQL WHERE clause."""
 
     @staticmethod
+    def parse(text: str) -> Condition | None:
+        """The condition ``text`` spells in the ``--where`` language (what ``str()`` of a
+        condition prints), or None for blank text; QueryError with a caret under the
+        mistake otherwise (see :mod:`expstore.query.where`).
+
+        >>> print(Condition.parse("task_id = 't1' and step >= 3"))
+        task_id = 't1' AND step >= 3
+        """
+        from .where import parse_where  # where.py builds Conditions: imported on use
+
+        return parse_where(text)
+
+    @staticmethod
     def from_dict(data: Mapping[str, Any]) -> Condition:
         """Read AWorld's dict shape back; QueryError says what is wrong with a bad dict.
 

@@ -7,8 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from expstore import QueryError
-from expstore.cli.where import parse_where
-from expstore.query import And, Comparison, Condition, Or, QueryBuilder
+from expstore.query import And, Comparison, Condition, Or, QueryBuilder, parse_where
 
 
 def test_comparison_operators_map_to_condition_ops() -> None:
@@ -189,3 +188,23 @@ _conditions = st.recursive(
 @given(_conditions)
 def test_str_of_any_condition_parses_back_to_it(condition: Condition) -> None:
     assert parse_where(str(condition)) == condition
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "task_id = 't1'",
+        "step >= 3 and (agent_id in ('a', 'b') or exp_data.state.url like '%x%')",
+        "reward_t is not null or done = true",
+    ],
+)
+def test_condition_parse_is_the_where_language_from_python(text: str) -> None:
+    condition = Condition.parse(text)
+    assert condition is not None and condition == parse_where(text)
+    assert Condition.parse(str(condition)) == condition
+
+
+def test_condition_parse_of_blank_text_is_none_and_a_mistake_shows_a_caret() -> None:
+    assert Condition.parse("  ") is None
+    with pytest.raises(QueryError, match=r"column 11: .*\n.*\n +\^"):
+        Condition.parse("task_id = and step > 1")

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import QueryError
-from ..query import And, Comparison, Condition, Or
+from .conditions import And, Comparison, Condition, Or
 
 __all__ = ["parse_where"]
 
