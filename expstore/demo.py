@@ -36,8 +36,11 @@ import numpy as np
 from sqlalchemy.engine import make_url
 
 from .buffer import ReplayBuffer
+from .converters import NumpyConverter, TensorConverter
+from .errors import ExpstoreError, InvalidArgumentError
 from .models import DataRow, Experience, ExpMeta
-from .query import QueryBuilder
+from .query import Condition, QueryBuilder
+from .samplers import StratifiedSampler, UniformSampler
 
 __all__ = ["GRID", "ACTIONS", "AgentSpec", "DemoResult", "play_episode", "run_demo"]
 
@@ -230,7 +233,7 @@ def run_agents(specs: list[AgentSpec], timeout: float = 120.0) -> list[dict[str,
             except queue.Empty:
                 failed = [p for p in processes if p.exitcode not in (None, 0)]
                 if failed or time.monotonic() > deadline:
-                    raise RuntimeError(
+                    raise ExpstoreError(
                         f"an agent process failed (exit code {failed[0].exitcode})"
                         if failed
                         else f"the agent processes did not finish within {timeout:.0f} s"
@@ -340,31 +343,74 @@ def run_demo(
     if backend is None:
         backend = "torch" if _torch_available() else "numpy"
     if backend not in ("torch", "numpy"):
-        raise ValueError(f"backend must be 'torch' or 'numpy', got {backend!r}")
-
-    buffer = ReplayBuffer(url, name=BUFFER)
+        raise InvalidArgumentError(f"backend must be 'torch' or 'numpy', got {backend!r}")
     shown = make_url(url).render_as_string(hide_password=True)
-    old = buffer.count()
-    buffer.clear()
+    _empty(url, shown, agents, echo)
+    specs = _agent_specs(url, agents, episodes, seed)
+    written = _write_section(url, specs, echo)
+    with ReplayBuffer(url, name=BUFFER) as buffer:
+        _query_section(buffer, specs, echo)
+        successful = QueryBuilder().eq("exp_data.ext_info.success", True).build()
+        converter, stratified = _sample_section(
+            buffer, successful, backend, seed, written.per_agent, echo
+        )
+        trained, baseline = _train_section(
+            buffer, successful, converter, stratified, backend, seed, train_steps,
+            batch_size, written.per_agent, echo,
+        )  # fmt: skip
+    seconds = time.perf_counter() - began
+    _closing(shown, seconds, echo)
+    return DemoResult(
+        rows=written.stored,
+        episodes=agents * episodes,
+        write_seconds=written.seconds,
+        per_agent=written.per_agent,
+        trained_success=trained,
+        baseline_success=baseline,
+        backend=backend,
+        seconds=seconds,
+    )
+
+
+def _empty(url: str, shown: str, agents: int, echo: Callable[[str], None]) -> None:
+    """Empty the demo's buffer (an earlier run's rows) and say what the demo will do."""
+    with ReplayBuffer(url, name=BUFFER) as buffer:
+        old = buffer.count()
+        buffer.clear()
     echo(f"expstore demo: {agents} agent processes play a {GRID}x{GRID} grid world into {shown}")
     if old:
         echo(f"  (emptied buffer {BUFFER!r}, which held {old} rows from an earlier run)")
 
-    # 1. Several processes write at once.
+
+def _agent_specs(url: str, agents: int, episodes: int, seed: int) -> list[AgentSpec]:
+    """One spec per agent, each acting at random a little more often than the last."""
     epsilons = np.linspace(0.1, 0.8, agents) if agents > 1 else np.array([0.1])
-    specs = [
+    return [
         AgentSpec(f"agent-{i}", round(float(epsilons[i]), 2), episodes, seed * 1000 + i, url)
         for i in range(agents)
     ]
+
+
+@dataclass
+class _Written:
+    stored: int
+    seconds: float
+    per_agent: dict[str, dict[str, float]]
+
+
+def _write_section(url: str, specs: list[AgentSpec], echo: Callable[[str], None]) -> _Written:
+    """1. Several processes write at once; every row they wrote must be there."""
     echo("")
-    echo(f"1. Writing: {agents} processes, {episodes} episodes each, one store_batch per episode")
-    buffer.close()  # the agents open their own connections
+    echo(
+        f"1. Writing: {len(specs)} processes, {specs[0].episodes} episodes each, one "
+        "store_batch per episode"
+    )
     t0 = time.perf_counter()
-    reports = run_agents(specs)
-    write_seconds = time.perf_counter() - t0
-    buffer = ReplayBuffer(url, name=BUFFER)
+    reports = run_agents(specs)  # the agents open their own connections
+    seconds = time.perf_counter() - t0
+    with ReplayBuffer(url, name=BUFFER) as buffer:
+        stored = buffer.count()
     expected = sum(r["rows"] for r in reports)
-    stored = buffer.count()
     overlap = min(r["finished"] for r in reports) - max(r["started"] for r in reports)
     per_agent: dict[str, dict[str, float]] = {}
     for r in reports:
@@ -380,11 +426,16 @@ def run_demo(
         )
     lost = "none lost" if stored == expected else f"{expected - stored} MISSING"
     echo(
-        f"   {stored} rows stored of {expected} written ({lost}) in {write_seconds:.1f} s; "
-        f"all {agents} writers were writing at once for {max(overlap, 0):.1f} s"
+        f"   {stored} rows stored of {expected} written ({lost}) in {seconds:.1f} s; "
+        f"all {len(specs)} writers were writing at once for {max(overlap, 0):.1f} s"
     )
+    return _Written(stored, seconds, per_agent)
 
-    # 2. Query by task and by agent.
+
+def _query_section(
+    buffer: ReplayBuffer, specs: list[AgentSpec], echo: Callable[[str], None]
+) -> None:
+    """2. Query by task and by agent."""
     echo("")
     echo("2. Querying")
     task_id = buffer.task_ids(QueryBuilder().eq("exp_meta.agent_id", "agent-0").build())[0]
@@ -411,22 +462,20 @@ def run_demo(
             f"{len(buffer.task_ids(mine))} tasks, {buffer.count(mine_ok)} rows from successful "
             "episodes"
         )
-    n_ok = buffer.count(successful)
-    echo(f"   where {successful} -> {n_ok} rows to learn from")
+    echo(f"   where {successful} -> {buffer.count(successful)} rows to learn from")
 
-    # 3. Sample with two samplers through a converter.
-    from .samplers import StratifiedSampler, UniformSampler
 
+def _sample_section(
+    buffer: ReplayBuffer,
+    successful: Condition | None,
+    backend: str,
+    seed: int,
+    per_agent: dict[str, dict[str, float]],
+    echo: Callable[[str], None],
+) -> tuple[NumpyConverter, StratifiedSampler]:
+    """3. Sample successful steps with two samplers through a converter."""
     fields = {"obs": "exp_data.state.obs", "action": "exp_data.actions.0.index"}
-    converter: Any
-    if backend == "torch":
-        from .converters import TensorConverter
-
-        converter = TensorConverter(fields)
-    else:
-        from .converters import NumpyConverter
-
-        converter = NumpyConverter(fields)
+    converter = TensorConverter(fields) if backend == "torch" else NumpyConverter(fields)
     echo("")
     echo(
         f"3. Sampling successful steps through {type(converter).__name__}"
@@ -439,8 +488,22 @@ def run_demo(
         agents_in = [r.exp_meta.agent_id for r in rows]
         shares = ", ".join(f"{a} {agents_in.count(a) / len(agents_in):.0%}" for a in per_agent)
         echo(f"   {type(sampler).__name__:<17} batch of 512 by agent: {shares}")
+    return converter, stratified
 
-    # 4. Train on sampled batches.
+
+def _train_section(
+    buffer: ReplayBuffer,
+    successful: Condition | None,
+    converter: NumpyConverter,
+    sampler: StratifiedSampler,
+    backend: str,
+    seed: int,
+    train_steps: int,
+    batch_size: int,
+    per_agent: dict[str, dict[str, float]],
+    echo: Callable[[str], None],
+) -> tuple[float, float]:
+    """4. Train on sampled batches, then play: (trained success, random success)."""
     echo("")
     policy: Any = _TorchPolicy(seed) if backend == "torch" else _NumpyPolicy(seed)
     what = "a 4-32-4 MLP (torch)" if backend == "torch" else "softmax regression (numpy)"
@@ -451,7 +514,7 @@ def run_demo(
     t0 = time.perf_counter()
     marks = {0, train_steps // 3, 2 * train_steps // 3, train_steps - 1}
     for step in range(train_steps):
-        batch = buffer.sample(stratified, successful, converter, batch_size)
+        batch = buffer.sample(sampler, successful, converter, batch_size)
         loss = policy.train_step(batch["obs"], batch["action"])
         if step in marks:
             echo(f"   step {step + 1:>4}: cross-entropy {loss:.3f}")
@@ -465,23 +528,14 @@ def run_demo(
         f"{trained:.0%} of the time (random moves: {baseline:.0%}; best agent: "
         f"{best['success_rate']:.0%})"
     )
-    buffer.close()
+    return trained, baseline
 
-    seconds = time.perf_counter() - began
+
+def _closing(shown: str, seconds: float, echo: Callable[[str], None]) -> None:
     echo("")
     echo(f"Done in {seconds:.1f} s. Look around:")
     echo(f"   expstore stats --db {shown} --buffer {BUFFER} --by agent")
     echo(
         f"   expstore query --db {shown} --buffer {BUFFER} --where "
         "\"agent_id = 'agent-0' and reward_t > 0\" --limit 5"
-    )
-    return DemoResult(
-        rows=stored,
-        episodes=agents * episodes,
-        write_seconds=write_seconds,
-        per_agent=per_agent,
-        trained_success=trained,
-        baseline_success=baseline,
-        backend=backend,
-        seconds=seconds,
     )
