@@ -78,13 +78,15 @@ def run_demo(
     batch_size: int = 128,
     seed: int = 0,
     backend: str | None = None,
+    start_method: str | None = None,
     echo: Callable[[str], None] = print,
 ) -> DemoResult:
     """Run the demo, printing an account through ``echo``; returns what it measured.
 
     ``db`` defaults to ``sqlite:///<workdir>/demo.db``; the demo uses (and first empties)
     the buffer named ``demo`` there. ``backend`` is ``"torch"``, ``"numpy"`` or None (torch
-    when installed).
+    when installed); ``start_method`` how the agent processes start (``"fork"`` or
+    ``"spawn"``; default: fork on Linux, else spawn).
     """
     began = time.perf_counter()
     folder = Path(workdir)
@@ -97,7 +99,7 @@ def run_demo(
     shown = make_url(url).render_as_string(hide_password=True)
     _empty(url, shown, agents, echo)
     specs = _agent_specs(url, agents, episodes, seed)
-    written = _write_section(url, specs, echo)
+    written = _write_section(url, specs, start_method, echo)
     with ReplayBuffer(url, name=BUFFER) as buffer:
         _query_section(buffer, specs, echo)
         successful = QueryBuilder().eq("exp_data.ext_info.success", True).build()
@@ -148,7 +150,9 @@ class _Written:
     per_agent: dict[str, dict[str, float]]
 
 
-def _write_section(url: str, specs: list[AgentSpec], echo: Callable[[str], None]) -> _Written:
+def _write_section(
+    url: str, specs: list[AgentSpec], start_method: str | None, echo: Callable[[str], None]
+) -> _Written:
     """1. Several processes write at once; every row they wrote must be there."""
     echo("")
     echo(
@@ -156,7 +160,7 @@ def _write_section(url: str, specs: list[AgentSpec], echo: Callable[[str], None]
         "store_batch per episode"
     )
     t0 = time.perf_counter()
-    reports = run_agents(specs)  # the agents open their own connections
+    reports = run_agents(specs, start_method=start_method)  # they open their own connections
     seconds = time.perf_counter() - t0
     with ReplayBuffer(url, name=BUFFER) as buffer:
         stored = buffer.count()

@@ -176,9 +176,12 @@ def _start_method() -> str:
     return "fork" if sys.platform.startswith("linux") and "fork" in methods else "spawn"
 
 
-def run_agents(specs: list[AgentSpec], timeout: float = 120.0) -> list[dict[str, Any]]:
-    """Run one process per agent, all writing at once; their reports in agent order."""
-    context: Any = multiprocessing.get_context(_start_method())
+def run_agents(
+    specs: list[AgentSpec], timeout: float = 120.0, start_method: str | None = None
+) -> list[dict[str, Any]]:
+    """Run one process per agent, all writing at once; their reports in agent order.
+    ``start_method`` is multiprocessing's (default: fork on Linux, else spawn)."""
+    context: Any = multiprocessing.get_context(start_method or _start_method())
     start = context.Barrier(len(specs))
     reports = context.Queue()
     processes = [

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from expstore import ReplayBuffer
 from expstore.demo import run_demo
 from tests.cli.conftest import Invoke
@@ -72,13 +70,14 @@ def test_demo_on_postgres(invoke: Invoke, tmp_path: Path, pg_url: str) -> None:
     assert not (tmp_path / "demo.db").exists()
 
 
-def test_demo_agents_also_run_as_spawned_processes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import expstore.demo
-
-    monkeypatch.setattr(expstore.demo, "_start_method", lambda: "spawn")
+def test_demo_agents_also_run_as_spawned_processes(tmp_path: Path) -> None:
     result = run_demo(
-        workdir=tmp_path, agents=2, episodes=3, train_steps=5, backend="numpy", echo=lambda s: None
+        workdir=tmp_path,
+        agents=2,
+        episodes=3,
+        train_steps=5,
+        backend="numpy",
+        start_method="spawn",
+        echo=lambda s: None,
     )
     assert result.rows > 0 and result.episodes == 6
