@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -215,7 +215,8 @@ _NO_KEYS = np.empty(0, dtype=np.int64)
 
 class _ForeignSampler(Sampler):
     """An object with AWorld's ``sample(storage, batch_size, query_condition)`` that is not
-    an expstore Sampler (AWorld's own samplers): its rows go through the loop as they are."""
+    an expstore Sampler (AWorld's own samplers): its rows go through the loop as they are.
+    AWorld's task samplers return ``{task_id: rows}``: their rows come task by task."""
 
     def __init__(self, sampler: Any) -> None:
         self.sampler = sampler
@@ -223,7 +224,10 @@ class _ForeignSampler(Sampler):
     def sample(
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
     ) -> list[DataRow]:
-        return list(self.sampler.sample(storage, batch_size, query_condition))
+        drawn = self.sampler.sample(storage, batch_size, query_condition)
+        if isinstance(drawn, Mapping):
+            return [row for rows in drawn.values() for row in rows]
+        return list(drawn)
 
 
 def as_sampler(sampler: Any) -> Sampler:

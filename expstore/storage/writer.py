@@ -92,10 +92,13 @@ def prepare(batch: Sequence[DataRow]) -> list[DataRow]:
         if isinstance(row, dict):
             row = DataRow.model_validate(row)
         elif not isinstance(row, DataRow):
-            raise UnsupportedTypeError(
-                f"store_batch() expected DataRow items, got {type(row).__name__} at "
-                f"position {position}. Nothing was stored"
-            )
+            to_dict = getattr(row, "to_dict", None)  # AWorld's own dataclass rows
+            if not callable(to_dict):
+                raise UnsupportedTypeError(
+                    f"store_batch() expected DataRow items (or AWorld rows with to_dict()), "
+                    f"got {type(row).__name__} at position {position}. Nothing was stored"
+                )
+            row = DataRow.model_validate(to_dict())
         if row.id in seen:
             raise DuplicateIdError(
                 f"row id {row.id!r} appears twice in one batch; ids must be unique. "
