@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import operator
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -63,9 +64,6 @@ from .conditions import And, Comparison, Condition, Or, as_condition
 
 __all__ = ["DIALECTS", "json_text", "sqlite_json_path", "to_sql"]
 
-#: The SQLAlchemy dialect names to_sql() compiles for.
-DIALECTS = ("sqlite", "postgresql")
-
 _PG_TYPES: dict[Kind, str] = {"number": "number", "string": "string", "bool": "boolean"}
 _SQLITE_TYPES: dict[Kind, tuple[str, ...]] = {
     "number": ("integer", "real"),
@@ -96,7 +94,7 @@ def to_sql(
     built = as_condition(condition)
     if built is None:
         return None
-    return _Compiler(table, dialect_name).condition(built)
+    return _COMPILERS[dialect_name](table).condition(built)
 
 
 def json_text(
@@ -109,30 +107,7 @@ def json_text(
     SQLite: ``data -> path`` (3.38 and later); with ``sqlite_arrow=False`` an expression of
     ``json_type`` and ``json_quote(json_extract(...))`` that older versions understand.
     """
-    compiler = _Compiler(table, dialect_name)
-    if compiler.pg:
-        parent, last, arrays = compiler.pg_path(field)
-        text = cast(compiler.pg_step(parent, last, "->"), Text)
-        return case((and_(*arrays), text)) if arrays else text
-    paths = compiler.sqlite_paths(field)
-    data = table.c.data
-    texts: list[ColumnElement[Any]]
-    if sqlite_arrow:
-        texts = [data.op("->", return_type=Text())(path) for path in paths]
-    else:
-        # json_extract gives true/false as 1/0, so booleans are spelled from their type;
-        # json_quote leaves an object or array that json_extract returned as it is.
-        texts = [
-            case(
-                (func.json_type(data, path).in_(["true", "false"]), func.json_type(data, path)),
-                (
-                    func.json_type(data, path).is_not(None),
-                    func.json_quote(func.json_extract(data, path)),
-                ),
-            )
-            for path in paths
-        ]
-    return texts[0] if len(texts) == 1 else func.coalesce(*texts)
+    return _COMPILERS[dialect_name](table).json_text(field, sqlite_arrow=sqlite_arrow)
 
 
 def sqlite_json_path(top: str, path: Sequence[str | int], *, ensure_ascii: bool = True) -> str:
@@ -173,10 +148,11 @@ def _bind(value: Any) -> BindParameter[Any]:
     return bindparam(None, value, type_=String())
 
 
-class _Compiler:
-    def __init__(self, table: Table, dialect: str) -> None:
+class _Compiler(ABC):
+    """Conditions to SQL: what both dialects share here, their differences in subclasses."""
+
+    def __init__(self, table: Table) -> None:
         self.table = table
-        self.pg = dialect == "postgresql"
 
     def condition(self, condition: Condition) -> ColumnElement[bool]:
         if isinstance(condition, And):
@@ -195,12 +171,10 @@ class _Compiler:
         if op == "not_in" and not c.value:
             return self.null_test(target, is_null=False)
         if target.column is None:
-            if self.pg:
-                return self.pg_comparison(c, target)
-            return self.sqlite_comparison(c, target)
+            return self.json_comparison(c, target)
         operand: ColumnElement[Any] = self.table.c[target.column.name]
-        if self.pg and c.kind == "string" and op in _ORDERING:
-            operand = operand.collate("C")
+        if c.kind == "string" and op in _ORDERING:
+            operand = self.in_code_point_order(operand)
         return self.test(op, operand, c.value, _bind)
 
     def test(
@@ -212,12 +186,7 @@ class _Compiler:
     ) -> ColumnElement[bool]:
         """``operand op value``, with values bound by ``bind``."""
         if op in ("like", "not_like"):
-            if self.pg:
-                if op == "not_like":
-                    return operand.not_like(_bind(value), escape=ESCAPE)
-                return operand.like(_bind(value), escape=ESCAPE)
-            glob = operand.op("GLOB", is_comparison=True)(_bind(like_to_glob(value)))
-            return not_(glob) if op == "not_like" else glob
+            return self.like(operand, value, negated=op == "not_like")
         if op in ("in", "not_in"):
             binds = [bind(v) for v in value]
             return operand.in_(binds) if op == "in" else operand.not_in(binds)
@@ -237,22 +206,51 @@ class _Compiler:
         if target.column is not None:
             column = self.table.c[target.column.name]
             return column.is_(None) if is_null else column.is_not(None)
-        json_type: ColumnElement[Any]
-        if self.pg:
-            _, json_type = self.pg_node(target)
-        else:
-            json_type = self.sqlite_call("json_type", self.sqlite_paths(target))
+        json_type = self.json_type(target)
         null = _bind("null")
         if is_null:
             return func.coalesce(json_type, null) == null
         return json_type != null
 
-    # Postgres -----------------------------------------------------------------------------
-    def pg_step(self, node: ColumnElement[Any], segment: str | int, op: str) -> Any:
+    # What each dialect does its own way -----------------------------------------------------
+    @abstractmethod
+    def json_comparison(self, c: Comparison, target: FieldPath) -> ColumnElement[bool]:
+        """A comparison of the JSON value at a payload path, true only for its own type."""
+
+    @abstractmethod
+    def json_type(self, target: FieldPath) -> ColumnElement[Any]:
+        """The JSON type name of the value at a payload path; NULL where there is none."""
+
+    @abstractmethod
+    def json_text(self, target: FieldPath, *, sqlite_arrow: bool = True) -> ColumnElement[Any]:
+        """The JSON text of the value at a payload path; NULL where there is none."""
+
+    @abstractmethod
+    def like(self, operand: ColumnElement[Any], pattern: str, *, negated: bool) -> Any:
+        """A case-sensitive LIKE with ``\\`` as the escape character."""
+
+    def in_code_point_order(self, operand: ColumnElement[Any]) -> ColumnElement[Any]:
+        """``operand`` ordered by code point, as Python orders strings."""
+        return operand
+
+
+class _PostgresCompiler(_Compiler):
+    """Paths are chains of ``->`` with bound keys (text) and indexes (integer); equality is
+    jsonb equality with the value bound as JSONB."""
+
+    def in_code_point_order(self, operand: ColumnElement[Any]) -> ColumnElement[Any]:
+        return operand.collate("C")
+
+    def like(self, operand: ColumnElement[Any], pattern: str, *, negated: bool) -> Any:
+        if negated:
+            return operand.not_like(_bind(pattern), escape=ESCAPE)
+        return operand.like(_bind(pattern), escape=ESCAPE)
+
+    def step(self, node: ColumnElement[Any], segment: str | int, op: str) -> Any:
         key = bindparam(None, segment, type_=Integer() if isinstance(segment, int) else Text())
         return node.op(op, return_type=Text() if op == "->>" else JSONB())(key)
 
-    def pg_path(
+    def path(
         self, target: FieldPath
     ) -> tuple[ColumnElement[Any], str | int, list[ColumnElement[bool]]]:
         """The node holding the path's last segment, that segment, and the array checks.
@@ -266,31 +264,31 @@ class _Compiler:
         for segment in prefix:
             if isinstance(segment, int):
                 arrays.append(func.jsonb_typeof(node) == _bind("array"))
-            node = self.pg_step(node, segment, "->")
+            node = self.step(node, segment, "->")
         if isinstance(last, int):
             arrays.append(func.jsonb_typeof(node) == _bind("array"))
         return node, last, arrays
 
-    def pg_json_type(
-        self, node: ColumnElement[Any], arrays: list[ColumnElement[bool]]
-    ) -> ColumnElement[Any]:
+    def json_type(self, target: FieldPath) -> ColumnElement[Any]:
         """``jsonb_typeof(node)``, or NULL when an index step did not meet an array."""
+        parent, last, arrays = self.path(target)
+        node = self.step(parent, last, "->")
         if not arrays:
             return func.jsonb_typeof(node)
         return case((and_(*arrays), func.jsonb_typeof(node)))
 
-    def pg_node(self, target: FieldPath) -> tuple[ColumnElement[Any], ColumnElement[Any]]:
-        parent, last, arrays = self.pg_path(target)
-        node = self.pg_step(parent, last, "->")
-        return node, self.pg_json_type(node, arrays)
+    def json_text(self, target: FieldPath, *, sqlite_arrow: bool = True) -> ColumnElement[Any]:
+        parent, last, arrays = self.path(target)
+        text = cast(self.step(parent, last, "->"), Text)
+        return case((and_(*arrays), text)) if arrays else text
 
-    def pg_comparison(self, c: Comparison, target: FieldPath) -> ColumnElement[bool]:
+    def json_comparison(self, c: Comparison, target: FieldPath) -> ColumnElement[bool]:
         assert c.kind is not None
-        parent, last, arrays = self.pg_path(target)
-        node = self.pg_step(parent, last, "->")
+        parent, last, arrays = self.path(target)
+        node = self.step(parent, last, "->")
         checks = list(arrays)
         if c.kind == "string" and c.op in _TEXT_OPS:
-            text = self.pg_step(parent, last, "->>")
+            text = self.step(parent, last, "->>")
             operand = text.collate("C") if c.op in _ORDERING else text
             compared = self.test(c.op, operand, c.value, _bind)
         else:
@@ -299,24 +297,60 @@ class _Compiler:
             checks.append(func.jsonb_typeof(node) == _bind(_PG_TYPES[c.kind]))
         return and_(*checks, compared)
 
-    # SQLite -------------------------------------------------------------------------------
-    def sqlite_call(self, name: str, paths: list[BindParameter[Any]]) -> ColumnElement[Any]:
+
+class _SqliteCompiler(_Compiler):
+    """A path is one bound JSON path string; values are read with ``json_extract`` and
+    told apart by ``json_type``; LIKE becomes a case-sensitive GLOB."""
+
+    def like(self, operand: ColumnElement[Any], pattern: str, *, negated: bool) -> Any:
+        glob = operand.op("GLOB", is_comparison=True)(_bind(like_to_glob(pattern)))
+        return not_(glob) if negated else glob
+
+    def call(self, name: str, paths: list[BindParameter[Any]]) -> ColumnElement[Any]:
         """``name(data, path)``, or the first non-null of it over several spellings."""
         data = self.table.c.data
         calls = [getattr(func, name)(data, path) for path in paths]
         return calls[0] if len(calls) == 1 else func.coalesce(*calls)
 
-    def sqlite_paths(self, target: FieldPath) -> list[BindParameter[Any]]:
+    def paths(self, target: FieldPath) -> list[BindParameter[Any]]:
         """The path, bound once; twice (escaped and raw) when a key is not ASCII."""
         escaped = sqlite_json_path(str(target.top), target.steps)
         raw = sqlite_json_path(str(target.top), target.steps, ensure_ascii=False)
         return [_bind(escaped)] if raw == escaped else [_bind(escaped), _bind(raw)]
 
-    def sqlite_comparison(self, c: Comparison, target: FieldPath) -> ColumnElement[bool]:
+    def json_type(self, target: FieldPath) -> ColumnElement[Any]:
+        return self.call("json_type", self.paths(target))
+
+    def json_text(self, target: FieldPath, *, sqlite_arrow: bool = True) -> ColumnElement[Any]:
+        """``data -> path`` (3.38 and later); with ``sqlite_arrow=False`` an expression of
+        ``json_type`` and ``json_quote(json_extract(...))`` that older versions understand."""
+        data = self.table.c.data
+        texts: list[ColumnElement[Any]]
+        if sqlite_arrow:
+            texts = [data.op("->", return_type=Text())(path) for path in self.paths(target)]
+        else:
+            # json_extract gives true/false as 1/0, so booleans are spelled from their type;
+            # json_quote leaves an object or array that json_extract returned as it is.
+            texts = [
+                case(
+                    (
+                        func.json_type(data, path).in_(["true", "false"]),
+                        func.json_type(data, path),
+                    ),
+                    (
+                        func.json_type(data, path).is_not(None),
+                        func.json_quote(func.json_extract(data, path)),
+                    ),
+                )
+                for path in self.paths(target)
+            ]
+        return texts[0] if len(texts) == 1 else func.coalesce(*texts)
+
+    def json_comparison(self, c: Comparison, target: FieldPath) -> ColumnElement[bool]:
         assert c.kind is not None
-        paths = self.sqlite_paths(target)
-        compared = self.test(c.op, self.sqlite_call("json_extract", paths), c.value, _bind)
-        json_type = self.sqlite_call("json_type", paths)
+        paths = self.paths(target)
+        compared = self.test(c.op, self.call("json_extract", paths), c.value, _bind)
+        json_type = self.call("json_type", paths)
         names = _SQLITE_TYPES[c.kind]
         if len(names) == 1:
             is_kind = json_type == _bind(names[0])
@@ -325,3 +359,12 @@ class _Compiler:
         # The comparison first: SQLite stops at the first false term, so the type is only
         # looked up (a second parse of the document) for rows whose value already matched.
         return and_(compared, is_kind)
+
+
+#: The compiler of each dialect to_sql() compiles for.
+_COMPILERS: dict[str, type[_Compiler]] = {
+    "sqlite": _SqliteCompiler,
+    "postgresql": _PostgresCompiler,
+}
+#: The SQLAlchemy dialect names to_sql() compiles for.
+DIALECTS = tuple(_COMPILERS)

@@ -8,6 +8,7 @@ The query compiler keeps the JSON-path differences in one place of its own
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
@@ -35,6 +36,8 @@ from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from sqlalchemy.sql.elements import ColumnElement
 
 from ..errors import UnsupportedTypeError
+from ..paths import FieldPath
+from ..query.compiler import json_text
 from .schema import buffers, rows
 
 __all__ = ["Dialect", "PostgresDialect", "SqliteDialect", "WRITE_COLUMNS", "dialect_for"]
@@ -53,6 +56,14 @@ class Dialect(ABC):
     name: str
     #: Whether encoding the next chunk in a thread overlaps the insert of the current one.
     encodes_in_thread: bool = False
+    #: Whether the database extracts a part of a JSON document as text by its path (``->``),
+    #: so a fetch reads only the parts a converter needs.
+    extracts_json: bool = True
+
+    def json_text(self, path: FieldPath) -> ColumnElement[Any]:
+        """The JSON text of the value at a payload path of the rows' document (NULL where
+        there is none), as conditions read it (:func:`expstore.query.compiler.json_text`)."""
+        return json_text(path, rows, self.name, sqlite_arrow=self.extracts_json)
 
     @abstractmethod
     def key_in(self) -> ColumnElement[bool]:
@@ -82,6 +93,8 @@ class Dialect(ABC):
 
 class SqliteDialect(Dialect):
     name = "sqlite"
+    # SQLite's -> operator (JSON text of a part, NULL where there is none) came in 3.38.
+    extracts_json = sqlite3.sqlite_version_info >= (3, 38, 0)
 
     def __init__(self) -> None:
         marks = ", ".join("?" * len(WRITE_COLUMNS))

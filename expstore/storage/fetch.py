@@ -15,7 +15,6 @@ payload field, which gives exactly what decoding the whole row would.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -24,15 +23,12 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from ..codec import RESERVED_KEYS, BatchDecoder
 from ..paths import FieldPath, parse_path, walk
-from ..query.compiler import json_text
 from .base import Values
+from .dialects import Dialect
 from .reader import RowReader, key_list
 from .schema import rows
 
-__all__ = ["SQLITE_ARROW", "FieldFetcher", "FieldPlan"]
-
-#: SQLite's -> operator (JSON text of a part, NULL where there is none) came in 3.38.
-SQLITE_ARROW = sqlite3.sqlite_version_info >= (3, 38, 0)
+__all__ = ["FieldFetcher", "FieldPlan"]
 
 
 class _Part(NamedTuple):
@@ -50,7 +46,7 @@ class FieldPlan:
     """
 
     def __init__(
-        self, paths: Sequence[str], dialect: str, *, deep: bool, writable: bool = True
+        self, paths: Sequence[str], dialect: Dialect, *, deep: bool, writable: bool = True
     ) -> None:
         self.columns: list[ColumnElement[Any]] = [rows.c.key, rows.c.id]
         self.writable = writable
@@ -70,7 +66,7 @@ class FieldPlan:
             where = (path.top, steps)
             if where not in placed:
                 part = FieldPath(path.text, None, path.top, steps)
-                placed[where] = self._add(json_text(part, rows, dialect, sqlite_arrow=SQLITE_ARROW))
+                placed[where] = self._add(dialect.json_text(part))
             if self._tensors_at < 0:
                 self._tensors_at = self._add(rows.c.tensors)
             label = ".".join([str(path.top), *map(str, steps)])
@@ -159,8 +155,8 @@ class FieldFetcher:
         key = (tuple(paths), writable)
         plans = self._plans.get(key)
         if plans is None:
-            dialect = self.reader.handle.dialect.name
-            deep = dialect == "postgresql" or SQLITE_ARROW
+            dialect = self.reader.handle.dialect
+            deep = dialect.extracts_json
             plan = FieldPlan(paths, dialect, deep=deep, writable=writable)
             plans = (plan, FieldPlan(paths, dialect, deep=False) if deep else None)
             if len(self._plans) >= self.PLANS:

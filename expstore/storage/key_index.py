@@ -29,10 +29,9 @@ from sqlalchemy.sql.elements import ColumnElement
 from ..codec import PartDecoder
 from ..errors import CodecError
 from ..query import as_condition
-from ..query.compiler import json_text
 from ..query.fields import resolve_field
 from .base import QueryCondition
-from .fetch import SQLITE_ARROW
+from .dialects import Dialect
 from .handle import BufferHandle
 from .priorities import logged_priorities
 from .schema import buffers, newest_first, oldest_first, rows
@@ -80,7 +79,7 @@ class _Column(NamedTuple):
     dtype: Any  # None for JSON text, decoded value by value
 
 
-def _column(name: str, dialect: str) -> _Column:
+def _column(name: str, dialect: Dialect) -> _Column:
     """A requested column: ``priority``, a column by its bare or full name, or the JSON text
     at a payload path (by the path grammar of :mod:`expstore.paths`)."""
     if name == "priority":
@@ -89,7 +88,7 @@ def _column(name: str, dialect: str) -> _Column:
     if path.column is not None:
         column = rows.c[path.column.name]
         return _Column(name, column, _DTYPES[column.name])
-    return _Column(name, json_text(path, rows, dialect, sqlite_arrow=SQLITE_ARROW), None)
+    return _Column(name, dialect.json_text(path), None)
 
 
 def condition_key(query_condition: QueryCondition) -> str:
@@ -145,7 +144,7 @@ class KeyIndex:
     def get(self, requests: Sequence[tuple[QueryCondition, Sequence[str]]]) -> list[Arrays]:
         """The index for each ``(condition, columns)``, all at one signature, read in one
         connection."""
-        dialect = self.handle.dialect.name
+        dialect = self.handle.dialect
         plans = []
         for query_condition, names in requests:
             names = tuple(names)
@@ -162,7 +161,7 @@ class KeyIndex:
         columns: Sequence[str],
     ) -> Arrays:
         """One index as it is at ``signature``: cached, brought up to date, or read."""
-        dialect = self.handle.dialect.name
+        dialect = self.handle.dialect
         names = tuple(columns)
         return self._read(
             conn, signature, query_condition, names, [_column(n, dialect) for n in names]
