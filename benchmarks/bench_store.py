@@ -109,7 +109,7 @@ def pg_floor(url: str, data: list[tuple]) -> float:
     import psycopg
     from psycopg.types.json import Jsonb
 
-    from expstore.storage.sql import _PG_COPY_TYPES
+    from expstore.storage.dialects import PostgresDialect
 
     ReplayBuffer(url, name="floor").close()
     u = make_url(url)
@@ -120,7 +120,7 @@ def pg_floor(url: str, data: list[tuple]) -> float:
             conn.cursor() as cur,
             cur.copy(f"COPY expstore_rows ({COLS}) FROM STDIN (FORMAT BINARY)") as copy,
         ):
-            copy.set_types(_PG_COPY_TYPES)
+            copy.set_types(PostgresDialect().copy_types)
             for t in data:
                 copy.write_row((bid,) + t[1:12] + (Jsonb(t[12]), t[13]))
         conn.commit()
