@@ -139,6 +139,7 @@ def store_batch(handle: BufferHandle, rows: Sequence[DataRow]) -> tuple[int | No
             if duplicate is None:
                 raise  # not a duplicate id: reported as the database said it
             raise duplicate from exc
+        handle.dialect.wrote(handle.connections.engine, handle.buffer_id, len(batch))
     return (None if capacity is None else int(capacity)), policy
 
 

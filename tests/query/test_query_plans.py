@@ -120,36 +120,72 @@ def test_postgres_can_serve_the_query_from_the_index_alone(
     assert index in shown, shown
 
 
-def test_ids_are_looked_up_by_index_on_postgres_even_without_statistics(
-    pg_server_url: str,
-) -> None:
-    """update_priorities and the duplicate-id check find rows by id; on a freshly loaded
-    table (never ANALYZEd: a new database, autovacuum off or not yet run) Postgres must
-    still use the (buffer_id, id) index rather than scan the buffer."""
+def _id_lookup_plan(url: str, buffer: ReplayBuffer, ids: list[str]) -> str:
+    from expstore.storage.dialects import PostgresDialect
+
+    stmt = PostgresDialect().ids_statement(buffer.storage.buffer_id, ids)  # type: ignore[attr-defined]
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        compiled = stmt.compile(dialect=conn.dialect)
+        found = conn.exec_driver_sql("EXPLAIN " + str(compiled), compiled.params).all()
+    engine.dispose()
+    return "\n".join(r[0] for r in found)
+
+
+@pytest.fixture
+def fresh_pg_url(pg_server_url: str) -> Iterator[str]:
+    """A database of its own, never analyzed, dropped afterwards."""
     import uuid
 
     from sqlalchemy.engine import make_url
 
     server = make_url(pg_server_url)
-    name = f"expstore_nostats_{uuid.uuid4().hex[:8]}"
+    name = f"expstore_stats_{uuid.uuid4().hex[:8]}"
     admin = create_engine(server, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     try:
-        url = server.set(database=name)
-        with ReplayBuffer(url.render_as_string(hide_password=False)) as buffer:
-            stored = make_rows(20_000)
-            buffer.store_batch(stored)
-            from expstore.storage.dialects import PostgresDialect
-
-            ids = [r.id for r in stored[::80]]
-            stmt = PostgresDialect().ids_statement(buffer.storage.buffer_id, ids)  # type: ignore[attr-defined]
-            with create_engine(url).connect() as conn:
-                compiled = stmt.compile(dialect=conn.dialect)
-                found = conn.exec_driver_sql("EXPLAIN " + str(compiled), compiled.params).all()
-        plan_text = "\n".join(r[0] for r in found)
-        assert "uq_expstore_rows_buffer_id_id" in plan_text, plan_text
+        yield server.set(database=name).render_as_string(hide_password=False)
     finally:
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+def test_ids_are_looked_up_by_index_on_postgres_even_without_statistics(
+    fresh_pg_url: str,
+) -> None:
+    """update_priorities and the duplicate-id check find rows by id; on a freshly loaded
+    table (never ANALYZEd: a new database, autovacuum off or not yet run) Postgres must
+    still use the (buffer_id, id) index rather than scan the buffer."""
+    with ReplayBuffer(fresh_pg_url) as buffer:
+        stored = make_rows(4_000)  # fewer than a writer analyzes after
+        buffer.store_batch(stored)
+        plan = _id_lookup_plan(fresh_pg_url, buffer, [r.id for r in stored[::80]])
+    assert "uq_expstore_rows_buffer_id_id" in plan, plan
+
+
+def test_a_bulk_load_into_a_new_buffer_refreshes_statistics_taken_before_it(
+    fresh_pg_url: str,
+) -> None:
+    """Statistics that know only another buffer make Postgres estimate a new buffer at one
+    row and look ids up through any (buffer_id, ...) index, filtering the whole buffer per
+    id. The writer that loads the new buffer analyzes the table, so ids are looked up by the
+    (buffer_id, id) index again."""
+    with ReplayBuffer(fresh_pg_url, name="old") as old:
+        old.store_batch(make_rows(4_000))
+    engine = create_engine(fresh_pg_url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text("ANALYZE expstore_rows"))  # taken when only "old" existed
+        analyzed = conn.execute(text(_LAST_ANALYZE)).scalar()
+    with ReplayBuffer(fresh_pg_url, name="new") as new:
+        stored = make_rows(6_000)
+        new.store_batch(stored)
+        plan = _id_lookup_plan(fresh_pg_url, new, [r.id for r in stored[::80]])
+    assert "uq_expstore_rows_buffer_id_id" in plan, plan
+    with engine.connect() as conn:
+        assert conn.execute(text(_LAST_ANALYZE)).scalar() > analyzed
+    engine.dispose()
+
+
+_LAST_ANALYZE = "SELECT last_analyze FROM pg_stat_user_tables WHERE relname = 'expstore_rows'"
