@@ -17,15 +17,17 @@ from typing import Any
 import numpy as np
 from sqlalchemy.engine import URL
 
+from .claims import DEFAULT_LEASE_S, Claim, check_consumer, claim_rows, wait_for_rows
 from .converters.base import Converter, as_converter
 from .converters.default import DefaultConverter
-from .errors import UnsupportedTypeError
+from .errors import UnknownConsumerError, UnsupportedTypeError
 from .models import DataRow
 from .samplers.base import Sampler, TaskSampler, as_sampler
 from .samplers.random_task import RandomTaskSampler
 from .samplers.uniform import UniformSampler
 from .sampling import draw
 from .storage.base import QueryCondition, Storage
+from .storage.claims import Lineage, QueueStats
 from .storage.sql import SqlStorage
 
 __all__ = ["ReplayBuffer"]
@@ -191,6 +193,76 @@ class ReplayBuffer:
         converter = DefaultConverter() if converter is None else converter
         tasks = sampler.sample_tasks(self.storage, batch_size, query_condition)
         return [converter.to_dataset_row(task_rows) for task_rows in tasks.values()]
+
+    # -- claims: a consume-once queue for learners (expstore.claims) ---------------------
+    def claim(
+        self,
+        n: int,
+        query_condition: QueryCondition = None,
+        *,
+        consumer: str,
+        lease_s: float = DEFAULT_LEASE_S,
+        order: Any = "fifo",
+        converter: Converter | None = None,
+        wait: float | None = None,
+    ) -> Claim:
+        """Claim up to ``n`` matching rows that no other consumer gets while the lease
+        holds, for any process on any host sharing the database.
+
+        ``order``: ``"fifo"`` (oldest first), ``"random"``, or a sampler (``PrioritizedSampler``
+        ...) that picks among the claimable rows. ``converter`` builds ``claim.batch`` (the
+        rows as a list by default). ``wait``: seconds to wait for ``n`` claimable rows
+        (without it the claim takes what there is now, maybe nothing); if none came,
+        WaitTimeoutError. Finish with ``claim.ack(checkpoint=...)`` or ``claim.release()``;
+        a claim neither acked nor released goes back to the queue when its lease runs out.
+        """
+        return claim_rows(
+            self.storage,
+            n,
+            query_condition,
+            consumer=consumer,
+            lease_s=lease_s,
+            order=order,
+            converter=converter,
+            wait=wait,
+        )
+
+    def checkpoint(self, consumer: str, default: Any = ...) -> Any:
+        """The checkpoint ``consumer`` last acked with; ``default`` if it has none (without
+        ``default``: UnknownConsumerError)."""
+        check_consumer(consumer)
+        try:
+            return self.storage.claims.checkpoint(consumer)[1]
+        except UnknownConsumerError:
+            if default is ...:
+                raise
+            return default
+
+    def wait_for(
+        self,
+        min_rows: int,
+        query_condition: QueryCondition = None,
+        *,
+        timeout: float | None = None,
+        claimable: bool = False,
+    ) -> int:
+        """Block until at least ``min_rows`` rows match (``claimable=True``: can be claimed
+        now), polling with back-off (5 ms growing to 0.5 s); returns how many were seen
+        (counting stops at ``min_rows``). WaitTimeoutError after ``timeout`` seconds."""
+        return wait_for_rows(
+            self.storage, min_rows, query_condition, timeout=timeout, claimable=claimable
+        )
+
+    def lineage(self, ids: Sequence[str]) -> dict[str, Lineage]:
+        """Each row's consumption record: state (unclaimed, leased, expired, consumed),
+        consumer, when claimed and acked, the checkpoint it was acked with, how many times
+        it was claimed. Ids not stored are left out."""
+        return self.storage.claims.lineage(ids)
+
+    def queue_stats(self, query_condition: QueryCondition = None) -> QueueStats:
+        """Queue depth over the matching rows: unclaimed, leased, expired, consumed, and
+        per consumer."""
+        return self.storage.claims.stats(query_condition)
 
     # -- lifecycle -----------------------------------------------------------------------
     def close(self) -> None:

@@ -20,6 +20,12 @@ too::
     ├── SchemaVersionError        the database schema is older or newer than this library
     ├── StorageError              the database refused or failed an operation
     │   └── DuplicateIdError          a row id is already stored, or given twice (ValueError)
+    ├── ClaimError                a claim cannot be acked, released or renewed as asked
+    │   ├── LeaseExpiredError         its lease ran out and another consumer claimed rows
+    │   ├── ClaimOwnerError           it belongs to another consumer
+    │   └── ClaimFinishedError        it was already acked or released
+    ├── UnknownConsumerError      no checkpoint stored for that consumer (LookupError)
+    ├── WaitTimeoutError          the data waited for did not come in time (TimeoutError)
     └── MissingDependencyError    an optional extra (torch, postgres, parquet) is not
                                   installed (ImportError)
 
@@ -34,11 +40,15 @@ from __future__ import annotations
 from pydantic import ValidationError
 
 __all__ = [
+    "ClaimError",
+    "ClaimFinishedError",
+    "ClaimOwnerError",
     "CodecError",
     "DuplicateIdError",
     "EmptyBufferError",
     "ExpstoreError",
     "InvalidArgumentError",
+    "LeaseExpiredError",
     "MissingDependencyError",
     "OutOfRangeError",
     "QueryError",
@@ -46,7 +56,9 @@ __all__ = [
     "RowValidationError",
     "SchemaVersionError",
     "StorageError",
+    "UnknownConsumerError",
     "UnsupportedTypeError",
+    "WaitTimeoutError",
 ]
 
 
@@ -100,3 +112,27 @@ class EmptyBufferError(ExpstoreError, ValueError):
 
 class MissingDependencyError(ExpstoreError, ImportError):
     """An optional dependency is needed but not installed."""
+
+
+class ClaimError(ExpstoreError):
+    """A claim cannot be acked, released or renewed as asked; nothing was changed."""
+
+
+class LeaseExpiredError(ClaimError):
+    """The claim's lease ran out and another consumer has claimed some of its rows since."""
+
+
+class ClaimOwnerError(ClaimError):
+    """The claim belongs to another consumer than the one acking or releasing it."""
+
+
+class ClaimFinishedError(ClaimError):
+    """The claim was already acked or released."""
+
+
+class UnknownConsumerError(ExpstoreError, LookupError):
+    """No checkpoint is stored for that consumer in this buffer."""
+
+
+class WaitTimeoutError(ExpstoreError, TimeoutError):
+    """What was waited for did not happen before the timeout."""

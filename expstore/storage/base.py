@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from .._args import check_int
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, UnsupportedTypeError
 from ..models import DataRow
 
 if TYPE_CHECKING:
     from ..query import Condition
+    from .claims import ClaimQueue
 
     QueryCondition = Condition | dict[str, Any] | None
 else:
@@ -157,6 +158,14 @@ class Storage(ABC):
             return Fetched([row.id for row in rows], rows=rows)
         ids, columns = self.fetch_columns(keys, paths, writable=writable)
         return Fetched(ids, columns=columns)
+
+    @property
+    def claims(self) -> ClaimQueue:
+        """The buffer's claims (consume-once queue, checkpoints, lineage); see
+        :mod:`expstore.claims`. A storage without them raises UnsupportedTypeError."""
+        raise UnsupportedTypeError(
+            f"{type(self).__name__} does not keep claims; use SqlStorage (a database URL)"
+        )
 
     @abstractmethod
     def close(self) -> None:

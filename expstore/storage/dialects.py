@@ -26,6 +26,7 @@ from sqlalchemy import (
     String,
     Text,
     bindparam,
+    cast,
     column,
     func,
     insert,
@@ -34,6 +35,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -88,6 +90,20 @@ class Dialect(ABC):
         """``stmt`` locking the rows it reads until the transaction ends."""
         return stmt
 
+    def skip_locked(self, stmt: Select[Any]) -> Select[Any]:
+        """``stmt`` locking the rows it reads, passing over rows another transaction holds
+        (claims: concurrent claimers never wait on each other)."""
+        return stmt
+
+    @abstractmethod
+    def now(self) -> ColumnElement[float]:
+        """The database's clock in seconds since the epoch, the one clock leases are
+        measured by whatever host a process runs on."""
+
+    @abstractmethod
+    def upsert(self, table: Any) -> Any:
+        """``INSERT INTO table`` with ``on_conflict_do_update`` / ``do_nothing``."""
+
     def wrote(self, engine: Engine, buffer_id: int, rows_written: int) -> None:
         """Called after a write of ``rows_written`` rows to a buffer commits; the dialect
         may refresh what its planner knows of the table."""
@@ -126,6 +142,13 @@ class SqliteDialect(Dialect):
         )
 
     # SQLite's BEGIN IMMEDIATE already lets one writer in at a time: no row locks.
+
+    def now(self) -> ColumnElement[float]:
+        # julianday('now') has millisecond resolution; day 2440587.5 is the Unix epoch.
+        return (func.julianday("now") - 2440587.5) * 86400.0
+
+    def upsert(self, table: Any) -> Any:
+        return sqlite_insert(table)
 
     def create_buffer(self, conn: Connection, name: str) -> None:
         conn.execute(insert(buffers).values(name=name, created_at=time.time()))
@@ -222,6 +245,17 @@ class PostgresDialect(Dialect):
 
     def locked(self, stmt: Select[Any]) -> Select[Any]:
         return stmt.with_for_update()
+
+    def skip_locked(self, stmt: Select[Any]) -> Select[Any]:
+        # NO KEY UPDATE: other claimers skip the row, while inserting its consumption entry
+        # (a foreign key check, FOR KEY SHARE) does not wait.
+        return stmt.with_for_update(key_share=True, skip_locked=True, of=rows)
+
+    def now(self) -> ColumnElement[float]:
+        return cast(func.extract("epoch", func.clock_timestamp()), Double)
+
+    def upsert(self, table: Any) -> Any:
+        return pg_insert(table)
 
     #: Rows a handle writes between two looks at what the planner expects of its buffer.
     STATISTICS_EVERY = 5000

@@ -145,3 +145,71 @@ priority_log = Table(
 
 #: How many priority updates a buffer's log keeps; a reader further behind reloads.
 PRIORITY_LOG_KEEP = 64
+
+#: Claims and consumption, one row per experience row ever claimed (see
+#: :mod:`expstore.storage.claims`). Kept apart from ``expstore_rows`` so that claiming,
+#: acking and releasing update a narrow row and never write a new version of the payload.
+#: A row is claimable when it has no entry here, or its entry is not acked and holds no
+#: live lease (``lease_until`` NULL after a release, or in the past after a crash).
+consumption = Table(
+    "expstore_consumption",
+    metadata,
+    Column(
+        "key",
+        KeyType,
+        ForeignKey("expstore_rows.key", ondelete="CASCADE"),
+        primary_key=True,
+        autoincrement=False,
+    ),
+    Column(
+        "buffer_id",
+        Integer,
+        ForeignKey("expstore_buffers.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    # The claim that holds (or last acked) the row, and its consumer; NULL after a release.
+    Column("claim_id", String(32), nullable=True),
+    Column("consumer", String(255), nullable=True),
+    # Seconds since the epoch by the database's clock, so leases mean the same on every host.
+    Column("claimed_at", Double, nullable=True),
+    Column("lease_until", Double, nullable=True),
+    Column("acked_at", Double, nullable=True),
+    # The consumer's checkpoint (expstore_checkpoints.seq) the row was acked with.
+    Column("checkpoint_seq", BigInteger, nullable=True),
+    Column("times_claimed", Integer, nullable=False, server_default="0"),
+    Index(None, "buffer_id", "acked_at", "lease_until"),
+    Index(None, "claim_id"),
+)
+
+#: Every checkpoint a consumer acked with (``seq`` counts per consumer from 1); the newest
+#: is the one to resume from.
+checkpoints = Table(
+    "expstore_checkpoints",
+    metadata,
+    Column(
+        "buffer_id",
+        Integer,
+        ForeignKey("expstore_buffers.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("consumer", String(255), primary_key=True),
+    Column("seq", BigInteger, primary_key=True, autoincrement=False),
+    Column("state", JsonType, nullable=True),
+    Column("created_at", Double, nullable=False),
+)
+
+#: One row per consumer of a buffer: its last checkpoint's number, locked by each ack with
+#: a checkpoint, so two acks of one consumer number their checkpoints in turn (acks of
+#: different consumers never wait on each other).
+consumers = Table(
+    "expstore_consumers",
+    metadata,
+    Column(
+        "buffer_id",
+        Integer,
+        ForeignKey("expstore_buffers.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("consumer", String(255), primary_key=True),
+    Column("last_seq", BigInteger, nullable=False, server_default="0"),
+)

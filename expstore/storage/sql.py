@@ -35,6 +35,7 @@ from ..errors import InvalidArgumentError, StorageError, UnsupportedTypeError
 from ..models import DataRow
 from . import priorities, registry, writer
 from .base import QueryCondition, Storage, Values
+from .claims import ClaimQueue
 from .engine import create_sql_engine, normalise_url
 from .fetch import FieldFetcher
 from .handle import BufferHandle
@@ -83,7 +84,9 @@ class SqlStorage(Storage):
         self._reader = RowReader(handle)
         self._fields = FieldFetcher(self._reader)
         self._index = KeyIndex(handle)
+        self._claims = ClaimQueue(handle)
         handle.connections.on_fork.append(self._index.clear)
+        handle.connections.on_fork.append(self._claims.clear)
         with handle.errors("open"):
             connections = handle.connections
             migrate.ensure_schema(connections.engine, connections.write_engine, upgrade=upgrade)
@@ -107,6 +110,11 @@ class SqlStorage(Storage):
     def index(self) -> KeyIndex:
         """The cached key indexes (see :mod:`expstore.storage.key_index`)."""
         return self._index
+
+    @property
+    def claims(self) -> ClaimQueue:
+        """The buffer's claims (see :mod:`expstore.storage.claims`)."""
+        return self._claims
 
     @property
     def fetcher(self) -> FieldFetcher:

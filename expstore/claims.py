@@ -1,0 +1,264 @@
+"""Claims, checkpoints and waiting: a buffer as a consume-once work queue for learners.
+
+::
+
+    claim = buffer.claim(256, consumer="learner-0", lease_s=120)   # rows nobody else gets
+    loss = train_on(claim.batch)
+    claim.ack(checkpoint={"step": step})   # consumed, and the cursor stored, in one commit
+
+    state = buffer.checkpoint("learner-0", default={"step": 0})    # after a restart
+
+A claim holds its rows for ``lease_s`` seconds (by the database's clock); ``ack`` marks them
+consumed, ``release`` gives them back, and rows of a claim whose lease ran out (its learner
+died) are claimed again by whoever asks next: at-least-once delivery, exactly-once by the
+acked record. An ack after the lease ran out still succeeds if nobody claimed the rows
+meanwhile; otherwise it raises :class:`~expstore.errors.LeaseExpiredError` and changes
+nothing. The storage side is :mod:`expstore.storage.claims`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from ._args import check_int
+from .converters.base import Converter, as_converter
+from .converters.default import DefaultConverter
+from .errors import (
+    ClaimFinishedError,
+    EmptyBufferError,
+    InvalidArgumentError,
+    UnsupportedTypeError,
+    WaitTimeoutError,
+)
+from .samplers.base import KeySampler
+from .samplers.uniform import UniformSampler
+from .sampling import SampleInfo
+from .storage.base import QueryCondition, Storage
+from .storage.claims import Claimed, ClaimQueue, check_lease
+
+__all__ = ["Claim", "check_consumer", "claim_rows", "wait_for_rows", "wait_until"]
+
+#: The default lease: long enough for a training step, short enough that a dead learner's
+#: rows come back within minutes.
+DEFAULT_LEASE_S = 300.0
+#: Polling back-off while waiting: first pause, growth, longest pause (seconds).
+_FIRST_PAUSE, _GROWTH, _LONGEST_PAUSE = 0.005, 1.5, 0.5
+
+
+def check_consumer(consumer: Any) -> str:
+    if not isinstance(consumer, str) or not consumer or len(consumer) > 255:
+        raise InvalidArgumentError(
+            f"consumer must be a non-empty string of at most 255 chars (a learner's name, "
+            f"the same across its restarts), got {consumer!r}"
+        )
+    return consumer
+
+
+def _check_timeout(name: str, value: Any, *, optional: bool) -> float | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UnsupportedTypeError(f"{name} must be a number of seconds, got {value!r}")
+    if math.isnan(value) or value < 0:
+        raise InvalidArgumentError(f"{name} must be a number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+class Claim:
+    """Rows claimed by one consumer: ``batch`` (what the converter built; a list of
+    DataRows by default), their ``ids`` and ``keys``, ``claim_id``, ``consumer`` and when the
+    lease ends (``lease_until``, database clock). Finish it with :meth:`ack` or
+    :meth:`release`; used as a context manager it is released if the block raises before
+    either."""
+
+    def __init__(self, queue: ClaimQueue, claimed: Claimed, ids: list[str], batch: Any) -> None:
+        self._queue = queue
+        self._claimed = claimed
+        self.ids = ids
+        self.batch = batch
+        self.state = "held"
+
+    @property
+    def claim_id(self) -> str:
+        return self._claimed.claim_id
+
+    @property
+    def consumer(self) -> str:
+        return self._claimed.consumer
+
+    @property
+    def keys(self) -> np.ndarray:
+        return self._claimed.keys
+
+    @property
+    def claimed_at(self) -> float:
+        return self._claimed.claimed_at
+
+    @property
+    def lease_until(self) -> float:
+        return self._claimed.lease_until
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def _check_held(self, action: str) -> None:
+        if self.state != "held":
+            raise ClaimFinishedError(
+                f"claim {self.claim_id} was already {self.state}; it cannot be {action}. "
+                "Nothing was changed"
+            )
+
+    def ack(self, checkpoint: Any = ..., *, consumer: str | None = None) -> int:
+        """Mark the rows consumed; with ``checkpoint`` (any JSON value: step, epoch, data
+        cursor) store it as this consumer's checkpoint in the same transaction. Returns how
+        many rows were acked (rows evicted meanwhile are not counted)."""
+        self._check_held("acked")
+        claimed = self._as(consumer)
+        with_checkpoint = checkpoint is not ...
+        done = self._queue.ack(
+            claimed, None if not with_checkpoint else checkpoint, with_checkpoint=with_checkpoint
+        )
+        self.state = "acked"
+        return done
+
+    def release(self, *, consumer: str | None = None) -> int:
+        """Give the rows back to the queue now; returns how many."""
+        self._check_held("released")
+        done = self._queue.release(self._as(consumer))
+        self.state = "released"
+        return done
+
+    def renew(self, lease_s: float | None = None) -> float:
+        """Extend the lease to ``lease_s`` (default: the claim's own) from now; returns when
+        it ends. For work that takes longer than a lease: renew before it runs out."""
+        self._check_held("renewed")
+        c = self._claimed
+        lease = check_lease(c.lease_until - c.claimed_at if lease_s is None else lease_s)
+        until = self._queue.renew(c, lease)
+        self._claimed = c._replace(lease_until=until)
+        return until
+
+    def _as(self, consumer: str | None) -> Claimed:
+        if consumer is None:
+            return self._claimed
+        return self._claimed._replace(consumer=check_consumer(consumer))
+
+    def __enter__(self) -> Claim:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is not None and self.state == "held":
+            self.release()
+
+    def __repr__(self) -> str:
+        return (
+            f"Claim({self.claim_id}, consumer={self.consumer!r}, rows={len(self)}, "
+            f"state={self.state!r})"
+        )
+
+
+def _candidates(
+    storage: Storage, order: Any, query_condition: QueryCondition
+) -> Callable[[int], np.ndarray] | None:
+    if order == "fifo":
+        return None
+    if order == "random":
+        order = UniformSampler()
+    if not isinstance(order, KeySampler):
+        raise UnsupportedTypeError(
+            'order must be "fifo", "random" or a sampler that chooses keys (UniformSampler, '
+            f"PrioritizedSampler, ...), got {order!r}"
+        )
+    sampler = order
+
+    def draw(m: int) -> np.ndarray:
+        try:
+            return sampler.choose(storage, m, query_condition).keys
+        except EmptyBufferError:
+            return np.empty(0, dtype=np.int64)
+
+    return draw
+
+
+def claim_rows(
+    storage: Storage,
+    n: int,
+    query_condition: QueryCondition = None,
+    *,
+    consumer: str,
+    lease_s: float = DEFAULT_LEASE_S,
+    order: Any = "fifo",
+    converter: Converter | None = None,
+    wait: float | None = None,
+) -> Claim:
+    """See :meth:`expstore.ReplayBuffer.claim`."""
+    n = check_int("n", n, minimum=1)
+    consumer = check_consumer(consumer)
+    lease = check_lease(lease_s)
+    wait_s = _check_timeout("wait", wait, optional=True)
+    queue = storage.claims
+    builder = as_converter(DefaultConverter() if converter is None else converter)
+    candidates = _candidates(storage, order, query_condition)
+    if wait_s is not None:
+        try:
+            wait_until(lambda: queue.count(query_condition, n, claimable=True) >= n, wait_s)
+        except WaitTimeoutError:
+            if not queue.count(query_condition, 1, claimable=True):
+                raise WaitTimeoutError(
+                    f"no row became claimable within {wait_s} s; check that actors are "
+                    "writing (and match the condition), or wait longer"
+                ) from None
+    claimed = queue.claim(n, query_condition, consumer, lease, candidates)
+    fetched = storage.fetch(claimed.keys, builder.paths, writable=not builder.copies_arrays)
+    info = SampleInfo(claimed.keys, list(fetched.ids))
+    batch = builder.attach_info(builder.build(fetched), info)
+    return Claim(queue, claimed, list(fetched.ids), batch)
+
+
+def wait_until(ready: Callable[[], bool], timeout: float | None) -> None:
+    """Call ``ready`` with a growing pause (5 ms up to 0.5 s) until it is true;
+    WaitTimeoutError after ``timeout`` seconds (None: no limit)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pause = _FIRST_PAUSE
+    while not ready():
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise WaitTimeoutError(f"not ready after {timeout} s")
+        time.sleep(pause if left is None else min(pause, left))
+        pause = min(pause * _GROWTH, _LONGEST_PAUSE)
+
+
+def wait_for_rows(
+    storage: Storage,
+    min_rows: int,
+    query_condition: QueryCondition,
+    *,
+    timeout: float | None,
+    claimable: bool,
+) -> int:
+    """See :meth:`expstore.ReplayBuffer.wait_for`."""
+    min_rows = check_int("min_rows", min_rows, minimum=1)
+    limit = _check_timeout("timeout", timeout, optional=True)
+    seen = [0]
+
+    def ready() -> bool:
+        seen[0] = storage.claims.count(query_condition, min_rows, claimable=claimable)
+        return seen[0] >= min_rows
+
+    try:
+        wait_until(ready, limit)
+    except WaitTimeoutError:
+        kind = "claimable rows" if claimable else "rows"
+        raise WaitTimeoutError(
+            f"waited {limit} s for {min_rows} matching {kind}, found {seen[0]}; check that "
+            "actors are writing rows that match the condition, or wait longer"
+        ) from None
+    return seen[0]

@@ -1,0 +1,516 @@
+"""Claims: a consume-once work queue over a buffer's rows, kept in the database.
+
+A claim takes rows no other consumer gets while its lease holds; ``ack`` marks them
+consumed (with the consumer's checkpoint, in the same transaction), ``release`` returns
+them, and a lease that runs out without an ack (the consumer died) returns them by itself.
+Claim state lives in ``expstore_consumption`` (see :mod:`expstore.storage.schema`), one
+narrow row per experience row ever claimed, so claiming never rewrites a payload.
+
+How concurrent claimers stay apart:
+
+- Postgres: candidates are read without locks, then locked with ``FOR NO KEY UPDATE SKIP
+  LOCKED`` (claimers pass over each other's rows instead of waiting), and the consumption
+  entry is written with an upsert whose ``WHERE`` says the row is still claimable, evaluated
+  on the newest committed entry. A row whose claim committed between the read and the lock
+  is therefore never taken twice.
+- SQLite: the whole claim is one ``BEGIN IMMEDIATE`` transaction (one writer at a time).
+
+Leases are measured by the database's clock, the same for every host.
+
+FIFO claims do not walk the consumed part of the buffer again on every call: each handle
+keeps, per condition, a key below which every matching row has a committed consumption
+entry. It may stay there because of the buffer's write order: every write to a buffer locks
+the buffer's row first (see :mod:`expstore.storage.registry`), so a buffer's rows commit in
+key order and a row committed later always has a greater key. Rows below that key that
+become claimable again (released, or their lease ran out) are found through the
+(buffer_id, acked_at, lease_until) index, which holds only a few unacked entries.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+from sqlalchemy import Connection, and_, case, func, or_, select, update
+from sqlalchemy.sql.elements import ColumnElement
+
+from ..errors import (
+    ClaimFinishedError,
+    ClaimOwnerError,
+    InvalidArgumentError,
+    LeaseExpiredError,
+    UnknownConsumerError,
+    UnsupportedTypeError,
+)
+from .base import QueryCondition
+from .handle import BufferHandle
+from .key_index import condition_key
+from .schema import checkpoints, consumers, consumption, oldest_first, rows
+from .writer import ids_to_keys
+
+__all__ = ["ClaimQueue", "Claimed", "Lineage", "QueueStats", "check_checkpoint"]
+
+_C = consumption.c
+#: Keys bound in one IN (...) list (SQLite allows 32,766 parameters per statement).
+_CHUNK = 5_000
+#: Rounds a sampler-ordered claim draws candidates before it takes claimable rows at random.
+_DRAW_ROUNDS = 4
+
+
+class Claimed(NamedTuple):
+    """What one claim took: its id, its consumer, the rows' keys in claim order, and when
+    it was taken and its lease ends (database clock, seconds since the epoch)."""
+
+    claim_id: str
+    consumer: str
+    keys: np.ndarray
+    claimed_at: float
+    lease_until: float
+
+
+class Lineage(NamedTuple):
+    """The consumption record of one row."""
+
+    #: ``unclaimed``, ``leased``, ``expired`` (lease ran out, not acked) or ``consumed``.
+    state: str
+    consumer: str | None
+    claimed_at: float | None
+    lease_until: float | None
+    acked_at: float | None
+    #: The checkpoint its consumer acked it with (None without one).
+    checkpoint: Any
+    checkpoint_seq: int | None
+    times_claimed: int
+
+
+class QueueStats(NamedTuple):
+    """How many matching rows are unclaimed, leased, expired (waiting to be claimed again)
+    and consumed, and per consumer how many it holds and has consumed."""
+
+    total: int
+    unclaimed: int
+    leased: int
+    expired: int
+    consumed: int
+    per_consumer: dict[str, dict[str, int]]
+
+
+def check_checkpoint(checkpoint: Any) -> str:
+    """The checkpoint as JSON text, or the error that says why it cannot be stored."""
+    try:
+        return json.dumps(checkpoint, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise UnsupportedTypeError(
+            "a checkpoint must be JSON (dicts, lists, strings, finite numbers, bools, None): "
+            f"{exc}; convert it (for example to a dict of ints and strings) and ack again. "
+            "Nothing was acked"
+        ) from None
+
+
+def _claimable(now: float) -> ColumnElement[bool]:
+    """An entry (or the lack of one, outer-joined) that leaves its row claimable."""
+    return or_(
+        _C.key.is_(None),
+        and_(_C.acked_at.is_(None), or_(_C.lease_until.is_(None), _C.lease_until < now)),
+    )
+
+
+def _held_entry(now: float) -> ColumnElement[bool]:
+    """An existing entry that leaves its row claimable: released, or its lease ran out."""
+    return and_(_C.acked_at.is_(None), or_(_C.lease_until.is_(None), _C.lease_until < now))
+
+
+def _chunks(keys: Sequence[int]) -> Iterable[list[int]]:
+    for start in range(0, len(keys), _CHUNK):
+        yield [int(k) for k in keys[start : start + _CHUNK]]
+
+
+class ClaimQueue:
+    """The claims of one buffer, as one handle sees them."""
+
+    def __init__(self, handle: BufferHandle) -> None:
+        self._handle = handle
+        #: Per condition (its compiled SQL): every matching row below this key has a
+        #: committed consumption entry.
+        self._floors: dict[str, int] = {}
+
+    def clear(self) -> None:
+        self._floors.clear()
+
+    # -- claiming ------------------------------------------------------------------------
+    def claim(
+        self,
+        n: int,
+        query_condition: QueryCondition,
+        consumer: str,
+        lease_s: float,
+        candidates: Callable[[int], np.ndarray] | None = None,
+    ) -> Claimed:
+        """Claim up to ``n`` claimable rows matching the condition: oldest first, or, with
+        ``candidates`` (a function giving up to that many keys chosen by a sampler), among
+        the keys it chooses."""
+        handle = self._handle
+        claim_id = uuid.uuid4().hex
+        with handle.errors("claim rows"), handle.write() as conn:
+            now = float(conn.execute(select(handle.dialect.now())).scalar_one())
+            entry = {
+                "buffer_id": handle.buffer_id,
+                "claim_id": claim_id,
+                "consumer": consumer,
+                "claimed_at": now,
+                "lease_until": now + lease_s,
+                "times_claimed": 1,
+            }
+            if candidates is None:
+                keys = self._claim_oldest(conn, n, query_condition, now, entry)
+            else:
+                keys = self._claim_drawn(conn, n, query_condition, now, entry, candidates)
+        return Claimed(claim_id, consumer, np.asarray(keys, dtype=np.int64), now, now + lease_s)
+
+    def _take(
+        self, conn: Connection, keys: list[int], now: float, entry: dict[str, Any]
+    ) -> list[int]:
+        """Lock the rows of ``keys`` no other transaction holds and write this claim's
+        entries for those still claimable; returns the keys taken, in the given order."""
+        if not keys:
+            return []
+        handle = self._handle
+        locked = handle.dialect.skip_locked(select(rows.c.key).where(rows.c.key.in_(keys)))
+        free = set(conn.execute(locked).scalars())
+        if not free:
+            return []
+        insert = handle.dialect.upsert(consumption)
+        stmt = insert.on_conflict_do_update(
+            index_elements=[_C.key],
+            set_={
+                "claim_id": insert.excluded.claim_id,
+                "consumer": insert.excluded.consumer,
+                "claimed_at": insert.excluded.claimed_at,
+                "lease_until": insert.excluded.lease_until,
+                "times_claimed": _C.times_claimed + 1,
+            },
+            where=_held_entry(now),
+        ).returning(_C.key)
+        taken = set(conn.execute(stmt, [{"key": k, **entry} for k in keys if k in free]).scalars())
+        return [k for k in keys if k in taken]
+
+    def _claim_oldest(
+        self,
+        conn: Connection,
+        n: int,
+        query_condition: QueryCondition,
+        now: float,
+        entry: dict[str, Any],
+    ) -> list[int]:
+        handle = self._handle
+        where = handle.where(query_condition)
+        floor_key = condition_key(query_condition)
+        start = self._floors.get(floor_key, 0)
+        if start:
+            # Rows below the floor that became claimable again (released, lease ran out).
+            reopened = (
+                select(func.min(_C.key))
+                .select_from(consumption.join(rows, rows.c.key == _C.key))
+                .where(*where, _C.buffer_id == handle.buffer_id, _held_entry(now), _C.key < start)
+            )
+            low = conn.execute(reopened).scalar()
+            if low is not None:
+                start = int(low)
+        joined = rows.outerjoin(consumption, _C.key == rows.c.key)
+        taken: list[int] = []
+        floor: int | None = None
+        scan_from = start
+        while len(taken) < n:
+            want = n - len(taken)
+            scan = (
+                oldest_first(select(rows.c.key).select_from(joined), handle.buffer_id)
+                .where(*where, rows.c.key >= scan_from, _claimable(now))
+                .limit(want)
+            )
+            found = [int(k) for k in conn.execute(scan).scalars()]
+            got = self._take(conn, found, now, entry)
+            taken.extend(got)
+            if floor is None and len(got) < len(found):
+                # Held by a claimer still in its transaction (or taken since our read):
+                # the floor stays below it until its entry commits.
+                floor = min(set(found) - set(got))
+            if found:
+                scan_from = found[-1] + 1
+            if len(found) < want:
+                break
+        self._floors[floor_key] = scan_from if floor is None else floor
+        return taken
+
+    def _claim_drawn(
+        self,
+        conn: Connection,
+        n: int,
+        query_condition: QueryCondition,
+        now: float,
+        entry: dict[str, Any],
+        candidates: Callable[[int], np.ndarray],
+    ) -> list[int]:
+        handle = self._handle
+        where = handle.where(query_condition)
+        joined = rows.outerjoin(consumption, _C.key == rows.c.key)
+        taken: list[int] = []
+        seen: set[int] = set()
+        for _ in range(_DRAW_ROUNDS):
+            want = n - len(taken)
+            if want <= 0:
+                break
+            fresh = dict.fromkeys(int(k) for k in candidates(2 * want))
+            drawn = [k for k in fresh if k not in seen]
+            seen.update(drawn)
+            if not drawn:
+                continue
+            open_ = set(
+                conn.execute(
+                    select(rows.c.key)
+                    .select_from(joined)
+                    .where(*where, rows.c.key.in_(drawn), _claimable(now))
+                ).scalars()
+            )
+            taken.extend(self._take(conn, [k for k in drawn if k in open_][:want], now, entry))
+        if len(taken) < n:
+            # Few claimable rows left among those the sampler draws: the rest at random
+            # among every claimable row.
+            rest = (
+                select(rows.c.key)
+                .select_from(joined)
+                .where(*where, _claimable(now), rows.c.key.not_in(taken or [-1]))
+                .order_by(func.random())
+                .limit(n - len(taken))
+            )
+            chosen = [int(k) for k in conn.execute(rest).scalars()]
+            taken.extend(self._take(conn, chosen, now, entry))
+        return taken
+
+    # -- finishing -----------------------------------------------------------------------
+    def _own_entries(self, conn: Connection, claim: Claimed, action: str) -> list[Any]:
+        """The claim's entries, locked; the typed error when they are not the claim's to
+        finish any more."""
+        handle = self._handle
+        mine = select(_C.key, _C.consumer, _C.acked_at).where(_C.claim_id == claim.claim_id)
+        held = list(conn.execute(handle.dialect.locked(mine)).all())
+        if any(e.consumer != claim.consumer for e in held):
+            raise ClaimOwnerError(
+                f"claim {claim.claim_id} belongs to consumer {held[0].consumer!r}, not "
+                f"{claim.consumer!r}; {action} it as that consumer. Nothing was changed"
+            )
+        if any(e.acked_at is not None for e in held):
+            raise ClaimFinishedError(
+                f"claim {claim.claim_id} was already acked; nothing was changed"
+            )
+        missing = sorted(set(claim.keys.tolist()) - {int(e.key) for e in held})
+        reclaimed = 0
+        for part in _chunks(missing):
+            reclaimed += int(
+                conn.execute(
+                    select(func.count()).select_from(consumption).where(_C.key.in_(part))
+                ).scalar_one()
+            )
+        if reclaimed:
+            raise LeaseExpiredError(
+                f"claim {claim.claim_id}'s lease ran out and {reclaimed} of its "
+                f"{len(claim.keys)} rows were claimed again (or released) since; another "
+                f"consumer has them now. Nothing was changed; {action} a new claim, and use "
+                "a longer lease_s (or claim.renew()) for work that takes longer"
+            )
+        return held
+
+    def ack(self, claim: Claimed, checkpoint: Any = None, *, with_checkpoint: bool) -> int:
+        """Mark the claim's rows consumed, storing ``checkpoint`` for its consumer in the
+        same transaction; returns how many rows were acked (rows deleted meanwhile, by an
+        evicting writer say, are not counted)."""
+        state = check_checkpoint(checkpoint) if with_checkpoint else None
+        handle = self._handle
+        with handle.errors("ack a claim"), handle.write() as conn:
+            held = self._own_entries(conn, claim, "ack")
+            now = float(conn.execute(select(handle.dialect.now())).scalar_one())
+            seq = None
+            if state is not None:
+                seq = self._store_checkpoint(conn, claim.consumer, state, now)
+            if held:
+                conn.execute(
+                    update(consumption)
+                    .where(_C.claim_id == claim.claim_id)
+                    .values(acked_at=now, lease_until=None, checkpoint_seq=seq)
+                )
+        return len(held)
+
+    def release(self, claim: Claimed) -> int:
+        """Return the claim's rows to the queue; returns how many."""
+        handle = self._handle
+        with handle.errors("release a claim"), handle.write() as conn:
+            held = self._own_entries(conn, claim, "release")
+            if held:
+                conn.execute(
+                    update(consumption)
+                    .where(_C.claim_id == claim.claim_id)
+                    .values(claim_id=None, consumer=None, lease_until=None)
+                )
+        return len(held)
+
+    def renew(self, claim: Claimed, lease_s: float) -> float:
+        """Extend the claim's lease to ``lease_s`` from now; returns when it ends."""
+        handle = self._handle
+        with handle.errors("renew a claim"), handle.write() as conn:
+            self._own_entries(conn, claim, "renew")
+            now = float(conn.execute(select(handle.dialect.now())).scalar_one())
+            conn.execute(
+                update(consumption)
+                .where(_C.claim_id == claim.claim_id)
+                .values(lease_until=now + lease_s)
+            )
+        return now + lease_s
+
+    def _store_checkpoint(self, conn: Connection, consumer: str, state: str, now: float) -> int:
+        handle = self._handle
+        insert = handle.dialect.upsert(consumers)
+        seq = conn.execute(
+            insert.values(buffer_id=handle.buffer_id, consumer=consumer, last_seq=1)
+            .on_conflict_do_update(
+                index_elements=[consumers.c.buffer_id, consumers.c.consumer],
+                set_={"last_seq": consumers.c.last_seq + 1},
+            )
+            .returning(consumers.c.last_seq)
+        ).scalar_one()
+        conn.execute(
+            checkpoints.insert().values(
+                buffer_id=handle.buffer_id,
+                consumer=consumer,
+                seq=seq,
+                state=json.loads(state),
+                created_at=now,
+            )
+        )
+        return int(seq)
+
+    # -- reading -------------------------------------------------------------------------
+    def checkpoint(self, consumer: str) -> tuple[int, Any]:
+        """``(seq, state)`` of the consumer's last checkpoint; UnknownConsumerError if it
+        has none."""
+        handle = self._handle
+        stmt = (
+            select(checkpoints.c.seq, checkpoints.c.state)
+            .where(checkpoints.c.buffer_id == handle.buffer_id, checkpoints.c.consumer == consumer)
+            .order_by(checkpoints.c.seq.desc())
+            .limit(1)
+        )
+        with handle.errors("read a checkpoint"), handle.read() as conn:
+            found = conn.execute(stmt).first()
+        if found is None:
+            raise UnknownConsumerError(
+                f"consumer {consumer!r} has no checkpoint in buffer {handle.name!r}: it has "
+                "never acked with checkpoint=... . Start it from scratch, or pass default= "
+                "to get a starting state instead of this error"
+            )
+        return int(found.seq), found.state
+
+    def count(self, query_condition: QueryCondition, upto: int, *, claimable: bool) -> int:
+        """How many matching rows there are (``claimable``: that can be claimed now),
+        counting no further than ``upto``, so a poll costs the same whatever the buffer's
+        size."""
+        handle = self._handle
+        with handle.errors("count rows"), handle.read() as conn:
+            some = select(rows.c.key).where(*handle.where(query_condition)).limit(upto)
+            if claimable:
+                now = float(conn.execute(select(handle.dialect.now())).scalar_one())
+                some = some.select_from(rows.outerjoin(consumption, _C.key == rows.c.key)).where(
+                    _claimable(now)
+                )
+            counted = select(func.count()).select_from(some.subquery())
+            return int(conn.execute(counted).scalar_one())
+
+    def stats(self, query_condition: QueryCondition) -> QueueStats:
+        """Queue depth: matching rows by claim state, and per consumer."""
+        handle = self._handle
+        with handle.errors("read queue statistics"), handle.read() as conn:
+            now = float(conn.execute(select(handle.dialect.now())).scalar_one())
+            state = case(
+                (_C.key.is_(None), "unclaimed"),
+                (_C.acked_at.is_not(None), "consumed"),
+                (_C.lease_until.is_(None), "unclaimed"),
+                (_C.lease_until < now, "expired"),
+                else_="leased",
+            ).label("state")
+            stmt = (
+                select(state, _C.consumer, func.count())
+                .select_from(rows.outerjoin(consumption, _C.key == rows.c.key))
+                .where(*handle.where(query_condition))
+                .group_by(state, _C.consumer)
+            )
+            grouped = conn.execute(stmt).all()
+        totals = dict.fromkeys(("unclaimed", "leased", "expired", "consumed"), 0)
+        per: dict[str, dict[str, int]] = {}
+        for name, consumer, count in grouped:
+            totals[name] += int(count)
+            if consumer is not None and name != "unclaimed":
+                per.setdefault(consumer, {"leased": 0, "expired": 0, "consumed": 0})[name] += int(
+                    count
+                )
+        return QueueStats(sum(totals.values()), **totals, per_consumer=per)
+
+    def lineage(self, ids: Sequence[str]) -> dict[str, Lineage]:
+        """The consumption record of each stored row of ``ids`` (rows never claimed:
+        ``unclaimed``; ids not stored are left out)."""
+        if isinstance(ids, str):
+            raise UnsupportedTypeError("lineage() needs a list of ids, got one string")
+        handle = self._handle
+        cp = checkpoints.c
+        found: dict[int, Lineage] = {}
+        with handle.errors("read lineage"), handle.read() as conn:
+            key_of = ids_to_keys(handle, conn, list(ids))
+            keys = list(key_of.values())
+            now = float(conn.execute(select(handle.dialect.now())).scalar_one())
+            for part in _chunks(list(keys)):
+                stmt = (
+                    select(consumption, cp.state)
+                    .select_from(
+                        consumption.outerjoin(
+                            checkpoints,
+                            and_(
+                                cp.buffer_id == _C.buffer_id,
+                                cp.consumer == _C.consumer,
+                                cp.seq == _C.checkpoint_seq,
+                            ),
+                        )
+                    )
+                    .where(_C.key.in_(part))
+                )
+                for e in conn.execute(stmt):
+                    if e.acked_at is not None:
+                        state = "consumed"
+                    elif e.lease_until is None:
+                        state = "unclaimed"
+                    else:
+                        state = "leased" if e.lease_until >= now else "expired"
+                    found[int(e.key)] = Lineage(
+                        state,
+                        e.consumer,
+                        e.claimed_at,
+                        e.lease_until,
+                        e.acked_at,
+                        e.state,
+                        e.checkpoint_seq,
+                        int(e.times_claimed),
+                    )
+        never = Lineage("unclaimed", None, None, None, None, None, None, 0)
+        return {row_id: found.get(key, never) for row_id, key in key_of.items()}
+
+
+def check_lease(lease_s: Any) -> float:
+    """``lease_s`` as a float > 0, or the error that says what arrived."""
+    if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)):
+        raise UnsupportedTypeError(f"lease_s must be a number of seconds, got {lease_s!r}")
+    if not math.isfinite(lease_s) or lease_s <= 0:
+        raise InvalidArgumentError(
+            f"lease_s must be a finite number of seconds > 0, got {lease_s!r}: how long a "
+            "consumer may hold the rows before they go back to the queue"
+        )
+    return float(lease_s)
