@@ -1,0 +1,250 @@
+"""Claims: the consume-once contract, on SQLite and Postgres."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from expstore import (
+    NumpyConverter,
+    PrioritizedSampler,
+    QueryBuilder,
+    ReplayBuffer,
+)
+from expstore.errors import (
+    ClaimFinishedError,
+    ClaimOwnerError,
+    InvalidArgumentError,
+    LeaseExpiredError,
+    UnknownConsumerError,
+    UnsupportedTypeError,
+    WaitTimeoutError,
+)
+from tests.helpers import make_rows
+
+
+@pytest.fixture
+def buf(db_url: str, buffer_name: str) -> Iterator[ReplayBuffer]:
+    with ReplayBuffer(db_url, name=buffer_name) as buffer:
+        buffer.store_batch(make_rows(40))
+        yield buffer
+
+
+def steps(claim) -> list[int]:
+    return [row.exp_data.state["i"] for row in claim.batch]
+
+
+def test_fifo_claims_hand_each_row_to_one_consumer_oldest_first(buf: ReplayBuffer) -> None:
+    a = buf.claim(15, consumer="a")
+    b = buf.claim(15, consumer="b")
+    c = buf.claim(15, consumer="c")
+    assert steps(a) == list(range(15))
+    assert steps(b) == list(range(15, 30))
+    assert steps(c) == list(range(30, 40))  # fewer than asked: all there is
+    assert len(buf.claim(5, consumer="d")) == 0  # nothing claimable: an empty claim
+    assert a.ids == [r.id for r in a.batch] and len(a.keys) == 15
+
+
+def test_claims_compose_with_conditions(buf: ReplayBuffer) -> None:
+    cond = QueryBuilder().eq("exp_meta.task_id", "task1").build()
+    claim = buf.claim(100, cond, consumer="a")
+    assert steps(claim) == list(range(1, 40, 4))
+    assert len(buf.claim(100, cond, consumer="b")) == 0
+    assert len(buf.claim(100, consumer="b")) == 30  # the other tasks' rows
+
+
+def test_acked_rows_are_never_claimed_again_and_the_checkpoint_comes_back(
+    buf: ReplayBuffer,
+) -> None:
+    claim = buf.claim(10, consumer="learner-0")
+    assert claim.ack(checkpoint={"step": 1, "epoch": 0}) == 10
+    assert buf.checkpoint("learner-0") == {"step": 1, "epoch": 0}
+    rest = buf.claim(100, consumer="learner-0")
+    assert steps(rest) == list(range(10, 40))
+    rest.ack(checkpoint={"step": 2, "epoch": 0})
+    assert buf.checkpoint("learner-0") == {"step": 2, "epoch": 0}
+    assert len(buf.claim(100, consumer="learner-1")) == 0
+    stats = buf.queue_stats()
+    assert (stats.total, stats.consumed, stats.unclaimed, stats.leased) == (40, 40, 0, 0)
+    assert stats.per_consumer == {"learner-0": {"leased": 0, "expired": 0, "consumed": 40}}
+
+
+def test_released_rows_go_back_to_the_queue_even_below_the_fifo_floor(buf: ReplayBuffer) -> None:
+    first = buf.claim(10, consumer="a")
+    second = buf.claim(10, consumer="a")
+    assert first.release() == 10
+    again = buf.claim(10, consumer="b")  # the released rows come first again
+    assert steps(again) == list(range(10))
+    assert second.ack() == 10
+    assert steps(buf.claim(100, consumer="c")) == list(range(20, 40))
+
+
+def test_an_expired_lease_returns_rows_and_a_late_ack_is_refused_once_reclaimed(
+    buf: ReplayBuffer,
+) -> None:
+    dead = buf.claim(5, consumer="a", lease_s=0.2)
+    time.sleep(0.3)
+    taken = buf.claim(5, consumer="b")
+    assert steps(taken) == list(range(5))
+    with pytest.raises(LeaseExpiredError, match="claimed again"):
+        dead.ack(checkpoint={"step": 9})
+    # nothing changed: b still holds them, a has no checkpoint
+    with pytest.raises(UnknownConsumerError):
+        buf.checkpoint("a")
+    assert {v.consumer for v in buf.lineage(taken.ids).values()} == {"b"}
+    assert taken.ack() == 5
+
+
+def test_a_late_ack_succeeds_when_nobody_claimed_the_rows_meanwhile(buf: ReplayBuffer) -> None:
+    slow = buf.claim(5, consumer="a", lease_s=0.2)
+    time.sleep(0.3)
+    assert buf.queue_stats().expired == 5
+    assert slow.ack() == 5
+    assert buf.queue_stats().consumed == 5
+
+
+def test_renew_extends_the_lease(buf: ReplayBuffer) -> None:
+    claim = buf.claim(5, consumer="a", lease_s=0.3)
+    until = claim.renew(60)
+    assert until >= claim.claimed_at + 59
+    time.sleep(0.4)
+    assert len(buf.claim(5, order="fifo", consumer="b")) == 5
+    assert steps(buf.claim(100, consumer="c"))[:1] == [10]  # a's rows stayed held
+
+
+def test_acking_twice_or_after_release_and_another_consumers_claim_are_refused(
+    buf: ReplayBuffer,
+) -> None:
+    claim = buf.claim(5, consumer="a")
+    with pytest.raises(ClaimOwnerError, match="belongs to consumer 'a'"):
+        claim.ack(consumer="b")
+    claim.ack()
+    with pytest.raises(ClaimFinishedError):
+        claim.ack()
+    other = buf.claim(5, consumer="a")
+    other.release()
+    with pytest.raises(ClaimFinishedError):
+        other.ack()
+    assert buf.queue_stats().consumed == 5
+
+
+def test_a_non_json_checkpoint_is_refused_and_nothing_is_acked(buf: ReplayBuffer) -> None:
+    claim = buf.claim(5, consumer="a")
+    for bad in ({"w": np.zeros(2)}, {"x": float("nan")}, {1j: 2}):
+        with pytest.raises(UnsupportedTypeError, match="must be JSON"):
+            claim.ack(checkpoint=bad)
+    assert buf.queue_stats().leased == 5
+    assert claim.state == "held"
+    claim.ack(checkpoint=[1, "two", {"three": None}])
+    assert buf.checkpoint("a") == [1, "two", {"three": None}]
+
+
+def test_unknown_consumer_checkpoint(buf: ReplayBuffer) -> None:
+    with pytest.raises(UnknownConsumerError, match="never acked"):
+        buf.checkpoint("nobody")
+    assert buf.checkpoint("nobody", default={"step": 0}) == {"step": 0}
+    assert buf.checkpoint("nobody", default=None) is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"n": 0}, InvalidArgumentError),
+        ({"n": -3}, InvalidArgumentError),
+        ({"n": 2.5}, InvalidArgumentError),
+        ({"n": 5, "lease_s": -1}, InvalidArgumentError),
+        ({"n": 5, "lease_s": 0}, InvalidArgumentError),
+        ({"n": 5, "lease_s": float("inf")}, InvalidArgumentError),
+        ({"n": 5, "lease_s": "10"}, UnsupportedTypeError),
+        ({"n": 5, "consumer": ""}, InvalidArgumentError),
+        ({"n": 5, "consumer": 3}, InvalidArgumentError),
+        ({"n": 5, "order": "lifo"}, UnsupportedTypeError),
+        ({"n": 5, "wait": -1}, InvalidArgumentError),
+    ],
+)
+def test_bad_claim_arguments_are_refused_and_nothing_is_claimed(
+    buf: ReplayBuffer, kwargs: dict, error: type[Exception]
+) -> None:
+    args = {"consumer": "a", **kwargs}
+    n = args.pop("n")
+    with pytest.raises(error):
+        buf.claim(n, **args)
+    assert buf.queue_stats().unclaimed == 40
+
+
+def test_random_and_sampler_orders_take_only_claimable_rows(buf: ReplayBuffer) -> None:
+    first = buf.claim(30, consumer="a", order="random")
+    assert len(set(first.ids)) == 30
+    assert steps(first) != list(range(30))  # not oldest first (odds of that: none)
+    rest = buf.claim(30, consumer="b", order=PrioritizedSampler(seed=0))
+    assert len(rest) == 10
+    assert not set(rest.ids) & set(first.ids)
+    assert len(buf.claim(5, consumer="c", order="random")) == 0
+
+
+def test_a_converter_builds_the_claimed_batch(buf: ReplayBuffer) -> None:
+    claim = buf.claim(8, consumer="a", converter=NumpyConverter({"r": "exp_data.reward_t"}))
+    assert claim.batch["r"].tolist() == [float(i) for i in range(8)]
+    assert len(claim) == 8
+
+
+def test_rows_evicted_while_claimed_are_skipped_by_the_ack(db_url: str, buffer_name: str) -> None:
+    with ReplayBuffer(db_url, name=buffer_name, capacity=20) as buffer:
+        buffer.store_batch(make_rows(20))
+        claim = buffer.claim(10, consumer="a")
+        buffer.store_batch(make_rows(5))  # evicts the 5 oldest, which the claim holds
+        assert claim.ack() == 5
+        assert buffer.queue_stats().consumed == 5
+
+
+def test_lineage_says_who_consumed_each_row_when_and_with_which_checkpoint(
+    buf: ReplayBuffer,
+) -> None:
+    acked = buf.claim(3, consumer="a")
+    acked.ack(checkpoint={"step": 7})
+    held = buf.claim(2, consumer="b")
+    never = [r.id for r in buf.query(limit=40)][-1]
+    found = buf.lineage([*acked.ids, *held.ids, never, "not-stored"])
+    assert set(found) == {*acked.ids, *held.ids, never}
+    record = found[acked.ids[0]]
+    assert (record.state, record.consumer, record.checkpoint) == ("consumed", "a", {"step": 7})
+    assert record.acked_at >= record.claimed_at
+    assert record.times_claimed == 1
+    assert found[held.ids[0]].state == "leased" and found[held.ids[0]].consumer == "b"
+    assert found[never].state == "unclaimed" and found[never].times_claimed == 0
+
+
+def test_wait_for_returns_when_rows_arrive_and_times_out_otherwise(
+    db_url: str, buffer_name: str
+) -> None:
+    with ReplayBuffer(db_url, name=buffer_name) as buffer:
+        with pytest.raises(WaitTimeoutError, match="found 0"):
+            buffer.wait_for(1, timeout=0.1)
+
+        def later() -> None:
+            time.sleep(0.3)
+            with ReplayBuffer(db_url, name=buffer_name) as writer:
+                writer.store_batch(make_rows(12))
+
+        thread = threading.Thread(target=later)
+        thread.start()
+        assert buffer.wait_for(10, timeout=30) == 10
+        claim = buffer.claim(12, consumer="a", wait=30)
+        thread.join()
+        assert len(claim) == 12
+        with pytest.raises(WaitTimeoutError, match="no row became claimable"):
+            buffer.claim(1, consumer="b", wait=0.1)
+        assert buffer.wait_for(12, timeout=0) == 12
+        with pytest.raises(WaitTimeoutError):
+            buffer.wait_for(1, timeout=0.1, claimable=True)
+
+
+def test_a_claim_used_as_a_context_manager_is_released_on_error(buf: ReplayBuffer) -> None:
+    with pytest.raises(RuntimeError), buf.claim(5, consumer="a") as claim:
+        raise RuntimeError("training step failed")
+    assert claim.state == "released"
+    assert buf.queue_stats().unclaimed == 40
