@@ -37,6 +37,7 @@ def test_every_example_has_a_smoke_test() -> None:
         "behavior_cloning.py",
         "reward_prioritized.py",
         "postgres.py",
+        "async_actor_learner.py",
     }
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
 
@@ -56,6 +57,13 @@ def test_quickstart_on_a_sqlite_file(tmp_path: Path) -> None:
 def test_multiprocess_writers(tmp_path: Path) -> None:
     out = run_example("multiprocess_writers.py", "--workers", "3", "--tasks", "5", cwd=tmp_path)
     assert "3 processes wrote 150 rows (150 expected)" in out
+
+
+def test_async_actor_learner_consumes_every_row_once_through_a_kill(tmp_path: Path) -> None:
+    out = run_example("async_actor_learner.py", "--episodes", "20", cwd=tmp_path)
+    assert "learner-1: killed with SIGKILL after step" in out
+    assert "learner-1: resumed from its checkpoint at step" in out
+    assert "every one of 480 rows was consumed exactly once" in out
 
 
 def test_web_agent_sft_writes_llama_factory_data(tmp_path: Path) -> None:

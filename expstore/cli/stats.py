@@ -80,7 +80,7 @@ def compute_stats(
     """The statistics ``expstore stats`` prints, as a dict (what ``--json`` prints)."""
     index = buffer.storage.key_index(query_condition, _COLUMNS)
     n = len(index["key"])
-    out: dict[str, Any] = {"rows": n}
+    out: dict[str, Any] = {"rows": n, "queue": _queue(buffer, query_condition)}
     if not n:
         out.update(tasks=0, agents=0, steps_per_task=None, reward=_summary(np.zeros(0)))
         out["success_rate"] = None
@@ -108,6 +108,18 @@ def compute_stats(
     elif by == "task":
         out["groups"] = _by_task(index, tasks)
     return out
+
+
+def _queue(buffer: ReplayBuffer, query_condition: QueryCondition) -> dict[str, Any]:
+    """Queue depth of the claims (see ReplayBuffer.claim): rows by state, and per consumer."""
+    queue = buffer.queue_stats(query_condition)
+    return {
+        "unclaimed": queue.unclaimed,
+        "leased": queue.leased,
+        "expired": queue.expired,
+        "consumed": queue.consumed,
+        "consumers": queue.per_consumer,
+    }
 
 
 def _by_agent(index: dict[str, np.ndarray], tasks: dict[str, Any]) -> list[dict[str, Any]]:
@@ -178,6 +190,23 @@ def _print(stats: dict[str, Any], header: str, by: str | None, limit: int) -> No
     else:
         lines.append(("reward_t", "no row has one"))
     lines.append(("success rate", _pct(stats["success_rate"]) + " of tasks"))
+    queue = stats["queue"]
+    if queue["leased"] + queue["expired"] + queue["consumed"]:  # only once rows were claimed
+        lines.append(
+            (
+                "claims",
+                f"{queue['unclaimed']} unclaimed, {queue['leased']} leased, "
+                f"{queue['expired']} expired, {queue['consumed']} consumed",
+            )
+        )
+        for consumer, held in sorted(queue["consumers"].items()):
+            lines.append(
+                (
+                    f"  {consumer}",
+                    f"{held['leased']} leased, {held['expired']} expired, "
+                    f"{held['consumed']} consumed",
+                )
+            )
     typer.echo(header)
     for name, value in lines:
         typer.echo(f"  {name:<15} {value}")

@@ -112,6 +112,29 @@ def test_stats_summarises_rows_tasks_agents_rewards(
     assert "success rate    100% of tasks" in table.stdout
 
 
+def test_stats_show_the_claim_queue_per_consumer(invoke: Invoke, seeded: tuple[str, str]) -> None:
+    url, name = seeded
+    plain = invoke("stats", "--db", url, "--buffer", name)
+    assert "claims" not in plain.stdout  # nothing claimed yet: no queue lines
+    with ReplayBuffer(url, name=name) as buffer:
+        buffer.claim(5, consumer="learner-0").ack(checkpoint={"step": 1})
+        buffer.claim(3, consumer="learner-1")
+    stats = json.loads(invoke("stats", "--db", url, "--buffer", name, "--json").stdout)
+    assert stats["queue"] == {
+        "unclaimed": 32,
+        "leased": 3,
+        "expired": 0,
+        "consumed": 5,
+        "consumers": {
+            "learner-0": {"leased": 0, "expired": 0, "consumed": 5},
+            "learner-1": {"leased": 3, "expired": 0, "consumed": 0},
+        },
+    }
+    table = invoke("stats", "--db", url, "--buffer", name).stdout
+    assert "claims          32 unclaimed, 3 leased, 0 expired, 5 consumed" in table
+    assert "learner-1     3 leased, 0 expired, 0 consumed" in table
+
+
 def test_stats_by_agent_and_by_task(invoke: Invoke, sqlite_seeded: tuple[str, str]) -> None:
     url, name = sqlite_seeded
     by_agent = json.loads(
