@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
-from sqlalchemy import Connection, and_, case, func, or_, select, update
+from sqlalchemy import Connection, and_, case, func, literal, or_, select, true, update
 from sqlalchemy.sql.elements import ColumnElement
 
 from ..errors import (
@@ -111,15 +111,24 @@ def check_checkpoint(checkpoint: Any) -> str:
         ) from None
 
 
-def _claimable(now: float) -> ColumnElement[bool]:
-    """An entry (or the lack of one, outer-joined) that leaves its row claimable."""
-    return or_(
-        _C.key.is_(None),
-        and_(_C.acked_at.is_(None), or_(_C.lease_until.is_(None), _C.lease_until < now)),
+#: The database's clock, as a float (a bound value) or as SQL evaluated by the statement.
+Now = float | ColumnElement[float]
+
+
+def _unblocked(now: Now) -> ColumnElement[bool]:
+    """The row of ``expstore_rows`` has no entry that keeps it from being claimed, looked up
+    by key for each row the scan passes (a scalar subquery, which neither planner turns
+    into a join): walking the buffer in key order, the scan stops after the rows it needs.
+    As an outer or anti join, Postgres read every entry of the table first."""
+    blocked = (
+        select(or_(_C.acked_at.is_not(None), _C.lease_until >= now))
+        .where(_C.key == rows.c.key)
+        .scalar_subquery()
     )
+    return blocked.is_not(true())
 
 
-def _held_entry(now: float) -> ColumnElement[bool]:
+def _held_entry(now: Now) -> ColumnElement[bool]:
     """An existing entry that leaves its row claimable: released, or its lease ran out."""
     return and_(_C.acked_at.is_(None), or_(_C.lease_until.is_(None), _C.lease_until < now))
 
@@ -137,6 +146,7 @@ class ClaimQueue:
         #: Per condition (its compiled SQL): every matching row below this key has a
         #: committed consumption entry.
         self._floors: dict[str, int] = {}
+        self._claimed_at = 0.0
 
     def clear(self) -> None:
         self._floors.clear()
@@ -155,8 +165,8 @@ class ClaimQueue:
         the keys it chooses."""
         handle = self._handle
         claim_id = uuid.uuid4().hex
+        now = handle.dialect.now()  # evaluated by each statement: no round trip of its own
         with handle.errors("claim rows"), handle.write() as conn:
-            now = float(conn.execute(select(handle.dialect.now())).scalar_one())
             entry = {
                 "buffer_id": handle.buffer_id,
                 "claim_id": claim_id,
@@ -169,21 +179,32 @@ class ClaimQueue:
                 keys = self._claim_oldest(conn, n, query_condition, now, entry)
             else:
                 keys = self._claim_drawn(conn, n, query_condition, now, entry, candidates)
-        return Claimed(claim_id, consumer, np.asarray(keys, dtype=np.int64), now, now + lease_s)
+            at = self._claimed_at if keys else float(conn.execute(select(now)).scalar_one())
+        return Claimed(claim_id, consumer, np.asarray(keys, dtype=np.int64), at, at + lease_s)
 
     def _take(
-        self, conn: Connection, keys: list[int], now: float, entry: dict[str, Any]
+        self, conn: Connection, keys: list[int], now: Now, entry: dict[str, Any]
     ) -> list[int]:
         """Lock the rows of ``keys`` no other transaction holds and write this claim's
         entries for those still claimable; returns the keys taken, in the given order."""
         if not keys:
             return []
         handle = self._handle
-        locked = handle.dialect.skip_locked(select(rows.c.key).where(rows.c.key.in_(keys)))
-        free = set(conn.execute(locked).scalars())
+        dialect = handle.dialect
+        bound = {"keys": dialect.key_set(keys)}
+        locked = dialect.skip_locked(select(rows.c.key).where(dialect.key_in()))
+        free = [int(k) for k in conn.execute(locked, bound).scalars()]
         if not free:
             return []
-        insert = handle.dialect.upsert(consumption)
+        given = dialect.bound_keys()
+        values = {
+            name: value if isinstance(value, ColumnElement) else literal(value)
+            for name, value in entry.items()
+        }
+        # WHERE true: SQLite reads "INSERT ... SELECT ... FROM t ON CONFLICT" as a join.
+        insert = dialect.upsert(consumption).from_select(
+            ["key", *values], select(given.c.key, *values.values()).where(true())
+        )
         stmt = insert.on_conflict_do_update(
             index_elements=[_C.key],
             set_={
@@ -194,8 +215,11 @@ class ClaimQueue:
                 "times_claimed": _C.times_claimed + 1,
             },
             where=_held_entry(now),
-        ).returning(_C.key)
-        taken = set(conn.execute(stmt, [{"key": k, **entry} for k in keys if k in free]).scalars())
+        ).returning(_C.key, _C.claimed_at)
+        returned = conn.execute(stmt, {"keys": dialect.key_set(free)}).all()
+        if returned:
+            self._claimed_at = float(returned[0].claimed_at)
+        taken = {int(r.key) for r in returned}
         return [k for k in keys if k in taken]
 
     def _claim_oldest(
@@ -203,32 +227,21 @@ class ClaimQueue:
         conn: Connection,
         n: int,
         query_condition: QueryCondition,
-        now: float,
+        now: Now,
         entry: dict[str, Any],
     ) -> list[int]:
         handle = self._handle
         where = handle.where(query_condition)
         floor_key = condition_key(query_condition)
-        start = self._floors.get(floor_key, 0)
-        if start:
-            # Rows below the floor that became claimable again (released, lease ran out).
-            reopened = (
-                select(func.min(_C.key))
-                .select_from(consumption.join(rows, rows.c.key == _C.key))
-                .where(*where, _C.buffer_id == handle.buffer_id, _held_entry(now), _C.key < start)
-            )
-            low = conn.execute(reopened).scalar()
-            if low is not None:
-                start = int(low)
-        joined = rows.outerjoin(consumption, _C.key == rows.c.key)
+        start = self._start(conn, query_condition, now)
         taken: list[int] = []
         floor: int | None = None
         scan_from = start
         while len(taken) < n:
             want = n - len(taken)
             scan = (
-                oldest_first(select(rows.c.key).select_from(joined), handle.buffer_id)
-                .where(*where, rows.c.key >= scan_from, _claimable(now))
+                oldest_first(select(rows.c.key), handle.buffer_id)
+                .where(*where, rows.c.key >= scan_from, _unblocked(now))
                 .limit(want)
             )
             found = [int(k) for k in conn.execute(scan).scalars()]
@@ -245,18 +258,36 @@ class ClaimQueue:
         self._floors[floor_key] = scan_from if floor is None else floor
         return taken
 
+    def _start(self, conn: Connection, query_condition: QueryCondition, now: Now) -> int:
+        """Where a FIFO scan for the condition starts: this handle's floor for it, or lower
+        where a matching row below it became claimable again (released, lease ran out)."""
+        start = self._floors.get(condition_key(query_condition), 0)
+        if not start:
+            return 0
+        handle = self._handle
+        # The few unacked entries below the floor, through the (buffer_id, acked_at,
+        # lease_until) index; then which of their rows match the condition.
+        reopened = select(_C.key).where(
+            _C.buffer_id == handle.buffer_id, _held_entry(now), _C.key < start
+        )
+        keys = [int(k) for k in conn.execute(reopened).scalars()]
+        if not keys:
+            return start
+        matching = select(rows.c.key).where(*handle.where(query_condition), handle.dialect.key_in())
+        found = list(conn.execute(matching, {"keys": handle.dialect.key_set(keys)}).scalars())
+        return min([start, *found])
+
     def _claim_drawn(
         self,
         conn: Connection,
         n: int,
         query_condition: QueryCondition,
-        now: float,
+        now: Now,
         entry: dict[str, Any],
         candidates: Callable[[int], np.ndarray],
     ) -> list[int]:
         handle = self._handle
         where = handle.where(query_condition)
-        joined = rows.outerjoin(consumption, _C.key == rows.c.key)
         taken: list[int] = []
         seen: set[int] = set()
         for _ in range(_DRAW_ROUNDS):
@@ -270,9 +301,7 @@ class ClaimQueue:
                 continue
             open_ = set(
                 conn.execute(
-                    select(rows.c.key)
-                    .select_from(joined)
-                    .where(*where, rows.c.key.in_(drawn), _claimable(now))
+                    select(rows.c.key).where(*where, rows.c.key.in_(drawn), _unblocked(now))
                 ).scalars()
             )
             taken.extend(self._take(conn, [k for k in drawn if k in open_][:want], now, entry))
@@ -281,8 +310,7 @@ class ClaimQueue:
             # among every claimable row.
             rest = (
                 select(rows.c.key)
-                .select_from(joined)
-                .where(*where, _claimable(now), rows.c.key.not_in(taken or [-1]))
+                .where(*where, _unblocked(now), rows.c.key.not_in(taken or [-1]))
                 .order_by(func.random())
                 .limit(n - len(taken))
             )
@@ -331,7 +359,7 @@ class ClaimQueue:
         handle = self._handle
         with handle.errors("ack a claim"), handle.write() as conn:
             held = self._own_entries(conn, claim, "ack")
-            now = float(conn.execute(select(handle.dialect.now())).scalar_one())
+            now = handle.dialect.now()
             seq = None
             if state is not None:
                 seq = self._store_checkpoint(conn, claim.consumer, state, now)
@@ -369,7 +397,7 @@ class ClaimQueue:
             )
         return now + lease_s
 
-    def _store_checkpoint(self, conn: Connection, consumer: str, state: str, now: float) -> int:
+    def _store_checkpoint(self, conn: Connection, consumer: str, state: str, now: Now) -> int:
         handle = self._handle
         insert = handle.dialect.upsert(consumers)
         seq = conn.execute(
@@ -421,9 +449,8 @@ class ClaimQueue:
             some = select(rows.c.key).where(*handle.where(query_condition)).limit(upto)
             if claimable:
                 now = float(conn.execute(select(handle.dialect.now())).scalar_one())
-                some = some.select_from(rows.outerjoin(consumption, _C.key == rows.c.key)).where(
-                    _claimable(now)
-                )
+                start = self._start(conn, query_condition, now)
+                some = some.where(rows.c.key >= start, _unblocked(now))
             counted = select(func.count()).select_from(some.subquery())
             return int(conn.execute(counted).scalar_one())
 

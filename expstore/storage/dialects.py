@@ -79,6 +79,11 @@ class Dialect(ABC):
         """The ``keys`` parameter of :meth:`key_in`."""
 
     @abstractmethod
+    def bound_keys(self) -> Any:
+        """The keys bound as ``keys`` (see :meth:`key_set`) as a subquery of one column,
+        ``key``: one statement inserts or updates an entry per key, whatever their number."""
+
+    @abstractmethod
     def insert_rows(self, conn: Connection, chunks: Chunks) -> None:
         """Insert encoded rows, chunk by chunk as the encoder hands them over."""
 
@@ -130,6 +135,10 @@ class SqliteDialect(Dialect):
 
     def key_set(self, keys: list[int]) -> Any:
         return "[" + ",".join(map(str, keys)) + "]"
+
+    def bound_keys(self) -> Any:
+        each = func.json_each(bindparam("keys"))
+        return select(column("value").label("key")).select_from(each).subquery()
 
     def insert_rows(self, conn: Connection, chunks: Chunks) -> None:
         # The DB-API's executemany directly: the values are already in column order.
@@ -199,6 +208,10 @@ class PostgresDialect(Dialect):
     def key_set(self, keys: list[int]) -> Any:
         return keys
 
+    def bound_keys(self) -> Any:
+        keys = bindparam("keys", type_=ARRAY(BigInteger))
+        return select(func.unnest(keys).label("key")).subquery()
+
     def insert_rows(self, conn: Connection, chunks: Chunks) -> None:
         import psycopg
         from psycopg.copy import QueuedLibpqWriter
@@ -252,7 +265,8 @@ class PostgresDialect(Dialect):
         return stmt.with_for_update(key_share=True, skip_locked=True, of=rows)
 
     def now(self) -> ColumnElement[float]:
-        return cast(func.extract("epoch", func.clock_timestamp()), Double)
+        # The transaction's start: one instant for every row a claim or an ack writes.
+        return cast(func.extract("epoch", func.now()), Double)
 
     def upsert(self, table: Any) -> Any:
         return pg_insert(table)

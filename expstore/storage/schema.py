@@ -161,12 +161,9 @@ consumption = Table(
         primary_key=True,
         autoincrement=False,
     ),
-    Column(
-        "buffer_id",
-        Integer,
-        ForeignKey("expstore_buffers.id", ondelete="CASCADE"),
-        nullable=False,
-    ),
+    # No foreign key to expstore_buffers: checking one would lock the buffer's row, which
+    # every write holds, so claims would wait for writers (rows cascade to here instead).
+    Column("buffer_id", Integer, nullable=False),
     # The claim that holds (or last acked) the row, and its consumer; NULL after a release.
     Column("claim_id", String(32), nullable=True),
     Column("consumer", String(255), nullable=True),
@@ -186,12 +183,7 @@ consumption = Table(
 checkpoints = Table(
     "expstore_checkpoints",
     metadata,
-    Column(
-        "buffer_id",
-        Integer,
-        ForeignKey("expstore_buffers.id", ondelete="CASCADE"),
-        primary_key=True,
-    ),
+    Column("buffer_id", Integer, primary_key=True),  # no foreign key: see consumption
     Column("consumer", String(255), primary_key=True),
     Column("seq", BigInteger, primary_key=True, autoincrement=False),
     Column("state", JsonType, nullable=True),
@@ -204,12 +196,7 @@ checkpoints = Table(
 consumers = Table(
     "expstore_consumers",
     metadata,
-    Column(
-        "buffer_id",
-        Integer,
-        ForeignKey("expstore_buffers.id", ondelete="CASCADE"),
-        primary_key=True,
-    ),
+    Column("buffer_id", Integer, primary_key=True),  # no foreign key: see consumption
     Column("consumer", String(255), primary_key=True),
     Column("last_seq", BigInteger, nullable=False, server_default="0"),
 )

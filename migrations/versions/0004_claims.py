@@ -1,7 +1,8 @@
 """Add claims: expstore_consumption (which rows are claimed, by whom, until when, acked
 with which checkpoint), expstore_checkpoints (every checkpoint a consumer acked with) and
 expstore_consumers (each consumer's last checkpoint number). New tables only; the rows
-table is not touched.
+table is not touched. buffer_id has no foreign key here: checking one would lock the
+buffer's row, which every write holds, so claims and acks would wait for writers.
 
 Revision ID: 0004
 Revises: 0003
@@ -23,15 +24,6 @@ _KEY = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 _JSON = sa.JSON().with_variant(JSONB(), "postgresql")
 
 
-def _buffer_fk(table: str) -> sa.ForeignKeyConstraint:
-    return sa.ForeignKeyConstraint(
-        ["buffer_id"],
-        ["expstore_buffers.id"],
-        name=op.f(f"fk_{table}_buffer_id_expstore_buffers"),
-        ondelete="CASCADE",
-    )
-
-
 def upgrade() -> None:
     op.create_table(
         "expstore_consumption",
@@ -44,7 +36,6 @@ def upgrade() -> None:
         sa.Column("acked_at", sa.Double(), nullable=True),
         sa.Column("checkpoint_seq", sa.BigInteger(), nullable=True),
         sa.Column("times_claimed", sa.Integer(), nullable=False, server_default="0"),
-        _buffer_fk("expstore_consumption"),
         sa.ForeignKeyConstraint(
             ["key"],
             ["expstore_rows.key"],
@@ -68,7 +59,6 @@ def upgrade() -> None:
         sa.Column("seq", sa.BigInteger(), autoincrement=False, nullable=False),
         sa.Column("state", _JSON, nullable=True),
         sa.Column("created_at", sa.Double(), nullable=False),
-        _buffer_fk("expstore_checkpoints"),
         sa.PrimaryKeyConstraint(
             "buffer_id", "consumer", "seq", name=op.f("pk_expstore_checkpoints")
         ),
@@ -78,7 +68,6 @@ def upgrade() -> None:
         sa.Column("buffer_id", sa.Integer(), nullable=False),
         sa.Column("consumer", sa.String(255), nullable=False),
         sa.Column("last_seq", sa.BigInteger(), nullable=False, server_default="0"),
-        _buffer_fk("expstore_consumers"),
         sa.PrimaryKeyConstraint("buffer_id", "consumer", name=op.f("pk_expstore_consumers")),
     )
 
