@@ -3,6 +3,7 @@
 import typing as _typing
 
 from .buffer import ReplayBuffer
+from .claims import Claim
 from .converters import (
     ChatConverter,
     Converter,
@@ -13,11 +14,15 @@ from .converters import (
     TransitionConverter,
 )
 from .errors import (
+    ClaimError,
+    ClaimFinishedError,
+    ClaimOwnerError,
     CodecError,
     DuplicateIdError,
     EmptyBufferError,
     ExpstoreError,
     InvalidArgumentError,
+    LeaseExpiredError,
     MissingDependencyError,
     OutOfRangeError,
     QueryError,
@@ -25,7 +30,9 @@ from .errors import (
     RowValidationError,
     SchemaVersionError,
     StorageError,
+    UnknownConsumerError,
     UnsupportedTypeError,
+    WaitTimeoutError,
 )
 from .io import export_rows, import_rows
 from .models import DataRow, Experience, ExpMeta
@@ -54,6 +61,10 @@ from ._version import __version__
 
 __all__ = [
     "ChatConverter",
+    "Claim",
+    "ClaimError",
+    "ClaimFinishedError",
+    "ClaimOwnerError",
     "CodecError",
     "Condition",
     "Converter",
@@ -68,6 +79,7 @@ __all__ = [
     "InvalidArgumentError",
     "KeySampler",
     "LatestSampler",
+    "LeaseExpiredError",
     "MissingDependencyError",
     "NumpyConverter",
     "OutOfRangeError",
@@ -95,7 +107,9 @@ __all__ = [
     "TrajectoryConverter",
     "TransitionConverter",
     "UniformSampler",
+    "UnknownConsumerError",
     "UnsupportedTypeError",
+    "WaitTimeoutError",
     "__version__",
     "export_rows",
     "import_rows",

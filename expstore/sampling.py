@@ -19,18 +19,21 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from ._args import check_int
-from .errors import StorageError
+from .errors import EmptyBufferError, StorageError
 from .models import DataRow
 from .storage.base import Fetched, QueryCondition, Storage
 
 if TYPE_CHECKING:
     from .samplers.base import Sampler
 
-__all__ = ["Choice", "FETCH_ATTEMPTS", "SampleInfo", "draw"]
+__all__ = ["CONSUME_ATTEMPTS", "Choice", "FETCH_ATTEMPTS", "SampleInfo", "draw"]
 
 #: How many times a sampler chooses again when rows it chose were deleted by another writer
 #: before they could be fetched.
 FETCH_ATTEMPTS = 5
+#: How many times a sampler with ``consume_after`` chooses again for the places of rows the
+#: database refused (drawn ``consume_after`` times already); each time it learns them.
+CONSUME_ATTEMPTS = 50
 
 _NO_KEYS = np.empty(0, dtype=np.int64)
 _NO_KEYS.flags.writeable = False
@@ -83,20 +86,62 @@ def draw(
     A row deleted between choosing and fetching is chosen again from the fresh index, up
     to :data:`FETCH_ATTEMPTS` times; after that a sampler that weighs rows (whose weights
     must stay aligned) raises StorageError and any other returns the rows it could fetch.
+
+    A sampler with ``consume_after=k`` chooses through :func:`_choose_consuming`: no row is
+    ever returned more than k times in all, by every process together.
     """
     batch_size = check_batch_size(batch_size)
-    for attempt in range(FETCH_ATTEMPTS):
-        choice = sampler.choose(storage, batch_size, query_condition)
+    deleted = 0
+    while True:
+        if getattr(sampler, "consume_after", None) is not None:
+            choice = _choose_consuming(storage, sampler, batch_size, query_condition)
+        else:
+            choice = sampler.choose(storage, batch_size, query_condition)
         if choice.rows is not None:
             fetched = Fetched([row.id for row in choice.rows], rows=choice.rows)
             break
         fetched = storage.fetch(choice.keys, paths, writable=writable)
         if len(fetched.ids) == len(choice.keys):
             break
-        if sampler.weighs_rows and attempt == FETCH_ATTEMPTS - 1:
-            raise StorageError(
-                f"{type(sampler).__name__}: rows chosen from the index kept being deleted "
-                f"before they could be fetched ({FETCH_ATTEMPTS} attempts); another process "
-                "is deleting or evicting faster than this sampler reads. Retry the call"
-            )
+        deleted += 1
+        if deleted == FETCH_ATTEMPTS:
+            if sampler.weighs_rows:
+                raise StorageError(
+                    f"{type(sampler).__name__}: rows chosen from the index kept being deleted "
+                    f"before they could be fetched ({FETCH_ATTEMPTS} attempts); another "
+                    "process is deleting or evicting faster than this sampler reads. Retry "
+                    "the call"
+                )
+            break
     return fetched, sampler.describe(choice, fetched.ids)
+
+
+def _choose_consuming(
+    storage: Storage, sampler: Sampler, batch_size: int, query_condition: QueryCondition
+) -> Choice:
+    """The sampler's choice with each row's draw counted in the database first
+    (:meth:`Storage.count_draws`): rows drawn ``consume_after`` times already, by any
+    process, are refused, left out by the sampler from then on, and their places chosen
+    again. A batch holds each row once (a sampler drawing with replacement gives a shorter
+    batch when it drew a row twice); EmptyBufferError once every matching row is spent."""
+    limit = sampler.consume_after  # type: ignore[attr-defined]
+    taken = _NO_KEYS
+    choice = Choice(_NO_KEYS)
+    for _ in range(CONSUME_ATTEMPTS):
+        try:
+            choice = sampler.choose(storage, batch_size - len(taken), query_condition)
+        except EmptyBufferError:
+            if len(taken):
+                break
+            raise
+        if choice.rows is not None:
+            return choice
+        _, first = np.unique(choice.keys, return_index=True)
+        drawn = choice.keys[np.sort(first)]
+        drawn = drawn[~np.isin(drawn, taken)]
+        counted = storage.count_draws(drawn, limit)
+        sampler.spend(np.setdiff1d(drawn, counted))  # type: ignore[attr-defined]
+        taken = np.concatenate([taken, counted])
+        if len(counted) == len(drawn):
+            break  # nothing refused: the batch is as the sampler chose it
+    return choice._replace(keys=taken)

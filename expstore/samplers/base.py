@@ -49,6 +49,7 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
+from .._args import check_int
 from ..errors import EmptyBufferError, UnsupportedTypeError
 from ..models import DataRow
 from ..query import as_condition
@@ -253,14 +254,47 @@ class KeySampler(Sampler):
 
     After each batch, ``last_keys`` holds the chosen keys and ``last_ids`` the ids of the
     rows returned, in batch order (``last_info`` both, and the weights).
+
+    Every key sampler takes ``seed=`` and ``consume_after=k``: with it, a row leaves the
+    sampler once it has been drawn k times, counted in the database across every process
+    (see :func:`expstore.sampling.draw`).
     """
 
     #: The key_index columns :meth:`sample_keys` reads, besides ``"key"``.
     columns: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, *, seed: int | None = None) -> None:
+    def __init__(self, *, seed: int | None = None, consume_after: int | None = None) -> None:
         self.seed = seed
         self._rng = np.random.default_rng(seed)
+        #: Draws after which a row leaves this sampler, counted in the database across
+        #: every process (None: rows are drawn forever). See :func:`expstore.sampling.draw`.
+        self.consume_after = check_int("consume_after", consume_after, minimum=1, optional=True)
+        # Keys known to have had their consume_after draws, and the index without them.
+        self._spent = np.empty(0, dtype=np.int64)
+        self._unspent: tuple[Any, int, dict[str, Any]] | None = None
+
+    def spend(self, keys: np.ndarray) -> None:
+        """Leave out ``keys``: the database refused them another draw (consume_after)."""
+        self._spent = np.union1d(self.__dict__.get("_spent", self._spent), keys)
+
+    def _without_spent(self, index: dict[str, Any]) -> dict[str, Any]:
+        spent = self.__dict__.get("_spent")
+        if spent is None or not len(spent):
+            return index
+        cached = self.__dict__.get("_unspent")
+        if cached is not None and cached[0] is index["key"] and cached[1] == len(spent):
+            return cached[2]
+        keep = ~np.isin(index["key"], spent, assume_unique=True)
+        size = len(keep)
+        masked = {
+            name: value[keep] if isinstance(value, np.ndarray) and len(value) == size else value
+            for name, value in index.items()
+        }
+        for value in masked.values():
+            if isinstance(value, np.ndarray):
+                value.flags.writeable = False
+        self._unspent = (index["key"], len(spent), masked)
+        return masked
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -320,8 +354,14 @@ class KeySampler(Sampler):
     def choose(
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
     ) -> Choice:
-        index = self.read_index(storage, query_condition)
+        index = self._without_spent(self.read_index(storage, query_condition))
         if not len(index["key"]):
+            if len(self.__dict__.get("_spent", ())):
+                raise empty_error(
+                    storage,
+                    query_condition,
+                    f"every matching row has been drawn consume_after={self.consume_after} times",
+                )
             raise empty_error(storage, query_condition, "no rows match")
         try:
             keys = np.asarray(self.sample_keys(index, batch_size, self.rng), dtype=np.int64)

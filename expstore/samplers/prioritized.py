@@ -60,8 +60,9 @@ class PrioritizedSampler(KeySampler):
         eps: float = 1e-6,
         *,
         seed: int | None = None,
+        consume_after: int | None = None,
     ) -> None:
-        super().__init__(seed=seed)
+        super().__init__(seed=seed, consume_after=consume_after)
         self.alpha = check_number("alpha", alpha, minimum=0)
         self.beta = check_number("beta", beta, minimum=0)
         self.eps = check_number("eps", eps, minimum=0)

@@ -25,8 +25,10 @@ class RecencySampler(KeySampler):
     >>> sampler = RecencySampler(power=2.0, seed=0)
     """
 
-    def __init__(self, power: float = 1.0, *, seed: int | None = None) -> None:
-        super().__init__(seed=seed)
+    def __init__(
+        self, power: float = 1.0, *, seed: int | None = None, consume_after: int | None = None
+    ) -> None:
+        super().__init__(seed=seed, consume_after=consume_after)
         self.power = check_number("power", power)
 
     def sample_keys(

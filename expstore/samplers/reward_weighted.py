@@ -31,8 +31,10 @@ class RewardWeightedSampler(KeySampler):
 
     columns = ("reward_t",)
 
-    def __init__(self, temperature: float = 1.0, *, seed: int | None = None) -> None:
-        super().__init__(seed=seed)
+    def __init__(
+        self, temperature: float = 1.0, *, seed: int | None = None, consume_after: int | None = None
+    ) -> None:
+        super().__init__(seed=seed, consume_after=consume_after)
         self.temperature = check_number("temperature", temperature, positive=True)
 
     def _cdf(self, reward: np.ndarray) -> np.ndarray:

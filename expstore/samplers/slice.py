@@ -36,8 +36,10 @@ class SliceSampler(KeySampler):
 
     columns = ("task_id", "agent_id", "step")
 
-    def __init__(self, slice_len: int, *, seed: int | None = None) -> None:
-        super().__init__(seed=seed)
+    def __init__(
+        self, slice_len: int, *, seed: int | None = None, consume_after: int | None = None
+    ) -> None:
+        super().__init__(seed=seed, consume_after=consume_after)
         self.slice_len = check_int("slice_len", slice_len, minimum=1)
 
     def _windows(self, index: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, int]:

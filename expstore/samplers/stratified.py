@@ -43,8 +43,14 @@ class StratifiedSampler(KeySampler):
     >>> by_level = StratifiedSampler(by="exp_data.state.difficulty", seed=0)
     """
 
-    def __init__(self, by: str = "exp_meta.agent_id", *, seed: int | None = None) -> None:
-        super().__init__(seed=seed)
+    def __init__(
+        self,
+        by: str = "exp_meta.agent_id",
+        *,
+        seed: int | None = None,
+        consume_after: int | None = None,
+    ) -> None:
+        super().__init__(seed=seed, consume_after=consume_after)
         self.by = by
         path = resolve_field(by)
         #: The key-index column grouped on: a column's name, or the payload path.

@@ -30,8 +30,10 @@ class UniformSampler(KeySampler):
     >>> sampler = UniformSampler(replacement=False, seed=0)
     """
 
-    def __init__(self, replacement: bool = True, *, seed: int | None = None) -> None:
-        super().__init__(seed=seed)
+    def __init__(
+        self, replacement: bool = True, *, seed: int | None = None, consume_after: int | None = None
+    ) -> None:
+        super().__init__(seed=seed, consume_after=consume_after)
         self.replacement = bool(replacement)
         self._epoch: np.ndarray | None = None
         self._position = 0

@@ -159,6 +159,14 @@ class Storage(ABC):
         ids, columns = self.fetch_columns(keys, paths, writable=writable)
         return Fetched(ids, columns=columns)
 
+    def count_draws(self, keys: np.ndarray, limit: int) -> np.ndarray:
+        """For samplers with ``consume_after=limit``: count one draw of each of ``keys``
+        (distinct) whose row has had fewer than ``limit``, and return those keys (see
+        :mod:`expstore.storage.draw_counts`)."""
+        raise UnsupportedTypeError(
+            f"{type(self).__name__} does not count draws (consume_after); use SqlStorage"
+        )
+
     @property
     def claims(self) -> ClaimQueue:
         """The buffer's claims (consume-once queue, checkpoints, lineage); see

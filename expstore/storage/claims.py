@@ -47,6 +47,7 @@ from ..errors import (
     UnsupportedTypeError,
 )
 from .base import QueryCondition
+from .draw_counts import times_sampled
 from .handle import BufferHandle
 from .key_index import condition_key
 from .schema import checkpoints, consumers, consumption, oldest_first, rows
@@ -85,6 +86,8 @@ class Lineage(NamedTuple):
     checkpoint: Any
     checkpoint_seq: int | None
     times_claimed: int
+    #: Draws counted for samplers with ``consume_after``.
+    times_sampled: int = 0
 
 
 class QueueStats(NamedTuple):
@@ -273,7 +276,11 @@ class ClaimQueue:
         keys = [int(k) for k in conn.execute(reopened).scalars()]
         if not keys:
             return start
-        matching = select(rows.c.key).where(*handle.where(query_condition), handle.dialect.key_in())
+        # By key alone (the keys are the buffer's): with buffer_id too, Postgres walks the
+        # buffer's (buffer_id, key) index filtering by the key list.
+        matching = select(rows.c.key).where(
+            *handle.matching(query_condition), handle.dialect.key_in()
+        )
         found = list(conn.execute(matching, {"keys": handle.dialect.key_set(keys)}).scalars())
         return min([start, *found])
 
@@ -528,7 +535,11 @@ class ClaimQueue:
                         int(e.times_claimed),
                     )
         never = Lineage("unclaimed", None, None, None, None, None, None, 0)
-        return {row_id: found.get(key, never) for row_id, key in key_of.items()}
+        drawn = times_sampled(handle, keys) if keys else {}
+        return {
+            row_id: found.get(key, never)._replace(times_sampled=drawn.get(key, 0))
+            for row_id, key in key_of.items()
+        }
 
 
 def check_lease(lease_s: Any) -> float:

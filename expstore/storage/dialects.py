@@ -27,9 +27,9 @@ from sqlalchemy import (
     Text,
     bindparam,
     cast,
-    column,
     func,
     insert,
+    literal_column,
     select,
     text,
 )
@@ -70,9 +70,9 @@ class Dialect(ABC):
         return json_text(path, rows, self.name, sqlite_arrow=self.extracts_json)
 
     @abstractmethod
-    def key_in(self) -> ColumnElement[bool]:
-        """``key`` is in the set bound as ``keys``: one statement whatever the number of
-        keys, so it is compiled once."""
+    def key_in(self, column: Any = rows.c.key) -> ColumnElement[bool]:
+        """``column`` (the rows' ``key`` by default) is in the set bound as ``keys``: one
+        statement whatever the number of keys, so it is compiled once."""
 
     @abstractmethod
     def key_set(self, keys: list[int]) -> Any:
@@ -129,16 +129,17 @@ class SqliteDialect(Dialect):
         # A constant statement over our own column names; every value is a bound parameter.
         self._insert = f"INSERT INTO {rows.name} ({_COLUMN_LIST}) VALUES ({marks})"
 
-    def key_in(self) -> ColumnElement[bool]:
-        each: Select[Any] = select(column("value")).select_from(func.json_each(bindparam("keys")))
-        return rows.c.key.in_(each.scalar_subquery())
+    def key_in(self, column: Any = rows.c.key) -> ColumnElement[bool]:
+        keys = func.json_each(bindparam("keys"))
+        each: Select[Any] = select(literal_column("value")).select_from(keys)
+        return column.in_(each.scalar_subquery())
 
     def key_set(self, keys: list[int]) -> Any:
         return "[" + ",".join(map(str, keys)) + "]"
 
     def bound_keys(self) -> Any:
         each = func.json_each(bindparam("keys"))
-        return select(column("value").label("key")).select_from(each).subquery()
+        return select(literal_column("value").label("key")).select_from(each).subquery()
 
     def insert_rows(self, conn: Connection, chunks: Chunks) -> None:
         # The DB-API's executemany directly: the values are already in column order.
@@ -202,8 +203,8 @@ class PostgresDialect(Dialect):
         self._written = 0
         self._may_analyze = True
 
-    def key_in(self) -> ColumnElement[bool]:
-        return rows.c.key == func.any(bindparam("keys"))
+    def key_in(self, column: Any = rows.c.key) -> ColumnElement[bool]:
+        return column == func.any(bindparam("keys"))
 
     def key_set(self, keys: list[int]) -> Any:
         return keys

@@ -52,11 +52,13 @@ class BufferHandle:
 
     def where(self, query_condition: QueryCondition) -> list[ColumnElement[bool]]:
         """The WHERE clauses for this buffer's rows matching ``query_condition``."""
-        clauses: list[ColumnElement[bool]] = [rows.c.buffer_id == self.buffer_id]
+        return [rows.c.buffer_id == self.buffer_id, *self.matching(query_condition)]
+
+    def matching(self, query_condition: QueryCondition) -> list[ColumnElement[bool]]:
+        """The WHERE clauses of ``query_condition`` alone (none for None), for rows already
+        known to be the buffer's."""
         compiled = to_sql(query_condition, rows, self.dialect.name)
-        if compiled is not None:
-            clauses.append(compiled)
-        return clauses
+        return [] if compiled is None else [compiled]
 
     def statement(self, key: tuple[Any, ...], build: Callable[[], Select[Any]]) -> CompiledSelect:
         """The statement ``build()`` makes, compiled once for this database and kept."""

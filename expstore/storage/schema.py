@@ -200,3 +200,20 @@ consumers = Table(
     Column("consumer", String(255), primary_key=True),
     Column("last_seq", BigInteger, nullable=False, server_default="0"),
 )
+
+#: How many times each row was drawn by samplers with ``consume_after`` (counted across
+#: every process; a row drawn ``consume_after`` times leaves those samplers). Apart from
+#: claims, so rows only ever sampled do not crowd the index of unacked claims.
+sample_counts = Table(
+    "expstore_sample_counts",
+    metadata,
+    Column(
+        "key",
+        KeyType,
+        ForeignKey("expstore_rows.key", ondelete="CASCADE"),
+        primary_key=True,
+        autoincrement=False,
+    ),
+    Column("buffer_id", Integer, nullable=False),  # no foreign key: see consumption
+    Column("times_sampled", Integer, nullable=False),
+)

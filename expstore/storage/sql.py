@@ -33,7 +33,7 @@ from sqlalchemy.engine import URL
 from .. import migrate
 from ..errors import InvalidArgumentError, StorageError, UnsupportedTypeError
 from ..models import DataRow
-from . import priorities, registry, writer
+from . import draw_counts, priorities, registry, writer
 from .base import QueryCondition, Storage, Values
 from .claims import ClaimQueue
 from .engine import create_sql_engine, normalise_url
@@ -110,6 +110,9 @@ class SqlStorage(Storage):
     def index(self) -> KeyIndex:
         """The cached key indexes (see :mod:`expstore.storage.key_index`)."""
         return self._index
+
+    def count_draws(self, keys: np.ndarray, limit: int) -> np.ndarray:
+        return draw_counts.count_draws(self._handle, keys, limit)
 
     @property
     def claims(self) -> ClaimQueue:

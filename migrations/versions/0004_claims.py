@@ -1,6 +1,7 @@
 """Add claims: expstore_consumption (which rows are claimed, by whom, until when, acked
-with which checkpoint), expstore_checkpoints (every checkpoint a consumer acked with) and
-expstore_consumers (each consumer's last checkpoint number). New tables only; the rows
+with which checkpoint), expstore_checkpoints (every checkpoint a consumer acked with),
+expstore_consumers (each consumer's last checkpoint number) and expstore_sample_counts
+(how many times samplers with consume_after drew each row). New tables only; the rows
 table is not touched. buffer_id has no foreign key here: checking one would lock the
 buffer's row, which every write holds, so claims and acks would wait for writers.
 
@@ -49,9 +50,7 @@ def upgrade() -> None:
         "expstore_consumption",
         ["buffer_id", "acked_at", "lease_until"],
     )
-    op.create_index(
-        op.f("ix_expstore_consumption_claim_id"), "expstore_consumption", ["claim_id"]
-    )
+    op.create_index(op.f("ix_expstore_consumption_claim_id"), "expstore_consumption", ["claim_id"])
     op.create_table(
         "expstore_checkpoints",
         sa.Column("buffer_id", sa.Integer(), nullable=False),
@@ -70,9 +69,23 @@ def upgrade() -> None:
         sa.Column("last_seq", sa.BigInteger(), nullable=False, server_default="0"),
         sa.PrimaryKeyConstraint("buffer_id", "consumer", name=op.f("pk_expstore_consumers")),
     )
+    op.create_table(
+        "expstore_sample_counts",
+        sa.Column("key", _KEY, autoincrement=False, nullable=False),
+        sa.Column("buffer_id", sa.Integer(), nullable=False),
+        sa.Column("times_sampled", sa.Integer(), nullable=False),
+        sa.ForeignKeyConstraint(
+            ["key"],
+            ["expstore_rows.key"],
+            name=op.f("fk_expstore_sample_counts_key_expstore_rows"),
+            ondelete="CASCADE",
+        ),
+        sa.PrimaryKeyConstraint("key", name=op.f("pk_expstore_sample_counts")),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("expstore_sample_counts")
     op.drop_table("expstore_consumers")
     op.drop_table("expstore_checkpoints")
     op.drop_index(op.f("ix_expstore_consumption_claim_id"), table_name="expstore_consumption")

@@ -1,0 +1,107 @@
+"""consume_after=k: a row leaves a sampler after k draws, counted in the database across
+every process (TorchRL's consume-after-n-samples, for many processes)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from collections import Counter
+
+import pytest
+
+from expstore import (
+    EmptyBufferError,
+    InvalidArgumentError,
+    NumpyConverter,
+    PrioritizedSampler,
+    QueryBuilder,
+    ReplayBuffer,
+    UniformSampler,
+)
+from tests.helpers import make_rows
+
+
+def drawn(buffer: ReplayBuffer, sampler, batch: int, cond=None) -> list[int]:
+    conv = NumpyConverter({"i": "exp_data.state.i"})
+    return buffer.sample(sampler, cond, conv, batch)["i"].tolist()
+
+
+def test_each_row_is_drawn_at_most_k_times_then_the_sampler_runs_dry(
+    db_url: str, buffer_name: str
+) -> None:
+    with ReplayBuffer(db_url, name=buffer_name) as buffer:
+        buffer.store_batch(make_rows(30))
+        sampler = UniformSampler(seed=0, consume_after=2)
+        seen: Counter[int] = Counter()
+        with pytest.raises(EmptyBufferError, match="consume_after=2"):
+            for _ in range(200):
+                seen.update(drawn(buffer, sampler, 4))
+        assert set(seen) == set(range(30))
+        assert max(seen.values()) == 2 and sum(seen.values()) == 60
+        ids = [r.id for r in buffer.query()]
+        assert {r.times_sampled for r in buffer.lineage(ids).values()} == {2}
+
+
+def test_counts_are_shared_by_every_sampler_and_handle_of_the_buffer(
+    db_url: str, buffer_name: str
+) -> None:
+    with (
+        ReplayBuffer(db_url, name=buffer_name) as one,
+        ReplayBuffer(db_url, name=buffer_name) as two,
+    ):
+        one.store_batch(make_rows(20))
+        first = drawn(one, UniformSampler(replacement=False, seed=1, consume_after=1), 12)
+        assert len(set(first)) == 12
+        rest: list[int] = []
+        prioritized = PrioritizedSampler(seed=2, consume_after=1)
+        with pytest.raises(EmptyBufferError):
+            for _ in range(100):
+                batch = drawn(two, prioritized, 8)
+                assert len(batch) == len(set(batch))  # each row once per batch
+                assert len(prioritized.last_info.weights) == len(batch)
+                rest += batch
+        assert sorted(first + rest) == list(range(20))  # no row twice across the handles
+        with pytest.raises(EmptyBufferError):
+            drawn(two, UniformSampler(seed=3, consume_after=1), 1)
+        # Without consume_after the rows are drawn as ever.
+        assert len(drawn(two, UniformSampler(seed=4), 50)) == 50
+
+
+def test_consume_after_composes_with_conditions(db_url: str, buffer_name: str) -> None:
+    with ReplayBuffer(db_url, name=buffer_name) as buffer:
+        buffer.store_batch(make_rows(40))
+        cond = QueryBuilder().eq("exp_meta.task_id", "task2").build()
+        got = drawn(buffer, UniformSampler(replacement=False, seed=0, consume_after=1), 10, cond)
+        assert sorted(got) == list(range(2, 40, 4))
+
+
+def test_a_bad_consume_after_is_refused() -> None:
+    for bad in (0, -1, 1.5, "2", True):
+        with pytest.raises(InvalidArgumentError, match="consume_after"):
+            UniformSampler(consume_after=bad)
+
+
+def _draw_all(url: str, name: str, seed: int, out: mp.Queue) -> None:
+    taken: list[int] = []
+    with ReplayBuffer(url, name=name) as buffer:
+        sampler = UniformSampler(seed=seed, consume_after=1)
+        try:
+            while True:
+                taken += drawn(buffer, sampler, 16)
+        except EmptyBufferError:
+            pass
+    out.put(taken)
+
+
+@pytest.mark.slow
+def test_processes_drawing_at_once_never_exceed_the_count(db_url: str, buffer_name: str) -> None:
+    with ReplayBuffer(db_url, name=buffer_name) as buffer:
+        buffer.store_batch(make_rows(600))
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_draw_all, args=(db_url, buffer_name, s, out)) for s in range(3)]
+    for p in procs:
+        p.start()
+    every = [i for _ in procs for i in out.get(timeout=300)]
+    for p in procs:
+        p.join()
+    assert sorted(every) == list(range(600))  # each row exactly once across the processes
