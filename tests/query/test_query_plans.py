@@ -192,16 +192,22 @@ _LAST_ANALYZE = "SELECT last_analyze FROM pg_stat_user_tables WHERE relname = 'e
 
 
 def test_postgres_sessions_plan_every_statement_for_its_values_without_jit(pg_url: str) -> None:
-    """Every connection a buffer opens turns JIT off and asks for custom plans: a generic
-    plan made for one buffer's size ran the FIFO trim 25-60x slower on another's, and JIT
-    compiled the trim's DELETE for longer than it ran."""
+    """Every connection a buffer opens turns JIT off and never prepares statements: a
+    generic plan made for one buffer's size ran the FIFO trim 25-60x slower on another's,
+    and JIT compiled the trim's DELETE for longer than it ran."""
     from expstore.storage.engine import create_sql_engine
 
     engine = create_sql_engine(pg_url)
     try:
         with engine.connect() as conn:
             assert conn.execute(text("SHOW jit")).scalar() == "off"
-            assert conn.execute(text("SHOW plan_cache_mode")).scalar() == "force_custom_plan"
+            driver = conn.connection.dbapi_connection
+            assert driver is not None and driver.prepare_threshold is None
+            for _ in range(8):  # more than psycopg's default threshold of 5
+                conn.execute(
+                    text("SELECT count(*) FROM expstore_rows WHERE buffer_id = :b"), {"b": 1}
+                )
+            assert conn.execute(text("SELECT count(*) FROM pg_prepared_statements")).scalar() == 0
             # the settings hold inside the transactions expstore runs, not only at connect
             conn.commit()
             with conn.begin():
