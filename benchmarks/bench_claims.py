@@ -123,23 +123,28 @@ def claimer(url: str, name: str, consumer: str, seconds: float, done: Any) -> No
 
 
 def lock_waits(url: str, stop: Any, out: Any) -> None:
-    """Sample how often a backend of this database waits on a lock."""
+    """Sample how often a backend of this database waits on a lock, and on what."""
     engine = create_engine(url)
     samples = waiting = 0
+    on: dict[str, int] = {}
     with engine.connect() as conn:
         while not stop.is_set():
-            n = conn.execute(
+            waits = conn.execute(
                 text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+                    "SELECT wait_event, left(query, 30) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND wait_event_type = 'Lock' "
+                    "AND pid <> pg_backend_pid()"
                 )
-            ).scalar_one()
+            ).all()
             samples += 1
-            waiting += int(n > 0)
+            waiting += int(bool(waits))
+            for event, query in waits:
+                what = f"{event} in {query.split(' (')[0]}"
+                on[what] = on.get(what, 0) + 1
             conn.rollback()
             time.sleep(0.005)
     engine.dispose()
-    out.put((samples, waiting))
+    out.put((samples, waiting, on))
 
 
 def reset_claims(url: str, name: str) -> None:
@@ -180,9 +185,11 @@ def concurrent(url: str, name: str, processes: int, seconds: float) -> None:
     line = f"  {processes} claimer(s): {total / seconds:10,.0f} rows/s"
     if watcher is not None:
         stop.set()
-        samples, waiting = waits.get()
+        samples, waiting, on = waits.get()
         watcher.join()
         line += f"; a claimer waiting on a lock in {waiting} of {samples} samples"
+        if on:
+            line += " (" + ", ".join(f"{n}x {what}" for what, n in sorted(on.items())) + ")"
     print(line)
 
 

@@ -195,7 +195,10 @@ class ClaimQueue:
         handle = self._handle
         dialect = handle.dialect
         bound = {"keys": dialect.key_set(keys)}
-        locked = dialect.skip_locked(select(rows.c.key).where(dialect.key_in()))
+        # Still claimable by this statement's snapshot: a claim that committed since the
+        # candidates were read is passed over here, not met in the upsert (which would lock
+        # its entries and make its ack wait for this transaction).
+        locked = dialect.skip_locked(select(rows.c.key).where(dialect.key_in(), _unblocked(now)))
         free = [int(k) for k in conn.execute(locked, bound).scalars()]
         if not free:
             return []
@@ -358,51 +361,58 @@ class ClaimQueue:
             )
         return held
 
+    def _finish(
+        self,
+        claim: Claimed,
+        action: str,
+        values: dict[str, Any],
+        more: Callable[[Connection], dict[str, Any]] | None = None,
+    ) -> int:
+        """Check the claim is the consumer's to ``action``, then set ``values`` (and what
+        ``more`` adds, in the same transaction) on its entries; returns how many."""
+        handle = self._handle
+        with handle.errors(f"{action} a claim"), handle.write() as conn:
+            held = self._own_entries(conn, claim, action)
+            extra = more(conn) if more is not None else {}
+            if held:
+                conn.execute(
+                    update(consumption)
+                    .where(_C.claim_id == claim.claim_id)
+                    .values(**values, **extra)
+                )
+        return len(held)
+
     def ack(self, claim: Claimed, checkpoint: Any = None, *, with_checkpoint: bool) -> int:
         """Mark the claim's rows consumed, storing ``checkpoint`` for its consumer in the
         same transaction; returns how many rows were acked (rows deleted meanwhile, by an
         evicting writer say, are not counted)."""
         state = check_checkpoint(checkpoint) if with_checkpoint else None
-        handle = self._handle
-        with handle.errors("ack a claim"), handle.write() as conn:
-            held = self._own_entries(conn, claim, "ack")
-            now = handle.dialect.now()
-            seq = None
-            if state is not None:
-                seq = self._store_checkpoint(conn, claim.consumer, state, now)
-            if held:
-                conn.execute(
-                    update(consumption)
-                    .where(_C.claim_id == claim.claim_id)
-                    .values(acked_at=now, lease_until=None, checkpoint_seq=seq)
-                )
-        return len(held)
+        now = self._handle.dialect.now()
+
+        def store_checkpoint(conn: Connection) -> dict[str, Any]:
+            if state is None:
+                return {}
+            return {"checkpoint_seq": self._store_checkpoint(conn, claim.consumer, state, now)}
+
+        done = {"acked_at": now, "lease_until": None}
+        return self._finish(claim, "ack", done, store_checkpoint)
 
     def release(self, claim: Claimed) -> int:
         """Return the claim's rows to the queue; returns how many."""
-        handle = self._handle
-        with handle.errors("release a claim"), handle.write() as conn:
-            held = self._own_entries(conn, claim, "release")
-            if held:
-                conn.execute(
-                    update(consumption)
-                    .where(_C.claim_id == claim.claim_id)
-                    .values(claim_id=None, consumer=None, lease_until=None)
-                )
-        return len(held)
+        released = {"claim_id": None, "consumer": None, "lease_until": None}
+        return self._finish(claim, "release", released)
 
     def renew(self, claim: Claimed, lease_s: float) -> float:
         """Extend the claim's lease to ``lease_s`` from now; returns when it ends."""
-        handle = self._handle
-        with handle.errors("renew a claim"), handle.write() as conn:
-            self._own_entries(conn, claim, "renew")
-            now = float(conn.execute(select(handle.dialect.now())).scalar_one())
-            conn.execute(
-                update(consumption)
-                .where(_C.claim_id == claim.claim_id)
-                .values(lease_until=now + lease_s)
-            )
-        return now + lease_s
+        until: list[float] = []
+
+        def lease(conn: Connection) -> dict[str, Any]:
+            now = float(conn.execute(select(self._handle.dialect.now())).scalar_one())
+            until.append(now + lease_s)
+            return {"lease_until": until[0]}
+
+        self._finish(claim, "renew", {}, lease)
+        return until[0]
 
     def _store_checkpoint(self, conn: Connection, consumer: str, state: str, now: Now) -> int:
         handle = self._handle

@@ -146,6 +146,19 @@ priority_log = Table(
 #: How many priority updates a buffer's log keeps; a reader further behind reloads.
 PRIORITY_LOG_KEEP = 64
 
+
+def _row_key() -> Column[Any]:
+    """The key of an experience row, for tables that keep something per row: their entry
+    goes when the row goes."""
+    return Column(
+        "key",
+        KeyType,
+        ForeignKey("expstore_rows.key", ondelete="CASCADE"),
+        primary_key=True,
+        autoincrement=False,
+    )
+
+
 #: Claims and consumption, one row per experience row ever claimed (see
 #: :mod:`expstore.storage.claims`). Kept apart from ``expstore_rows`` so that claiming,
 #: acking and releasing update a narrow row and never write a new version of the payload.
@@ -154,13 +167,7 @@ PRIORITY_LOG_KEEP = 64
 consumption = Table(
     "expstore_consumption",
     metadata,
-    Column(
-        "key",
-        KeyType,
-        ForeignKey("expstore_rows.key", ondelete="CASCADE"),
-        primary_key=True,
-        autoincrement=False,
-    ),
+    _row_key(),
     # No foreign key to expstore_buffers: checking one would lock the buffer's row, which
     # every write holds, so claims would wait for writers (rows cascade to here instead).
     Column("buffer_id", Integer, nullable=False),
@@ -207,13 +214,7 @@ consumers = Table(
 sample_counts = Table(
     "expstore_sample_counts",
     metadata,
-    Column(
-        "key",
-        KeyType,
-        ForeignKey("expstore_rows.key", ondelete="CASCADE"),
-        primary_key=True,
-        autoincrement=False,
-    ),
+    _row_key(),
     Column("buffer_id", Integer, nullable=False),  # no foreign key: see consumption
     Column("times_sampled", Integer, nullable=False),
 )
