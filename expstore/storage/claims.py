@@ -207,22 +207,32 @@ class ClaimQueue:
             name: value if isinstance(value, ColumnElement) else literal(value)
             for name, value in entry.items()
         }
-        # WHERE true: SQLite reads "INSERT ... SELECT ... FROM t ON CONFLICT" as a join.
-        insert = dialect.upsert(consumption).from_select(
-            ["key", *values], select(given.c.key, *values.values()).where(true())
+        # Rows never claimed get an entry; DO NOTHING leaves an existing entry unlocked
+        # (DO UPDATE would lock it even where its WHERE fails, making its ack wait). WHERE
+        # true: SQLite reads "INSERT ... SELECT ... FROM t ON CONFLICT" as a join.
+        new = (
+            dialect.upsert(consumption)
+            .from_select(["key", *values], select(given.c.key, *values.values()).where(true()))
+            .on_conflict_do_nothing(index_elements=[_C.key])
+            .returning(_C.key, _C.claimed_at)
         )
-        stmt = insert.on_conflict_do_update(
-            index_elements=[_C.key],
-            set_={
-                "claim_id": insert.excluded.claim_id,
-                "consumer": insert.excluded.consumer,
-                "claimed_at": insert.excluded.claimed_at,
-                "lease_until": insert.excluded.lease_until,
-                "times_claimed": _C.times_claimed + 1,
-            },
-            where=_held_entry(now),
-        ).returning(_C.key, _C.claimed_at)
-        returned = conn.execute(stmt, {"keys": dialect.key_set(free)}).all()
+        returned = list(conn.execute(new, {"keys": dialect.key_set(free)}).all())
+        entered = {int(r.key) for r in returned}
+        again = [k for k in free if k not in entered]
+        if again:  # rows released, or whose lease ran out: their entry changes hands
+            reclaim = (
+                update(consumption)
+                .where(dialect.key_in(_C.key), _held_entry(now))
+                .values(
+                    claim_id=entry["claim_id"],
+                    consumer=entry["consumer"],
+                    claimed_at=entry["claimed_at"],
+                    lease_until=entry["lease_until"],
+                    times_claimed=_C.times_claimed + 1,
+                )
+                .returning(_C.key, _C.claimed_at)
+            )
+            returned += conn.execute(reclaim, {"keys": dialect.key_set(again)}).all()
         if returned:
             self._claimed_at = float(returned[0].claimed_at)
         taken = {int(r.key) for r in returned}
