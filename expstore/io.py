@@ -208,7 +208,7 @@ def export_rows(
 
 
 @contextmanager
-def _replacing(path: str | os.PathLike[str], mode: str) -> Iterator[tuple[IO[Any], Path]]:
+def replacing(path: str | os.PathLike[str], mode: str) -> Iterator[tuple[IO[Any], Path]]:
     target = Path(path)
     partial = target.with_name(target.name + ".partial")
     try:
@@ -235,7 +235,7 @@ def _export_jsonl(
 
     if str(path) == "-":
         return write(sys.stdout)
-    with _replacing(path, "w") as (out, _):
+    with replacing(path, "w") as (out, _):
         return write(out)
 
 
@@ -272,9 +272,9 @@ def _export_parquet(
     }
     schema = _arrow_schema(pa).with_metadata({"expstore": json.dumps(about)})
     count = 0
-    with _replacing(path, "wb") as (out, _):
+    with replacing(path, "wb") as (out, _):
         with pq.ParquetWriter(out, schema) as writer:
-            for chunk in _chunks(rows, CHUNK):
+            for chunk in chunks(rows, CHUNK):
                 columns: dict[str, list[Any]] = {name: [] for name in COLUMNS}
                 for row in chunk:
                     record = row_to_record(row, binary=True)
@@ -292,7 +292,7 @@ def _describe(query_condition: QueryCondition) -> str:
     return str(as_condition(query_condition))
 
 
-def _chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+def chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
     chunk: list[Any] = []
     for item in items:
         chunk.append(item)
@@ -373,7 +373,7 @@ def import_rows(
     else:
         rows = _read_parquet(path)
     stored = 0
-    for chunk in _chunks(rows, CHUNK):
+    for chunk in chunks(rows, CHUNK):
         read = len(chunk)
         if skip_existing:
             ids = [row.id for row in chunk]

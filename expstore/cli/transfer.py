@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from ..io import count_records, detect_format, export_rows, import_rows
+from ..lineage_io import export_lineage
 from ._common import (
     DEFAULT_URL,
     BufferOption,
@@ -49,6 +50,14 @@ def export(
     buffer: BufferOption = "default",
     format: FormatOption = None,
     where: WhereOption = None,
+    lineage: Annotated[
+        bool,
+        typer.Option(
+            "--lineage",
+            help="Write each row's consumption record (claims: consumer, claimed and "
+            "acked times, checkpoint, times claimed and sampled) instead of the row.",
+        ),
+    ] = False,
 ) -> None:
     """Write a buffer's rows (all, or those matching --where) to a JSON Lines or Parquet file.
 
@@ -60,6 +69,7 @@ def export(
     Example:
       expstore export --where "exp_data.ext_info.success = true" good.parquet
       expstore export --format jsonl - | head -1
+      expstore export --lineage lineage.parquet
     """
     fmt = detect_format(out, format.value if format else None)
     condition = where_condition(where)
@@ -67,12 +77,14 @@ def export(
     try:
         total = buf.count(condition)
         with progress(total, f"exporting to {out}") as advance:
-            written = export_rows(buf, out, fmt, condition, progress=advance)
+            write = export_lineage if lineage else export_rows
+            written = write(buf, out, fmt, condition, progress=advance)
     finally:
         buf.close()
     where_text = f" where {condition}" if condition is not None else ""
     size = "" if out == "-" else f", {_size(Path(out))}"
-    echo_err(f"Exported {written} rows of buffer {buffer!r}{where_text} to {out} ({fmt}{size})")
+    what = "lineage records" if lineage else "rows"
+    echo_err(f"Exported {written} {what} of buffer {buffer!r}{where_text} to {out} ({fmt}{size})")
 
 
 def import_(

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from typer.testing import Result
 
-from expstore import ReplayBuffer, migrate
+from expstore import ReplayBuffer, UniformSampler, migrate
 from expstore.storage import create_sql_engine
 from tests.cli.conftest import Invoke
 
@@ -504,3 +504,40 @@ def test_python_dash_m_expstore_runs_the_same_command(tmp_path: Path) -> None:
     assert out.returncode == 1
     assert out.stderr.startswith("Error: there is no database at absent.db")
     assert "Traceback" not in out.stderr
+
+
+def test_export_lineage_writes_each_rows_consumption_record(
+    invoke: Invoke, seeded: tuple[str, str], tmp_path: Path
+) -> None:
+    pq = pytest.importorskip("pyarrow.parquet")
+    url, name = seeded
+    with ReplayBuffer(url, name=name) as buffer:
+        acked = buffer.claim(5, consumer="learner-0")
+        acked.ack(checkpoint={"step": 3})
+        held = buffer.claim(2, consumer="learner-1")
+        buffer.sample(UniformSampler(seed=0, consume_after=4), batch_size=3)
+    out = tmp_path / "lineage.jsonl"
+    result = invoke("export", "--db", url, "--buffer", name, "--lineage", str(out))
+    assert result.exit_code == 0, result.stderr
+    assert "Exported 40 lineage records" in result.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 40
+    by_id = {r["id"]: r for r in records}
+    first = by_id[acked.ids[0]]
+    assert (first["state"], first["consumer"], first["checkpoint"]) == (
+        "consumed",
+        "learner-0",
+        {"step": 3},
+    )
+    assert first["acked_at"] >= first["claimed_at"] and first["times_claimed"] == 1
+    assert by_id[held.ids[0]]["state"] == "leased"
+    assert sum(r["times_sampled"] for r in records) == 3
+    assert sum(r["state"] == "unclaimed" for r in records) == 33
+    parquet = tmp_path / "lineage.parquet"
+    where = ["--where", "task_id = 'task0'"]
+    result = invoke("export", "--db", url, "--buffer", name, "--lineage", *where, str(parquet))
+    assert result.exit_code == 0, result.stderr
+    table = pq.read_table(parquet).to_pylist()
+    assert len(table) == 10 and {r["task_id"] for r in table} == {"task0"}
+    row = next(r for r in table if r["id"] == acked.ids[0])
+    assert json.loads(row["checkpoint"]) == {"step": 3}
