@@ -21,8 +21,10 @@ FIFO claims do not walk the consumed part of the buffer again on every call: eac
 keeps, per condition, a key below which every matching row has a committed consumption
 entry. It may stay there because of the buffer's write order: every write to a buffer locks
 the buffer's row first (see :mod:`expstore.storage.registry`), so a buffer's rows commit in
-key order and a row committed later always has a greater key. Rows below that key that
-become claimable again (released, or their lease ran out) are found through the
+key order and a row committed later always has a greater key (on SQLite, whose new keys
+may reuse those of the newest rows after they were deleted, the floor is dropped whenever
+the buffer's version says rows were deleted other than oldest first). Rows below that key
+that become claimable again (released, or their lease ran out) are found through the
 (buffer_id, acked_at, lease_until) index, which holds only a few unacked entries.
 """
 
@@ -50,7 +52,7 @@ from .base import QueryCondition
 from .draw_counts import times_sampled
 from .handle import BufferHandle
 from .key_index import condition_key
-from .schema import checkpoints, consumers, consumption, oldest_first, rows
+from .schema import buffers, checkpoints, consumers, consumption, oldest_first, rows
 from .writer import ids_to_keys
 
 __all__ = ["ClaimQueue", "Claimed", "Lineage", "QueueStats", "check_checkpoint"]
@@ -146,9 +148,9 @@ class ClaimQueue:
 
     def __init__(self, handle: BufferHandle) -> None:
         self._handle = handle
-        #: Per condition (its compiled SQL): every matching row below this key has a
-        #: committed consumption entry.
-        self._floors: dict[str, int] = {}
+        #: Per condition: (the buffer's version then, a key below which every matching row
+        #: has a committed consumption entry).
+        self._floors: dict[str, tuple[int | None, int]] = {}
         self._claimed_at = 0.0
 
     def clear(self) -> None:
@@ -249,7 +251,8 @@ class ClaimQueue:
         handle = self._handle
         where = handle.where(query_condition)
         floor_key = condition_key(query_condition)
-        start = self._start(conn, query_condition, now)
+        version = self._version(conn)
+        start = self._start(conn, query_condition, now, version)
         taken: list[int] = []
         floor: int | None = None
         scan_from = start
@@ -271,16 +274,30 @@ class ClaimQueue:
                 scan_from = found[-1] + 1
             if len(found) < want:
                 break
-        self._floors[floor_key] = scan_from if floor is None else floor
+        self._floors[floor_key] = (version, scan_from if floor is None else floor)
         return taken
 
-    def _start(self, conn: Connection, query_condition: QueryCondition, now: Now) -> int:
+    def _version(self, conn: Connection) -> int | None:
+        """Where keys may be reused (SQLite), the buffer's version, which every deletion
+        other than oldest first bumps; None where a new key always exceeds every old one."""
+        if not self._handle.dialect.reuses_keys:
+            return None
+        this = buffers.c.id == self._handle.buffer_id
+        return int(conn.execute(select(buffers.c.version).where(this)).scalar_one())
+
+    def _start(
+        self, conn: Connection, query_condition: QueryCondition, now: Now, version: int | None
+    ) -> int:
         """Where a FIFO scan for the condition starts: this handle's floor for it, or lower
         where a matching row below it became claimable again (released, lease ran out)."""
-        start = self._floors.get(condition_key(query_condition), 0)
+        handle = self._handle
+        floor_version, start = self._floors.get(condition_key(query_condition), (None, 0))
+        if start and version != floor_version:
+            # Rows were deleted other than oldest first since the floor was set: SQLite may
+            # have given new rows the keys of deleted ones, below the floor.
+            start = 0
         if not start:
             return 0
-        handle = self._handle
         # The few unacked entries below the floor, through the (buffer_id, acked_at,
         # lease_until) index; then which of their rows match the condition.
         reopened = select(_C.key).where(
@@ -476,7 +493,7 @@ class ClaimQueue:
             some = select(rows.c.key).where(*handle.where(query_condition)).limit(upto)
             if claimable:
                 now = float(conn.execute(select(handle.dialect.now())).scalar_one())
-                start = self._start(conn, query_condition, now)
+                start = self._start(conn, query_condition, now, self._version(conn))
                 some = some.where(rows.c.key >= start, _unblocked(now))
             counted = select(func.count()).select_from(some.subquery())
             return int(conn.execute(counted).scalar_one())

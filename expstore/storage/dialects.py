@@ -63,6 +63,9 @@ class Dialect(ABC):
     #: Whether the database extracts a part of a JSON document as text by its path (``->``),
     #: so a fetch reads only the parts a converter needs.
     extracts_json: bool = True
+    #: Whether a new row's key may reuse the key of a deleted row (SQLite's rowid: the
+    #: table's largest key + 1), rather than always exceed every key ever given.
+    reuses_keys: bool = False
 
     def json_text(self, path: FieldPath) -> ColumnElement[Any]:
         """The JSON text of the value at a payload path of the rows' document (NULL where
@@ -121,6 +124,7 @@ class Dialect(ABC):
 
 class SqliteDialect(Dialect):
     name = "sqlite"
+    reuses_keys = True
     # SQLite's -> operator (JSON text of a part, NULL where there is none) came in 3.38.
     extracts_json = sqlite3.sqlite_version_info >= (3, 38, 0)
 

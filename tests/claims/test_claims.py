@@ -248,3 +248,15 @@ def test_a_claim_used_as_a_context_manager_is_released_on_error(buf: ReplayBuffe
         raise RuntimeError("training step failed")
     assert claim.state == "released"
     assert buf.queue_stats().unclaimed == 40
+
+
+def test_a_row_stored_after_the_newest_rows_were_deleted_is_claimed(buf: ReplayBuffer) -> None:
+    """SQLite gives a new row the table's largest key + 1, which after the newest rows
+    were deleted lies below where this handle's FIFO claims had got to."""
+    buf.claim(40, consumer="a").ack()
+    newest = QueryBuilder().gte("exp_data.state.i", 35).build()
+    assert buf.delete(newest) == 5
+    buf.store_batch(make_rows(1))
+    again = buf.claim(10, consumer="a")
+    assert steps(again) == [0]
+    assert again.ids == [r.id for r in buf.query(limit=40)][-1:]
