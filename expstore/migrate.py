@@ -11,6 +11,7 @@ revision; an older one raises :class:`SchemaVersionError` naming the command tha
 from __future__ import annotations
 
 import io
+import threading
 from functools import lru_cache
 from pathlib import Path
 
@@ -36,6 +37,12 @@ __all__ = [
 
 # An arbitrary constant: the key of the Postgres advisory lock that serialises migrations.
 _PG_LOCK_KEY = 0x65787073  # "exps"
+
+#: Alembic runs env.py through process-wide state (``alembic.context``), so two threads
+#: migrating at once, even different databases, would cross-wire each other's
+#: configuration: one Alembic command at a time in this process (taken before the
+#: database's own lock, always in that order).
+_ALEMBIC = threading.Lock()
 
 
 def script_location() -> Path:
@@ -121,7 +128,7 @@ def ensure_schema(engine: Engine, write_engine: Engine, *, upgrade: bool = False
     with engine.connect() as conn:  # a cheap read first: most opens find the head revision
         if not _check(current_revision(conn), url, upgrade=upgrade):
             return
-    with write_engine.begin() as conn:
+    with _ALEMBIC, write_engine.begin() as conn:
         _lock(conn)
         if _check(current_revision(conn), url, upgrade=upgrade):
             command.upgrade(_config(conn), "head")
@@ -129,14 +136,14 @@ def ensure_schema(engine: Engine, write_engine: Engine, *, upgrade: bool = False
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Upgrade (or create) the schema up to ``revision``."""
-    with engine.begin() as conn:
+    with _ALEMBIC, engine.begin() as conn:
         _lock(conn)
         command.upgrade(_config(conn), revision)
 
 
 def downgrade(engine: Engine, revision: str) -> None:
     """Downgrade the schema to ``revision`` (``"base"`` drops every expstore table)."""
-    with engine.begin() as conn:
+    with _ALEMBIC, engine.begin() as conn:
         _lock(conn)
         command.downgrade(_config(conn), revision)
 
@@ -148,5 +155,6 @@ def upgrade_sql(url: str, revision: str = "head", *, from_revision: str | None =
     cfg.stdout = out
     cfg.output_buffer = out
     target = f"{from_revision}:{revision}" if from_revision else revision
-    command.upgrade(cfg, target, sql=True)
+    with _ALEMBIC:
+        command.upgrade(cfg, target, sql=True)
     return out.getvalue()
