@@ -14,15 +14,17 @@ import io
 import threading
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from alembic import command
+from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine, inspect, text
 
 from .errors import SchemaVersionError
-from .storage.schema import VERSION_TABLE
+from .storage.schema import VERSION_TABLE, metadata
 
 __all__ = [
     "current_revision",
@@ -130,8 +132,60 @@ def ensure_schema(engine: Engine, write_engine: Engine, *, upgrade: bool = False
             return
     with _ALEMBIC, write_engine.begin() as conn:
         _lock(conn)
-        if _check(current_revision(conn), url, upgrade=upgrade):
+        revision = current_revision(conn)
+        if revision is None and _expstore_tables(conn):
+            _repair(conn, url)
+        elif _check(revision, url, upgrade=upgrade):
             command.upgrade(_config(conn), "head")
+
+
+def _expstore_tables(conn: Connection) -> set[str]:
+    names = set(inspect(conn).get_table_names())
+    return {t for t in metadata.tables if t in names}
+
+
+def _repair(conn: Connection, url: str) -> None:
+    """A database with expstore's tables but no schema revision: its creation was cut off
+    (by an older expstore whose threads cross-wired Alembic, or by hand). If what is there
+    is part of the head schema, create the rest and record the revision; otherwise say so
+    and change nothing."""
+    context = MigrationContext.configure(
+        conn,
+        opts={
+            "compare_type": True,
+            "version_table": VERSION_TABLE,
+            "include_name": lambda name, kind, _parent: (
+                kind != "table" or (name or "").startswith("expstore_")
+            ),
+        },
+    )
+    differences = compare_metadata(context, metadata)
+    unexpected = [d for d in differences if not _is_missing(d)]
+    if unexpected:
+        raise SchemaVersionError(
+            f"the database {url} holds expstore tables but no schema revision, and they "
+            f"differ from this expstore's schema (revision {head_revision()}): "
+            f"{_describe(unexpected)}. Nothing was changed; open it with the expstore that "
+            "made it, or move it aside and let expstore create a new one"
+        )
+    metadata.create_all(conn, checkfirst=True)
+    command.stamp(_config(conn), "head")
+
+
+def _is_missing(difference: Any) -> bool:
+    """A table or index of the head schema that is not there yet (creating it repairs)."""
+    return isinstance(difference, tuple) and difference[0] in ("add_table", "add_index")
+
+
+def _describe(differences: list[Any]) -> str:
+    shown = []
+    for difference in differences[:3]:
+        first = difference[0] if isinstance(difference, list) else difference
+        kind, *about = first
+        names = [str(getattr(part, "name", part)) for part in about[:3] if part is not None]
+        shown.append(" ".join([kind, *names]))
+    more = f" and {len(differences) - 3} more" if len(differences) > 3 else ""
+    return "; ".join(shown) + more
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
