@@ -151,7 +151,6 @@ class ClaimQueue:
         #: Per condition: (the buffer's version then, a key below which every matching row
         #: has a committed consumption entry).
         self._floors: dict[str, tuple[int | None, int]] = {}
-        self._claimed_at = 0.0
 
     def clear(self) -> None:
         self._floors.clear()
@@ -180,15 +179,21 @@ class ClaimQueue:
                 "lease_until": now + lease_s,
                 "times_claimed": 1,
             }
+            stamps: list[float] = []  # when the entries were written, by the database
             if candidates is None:
-                keys = self._claim_oldest(conn, n, query_condition, now, entry)
+                keys = self._claim_oldest(conn, n, query_condition, now, entry, stamps)
             else:
-                keys = self._claim_drawn(conn, n, query_condition, now, entry, candidates)
-            at = self._claimed_at if keys else float(conn.execute(select(now)).scalar_one())
+                keys = self._claim_drawn(conn, n, query_condition, now, entry, stamps, candidates)
+            at = stamps[0] if stamps else float(conn.execute(select(now)).scalar_one())
         return Claimed(claim_id, consumer, np.asarray(keys, dtype=np.int64), at, at + lease_s)
 
     def _take(
-        self, conn: Connection, keys: list[int], now: Now, entry: dict[str, Any]
+        self,
+        conn: Connection,
+        keys: list[int],
+        now: Now,
+        entry: dict[str, Any],
+        stamps: list[float],
     ) -> list[int]:
         """Lock the rows of ``keys`` no other transaction holds and write this claim's
         entries for those still claimable; returns the keys taken, in the given order."""
@@ -236,7 +241,7 @@ class ClaimQueue:
             )
             returned += conn.execute(reclaim, {"keys": dialect.key_set(again)}).all()
         if returned:
-            self._claimed_at = float(returned[0].claimed_at)
+            stamps.append(float(returned[0].claimed_at))
         taken = {int(r.key) for r in returned}
         return [k for k in keys if k in taken]
 
@@ -247,6 +252,7 @@ class ClaimQueue:
         query_condition: QueryCondition,
         now: Now,
         entry: dict[str, Any],
+        stamps: list[float],
     ) -> list[int]:
         handle = self._handle
         where = handle.where(query_condition)
@@ -264,7 +270,7 @@ class ClaimQueue:
                 .limit(want)
             )
             found = [int(k) for k in conn.execute(scan).scalars()]
-            got = self._take(conn, found, now, entry)
+            got = self._take(conn, found, now, entry, stamps)
             taken.extend(got)
             if floor is None and len(got) < len(found):
                 # Held by a claimer still in its transaction (or taken since our read):
@@ -321,6 +327,7 @@ class ClaimQueue:
         query_condition: QueryCondition,
         now: Now,
         entry: dict[str, Any],
+        stamps: list[float],
         candidates: Callable[[int], np.ndarray],
     ) -> list[int]:
         handle = self._handle
@@ -341,7 +348,8 @@ class ClaimQueue:
                     select(rows.c.key).where(*where, rows.c.key.in_(drawn), _unblocked(now))
                 ).scalars()
             )
-            taken.extend(self._take(conn, [k for k in drawn if k in open_][:want], now, entry))
+            open_drawn = [k for k in drawn if k in open_][:want]
+            taken.extend(self._take(conn, open_drawn, now, entry, stamps))
         if len(taken) < n:
             # Few claimable rows left among those the sampler draws: the rest at random
             # among every claimable row.
@@ -352,7 +360,7 @@ class ClaimQueue:
                 .limit(n - len(taken))
             )
             chosen = [int(k) for k in conn.execute(rest).scalars()]
-            taken.extend(self._take(conn, chosen, now, entry))
+            taken.extend(self._take(conn, chosen, now, entry, stamps))
         return taken
 
     # -- finishing -----------------------------------------------------------------------

@@ -260,3 +260,24 @@ def test_a_row_stored_after_the_newest_rows_were_deleted_is_claimed(buf: ReplayB
     again = buf.claim(10, consumer="a")
     assert steps(again) == [0]
     assert again.ids == [r.id for r in buf.query(limit=40)][-1:]
+
+
+def test_threads_sharing_one_handle_claim_disjoint_rows(buf: ReplayBuffer) -> None:
+    taken: list[list[str]] = []
+
+    def claim_some() -> None:
+        mine: list[str] = []
+        for _ in range(4):
+            claim = buf.claim(3, consumer=threading.current_thread().name)
+            mine += claim.ids
+            claim.ack()
+        taken.append(mine)
+
+    threads = [threading.Thread(target=claim_some, name=f"t{i}") for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    every = [row_id for ids in taken for row_id in ids]
+    assert len(every) == len(set(every)) == 36
+    assert buf.queue_stats().consumed == 36
