@@ -33,11 +33,11 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
-from sqlalchemy import Connection, and_, case, func, literal, or_, select, true, update
+from sqlalchemy import Connection, and_, case, func, or_, select, true, update
 from sqlalchemy.sql.elements import ColumnElement
 
 from ..errors import (
@@ -58,8 +58,6 @@ from .writer import ids_to_keys
 __all__ = ["ClaimQueue", "Claimed", "Lineage", "QueueStats", "check_checkpoint"]
 
 _C = consumption.c
-#: Keys bound in one IN (...) list (SQLite allows 32,766 parameters per statement).
-_CHUNK = 5_000
 #: Rounds a sampler-ordered claim draws candidates before it takes claimable rows at random.
 _DRAW_ROUNDS = 4
 
@@ -120,6 +118,18 @@ def check_checkpoint(checkpoint: Any) -> str:
 Now = float | ColumnElement[float]
 
 
+def _state(now: Now) -> ColumnElement[str]:
+    """A row's claim state from its entry (outer-joined, so NULL for a row never claimed):
+    ``unclaimed`` (also after a release), ``consumed``, ``expired`` or ``leased``."""
+    return case(
+        (_C.key.is_(None), "unclaimed"),
+        (_C.acked_at.is_not(None), "consumed"),
+        (_C.lease_until.is_(None), "unclaimed"),
+        (_C.lease_until < now, "expired"),
+        else_="leased",
+    )
+
+
 def _unblocked(now: Now) -> ColumnElement[bool]:
     """The row of ``expstore_rows`` has no entry that keeps it from being claimed, looked up
     by key for each row the scan passes (a scalar subquery, which neither planner turns
@@ -136,11 +146,6 @@ def _unblocked(now: Now) -> ColumnElement[bool]:
 def _held_entry(now: Now) -> ColumnElement[bool]:
     """An existing entry that leaves its row claimable: released, or its lease ran out."""
     return and_(_C.acked_at.is_(None), or_(_C.lease_until.is_(None), _C.lease_until < now))
-
-
-def _chunks(keys: Sequence[int]) -> Iterable[list[int]]:
-    for start in range(0, len(keys), _CHUNK):
-        yield [int(k) for k in keys[start : start + _CHUNK]]
 
 
 class ClaimQueue:
@@ -209,17 +214,10 @@ class ClaimQueue:
         free = [int(k) for k in conn.execute(locked, bound).scalars()]
         if not free:
             return []
-        given = dialect.bound_keys()
-        values = {
-            name: value if isinstance(value, ColumnElement) else literal(value)
-            for name, value in entry.items()
-        }
         # Rows never claimed get an entry; DO NOTHING leaves an existing entry unlocked
-        # (DO UPDATE would lock it even where its WHERE fails, making its ack wait). WHERE
-        # true: SQLite reads "INSERT ... SELECT ... FROM t ON CONFLICT" as a join.
+        # (DO UPDATE would lock it even where its WHERE fails, making its ack wait).
         new = (
-            dialect.upsert(consumption)
-            .from_select(["key", *values], select(given.c.key, *values.values()).where(true()))
+            dialect.insert_per_key(consumption, entry)
             .on_conflict_do_nothing(index_elements=[_C.key])
             .returning(_C.key, _C.claimed_at)
         )
@@ -381,12 +379,10 @@ class ClaimQueue:
             )
         missing = sorted(set(claim.keys.tolist()) - {int(e.key) for e in held})
         reclaimed = 0
-        for part in _chunks(missing):
-            reclaimed += int(
-                conn.execute(
-                    select(func.count()).select_from(consumption).where(_C.key.in_(part))
-                ).scalar_one()
-            )
+        if missing:
+            others = select(func.count()).where(handle.dialect.key_in(_C.key))
+            bound = {"keys": handle.dialect.key_set(missing)}
+            reclaimed = int(conn.execute(others, bound).scalar_one())
         if reclaimed:
             raise LeaseExpiredError(
                 f"claim {claim.claim_id}'s lease ran out and {reclaimed} of its "
@@ -509,15 +505,8 @@ class ClaimQueue:
     def stats(self, query_condition: QueryCondition) -> QueueStats:
         """Queue depth: matching rows by claim state, and per consumer."""
         handle = self._handle
+        state = _state(handle.dialect.now()).label("state")
         with handle.errors("read queue statistics"), handle.read() as conn:
-            now = float(conn.execute(select(handle.dialect.now())).scalar_one())
-            state = case(
-                (_C.key.is_(None), "unclaimed"),
-                (_C.acked_at.is_not(None), "consumed"),
-                (_C.lease_until.is_(None), "unclaimed"),
-                (_C.lease_until < now, "expired"),
-                else_="leased",
-            ).label("state")
             stmt = (
                 select(state, _C.consumer, func.count())
                 .select_from(rows.outerjoin(consumption, _C.key == rows.c.key))
@@ -542,43 +531,34 @@ class ClaimQueue:
             raise UnsupportedTypeError("lineage() needs a list of ids, got one string")
         handle = self._handle
         cp = checkpoints.c
-        found: dict[int, Lineage] = {}
+        with_checkpoint = consumption.outerjoin(
+            checkpoints,
+            and_(
+                cp.buffer_id == _C.buffer_id,
+                cp.consumer == _C.consumer,
+                cp.seq == _C.checkpoint_seq,
+            ),
+        )
+        stmt = (
+            select(
+                _C.key,
+                _state(handle.dialect.now()),
+                _C.consumer,
+                _C.claimed_at,
+                _C.lease_until,
+                _C.acked_at,
+                cp.state,
+                _C.checkpoint_seq,
+                _C.times_claimed,
+            )
+            .select_from(with_checkpoint)
+            .where(handle.dialect.key_in(_C.key))
+        )
         with handle.errors("read lineage"), handle.read() as conn:
             key_of = ids_to_keys(handle, conn, list(ids))
             keys = list(key_of.values())
-            now = float(conn.execute(select(handle.dialect.now())).scalar_one())
-            for part in _chunks(list(keys)):
-                stmt = (
-                    select(consumption, cp.state)
-                    .select_from(
-                        consumption.outerjoin(
-                            checkpoints,
-                            and_(
-                                cp.buffer_id == _C.buffer_id,
-                                cp.consumer == _C.consumer,
-                                cp.seq == _C.checkpoint_seq,
-                            ),
-                        )
-                    )
-                    .where(_C.key.in_(part))
-                )
-                for e in conn.execute(stmt):
-                    if e.acked_at is not None:
-                        state = "consumed"
-                    elif e.lease_until is None:
-                        state = "unclaimed"
-                    else:
-                        state = "leased" if e.lease_until >= now else "expired"
-                    found[int(e.key)] = Lineage(
-                        state,
-                        e.consumer,
-                        e.claimed_at,
-                        e.lease_until,
-                        e.acked_at,
-                        e.state,
-                        e.checkpoint_seq,
-                        int(e.times_claimed),
-                    )
+            bound = {"keys": handle.dialect.key_set(keys)}
+            found = {int(key): Lineage(*record) for key, *record in conn.execute(stmt, bound)}
         never = Lineage("unclaimed", None, None, None, None, None, None, 0)
         drawn = times_sampled(handle, keys) if keys else {}
         return {

@@ -29,9 +29,11 @@ from sqlalchemy import (
     cast,
     func,
     insert,
+    literal,
     literal_column,
     select,
     text,
+    true,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -84,7 +86,20 @@ class Dialect(ABC):
     @abstractmethod
     def bound_keys(self) -> Any:
         """The keys bound as ``keys`` (see :meth:`key_set`) as a subquery of one column,
-        ``key``: one statement inserts or updates an entry per key, whatever their number."""
+        ``key``."""
+
+    def insert_per_key(self, table: Any, values: dict[str, Any]) -> Any:
+        """``INSERT INTO table`` one row per key bound as ``keys``, with ``values`` (plain
+        values or SQL expressions) for its other columns: one statement whatever the number
+        of keys. It is an upsert statement (``on_conflict_do_...``) of this database."""
+        given = self.bound_keys()
+        columns = {
+            name: value if isinstance(value, ColumnElement) else literal(value)
+            for name, value in values.items()
+        }
+        # WHERE true: SQLite reads "INSERT ... SELECT ... FROM t ON CONFLICT" as a join.
+        chosen = select(given.c.key, *columns.values()).where(true())
+        return self.upsert(table).from_select(["key", *columns], chosen)
 
     @abstractmethod
     def insert_rows(self, conn: Connection, chunks: Chunks) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from sqlalchemy import bindparam
 
 from .handle import BufferHandle
 from .schema import sample_counts
@@ -30,16 +29,17 @@ def count_draws(handle: BufferHandle, keys: np.ndarray, limit: int) -> np.ndarra
     keys = np.asarray(keys, dtype=np.int64)
     if not len(keys):
         return keys
-    insert = handle.dialect.upsert(sample_counts).values(
-        key=bindparam("k"), buffer_id=handle.buffer_id, times_sampled=1
-    )
+    dialect = handle.dialect
+    values = {"buffer_id": handle.buffer_id, "times_sampled": 1}
+    insert = dialect.insert_per_key(sample_counts, values)
     stmt = insert.on_conflict_do_update(
         index_elements=[_COUNT.key],
         set_={"times_sampled": _COUNT.times_sampled + 1},
         where=_COUNT.times_sampled < limit,
     ).returning(_COUNT.key)
     with handle.errors("count draws"), handle.write() as conn:
-        counted = np.fromiter(conn.execute(stmt, [{"k": int(k)} for k in keys]).scalars(), np.int64)
+        found = conn.execute(stmt, {"keys": dialect.key_set(keys.tolist())}).scalars()
+        counted = np.fromiter(found, np.int64)
     return keys[np.isin(keys, counted)]
 
 
