@@ -130,11 +130,32 @@ class ReplayBuffer:
         """Set stored priorities (for PrioritizedSampler) by row id; returns rows updated."""
         return self.storage.update_priorities(ids, priorities)
 
-    def set_retention(self, capacity: int | None, eviction: str | None = None) -> int:
+    def set_retention(
+        self,
+        capacity: int | None,
+        eviction: str | None = None,
+        *,
+        max_staleness: int | None = None,
+    ) -> int:
         """Change this buffer's capacity (None: unlimited) and eviction policy (None: keep
         it) for every process that writes to it; rows beyond the new capacity go now.
-        Returns how many rows went."""
-        return self.storage.set_retention(capacity, eviction)
+        ``eviction="stale"`` drops rows more than ``max_staleness`` policy versions behind
+        the current one at every write and version change (then the oldest beyond
+        ``capacity``). Returns how many rows went."""
+        return self.storage.set_retention(capacity, eviction, max_staleness=max_staleness)
+
+    # -- policy versions (expstore.storage.versions) -------------------------------------
+    def set_policy_version(self, version: int, *, force: bool = False) -> int:
+        """Publish the trainer's current policy version to every process sharing the
+        buffer. Rows stamped with ``ExpMeta.policy_version`` older than ``version - k`` are
+        then left out by samplers and claims given ``max_staleness=k`` (and deleted, with
+        eviction ``"stale"``, in this same transaction: returns how many). Going backwards
+        raises PolicyVersionError unless ``force=True``."""
+        return self.storage.set_policy_version(version, force=force)
+
+    def policy_version(self) -> int | None:
+        """The buffer's current policy version, as every process sees it (None: never set)."""
+        return self.storage.policy_version()
 
     # -- sampling ------------------------------------------------------------------------
     def sample(

@@ -8,8 +8,9 @@ too::
 
     ExpstoreError
     ├── InvalidArgumentError      an argument has a value expstore cannot use (ValueError)
-    │   └── RetentionConflictError    a handle asks for another capacity/eviction than the
-    │                                 buffer keeps
+    │   ├── RetentionConflictError    a handle asks for another capacity/eviction than the
+    │   │                             buffer keeps
+    │   └── PolicyVersionError        a policy version going backwards without force=True
     ├── UnsupportedTypeError      an argument or value of a type expstore cannot use (TypeError)
     ├── OutOfRangeError           an index beyond the rows there are (IndexError)
     ├── RowValidationError        a row holds an invalid value (pydantic's ValidationError)
@@ -26,6 +27,7 @@ too::
     │   └── ClaimFinishedError        it was already acked or released
     ├── UnknownConsumerError      no checkpoint stored for that consumer (LookupError)
     ├── WaitTimeoutError          the data waited for did not come in time (TimeoutError)
+    │   └── RateLimitedError          a rate limit kept a sample or a write waiting too long
     └── MissingDependencyError    an optional extra (torch, postgres, parquet) is not
                                   installed (ImportError)
 
@@ -51,7 +53,9 @@ __all__ = [
     "LeaseExpiredError",
     "MissingDependencyError",
     "OutOfRangeError",
+    "PolicyVersionError",
     "QueryError",
+    "RateLimitedError",
     "RetentionConflictError",
     "RowValidationError",
     "SchemaVersionError",
@@ -72,6 +76,10 @@ class InvalidArgumentError(ExpstoreError, ValueError):
 
 class RetentionConflictError(InvalidArgumentError):
     """A handle asks for another capacity or eviction policy than the buffer keeps."""
+
+
+class PolicyVersionError(InvalidArgumentError):
+    """A policy version lower than the buffer's current one, without ``force=True``."""
 
 
 class UnsupportedTypeError(ExpstoreError, TypeError):
@@ -136,3 +144,7 @@ class UnknownConsumerError(ExpstoreError, LookupError):
 
 class WaitTimeoutError(ExpstoreError, TimeoutError):
     """What was waited for did not happen before the timeout."""
+
+
+class RateLimitedError(WaitTimeoutError):
+    """The buffer's rate limit kept a sample (or a write) waiting past its timeout."""

@@ -50,6 +50,9 @@ class ExpMeta(BaseModel):
     step: int = Field(ge=0, le=2**63 - 1)
     execute_time: float = Field(default_factory=time.time)
     pre_agent: str | None = Field(default=None, max_length=255)
+    #: The version of the policy that produced the row (the trainer's step, say); see
+    #: :meth:`expstore.ReplayBuffer.set_policy_version` and ``max_staleness``.
+    policy_version: int | None = Field(default=None, ge=0, le=2**63 - 1, json_schema_extra=_INDEXED)
 
     @field_validator("task_id", "task_name", "agent_id", "pre_agent")
     @classmethod

@@ -13,6 +13,7 @@ import typer
 from ..layout import ORDERABLE
 from ..models import DataRow
 from ..samplers import (
+    KeySampler,
     LatestSampler,
     PrioritizedSampler,
     RandomTaskSampler,
@@ -22,6 +23,7 @@ from ..samplers import (
     StratifiedSampler,
     UniformSampler,
 )
+from ..samplers.base import SamplerOptions
 from ._common import (
     DEFAULT_URL,
     BufferOption,
@@ -157,7 +159,13 @@ def _option_value(text: str) -> Any:
 def make_sampler(name: str, options: Sequence[str], seed: int | None) -> Any:
     """The sampler ``name`` built with ``key=value`` options (values read as JSON)."""
     cls = _SAMPLERS[name]
-    params = inspect.signature(cls).parameters
+    params = [
+        p.name
+        for p in inspect.signature(cls).parameters.values()
+        if p.kind is not inspect.Parameter.VAR_KEYWORD
+    ]
+    if issubclass(cls, KeySampler):  # seed, consume_after, max_staleness
+        params += list(SamplerOptions.__annotations__)
     accepted = [p for p in params if p != "seed"]
     kwargs: dict[str, Any] = dict(_DEFAULTS.get(name, {}))
     for item in options:

@@ -5,7 +5,7 @@ built-in sampler takes (choose integer keys over cached numpy arrays, fetch only
 rows), :class:`TaskSampler` chooses whole tasks.
 """
 
-from .base import KeySampler, Sampler, TaskSampler
+from .base import KeySampler, Sampler, SamplerOptions, TaskSampler
 from .latest import LatestSampler
 from .prioritized import PrioritizedSampler
 from .random_task import RandomTaskSample, RandomTaskSampler
@@ -24,6 +24,7 @@ __all__ = [
     "RecencySampler",
     "RewardWeightedSampler",
     "Sampler",
+    "SamplerOptions",
     "SliceSampler",
     "StratifiedSampler",
     "TaskSampler",

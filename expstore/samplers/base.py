@@ -45,9 +45,10 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypedDict, TypeVar
 
 import numpy as np
+from typing_extensions import Unpack
 
 from .._args import check_int
 from ..errors import EmptyBufferError, UnsupportedTypeError
@@ -55,6 +56,7 @@ from ..models import DataRow
 from ..query import as_condition
 from ..sampling import Choice, SampleInfo, check_batch_size, draw
 from ..storage.base import QueryCondition, Storage
+from ..storage.versions import check_staleness, fresh_mask
 
 __all__ = [
     "Choice",
@@ -62,6 +64,7 @@ __all__ = [
     "KeySampler",
     "SampleInfo",
     "Sampler",
+    "SamplerOptions",
     "TaskSampler",
     "as_sampler",
     "check_batch_size",
@@ -244,6 +247,18 @@ def as_sampler(sampler: Any) -> Sampler:
     )
 
 
+class SamplerOptions(TypedDict, total=False):
+    """What every key sampler takes besides its own parameters (keyword only)."""
+
+    #: Seeds ``np.random.default_rng``: the same seed over the same data, the same batches.
+    seed: int | None
+    #: A row leaves the sampler once drawn this many times, counted across processes.
+    consume_after: int | None
+    #: Rows more than this many policy versions behind the buffer's current one are not
+    #: drawn (rows without a version always are).
+    max_staleness: int | None
+
+
 class KeySampler(Sampler):
     """A sampler that chooses integer keys over the storage's cached key index.
 
@@ -255,20 +270,35 @@ class KeySampler(Sampler):
     After each batch, ``last_keys`` holds the chosen keys and ``last_ids`` the ids of the
     rows returned, in batch order (``last_info`` both, and the weights).
 
-    Every key sampler takes ``seed=`` and ``consume_after=k``: with it, a row leaves the
-    sampler once it has been drawn k times, counted in the database across every process
-    (see :func:`expstore.sampling.draw`).
+    Every key sampler takes the :class:`SamplerOptions`: ``seed=``; ``consume_after=k``,
+    with which a row leaves the sampler once it has been drawn k times, counted in the
+    database across every process (see :func:`expstore.sampling.draw`); and
+    ``max_staleness=k``, with which rows whose ``policy_version`` is more than k behind the
+    buffer's current version (:meth:`~expstore.ReplayBuffer.set_policy_version`) are not
+    drawn; rows without a version always are (see :mod:`expstore.storage.versions`).
     """
 
     #: The key_index columns :meth:`sample_keys` reads, besides ``"key"``.
     columns: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, *, seed: int | None = None, consume_after: int | None = None) -> None:
+    def __init__(self, **options: Unpack[SamplerOptions]) -> None:
+        unknown = set(options) - set(SamplerOptions.__annotations__)
+        if unknown:
+            raise UnsupportedTypeError(
+                f"{type(self).__name__} got unknown options {sorted(unknown)}; every key "
+                f"sampler takes {sorted(SamplerOptions.__annotations__)}"
+            )
+        seed = options.get("seed")
         self.seed = seed
         self._rng = np.random.default_rng(seed)
         #: Draws after which a row leaves this sampler, counted in the database across
         #: every process (None: rows are drawn forever). See :func:`expstore.sampling.draw`.
-        self.consume_after = check_int("consume_after", consume_after, minimum=1, optional=True)
+        self.consume_after = check_int(
+            "consume_after", options.get("consume_after"), minimum=1, optional=True
+        )
+        #: Rows more than this many policy versions behind the buffer's current version are
+        #: not drawn (None: no limit); see :mod:`expstore.storage.versions`.
+        self.max_staleness = check_staleness(options.get("max_staleness"))
         # Keys known to have had their consume_after draws, and the index without them.
         self._spent = np.empty(0, dtype=np.int64)
         self._unspent: tuple[Any, int, dict[str, Any]] | None = None
@@ -284,15 +314,7 @@ class KeySampler(Sampler):
         cached = self.__dict__.get("_unspent")
         if cached is not None and cached[0] is index["key"] and cached[1] == len(spent):
             return cached[2]
-        keep = ~np.isin(index["key"], spent, assume_unique=True)
-        size = len(keep)
-        masked = {
-            name: value[keep] if isinstance(value, np.ndarray) and len(value) == size else value
-            for name, value in index.items()
-        }
-        for value in masked.values():
-            if isinstance(value, np.ndarray):
-                value.flags.writeable = False
+        masked = _masked(index, ~np.isin(index["key"], spent, assume_unique=True))
         self._unspent = (index["key"], len(spent), masked)
         return masked
 
@@ -325,14 +347,35 @@ class KeySampler(Sampler):
         return cache.get(name, sources, compute)
 
     def index_columns(self) -> tuple[str, ...]:
-        """The columns to ask ``key_index`` for (``columns`` unless an instance overrides)."""
-        return tuple(self.columns)
+        """The columns to ask ``key_index`` for (``columns`` unless an instance overrides,
+        and ``policy_version`` with ``max_staleness``)."""
+        columns = tuple(self.columns)
+        if self.__dict__.get("max_staleness") is not None and "policy_version" not in columns:
+            columns += ("policy_version",)
+        return columns
 
     def read_index(self, storage: Storage, query_condition: QueryCondition) -> dict[str, Any]:
         """The arrays :meth:`sample_keys` chooses from: ``storage.key_index`` of the matching
         rows and :meth:`index_columns`. A sampler that also needs something of the whole
         buffer adds it here."""
         return storage.key_index(query_condition, self.index_columns())
+
+    def _fresh(self, storage: Storage, index: dict[str, Any]) -> dict[str, Any]:
+        """``index`` without the rows ``max_staleness`` leaves out at the buffer's current
+        policy version (read now; the filtered arrays are kept while it stays)."""
+        k = self.__dict__.get("max_staleness")
+        if k is None or not len(index["key"]):
+            return index
+        current = storage.policy_version()
+        versions = index["policy_version"]
+
+        def compute() -> dict[str, Any]:
+            keep = fresh_mask(versions, current, k)
+            if keep is None:
+                return index
+            return _masked(index, keep)
+
+        return self.derived(f"fresh:{current}:{k}", (index["key"], versions), compute)
 
     @abstractmethod
     def sample_keys(
@@ -354,8 +397,16 @@ class KeySampler(Sampler):
     def choose(
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
     ) -> Choice:
-        index = self._without_spent(self.read_index(storage, query_condition))
+        matching = self._without_spent(self.read_index(storage, query_condition))
+        index = self._fresh(storage, matching)
         if not len(index["key"]):
+            if len(matching["key"]):
+                raise empty_error(
+                    storage,
+                    query_condition,
+                    f"every matching row is more than max_staleness={self.max_staleness} "
+                    f"policy versions behind the current version {storage.policy_version()}",
+                )
             if len(self.__dict__.get("_spent", ())):
                 raise empty_error(
                     storage,
@@ -381,6 +432,20 @@ class KeySampler(Sampler):
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
     ) -> list[DataRow]:
         return self.sample_with_info(storage, batch_size, query_condition)[0]
+
+
+def _masked(index: dict[str, Any], keep: np.ndarray) -> dict[str, Any]:
+    """The rows of ``index`` where ``keep`` is true (read-only arrays; other values as they
+    are)."""
+    size = len(keep)
+    masked = {
+        name: value[keep] if isinstance(value, np.ndarray) and len(value) == size else value
+        for name, value in index.items()
+    }
+    for value in masked.values():
+        if isinstance(value, np.ndarray):
+            value.flags.writeable = False
+    return masked
 
 
 class TaskSampler(Sampler):

@@ -6,11 +6,12 @@ import math
 from typing import Any, NamedTuple
 
 import numpy as np
+from typing_extensions import Unpack
 
 from .._args import check_number
 from ..errors import EmptyBufferError
 from ..storage.base import QueryCondition, Storage
-from .base import KeySampler
+from .base import KeySampler, SamplerOptions
 
 __all__ = ["PrioritizedSampler"]
 
@@ -58,11 +59,9 @@ class PrioritizedSampler(KeySampler):
         alpha: float = 0.6,
         beta: float = 0.4,
         eps: float = 1e-6,
-        *,
-        seed: int | None = None,
-        consume_after: int | None = None,
+        **options: Unpack[SamplerOptions],
     ) -> None:
-        super().__init__(seed=seed, consume_after=consume_after)
+        super().__init__(**options)
         self.alpha = check_number("alpha", alpha, minimum=0)
         self.beta = check_number("beta", beta, minimum=0)
         self.eps = check_number("eps", eps, minimum=0)

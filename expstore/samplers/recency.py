@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+from typing_extensions import Unpack
 
 from .._args import check_number
-from .base import KeySampler
+from .base import KeySampler, SamplerOptions
 
 __all__ = ["RecencySampler"]
 
@@ -25,10 +26,8 @@ class RecencySampler(KeySampler):
     >>> sampler = RecencySampler(power=2.0, seed=0)
     """
 
-    def __init__(
-        self, power: float = 1.0, *, seed: int | None = None, consume_after: int | None = None
-    ) -> None:
-        super().__init__(seed=seed, consume_after=consume_after)
+    def __init__(self, power: float = 1.0, **options: Unpack[SamplerOptions]) -> None:
+        super().__init__(**options)
         self.power = check_number("power", power)
 
     def sample_keys(

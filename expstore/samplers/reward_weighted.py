@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+from typing_extensions import Unpack
 
 from .._args import check_number
 from ..errors import EmptyBufferError, InvalidArgumentError
-from .base import KeySampler
+from .base import KeySampler, SamplerOptions
 
 __all__ = ["RewardWeightedSampler"]
 
@@ -31,10 +32,8 @@ class RewardWeightedSampler(KeySampler):
 
     columns = ("reward_t",)
 
-    def __init__(
-        self, temperature: float = 1.0, *, seed: int | None = None, consume_after: int | None = None
-    ) -> None:
-        super().__init__(seed=seed, consume_after=consume_after)
+    def __init__(self, temperature: float = 1.0, **options: Unpack[SamplerOptions]) -> None:
+        super().__init__(**options)
         self.temperature = check_number("temperature", temperature, positive=True)
 
     def _cdf(self, reward: np.ndarray) -> np.ndarray:

@@ -6,9 +6,10 @@ import json
 from typing import Any
 
 import numpy as np
+from typing_extensions import Unpack
 
 from ..query.fields import resolve_field
-from .base import KeySampler, value_codes
+from .base import KeySampler, SamplerOptions, value_codes
 
 __all__ = ["StratifiedSampler"]
 
@@ -43,14 +44,8 @@ class StratifiedSampler(KeySampler):
     >>> by_level = StratifiedSampler(by="exp_data.state.difficulty", seed=0)
     """
 
-    def __init__(
-        self,
-        by: str = "exp_meta.agent_id",
-        *,
-        seed: int | None = None,
-        consume_after: int | None = None,
-    ) -> None:
-        super().__init__(seed=seed, consume_after=consume_after)
+    def __init__(self, by: str = "exp_meta.agent_id", **options: Unpack[SamplerOptions]) -> None:
+        super().__init__(**options)
         self.by = by
         path = resolve_field(by)
         #: The key-index column grouped on: a column's name, or the payload path.

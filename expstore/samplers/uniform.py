@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from typing_extensions import Unpack
 
 from ..sampling import Choice
 from ..storage.base import QueryCondition, Storage
-from .base import KeySampler
+from .base import KeySampler, SamplerOptions
 
 __all__ = ["UniformSampler"]
 
@@ -30,10 +31,8 @@ class UniformSampler(KeySampler):
     >>> sampler = UniformSampler(replacement=False, seed=0)
     """
 
-    def __init__(
-        self, replacement: bool = True, *, seed: int | None = None, consume_after: int | None = None
-    ) -> None:
-        super().__init__(seed=seed, consume_after=consume_after)
+    def __init__(self, replacement: bool = True, **options: Unpack[SamplerOptions]) -> None:
+        super().__init__(**options)
         self.replacement = bool(replacement)
         self._epoch: np.ndarray | None = None
         self._position = 0

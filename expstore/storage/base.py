@@ -81,9 +81,28 @@ class Storage(ABC):
         """Set stored priorities by row id; returns how many rows were updated."""
 
     @abstractmethod
-    def set_retention(self, capacity: int | None, eviction: str | None = None) -> int:
+    def set_retention(
+        self,
+        capacity: int | None,
+        eviction: str | None = None,
+        *,
+        max_staleness: int | None = None,
+    ) -> int:
         """Change the buffer's capacity and eviction policy for every writer; returns how
         many rows went at once."""
+
+    def policy_version(self) -> int | None:
+        """The buffer's current policy version (None: never set); see
+        :mod:`expstore.storage.versions`."""
+        raise UnsupportedTypeError(
+            f"{type(self).__name__} does not keep policy versions; use SqlStorage"
+        )
+
+    def set_policy_version(self, version: int, *, force: bool = False) -> int:
+        """Publish ``version`` for every process; returns rows the "stale" policy evicted."""
+        raise UnsupportedTypeError(
+            f"{type(self).__name__} does not keep policy versions; use SqlStorage"
+        )
 
     # -- reading -------------------------------------------------------------------------
     @abstractmethod

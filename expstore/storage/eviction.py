@@ -11,6 +11,10 @@ committed write never leaves more than ``capacity`` rows.
   written step by step is never evicted in favour of a finished one. A single task larger
   than the capacity is evicted whole too. (A task whose later steps arrive after it was
   evicted starts again from those steps.)
+- ``stale``: rows more than ``k`` policy versions older than the buffer's current version
+  go (``set_retention(capacity, "stale", max_staleness=k)``; see
+  :mod:`expstore.storage.versions`), at every write and when the version moves; rows without
+  a version stay. Beyond ``capacity`` (if set), the oldest of the rest go, as ``fifo``.
 """
 
 from __future__ import annotations
@@ -19,9 +23,9 @@ from collections.abc import Callable
 
 from sqlalchemy import Connection, and_, delete, func, select
 
-from .schema import newest_first, rows
+from .schema import buffers, newest_first, rows
 
-__all__ = ["EVICTION_POLICIES", "OLDEST_FIRST_POLICIES", "evict"]
+__all__ = ["EVERY_WRITE_POLICIES", "EVICTION_POLICIES", "OLDEST_FIRST_POLICIES", "evict"]
 
 
 def _fifo(conn: Connection, buffer_id: int, capacity: int) -> int:
@@ -79,6 +83,16 @@ def _task_fifo(conn: Connection, buffer_id: int, capacity: int) -> int:
     return conn.execute(stmt).rowcount
 
 
+def _stale(conn: Connection, buffer_id: int, capacity: int) -> int:
+    this = buffers.c.id == buffer_id
+    oldest = select(buffers.c.policy_version - buffers.c.stale_after).where(this)
+    stale = delete(rows).where(
+        rows.c.buffer_id == buffer_id, rows.c.policy_version < oldest.scalar_subquery()
+    )
+    evicted = int(conn.execute(stale).rowcount)
+    return evicted + (_fifo(conn, buffer_id, capacity) if capacity else 0)
+
+
 #: Policies that only ever delete a buffer's oldest rows (every key below some key), which
 #: readers' cached key indexes follow from the buffer's smallest key, with no reload.
 OLDEST_FIRST_POLICIES = frozenset({"fifo"})
@@ -87,9 +101,15 @@ EVICTION_POLICIES: dict[str, Callable[[Connection, int, int], int]] = {
     "fifo": _fifo,
     "max_reward": _max_reward,
     "task_fifo": _task_fifo,
+    "stale": _stale,
 }
+#: Policies that delete rows at every write even without a capacity.
+EVERY_WRITE_POLICIES = frozenset({"stale"})
 
 
-def evict(conn: Connection, buffer_id: int, capacity: int, policy: str) -> int:
-    """Delete rows of ``buffer_id`` beyond ``capacity`` by ``policy``; returns how many went."""
-    return EVICTION_POLICIES[policy](conn, buffer_id, capacity)
+def evict(conn: Connection, buffer_id: int, capacity: int | None, policy: str) -> int:
+    """Delete rows of ``buffer_id`` beyond ``capacity`` (None: unlimited, for policies that
+    evict without one) by ``policy``; returns how many went."""
+    if capacity is None and policy not in EVERY_WRITE_POLICIES:
+        return 0
+    return EVICTION_POLICIES[policy](conn, buffer_id, capacity or 0)

@@ -60,6 +60,8 @@ class Entry(NamedTuple):
 def _array_dtype(column: Any) -> Any:
     if isinstance(column.type, Double):
         return np.float64  # NULL becomes NaN
+    if isinstance(column.type, BigInteger | Integer) and column.nullable:
+        return np.float64  # policy_version: NULL becomes NaN (exact below 2**53)
     if isinstance(column.type, Boolean):
         return bool
     if isinstance(column.type, BigInteger | Integer):

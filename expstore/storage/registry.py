@@ -22,6 +22,7 @@ from .schema import buffers
 __all__ = [
     "bump_version",
     "check_retention",
+    "count_inserted",
     "evict_beyond",
     "lock_buffer",
     "open_buffer",
@@ -62,6 +63,12 @@ def settle_retention(
     kept = select(buffers.c.capacity, buffers.c.eviction).where(where)
     with handle.read() as conn:
         stored = conn.execute(kept).one()
+    if eviction == "stale" and stored[1] != "stale":
+        raise InvalidArgumentError(
+            'eviction="stale" needs its max_staleness; set it for every writer with '
+            'buffer.set_retention(capacity, "stale", max_staleness=k), then open handles '
+            "without eviction="
+        )
     if (capacity, eviction) != (None, None) and tuple(stored) == (None, None):
         with handle.write() as conn:  # only if nobody set it meanwhile
             conn.execute(
@@ -101,29 +108,49 @@ def bump_version(handle: BufferHandle, conn: Connection, counter: Any = buffers.
     return int(conn.execute(select(counter).where(this)).scalar_one())
 
 
-def evict_beyond(handle: BufferHandle, conn: Connection, capacity: int, policy: str) -> int:
-    """Evict rows beyond ``capacity`` by ``policy`` inside the caller's transaction; readers
-    see FIFO eviction by the buffer's smallest key, any other by a new version."""
-    evicted = evict(conn, handle.buffer_id, capacity, policy)
+def count_inserted(handle: BufferHandle, conn: Connection, n: int) -> None:
+    """Count ``n`` rows stored into the buffer (the caller holds its row)."""
+    this = buffers.c.id == handle.buffer_id
+    conn.execute(update(buffers).where(this).values(inserted=buffers.c.inserted + n))
+
+
+def evict_beyond(handle: BufferHandle, conn: Connection, capacity: int | None, policy: str) -> int:
+    """Evict rows beyond ``capacity`` (None: unlimited) by ``policy`` inside the caller's
+    transaction; readers see FIFO eviction by the buffer's smallest key, any other by a new
+    version."""
+    evicted = evict(conn, handle.buffer_id, None if capacity is None else int(capacity), policy)
     if evicted and policy not in OLDEST_FIRST_POLICIES:
         bump_version(handle, conn)
     return evicted
 
 
 def set_retention(
-    handle: BufferHandle, capacity: int | None, eviction: str | None
+    handle: BufferHandle,
+    capacity: int | None,
+    eviction: str | None,
+    max_staleness: int | None = None,
 ) -> tuple[int, str]:
     """Change the buffer's capacity and policy (None: keep the current one) for every
-    writer; rows beyond the new capacity go in the same transaction. Returns (how many
-    rows went, the policy now in force)."""
+    writer; rows beyond the new capacity go in the same transaction. ``max_staleness`` is
+    the ``"stale"`` policy's k (kept with the buffer; None: keep the one stored). Returns
+    (how many rows went, the policy now in force)."""
     check_retention(capacity, eviction)
+    check_int("max_staleness", max_staleness, minimum=0, optional=True)
     with handle.errors("change the retention"), handle.write() as conn:
-        (current,) = lock_buffer(handle, conn, buffers.c.eviction)
+        current, stale_after = lock_buffer(handle, conn, buffers.c.eviction, buffers.c.stale_after)
         policy = eviction or current or "fifo"
+        if max_staleness is not None:
+            stale_after = max_staleness
+        if policy == "stale" and stale_after is None:
+            raise InvalidArgumentError(
+                'eviction="stale" drops rows more than max_staleness versions behind the '
+                'current policy version; give it: buffer.set_retention(capacity, "stale", '
+                "max_staleness=k). Nothing was changed"
+            )
         conn.execute(
             update(buffers)
             .where(buffers.c.id == handle.buffer_id)
-            .values(capacity=capacity, eviction=policy)
+            .values(capacity=capacity, eviction=policy, stale_after=stale_after)
         )
-        evicted = 0 if capacity is None else evict_beyond(handle, conn, capacity, policy)
+        evicted = evict_beyond(handle, conn, capacity, policy)
     return int(evicted), policy

@@ -70,6 +70,13 @@ buffers = Table(
     Column("eviction", String(32), nullable=True),
     # Bumped by every priority update; expstore_priority_log holds the recent ones.
     Column("priority_version", BigInteger, nullable=False, server_default="0"),
+    # The trainer's current policy version (NULL: never set), see expstore.storage.versions;
+    # with eviction "stale", rows more than ``stale_after`` versions older go at each write.
+    Column("policy_version", BigInteger, nullable=True),
+    Column("stale_after", BigInteger, nullable=True),
+    # Rows ever stored into the buffer (evictions do not lower it): rate limits count
+    # inserts by it. Writers hold this row already, so counting costs no extra lock.
+    Column("inserted", BigInteger, nullable=False, server_default="0"),
     UniqueConstraint("name"),
 )
 
@@ -100,9 +107,14 @@ rows = Table(
     Column("priority", Double, nullable=True),
     Column("data", JsonType, nullable=False),
     Column("tensors", BlobType, nullable=True),
+    # A digest of the row's content (everything but id and execute_time), for
+    # store_batch(..., dedup=...); see expstore.storage.dedup. NULL for rows stored before
+    # schema revision 0005.
+    Column("content_hash", String(32), nullable=True),
     UniqueConstraint("buffer_id", "id"),
     Index(None, "buffer_id", "key"),
     Index(None, "buffer_id", "task_id", "step"),
+    Index(None, "buffer_id", "content_hash"),
     *(Index(None, "buffer_id", spec.name) for spec in COLUMNS if spec.indexed),
 )
 
@@ -217,4 +229,25 @@ sample_counts = Table(
     _row_key(),
     Column("buffer_id", Integer, nullable=False),  # no foreign key: see consumption
     Column("times_sampled", Integer, nullable=False),
+)
+
+#: A buffer's rate limit (Reverb's ``RateLimiter``): its settings and the samples counted so
+#: far, one row per limited buffer, apart from ``expstore_buffers`` so that samplers
+#: counting never wait for writers holding the buffer's row (see
+#: :mod:`expstore.storage.rate_limits`).
+rate_limits = Table(
+    "expstore_rate_limits",
+    metadata,
+    Column("buffer_id", Integer, primary_key=True),  # no foreign key: see consumption
+    Column("min_size", BigInteger, nullable=False),
+    Column("samples_per_insert", Double, nullable=False),
+    Column("min_diff", Double, nullable=False),
+    Column("max_diff", Double, nullable=False),
+    Column("block_writers", Boolean, nullable=False),
+    Column("timeout_s", Double, nullable=True),
+    # expstore_buffers.inserted when the limit was set, less the rows present then: the
+    # limit counts inserts from there (rows already stored count as inserted).
+    Column("inserted_base", BigInteger, nullable=False),
+    Column("samples", BigInteger, nullable=False, server_default="0"),
+    Column("created_at", Double, nullable=False),
 )

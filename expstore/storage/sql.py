@@ -11,6 +11,7 @@ The storage is a thin front over one module per role, which a reader can find by
 - :mod:`~expstore.storage.reader`: whole rows by id, key, condition, page and task;
 - :mod:`~expstore.storage.fetch`: a few fields of chosen rows;
 - :mod:`~expstore.storage.priorities`: stored priorities and their log;
+- :mod:`~expstore.storage.versions`: the current policy version and what is stale;
 - :mod:`~expstore.storage.key_index`: the cached key arrays samplers choose from.
 
 Writes run in one transaction each: the insert and any eviction inside it, so a batch is
@@ -33,7 +34,7 @@ from sqlalchemy.engine import URL
 from .. import migrate
 from ..errors import InvalidArgumentError, StorageError, UnsupportedTypeError
 from ..models import DataRow
-from . import draw_counts, priorities, registry, writer
+from . import draw_counts, priorities, registry, versions, writer
 from .base import QueryCondition, Storage, Values
 from .claims import ClaimQueue
 from .engine import create_sql_engine, normalise_url
@@ -155,13 +156,28 @@ class SqlStorage(Storage):
             conn.execute(delete(rows).where(rows.c.buffer_id == handle.buffer_id))
             registry.bump_version(handle, conn)
 
-    def set_retention(self, capacity: int | None, eviction: str | None = None) -> int:
+    def set_retention(
+        self,
+        capacity: int | None,
+        eviction: str | None = None,
+        *,
+        max_staleness: int | None = None,
+    ) -> int:
         """Change the buffer's capacity (None: unlimited) and eviction policy (None: keep
         the current one) for every handle and process that writes to it; rows beyond the
-        new capacity go now, in the same transaction. Returns how many rows went."""
-        evicted, self.eviction = registry.set_retention(self._handle, capacity, eviction)
+        new capacity go now, in the same transaction. ``max_staleness``: the ``"stale"``
+        policy's k. Returns how many rows went."""
+        evicted, self.eviction = registry.set_retention(
+            self._handle, capacity, eviction, max_staleness
+        )
         self.capacity = capacity
         return evicted
+
+    def policy_version(self) -> int | None:
+        return versions.current_version(self._handle)
+
+    def set_policy_version(self, version: int, *, force: bool = False) -> int:
+        return versions.set_version(self._handle, version, force=force)
 
     def update_priorities(
         self, ids: Sequence[str], priorities_: Sequence[float] | np.ndarray
@@ -223,10 +239,11 @@ class SqlStorage(Storage):
         each ``(condition, columns)``, all from one read with one freshness check.
 
         A column is ``priority``, a column of the row (``step``, ``exp_meta.agent_id``...):
-        floats as float64 with NaN for NULL, ints as int64, ``done`` bool, strings as object
-        arrays; or a path into the payload (``exp_data.state.difficulty``): an object array
-        of the values there as JSON decodes them, None where the value is null or the path
-        reaches nothing. The arrays are read-only and cached until the buffer changes (see
+        floats and nullable ints (``policy_version``) as float64 with NaN for NULL, other
+        ints as int64, ``done`` bool, strings as object arrays; or a path into the payload
+        (``exp_data.state.difficulty``): an object array of the values there as JSON
+        decodes them, None where the value is null or the path reaches nothing. The arrays
+        are read-only and cached until the buffer changes (see
         :mod:`expstore.storage.key_index`)."""
         return self._index.get(requests)
 

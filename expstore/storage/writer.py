@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from hashlib import blake2b
 from operator import is_not, itemgetter
 from typing import Any
 
@@ -42,7 +43,7 @@ from ..layout import (
 from ..models import DataRow
 from .dialects import WRITE_COLUMNS
 from .handle import BufferHandle
-from .registry import evict_beyond, lock_buffer
+from .registry import count_inserted, evict_beyond, lock_buffer
 from .schema import buffers
 
 __all__ = ["WRITE_CHUNK", "ids_to_keys", "store_batch"]
@@ -50,9 +51,21 @@ __all__ = ["WRITE_CHUNK", "ids_to_keys", "store_batch"]
 #: Rows encoded and sent per round trip inside one store_batch transaction.
 WRITE_CHUNK = 1000
 
-# The encoded tuple is (buffer_id, id, *metadata, *scalars, data, tensors): WRITE_COLUMNS.
-assert WRITE_COLUMNS == ("buffer_id", "id", *META_COLUMNS, *SCALAR_COLUMNS, "data", "tensors")
+# The encoded tuple is (buffer_id, id, *metadata, *scalars, data, tensors, content_hash):
+# WRITE_COLUMNS.
+assert WRITE_COLUMNS == (
+    "buffer_id",
+    "id",
+    *META_COLUMNS,
+    *SCALAR_COLUMNS,
+    "data",
+    "tensors",
+    "content_hash",
+)
 _meta_values = itemgetter(*META_COLUMNS)
+#: The metadata a row's content hash covers: all but execute_time (a retried rollout is
+#: the same content stored at another time).
+_hashed_meta = itemgetter(*(c for c in META_COLUMNS if c != "execute_time"))
 _scalar_values = itemgetter(*SCALAR_COLUMNS)
 _payload_values = itemgetter(*PAYLOAD_FIELDS)
 #: (position in the encoded tuple, column) of every typed column a row sets.
@@ -125,8 +138,8 @@ def store_batch(handle: BufferHandle, rows: Sequence[DataRow]) -> tuple[int | No
                 capacity, policy = lock_buffer(handle, conn, buffers.c.capacity, buffers.c.eviction)
                 policy = policy or "fifo"
                 handle.dialect.insert_rows(conn, _encoded_chunks(handle, batch))
-                if capacity is not None:
-                    evict_beyond(handle, conn, int(capacity), policy)
+                count_inserted(handle, conn, len(batch))
+                evict_beyond(handle, conn, capacity, policy)
         except UnicodeEncodeError as exc:  # a string the row's validation could not see
             text = exc.object[exc.start : exc.end]
             raise CodecError(
@@ -192,8 +205,21 @@ def _encode(
             doc, blob = encode(dict(zip(PAYLOAD_FIELDS, payload, strict=True)))
         except CodecError as exc:
             raise CodecError(f"row {row.id}: {exc}. Nothing was stored") from exc
-        append((buffer_id, row.id, *_meta_values(m), *_scalar_values(d), doc, blob))
+        scalars = _scalar_values(d)
+        digest = content_hash(_hashed_meta(m), scalars, doc, blob)
+        append((buffer_id, row.id, *_meta_values(m), *scalars, doc, blob, digest))
     return out, payloads
+
+
+def content_hash(meta: tuple[Any, ...], scalars: tuple[Any, ...], doc: str, blob: Any) -> str:
+    """The digest of a row's content as stored (for ``dedup``): its metadata but
+    execute_time, its scalar fields, its JSON document and its tensor bytes."""
+    digest = blake2b(repr((meta, scalars)).encode(), digest_size=16)
+    digest.update(doc.encode("utf-8", "surrogatepass"))
+    if blob is not None:
+        digest.update(b"\x00")
+        digest.update(blob)
+    return digest.hexdigest()
 
 
 def _suspects(encoded: list[tuple[Any, ...]], payloads: list[tuple[Any, ...]]) -> list[int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from expstore import EmptyBufferError, ReplayBuffer
+from expstore import EmptyBufferError, InvalidArgumentError, QueryError, ReplayBuffer
 from expstore.query import QueryBuilder
 from expstore.samplers import SliceSampler
 from tests.helpers import make_row
@@ -77,8 +77,8 @@ def test_no_run_long_enough_raises_empty_buffer_error(buffer: ReplayBuffer) -> N
     buffer.store_batch([make_row("a", step=s) for s in (0, 1, 2, 4, 5)])
     with pytest.raises(
         EmptyBufferError,
-        match=r"no task has 4 or more consecutive steps of one agent among the matching rows "
-        r"\(the longest run has 3 steps\)",
+        match=r"no trajectory \(by task_id\) has 4 or more consecutive steps among the matching "
+        r"rows \(the longest run has 3 steps\)",
     ):
         SliceSampler(4).sample(buffer.storage, 8)
 
@@ -95,14 +95,14 @@ def test_windows_never_cross_a_gap_in_the_steps() -> None:
     assert {tuple(s for _, _, s in w) for w in got} == {(0, 1), (3, 4), (4, 5), (9, 10)}
 
 
-def test_windows_never_mix_agents_that_share_a_task_id() -> None:
+def test_windows_split_by_agent_never_mix_agents_that_share_a_task_id() -> None:
     index = make_index(
         8,
         task_id=np.full(8, "t", dtype=object),
         agent_id=np.array(["a", "b"] * 4, dtype=object),
         step=np.array([0, 0, 1, 1, 2, 2, 3, 3], dtype=np.int64),
     )
-    got = _drawn_windows(index, SliceSampler(3, seed=0), 300)
+    got = _drawn_windows(index, SliceSampler(3, ("task_id", "agent_id"), seed=0), 300)
     assert got == {
         tuple(("t", agent, s) for s in range(start, start + 3))
         for agent in ("a", "b")
@@ -136,9 +136,42 @@ def test_windows_from_storage_skip_deleted_steps(buffer: ReplayBuffer) -> None:
     assert got == {(("A", 0), ("A", 1)), (("A", 3), ("A", 4))}
 
 
+def test_a_task_whose_steps_alternate_between_agents_is_one_trajectory() -> None:
+    # AWorld's multi-agent hand-offs: step 0 by a, 1 by b, 2 by a, ...
+    index = make_index(
+        6,
+        task_id=np.full(6, "t", dtype=object),
+        agent_id=np.array(["a", "b"] * 3, dtype=object),
+        step=np.arange(6, dtype=np.int64),
+    )
+    got = _drawn_windows(index, SliceSampler(3, seed=0), 300)
+    assert {tuple(s for _, _, s in w) for w in got} == {(0, 1, 2), (1, 2, 3), (2, 3, 4), (3, 4, 5)}
+    with pytest.raises(EmptyBufferError, match=r"by task_id, agent_id\) has 3"):
+        split = SliceSampler(3, traj_key=("task_id", "agent_id"))
+        split.sample_keys(index, 3, split.rng)
+
+
+def test_hand_offs_from_storage_give_windows_across_agents(buffer: ReplayBuffer) -> None:
+    buffer.store_batch([make_row("H", "ab"[s % 2], step=s) for s in range(4)])
+    got = {
+        tuple(
+            (r.exp_meta.agent_id, r.exp_meta.step)
+            for r in SliceSampler(4).sample(buffer.storage, 4)
+        )
+    }
+    assert got == {(("a", 0), ("b", 1), ("a", 2), ("b", 3))}
+
+
+def test_an_unknown_trajectory_key_is_refused() -> None:
+    with pytest.raises(QueryError, match="task_idd"):
+        SliceSampler(2, traj_key="task_idd")
+    with pytest.raises(InvalidArgumentError, match="traj_key"):
+        SliceSampler(2, traj_key=())
+
+
 def test_windows_from_storage_keep_to_one_agent(buffer: ReplayBuffer) -> None:
     buffer.store_batch([make_row("C", agent, step=s) for s in range(3) for agent in ("a", "b")])
-    sampler = SliceSampler(3, seed=0)
+    sampler = SliceSampler(3, traj_key=("task_id", "agent_id"), seed=0)
     got = set()
     for _ in range(40):
         rows = sampler.sample(buffer.storage, 3)
