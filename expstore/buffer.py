@@ -226,6 +226,7 @@ class ReplayBuffer:
         order: Any = "fifo",
         converter: Converter | None = None,
         wait: float | None = None,
+        max_staleness: int | None = None,
     ) -> Claim:
         """Claim up to ``n`` matching rows that no other consumer gets while the lease
         holds, for any process on any host sharing the database.
@@ -236,6 +237,9 @@ class ReplayBuffer:
         (without it the claim takes what there is now, maybe nothing); if none came,
         WaitTimeoutError. Finish with ``claim.ack(checkpoint=...)`` or ``claim.release()``;
         a claim neither acked nor released goes back to the queue when its lease runs out.
+        ``max_staleness``: only rows no more than that many policy versions behind the
+        buffer's current version (see :meth:`set_policy_version`), checked in the claim's
+        own statements.
         """
         return claim_rows(
             self.storage,
@@ -246,6 +250,7 @@ class ReplayBuffer:
             order=order,
             converter=converter,
             wait=wait,
+            max_staleness=max_staleness,
         )
 
     def checkpoint(self, consumer: str, default: Any = ...) -> Any:
@@ -266,12 +271,18 @@ class ReplayBuffer:
         *,
         timeout: float | None = None,
         claimable: bool = False,
+        max_staleness: int | None = None,
     ) -> int:
         """Block until at least ``min_rows`` rows match (``claimable=True``: can be claimed
         now), polling with back-off (5 ms growing to 0.5 s); returns how many were seen
         (counting stops at ``min_rows``). WaitTimeoutError after ``timeout`` seconds."""
         return wait_for_rows(
-            self.storage, min_rows, query_condition, timeout=timeout, claimable=claimable
+            self.storage,
+            min_rows,
+            query_condition,
+            timeout=timeout,
+            claimable=claimable,
+            max_staleness=max_staleness,
         )
 
     def lineage(self, ids: Sequence[str]) -> dict[str, Lineage]:

@@ -40,7 +40,8 @@ from .samplers.base import KeySampler
 from .samplers.uniform import UniformSampler
 from .sampling import SampleInfo
 from .storage.base import QueryCondition, Storage
-from .storage.claims import Claimed, ClaimQueue, check_lease
+from .storage.claims import Claimed, ClaimQueue, Scope, check_lease
+from .storage.versions import check_staleness
 
 __all__ = ["Claim", "check_consumer", "claim_rows", "wait_for_rows", "wait_until"]
 
@@ -198,25 +199,27 @@ def claim_rows(
     order: Any = "fifo",
     converter: Converter | None = None,
     wait: float | None = None,
+    max_staleness: int | None = None,
 ) -> Claim:
     """See :meth:`expstore.ReplayBuffer.claim`."""
     n = check_int("n", n, minimum=1)
     consumer = check_consumer(consumer)
     lease = check_lease(lease_s)
     wait_s = _check_timeout("wait", wait, optional=True)
+    scope = Scope(query_condition, check_staleness(max_staleness))
     queue = storage.claims
     builder = as_converter(DefaultConverter() if converter is None else converter)
     candidates = _candidates(storage, order, query_condition)
     if wait_s is not None:
         try:
-            wait_until(lambda: queue.count(query_condition, n, claimable=True) >= n, wait_s)
+            wait_until(lambda: queue.count(scope, n, claimable=True) >= n, wait_s)
         except WaitTimeoutError:
-            if not queue.count(query_condition, 1, claimable=True):
+            if not queue.count(scope, 1, claimable=True):
                 raise WaitTimeoutError(
                     f"no row became claimable within {wait_s} s; check that actors are "
                     "writing (and match the condition), or wait longer"
                 ) from None
-    claimed = queue.claim(n, query_condition, consumer, lease, candidates)
+    claimed = queue.claim(n, scope, consumer, lease, candidates)
     fetched = storage.fetch(claimed.keys, builder.paths, writable=not builder.copies_arrays)
     info = SampleInfo(claimed.keys, list(fetched.ids))
     batch = builder.attach_info(builder.build(fetched), info)
@@ -243,14 +246,16 @@ def wait_for_rows(
     *,
     timeout: float | None,
     claimable: bool,
+    max_staleness: int | None = None,
 ) -> int:
     """See :meth:`expstore.ReplayBuffer.wait_for`."""
     min_rows = check_int("min_rows", min_rows, minimum=1)
     limit = _check_timeout("timeout", timeout, optional=True)
+    scope = Scope(query_condition, check_staleness(max_staleness))
     seen = [0]
 
     def ready() -> bool:
-        seen[0] = storage.claims.count(query_condition, min_rows, claimable=claimable)
+        seen[0] = storage.claims.count(scope, min_rows, claimable=claimable)
         return seen[0] >= min_rows
 
     try:

@@ -16,9 +16,12 @@ def make_row(
     *,
     reward: float | None = None,
     execute_time: float | None = None,
+    version: int | None = None,
     **data: Any,
 ) -> DataRow:
     meta: dict[str, Any] = {"task_id": task_id, "agent_id": agent_id, "step": step}
+    if version is not None:
+        meta["policy_version"] = version
     if execute_time is not None:
         meta["execute_time"] = execute_time
     return DataRow(exp_meta=ExpMeta(**meta), exp_data=Experience(reward_t=reward, **data))

@@ -20,6 +20,7 @@ from ..samplers import (
     RecencySampler,
     RewardWeightedSampler,
     SliceSampler,
+    StalenessAwareSampler,
     StratifiedSampler,
     UniformSampler,
 )
@@ -143,6 +144,7 @@ _SAMPLERS: dict[str, Any] = {
     "reward": RewardWeightedSampler,
     "stratified": StratifiedSampler,
     "slice": SliceSampler,
+    "staleness": StalenessAwareSampler,
     "latest": LatestSampler,
     "task": RandomTaskSampler,
 }

@@ -12,6 +12,7 @@ from .random_task import RandomTaskSample, RandomTaskSampler
 from .recency import RecencySampler
 from .reward_weighted import RewardWeightedSampler
 from .slice import SliceSampler
+from .staleness import StalenessAwareSampler
 from .stratified import StratifiedSampler
 from .uniform import UniformSampler
 
@@ -26,6 +27,7 @@ __all__ = [
     "Sampler",
     "SamplerOptions",
     "SliceSampler",
+    "StalenessAwareSampler",
     "StratifiedSampler",
     "TaskSampler",
     "UniformSampler",

@@ -347,18 +347,21 @@ class KeySampler(Sampler):
         return cache.get(name, sources, compute)
 
     def index_columns(self) -> tuple[str, ...]:
-        """The columns to ask ``key_index`` for (``columns`` unless an instance overrides,
-        and ``policy_version`` with ``max_staleness``)."""
-        columns = tuple(self.columns)
+        """The columns to ask ``key_index`` for (``columns`` unless an instance overrides)."""
+        return tuple(self.columns)
+
+    def columns_read(self) -> tuple[str, ...]:
+        """:meth:`index_columns`, and ``policy_version`` for ``max_staleness``."""
+        columns = self.index_columns()
         if self.__dict__.get("max_staleness") is not None and "policy_version" not in columns:
             columns += ("policy_version",)
         return columns
 
     def read_index(self, storage: Storage, query_condition: QueryCondition) -> dict[str, Any]:
         """The arrays :meth:`sample_keys` chooses from: ``storage.key_index`` of the matching
-        rows and :meth:`index_columns`. A sampler that also needs something of the whole
+        rows and :meth:`columns_read`. A sampler that also needs something of the whole
         buffer adds it here."""
-        return storage.key_index(query_condition, self.index_columns())
+        return storage.key_index(query_condition, self.columns_read())
 
     def _fresh(self, storage: Storage, index: dict[str, Any]) -> dict[str, Any]:
         """``index`` without the rows ``max_staleness`` leaves out at the buffer's current
@@ -366,7 +369,9 @@ class KeySampler(Sampler):
         k = self.__dict__.get("max_staleness")
         if k is None or not len(index["key"]):
             return index
-        current = storage.policy_version()
+        current = index.get("current_version", ...)
+        if current is ...:  # a storage whose key index does not bring it
+            current = storage.policy_version()
         versions = index["policy_version"]
 
         def compute() -> dict[str, Any]:
@@ -405,7 +410,7 @@ class KeySampler(Sampler):
                     storage,
                     query_condition,
                     f"every matching row is more than max_staleness={self.max_staleness} "
-                    f"policy versions behind the current version {storage.policy_version()}",
+                    f"policy versions behind the current version {matching.get('current_version')}",
                 )
             if len(self.__dict__.get("_spent", ())):
                 raise empty_error(

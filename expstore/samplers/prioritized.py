@@ -82,7 +82,7 @@ class PrioritizedSampler(KeySampler):
         if query_condition is None:
             return super().read_index(storage, query_condition)
         index, everything = storage.key_indexes(
-            [(query_condition, self.index_columns()), (None, ("priority",))]
+            [(query_condition, self.columns_read()), (None, ("priority",))]
         )
         whole = everything["priority"]
         largest = self.derived("max", (whole,), lambda: _largest(whole))

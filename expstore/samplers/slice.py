@@ -65,7 +65,7 @@ class SliceSampler(KeySampler):
         self.traj_key: tuple[str, ...] = keys
 
     def index_columns(self) -> tuple[str, ...]:
-        return (*self.traj_key, "step", *super().index_columns())
+        return (*self.traj_key, "step")
 
     def _windows(self, index: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, int]:
         """(row positions in run order, positions in that order where windows start, the

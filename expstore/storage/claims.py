@@ -53,9 +53,10 @@ from .draw_counts import times_sampled
 from .handle import BufferHandle
 from .key_index import condition_key
 from .schema import buffers, checkpoints, consumers, consumption, oldest_first, rows
+from .versions import fresh_clause
 from .writer import ids_to_keys
 
-__all__ = ["ClaimQueue", "Claimed", "Lineage", "QueueStats", "check_checkpoint"]
+__all__ = ["ClaimQueue", "Claimed", "Lineage", "QueueStats", "Scope", "check_checkpoint"]
 
 _C = consumption.c
 #: Rounds a sampler-ordered claim draws candidates before it takes claimable rows at random.
@@ -148,6 +149,31 @@ def _held_entry(now: Now) -> ColumnElement[bool]:
     return and_(_C.acked_at.is_(None), or_(_C.lease_until.is_(None), _C.lease_until < now))
 
 
+class Scope(NamedTuple):
+    """Which rows a claim or a count is about: those matching ``condition`` and, with
+    ``max_staleness``, no more than that many policy versions behind the buffer's current
+    one (evaluated by each statement, see :mod:`expstore.storage.versions`)."""
+
+    condition: QueryCondition = None
+    max_staleness: int | None = None
+
+    def matching(self, handle: BufferHandle) -> list[ColumnElement[bool]]:
+        """The clauses for rows known to be the buffer's."""
+        clauses = handle.matching(self.condition)
+        if self.max_staleness is not None:
+            clauses.append(fresh_clause(handle.buffer_id, self.max_staleness))
+        return clauses
+
+    def where(self, handle: BufferHandle) -> list[ColumnElement[bool]]:
+        """The clauses for the buffer's rows in scope."""
+        return [rows.c.buffer_id == handle.buffer_id, *self.matching(handle)]
+
+    @property
+    def key(self) -> str:
+        """Equal for equal scopes, to keep floors by."""
+        return f"{condition_key(self.condition)}|{self.max_staleness}"
+
+
 class ClaimQueue:
     """The claims of one buffer, as one handle sees them."""
 
@@ -164,7 +190,7 @@ class ClaimQueue:
     def claim(
         self,
         n: int,
-        query_condition: QueryCondition,
+        scope: Scope,
         consumer: str,
         lease_s: float,
         candidates: Callable[[int], np.ndarray] | None = None,
@@ -186,9 +212,9 @@ class ClaimQueue:
             }
             stamps: list[float] = []  # when the entries were written, by the database
             if candidates is None:
-                keys = self._claim_oldest(conn, n, query_condition, now, entry, stamps)
+                keys = self._claim_oldest(conn, n, scope, now, entry, stamps)
             else:
-                keys = self._claim_drawn(conn, n, query_condition, now, entry, stamps, candidates)
+                keys = self._claim_drawn(conn, n, scope, now, entry, stamps, candidates)
             at = stamps[0] if stamps else float(conn.execute(select(now)).scalar_one())
         return Claimed(claim_id, consumer, np.asarray(keys, dtype=np.int64), at, at + lease_s)
 
@@ -247,16 +273,16 @@ class ClaimQueue:
         self,
         conn: Connection,
         n: int,
-        query_condition: QueryCondition,
+        scope: Scope,
         now: Now,
         entry: dict[str, Any],
         stamps: list[float],
     ) -> list[int]:
         handle = self._handle
-        where = handle.where(query_condition)
-        floor_key = condition_key(query_condition)
+        where = scope.where(handle)
+        floor_key = scope.key
         version = self._version(conn)
-        start = self._start(conn, query_condition, now, version)
+        start = self._start(conn, scope, now, version)
         taken: list[int] = []
         floor: int | None = None
         scan_from = start
@@ -289,13 +315,11 @@ class ClaimQueue:
         this = buffers.c.id == self._handle.buffer_id
         return int(conn.execute(select(buffers.c.version).where(this)).scalar_one())
 
-    def _start(
-        self, conn: Connection, query_condition: QueryCondition, now: Now, version: int | None
-    ) -> int:
+    def _start(self, conn: Connection, scope: Scope, now: Now, version: int | None) -> int:
         """Where a FIFO scan for the condition starts: this handle's floor for it, or lower
         where a matching row below it became claimable again (released, lease ran out)."""
         handle = self._handle
-        floor_version, start = self._floors.get(condition_key(query_condition), (None, 0))
+        floor_version, start = self._floors.get(scope.key, (None, 0))
         if start and version != floor_version:
             # Rows were deleted other than oldest first since the floor was set: SQLite may
             # have given new rows the keys of deleted ones, below the floor.
@@ -312,9 +336,7 @@ class ClaimQueue:
             return start
         # By key alone (the keys are the buffer's): with buffer_id too, Postgres walks the
         # buffer's (buffer_id, key) index filtering by the key list.
-        matching = select(rows.c.key).where(
-            *handle.matching(query_condition), handle.dialect.key_in()
-        )
+        matching = select(rows.c.key).where(*scope.matching(handle), handle.dialect.key_in())
         found = list(conn.execute(matching, {"keys": handle.dialect.key_set(keys)}).scalars())
         return min([start, *found])
 
@@ -322,14 +344,14 @@ class ClaimQueue:
         self,
         conn: Connection,
         n: int,
-        query_condition: QueryCondition,
+        scope: Scope,
         now: Now,
         entry: dict[str, Any],
         stamps: list[float],
         candidates: Callable[[int], np.ndarray],
     ) -> list[int]:
         handle = self._handle
-        where = handle.where(query_condition)
+        where = scope.where(handle)
         taken: list[int] = []
         seen: set[int] = set()
         for _ in range(_DRAW_ROUNDS):
@@ -488,16 +510,16 @@ class ClaimQueue:
             )
         return int(found.seq), found.state
 
-    def count(self, query_condition: QueryCondition, upto: int, *, claimable: bool) -> int:
+    def count(self, scope: Scope, upto: int, *, claimable: bool) -> int:
         """How many matching rows there are (``claimable``: that can be claimed now),
         counting no further than ``upto``, so a poll costs the same whatever the buffer's
         size."""
         handle = self._handle
         with handle.errors("count rows"), handle.read() as conn:
-            some = select(rows.c.key).where(*handle.where(query_condition)).limit(upto)
+            some = select(rows.c.key).where(*scope.where(handle)).limit(upto)
             if claimable:
                 now = float(conn.execute(select(handle.dialect.now())).scalar_one())
-                start = self._start(conn, query_condition, now, self._version(conn))
+                start = self._start(conn, scope, now, self._version(conn))
                 some = some.where(rows.c.key >= start, _unblocked(now))
             counted = select(func.count()).select_from(some.subquery())
             return int(conn.execute(counted).scalar_one())

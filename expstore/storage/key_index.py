@@ -125,6 +125,10 @@ class KeyIndex:
 
     def signature(self, conn: Connection) -> Signature:
         """The buffer's signature now."""
+        return self._state(conn)[0]
+
+    def _state(self, conn: Connection) -> tuple[Signature, int | None]:
+        """The buffer's signature and its current policy version, in one round trip."""
         buffer_id = self.handle.buffer_id
 
         def build() -> Any:
@@ -134,26 +138,33 @@ class KeyIndex:
             this = buffers.c.id == buffer_id
             version = select(buffers.c.version).where(this).scalar_subquery()
             priority_version = select(buffers.c.priority_version).where(this).scalar_subquery()
-            return select(max_key, version, min_key, priority_version)
+            policy_version = select(buffers.c.policy_version).where(this).scalar_subquery()
+            return select(max_key, version, min_key, priority_version, policy_version)
 
-        ((key, version, smallest, priority_version),) = self.handle.statement(
+        ((key, version, smallest, priority_version, policy_version),) = self.handle.statement(
             ("signature",), build
         ).run(conn)
-        return Signature(
+        signature = Signature(
             int(key or 0), int(version or 0), int(smallest or 0), int(priority_version or 0)
         )
+        return signature, None if policy_version is None else int(policy_version)
 
     def get(self, requests: Sequence[tuple[QueryCondition, Sequence[str]]]) -> list[Arrays]:
         """The index for each ``(condition, columns)``, all at one signature, read in one
-        connection."""
+        connection. An index with ``policy_version`` also holds ``"current_version"``: the
+        buffer's current policy version (None: never set), read in the same round trip."""
         dialect = self.handle.dialect
         plans = []
         for query_condition, names in requests:
             names = tuple(names)
             plans.append((query_condition, names, [_column(n, dialect) for n in names]))
         with self.handle.errors("index rows"), self.handle.read() as conn:
-            signature = self.signature(conn)
-            return [self._read(conn, signature, *plan) for plan in plans]
+            signature, current = self._state(conn)
+            found = [self._read(conn, signature, *plan) for plan in plans]
+        return [
+            {**arrays, "current_version": current} if "policy_version" in plan[1] else arrays
+            for arrays, plan in zip(found, plans, strict=True)
+        ]
 
     def read(
         self,

@@ -20,6 +20,7 @@ from expstore.samplers import (
     RewardWeightedSampler,
     Sampler,
     SliceSampler,
+    StalenessAwareSampler,
     StratifiedSampler,
     UniformSampler,
 )
@@ -35,9 +36,10 @@ SAMPLERS: dict[str, Callable[[int | None], Sampler]] = {
     "slice": lambda seed: SliceSampler(2, seed=seed),
     "stratified": lambda seed: StratifiedSampler(by="exp_meta.agent_id", seed=seed),
     "latest": lambda seed: LatestSampler(seed=seed),
+    "staleness": lambda seed: StalenessAwareSampler(seed=seed, max_staleness=3),
     "random_task": lambda seed: RandomTaskSampler(seed=seed),
 }
-WITH_REPLACEMENT = {"uniform", "prioritized", "reward_weighted", "slice", "stratified"}
+WITH_REPLACEMENT = {"uniform", "prioritized", "reward_weighted", "slice", "stratified", "staleness"}
 RANDOM = set(SAMPLERS) - {"latest"}
 
 

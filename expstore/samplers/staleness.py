@@ -1,0 +1,68 @@
+"""StalenessAwareSampler: fresher rows more likely, weight ``1 / (staleness + 1)``, as
+TorchRL's ``StalenessAwareSampler``, with the current version shared by every process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from typing_extensions import Unpack
+
+from .._args import check_number
+from ..storage.base import QueryCondition, Storage
+from .base import KeySampler, SamplerOptions
+
+__all__ = ["StalenessAwareSampler"]
+
+
+class StalenessAwareSampler(KeySampler):
+    """Rows drawn with probability proportional to ``1 / (staleness + 1) ** power``, with
+    replacement.
+
+    ``StalenessAwareSampler(power=1.0, *, max_staleness=None, seed=None, ...)``
+
+    A row's staleness is the buffer's current policy version (set by the trainer with
+    :meth:`~expstore.ReplayBuffer.set_policy_version`, the same for every process) minus the
+    row's ``policy_version``. Rows without a version, rows of versions newer than the
+    current one, and every row while the buffer has no version count as staleness 0 (as
+    fresh as can be). With ``max_staleness=k`` rows staler than ``k`` are not drawn at all.
+    ``power=1`` gives TorchRL's weight ``1 / (staleness + 1)``; ``power=0`` is uniform.
+
+    >>> sampler = StalenessAwareSampler(max_staleness=4, seed=0)
+    """
+
+    columns = ("policy_version",)
+
+    def __init__(self, power: float = 1.0, **options: Unpack[SamplerOptions]) -> None:
+        super().__init__(**options)
+        self.power = check_number("power", power, minimum=0.0)
+
+    def read_index(self, storage: Storage, query_condition: QueryCondition) -> dict[str, Any]:
+        index = super().read_index(storage, query_condition)
+        if "current_version" not in index:  # a storage whose key index does not bring it
+            index = {**index, "current_version": storage.policy_version()}
+        return index
+
+    def sample_keys(
+        self, index: dict[str, Any], batch_size: int, rng: np.random.Generator
+    ) -> np.ndarray:
+        keys = index["key"]
+        versions = index["policy_version"]
+        current = index["current_version"]
+
+        def compute() -> np.ndarray:
+            return np.cumsum(staleness_weights(versions, current, self.power))
+
+        cumulative = self.derived(f"staleness:{current}:{self.power}", (versions,), compute)
+        drawn = rng.random(batch_size) * cumulative[-1]
+        positions = np.searchsorted(cumulative, drawn, side="right").clip(max=len(keys) - 1)
+        return keys[positions]
+
+
+def staleness_weights(versions: np.ndarray, current: int | None, power: float) -> np.ndarray:
+    """``1 / (staleness + 1) ** power`` per row (staleness 0 for rows without a version,
+    newer than ``current``, or when there is no current version)."""
+    if current is None:
+        return np.ones(len(versions))
+    staleness = np.nan_to_num(current - versions, nan=0.0).clip(min=0.0)
+    return (staleness + 1.0) ** -power
