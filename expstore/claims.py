@@ -37,6 +37,7 @@ from .errors import (
     WaitTimeoutError,
 )
 from .samplers.base import KeySampler
+from .samplers.group import GroupSampler
 from .samplers.uniform import UniformSampler
 from .sampling import SampleInfo
 from .storage.base import QueryCondition, Storage
@@ -209,7 +210,15 @@ def claim_rows(
     scope = Scope(query_condition, check_staleness(max_staleness))
     queue = storage.claims
     builder = as_converter(DefaultConverter() if converter is None else converter)
-    candidates = _candidates(storage, order, query_condition)
+    if isinstance(order, GroupSampler):
+        if n % order.group_size:
+            raise InvalidArgumentError(
+                f"a claim of whole groups of {order.group_size} rows takes n that is a "
+                f"multiple of {order.group_size}; got n={n}"
+            )
+        candidates, groups = None, order.claim_taker(storage, query_condition)
+    else:
+        candidates, groups = _candidates(storage, order, query_condition), None
     if wait_s is not None:
         try:
             wait_until(lambda: queue.count(scope, n, claimable=True) >= n, wait_s)
@@ -219,7 +228,7 @@ def claim_rows(
                     f"no row became claimable within {wait_s} s; check that actors are "
                     "writing (and match the condition), or wait longer"
                 ) from None
-    claimed = queue.claim(n, scope, consumer, lease, candidates)
+    claimed = queue.claim(n, scope, consumer, lease, candidates, groups)
     fetched = storage.fetch(claimed.keys, builder.paths, writable=not builder.copies_arrays)
     info = SampleInfo(claimed.keys, list(fetched.ids))
     batch = builder.attach_info(builder.build(fetched), info)

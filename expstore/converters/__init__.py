@@ -4,6 +4,7 @@
 package does not import torch; :class:`TensorConverter` imports it when created.
 """
 
+from .advantage import GroupAdvantageConverter, group_advantages
 from .arrays import NumpyConverter
 from .base import Converter
 from .chat import ChatConverter
@@ -13,6 +14,8 @@ from .trajectory import TrajectoryConverter
 from .transition import TransitionConverter
 
 __all__ = [
+    "GroupAdvantageConverter",
+    "group_advantages",
     "ChatConverter",
     "Converter",
     "DefaultConverter",

@@ -6,6 +6,7 @@ rows), :class:`TaskSampler` chooses whole tasks.
 """
 
 from .base import KeySampler, Sampler, SamplerOptions, TaskSampler
+from .group import GroupCounts, GroupSampler
 from .latest import LatestSampler
 from .prioritized import PrioritizedSampler
 from .random_task import RandomTaskSample, RandomTaskSampler
@@ -17,6 +18,8 @@ from .stratified import StratifiedSampler
 from .uniform import UniformSampler
 
 __all__ = [
+    "GroupCounts",
+    "GroupSampler",
     "KeySampler",
     "LatestSampler",
     "PrioritizedSampler",

@@ -23,6 +23,7 @@ from ..models import DataRow
 if TYPE_CHECKING:
     from ..query import Condition
     from .claims import ClaimQueue
+    from .groups import GroupIndex, GroupSpec
 
     QueryCondition = Condition | dict[str, Any] | None
 else:
@@ -184,6 +185,27 @@ class Storage(ABC):
         :mod:`expstore.storage.draw_counts`)."""
         raise UnsupportedTypeError(
             f"{type(self).__name__} does not count draws (consume_after); use SqlStorage"
+        )
+
+    def groups(self, query_condition: QueryCondition, spec: GroupSpec) -> dict[str, Any]:
+        """Summaries of the groups of matching rows (see :mod:`expstore.storage.groups`)."""
+        raise UnsupportedTypeError(
+            f"{type(self).__name__} does not summarise groups; use SqlStorage"
+        )
+
+    def group_keys(
+        self, query_condition: QueryCondition, spec: GroupSpec, groups: Sequence[Any]
+    ) -> list[np.ndarray]:
+        """The keys of each group's rows (see :mod:`expstore.storage.groups`)."""
+        raise UnsupportedTypeError(
+            f"{type(self).__name__} does not summarise groups; use SqlStorage"
+        )
+
+    @property
+    def group_index(self) -> GroupIndex:
+        """The cached group summaries (for group claims)."""
+        raise UnsupportedTypeError(
+            f"{type(self).__name__} does not summarise groups; use SqlStorage"
         )
 
     @property

@@ -56,7 +56,15 @@ from .schema import buffers, checkpoints, consumers, consumption, oldest_first, 
 from .versions import fresh_clause
 from .writer import ids_to_keys
 
-__all__ = ["ClaimQueue", "Claimed", "Lineage", "QueueStats", "Scope", "check_checkpoint"]
+__all__ = [
+    "ClaimQueue",
+    "Claimed",
+    "GroupTaker",
+    "Lineage",
+    "QueueStats",
+    "Scope",
+    "check_checkpoint",
+]
 
 _C = consumption.c
 #: Rounds a sampler-ordered claim draws candidates before it takes claimable rows at random.
@@ -131,7 +139,7 @@ def _state(now: Now) -> ColumnElement[str]:
     )
 
 
-def _unblocked(now: Now) -> ColumnElement[bool]:
+def unblocked(now: Now) -> ColumnElement[bool]:
     """The row of ``expstore_rows`` has no entry that keeps it from being claimed, looked up
     by key for each row the scan passes (a scalar subquery, which neither planner turns
     into a join): walking the buffer in key order, the scan stops after the rows it needs.
@@ -147,6 +155,11 @@ def _unblocked(now: Now) -> ColumnElement[bool]:
 def _held_entry(now: Now) -> ColumnElement[bool]:
     """An existing entry that leaves its row claimable: released, or its lease ran out."""
     return and_(_C.acked_at.is_(None), or_(_C.lease_until.is_(None), _C.lease_until < now))
+
+
+#: Takes whole groups for a claim: (queue, conn, n rows, now, entry, stamps) -> keys taken
+#: (see :mod:`expstore.storage.group_claims`).
+GroupTaker = Callable[["ClaimQueue", Connection, int, Any, dict[str, Any], list[float]], list[int]]
 
 
 class Scope(NamedTuple):
@@ -194,6 +207,7 @@ class ClaimQueue:
         consumer: str,
         lease_s: float,
         candidates: Callable[[int], np.ndarray] | None = None,
+        groups: GroupTaker | None = None,
     ) -> Claimed:
         """Claim up to ``n`` claimable rows matching the condition: oldest first, or, with
         ``candidates`` (a function giving up to that many keys chosen by a sampler), among
@@ -211,7 +225,9 @@ class ClaimQueue:
                 "times_claimed": 1,
             }
             stamps: list[float] = []  # when the entries were written, by the database
-            if candidates is None:
+            if groups is not None:
+                keys = groups(self, conn, n, now, entry, stamps)
+            elif candidates is None:
                 keys = self._claim_oldest(conn, n, scope, now, entry, stamps)
             else:
                 keys = self._claim_drawn(conn, n, scope, now, entry, stamps, candidates)
@@ -228,18 +244,31 @@ class ClaimQueue:
     ) -> list[int]:
         """Lock the rows of ``keys`` no other transaction holds and write this claim's
         entries for those still claimable; returns the keys taken, in the given order."""
+        taken = set(self.enter(conn, self.lock_free(conn, keys, now), entry, stamps))
+        return [k for k in keys if k in taken]
+
+    def lock_free(self, conn: Connection, keys: list[int], now: Now) -> list[int]:
+        """Lock the rows of ``keys`` that no other transaction holds and that are claimable
+        by this statement's snapshot; returns their keys."""
         if not keys:
             return []
-        handle = self._handle
-        dialect = handle.dialect
-        bound = {"keys": dialect.key_set(keys)}
+        dialect = self._handle.dialect
         # Still claimable by this statement's snapshot: a claim that committed since the
         # candidates were read is passed over here, not met in the upsert (which would lock
         # its entries and make its ack wait for this transaction).
-        locked = dialect.skip_locked(select(rows.c.key).where(dialect.key_in(), _unblocked(now)))
-        free = [int(k) for k in conn.execute(locked, bound).scalars()]
+        locked = dialect.skip_locked(select(rows.c.key).where(dialect.key_in(), unblocked(now)))
+        bound = {"keys": dialect.key_set(keys)}
+        return [int(k) for k in conn.execute(locked, bound).scalars()]
+
+    def enter(
+        self, conn: Connection, free: list[int], entry: dict[str, Any], stamps: list[float]
+    ) -> list[int]:
+        """Write this claim's entries for the locked rows ``free`` still claimable; returns
+        the keys entered."""
         if not free:
             return []
+        dialect = self._handle.dialect
+        now = entry["claimed_at"]
         # Rows never claimed get an entry; DO NOTHING leaves an existing entry unlocked
         # (DO UPDATE would lock it even where its WHERE fails, making its ack wait).
         new = (
@@ -266,8 +295,19 @@ class ClaimQueue:
             returned += conn.execute(reclaim, {"keys": dialect.key_set(again)}).all()
         if returned:
             stamps.append(float(returned[0].claimed_at))
-        taken = {int(r.key) for r in returned}
-        return [k for k in keys if k in taken]
+        return [int(r.key) for r in returned]
+
+    def give_back(self, conn: Connection, keys: list[int], claim_id: str) -> None:
+        """Release this claim's entries of ``keys`` inside its own transaction (a group
+        that could only be claimed in part)."""
+        if keys:
+            dialect = self._handle.dialect
+            conn.execute(
+                update(consumption)
+                .where(dialect.key_in(_C.key), _C.claim_id == claim_id)
+                .values(claim_id=None, consumer=None, lease_until=None),
+                {"keys": dialect.key_set(keys)},
+            )
 
     def _claim_oldest(
         self,
@@ -290,7 +330,7 @@ class ClaimQueue:
             want = n - len(taken)
             scan = (
                 oldest_first(select(rows.c.key), handle.buffer_id)
-                .where(*where, rows.c.key >= scan_from, _unblocked(now))
+                .where(*where, rows.c.key >= scan_from, unblocked(now))
                 .limit(want)
             )
             found = [int(k) for k in conn.execute(scan).scalars()]
@@ -365,7 +405,7 @@ class ClaimQueue:
                 continue
             open_ = set(
                 conn.execute(
-                    select(rows.c.key).where(*where, rows.c.key.in_(drawn), _unblocked(now))
+                    select(rows.c.key).where(*where, rows.c.key.in_(drawn), unblocked(now))
                 ).scalars()
             )
             open_drawn = [k for k in drawn if k in open_][:want]
@@ -375,7 +415,7 @@ class ClaimQueue:
             # among every claimable row.
             rest = (
                 select(rows.c.key)
-                .where(*where, _unblocked(now), rows.c.key.not_in(taken or [-1]))
+                .where(*where, unblocked(now), rows.c.key.not_in(taken or [-1]))
                 .order_by(func.random())
                 .limit(n - len(taken))
             )
@@ -520,7 +560,7 @@ class ClaimQueue:
             if claimable:
                 now = float(conn.execute(select(handle.dialect.now())).scalar_one())
                 start = self._start(conn, scope, now, self._version(conn))
-                some = some.where(rows.c.key >= start, _unblocked(now))
+                some = some.where(rows.c.key >= start, unblocked(now))
             counted = select(func.count()).select_from(some.subquery())
             return int(conn.execute(counted).scalar_one())
 

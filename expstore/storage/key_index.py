@@ -125,9 +125,9 @@ class KeyIndex:
 
     def signature(self, conn: Connection) -> Signature:
         """The buffer's signature now."""
-        return self._state(conn)[0]
+        return self.state(conn)[0]
 
-    def _state(self, conn: Connection) -> tuple[Signature, int | None]:
+    def state(self, conn: Connection) -> tuple[Signature, int | None]:
         """The buffer's signature and its current policy version, in one round trip."""
         buffer_id = self.handle.buffer_id
 
@@ -149,7 +149,9 @@ class KeyIndex:
         )
         return signature, None if policy_version is None else int(policy_version)
 
-    def get(self, requests: Sequence[tuple[QueryCondition, Sequence[str]]]) -> list[Arrays]:
+    def get(
+        self, requests: Sequence[tuple[QueryCondition, Sequence[str]]]
+    ) -> list[dict[str, Any]]:
         """The index for each ``(condition, columns)``, all at one signature, read in one
         connection. An index with ``policy_version`` also holds ``"current_version"``: the
         buffer's current policy version (None: never set), read in the same round trip."""
@@ -159,7 +161,7 @@ class KeyIndex:
             names = tuple(names)
             plans.append((query_condition, names, [_column(n, dialect) for n in names]))
         with self.handle.errors("index rows"), self.handle.read() as conn:
-            signature, current = self._state(conn)
+            signature, current = self.state(conn)
             found = [self._read(conn, signature, *plan) for plan in plans]
         return [
             {**arrays, "current_version": current} if "policy_version" in plan[1] else arrays

@@ -12,7 +12,9 @@ The storage is a thin front over one module per role, which a reader can find by
 - :mod:`~expstore.storage.fetch`: a few fields of chosen rows;
 - :mod:`~expstore.storage.priorities`: stored priorities and their log;
 - :mod:`~expstore.storage.versions`: the current policy version and what is stale;
-- :mod:`~expstore.storage.key_index`: the cached key arrays samplers choose from.
+- :mod:`~expstore.storage.key_index`: the cached key arrays samplers choose from;
+- :mod:`~expstore.storage.groups`: group summaries (GRPO groups), and
+  :mod:`~expstore.storage.group_claims`: claiming whole groups.
 
 Writes run in one transaction each: the insert and any eviction inside it, so a batch is
 stored whole or not at all. On SQLite, write transactions begin with ``BEGIN IMMEDIATE``
@@ -39,6 +41,7 @@ from .base import QueryCondition, Storage, Values
 from .claims import ClaimQueue
 from .engine import create_sql_engine, normalise_url
 from .fetch import FieldFetcher
+from .groups import GroupIndex, GroupSpec
 from .handle import BufferHandle
 from .key_index import KeyIndex
 from .reader import RowReader
@@ -86,7 +89,9 @@ class SqlStorage(Storage):
         self._fields = FieldFetcher(self._reader)
         self._index = KeyIndex(handle)
         self._claims = ClaimQueue(handle)
+        self._groups = GroupIndex(handle, self._index)
         handle.connections.on_fork.append(self._index.clear)
+        handle.connections.on_fork.append(self._groups.clear)
         handle.connections.on_fork.append(self._claims.clear)
         with handle.errors("open"):
             connections = handle.connections
@@ -114,6 +119,19 @@ class SqlStorage(Storage):
 
     def count_draws(self, keys: np.ndarray, limit: int) -> np.ndarray:
         return draw_counts.count_draws(self._handle, keys, limit)
+
+    @property
+    def group_index(self) -> GroupIndex:
+        """The cached group summaries (see :mod:`expstore.storage.groups`)."""
+        return self._groups
+
+    def groups(self, query_condition: QueryCondition, spec: GroupSpec) -> dict[str, Any]:
+        return self._groups.get(query_condition, spec)
+
+    def group_keys(
+        self, query_condition: QueryCondition, spec: GroupSpec, groups: Sequence[Any]
+    ) -> list[np.ndarray]:
+        return self._groups.keys(query_condition, spec, groups)
 
     @property
     def claims(self) -> ClaimQueue:
@@ -266,6 +284,7 @@ class SqlStorage(Storage):
         """Close every pooled connection. The storage can't be used afterwards."""
         self._handle.connections.close()
         self._index.clear()
+        self._groups.clear()
 
     def __reduce__(self) -> Any:
         # Lets a storage travel to spawned processes (multiprocessing, DataLoader workers)

@@ -1,0 +1,196 @@
+"""GroupSampler: whole groups of rows sharing a key, as GRPO trains on all the rollouts of
+one prompt (TorchRL's ``PromptGroupSampler``), with DAPO's filter of groups whose rewards
+do not vary, evaluated in the database for every process alike."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+from typing_extensions import Unpack
+
+from .._args import check_int
+from ..errors import InvalidArgumentError, UnsupportedTypeError
+from ..query.fields import resolve_field
+from ..query.groups import GroupCondition, GroupStat
+from ..sampling import Choice
+from ..storage.base import QueryCondition, Storage
+from ..storage.claims import GroupTaker
+from ..storage.group_claims import Group, group_taker
+from ..storage.groups import GroupSpec
+from .base import KeySampler, SamplerOptions, empty_error
+
+__all__ = ["GroupCounts", "GroupSampler"]
+
+
+class GroupCounts(NamedTuple):
+    """What the groups of the last draw were: ready to draw, and why the others were not."""
+
+    ready: int  # complete, passing the filter, fresh
+    waiting: int  # fewer than group_size rows so far
+    filtered: int  # complete, but the group condition (e.g. varied reward) failed
+    stale: int  # complete and passing, but older than max_staleness
+
+
+class GroupSampler(KeySampler):
+    """Whole groups of ``group_size`` rows that share the value at ``group_by``.
+
+    ``GroupSampler(group_by="task_id", group_size=8, *, varied_reward=False, having=None,
+    replacement=False, max_staleness=None, seed=None)``
+
+    - A group is the matching rows with one value at ``group_by`` (a column such as
+      ``task_id``, or a payload path such as ``exp_data.ext_info.prompt_id``); its rows are
+      its first ``group_size`` by insertion (rows beyond that are never drawn by this
+      sampler: write ``group_size`` rows per group). A group with fewer rows is *waiting*
+      and is not drawn until it is complete.
+    - ``varied_reward=True`` keeps only groups whose ``reward_t`` is not the same in every
+      row (std > 0; DAPO's dynamic sampling); ``having`` adds any condition on group
+      statistics (:class:`~expstore.query.groups.GroupStat`, e.g.
+      ``GroupStat.mean("reward_t") < 0.9``). Both are evaluated by the database.
+    - ``max_staleness=k``: a group's version is its *oldest* row's ``policy_version``
+      (rows without one are left out of that minimum); groups more than ``k`` versions
+      behind the buffer's current version are not drawn.
+    - A batch is ``batch_size // group_size`` groups, one after the other (row ``i`` of
+      group ``j`` is ``rows[j * group_size + i]``), so ``batch_size`` must be a multiple of
+      ``group_size``. Groups are drawn uniformly, distinct within a batch (``replacement=
+      False``, the default; a batch asking for more groups than are ready has all of them)
+      or independently (``replacement=True``).
+    - :attr:`last_counts` says how many groups were ready, waiting, filtered or stale.
+
+    With claims (``buffer.claim(n, order=GroupSampler(...))``) whole groups are claimed
+    at once and consumed once: a group is taken only if all its rows are claimable.
+
+    >>> sampler = GroupSampler("task_id", group_size=8, varied_reward=True, seed=0)
+    """
+
+    def __init__(
+        self,
+        group_by: str = "task_id",
+        group_size: int = 8,
+        *,
+        varied_reward: bool = False,
+        having: GroupCondition | None = None,
+        replacement: bool = False,
+        **options: Unpack[SamplerOptions],
+    ) -> None:
+        if options.get("consume_after") is not None:
+            raise InvalidArgumentError(
+                "GroupSampler does not take consume_after (counting draws row by row would "
+                "split groups); consume whole groups once with claims: "
+                "buffer.claim(n, order=GroupSampler(...), consumer=...)"
+            )
+        super().__init__(**options)
+        if not isinstance(group_by, str):
+            raise UnsupportedTypeError(f"group_by must be a field path string, got {group_by!r}")
+        self.group_by = resolve_field(group_by).canonical
+        self.group_size = check_int("group_size", group_size, minimum=1)
+        if having is not None and not isinstance(having, GroupCondition):
+            raise UnsupportedTypeError(
+                "having must be a group condition such as GroupStat.mean('reward_t') > 0, "
+                f"got {type(having).__name__}"
+            )
+        if varied_reward:
+            varied = GroupStat.spread("reward_t") > 0
+            having = varied if having is None else varied & having
+        self.having = having
+        self.replacement = bool(replacement)
+        self.last_counts: GroupCounts | None = None
+        # Groups this sampler saw claimed (by its claims or others'), not drawn for claims.
+        self._taken: set[Any] = set()
+
+    def reseed(self, seed: Any) -> None:
+        super().reseed(seed)
+        self._taken = set()
+
+    @property
+    def spec(self) -> GroupSpec:
+        return GroupSpec(self.group_by, self.group_size, self.having)
+
+    def ready_groups(self, storage: Storage, query_condition: QueryCondition) -> np.ndarray:
+        """The values of the groups that can be drawn now (complete, passing, fresh); sets
+        :attr:`last_counts`."""
+        index = storage.groups(query_condition, self.spec)
+        complete = index["size"] == self.group_size
+        passing = complete & index["passes"]
+        fresh = passing
+        current = index.get("current_version")
+        if self.max_staleness is not None and current is not None:
+            with np.errstate(invalid="ignore"):
+                stale = index["version"] < current - self.max_staleness
+            fresh = passing & ~stale
+        waiting = int(((index["size"] > 0) & ~complete).sum())
+        self.last_counts = GroupCounts(
+            ready=int(fresh.sum()),
+            waiting=waiting,
+            filtered=int((complete & ~index["passes"]).sum()),
+            stale=int((passing & ~fresh).sum()),
+        )
+        return self.derived(
+            f"ready:{current}",
+            (index["size"], index["passes"], index["version"]),
+            lambda: index["group"][fresh],
+        )
+
+    def choose(
+        self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
+    ) -> Choice:
+        if batch_size % self.group_size:
+            raise InvalidArgumentError(
+                f"GroupSampler(group_size={self.group_size}) returns whole groups, so "
+                f"batch_size must be a multiple of {self.group_size}; got {batch_size}"
+            )
+        ready = self.ready_groups(storage, query_condition)
+        if not len(ready):
+            raise empty_error(storage, query_condition, self._why_empty())
+        wanted = batch_size // self.group_size
+        if self.replacement:
+            chosen = ready[self.rng.integers(0, len(ready), wanted)]
+        else:
+            chosen = ready[self.rng.permutation(len(ready))[:wanted]]
+        keys = storage.group_keys(query_condition, self.spec, chosen.tolist())
+        return Choice(np.concatenate(keys) if keys else np.empty(0, dtype=np.int64))
+
+    def _why_empty(self) -> str:
+        counts = self.last_counts
+        assert counts is not None
+        return (
+            f"no complete group of {self.group_size} rows by {self.group_by} is ready "
+            f"({counts.waiting} waiting for rows, {counts.filtered} filtered out by "
+            f"{self.having or 'no condition'}, {counts.stale} older than max_staleness="
+            f"{self.max_staleness})"
+        )
+
+    def claim_taker(self, storage: Storage, query_condition: QueryCondition) -> GroupTaker:
+        """What ``buffer.claim(n, order=this sampler)`` takes whole groups with (see
+        :mod:`expstore.storage.group_claims`)."""
+
+        def candidates(m: int) -> list[Group]:
+            ready = self.ready_groups(storage, query_condition)
+            taken = self.__dict__.setdefault("_taken", set())
+            open_ = [g for g in ready.tolist() if g not in taken]
+            chosen = [open_[i] for i in self.rng.permutation(len(open_))[:m]]
+            keys = storage.group_keys(query_condition, self.spec, chosen)
+            return list(zip(chosen, keys, strict=True))
+
+        def learn(values: list[Any]) -> None:
+            self.__dict__.setdefault("_taken", set()).update(values)
+
+        def fresh(found: list[Any]) -> list[Any]:
+            values = [g for g, version in found if self._is_fresh(version, storage)]
+            self.__dict__.setdefault("_taken", set()).difference_update(values)
+            return values
+
+        return group_taker(
+            storage.group_index, query_condition, self.spec, candidates, learn, fresh
+        )
+
+    def _is_fresh(self, version: Any, storage: Storage) -> bool:
+        if self.max_staleness is None or version is None:
+            return True
+        current = storage.policy_version()
+        return current is None or version >= current - self.max_staleness
+
+    def sample_keys(
+        self, index: dict[str, Any], batch_size: int, rng: np.random.Generator
+    ) -> np.ndarray:
+        raise UnsupportedTypeError("GroupSampler chooses whole groups through choose()")

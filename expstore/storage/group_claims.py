@@ -1,0 +1,103 @@
+"""Claiming whole groups: a group's rows are claimed together or not at all.
+
+A group claim (``buffer.claim(n, order=GroupSampler(...))``) draws candidate groups from
+the sampler's ready groups, locks the rows no other transaction holds, and takes only the
+groups whose every row it could lock and that are still claimable; their entries are
+written in the claim's one transaction. A group another claimer took in part between the
+read and the write (possible only when row claims and group claims share rows) is given
+back in the same transaction, so no claim ever holds part of a group. Groups a claimer
+finds taken are remembered by its sampler and not drawn again; when the sampler's
+candidates run out, the database is asked for the oldest complete groups that are
+claimable now (released, or whose lease ran out), which also brings such groups back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Connection
+
+from .base import QueryCondition
+from .claims import ClaimQueue, GroupTaker, unblocked
+from .groups import GroupIndex, GroupSpec
+
+__all__ = ["group_taker"]
+
+#: Rounds of candidate groups drawn before asking the database for claimable ones.
+_ROUNDS = 4
+
+
+#: A group as a claim handles it: its value and its rows' keys.
+Group = tuple[Any, np.ndarray]
+
+
+def group_taker(
+    index: GroupIndex,
+    query_condition: QueryCondition,
+    spec: GroupSpec,
+    candidates: Callable[[int], list[Group]],
+    learn: Callable[[list[Any]], None],
+    fresh: Callable[[list[Any]], list[Any]],
+) -> GroupTaker:
+    """A :data:`~expstore.storage.claims.GroupTaker` for groups of ``spec``.
+
+    ``candidates(m)``: up to m ready groups the sampler has not seen taken; ``learn(values)``:
+    these groups are taken now (by this claim or another); ``fresh(rows)``: which of the
+    (group value, oldest version) rows the database found claimable may be drawn."""
+    size = spec.size
+
+    def take(
+        queue: ClaimQueue,
+        conn: Connection,
+        n: int,
+        now: Any,
+        entry: dict[str, Any],
+        stamps: list[float],
+    ) -> list[int]:
+        want = n // size
+        taken: list[Group] = []
+        for _ in range(_ROUNDS):
+            need = want - len(taken)
+            if need <= 0:
+                return _flat(taken)
+            drawn = [g for g in candidates(2 * need) if len(g[1]) == size]
+            if not drawn:
+                break
+            taken += _take_whole(queue, conn, drawn, need, entry, stamps)
+            learn([value for value, _ in drawn])
+        need = want - len(taken)
+        if need > 0:
+            found = index.claimable(conn, query_condition, spec, unblocked(now), 4 * need)
+            values = fresh(found)[: 2 * need]
+            keys = index.keys(query_condition, spec, values, conn=conn)
+            groups = [(v, k) for v, k in zip(values, keys, strict=True) if len(k) == size]
+            taken += _take_whole(queue, conn, groups, need, entry, stamps)
+            learn([value for value, _ in groups])
+        return _flat(taken)
+
+    return take
+
+
+def _take_whole(
+    queue: ClaimQueue,
+    conn: Connection,
+    groups: list[Group],
+    need: int,
+    entry: dict[str, Any],
+    stamps: list[float],
+) -> list[Group]:
+    """Claim up to ``need`` of ``groups`` whole; returns those taken."""
+    free = set(queue.lock_free(conn, _flat(groups), entry["claimed_at"]))
+    whole = [g for g in groups if free.issuperset(g[1].tolist())][:need]
+    entered = set(queue.enter(conn, _flat(whole), entry, stamps))
+    complete = [g for g in whole if entered.issuperset(g[1].tolist())]
+    done = {id(g) for g in complete}
+    partial = [k for g in whole if id(g) not in done for k in g[1].tolist() if k in entered]
+    queue.give_back(conn, partial, entry["claim_id"])
+    return complete
+
+
+def _flat(groups: list[Group]) -> list[int]:
+    return [int(k) for _, keys in groups for k in keys]

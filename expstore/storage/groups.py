@@ -1,0 +1,278 @@
+"""Groups of rows (GRPO: all rollouts of one prompt), summarised in SQL and cached.
+
+:class:`GroupIndex` keeps, per (condition, group spec), one entry per group of the matching
+rows: its key value, how many rows it has (counting its first ``size`` rows by insertion,
+the rows a group sampler returns), its version (the oldest ``policy_version`` among them),
+whether the spec's group condition holds over them, and its first key. The statistics are
+computed by the database (``GROUP BY`` over ``row_number() OVER (PARTITION BY ...)``), never
+by loading the groups' rows into Python, and brought up to date like the key index
+(:mod:`expstore.storage.key_index`): at the same signature as they are; after inserts, only
+the groups the new rows belong to are summarised again; after FIFO eviction, the groups
+that lost rows too; after any other change, all.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+from sqlalchemy import Connection, bindparam, case, func, literal, or_, select
+from sqlalchemy.sql.elements import ColumnElement
+
+from ..query.fields import resolve_field
+from ..query.groups import GroupCondition
+from .base import QueryCondition
+from .handle import BufferHandle
+from .key_index import KeyIndex, Signature, condition_key
+from .schema import rows
+
+__all__ = ["GroupIndex", "GroupSpec"]
+
+Arrays = dict[str, Any]
+
+
+class GroupSpec(NamedTuple):
+    """How rows form groups: by the value at ``group_by`` (a column or a payload path),
+    ``size`` rows each, kept when ``having`` (if any) holds over them."""
+
+    group_by: str
+    size: int
+    having: GroupCondition | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.group_by}|{self.size}|{self.having}"
+
+
+class _Entry(NamedTuple):
+    signature: Signature
+    arrays: Arrays
+    positions: dict[Any, int]
+
+
+class GroupIndex:
+    """The cached group summaries of one buffer."""
+
+    CAPACITY = 8
+
+    def __init__(self, handle: BufferHandle, index: KeyIndex) -> None:
+        self.handle = handle
+        self.index = index
+        self.entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
+        #: Groups summarised so far, to see what refreshing costs.
+        self.groups_read = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "entries": OrderedDict()}
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+    # -- statements ----------------------------------------------------------------------
+    def _group_column(self, spec: GroupSpec) -> ColumnElement[Any]:
+        path = resolve_field(spec.group_by)
+        if path.column is not None:
+            return rows.c[path.column.name]
+        return self.handle.dialect.json_text(path)
+
+    def _ranked(
+        self,
+        query_condition: QueryCondition,
+        spec: GroupSpec,
+        *where: Any,
+        extra_columns: Sequence[Any] = (),
+    ) -> Any:
+        """The matching rows with their group value and rank within the group."""
+        group = self._group_column(spec)
+        read = sorted(spec.having.columns) if spec.having is not None else []
+        rank = func.row_number().over(partition_by=group, order_by=rows.c.key)
+        return (
+            select(
+                group.label("g"),
+                rows.c.key,
+                rows.c.policy_version,
+                *(rows.c[name] for name in read if name != "policy_version"),
+                rank.label("rn"),
+                *extra_columns,
+            )
+            .where(*self.handle.where(query_condition), group.is_not(None), *where)
+            .subquery("ranked")
+        )
+
+    def _summaries(
+        self, conn: Connection, query_condition: QueryCondition, spec: GroupSpec, *where: Any
+    ) -> list[Any]:
+        ranked = self._ranked(query_condition, spec, *where)
+        passes: Any = literal(True)
+        if spec.having is not None:
+            held = spec.having.to_sql({c.name: c for c in ranked.c})
+            passes = case((held, literal(True)), else_=literal(False))
+        stmt = (
+            select(
+                ranked.c.g,
+                func.count().label("n"),
+                func.min(ranked.c.policy_version).label("version"),
+                passes.label("passes"),
+                func.min(ranked.c.key).label("first"),
+            )
+            .where(ranked.c.rn <= spec.size)
+            .group_by(ranked.c.g)
+        )
+        found = list(conn.execute(stmt).all())
+        self.groups_read += len(found)
+        return found
+
+    # -- reading -------------------------------------------------------------------------
+    def get(self, query_condition: QueryCondition, spec: GroupSpec) -> Arrays:
+        """Arrays over the groups: ``group`` (values), ``size`` (rows, up to spec.size),
+        ``version`` (oldest policy_version, NaN for none), ``passes`` (the group condition
+        holds), ``first`` (first key); and ``current_version``, the buffer's policy version."""
+        cache_key = (condition_key(query_condition), spec.key)
+        with self.handle.errors("summarise groups"), self.handle.read() as conn:
+            signature, current = self.index.state(conn)
+            cached = self.entries.get(cache_key)
+            if cached is not None:
+                self.entries.move_to_end(cache_key)
+            if cached is None or cached.signature.version != signature.version:
+                entry = self._full(conn, query_condition, spec, signature)
+            elif cached.signature[:3] != signature[:3]:
+                entry = self._refresh(conn, query_condition, spec, signature, cached)
+            else:
+                entry = cached
+        self.entries[cache_key] = entry
+        while len(self.entries) > self.CAPACITY:
+            self.entries.popitem(last=False)
+        return {**entry.arrays, "current_version": current}
+
+    def _full(
+        self,
+        conn: Connection,
+        query_condition: QueryCondition,
+        spec: GroupSpec,
+        signature: Signature,
+    ) -> _Entry:
+        found = self._summaries(conn, query_condition, spec, rows.c.key <= signature.max_key)
+        arrays = _arrays(found)
+        positions = {g: i for i, g in enumerate(arrays["group"].tolist())}
+        return _Entry(signature, arrays, positions)
+
+    def _refresh(
+        self,
+        conn: Connection,
+        query_condition: QueryCondition,
+        spec: GroupSpec,
+        signature: Signature,
+        cached: _Entry,
+    ) -> _Entry:
+        """Summarise again the groups with new rows, and those FIFO eviction took rows of."""
+        arrays = cached.arrays
+        group = self._group_column(spec)
+        new_rows = select(group).where(
+            *self.handle.where(query_condition),
+            rows.c.key > cached.signature.max_key,
+            rows.c.key <= signature.max_key,
+        )
+        lost = arrays["group"][(arrays["first"] < signature.min_key) & (arrays["size"] > 0)]
+        touched: Any = group.in_(new_rows.scalar_subquery())
+        if len(lost):
+            lost_values: Any = bindparam("lost", lost.tolist(), expanding=True)
+            touched = or_(touched, group.in_(lost_values))
+        found = self._summaries(
+            conn, query_condition, spec, touched, rows.c.key <= signature.max_key
+        )
+        if not found and not len(lost):
+            return _Entry(signature, arrays, cached.positions)
+        update = _arrays(found)
+        positions = dict(cached.positions)
+        columns = {name: value.copy() for name, value in arrays.items()}
+        for g in lost.tolist():  # a group evicted whole is not found again: empty it
+            columns["size"][positions[g]] = 0
+        appended: list[int] = []
+        for i, g in enumerate(update["group"].tolist()):
+            at = positions.get(g)
+            if at is None:
+                positions[g] = len(positions)
+                appended.append(i)
+            else:
+                for name in columns:
+                    columns[name][at] = update[name][i]
+        if appended:
+            columns = {
+                name: np.concatenate([columns[name], update[name][appended]]) for name in columns
+            }
+        for value in columns.values():
+            value.flags.writeable = False
+        return _Entry(signature, columns, positions)
+
+    def claimable(
+        self,
+        conn: Connection,
+        query_condition: QueryCondition,
+        spec: GroupSpec,
+        free: ColumnElement[bool],
+        limit: int,
+    ) -> list[Any]:
+        """Up to ``limit`` complete groups, oldest first, whose rows all satisfy ``free``
+        (claimable now) and that pass the spec's condition: (group value, oldest version)."""
+        ranked = self._ranked(query_condition, spec, extra_columns=[free.label("free")])
+        held: Any = ranked.c.free
+        conditions = [func.count() == spec.size, func.min(case((held, 1), else_=0)) == 1]
+        if spec.having is not None:
+            conditions.append(spec.having.to_sql({c.name: c for c in ranked.c}))
+        stmt = (
+            select(ranked.c.g, func.min(ranked.c.policy_version))
+            .where(ranked.c.rn <= spec.size)
+            .group_by(ranked.c.g)
+            .having(*conditions)
+            .order_by(func.min(ranked.c.key))
+            .limit(limit)
+        )
+        return list(conn.execute(stmt).all())
+
+    def keys(
+        self,
+        query_condition: QueryCondition,
+        spec: GroupSpec,
+        groups: Sequence[Any],
+        *,
+        conn: Connection | None = None,
+    ) -> list[np.ndarray]:
+        """The keys of the first ``spec.size`` matching rows of each group (in insertion
+        order), group by group as given; a group's array is shorter if rows went."""
+        if not len(groups):
+            return []
+        group = self._group_column(spec)
+        ranked = self._ranked(
+            query_condition, spec, group.in_(bindparam("groups", list(groups), expanding=True))
+        )
+        stmt = (
+            select(ranked.c.g, ranked.c.key)
+            .where(ranked.c.rn <= spec.size)
+            .order_by(ranked.c.g, ranked.c.key)
+        )
+        if conn is not None:
+            found = conn.execute(stmt).all()
+        else:
+            with self.handle.errors("read group rows"), self.handle.read() as read:
+                found = read.execute(stmt).all()
+        per: dict[Any, list[int]] = {}
+        for g, key in found:
+            per.setdefault(g, []).append(int(key))
+        return [np.asarray(per.get(g, ()), dtype=np.int64) for g in groups]
+
+
+def _arrays(found: Sequence[Any]) -> Arrays:
+    columns = list(zip(*found, strict=True)) if found else [()] * 5
+    group, size, version, passes, first = columns
+    out = {
+        "group": np.array(group, dtype=object),
+        "size": np.array(size, dtype=np.int64),
+        "version": np.array(version, dtype=np.float64),
+        "passes": np.array([bool(p) for p in passes], dtype=bool),
+        "first": np.array(first, dtype=np.int64),
+    }
+    for value in out.values():
+        value.flags.writeable = False
+    return out
