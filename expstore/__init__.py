@@ -41,6 +41,7 @@ from .io import export_rows, import_rows
 from .models import DataRow, Experience, ExpMeta
 from .query import Condition, QueryBuilder
 from .query.groups import GroupCondition, GroupStat
+from .rate_limit import RateLimiter, RateLimitStats
 from .samplers import (
     GroupSampler,
     KeySampler,
@@ -99,7 +100,9 @@ __all__ = [
     "QueryError",
     "RandomTaskSample",
     "RandomTaskSampler",
+    "RateLimitStats",
     "RateLimitedError",
+    "RateLimiter",
     "RecencySampler",
     "ReplayBuffer",
     "RetentionConflictError",

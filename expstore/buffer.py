@@ -22,6 +22,7 @@ from .converters.base import Converter, as_converter
 from .converters.default import DefaultConverter
 from .errors import UnknownConsumerError, UnsupportedTypeError
 from .models import DataRow
+from .rate_limit import RateLimiter, RateLimitStats
 from .samplers.base import Sampler, TaskSampler, as_sampler
 from .samplers.random_task import RandomTaskSampler
 from .samplers.uniform import UniformSampler
@@ -295,6 +296,23 @@ class ReplayBuffer:
         """Queue depth over the matching rows: unclaimed, leased, expired, consumed, and
         per consumer."""
         return self.storage.claims.stats(query_condition)
+
+    # -- rate limits (expstore.rate_limit) -----------------------------------------------
+    def set_rate_limiter(self, limiter: RateLimiter | None) -> None:
+        """Limit sampling (and, with ``block_writers``, writing) of this buffer for every
+        process, as Reverb's rate limiters: ``RateLimiter(min_size=..., samples_per_insert=
+        ..., error_buffer=...)``; None removes the limit. Setting the limit the buffer
+        already has keeps its counters, so a restarted trainer resumes its budget."""
+        self.storage.rate_limits.set(limiter)
+
+    def rate_limiter(self) -> RateLimiter | None:
+        """The buffer's rate limit (None: none)."""
+        return self.storage.rate_limits.limiter()
+
+    def rate_limit_stats(self) -> RateLimitStats | None:
+        """What the rate limit counted (inserted, sampled) and whether a sample or a write
+        could go now; None without a limit."""
+        return self.storage.rate_limits.stats()
 
     # -- lifecycle -----------------------------------------------------------------------
     def close(self) -> None:

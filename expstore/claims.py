@@ -228,7 +228,14 @@ def claim_rows(
                     f"no row became claimable within {wait_s} s; check that actors are "
                     "writing (and match the condition), or wait longer"
                 ) from None
-    claimed = queue.claim(n, scope, consumer, lease, candidates, groups)
+    counted, _ = storage.acquire_samples(n)  # the buffer's rate limit, if any
+    try:
+        claimed = queue.claim(n, scope, consumer, lease, candidates, groups)
+    except BaseException:
+        storage.refund_samples(counted)
+        raise
+    if counted:
+        storage.refund_samples(counted - len(claimed.keys))
     fetched = storage.fetch(claimed.keys, builder.paths, writable=not builder.copies_arrays)
     info = SampleInfo(claimed.keys, list(fetched.ids))
     batch = builder.attach_info(builder.build(fetched), info)

@@ -14,6 +14,7 @@ returns rows from its own ``sample()`` brings its rows in step 1 instead of keys
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -89,30 +90,61 @@ def draw(
 
     A sampler with ``consume_after=k`` chooses through :func:`_choose_consuming`: no row is
     ever returned more than k times in all, by every process together.
+
+    Under a rate limit (:mod:`expstore.rate_limit`) the batch is counted before it is
+    fetched, waiting while the budget is spent (RateLimitedError after the limiter's
+    timeout); rows chosen but not returned are given back.
     """
     batch_size = check_batch_size(batch_size)
     deleted = 0
-    while True:
-        if getattr(sampler, "consume_after", None) is not None:
-            choice = _choose_consuming(storage, sampler, batch_size, query_condition)
-        else:
-            choice = sampler.choose(storage, batch_size, query_condition)
-        if choice.rows is not None:
-            fetched = Fetched([row.id for row in choice.rows], rows=choice.rows)
-            break
-        fetched = storage.fetch(choice.keys, paths, writable=writable)
-        if len(fetched.ids) == len(choice.keys):
-            break
-        deleted += 1
-        if deleted == FETCH_ATTEMPTS:
-            if sampler.weighs_rows:
-                raise StorageError(
-                    f"{type(sampler).__name__}: rows chosen from the index kept being deleted "
-                    f"before they could be fetched ({FETCH_ATTEMPTS} attempts); another "
-                    "process is deleting or evicting faster than this sampler reads. Retry "
-                    "the call"
-                )
-            break
+    started = time.monotonic()
+    counted: int | None = None
+    try:
+        while True:
+            try:
+                if getattr(sampler, "consume_after", None) is not None:
+                    choice = _choose_consuming(storage, sampler, batch_size, query_condition)
+                else:
+                    choice = sampler.choose(storage, batch_size, query_condition)
+            except EmptyBufferError:
+                if counted is not None:
+                    raise
+                # Under a rate limit an empty buffer is one below its min_size: wait for
+                # the budget as Reverb does, then choose again.
+                counted, waited = storage.acquire_samples(batch_size, since=started)
+                if waited:
+                    continue
+                raise
+            if counted is None:
+                # The buffer's rate limit (if any) counts the batch before it is fetched; a
+                # batch that had to wait is chosen again, from the buffer as it is now.
+                size = len(choice.keys) if choice.rows is None else len(choice.rows)
+                counted, waited = storage.acquire_samples(size, since=started)
+                if waited:
+                    continue
+            if choice.rows is not None:
+                fetched = Fetched([row.id for row in choice.rows], rows=choice.rows)
+                break
+            fetched = storage.fetch(choice.keys, paths, writable=writable)
+            if len(fetched.ids) == len(choice.keys):
+                break
+            deleted += 1
+            if deleted == FETCH_ATTEMPTS:
+                if sampler.weighs_rows:
+                    raise StorageError(
+                        f"{type(sampler).__name__}: rows chosen from the index kept being deleted "
+                        f"before they could be fetched ({FETCH_ATTEMPTS} attempts); another "
+                        "process is deleting or evicting faster than this sampler reads. Retry "
+                        "the call"
+                    )
+                break
+
+    except BaseException:
+        if counted:  # nothing drawn: the count goes back
+            storage.refund_samples(counted)
+        raise
+    if counted:
+        storage.refund_samples(counted - len(fetched.ids))
     return fetched, sampler.describe(choice, fetched.ids)
 
 

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ..query import Condition
     from .claims import ClaimQueue
     from .groups import GroupIndex, GroupSpec
+    from .rate_limits import RateLimits
 
     QueryCondition = Condition | dict[str, Any] | None
 else:
@@ -186,6 +187,23 @@ class Storage(ABC):
         raise UnsupportedTypeError(
             f"{type(self).__name__} does not count draws (consume_after); use SqlStorage"
         )
+
+    @property
+    def rate_limits(self) -> RateLimits:
+        """The buffer's rate limit (see :mod:`expstore.rate_limit`)."""
+        raise UnsupportedTypeError(
+            f"{type(self).__name__} does not keep rate limits; use SqlStorage"
+        )
+
+    def acquire_samples(self, n: int, since: float | None = None) -> tuple[int, bool]:
+        """Count ``n`` samples against the buffer's rate limit, waiting while it is spent;
+        returns (samples counted, whether it waited). A storage without rate limits counts
+        nothing (see :mod:`expstore.rate_limit`)."""
+        return 0, False
+
+    def refund_samples(self, n: int) -> None:
+        """Give back ``n`` counted samples that were not drawn."""
+        return None
 
     def groups(self, query_condition: QueryCondition, spec: GroupSpec) -> dict[str, Any]:
         """Summaries of the groups of matching rows (see :mod:`expstore.storage.groups`)."""

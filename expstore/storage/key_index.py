@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -34,6 +34,7 @@ from .base import QueryCondition
 from .dialects import Dialect
 from .handle import BufferHandle
 from .priorities import logged_priorities
+from .rate_limits import limited_flag
 from .schema import buffers, newest_first, oldest_first, rows
 
 __all__ = ["KeyIndex", "Signature"]
@@ -116,6 +117,9 @@ class KeyIndex:
         self.entries: OrderedDict[tuple[str, tuple[str, ...]], Entry] = OrderedDict()
         #: Rows fetched from the database so far, to see what refreshing costs.
         self.rows_read = 0
+        #: Told at each freshness check whether the buffer has a rate limit (read in the
+        #: same round trip; see :mod:`expstore.storage.rate_limits`).
+        self.on_limit: Callable[[bool], None] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "entries": OrderedDict()}
@@ -139,19 +143,20 @@ class KeyIndex:
             version = select(buffers.c.version).where(this).scalar_subquery()
             priority_version = select(buffers.c.priority_version).where(this).scalar_subquery()
             policy_version = select(buffers.c.policy_version).where(this).scalar_subquery()
-            return select(max_key, version, min_key, priority_version, policy_version)
+            limited = limited_flag(buffer_id)
+            return select(max_key, version, min_key, priority_version, policy_version, limited)
 
-        ((key, version, smallest, priority_version, policy_version),) = self.handle.statement(
-            ("signature",), build
-        ).run(conn)
+        ((key, version, smallest, priority_version, policy_version, limited),) = (
+            self.handle.statement(("signature",), build).run(conn)
+        )
+        if self.on_limit is not None:
+            self.on_limit(bool(limited))
         signature = Signature(
             int(key or 0), int(version or 0), int(smallest or 0), int(priority_version or 0)
         )
         return signature, None if policy_version is None else int(policy_version)
 
-    def get(
-        self, requests: Sequence[tuple[QueryCondition, Sequence[str]]]
-    ) -> list[dict[str, Any]]:
+    def get(self, requests: Sequence[tuple[QueryCondition, Sequence[str]]]) -> list[dict[str, Any]]:
         """The index for each ``(condition, columns)``, all at one signature, read in one
         connection. An index with ``policy_version`` also holds ``"current_version"``: the
         buffer's current policy version (None: never set), read in the same round trip."""

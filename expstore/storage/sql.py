@@ -12,6 +12,7 @@ The storage is a thin front over one module per role, which a reader can find by
 - :mod:`~expstore.storage.fetch`: a few fields of chosen rows;
 - :mod:`~expstore.storage.priorities`: stored priorities and their log;
 - :mod:`~expstore.storage.versions`: the current policy version and what is stale;
+- :mod:`~expstore.storage.rate_limits`: rate limits and their counters;
 - :mod:`~expstore.storage.key_index`: the cached key arrays samplers choose from;
 - :mod:`~expstore.storage.groups`: group summaries (GRPO groups), and
   :mod:`~expstore.storage.group_claims`: claiming whole groups.
@@ -44,6 +45,7 @@ from .fetch import FieldFetcher
 from .groups import GroupIndex, GroupSpec
 from .handle import BufferHandle
 from .key_index import KeyIndex
+from .rate_limits import RateLimits
 from .reader import RowReader
 from .schema import rows
 
@@ -90,6 +92,8 @@ class SqlStorage(Storage):
         self._index = KeyIndex(handle)
         self._claims = ClaimQueue(handle)
         self._groups = GroupIndex(handle, self._index)
+        self._limits = RateLimits(handle)
+        self._index.on_limit = self._limits.observe
         handle.connections.on_fork.append(self._index.clear)
         handle.connections.on_fork.append(self._groups.clear)
         handle.connections.on_fork.append(self._claims.clear)
@@ -119,6 +123,20 @@ class SqlStorage(Storage):
 
     def count_draws(self, keys: np.ndarray, limit: int) -> np.ndarray:
         return draw_counts.count_draws(self._handle, keys, limit)
+
+    @property
+    def rate_limits(self) -> RateLimits:
+        """The buffer's rate limit (see :mod:`expstore.storage.rate_limits`)."""
+        return self._limits
+
+    def acquire_samples(self, n: int, since: float | None = None) -> tuple[int, bool]:
+        limits = self._limits
+        before = limits.waits
+        counted = limits.acquire(n, since)
+        return counted, limits.waits != before
+
+    def refund_samples(self, n: int) -> None:
+        self._limits.refund(n)
 
     @property
     def group_index(self) -> GroupIndex:

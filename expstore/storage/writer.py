@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +44,7 @@ from ..layout import (
 from ..models import DataRow
 from .dialects import WRITE_COLUMNS
 from .handle import BufferHandle
+from .rate_limits import RateLimits, WriteBlocked, limited_flag
 from .registry import count_inserted, evict_beyond, lock_buffer
 from .schema import buffers
 
@@ -128,6 +130,19 @@ def store_batch(handle: BufferHandle, rows: Sequence[DataRow]) -> tuple[int | No
     """Store every row in one transaction, or none; returns the buffer's retention as the
     write found it (capacity, eviction)."""
     batch = prepare(rows)
+    started, pause = time.monotonic(), 0.002
+    while True:
+        try:
+            capacity, policy = _write(handle, batch)
+            break
+        except WriteBlocked as blocked:  # rolled back: wait for samplers, then again
+            pause = RateLimits(handle).wait_to_write(blocked, started, pause)
+    handle.dialect.wrote(handle.connections.engine, handle.buffer_id, len(batch))
+    return (None if capacity is None else int(capacity)), policy
+
+
+def _write(handle: BufferHandle, batch: list[DataRow]) -> tuple[Any, str]:
+    """One attempt at the write transaction; returns the retention it found."""
     with handle.errors("store rows"):
         try:
             with handle.write() as conn:
@@ -135,8 +150,16 @@ def store_batch(handle: BufferHandle, rows: Sequence[DataRow]) -> tuple[int | No
                 # it). Writers of a buffer take turns on its row, so keys are handed out
                 # in commit order (readers' cached key indexes only ever need the keys
                 # above the largest they saw) and a capacity stays exact.
-                capacity, policy = lock_buffer(handle, conn, buffers.c.capacity, buffers.c.eviction)
+                capacity, policy, limited = lock_buffer(
+                    handle,
+                    conn,
+                    buffers.c.capacity,
+                    buffers.c.eviction,
+                    limited_flag(handle.buffer_id),
+                )
                 policy = policy or "fifo"
+                if limited:  # exact: the samples counted only grow meanwhile
+                    RateLimits(handle).check_write(conn, len(batch))
                 handle.dialect.insert_rows(conn, _encoded_chunks(handle, batch))
                 count_inserted(handle, conn, len(batch))
                 evict_beyond(handle, conn, capacity, policy)
@@ -152,8 +175,7 @@ def store_batch(handle: BufferHandle, rows: Sequence[DataRow]) -> tuple[int | No
             if duplicate is None:
                 raise  # not a duplicate id: reported as the database said it
             raise duplicate from exc
-        handle.dialect.wrote(handle.connections.engine, handle.buffer_id, len(batch))
-    return (None if capacity is None else int(capacity)), policy
+    return capacity, policy
 
 
 def _encoded_chunks(handle: BufferHandle, batch: list[DataRow]) -> Iterator[list[tuple[Any, ...]]]:

@@ -1,0 +1,219 @@
+"""Rate limits kept with the buffer: one budget for every sampler and writer, in every
+process, surviving restarts; Reverb's MinSize and SampleToInsertRatio semantics."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from expstore import (
+    GroupSampler,
+    RateLimitedError,
+    RateLimiter,
+    ReplayBuffer,
+    UniformSampler,
+)
+from expstore.errors import InvalidArgumentError
+from tests.helpers import make_row, make_rows
+
+
+@pytest.fixture
+def buf(db_url: str, buffer_name: str) -> Iterator[ReplayBuffer]:
+    with ReplayBuffer(db_url, name=buffer_name) as buffer:
+        yield buffer
+
+
+def test_min_size_holds_sampling_until_enough_rows_were_inserted(buf: ReplayBuffer) -> None:
+    buf.set_rate_limiter(RateLimiter(min_size=10, timeout=0.05))
+    buf.store_batch(make_rows(9))
+    with pytest.raises(RateLimitedError, match="9 rows inserted, 0 sampled; min_size=10"):
+        buf.sample(batch_size=4)
+    buf.store(make_row())
+    assert len(buf.sample(batch_size=100)) == 100  # MinSize: no ratio, any amount
+
+
+def test_samples_per_insert_is_a_budget_shared_by_every_handle(
+    db_url: str, buffer_name: str
+) -> None:
+    with ReplayBuffer(db_url, name=buffer_name) as a, ReplayBuffer(db_url, name=buffer_name) as b:
+        a.set_rate_limiter(RateLimiter(min_size=4, samples_per_insert=2.0, timeout=0.05))
+        a.store_batch(make_rows(10))  # budget 20 samples
+        assert len(a.sample(batch_size=8)) == 8
+        assert len(b.sample(batch_size=12)) == 12  # another handle spends the same budget
+        with pytest.raises(RateLimitedError, match="10 rows inserted, 20 sampled"):
+            b.sample(batch_size=1)
+        stats = a.rate_limit_stats()
+        assert stats is not None and (stats.inserted, stats.sampled) == (10, 20)
+        assert not stats.can_sample
+        a.store_batch(make_rows(1))  # two more samples
+        assert len(b.sample(batch_size=2)) == 2
+
+
+def test_a_blocked_sample_waits_for_inserts(buf: ReplayBuffer) -> None:
+    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, timeout=30))
+    buf.store_batch(make_rows(4))
+    buf.sample(batch_size=4)
+    writer = threading.Timer(0.3, lambda: buf.store_batch(make_rows(8)))
+    writer.start()
+    started = time.monotonic()
+    rows = buf.sample(UniformSampler(seed=0), batch_size=8)
+    writer.join()
+    assert len(rows) == 8 and time.monotonic() - started >= 0.25
+    assert buf.storage.rate_limits.waits == 1
+
+
+def test_short_batches_give_back_what_they_did_not_draw(buf: ReplayBuffer) -> None:
+    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, timeout=0.05))
+    for p in range(3):
+        buf.store_batch([make_row(f"p{p}", f"c{i}", reward=float(i)) for i in range(2)])
+    rows = buf.sample(GroupSampler(group_size=2, seed=0), batch_size=4)  # 4 counted
+    assert len(rows) == 4
+    short = buf.sample(GroupSampler(group_size=2, seed=0), batch_size=2)
+    assert len(short) == 2
+    assert buf.rate_limit_stats().sampled == 6  # type: ignore[union-attr]
+
+
+def test_claims_count_against_the_budget_too(buf: ReplayBuffer) -> None:
+    buf.store_batch(make_rows(6))
+    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, timeout=0.05))
+    assert len(buf.claim(4, consumer="c")) == 4
+    with pytest.raises(RateLimitedError):  # budget 2 left: a claim of 4 waits, then raises
+        buf.claim(4, consumer="c")
+    assert len(buf.claim(2, consumer="c")) == 2
+    assert buf.rate_limit_stats().sampled == 6  # type: ignore[union-attr]
+    # A claim that finds fewer rows than it asked for gives the rest back.
+    buf.store_batch(make_rows(4))
+    assert len(buf.claim(4, consumer="c", query_condition=None)) == 4
+    buf.store_batch(make_rows(3))
+    assert len(buf.claim(3, consumer="c")) == 3
+    assert buf.rate_limit_stats().sampled == 13  # type: ignore[union-attr]
+
+
+def test_blocked_writers_wait_for_samplers(buf: ReplayBuffer) -> None:
+    limiter = RateLimiter(
+        min_size=2, samples_per_insert=1.0, error_buffer=4, block_writers=True, timeout=0.1
+    )
+    buf.set_rate_limiter(limiter)  # writers may run max_diff = 6 samples ahead
+    buf.store_batch(make_rows(6))
+    with pytest.raises(RateLimitedError, match="learners are not sampling. Nothing was stored"):
+        buf.store_batch(make_rows(2))
+    assert len(buf) == 6
+    buf.sample(batch_size=3)
+    buf.store_batch(make_rows(2))  # 8 inserted, 3 sampled: 5 <= 6
+    assert len(buf) == 8
+    with pytest.raises(InvalidArgumentError, match="a write of 9 rows can never go"):
+        buf.store_batch(make_rows(9))
+    with pytest.raises(InvalidArgumentError, match="a sample of 9 rows can never go"):
+        buf.sample(batch_size=9)
+    assert len(buf) == 8
+
+
+def test_a_blocked_writer_goes_when_a_learner_samples(buf: ReplayBuffer) -> None:
+    buf.set_rate_limiter(
+        RateLimiter(1, samples_per_insert=1.0, error_buffer=2, block_writers=True, timeout=30)
+    )
+    buf.store_batch(make_rows(3))
+    learner = threading.Timer(0.3, lambda: buf.sample(batch_size=2))
+    learner.start()
+    buf.store_batch(make_rows(2))
+    learner.join()
+    assert len(buf) == 5
+
+
+def test_the_same_limiter_again_keeps_its_counters(db_url: str, buffer_name: str) -> None:
+    limiter = RateLimiter(min_size=1, samples_per_insert=1.0, timeout=0.05)
+    with ReplayBuffer(db_url, name=buffer_name) as first:
+        first.store_batch(make_rows(5))  # rows already there count as inserted
+        first.set_rate_limiter(limiter)
+        first.sample(batch_size=5)
+    with ReplayBuffer(db_url, name=buffer_name) as restarted:
+        restarted.set_rate_limiter(limiter)  # a restarted trainer sets it again
+        with pytest.raises(RateLimitedError):
+            restarted.sample(batch_size=1)
+        assert restarted.rate_limiter() == RateLimiter(1, 1.0, 1.0, timeout=0.05)
+        restarted.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=2.0, timeout=0.05))
+        assert restarted.rate_limit_stats().sampled == 0  # type: ignore[union-attr]
+        assert len(restarted.sample(batch_size=10)) == 10
+        restarted.set_rate_limiter(None)
+        assert restarted.rate_limiter() is None and restarted.rate_limit_stats() is None
+        assert len(restarted.sample(batch_size=100)) == 100
+
+
+def test_a_min_size_beyond_the_capacity_is_refused(db_url: str, buffer_name: str) -> None:
+    with ReplayBuffer(db_url, name=buffer_name, capacity=10) as buffer:
+        with pytest.raises(InvalidArgumentError, match="can never be met"):
+            buffer.set_rate_limiter(RateLimiter(min_size=11))
+        assert buffer.rate_limiter() is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"min_size": 0}, "min_size"),
+        ({"samples_per_insert": 0}, "samples_per_insert"),
+        ({"samples_per_insert": -1.0}, "samples_per_insert"),
+        ({"samples_per_insert": float("inf")}, "samples_per_insert"),
+        ({"samples_per_insert": 4.0, "error_buffer": 2.0}, r"error_buffer must be at least .* = 4"),
+        ({"error_buffer": 2.0}, "give samples_per_insert too"),
+        ({"block_writers": True}, "give samples_per_insert"),
+        ({"timeout": -1}, "timeout"),
+    ],
+)
+def test_bad_limits_are_refused(kwargs, match) -> None:
+    with pytest.raises(InvalidArgumentError, match=match):
+        RateLimiter(**kwargs)
+
+
+def test_set_rate_limiter_takes_a_limiter(buf: ReplayBuffer) -> None:
+    with pytest.raises(InvalidArgumentError, match="RateLimiter or None"):
+        buf.set_rate_limiter({"min_size": 3})  # type: ignore[arg-type]
+
+
+def test_concurrent_samplers_never_exceed_the_budget(db_url: str, buffer_name: str) -> None:
+    with ReplayBuffer(db_url, name=buffer_name) as setup:
+        setup.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, timeout=0.2))
+    drawn: list[int] = []
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def sampler(i: int) -> None:
+        with ReplayBuffer(db_url, name=buffer_name) as buffer:
+            while not done.is_set():
+                try:
+                    drawn.append(len(buffer.sample(UniformSampler(seed=i), batch_size=3)))
+                except RateLimitedError:
+                    pass
+                except BaseException as exc:  # noqa: BLE001 - reported below
+                    errors.append(exc)
+                    return
+
+    threads = [threading.Thread(target=sampler, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    with ReplayBuffer(db_url, name=buffer_name) as writer:
+        for _ in range(30):
+            writer.store_batch(make_rows(2))
+            time.sleep(0.01)
+        time.sleep(0.5)
+        done.set()
+        for t in threads:
+            t.join()
+        stats = writer.rate_limit_stats()
+    assert not errors
+    assert stats is not None and stats.inserted == 60
+    assert sum(drawn) == stats.sampled <= 60  # never a sample beyond the budget
+    assert stats.sampled >= 57  # and the samplers used it (within one batch)
+
+
+def test_an_empty_limited_buffer_waits_instead_of_raising_empty(buf: ReplayBuffer) -> None:
+    buf.set_rate_limiter(RateLimiter(min_size=2, timeout=0.05))
+    with pytest.raises(RateLimitedError, match="0 rows inserted"):
+        buf.sample(batch_size=2)
+    writer = threading.Timer(0.2, lambda: buf.store_batch(make_rows(2)))
+    writer.start()
+    buf.set_rate_limiter(RateLimiter(min_size=2, timeout=30))
+    assert len(buf.sample(batch_size=2)) == 2
+    writer.join()
