@@ -75,13 +75,20 @@ class ReplayBuffer:
         self.storage: Storage = storage
 
     # -- writing -------------------------------------------------------------------------
-    def store(self, row: DataRow) -> None:
-        """Store one row."""
-        self.storage.store(row)
+    def store(self, row: DataRow, *, dedup: str | None = None) -> int:
+        """Store one row; returns 1 (0 when ``dedup="skip"`` found its content stored)."""
+        return self.storage.store(row, dedup=dedup)
 
-    def store_batch(self, rows: Sequence[DataRow]) -> None:
-        """Store every row in one transaction: all are validated first; all or none land."""
-        self.storage.store_batch(rows)
+    def store_batch(self, rows: Sequence[DataRow], *, dedup: str | None = None) -> int:
+        """Store every row in one transaction: all are validated first; all or none land.
+        Returns how many rows were stored.
+
+        ``dedup="skip"`` leaves out rows whose content (everything but the id and
+        execute_time) a row of the buffer already holds, or an earlier row of the batch
+        repeats, checked in the write's transaction so concurrent writers store a rollout
+        once; ``"error"`` stores nothing and raises DuplicateContentError instead. Skipped:
+        ``len(rows) - stored``."""
+        return self.storage.store_batch(rows, dedup=dedup)
 
     def delete(self, query_condition: QueryCondition) -> int:
         """Delete the matching rows; returns how many went."""

@@ -20,7 +20,9 @@ too::
     ├── EmptyBufferError          nothing matches what a sampler was asked for (ValueError)
     ├── SchemaVersionError        the database schema is older or newer than this library
     ├── StorageError              the database refused or failed an operation
-    │   └── DuplicateIdError          a row id is already stored, or given twice (ValueError)
+    │   ├── DuplicateIdError          a row id is already stored, or given twice (ValueError)
+    │   └── DuplicateContentError     with dedup="error": a row's content is already stored
+    │                                 (ValueError)
     ├── ClaimError                a claim cannot be acked, released or renewed as asked
     │   ├── LeaseExpiredError         its lease ran out and another consumer claimed rows
     │   ├── ClaimOwnerError           it belongs to another consumer
@@ -46,6 +48,7 @@ __all__ = [
     "ClaimFinishedError",
     "ClaimOwnerError",
     "CodecError",
+    "DuplicateContentError",
     "DuplicateIdError",
     "EmptyBufferError",
     "ExpstoreError",
@@ -108,6 +111,11 @@ class StorageError(ExpstoreError):
 
 class DuplicateIdError(StorageError, ValueError):
     """A row id is already stored in the buffer, or appears twice in one batch."""
+
+
+class DuplicateContentError(StorageError, ValueError):
+    """With ``dedup="error"``: a row's content is already stored in the buffer, or repeated
+    in the batch."""
 
 
 class QueryError(ExpstoreError, ValueError):

@@ -59,14 +59,15 @@ class Storage(ABC):
 
     # -- writing -------------------------------------------------------------------------
     @abstractmethod
-    def store_batch(self, rows: Sequence[DataRow]) -> None:
-        """Store every row, or none of them."""
+    def store_batch(self, rows: Sequence[DataRow], *, dedup: str | None = None) -> int:
+        """Store every row, or none of them; returns how many were stored (fewer with
+        ``dedup="skip"``: rows whose content was already stored are left out)."""
 
-    def store(self, row: DataRow) -> None:
-        """Store one row."""
+    def store(self, row: DataRow, *, dedup: str | None = None) -> int:
+        """Store one row; returns 1, or 0 if ``dedup="skip"`` left it out."""
         if row is None:
             raise InvalidArgumentError("store() needs a DataRow, got None")
-        self.store_batch([row])
+        return self.store_batch([row], dedup=dedup)
 
     @abstractmethod
     def delete(self, query_condition: QueryCondition) -> int:

@@ -162,14 +162,15 @@ class SqlStorage(Storage):
         return self._fields
 
     # -- writing -------------------------------------------------------------------------
-    def store_batch(self, rows_: Sequence[DataRow]) -> None:
-        """Store every row in one transaction, or none.
+    def store_batch(self, rows_: Sequence[DataRow], *, dedup: str | None = None) -> int:
+        """Store every row in one transaction, or none; returns how many were stored.
 
         Rows are checked, encoded and written in chunks inside that transaction, so memory
         stays small; any failure (a value the codec or the model refuses, a duplicate id)
-        rolls it all back.
+        rolls it all back. ``dedup``: see :mod:`expstore.storage.dedup`.
         """
-        self.capacity, self.eviction = writer.store_batch(self._handle, rows_)
+        self.capacity, self.eviction, stored = writer.store_batch(self._handle, rows_, dedup)
+        return stored
 
     def delete(self, query_condition: QueryCondition) -> int:
         """Delete the matching rows and return how many went. ``None`` is refused: use clear()."""

@@ -42,6 +42,7 @@ from ..layout import (
     ColumnSpec,
 )
 from ..models import DataRow
+from .dedup import check_dedup, without_duplicates
 from .dialects import WRITE_COLUMNS
 from .handle import BufferHandle
 from .rate_limits import RateLimits, WriteBlocked, limited_flag
@@ -126,23 +127,28 @@ def prepare(batch: Sequence[DataRow]) -> list[DataRow]:
     return prepared
 
 
-def store_batch(handle: BufferHandle, rows: Sequence[DataRow]) -> tuple[int | None, str]:
+def store_batch(
+    handle: BufferHandle, rows: Sequence[DataRow], dedup: str | None = None
+) -> tuple[int | None, str, int]:
     """Store every row in one transaction, or none; returns the buffer's retention as the
-    write found it (capacity, eviction)."""
+    write found it (capacity, eviction) and how many rows were stored (see
+    :mod:`expstore.storage.dedup` for ``dedup``)."""
+    dedup = check_dedup(dedup)
     batch = prepare(rows)
     started, pause = time.monotonic(), 0.002
     while True:
         try:
-            capacity, policy = _write(handle, batch)
+            capacity, policy, stored = _write(handle, batch, dedup)
             break
         except WriteBlocked as blocked:  # rolled back: wait for samplers, then again
             pause = RateLimits(handle).wait_to_write(blocked, started, pause)
-    handle.dialect.wrote(handle.connections.engine, handle.buffer_id, len(batch))
-    return (None if capacity is None else int(capacity)), policy
+    handle.dialect.wrote(handle.connections.engine, handle.buffer_id, stored)
+    return (None if capacity is None else int(capacity)), policy, stored
 
 
-def _write(handle: BufferHandle, batch: list[DataRow]) -> tuple[Any, str]:
-    """One attempt at the write transaction; returns the retention it found."""
+def _write(handle: BufferHandle, batch: list[DataRow], dedup: str | None) -> tuple[Any, str, int]:
+    """One attempt at the write transaction; returns the retention it found and how many
+    rows it stored."""
     with handle.errors("store rows"):
         try:
             with handle.write() as conn:
@@ -158,10 +164,20 @@ def _write(handle: BufferHandle, batch: list[DataRow]) -> tuple[Any, str]:
                     limited_flag(handle.buffer_id),
                 )
                 policy = policy or "fifo"
+                chunks = _encoded_chunks(handle, batch)
+                stored = len(batch)
+                if dedup is not None:  # exact: writers of the buffer take turns
+                    encoded = [row for chunk in chunks for row in chunk]
+                    kept = without_duplicates(handle, conn, encoded, dedup)
+                    stored = len(kept)
+                    chunks = iter(
+                        [kept[i : i + WRITE_CHUNK] for i in range(0, stored, WRITE_CHUNK)]
+                    )
                 if limited:  # exact: the samples counted only grow meanwhile
-                    RateLimits(handle).check_write(conn, len(batch))
-                handle.dialect.insert_rows(conn, _encoded_chunks(handle, batch))
-                count_inserted(handle, conn, len(batch))
+                    RateLimits(handle).check_write(conn, stored)
+                if stored:
+                    handle.dialect.insert_rows(conn, chunks)
+                    count_inserted(handle, conn, stored)
                 evict_beyond(handle, conn, capacity, policy)
         except UnicodeEncodeError as exc:  # a string the row's validation could not see
             text = exc.object[exc.start : exc.end]
@@ -175,7 +191,7 @@ def _write(handle: BufferHandle, batch: list[DataRow]) -> tuple[Any, str]:
             if duplicate is None:
                 raise  # not a duplicate id: reported as the database said it
             raise duplicate from exc
-    return capacity, policy
+    return capacity, policy, stored
 
 
 def _encoded_chunks(handle: BufferHandle, batch: list[DataRow]) -> Iterator[list[tuple[Any, ...]]]:
