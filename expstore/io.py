@@ -5,6 +5,7 @@ tools (``pandas.read_parquet``, ``polars.read_parquet``, Hugging Face
 ``datasets.load_dataset("parquet", ...)``, ``jq``)::
 
     id, task_id, task_name, agent_id, step, execute_time, pre_agent,   -- ExpMeta and the id
+    policy_version,
     reward_t, adv_t, v_t, done,                                         -- scalar columns
     data,     -- state, actions, messages, next_state, ext_info: the codec's JSON document
     tensors   -- the codec's tensor blob (base64 text in JSONL, binary in Parquet), or null

@@ -64,13 +64,14 @@ def print_rows(rows: Sequence[DataRow], *, as_json: bool, title: str | None = No
                 meta.task_id,
                 meta.agent_id,
                 str(meta.step),
+                "" if meta.policy_version is None else str(meta.policy_version),
                 number(data.reward_t),
                 "yes" if data.done else "",
                 content,
             ]
         )
-    headers = ["task_id", "agent_id", "step", "reward", "done", "state / actions"]
-    typer.echo(render_table(headers, cells, right=("step", "reward")))
+    headers = ["task_id", "agent_id", "step", "version", "reward", "done", "state / actions"]
+    typer.echo(render_table(headers, cells, right=("step", "version", "reward")))
 
 
 def query(

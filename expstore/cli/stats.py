@@ -26,7 +26,7 @@ from ._common import (
     where_condition,
 )
 
-_COLUMNS = ("task_id", "agent_id", "step", "reward_t", "execute_time")
+_COLUMNS = ("task_id", "agent_id", "step", "reward_t", "execute_time", "policy_version")
 
 
 class GroupBy(str, Enum):
@@ -81,6 +81,8 @@ def compute_stats(
     index = buffer.storage.key_index(query_condition, _COLUMNS)
     n = len(index["key"])
     out: dict[str, Any] = {"rows": n, "queue": _queue(buffer, query_condition)}
+    out["versions"] = _versions(index)
+    out["rate_limit"] = _rate_limit(buffer)
     if not n:
         out.update(tasks=0, agents=0, steps_per_task=None, reward=_summary(np.zeros(0)))
         out["success_rate"] = None
@@ -119,6 +121,37 @@ def _queue(buffer: ReplayBuffer, query_condition: QueryCondition) -> dict[str, A
         "expired": queue.expired,
         "consumed": queue.consumed,
         "consumers": queue.per_consumer,
+    }
+
+
+def _versions(index: dict[str, Any]) -> dict[str, Any]:
+    """The buffer's current policy version and the matching rows' versions."""
+    versions = index["policy_version"]
+    known = versions[~np.isnan(versions)]
+    current = index.get("current_version")
+    out: dict[str, Any] = {"current": current, "rows_with_one": int(len(known))}
+    if len(known):
+        out["min"], out["max"] = int(known.min()), int(known.max())
+        if current is not None:
+            staleness = np.clip(current - known, 0, None)
+            out["staleness"] = _summary(staleness)
+    return out
+
+
+def _rate_limit(buffer: ReplayBuffer) -> dict[str, Any] | None:
+    stats = buffer.rate_limit_stats()
+    if stats is None:
+        return None
+    limiter = stats.limiter
+    return {
+        "min_size": limiter.min_size,
+        "samples_per_insert": limiter.samples_per_insert,
+        "error_buffer": limiter.error_buffer,
+        "block_writers": limiter.block_writers,
+        "inserted": stats.inserted,
+        "sampled": stats.sampled,
+        "can_sample": stats.can_sample,
+        "can_insert": stats.can_insert,
     }
 
 
@@ -166,6 +199,36 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.0f}%"
 
 
+def _version_lines(versions: dict[str, Any], limit: dict[str, Any] | None) -> list[tuple[str, str]]:
+    lines = []
+    if versions["current"] is not None or versions["rows_with_one"]:
+        current = versions["current"]
+        text = f"current {'not set' if current is None else current}"
+        if versions["rows_with_one"]:
+            span = f"{versions['min']}..{versions['max']}"
+            text += f"; rows {span} ({versions['rows_with_one']} have one)"
+            staleness = versions.get("staleness")
+            if staleness:
+                mean, top = number(staleness["mean"], 1), number(staleness["max"])
+                text += f", staleness mean {mean}, max {top}"
+        lines.append(("policy version", text))
+    if limit is not None:
+        ratio = limit["samples_per_insert"]
+        rule = f"min_size {limit['min_size']}" + (
+            f", {number(ratio)} samples per insert" if ratio is not None else ""
+        )
+        state = "sampling may go" if limit["can_sample"] else "sampling waits"
+        if not limit["can_insert"]:
+            state += ", writers wait"
+        lines.append(
+            (
+                "rate limit",
+                f"{rule}; {limit['inserted']} inserted, {limit['sampled']} sampled ({state})",
+            )
+        )
+    return lines
+
+
 def _print(stats: dict[str, Any], header: str, by: str | None, limit: int) -> None:
     lines = [("rows", str(stats["rows"])), ("tasks", str(stats["tasks"]))]
     lines.append(("agents", str(stats["agents"])))
@@ -190,6 +253,7 @@ def _print(stats: dict[str, Any], header: str, by: str | None, limit: int) -> No
     else:
         lines.append(("reward_t", "no row has one"))
     lines.append(("success rate", _pct(stats["success_rate"]) + " of tasks"))
+    lines += _version_lines(stats["versions"], stats["rate_limit"])
     queue = stats["queue"]
     if queue["leased"] + queue["expired"] + queue["consumed"]:  # only once rows were claimed
         lines.append(

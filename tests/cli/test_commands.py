@@ -210,6 +210,7 @@ def test_query_prints_a_table_and_counts(invoke: Invoke, sqlite_seeded: tuple[st
         "task_id",
         "agent_id",
         "step",
+        "version",
         "reward",
         "done",
         "state",
@@ -541,3 +542,26 @@ def test_export_lineage_writes_each_rows_consumption_record(
     assert len(table) == 10 and {r["task_id"] for r in table} == {"task0"}
     row = next(r for r in table if r["id"] == acked.ids[0])
     assert json.loads(row["checkpoint"]) == {"step": 3}
+
+
+def test_stats_shows_the_policy_version_and_rate_limit(invoke: Invoke, tmp_path) -> None:
+    from expstore import DataRow, Experience, ExpMeta, RateLimiter, ReplayBuffer
+
+    url = f"sqlite:///{tmp_path / 'v.db'}"
+    with ReplayBuffer(url) as buffer:
+        buffer.store_batch(
+            [
+                DataRow(
+                    exp_meta=ExpMeta(task_id="t", agent_id="a", step=i, policy_version=i),
+                    exp_data=Experience(reward_t=1.0),
+                )
+                for i in range(4)
+            ]
+        )
+        buffer.set_policy_version(3)
+        buffer.set_rate_limiter(RateLimiter(min_size=2, samples_per_insert=2.0))
+    out = invoke("stats", "--db", url).stdout
+    assert "policy version  current 3; rows 0..3 (4 have one), staleness mean 1.5, max 3" in out
+    assert "rate limit      min_size 2, 2 samples per insert; 4 inserted, 0 sampled" in out
+    table = invoke("query", "--db", url, "-w", "policy_version >= 2").stdout
+    assert table.splitlines()[0] == "2 of 2 matching rows where policy_version >= 2"
