@@ -38,6 +38,7 @@ def test_every_example_has_a_smoke_test() -> None:
         "reward_prioritized.py",
         "postgres.py",
         "async_actor_learner.py",
+        "async_grpo.py",
     }
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
 
@@ -64,6 +65,20 @@ def test_async_actor_learner_consumes_every_row_once_through_a_kill(tmp_path: Pa
     assert "learner-1: killed with SIGKILL after step" in out
     assert "learner-1: resumed from its checkpoint at step" in out
     assert "every one of 480 rows was consumed exactly once" in out
+
+
+def test_async_grpo_trains_on_fresh_varied_groups_within_its_budget(tmp_path: Path) -> None:
+    out = run_example("async_grpo.py", "--steps", "6", "--workers", "2", cwd=tmp_path)
+    steps = [line for line in out.splitlines() if line.startswith("step ")]
+    assert len(steps) == 6 and all("filtered" in s and "stale" in s for s in steps)
+    assert "rows sampled for" in out and "done: 6 steps" in out
+
+
+def test_async_grpo_on_postgres(tmp_path: Path, pg_url: str, buffer_name: str) -> None:
+    out = run_example(
+        "async_grpo.py", "--db", pg_url, "--buffer", buffer_name, "--steps", "4", cwd=tmp_path
+    )
+    assert "done: 4 steps" in out
 
 
 def test_web_agent_sft_writes_llama_factory_data(tmp_path: Path) -> None:
