@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import statistics
 import tempfile
 import time
 import uuid
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _common import lock_waits, ms
 from sqlalchemy import create_engine, text
 
 from expstore import DataRow, Experience, ExpMeta, NumpyConverter, ReplayBuffer, UniformSampler
@@ -75,10 +75,6 @@ def build(url: str, name: str, rows: int) -> None:
     engine.dispose()
 
 
-def ms(seconds: list[float]) -> float:
-    return statistics.median(seconds) * 1000
-
-
 def one_claimer(url: str, name: str, repeat: int) -> None:
     converter = NumpyConverter(CONVERTER)
     with ReplayBuffer(url, name=name) as buffer:
@@ -120,31 +116,6 @@ def claimer(url: str, name: str, consumer: str, seconds: float, done: Any) -> No
             claim.ack(checkpoint={"rows": rows})
             rows += len(claim)
     done.put(rows)
-
-
-def lock_waits(url: str, stop: Any, out: Any) -> None:
-    """Sample how often a backend of this database waits on a lock, and on what."""
-    engine = create_engine(url)
-    samples = waiting = 0
-    on: dict[str, int] = {}
-    with engine.connect() as conn:
-        while not stop.is_set():
-            waits = conn.execute(
-                text(
-                    "SELECT wait_event, left(query, 30) FROM pg_stat_activity "
-                    "WHERE datname = current_database() AND wait_event_type = 'Lock' "
-                    "AND pid <> pg_backend_pid()"
-                )
-            ).all()
-            samples += 1
-            waiting += int(bool(waits))
-            for event, query in waits:
-                what = f"{event} in {query.split(' (')[0]}"
-                on[what] = on.get(what, 0) + 1
-            conn.rollback()
-            time.sleep(0.005)
-    engine.dispose()
-    out.put((samples, waiting, on))
 
 
 def reset_claims(url: str, name: str) -> None:

@@ -123,6 +123,12 @@ class Dialect(ABC):
         """The database's clock in seconds since the epoch, the one clock leases are
         measured by whatever host a process runs on."""
 
+    def commit_without_flush(self) -> ColumnElement[bool]:
+        """A true condition that, evaluated by a statement, lets its transaction commit
+        without waiting for the log to reach disk (for counters whose loss in a crash only
+        loosens a budget: the row lock is then held for the statement, not for a flush)."""
+        return true()
+
     @abstractmethod
     def upsert(self, table: Any) -> Any:
         """``INSERT INTO table`` with ``on_conflict_do_update`` / ``do_nothing``."""
@@ -283,6 +289,11 @@ class PostgresDialect(Dialect):
         # NO KEY UPDATE: other claimers skip the row, while inserting its consumption entry
         # (a foreign key check, FOR KEY SHARE) does not wait.
         return stmt.with_for_update(key_share=True, skip_locked=True, of=rows)
+
+    def commit_without_flush(self) -> ColumnElement[bool]:
+        # set_config(..., is_local => true): synchronous_commit off for this transaction
+        # only, set by the statement itself (no round trip of its own).
+        return func.set_config("synchronous_commit", "off", True).is_not(None)
 
     def now(self) -> ColumnElement[float]:
         # The transaction's start: one instant for every row a claim or an ack writes.

@@ -132,7 +132,10 @@ def _set_up_sqlite(engine: Engine, *, memory: bool) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        mode = conn.get_execution_options().get("expstore_begin", "")
+        options = conn.get_execution_options()
+        if options.get("isolation_level") == "AUTOCOMMIT":
+            return  # single(): each statement commits on its own
+        mode = options.get("expstore_begin", "")
         conn.exec_driver_sql(f"BEGIN {mode}".strip())
 
 
@@ -201,6 +204,13 @@ class Connections:
     def read(self) -> Iterator[Connection]:
         with self._lock, self._engines()[0].connect() as conn:
             yield conn
+
+    @contextmanager
+    def single(self) -> Iterator[Connection]:
+        """A connection whose every statement commits on its own (no BEGIN, no COMMIT
+        round trips): for one-statement writes such as a counter."""
+        with self._lock, self._engines()[0].connect() as conn:
+            yield conn.execution_options(isolation_level="AUTOCOMMIT")
 
     @contextmanager
     def write(self) -> Iterator[Connection]:

@@ -179,9 +179,10 @@ class GroupIndex:
         if len(lost):
             lost_values: Any = bindparam("lost", lost.tolist(), expanding=True)
             touched = or_(touched, group.in_(lost_values))
-        found = self._summaries(
-            conn, query_condition, spec, touched, rows.c.key <= signature.max_key
-        )
+        # Without the signature's key bound, which would lead SQLite to walk the whole
+        # buffer by key: a group may count a row committed since, which is harmless (it is
+        # summarised again when the index next moves past it).
+        found = self._summaries(conn, query_condition, spec, touched)
         if not found and not len(lost):
             return _Entry(signature, arrays, cached.positions)
         update = _arrays(found)

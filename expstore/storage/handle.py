@@ -46,6 +46,9 @@ class BufferHandle:
     def write(self) -> AbstractContextManager[Connection]:
         return self.connections.write()
 
+    def single(self) -> AbstractContextManager[Connection]:
+        return self.connections.single()
+
     def errors(self, action: str) -> AbstractContextManager[None]:
         """Turns driver errors raised inside into StorageError saying what to do."""
         return _TranslateErrors(self, action)

@@ -3,13 +3,16 @@
 One row of ``expstore_rate_limits`` per limited buffer. Inserts are counted by writers in
 ``expstore_buffers.inserted``, on the buffer row every write locks anyway, so counting
 costs writers no new lock. Samples are counted on the rate-limit row by one conditional
-``UPDATE ... SET samples = samples + n WHERE <the budget allows n>``, a statement of its own
-that commits at once: the row is locked only for that statement, never across a sample's
-fetch, so samplers do not queue behind each other's work (nor behind writers, whose
-transactions hold the buffer row, not this one), and the budget is exact (concurrent
-updates of the row re-check the condition on the newest count). Whether a buffer has a
-limit at all is read by the key index in its freshness round trip, so unlimited buffers
-pay nothing per sample.
+``UPDATE ... SET samples = samples + n WHERE <the budget allows n>``, a statement of its
+own that commits at once (autocommit: one round trip). The row is locked only for that
+statement, never across a sample's fetch, so samplers do not queue behind each other's
+work (nor behind writers, whose transactions hold the buffer row, not this one), and the
+budget is exact (concurrent updates of the row re-check the condition on the newest
+count). On Postgres that commit does not wait for the log to reach disk
+(``synchronous_commit`` off for it alone), so the row is held for microseconds, not for a
+flush: a crash may forget the last counts, which only loosens the budget by what was
+sampled just before it. Whether a buffer has a limit at all is read by the key index in
+its freshness round trip, so unlimited buffers pay nothing per sample.
 """
 
 from __future__ import annotations
@@ -143,6 +146,7 @@ class RateLimits:
                 this,
                 counted >= _R.min_size,
                 counted * _R.samples_per_insert - _R.samples - literal(n) >= _R.min_diff,
+                handle.dialect.commit_without_flush(),
             )
             .values(samples=_R.samples + n)
         )
@@ -150,7 +154,7 @@ class RateLimits:
         pause = _FIRST_PAUSE
         attempts = 0
         while True:
-            with handle.errors("count samples"), handle.write() as conn:
+            with handle.errors("count samples"), handle.single() as conn:
                 if conn.execute(take).rowcount:
                     if attempts:
                         self.waits += 1
@@ -178,7 +182,7 @@ class RateLimits:
         """Give back ``n`` counted samples that were not drawn (a short batch)."""
         if n > 0:
             this = _R.buffer_id == self.handle.buffer_id
-            with self.handle.errors("count samples"), self.handle.write() as conn:
+            with self.handle.errors("count samples"), self.handle.single() as conn:
                 conn.execute(update(rate_limits).where(this).values(samples=_R.samples - n))
 
     # -- writers -------------------------------------------------------------------------

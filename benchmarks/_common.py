@@ -1,0 +1,42 @@
+"""Helpers the benchmark scripts share (run them as ``python benchmarks/bench_*.py``)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from sqlalchemy import create_engine, text
+
+__all__ = ["lock_waits", "ms"]
+
+
+def ms(seconds: list[float]) -> float:
+    """The median of ``seconds``, in milliseconds."""
+    return statistics.median(seconds) * 1000
+
+
+def lock_waits(url: str, stop: Any, out: Any) -> None:
+    """Sample how often a backend of this database waits on a lock, and on what (every
+    5 ms, until ``stop`` is set); puts (samples, samples with a waiter, {what: count})."""
+    engine = create_engine(url)
+    samples = waiting = 0
+    on: dict[str, int] = {}
+    with engine.connect() as conn:
+        while not stop.is_set():
+            waits = conn.execute(
+                text(
+                    "SELECT wait_event, left(query, 30) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND wait_event_type = 'Lock' "
+                    "AND pid <> pg_backend_pid()"
+                )
+            ).all()
+            samples += 1
+            waiting += int(bool(waits))
+            for event, query in waits:
+                what = f"{event} in {query.split(' (')[0]}"
+                on[what] = on.get(what, 0) + 1
+            conn.rollback()
+            time.sleep(0.005)
+    engine.dispose()
+    out.put((samples, waiting, on))
