@@ -106,30 +106,32 @@ class GroupSampler(KeySampler):
     def spec(self) -> GroupSpec:
         return GroupSpec(self.group_by, self.group_size, self.having)
 
-    def ready_groups(self, storage: Storage, query_condition: QueryCondition) -> np.ndarray:
-        """The values of the groups that can be drawn now (complete, passing, fresh); sets
-        :attr:`last_counts`."""
+    def ready_groups(
+        self, storage: Storage, query_condition: QueryCondition
+    ) -> tuple[dict[str, Any], np.ndarray]:
+        """The group summaries and the positions in them of the groups that can be drawn
+        now (complete, passing, fresh); sets :attr:`last_counts`."""
         index = storage.groups(query_condition, self.spec)
-        complete = index["size"] == self.group_size
-        passing = complete & index["passes"]
-        fresh = passing
         current = index.get("current_version")
-        if self.max_staleness is not None and current is not None:
-            with np.errstate(invalid="ignore"):
-                stale = index["version"] < current - self.max_staleness
-            fresh = passing & ~stale
-        waiting = int(((index["size"] > 0) & ~complete).sum())
-        self.last_counts = GroupCounts(
-            ready=int(fresh.sum()),
-            waiting=waiting,
-            filtered=int((complete & ~index["passes"]).sum()),
-            stale=int((passing & ~fresh).sum()),
-        )
-        return self.derived(
-            f"ready:{current}",
-            (index["size"], index["passes"], index["version"]),
-            lambda: index["group"][fresh],
-        )
+        sources = (index["size"], index["passes"], index["version"])
+
+        def compute() -> tuple[np.ndarray, GroupCounts]:
+            complete = index["size"] == self.group_size
+            passing = complete & index["passes"]
+            fresh = passing
+            if self.max_staleness is not None and current is not None:
+                with np.errstate(invalid="ignore"):
+                    fresh = passing & ~(index["version"] < current - self.max_staleness)
+            counts = GroupCounts(
+                ready=int(fresh.sum()),
+                waiting=int(((index["size"] > 0) & ~complete).sum()),
+                filtered=int((complete & ~index["passes"]).sum()),
+                stale=int((passing & ~fresh).sum()),
+            )
+            return np.flatnonzero(fresh), counts
+
+        ready, self.last_counts = self.derived(f"ready:{current}", sources, compute)
+        return index, ready
 
     def choose(
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
@@ -139,16 +141,16 @@ class GroupSampler(KeySampler):
                 f"GroupSampler(group_size={self.group_size}) returns whole groups, so "
                 f"batch_size must be a multiple of {self.group_size}; got {batch_size}"
             )
-        ready = self.ready_groups(storage, query_condition)
+        index, ready = self.ready_groups(storage, query_condition)
         if not len(ready):
             raise empty_error(storage, query_condition, self._why_empty())
         wanted = batch_size // self.group_size
         if self.replacement:
             chosen = ready[self.rng.integers(0, len(ready), wanted)]
         else:
-            chosen = ready[self.rng.permutation(len(ready))[:wanted]]
-        keys = storage.group_keys(query_condition, self.spec, chosen.tolist())
-        return Choice(np.concatenate(keys) if keys else np.empty(0, dtype=np.int64))
+            chosen = ready[self.rng.choice(len(ready), min(wanted, len(ready)), replace=False)]
+        keys = index["keys"][chosen].reshape(-1)
+        return Choice(keys[keys >= 0])
 
     def _why_empty(self) -> str:
         counts = self.last_counts
@@ -165,12 +167,17 @@ class GroupSampler(KeySampler):
         :mod:`expstore.storage.group_claims`)."""
 
         def candidates(m: int) -> list[Group]:
-            ready = self.ready_groups(storage, query_condition)
+            index, ready = self.ready_groups(storage, query_condition)
             taken = self.__dict__.setdefault("_taken", set())
-            open_ = [g for g in ready.tolist() if g not in taken]
-            chosen = [open_[i] for i in self.rng.permutation(len(open_))[:m]]
-            keys = storage.group_keys(query_condition, self.spec, chosen)
-            return list(zip(chosen, keys, strict=True))
+            values = index["group"]
+            # A few times m at random first: most ready groups are not taken yet; all of
+            # them only when those were.
+            picks = ready[self.rng.choice(len(ready), min(len(ready), 4 * m), replace=False)]
+            chosen = [p for p in picks.tolist() if values[p] not in taken][:m]
+            if len(chosen) < m and len(picks) < len(ready):
+                open_ = [p for p in ready.tolist() if values[p] not in taken]
+                chosen = [open_[i] for i in self.rng.permutation(len(open_))[:m]]
+            return [(values[p], index["keys"][p]) for p in chosen]
 
         def learn(values: list[Any]) -> None:
             self.__dict__.setdefault("_taken", set()).update(values)

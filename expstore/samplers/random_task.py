@@ -8,7 +8,8 @@ import numpy as np
 
 from ..sampling import Choice
 from ..storage.base import QueryCondition, Storage
-from .base import DerivedArrays, TaskSampler, check_batch_size, empty_error
+from ..storage.versions import check_staleness
+from .base import DerivedArrays, TaskSampler, check_batch_size, empty_error, value_codes
 
 __all__ = ["RandomTaskSample", "RandomTaskSampler"]
 
@@ -16,9 +17,12 @@ __all__ = ["RandomTaskSample", "RandomTaskSampler"]
 class RandomTaskSampler(TaskSampler):
     """Distinct tasks chosen uniformly at random (AWorld's ``RandomTaskSample``).
 
-    ``RandomTaskSampler(*, seed=None)``
+    ``RandomTaskSampler(*, seed=None, max_staleness=None)``
 
     The condition decides which tasks are eligible: those with at least one matching row.
+    With ``max_staleness=k`` a task's version is its oldest matching row's
+    ``policy_version`` (rows without one left out), and tasks more than ``k`` versions
+    behind the buffer's current version are not drawn.
     Each eligible task is equally likely, however many rows it has. A ``batch_size`` larger
     than the number of eligible tasks returns all of them (in random order); AWorld's
     version crashes there. The task list comes from the storage's cached key index, so the
@@ -28,10 +32,15 @@ class RandomTaskSampler(TaskSampler):
     >>> sampler = RandomTaskSampler(seed=0)
     """
 
-    def __init__(self, *, seed: int | None = None) -> None:
+    def __init__(self, *, seed: int | None = None, max_staleness: int | None = None) -> None:
         self.seed = seed
         self.rng = np.random.default_rng(seed)
+        self.max_staleness = check_staleness(max_staleness)
         self._derived = DerivedArrays()
+
+    @property
+    def _columns(self) -> tuple[str, ...]:
+        return ("task_id",) if self.max_staleness is None else ("task_id", "policy_version")
 
     def reseed(self, seed: Any) -> None:
         self.rng = np.random.default_rng(seed)
@@ -39,7 +48,7 @@ class RandomTaskSampler(TaskSampler):
     def sample_task_ids(
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
     ) -> list[str]:
-        index = storage.key_index(query_condition, ("task_id",))
+        index = storage.key_index(query_condition, self._columns)
         return self._choose(index, batch_size, storage, query_condition)
 
     def choose(
@@ -47,7 +56,7 @@ class RandomTaskSampler(TaskSampler):
     ) -> Choice:
         # The matching tasks and the whole buffer's rows, from one read.
         matching, whole = storage.key_indexes(
-            [(query_condition, ("task_id",)), (None, self.TASK_COLUMNS)]
+            [(query_condition, self._columns), (None, self.TASK_COLUMNS)]
         )
         task_ids = self._choose(matching, batch_size, storage, query_condition)
         return Choice(self.task_keys(whole, task_ids))
@@ -69,8 +78,35 @@ class RandomTaskSampler(TaskSampler):
             (task_ids,),
             lambda: np.array(list(dict.fromkeys(task_ids.tolist())), dtype=object),
         )
+        if self.max_staleness is not None:
+            tasks = self._fresh_tasks(index, tasks)
+            if not len(tasks):
+                raise empty_error(
+                    storage,
+                    query_condition,
+                    f"every matching task has rows more than max_staleness={self.max_staleness} "
+                    f"policy versions behind the current version {index.get('current_version')}",
+                )
         chosen = self.rng.choice(len(tasks), size=min(batch_size, len(tasks)), replace=False)
         return [str(tasks[i]) for i in chosen]
+
+    def _fresh_tasks(self, index: dict[str, Any], tasks: np.ndarray) -> np.ndarray:
+        """``tasks`` (in order of first insertion) whose oldest row is fresh."""
+        current = index.get("current_version")
+        assert self.max_staleness is not None
+        if current is None:
+            return tasks
+        oldest_allowed = current - self.max_staleness
+
+        def compute() -> np.ndarray:
+            codes = value_codes(index["task_id"].tolist())  # numbered as ``tasks`` is
+            versions = np.nan_to_num(index["policy_version"], nan=np.inf)
+            oldest = np.full(len(tasks), np.inf)
+            np.minimum.at(oldest, codes, versions)
+            return tasks[oldest >= oldest_allowed]
+
+        sources = (index["task_id"], index["policy_version"])
+        return self._derived.get(f"fresh:{oldest_allowed}", sources, compute)
 
 
 #: AWorld's name for RandomTaskSampler.

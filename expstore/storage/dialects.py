@@ -123,6 +123,11 @@ class Dialect(ABC):
         """The database's clock in seconds since the epoch, the one clock leases are
         measured by whatever host a process runs on."""
 
+    @abstractmethod
+    def keys_text(self, column: Any) -> ColumnElement[str]:
+        """An aggregate: the group's ``column`` values (integer keys) as one comma-separated
+        text, in any order."""
+
     def commit_without_flush(self) -> ColumnElement[bool]:
         """A true condition that, evaluated by a statement, lets its transaction commit
         without waiting for the log to reach disk (for counters whose loss in a crash only
@@ -161,6 +166,9 @@ class SqliteDialect(Dialect):
 
     def key_set(self, keys: list[int]) -> Any:
         return "[" + ",".join(map(str, keys)) + "]"
+
+    def keys_text(self, column: Any) -> ColumnElement[str]:
+        return func.group_concat(column)
 
     def bound_keys(self) -> Any:
         each = func.json_each(bindparam("keys"))
@@ -233,6 +241,9 @@ class PostgresDialect(Dialect):
 
     def key_set(self, keys: list[int]) -> Any:
         return keys
+
+    def keys_text(self, column: Any) -> ColumnElement[str]:
+        return func.string_agg(cast(column, Text), literal(","))
 
     def bound_keys(self) -> Any:
         keys = bindparam("keys", type_=ARRAY(BigInteger))

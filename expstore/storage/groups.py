@@ -116,6 +116,7 @@ class GroupIndex:
                 func.min(ranked.c.policy_version).label("version"),
                 passes.label("passes"),
                 func.min(ranked.c.key).label("first"),
+                self.handle.dialect.keys_text(ranked.c.key).label("keys"),
             )
             .where(ranked.c.rn <= spec.size)
             .group_by(ranked.c.g)
@@ -128,7 +129,9 @@ class GroupIndex:
     def get(self, query_condition: QueryCondition, spec: GroupSpec) -> Arrays:
         """Arrays over the groups: ``group`` (values), ``size`` (rows, up to spec.size),
         ``version`` (oldest policy_version, NaN for none), ``passes`` (the group condition
-        holds), ``first`` (first key); and ``current_version``, the buffer's policy version."""
+        holds), ``first`` (first key), ``keys`` (a row of spec.size keys per group, in
+        insertion order, -1 past its size); and ``current_version``, the buffer's policy
+        version."""
         cache_key = (condition_key(query_condition), spec.key)
         with self.handle.errors("summarise groups"), self.handle.read() as conn:
             signature, current = self.index.state(conn)
@@ -154,7 +157,7 @@ class GroupIndex:
         signature: Signature,
     ) -> _Entry:
         found = self._summaries(conn, query_condition, spec, rows.c.key <= signature.max_key)
-        arrays = _arrays(found)
+        arrays = _arrays(found, spec.size)
         positions = {g: i for i, g in enumerate(arrays["group"].tolist())}
         return _Entry(signature, arrays, positions)
 
@@ -185,11 +188,12 @@ class GroupIndex:
         found = self._summaries(conn, query_condition, spec, touched)
         if not found and not len(lost):
             return _Entry(signature, arrays, cached.positions)
-        update = _arrays(found)
+        update = _arrays(found, spec.size)
         positions = dict(cached.positions)
         columns = {name: value.copy() for name, value in arrays.items()}
         for g in lost.tolist():  # a group evicted whole is not found again: empty it
             columns["size"][positions[g]] = 0
+            columns["keys"][positions[g]] = -1
         appended: list[int] = []
         for i, g in enumerate(update["group"].tolist()):
             at = positions.get(g)
@@ -264,16 +268,33 @@ class GroupIndex:
         return [np.asarray(per.get(g, ()), dtype=np.int64) for g in groups]
 
 
-def _arrays(found: Sequence[Any]) -> Arrays:
-    columns = list(zip(*found, strict=True)) if found else [()] * 5
-    group, size, version, passes, first = columns
+def _arrays(found: Sequence[Any], size: int) -> Arrays:
+    columns = list(zip(*found, strict=True)) if found else [()] * 6
+    group, counts, version, passes, first, keys = columns
+    sizes = np.array(counts, dtype=np.int64)
     out = {
         "group": np.array(group, dtype=object),
-        "size": np.array(size, dtype=np.int64),
+        "size": sizes,
         "version": np.array(version, dtype=np.float64),
         "passes": np.array([bool(p) for p in passes], dtype=bool),
         "first": np.array(first, dtype=np.int64),
+        "keys": _key_table(keys, sizes, size),
     }
     for value in out.values():
         value.flags.writeable = False
     return out
+
+
+def _key_table(texts: Sequence[str], counts: np.ndarray, size: int) -> np.ndarray:
+    """Each group's keys (comma-separated texts) as a row of a (groups, size) table, in
+    insertion order, -1 where a group has fewer than ``size``."""
+    table = np.full((len(texts), size), np.iinfo(np.int64).max, dtype=np.int64)
+    if len(texts):
+        flat = np.array(",".join(texts).split(","), dtype=np.int64)
+        rows_ = np.repeat(np.arange(len(texts)), counts)
+        starts = np.cumsum(counts) - counts
+        cols = np.arange(len(flat)) - np.repeat(starts, counts)
+        table[rows_, cols] = flat
+        table.sort(axis=1)
+    table[table == np.iinfo(np.int64).max] = -1
+    return table

@@ -251,3 +251,20 @@ def test_staleness_aware_sampling_weighs_rows_one_over_staleness_plus_one(
     assert chi_square_p(observed, weights / weights.sum()) > 1e-4
     capped = StalenessAwareSampler(seed=0, max_staleness=1)
     assert {r.exp_meta.policy_version for r in buf.sample(capped, batch_size=200)} == {2, 3, None}
+
+
+def test_task_samplers_leave_out_tasks_with_stale_rows(buf: ReplayBuffer) -> None:
+    from expstore import RandomTaskSampler
+
+    versioned(buf, [1, 2, 3], per=2)  # tasks v1, v2, v3
+    buf.store(make_row("v3", "a0", 9, version=1))  # task v3 now also holds a stale row
+    buf.set_policy_version(3)
+    sampler = RandomTaskSampler(seed=0, max_staleness=1)
+    got = {r.exp_meta.task_id for r in buf.sample(sampler, batch_size=10)}
+    assert got == {"v2"}
+    assert set(buf.sample_task(sampler, batch_size=10)[0][0].exp_meta.task_id for _ in [0]) == {
+        "v2"
+    }
+    buf.set_policy_version(9)
+    with pytest.raises(EmptyBufferError, match="every matching task"):
+        buf.sample(sampler, batch_size=2)

@@ -146,3 +146,30 @@ def test_tables_without_a_revision_that_differ_are_reported_not_touched(fresh_ur
     _forget_revision(fresh_url, "ALTER TABLE expstore_rows DROP COLUMN extra")
     with ReplayBuffer(fresh_url, name="kept") as buffer:
         assert len(buffer) == 5
+
+
+def test_revision_0005_keeps_rows_and_counts_them_as_inserted(fresh_url: str) -> None:
+    from expstore import RateLimiter
+
+    engine = _writer(fresh_url)
+    migrate.upgrade(engine)
+    with ReplayBuffer(fresh_url, name="old") as buf:
+        buf.store_batch(make_rows(2))
+    migrate.downgrade(engine, "0004")  # as revision 0004 left them: two rows, no hashes
+    with engine.connect() as conn:
+        columns = {c["name"] for c in inspect(conn).get_columns("expstore_rows")}
+        assert "policy_version" not in columns and "content_hash" not in columns
+        assert conn.execute(text("SELECT count(*) FROM expstore_rows")).scalar_one() == 2
+        assert not inspect(conn).has_table("expstore_rate_limits")
+    migrate.upgrade(engine)
+    with ReplayBuffer(fresh_url, name="old") as buf:
+        rows = list(buf.query())
+        assert [r.exp_meta.policy_version for r in rows] == [None, None]
+        assert buf.policy_version() is None
+        buf.set_rate_limiter(RateLimiter(min_size=2, samples_per_insert=1.0, timeout=0))
+        stats = buf.rate_limit_stats()
+        assert stats is not None and stats.inserted == 2  # the rows there count as inserted
+        # Rows stored before 0005 carry no content hash: dedup does not compare with them.
+        copy = rows[0].model_copy(update={"id": "new"})
+        assert buf.store(copy, dedup="skip") == 1
+        assert buf.store(copy.model_copy(update={"id": "newer"}), dedup="skip") == 0
