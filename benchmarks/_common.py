@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import create_engine, text
 
-__all__ = ["lock_waits", "ms"]
+__all__ = ["LockWatch", "lock_waits", "ms"]
 
 
 def ms(seconds: list[float]) -> float:
@@ -40,3 +40,30 @@ def lock_waits(url: str, stop: Any, out: Any) -> None:
             time.sleep(0.005)
     engine.dispose()
     out.put((samples, waiting, on))
+
+
+class LockWatch:
+    """Runs :func:`lock_waits` in a process while a phase runs (Postgres only): ``start()``,
+    then ``note()`` stops it and says what it saw (an empty string elsewhere)."""
+
+    def __init__(self, url: str, context: Any) -> None:
+        self.process = None
+        if url.startswith("postgresql"):
+            self.stop, self.out = context.Event(), context.Queue()
+            self.process = context.Process(target=lock_waits, args=(url, self.stop, self.out))
+
+    def start(self) -> LockWatch:
+        if self.process is not None:
+            self.process.start()
+        return self
+
+    def note(self, who: str) -> str:
+        if self.process is None:
+            return ""
+        self.stop.set()
+        samples, waiting, on = self.out.get()
+        self.process.join()
+        note = f"; {who} waiting on a lock in {waiting} of {samples} samples"
+        if on:
+            note += " (" + ", ".join(f"{n}x {what}" for what, n in sorted(on.items())) + ")"
+        return note

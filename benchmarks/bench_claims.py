@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import lock_waits, ms
+from _common import LockWatch, ms
 from sqlalchemy import create_engine, text
 
 from expstore import DataRow, Experience, ExpMeta, NumpyConverter, ReplayBuffer, UniformSampler
@@ -136,11 +136,7 @@ def concurrent(url: str, name: str, processes: int, seconds: float) -> None:
     reset_claims(url, name)
     spawn = multiprocessing.get_context("spawn")
     done = spawn.Queue()
-    stop, waits = spawn.Event(), spawn.Queue()
-    watcher = None
-    if url.startswith("postgresql"):
-        watcher = spawn.Process(target=lock_waits, args=(url, stop, waits))
-        watcher.start()
+    watch = LockWatch(url, spawn).start()
     procs = [
         spawn.Process(target=claimer, args=(url, name, f"c{p}", seconds, done))
         for p in range(processes)
@@ -150,18 +146,11 @@ def concurrent(url: str, name: str, processes: int, seconds: float) -> None:
     counts = [done.get() for _ in procs]
     for p in procs:
         p.join()
+    note = watch.note("a claimer")
     if -1 in counts:
         raise SystemExit("the queue ran dry: build a larger buffer (--rows) or lower --seconds")
     total = sum(counts)
-    line = f"  {processes} claimer(s): {total / seconds:10,.0f} rows/s"
-    if watcher is not None:
-        stop.set()
-        samples, waiting, on = waits.get()
-        watcher.join()
-        line += f"; a claimer waiting on a lock in {waiting} of {samples} samples"
-        if on:
-            line += " (" + ", ".join(f"{n}x {what}" for what, n in sorted(on.items())) + ")"
-    print(line)
+    print(f"  {processes} claimer(s): {total / seconds:10,.0f} rows/s{note}")
 
 
 def writer(url: str, name: str, worker: int, rows: int) -> None:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import lock_waits, ms
+from _common import LockWatch, ms
 from sqlalchemy import create_engine, text
 
 from expstore import (
@@ -164,11 +164,7 @@ def sampler_loop(url: str, name: str, seconds: float, seed: int, done: Any) -> N
 def concurrent(url: str, name: str, seconds: float, processes: int) -> tuple[float, float, str]:
     spawn = multiprocessing.get_context("spawn")
     done = spawn.Queue()
-    stop, waits = spawn.Event(), spawn.Queue()
-    watcher = None
-    if url.startswith("postgresql"):
-        watcher = spawn.Process(target=lock_waits, args=(url, stop, waits))
-        watcher.start()
+    watch = LockWatch(url, spawn).start()
     procs = [
         spawn.Process(target=sampler_loop, args=(url, name, seconds, p, done))
         for p in range(processes)
@@ -180,15 +176,7 @@ def concurrent(url: str, name: str, seconds: float, processes: int) -> tuple[flo
         p.join()
     calls = sum(c for c, _ in results)
     median = ms([d for _, ds in results for d in ds])
-    note = ""
-    if watcher is not None:
-        stop.set()
-        samples, waiting, on = waits.get()
-        watcher.join()
-        note = f"; a sampler waiting on a lock in {waiting} of {samples} samples"
-        if on:
-            note += " (" + ", ".join(f"{n}x {what}" for what, n in sorted(on.items())) + ")"
-    return calls / seconds, median, note
+    return calls / seconds, median, watch.note("a sampler")
 
 
 def rate_limits(url: str, name: str, repeat: int, seconds: float) -> None:

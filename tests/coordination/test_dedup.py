@@ -4,7 +4,6 @@ write's own transaction, across handles and processes."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -12,12 +11,6 @@ import pytest
 from expstore import DuplicateContentError, ReplayBuffer
 from expstore.errors import InvalidArgumentError
 from tests.helpers import make_row
-
-
-@pytest.fixture
-def buf(db_url: str, buffer_name: str) -> Iterator[ReplayBuffer]:
-    with ReplayBuffer(db_url, name=buffer_name) as buffer:
-        yield buffer
 
 
 def rollout(i: int, **extra):

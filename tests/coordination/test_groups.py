@@ -4,7 +4,6 @@ claims consume whole groups once; GroupAdvantageConverter normalises within grou
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -25,12 +24,6 @@ from expstore.errors import (
 )
 from tests.helpers import make_row
 from tests.samplers.stats import chi_square_p
-
-
-@pytest.fixture
-def buf(db_url: str, buffer_name: str) -> Iterator[ReplayBuffer]:
-    with ReplayBuffer(db_url, name=buffer_name) as buffer:
-        yield buffer
 
 
 def group(prompt: str, rewards: list[float], version: int | None = None, **data):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -18,12 +17,6 @@ from expstore import (
 )
 from expstore.errors import InvalidArgumentError
 from tests.helpers import make_row, make_rows
-
-
-@pytest.fixture
-def buf(db_url: str, buffer_name: str) -> Iterator[ReplayBuffer]:
-    with ReplayBuffer(db_url, name=buffer_name) as buffer:
-        yield buffer
 
 
 def test_min_size_holds_sampling_until_enough_rows_were_inserted(buf: ReplayBuffer) -> None:

@@ -4,7 +4,6 @@ samplers, claims and the "stale" eviction leave out rows older than current - k.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -21,12 +20,6 @@ from expstore import (
 from expstore.errors import EmptyBufferError, InvalidArgumentError
 from expstore.samplers import LatestSampler, RecencySampler, RewardWeightedSampler
 from tests.helpers import make_row
-
-
-@pytest.fixture
-def buf(db_url: str, buffer_name: str) -> Iterator[ReplayBuffer]:
-    with ReplayBuffer(db_url, name=buffer_name) as buffer:
-        yield buffer
 
 
 def versioned(buffer: ReplayBuffer, versions: list[int | None], per: int = 5) -> None:
