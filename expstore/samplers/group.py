@@ -183,19 +183,19 @@ class GroupSampler(KeySampler):
             self.__dict__.setdefault("_taken", set()).update(values)
 
         def fresh(found: list[Any]) -> list[Any]:
-            values = [g for g, version in found if self._is_fresh(version, storage)]
+            k = self.max_staleness
+            current = None if k is None or not found else storage.policy_version()
+            values = [
+                g
+                for g, version in found
+                if current is None or version is None or version >= current - k  # type: ignore[operator]
+            ]
             self.__dict__.setdefault("_taken", set()).difference_update(values)
             return values
 
         return group_taker(
             storage.group_index, query_condition, self.spec, candidates, learn, fresh
         )
-
-    def _is_fresh(self, version: Any, storage: Storage) -> bool:
-        if self.max_staleness is None or version is None:
-            return True
-        current = storage.policy_version()
-        return current is None or version >= current - self.max_staleness
 
     def sample_keys(
         self, index: dict[str, Any], batch_size: int, rng: np.random.Generator

@@ -66,6 +66,8 @@ __all__ = [
 ]
 
 _C = consumption.c
+#: A released entry: no claim holds the row, which is claimable again.
+_RELEASED: dict[str, Any] = {"claim_id": None, "consumer": None, "lease_until": None}
 #: Rounds a sampler-ordered claim draws candidates before it takes claimable rows at random.
 _DRAW_ROUNDS = 4
 
@@ -263,7 +265,7 @@ class ClaimQueue:
             conn.execute(
                 update(consumption)
                 .where(dialect.key_in(_C.key), _C.claim_id == claim_id)
-                .values(claim_id=None, consumer=None, lease_until=None),
+                .values(**_RELEASED),
                 {"keys": dialect.key_set(keys)},
             )
 
@@ -450,8 +452,7 @@ class ClaimQueue:
 
     def release(self, claim: Claimed) -> int:
         """Return the claim's rows to the queue; returns how many."""
-        released = {"claim_id": None, "consumer": None, "lease_until": None}
-        return self._finish(claim, "release", released)
+        return self._finish(claim, "release", _RELEASED)
 
     def renew(self, claim: Claimed, lease_s: float) -> float:
         """Extend the claim's lease to ``lease_s`` from now; returns when it ends."""

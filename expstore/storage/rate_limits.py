@@ -135,7 +135,13 @@ class RateLimits:
         counted (0 when the buffer has no limit). ``since``: a monotonic time after which
         a key index read told whether the buffer has a limit (saves a round trip)."""
         seen = self.seen
-        if since is not None and seen is not None and seen[0] >= since and not seen[1]:
+        if since is None or seen is None or seen[0] < since:
+            # Not told by a key index read during this call: ask (a read, no write lock).
+            with self.handle.errors("read the rate limit"), self.handle.read() as conn:
+                limited = bool(conn.execute(select(limited_flag(self.handle.buffer_id))).scalar())
+            self.observe(limited)
+            seen = self.seen
+        if seen is None or not seen[1]:
             return 0
         handle = self.handle
         this = _R.buffer_id == handle.buffer_id

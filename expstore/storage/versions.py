@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, func, or_, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.sql.elements import ColumnElement
 
 from .._args import check_int
@@ -45,14 +45,11 @@ def check_staleness(max_staleness: Any) -> int | None:
     return check_int("max_staleness", max_staleness, minimum=0, optional=True)
 
 
-def current_version(handle: BufferHandle, conn: Connection | None = None) -> int | None:
+def current_version(handle: BufferHandle) -> int | None:
     """The buffer's current policy version (None: never set)."""
     stmt = select(buffers.c.policy_version).where(buffers.c.id == handle.buffer_id)
-    if conn is not None:
+    with handle.errors("read the policy version"), handle.read() as conn:
         value = conn.execute(stmt).scalar_one()
-    else:
-        with handle.errors("read the policy version"), handle.read() as conn_:
-            value = conn_.execute(stmt).scalar_one()
     return None if value is None else int(value)
 
 
