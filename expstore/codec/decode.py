@@ -24,7 +24,6 @@ from .format import (
     HEADER_SIZE,
     MAGIC,
     MALFORMED,
-    NON_FINITE,
     NUMPY_DTYPES,
     RESERVED_KEYS,
     TENSOR_FIELDS,
@@ -33,6 +32,7 @@ from .format import (
     TensorSpec,
     crc32,
     intact,
+    tagged_value,
 )
 
 __all__ = ["PartDecoder", "decode_payload"]
@@ -115,9 +115,10 @@ class _Decoder:
 
     def decode_placeholder(self, key: str, spec: Any, path: str) -> Any:
         if key == FLOAT_KEY:
-            if not isinstance(spec, str) or spec not in NON_FINITE:
+            value = tagged_value(spec)
+            if value is None:
                 raise self.malformed(path, f"a float placeholder holding {spec!r}")
-            return NON_FINITE[spec]
+            return value
         if key == ESCAPED_KEY:
             if type(spec) is not dict:
                 raise self.malformed(path, f"an escaped dict holding {type(spec).__name__}")

@@ -10,7 +10,7 @@ that writes use; :func:`encode_payload` the full walk, which every failure is ex
 from __future__ import annotations
 
 import json
-import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +34,7 @@ from .format import (
     STORED_DTYPE,
     TENSOR_KEY,
     crc32,
+    tagged_float,
     tensor_as_numpy,
 )
 
@@ -88,7 +89,7 @@ class _Encoder:
         if value is None or kind is bool or kind is int or kind is str:
             return value
         if kind is float:
-            return value if math.isfinite(value) else {FLOAT_KEY: repr(value)}
+            return {FLOAT_KEY: repr(value)} if tagged_float(value) else value
         if kind is dict:
             return self.encode_dict(value, lenient)
         if kind is list or kind is tuple:
@@ -274,6 +275,10 @@ def dump_document(doc: dict[str, Any]) -> str:
     return json.dumps(doc, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
 
 
+#: JSON text that may hold a float to tag: "-0.0" as a number, or an exponent "e+".
+_TAGGED_TEXT = re.compile(r"-0\.0(?![0-9])|e\+")
+
+
 class PayloadWriter:
     """Encodes many payloads to (JSON text, blob), as ``encode_payload`` plus
     :func:`dump_document` would, faster.
@@ -328,7 +333,9 @@ class PayloadWriter:
             # Each placeholder the encoder emitted holds '"__' exactly once; any other
             # occurrence is user data (a key or string starting with "__") that the full
             # walk may need to escape.
-            if text.count('"__') == encoder.tensors:
+            # Floats the document must tag (-0.0, magnitudes from 1e16, written with an
+            # exponent) take the full walk too.
+            if text.count('"__') == encoder.tensors and not _TAGGED_TEXT.search(text):
                 return text, encoder.blob()
         doc, blob = encode_payload(payload)
         return dump_document(doc), blob

@@ -4,7 +4,9 @@ A row's payload is stored as a JSON document plus one blob. In the document, eve
 JSON cannot hold is a placeholder, a dict with a single reserved key::
 
     {"__tensor__": {"kind": "numpy", "dtype": "<f4", "shape": [2, 3], "offset": 0, "nbytes": 24}}
-    {"__float__": "nan"}                      # also "inf" and "-inf"
+    {"__float__": "nan"}                      # also "inf", "-inf", "-0.0" and floats of
+                                              # magnitude >= 1e16 ("1e+20"), which a
+                                              # JSONB number would bring back as 0.0 or int
     {"__escaped__": {"__float__": 1}}         # a user dict that happens to use a reserved key
 
 The blob is ``b"XST1"``, the little-endian CRC-32 of the rest, then every tensor's bytes,
@@ -37,10 +39,13 @@ __all__ = [
     "HEADER_SIZE",
     "MAGIC",
     "RESERVED_KEYS",
+    "TAGGED_MAGNITUDE",
     "TENSOR_KEY",
     "TensorSpec",
     "crc32",
     "intact",
+    "tagged_float",
+    "tagged_value",
 ]
 
 MAGIC = b"XST1"
@@ -59,6 +64,33 @@ RESERVED_KEYS = frozenset({TENSOR_KEY, FLOAT_KEY, ESCAPED_KEY})
 TENSOR_FIELDS = frozenset({"kind", "dtype", "shape", "offset", "nbytes"})
 TENSOR_KINDS = frozenset({"numpy", "npscalar", "torch", "bytes"})
 NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+#: Floats stored as a placeholder although JSON could hold them: Postgres keeps JSON numbers
+#: as ``numeric``, which has no negative zero and writes 1e20 back without a decimal point
+#: (read as an int). From this magnitude on Python writes floats with an exponent.
+TAGGED_MAGNITUDE = 1e16
+
+
+def tagged_float(value: float) -> bool:
+    """Whether a float is stored as a ``__float__`` placeholder (see the module doc)."""
+    return (
+        not math.isfinite(value)
+        or abs(value) >= TAGGED_MAGNITUDE
+        or (value == 0.0 and math.copysign(1.0, value) < 0)
+    )
+
+
+def tagged_value(spec: Any) -> float | None:
+    """The float a ``__float__`` placeholder holds, or None if it holds no valid one."""
+    if not isinstance(spec, str):
+        return None
+    if spec in NON_FINITE:
+        return NON_FINITE[spec]
+    try:
+        value = float(spec)
+    except ValueError:
+        return None
+    return value if tagged_float(value) and repr(value) == spec else None
+
 
 # numpy dtypes are stored as little-endian dtype strings and read back only through this
 # table. longdouble is platform-dependent ('<f16' on x86-64 Linux, '<f8' on Windows).
