@@ -18,11 +18,14 @@ from ..errors import CodecError
 from .format import NUMERIC_KINDS, NUMPY_DTYPES, TORCH_DTYPES
 
 __all__ = [
+    "MAX_DEPTH",
     "array_problem",
     "check_value",
+    "depth_error",
     "key_problem",
     "numpy_problem",
     "text_problem",
+    "too_deep",
     "torch_problem",
     "unsupported",
 ]
@@ -123,19 +126,48 @@ def unsupported(value: Any) -> str:
     return f"cannot store a value of type {name}; {_ACCEPTED}{hint}"
 
 
+#: How deeply lists and dicts may nest in a payload field (the field itself is level 0):
+#: every path that reads rows back (decoding, export, conditions, ``to_dict``) handles
+#: this depth well inside Python's recursion limit.
+MAX_DEPTH = 200
+
+
+def depth_error(path: str) -> CodecError:
+    shown = path if len(path) <= 60 else path[:60] + "..."
+    return CodecError(
+        f"{shown}: lists and dicts nest more than {MAX_DEPTH} levels deep (or contain "
+        "themselves), beyond what expstore stores; store a flatter structure"
+    )
+
+
 def check_value(value: Any, path: str) -> None:
     """Raise CodecError (a ValueError, which pydantic validators report) if the encoder
-    could not store ``value``.
+    could not store ``value``: a type it cannot store, text no database can, or nesting
+    deeper than :data:`MAX_DEPTH`.
 
     Pydantic models are accepted as they are (the encoder stores their dump).
     """
     try:
-        _check(value, path)
-    except RecursionError as exc:
-        raise CodecError(f"{path}: nested too deeply or contains itself") from exc
+        _check(value, path, 0)
+    except RecursionError:
+        raise depth_error(path) from None
 
 
-def _check(value: Any, path: str) -> None:
+def too_deep(value: Any) -> bool:
+    """Whether lists and dicts in ``value`` nest more than :data:`MAX_DEPTH` levels (a walk
+    without recursion, stopping as soon as it knows)."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list, tuple)):
+            if depth >= MAX_DEPTH:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _check(value: Any, path: str, depth: int) -> None:
     kind = type(value)
     if kind is str:
         if "\x00" in value or not value.isascii():
@@ -145,16 +177,18 @@ def _check(value: Any, path: str) -> None:
         return
     if value is None or kind in (bool, int, float, bytes):
         return
-    if kind is dict:
-        for key, item in value.items():
-            problem = key_problem(key)
-            if problem:
-                raise CodecError(f"{path}: {problem}")
-            _check(item, join(path, key))
-        return
-    if kind is list or kind is tuple:
-        for i, item in enumerate(value):
-            _check(item, f"{path}[{i}]")
+    if kind is dict or kind is list or kind is tuple:
+        if depth >= MAX_DEPTH:
+            raise depth_error(path)
+        if kind is dict:
+            for key, item in value.items():
+                problem = key_problem(key)
+                if problem:
+                    raise CodecError(f"{path}: {problem}")
+                _check(item, join(path, key), depth + 1)
+        else:
+            for i, item in enumerate(value):
+                _check(item, f"{path}[{i}]", depth + 1)
         return
     if isinstance(value, np.ndarray):
         problem = array_problem(value)
@@ -175,11 +209,11 @@ def _check(value: Any, path: str) -> None:
             raise CodecError(f"{path}: {problem}")
         return
     if isinstance(value, str):
-        return _check(str.__str__(value), path)
+        return _check(str.__str__(value), path, depth)
     if isinstance(value, (BaseModel, bool, int, float, bytes, bytearray)):
         return
     if isinstance(value, dict):
-        return _check(dict(value), path)
+        return _check(dict(value), path, depth)
     if isinstance(value, (list, tuple)):
-        return _check(list(value), path)
+        return _check(list(value), path, depth)
     raise CodecError(f"{path}: {unsupported(value)}")

@@ -20,7 +20,16 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from .._optional import loaded_torch
 from ..errors import CodecError
-from .checks import array_problem, key_problem, numpy_problem, torch_problem, unsupported
+from .checks import (
+    MAX_DEPTH,
+    array_problem,
+    depth_error,
+    key_problem,
+    numpy_problem,
+    too_deep,
+    torch_problem,
+    unsupported,
+)
 from .format import (
     ALIGNMENT,
     CRC,
@@ -336,6 +345,16 @@ class PayloadWriter:
             # Floats the document must tag (-0.0, magnitudes from 1e16, written with an
             # exponent) take the full walk too.
             if text.count('"__') == encoder.tensors and not _TAGGED_TEXT.search(text):
-                return text, encoder.blob()
+                return _within_depth(payload, text), encoder.blob()
         doc, blob = encode_payload(payload)
-        return dump_document(doc), blob
+        return _within_depth(payload, dump_document(doc)), blob
+
+
+def _within_depth(payload: dict[str, Any], text: str) -> str:
+    """``text``, after checking that no field nests deeper than MAX_DEPTH (a row changed
+    after it was validated may); only a document with that many brackets can."""
+    if text.count("[") + text.count("{") > MAX_DEPTH:
+        for name, value in payload.items():
+            if too_deep(value):
+                raise depth_error(name)
+    return text
