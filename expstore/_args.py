@@ -8,35 +8,66 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from .errors import InvalidArgumentError
+from .codec.checks import text_problem
+from .errors import InvalidArgumentError, UnsupportedTypeError
 
-__all__ = ["check_int", "check_number"]
+__all__ = ["MAX_BATCH", "MAX_INT64", "check_int", "check_number", "check_text"]
+
+#: The largest integer a database column holds (BIGINT), for counts stored there.
+MAX_INT64 = 2**63 - 1
+#: The most rows one batch or claim may ask for: beyond it the key arrays alone would not
+#: fit in memory (10M keys are 80 MB); ask in several batches instead.
+MAX_BATCH = 10_000_000
 
 
 @overload
 def check_int(
-    name: str, value: Any, *, minimum: int | None = ..., optional: Literal[False] = ...
+    name: str,
+    value: Any,
+    *,
+    minimum: int | None = ...,
+    maximum: int = ...,
+    optional: Literal[False] = ...,
 ) -> int: ...
 @overload
 def check_int(
-    name: str, value: Any, *, minimum: int | None = ..., optional: Literal[True]
+    name: str, value: Any, *, minimum: int | None = ..., maximum: int = ..., optional: Literal[True]
 ) -> int | None: ...
 
 
 def check_int(
-    name: str, value: Any, *, minimum: int | None = None, optional: bool = False
+    name: str,
+    value: Any,
+    *,
+    minimum: int | None = None,
+    maximum: int = MAX_INT64,
+    optional: bool = False,
 ) -> int | None:
-    """``value`` as an int (numpy integers accepted, bools refused), at least ``minimum``;
-    None passes when ``optional``."""
+    """``value`` as an int (numpy integers accepted, bools refused), at least ``minimum``
+    and at most ``maximum`` (by default the largest a database column holds); None passes
+    when ``optional``."""
     if value is None and optional:
         return None
     ok = not isinstance(value, bool) and isinstance(value, (int, np.integer))
-    if not ok or (minimum is not None and value < minimum):
+    if not ok or (minimum is not None and value < minimum) or value > maximum:
         wanted = "an int" if minimum is None else f"an int >= {minimum}"
+        if ok and value > maximum:
+            wanted += f" and <= {maximum:,}"
         if optional:
             wanted = f"None or {wanted}"
         raise InvalidArgumentError(f"{name} must be {wanted}, got {value!r}")
     return int(value)
+
+
+def check_text(name: str, value: Any) -> str:
+    """``value`` as a str a database can store and compare (no NUL, no lone surrogates);
+    UnsupportedTypeError for another type, InvalidArgumentError for such text."""
+    if not isinstance(value, str):
+        raise UnsupportedTypeError(f"{name} must be a str, got {type(value).__name__} {value!r}")
+    problem = text_problem(value)
+    if problem:
+        raise InvalidArgumentError(f"{name}: {problem}")
+    return value
 
 
 def check_number(

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ._args import check_int
+from ._args import MAX_BATCH, check_int, check_text
 from .converters.base import Converter, as_converter
 from .converters.default import DefaultConverter
 from .errors import (
@@ -59,7 +59,7 @@ def check_consumer(consumer: Any) -> str:
             f"consumer must be a non-empty string of at most 255 chars (a learner's name, "
             f"the same across its restarts), got {consumer!r}"
         )
-    return consumer
+    return check_text("consumer", consumer)
 
 
 def _check_timeout(name: str, value: Any, *, optional: bool) -> float | None:
@@ -203,7 +203,7 @@ def claim_rows(
     max_staleness: int | None = None,
 ) -> Claim:
     """See :meth:`expstore.ReplayBuffer.claim`."""
-    n = check_int("n", n, minimum=1)
+    n = check_int("n", n, minimum=1, maximum=MAX_BATCH)
     consumer = check_consumer(consumer)
     lease = check_lease(lease_s)
     wait_s = _check_timeout("wait", wait, optional=True)

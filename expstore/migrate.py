@@ -21,6 +21,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util import CommandError
 from sqlalchemy import Connection, Engine, inspect, text
 
 from .errors import SchemaVersionError
@@ -86,9 +87,23 @@ def known_revisions() -> set[str]:
 
 
 def current_revision(connection: Connection) -> str | None:
-    """The revision a database is at, or None when expstore never touched it."""
+    """The revision a database is at, or None when expstore never touched it;
+    SchemaVersionError (with the repair) when its version table holds several."""
     context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
-    return context.get_current_revision()
+    try:
+        return context.get_current_revision()
+    except CommandError:
+        found = sorted(
+            connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars()
+        )
+        known = [r for r in found if r in known_revisions()]
+        keep = max(known) if known else head_revision()
+        raise SchemaVersionError(
+            f"the schema version table {VERSION_TABLE} holds {len(found)} revisions "
+            f"({', '.join(map(repr, found))}) where it must hold one; nothing was written. "
+            f"If the schema is at {keep!r}, keep only that one: DELETE FROM {VERSION_TABLE} "
+            f"WHERE version_num <> '{keep}'"
+        ) from None
 
 
 def _lock(connection: Connection) -> None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from ._args import check_int
+from ._args import MAX_BATCH, check_int
 from .errors import EmptyBufferError, StorageError
 from .models import DataRow
 from .storage.base import Fetched, QueryCondition, Storage
@@ -68,8 +68,9 @@ class SampleInfo(NamedTuple):
 
 
 def check_batch_size(batch_size: Any) -> int:
-    """``batch_size`` as an int >= 1, or InvalidArgumentError saying what arrived."""
-    return check_int("batch_size", batch_size, minimum=1)
+    """``batch_size`` as an int from 1 to :data:`~expstore._args.MAX_BATCH`, or
+    InvalidArgumentError saying what arrived."""
+    return check_int("batch_size", batch_size, minimum=1, maximum=MAX_BATCH)
 
 
 def draw(

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import and_, case, func, select
 from sqlalchemy.sql.elements import ColumnElement
 
+from .._args import check_text
 from ..errors import UnsupportedTypeError
 from .base import QueryCondition
 from .draw_counts import times_sampled
@@ -89,6 +90,7 @@ def row_lineage(handle: BufferHandle, ids: Sequence[str]) -> dict[str, Lineage]:
     ``unclaimed``; ids not stored are left out)."""
     if isinstance(ids, str):
         raise UnsupportedTypeError("lineage() needs a list of ids, got one string")
+    ids = [check_text("id", i) for i in ids]
     cp = checkpoints.c
     with_checkpoint = consumption.outerjoin(
         checkpoints,

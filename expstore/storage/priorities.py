@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 from sqlalchemy import Connection, bindparam, delete, insert, select, update
 
+from .._args import check_text
 from ..errors import InvalidArgumentError, UnsupportedTypeError
 from . import schema
 from .handle import BufferHandle
@@ -36,8 +37,14 @@ def check_priorities(
     """``(ids, priorities as float64)``, or the error that says what is wrong with them."""
     if isinstance(ids, str):
         raise UnsupportedTypeError("update_priorities() needs a list of ids, got one string")
-    ids = list(ids)
-    values = np.asarray(priorities, dtype=np.float64).reshape(-1)
+    ids = [check_text("id", i) for i in ids]
+    try:
+        values = np.asarray(priorities, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        raise UnsupportedTypeError(
+            f"priorities must be numbers (a list or an array), got {type(priorities).__name__}; "
+            "nothing was updated"
+        ) from None
     if len(ids) != len(values):
         raise InvalidArgumentError(
             f"update_priorities() needs one priority per id, got {len(ids)} ids and "

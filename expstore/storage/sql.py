@@ -35,6 +35,7 @@ from sqlalchemy import delete
 from sqlalchemy.engine import URL
 
 from .. import migrate
+from .._args import check_text
 from ..errors import InvalidArgumentError, StorageError, UnsupportedTypeError
 from ..models import DataRow
 from . import draw_counts, priorities, registry, versions, writer
@@ -83,6 +84,7 @@ class SqlStorage(Storage):
             raise InvalidArgumentError(
                 f"name must be a non-empty string of at most 255 chars, got {name!r}"
             )
+        check_text("name", name)
         registry.check_retention(capacity, eviction)
         self.name = name
         self._upgrade = upgrade
@@ -235,7 +237,7 @@ class SqlStorage(Storage):
 
     # -- reading -------------------------------------------------------------------------
     def get(self, row_id: str) -> DataRow | None:
-        return self._reader.get(row_id)
+        return self._reader.get(check_text("row_id", row_id))
 
     def count(self, query_condition: QueryCondition = None) -> int:
         return self._reader.count(query_condition)
@@ -256,14 +258,14 @@ class SqlStorage(Storage):
         return self._reader.page(query_condition, offset=offset, limit=limit)
 
     def get_by_task_id(self, task_id: str) -> list[DataRow]:
-        return self._reader.task_rows([task_id])[task_id]
+        return self._reader.task_rows([check_text("task_id", task_id)])[task_id]
 
     def get_batch_by_task_ids(self, task_ids: Iterable[str]) -> dict[str, list[DataRow]]:
         if isinstance(task_ids, str):
             raise UnsupportedTypeError(
                 "get_batch_by_task_ids() needs a list of task ids, got one string"
             )
-        return self._reader.task_rows(task_ids)
+        return self._reader.task_rows([check_text("task id", t) for t in task_ids])
 
     def task_ids(self, query_condition: QueryCondition = None) -> list[str]:
         return self._reader.task_ids(query_condition)

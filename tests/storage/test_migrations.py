@@ -173,3 +173,18 @@ def test_revision_0005_keeps_rows_and_counts_them_as_inserted(fresh_url: str) ->
         copy = rows[0].model_copy(update={"id": "new"})
         assert buf.store(copy, dedup="skip") == 1
         assert buf.store(copy.model_copy(update={"id": "newer"}), dedup="skip") == 0
+
+
+def test_a_version_table_with_two_rows_is_reported_with_the_repair(fresh_url: str) -> None:
+    engine = _writer(fresh_url)
+    migrate.upgrade(engine)
+    with engine.begin() as conn:
+        conn.execute(text(f"INSERT INTO {VERSION_TABLE} (version_num) VALUES ('0004')"))
+    with pytest.raises(SchemaVersionError, match="holds 2 revisions") as info:
+        ReplayBuffer(fresh_url)
+    head = migrate.head_revision()
+    assert f"DELETE FROM {VERSION_TABLE} WHERE version_num <> '{head}'" in str(info.value)
+    with engine.begin() as conn:  # the repair it names works
+        conn.execute(text(f"DELETE FROM {VERSION_TABLE} WHERE version_num <> '{head}'"))
+    with ReplayBuffer(fresh_url) as buf:
+        assert len(buf) == 0
