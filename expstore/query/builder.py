@@ -150,7 +150,9 @@ class QueryBuilder:
                 raise QueryError(
                     f"nested() (call {position}) takes a QueryBuilder or a Condition; got None"
                 )
-        return self._add(condition, None, f"nested({condition})")
+        # Not the condition's text in the call's name: building it at every level of a
+        # deep nesting would make building quadratic.
+        return self._add(condition, None, "nested(...)")
 
     def build(self) -> Condition:
         """The Condition this chain describes; QueryError if the chain is incomplete."""

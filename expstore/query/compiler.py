@@ -54,6 +54,7 @@ from sqlalchemy import (
     or_,
 )
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
 
 from ..errors import QueryError
@@ -148,6 +149,39 @@ def _bind(value: Any) -> BindParameter[Any]:
     return bindparam(None, value, type_=String())
 
 
+#: How many terms one AND/OR of the SQL holds before the compiler nests it: SQLite parses
+#: ``a OR b OR c ...`` as a left-deep tree and refuses one deeper than 1,000.
+_WIDE = 64
+
+
+def _balanced(join: Any, parts: list[Any]) -> Any:
+    """``join(*parts)``, as parenthesised groups of at most _WIDE terms when wider (the
+    same logic, with an expression depth of about _WIDE per level, log_WIDE(n) levels)."""
+    if len(parts) <= _WIDE:
+        return join(*parts)
+    size = -(-len(parts) // _WIDE)
+    chunks = [_balanced(join, parts[i : i + size]) for i in range(0, len(parts), size)]
+    return _Joined("AND" if join is and_ else "OR", chunks)
+
+
+class _Joined(ColumnElement[bool]):
+    """``(a) OR (b) OR ...`` kept as written: SQLAlchemy's ``or_`` flattens nested ORs
+    back into one long chain, which is what SQLite cannot parse."""
+
+    inherit_cache = False
+    type = Boolean()
+
+    def __init__(self, word: str, parts: list[Any]) -> None:
+        self.word = word
+        self.parts = parts
+
+
+@compiles(_Joined)
+def _render_joined(element: _Joined, compiler: Any, **kw: Any) -> str:
+    joined = f" {element.word} ".join(f"({compiler.process(p, **kw)})" for p in element.parts)
+    return f"({joined})"
+
+
 class _Compiler(ABC):
     """Conditions to SQL: what both dialects share here, their differences in subclasses."""
 
@@ -156,9 +190,9 @@ class _Compiler(ABC):
 
     def condition(self, condition: Condition) -> ColumnElement[bool]:
         if isinstance(condition, And):
-            return and_(*(self.condition(c) for c in condition.conditions))
+            return _balanced(and_, [self.condition(c) for c in condition.conditions])
         if isinstance(condition, Or):
-            return or_(*(self.condition(c) for c in condition.conditions))
+            return _balanced(or_, [self.condition(c) for c in condition.conditions])
         assert isinstance(condition, Comparison)
         return self.comparison(condition)
 

@@ -15,6 +15,11 @@ Semantics, identical in SQL and in ``matches()``:
 - ``in_([])`` matches nothing; ``not_in([])`` matches every non-null value.
 - ``like`` patterns are SQL LIKE patterns, case-sensitive, with ``\\`` as the escape
   character (see :mod:`expstore.query._like`).
+
+And/Or groups nest at most :data:`MAX_CONDITION_DEPTH` levels, however a condition is
+built (QueryBuilder.nested, a dict, a ``--where`` text): deeper raises QueryError. A group
+may hold any number of conditions (the compiler nests wide groups so SQLite's expression
+depth limit is never met).
 """
 
 from __future__ import annotations
@@ -37,7 +42,29 @@ from .fields import check_text, resolve_field
 if TYPE_CHECKING:
     from ..models import DataRow
 
-__all__ = ["And", "Comparison", "Condition", "OPERATORS", "Or", "as_condition", "value_kind"]
+__all__ = [
+    "MAX_CONDITION_DEPTH",
+    "And",
+    "Comparison",
+    "Condition",
+    "OPERATORS",
+    "Or",
+    "as_condition",
+    "depth_error",
+    "value_kind",
+]
+
+#: How many levels And/Or groups may nest (a comparison is level 0).
+MAX_CONDITION_DEPTH = 100
+
+
+def depth_error(where: str = "") -> QueryError:
+    prefix = f"{where}: " if where else ""
+    return QueryError(
+        f"{prefix}conditions nest more than {MAX_CONDITION_DEPTH} levels of and/or groups; "
+        "flatten them (an and_ or or_ takes any number of conditions at one level)"
+    )
+
 
 #: Operator names, as AWorld spells them in its dicts (``in``, not ``in_``).
 OPERATORS = (
@@ -226,6 +253,8 @@ class _Group(Condition):
     conditions: tuple[Condition, ...]
     word: ClassVar[str]
     key: ClassVar[str]
+    #: How many levels of groups this one holds, itself included (set when built).
+    depth: ClassVar[int] = 1
 
     def __post_init__(self) -> None:
         conditions = self.conditions
@@ -242,7 +271,11 @@ class _Group(Condition):
                     f"{type(self).__name__}() holds conditions only; got {item!r} "
                     f"({type(item).__name__})"
                 )
+        depth = 1 + max(getattr(c, "depth", 0) for c in conditions)
+        if depth > MAX_CONDITION_DEPTH:
+            raise depth_error()
         object.__setattr__(self, "conditions", conditions)
+        object.__setattr__(self, "depth", depth)
 
     def to_dict(self) -> dict[str, Any]:
         return {self.key: [c.to_dict() for c in self.conditions]}
@@ -415,9 +448,11 @@ def _read(target: FieldPath, row: DataRow) -> Any:
 # -- reading dicts ------------------------------------------------------------------------
 
 
-def _from_dict(data: Any, where: str) -> Condition:
+def _from_dict(data: Any, where: str, depth: int = 0) -> Condition:
     if isinstance(data, Condition):
         return data
+    if depth > MAX_CONDITION_DEPTH:
+        raise depth_error(where[:60] + ("..." if len(where) > 60 else ""))
     if not isinstance(data, Mapping):
         raise QueryError(
             f"{where}: expected a dict such as {{'field': 'exp_meta.task_id', 'value': 't1', "
@@ -425,7 +460,7 @@ def _from_dict(data: Any, where: str) -> Condition:
         )
     keys = set(data)
     if keys == {"nested"}:
-        return _from_dict(data["nested"], f"{where}.nested")
+        return _from_dict(data["nested"], f"{where}.nested", depth + 1)
     logical = keys & set(_LOGICAL_KEYS)
     if logical:
         if len(keys) != 1:
@@ -439,7 +474,9 @@ def _from_dict(data: Any, where: str) -> Condition:
             raise QueryError(f"{where}.{key}: expected a list of conditions; got {_show(items)}")
         if not items:
             raise QueryError(f"{where}.{key}: the list of conditions is empty; give at least one")
-        children = tuple(_from_dict(item, f"{where}.{key}[{i}]") for i, item in enumerate(items))
+        children = tuple(
+            _from_dict(item, f"{where}.{key}[{i}]", depth + 1) for i, item in enumerate(items)
+        )
         return And(children) if _LOGICAL_KEYS[key] == "and" else Or(children)
     if "field" in keys and "op" in keys:
         extra = keys - {"field", "op", "value"}

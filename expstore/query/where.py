@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import QueryError
-from .conditions import And, Comparison, Condition, Or
+from .conditions import MAX_CONDITION_DEPTH, And, Comparison, Condition, Or
 
 __all__ = ["parse_where"]
 
@@ -151,6 +151,7 @@ class _Parser:
         self.text = text
         self.tokens = tokenize(text)
         self.i = 0
+        self.depth = 0  # parentheses open around the current token
 
     # -- helpers ----------------------------------------------------------------------
     @property
@@ -203,7 +204,15 @@ class _Parser:
     def primary(self) -> Condition:
         if self.at_punct("("):
             opening = self.advance()
+            self.depth += 1
+            if self.depth > MAX_CONDITION_DEPTH:
+                raise self.error(
+                    f"parentheses nest more than {MAX_CONDITION_DEPTH} deep here; flatten "
+                    "the condition (and/or take any number of terms at one level)",
+                    opening,
+                )
             inner = self.disjunction()
+            self.depth -= 1
             if not self.at_punct(")"):
                 if self.tok.kind == "end":
                     raise self.error("this '(' is never closed; add ')'", opening)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, Select
 from sqlalchemy.engine import URL
@@ -91,11 +91,77 @@ class _TranslateErrors:
         if exc is None or not isinstance(exc, DBAPIError):
             return
         reason = str(exc.orig).strip() or str(exc)
-        if isinstance(exc, DataError | IntegrityError):
-            advice = "the database refused the data; fix the value it names"
-        else:
-            advice = "check that the database is reachable and writable"
+        advice = advice_for(exc, reason)
         raise StorageError(
             f"could not {self.action} in {self.handle.shown_url()} (buffer "
             f"{self.handle.name!r}): {reason}. Nothing was changed; {advice}"
         ) from exc
+
+
+class _Cause(NamedTuple):
+    """A kind of database failure: its SQLSTATE codes or classes (Postgres), the words the
+    database uses for it (SQLite, drivers), and what to do about it."""
+
+    states: tuple[str, ...]
+    words: tuple[str, ...]
+    advice: str
+
+
+#: Causes in order; the first that matches gives the advice.
+_CAUSES = (
+    _Cause(
+        ("55P03",),
+        ("database is locked", "database table is locked", "lock timeout"),
+        "another process held the database's lock longer than the wait allows; retry, and "
+        "keep other processes' transactions short",
+    ),
+    _Cause(
+        ("25006", "42501"),
+        ("readonly database", "read-only", "permission denied"),
+        "the database (or its file or folder) is read-only here: write to a writable path "
+        "or server (a primary, not a standby), or only read",
+    ),
+    _Cause(("53100",), ("disk is full", "no space left"), "the disk is full: free space and retry"),
+    _Cause(
+        ("54",),
+        ("too large", "too many sql variables", "too many terms"),
+        "the statement is larger than the database accepts: split the condition or the "
+        "batch into smaller ones",
+    ),
+    _Cause(
+        ("40001", "40P01"),
+        ("could not serialize", "deadlock detected"),
+        "the database aborted the transaction to settle a conflict with another one; retry",
+    ),
+    _Cause(
+        ("57014",),
+        ("canceling statement",),
+        "the statement ran past the server's statement timeout; raise it or narrow the query",
+    ),
+    _Cause(
+        ("08", "57P01", "57P02", "57P03"),
+        (
+            "server closed the connection",
+            "connection refused",
+            "could not connect",
+            "connection is closed",
+            "terminating connection",
+        ),
+        "the connection to the database was lost or refused: check that the server is up "
+        "and reachable, then retry",
+    ),
+)
+
+
+def advice_for(exc: DBAPIError, reason: str) -> str:
+    """What to do about a driver error, by its cause (SQLSTATE first, then its words)."""
+    state = str(getattr(exc.orig, "sqlstate", None) or "")
+    said = reason.lower()
+    for cause in _CAUSES:
+        if any(state.startswith(s) for s in cause.states if state) or any(
+            w in said for w in cause.words
+        ):
+            return cause.advice
+    if isinstance(exc, DataError | IntegrityError):
+        return "the database refused the data; fix the value it names"
+    return "check that the database is reachable and writable"

@@ -565,3 +565,12 @@ def test_stats_shows_the_policy_version_and_rate_limit(invoke: Invoke, tmp_path)
     assert "rate limit      min_size 2, 2 samples per insert; 4 inserted, 0 sampled" in out
     table = invoke("query", "--db", url, "-w", "policy_version >= 2").stdout
     assert table.splitlines()[0] == "2 of 2 matching rows where policy_version >= 2"
+
+
+def test_a_deeply_parenthesised_where_is_a_clear_error(invoke: Invoke, tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'd.db'}"
+    invoke("init", "--db", url)
+    result = invoke("query", "--db", url, "-w", "(" * 3000 + "step = 0" + ")" * 3000)
+    assert result.exit_code != 0
+    assert "parentheses nest more than 100 deep" in result.stderr
+    assert "unexpected" not in result.stderr
