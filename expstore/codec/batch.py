@@ -70,8 +70,8 @@ class BatchDecoder:
             return part.tensor_at(spec, path)
         try:
             value = json.loads(text)
-        except ValueError as exc:
-            raise part.malformed(path, f"text that is not JSON ({exc})") from exc
+        except (ValueError, RecursionError) as exc:
+            raise part.malformed(path, f"text that is not JSON ({type(exc).__name__})") from None
         if type(value) is dict and len(value) == 1 and TENSOR_KEY in value:
             spec = part.tensor_spec(value[TENSOR_KEY], path)
             self.remember(text, spec)

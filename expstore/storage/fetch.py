@@ -22,6 +22,9 @@ import numpy as np
 from sqlalchemy.sql.elements import ColumnElement
 
 from ..codec import RESERVED_KEYS, BatchDecoder
+from ..codec.format import MALFORMED
+from ..errors import CodecError, StorageError
+from ..layout import COLUMNS_BY_NAME
 from ..paths import FieldPath, parse_path, walk
 from .base import Values
 from .dialects import Dialect
@@ -129,6 +132,7 @@ class FieldPlan:
                     )
             else:
                 values = list(columns[at])
+                _check_column(label, values, ids)
             if rest:
                 values = [walk(value, rest) for value in values]
             out.append(values)
@@ -173,9 +177,13 @@ class FieldFetcher:
         plan, whole = self.plans(paths, writable)
         wanted = key_list(keys)
         fetch = self.reader.rows_by_keys
-        found, ids, values, unread = plan.read_all(
-            fetch(list(dict.fromkeys(wanted)), plan.columns), self.decoder
-        )
+        distinct = list(dict.fromkeys(wanted))
+        try:
+            fetched = fetch(distinct, plan.columns)
+        except StorageError:
+            self.reader.raise_damaged(distinct)  # the database could not read a document
+            raise
+        found, ids, values, unread = plan.read_all(fetched, self.decoder)
         if unread and whole is not None:
             again, more_ids, more, _ = whole.read_all(fetch(unread, whole.columns), self.decoder)
             found, ids = found + again, ids + more_ids
@@ -190,6 +198,23 @@ class FieldFetcher:
         return [ids[i] for i in positions], [
             v[order] if isinstance(v, np.ndarray) else [v[i] for i in positions] for v in values
         ]
+
+
+def _check_column(name: str, values: list[Any], ids: Sequence[str]) -> None:
+    """CodecError naming the row if a typed column holds a value of another type (SQLite's
+    columns take any); one C-speed pass over the types when all is well."""
+    spec = COLUMNS_BY_NAME.get(name)
+    if spec is None:
+        return
+    allowed = {spec.python, type(None)} if spec.nullable else {spec.python}
+    if set(map(type, values)) <= allowed:
+        return
+    for row_id, value in zip(ids, values, strict=True):
+        if type(value) not in allowed:
+            raise CodecError(
+                f"row {row_id}: column {name} holds {value!r}, not a "
+                f"{spec.python.__name__}; {MALFORMED}"
+            )
 
 
 def _sql_steps(steps: tuple[str | int, ...]) -> tuple[str | int, ...]:

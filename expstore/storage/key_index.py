@@ -274,15 +274,37 @@ def _to_arrays(fetched: Sequence[Row[Any]], columns: list[_Column]) -> Arrays:
     for column, values in zip(columns, transposed[1:], strict=True):
         if column.dtype is None:
             out[column.name] = _json_values(values)
-        else:
+            continue
+        try:
             out[column.name] = np.array(values, dtype=column.dtype)
+        except (TypeError, ValueError):  # SQLite holds text in a numeric column
+            raise _damaged(column.name, out["key"], values) from None
     return out
+
+
+def _damaged(name: str, keys: np.ndarray, values: Sequence[Any]) -> CodecError:
+    """The error for a column whose values are not all of its type (damaged rows)."""
+    pairs = zip(keys.tolist(), values, strict=True)
+    key, value = next(
+        ((k, v) for k, v in pairs if isinstance(v, (str, bytes)) or v is ...),
+        (int(keys[0]), values[0]),
+    )
+    return CodecError(
+        f"the row with key {key} holds {value!r} in column {name}, which is not a number; "
+        "the stored row is damaged: delete it (buffer.delete(...)) and re-store it"
+    )
 
 
 def _json_value(text: str) -> Any:
     """A stored JSON part as the codec decodes it (NaN, escaped dicts); a tensor, which
     needs its row's blob, stays its placeholder."""
-    value = json.loads(text)
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        raise CodecError(
+            f"a stored document holds {text[:40]!r}..., which is not JSON; the row is damaged: "
+            "delete it and re-store it"
+        ) from None
     try:
         return PartDecoder(None, "").decode_part(value, "value")
     except CodecError:

@@ -6,17 +6,19 @@ time (it was validated when it was stored); its payload goes through the codec.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Row, Select, func, select, tuple_
+from sqlalchemy import Row, Select, Text, cast, func, select, tuple_
 from sqlalchemy.sql.elements import ColumnElement
 
 from .._args import check_int
 from ..codec import decode_payload
-from ..errors import InvalidArgumentError, UnsupportedTypeError
-from ..layout import META_COLUMNS, ORDERABLE, SCALAR_COLUMNS
+from ..codec.format import MALFORMED
+from ..errors import CodecError, InvalidArgumentError, UnsupportedTypeError
+from ..layout import COLUMNS, META_COLUMNS, ORDERABLE, PAYLOAD_FIELDS, SCALAR_COLUMNS
 from ..models import DataRow, Experience, ExpMeta, trusted
 from .base import QueryCondition
 from .handle import BufferHandle
@@ -27,13 +29,32 @@ __all__ = ["CHUNK", "RowReader", "key_list"]
 #: Rows fetched per round trip when streaming a query.
 CHUNK = 1000
 
-#: What a whole-row read selects: every column a DataRow needs, the key first.
-ROW_COLUMNS = [rows.c.key, *(c for c in rows.c if c.name not in ("key", "buffer_id", "priority"))]
+#: What a whole-row read selects: every column a DataRow needs, the key first. The document
+#: comes as JSON text, parsed in :func:`decode_row`, so a damaged one is reported with its
+#: row's id (Postgres would parse JSONB in the driver, SQLite in SQLAlchemy, without it).
+ROW_COLUMNS: list[Any] = [
+    rows.c.key,
+    *(
+        cast(c, Text).label("data") if c.name == "data" else c
+        for c in rows.c
+        if c.name not in ("key", "buffer_id", "priority", "content_hash")
+    ),
+]
 _NAMES = [c.name for c in ROW_COLUMNS]
 _AT_ID, _AT_DATA, _AT_TENSORS = (_NAMES.index(n) for n in ("id", "data", "tensors"))
 _AT_META = tuple((c, _NAMES.index(c)) for c in META_COLUMNS)
 _AT_SCALARS = tuple((c, _NAMES.index(c)) for c in SCALAR_COLUMNS)
 _EXPERIENCE_FIELDS = tuple(Experience.model_fields)
+#: (position, column, the types its values may have) of every typed column, to tell a
+#: value SQLite let through in the wrong type (its columns take any) from a good one.
+_TYPED = tuple(
+    (
+        _NAMES.index(spec.name),
+        spec.name,
+        (spec.python, type(None)) if spec.nullable else (spec.python,),
+    )
+    for spec in COLUMNS
+)
 
 
 def key_list(keys: Sequence[int] | np.ndarray) -> list[int]:
@@ -42,10 +63,28 @@ def key_list(keys: Sequence[int] | np.ndarray) -> list[int]:
 
 
 def decode_row(r: Row[Any] | Sequence[Any]) -> DataRow:
-    """The DataRow a whole-row read (:data:`ROW_COLUMNS`) fetched."""
+    """The DataRow a whole-row read (:data:`ROW_COLUMNS`) fetched; CodecError naming the
+    row when what is stored is damaged."""
     # Positional access: a sampler decodes hundreds of rows per batch.
     row_id = r[_AT_ID]
-    payload = decode_payload(r[_AT_DATA], r[_AT_TENSORS], row_id=row_id)
+    try:
+        doc = json.loads(r[_AT_DATA])
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise CodecError(
+            f"row {row_id}: the stored document is not readable JSON ({type(exc).__name__}); "
+            f"{MALFORMED}"
+        ) from None
+    payload = decode_payload(doc, r[_AT_TENSORS], row_id=row_id)
+    missing = [name for name in PAYLOAD_FIELDS if name not in payload]
+    if missing:
+        raise CodecError(f"row {row_id}: the stored document lacks {missing}; {MALFORMED}")
+    for at, name, kinds in _TYPED:
+        value = r[at]
+        if not isinstance(value, kinds) or (kinds[0] is int and isinstance(value, bool)):
+            raise CodecError(
+                f"row {row_id}: column {name} holds {value!r}, not a {kinds[0].__name__}; "
+                f"{MALFORMED}"
+            )
     meta = trusted(ExpMeta, {c: r[i] for c, i in _AT_META})
     for c, i in _AT_SCALARS:
         payload[c] = r[i]
@@ -89,6 +128,26 @@ class RowReader:
             r[0]: decode_row(r) for r in self.rows_by_keys(list(dict.fromkeys(wanted)), ROW_COLUMNS)
         }
         return [found[k] for k in wanted if k in found]
+
+    def raise_damaged(self, keys: list[int]) -> None:
+        """CodecError naming the rows among ``keys`` whose stored document is not valid
+        JSON (only SQLite can hold one); nothing if none is."""
+        handle = self.handle
+        if handle.dialect.name != "sqlite":
+            return
+        stmt = select(rows.c.id).where(
+            handle.dialect.key_in(),
+            rows.c.buffer_id == handle.buffer_id,
+            ~func.json_valid(rows.c.data),
+        )
+        with handle.errors("find damaged rows"), handle.read() as conn:
+            damaged = list(conn.execute(stmt, {"keys": handle.dialect.key_set(keys)}).scalars())
+        if damaged:
+            raise CodecError(
+                f"row {damaged[0]}: the stored document is not valid JSON"
+                f"{f' (and {len(damaged) - 1} more rows)' if len(damaged) > 1 else ''}; "
+                f"{MALFORMED}"
+            )
 
     def get(self, row_id: str) -> DataRow | None:
         with self.handle.errors("read a row"), self.handle.read() as conn:
