@@ -43,7 +43,7 @@ from ._optional import require
 from ._version import __version__
 from .buffer import ReplayBuffer
 from .codec import decode_payload, encode_payload
-from .errors import CodecError, DuplicateIdError, InvalidArgumentError
+from .errors import CodecError, ExpstoreError, InvalidArgumentError
 from .layout import COLUMNS as LAYOUT
 from .layout import META_COLUMNS, PAYLOAD_FIELDS, SCALAR_COLUMNS
 from .models import DataRow, Experience, ExpMeta
@@ -353,6 +353,25 @@ def _read_parquet(path: str | os.PathLike[str]) -> Iterator[DataRow]:
             yield record_to_row(record, f"{Path(path).name} row {number}")
 
 
+def _stopped(exc: ExpstoreError, stored: int) -> ExpstoreError:
+    """``exc`` with what an import that stopped had stored and how to go on."""
+    if stored:
+        what = (
+            f"The import stopped there; the {stored} rows before it were stored (each "
+            f"{CHUNK}-row chunk commits on its own)"
+        )
+    else:
+        what = "The import stopped there; nothing was stored"
+    hint = (
+        "fix the file (or the rows it names) and run the same import again with "
+        "skip_existing=True (expstore import --skip-existing), which adds only the rows "
+        "not stored yet"
+    )
+    if isinstance(exc, ValidationError):  # pydantic's: not built from a message
+        return InvalidArgumentError(f"{exc}\n{what}; {hint}")
+    return type(exc)(f"{exc}. {what}; {hint}")
+
+
 def import_rows(
     buffer: ReplayBuffer,
     path: str | os.PathLike[str],
@@ -364,8 +383,10 @@ def import_rows(
     """Store the rows of an exported file into ``buffer``; returns how many were stored.
 
     Rows are validated as they are read and stored ``CHUNK`` (1000) at a time, each chunk
-    in one transaction. A row whose id the buffer already holds stops the import (the rows
-    of earlier chunks stay) unless ``skip_existing``, which leaves such rows out.
+    in one transaction. A bad line, an invalid row or a row whose id the buffer already
+    holds (unless ``skip_existing``, which leaves such rows out) stops the import with an
+    error of its kind that says how many rows of earlier chunks were stored and how to go
+    on: fix the file and run it again with ``skip_existing=True``.
     ``"-"`` reads JSON Lines from standard input.
     """
     format = detect_format(path, format)
@@ -374,21 +395,18 @@ def import_rows(
     else:
         rows = _read_parquet(path)
     stored = 0
-    for chunk in chunks(rows, CHUNK):
-        read = len(chunk)
-        if skip_existing:
-            ids = [row.id for row in chunk]
-            present = {row.id for row in buffer.query(Comparison("id", "in", tuple(ids)))}
-            chunk = [row for row in chunk if row.id not in present]
-        if chunk:
-            try:
+    try:
+        for chunk in chunks(rows, CHUNK):
+            read = len(chunk)
+            if skip_existing:
+                ids = [row.id for row in chunk]
+                present = {row.id for row in buffer.query(Comparison("id", "in", tuple(ids)))}
+                chunk = [row for row in chunk if row.id not in present]
+            if chunk:
                 buffer.store_batch(chunk)
-            except DuplicateIdError as exc:
-                raise DuplicateIdError(
-                    f"{exc}. The import stopped after {stored} rows; run it again with "
-                    "skip_existing=True (expstore import --skip-existing) to add only new rows"
-                ) from None
-            stored += len(chunk)
-        if progress is not None:
-            progress(read)
+                stored += len(chunk)
+            if progress is not None:
+                progress(read)
+    except ExpstoreError as exc:
+        raise _stopped(exc, stored) from exc
     return stored

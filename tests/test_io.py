@@ -175,7 +175,7 @@ def test_importing_rows_already_there_stops_unless_skipping(tmp_path: Path) -> N
     buffer = ReplayBuffer()
     buffer.store_batch(make_rows(10))
     export_rows(buffer, tmp_path / "x.jsonl")
-    with pytest.raises(StorageError, match=r"already stored.*stopped after 0 rows.*skip_existing"):
+    with pytest.raises(StorageError, match=r"already stored.*nothing was stored.*skip_existing"):
         import_rows(buffer, tmp_path / "x.jsonl")
     assert len(buffer) == 10
     buffer.delete(QueryBuilder().eq("exp_meta.task_id", "task0").build())
@@ -267,3 +267,22 @@ def test_any_row_survives_a_record_round_trip(state: Any, info: dict[str, Any]) 
     binary = row_to_record(row, binary=True)
     binary["data"] = json.dumps(binary["data"], allow_nan=False)
     assert record_to_row(binary) == row
+
+
+def test_an_import_stopped_by_a_bad_line_says_what_it_stored(tmp_path: Path) -> None:
+    from expstore.errors import ExpstoreError
+
+    source = ReplayBuffer()
+    source.store_batch(make_rows(1030))
+    export_rows(source, tmp_path / "x.jsonl")
+    lines = (tmp_path / "x.jsonl").read_text().splitlines()
+    lines[1020] = "{not json"
+    (tmp_path / "bad.jsonl").write_text("\n".join(lines) + "\n")
+    target = ReplayBuffer()
+    with pytest.raises(ExpstoreError, match=r"line 1021.*the 1000 rows before it were stored"):
+        import_rows(target, tmp_path / "bad.jsonl")
+    assert len(target) == 1000
+    lines[1020] = (tmp_path / "x.jsonl").read_text().splitlines()[1020]  # the line fixed
+    (tmp_path / "bad.jsonl").write_text("\n".join(lines) + "\n")
+    assert import_rows(target, tmp_path / "bad.jsonl", skip_existing=True) == 30
+    assert sorted(r.id for r in target.query()) == sorted(r.id for r in source.query())
