@@ -113,7 +113,7 @@ def row_to_record(row: DataRow, *, binary: bool = False) -> dict[str, Any]:
     """One row as a flat record (``data`` a dict; ``tensors`` base64 text, or bytes when
     ``binary``)."""
     meta, data = row.exp_meta, row.exp_data
-    doc, blob = encode_payload({name: getattr(data, name) for name in PAYLOAD_FIELDS})
+    doc, blob = encode_payload({name: getattr(data, name) for name in PAYLOAD_FIELDS}, row.id)
     record: dict[str, Any] = {"id": row.id}
     for name in _META:
         record[name] = getattr(meta, name)

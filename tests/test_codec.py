@@ -335,7 +335,21 @@ def test_truncated_blob_with_a_valid_checksum_fails_the_bounds_check() -> None:
 
 def test_wrong_magic_is_reported() -> None:
     doc, blob = stored_row()
-    decode_fails(doc, b"XXXX" + blob[4:], "expected b'XST1'")
+    decode_fails(doc, b"XXXX" + blob[4:], "expected b'XST2'")
+
+
+def test_a_blob_is_tied_to_its_row() -> None:
+    doc, blob = encode_payload({"state": np.arange(4.0)}, ROW)
+    assert blob is not None and blob[:4] == b"XST2"
+    assert decode_payload(doc, blob, row_id=ROW)["state"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    with pytest.raises(CodecError, match="copied from another row"):
+        decode_payload(doc, blob, row_id="another-row")
+
+
+def test_blobs_written_before_revision_0005_are_still_read() -> None:
+    doc, blob = encode_payload({"state": np.arange(4.0)})  # no row: the XST1 header
+    assert blob is not None and blob[:4] == b"XST1"
+    assert decode_payload(doc, blob, row_id="any")["state"].tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
 def test_flipped_byte_fails_the_checksum() -> None:

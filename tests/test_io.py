@@ -112,7 +112,7 @@ def test_parquet_has_plain_columns_other_tools_can_read(tmp_path: Path) -> None:
     assert about["buffer"] == "web" and about["where"] == "step = 0"
     first = table.to_pylist()[0]
     assert json.loads(first["data"])["state"]["url"] == "https://x/0"
-    assert first["tensors"].startswith(b"XST1")
+    assert first["tensors"].startswith(b"XST2")
 
 
 @pytest.mark.parametrize("module", ["pandas", "polars"])

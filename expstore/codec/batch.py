@@ -18,7 +18,16 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .decode import PartDecoder
-from .format import CRC_DTYPE, HEADER_SIZE, MAGIC_BYTES, TENSOR_KEY, TensorSpec, crc32, intact
+from .format import (
+    CRC_DTYPE,
+    HEADER_SIZE,
+    MAGIC_BYTES,
+    TENSOR_KEY,
+    TensorSpec,
+    crc32,
+    intact,
+    row_seed,
+)
 
 __all__ = ["BatchDecoder"]
 
@@ -104,7 +113,7 @@ class BatchDecoder:
         if stack and texts and texts[0] is not None:
             if texts[0] not in self.views:  # learn the placeholder from the first row
                 self.decode_text(texts[0], blobs[0], row_ids[0], path)
-            stacked = self.stacked(texts, blobs, checked)
+            stacked = self.stacked(texts, blobs, row_ids, checked)
             if stacked is not None:
                 return stacked
         views = self.views
@@ -114,7 +123,7 @@ class BatchDecoder:
         for text, blob, row_id in zip(texts, blobs, row_ids, strict=True):
             view = views.get(text)  # type: ignore[arg-type]  # None is never a key
             if view is not None and type(blob) is bytes and len(blob) >= view.end:
-                if (checked is not None and id(blob) in checked) or intact(blob):
+                if (checked is not None and id(blob) in checked) or intact(blob, row_id):
                     dtype, size, start, end, shape = view
                     if writable:
                         array = frombuffer(bytearray(memoryview(blob)[start:end]), dtype, size)
@@ -128,7 +137,11 @@ class BatchDecoder:
         return out
 
     def stacked(
-        self, texts: Sequence[str | None], blobs: Sequence[Blob], checked: set[int] | None
+        self,
+        texts: Sequence[str | None],
+        blobs: Sequence[Blob],
+        row_ids: Sequence[str],
+        checked: set[int] | None,
     ) -> np.ndarray | None:
         """The arrays of a batch of rows as one read-only ``(rows, *shape)`` array, when
         every row has the same known placeholder text and blobs of one length, all intact;
@@ -148,10 +161,13 @@ class BatchDecoder:
         table = np.frombuffer(joined, np.uint8).reshape(len(blobs), size)
         if checked is None or not all(id(b) in checked for b in blobs):
             if not (table[:, :4] == MAGIC_BYTES).all():
-                return None
+                return None  # (blobs written before revision 0005 are read row by row)
             whole = memoryview(joined)
             sums = np.fromiter(
-                (crc32(whole[at + HEADER_SIZE : at + size]) for at in range(0, len(joined), size)),
+                (
+                    crc32(whole[at + HEADER_SIZE : at + size], row_seed(row_id))
+                    for at, row_id in zip(range(0, len(joined), size), row_ids, strict=True)
+                ),
                 np.uint32,
                 len(blobs),
             )

@@ -30,7 +30,7 @@ from .format import (
     TENSOR_KINDS,
     TORCH_DTYPES,
     TensorSpec,
-    crc32,
+    blob_checksum,
     intact,
     tagged_value,
 )
@@ -52,7 +52,7 @@ class _Decoder:
         self.buf: bytearray | None = None
         if blob is None:
             return
-        if intact(blob):
+        if intact(blob, row_id):
             self.buf = bytearray(memoryview(blob)[HEADER_SIZE:])
             return
         self.buf = self.check_blob(memoryview(blob))
@@ -67,12 +67,16 @@ class _Decoder:
         view = view.cast("B")
         if len(view) < HEADER_SIZE:
             raise self.damaged(f"the blob is {len(view)} bytes, shorter than its header")
-        if view[:4] != MAGIC:
+        actual = blob_checksum(view, self.row_id)
+        if actual is None:
             raise self.damaged(f"the blob starts with {bytes(view[:4])!r}, expected {MAGIC!r}")
         (expected,) = CRC.unpack(view[4:HEADER_SIZE])
         rest = view[HEADER_SIZE:]
-        if crc32(rest) != expected:
-            raise self.damaged("the blob's checksum does not match its contents")
+        if actual != expected:
+            raise self.damaged(
+                "the blob's checksum does not match its contents and this row (a damaged "
+                "blob, or one copied from another row)"
+            )
         # The one copy per row: arrays view into it, so they are writable.
         return bytearray(rest)
 

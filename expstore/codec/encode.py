@@ -36,6 +36,7 @@ from .format import (
     ESCAPED_KEY,
     FAST_DTYPE_NAMES,
     FLOAT_KEY,
+    LEGACY_MAGIC,
     MAGIC,
     NUMERIC_KINDS,
     PADDING,
@@ -43,6 +44,7 @@ from .format import (
     STORED_DTYPE,
     TENSOR_KEY,
     crc32,
+    row_seed,
     tagged_float,
     tensor_as_numpy,
 )
@@ -227,17 +229,16 @@ class _Encoder:
         name = str(value.dtype).removeprefix("torch.")
         return self.placeholder("torch", name, tuple(value.shape), data)
 
-    def blob(self) -> bytes | None:
+    def blob(self, row_id: str | None = None) -> bytes | None:
+        """The blob of the tensors encoded so far; its checksum covers ``row_id`` too (a
+        blob moved to another row no longer matches), or without one, its bytes only."""
         chunks = self.chunks
         if not chunks:
             return None
-        if len(chunks) == 1:  # one tensor, no padding: the common case
-            (chunk,) = chunks
-            return b"".join((MAGIC, CRC.pack(crc32(chunk)), chunk))
-        crc = 0
+        magic, crc = (LEGACY_MAGIC, 0) if row_id is None else (MAGIC, row_seed(row_id))
         for chunk in chunks:
             crc = crc32(chunk, crc)
-        return b"".join([MAGIC, CRC.pack(crc), *chunks])
+        return b"".join([magic, CRC.pack(crc), *chunks])
 
 
 class _Failure(Exception):
@@ -255,10 +256,13 @@ class _Failure(Exception):
         return CodecError(f"{path}: {message}")
 
 
-def encode_payload(payload: dict[str, Any]) -> tuple[dict[str, Any], bytes | None]:
+def encode_payload(
+    payload: dict[str, Any], row_id: str | None = None
+) -> tuple[dict[str, Any], bytes | None]:
     """Split ``payload`` into a JSON-able document and one blob of tensor bytes.
 
-    The blob is None when the payload holds no arrays, tensors or bytes. Top-level keys are
+    The blob is None when the payload holds no arrays, tensors or bytes; its checksum
+    covers ``row_id`` when given (as stored rows' blobs do). Top-level keys are
     field names and are kept as they are; below them, reserved keys are escaped. Raises
     CodecError naming the path (``state.obs[2]``) of the first value that cannot be stored.
     """
@@ -276,7 +280,7 @@ def encode_payload(payload: dict[str, Any]) -> tuple[dict[str, Any], bytes | Non
         raise CodecError(
             "payload is nested too deeply or contains itself; store a flatter structure"
         ) from exc
-    return doc, encoder.blob()
+    return doc, encoder.blob(row_id)
 
 
 def dump_document(doc: dict[str, Any]) -> str:
@@ -331,8 +335,11 @@ class PayloadWriter:
             return encoder.encode(value, "")
         raise _Unsettled
 
-    def encode(self, payload: dict[str, Any]) -> tuple[str, bytes | None]:
-        """``(document as JSON text, blob)`` for one payload; raises like encode_payload."""
+    def encode(
+        self, payload: dict[str, Any], row_id: str | None = None
+    ) -> tuple[str, bytes | None]:
+        """``(document as JSON text, blob)`` for one payload (the blob's checksum covering
+        ``row_id``); raises like encode_payload."""
         self._encoder = encoder = _Encoder()
         try:
             text = self._json(payload)
@@ -345,8 +352,8 @@ class PayloadWriter:
             # Floats the document must tag (-0.0, magnitudes from 1e16, written with an
             # exponent) take the full walk too.
             if text.count('"__') == encoder.tensors and not _TAGGED_TEXT.search(text):
-                return _within_depth(payload, text), encoder.blob()
-        doc, blob = encode_payload(payload)
+                return _within_depth(payload, text), encoder.blob(row_id)
+        doc, blob = encode_payload(payload, row_id)
         return _within_depth(payload, dump_document(doc)), blob
 
 

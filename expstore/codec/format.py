@@ -9,7 +9,8 @@ JSON cannot hold is a placeholder, a dict with a single reserved key::
                                               # JSONB number would bring back as 0.0 or int
     {"__escaped__": {"__float__": 1}}         # a user dict that happens to use a reserved key
 
-The blob is ``b"XST1"``, the little-endian CRC-32 of the rest, then every tensor's bytes,
+The blob is ``b"XST2"``, the little-endian CRC-32 of the row's id (UTF-8) followed by the
+rest, then every tensor's bytes (``b"XST1"`` blobs, written before, checksum the rest only),
 each starting at a multiple of 8 from the end of that 8-byte header. ``kind`` is ``numpy``
 (an array), ``npscalar`` (a numpy scalar), ``torch`` (a tensor; ``dtype`` is the torch dtype
 name, stored as the bytes of the numpy dtype in :data:`TORCH_DTYPES`) or ``bytes``.
@@ -37,22 +38,30 @@ __all__ = [
     "ESCAPED_KEY",
     "FLOAT_KEY",
     "HEADER_SIZE",
+    "LEGACY_MAGIC",
     "MAGIC",
     "RESERVED_KEYS",
     "TAGGED_MAGNITUDE",
     "TENSOR_KEY",
     "TensorSpec",
+    "blob_checksum",
     "crc32",
     "intact",
+    "row_seed",
     "tagged_float",
     "tagged_value",
 ]
 
-MAGIC = b"XST1"
+#: The blob's first four bytes: ``XST2`` for a blob whose checksum also covers its row's id
+#: (written since schema revision 0005; a blob moved to another row no longer matches), or
+#: ``XST1`` for one written before, whose checksum covers its bytes only (still read).
+MAGIC = b"XST2"
+LEGACY_MAGIC = b"XST1"
 HEADER_SIZE = 8
 CRC = struct.Struct("<I")  # the header's checksum field
 CRC_DTYPE = np.dtype("<u4")  # the same field, as numpy reads it
 MAGIC_BYTES = np.frombuffer(MAGIC, np.uint8)
+LEGACY_MAGIC_BYTES = np.frombuffer(LEGACY_MAGIC, np.uint8)
 ALIGNMENT = 8
 PADDING = [bytes(n) for n in range(ALIGNMENT)]
 
@@ -152,15 +161,31 @@ class TensorSpec(NamedTuple):
     nbytes: int
 
 
-def intact(blob: object) -> TypeGuard[bytes]:
-    """Whether ``blob`` is bytes with the magic and a matching checksum: the common case,
-    checked with as little work as possible (anything else goes through the decoder's
-    ``check_blob``, which says what is wrong)."""
+def row_seed(row_id: str) -> int:
+    """Where a row's blob checksum starts: the CRC-32 of the row's id (UTF-8)."""
+    return crc32(row_id.encode("utf-8", "surrogatepass"))
+
+
+def blob_checksum(blob: bytes | memoryview, row_id: str) -> int | None:
+    """The checksum ``blob`` (with its header) should carry as ``row_id``'s blob, by its
+    magic; None for a blob that starts with neither magic."""
+    head = bytes(blob[:4])
+    rest = memoryview(blob)[HEADER_SIZE:]
+    if head == MAGIC:
+        return crc32(rest, row_seed(row_id))
+    if head == LEGACY_MAGIC:
+        return crc32(rest)
+    return None
+
+
+def intact(blob: object, row_id: str) -> TypeGuard[bytes]:
+    """Whether ``blob`` is bytes with a magic and the checksum it should carry as
+    ``row_id``'s blob: the common case, checked with as little work as possible (anything
+    else goes through the decoder's ``check_blob``, which says what is wrong)."""
     return (
         type(blob) is bytes
         and len(blob) >= HEADER_SIZE
-        and blob.startswith(MAGIC)
-        and crc32(memoryview(blob)[HEADER_SIZE:]) == CRC.unpack_from(blob, 4)[0]
+        and blob_checksum(blob, row_id) == CRC.unpack_from(blob, 4)[0]
     )
 
 

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from sqlalchemy import Connection
 from sqlalchemy.exc import IntegrityError
 
-from ..codec import PayloadWriter
+from ..codec import HEADER_SIZE, PayloadWriter
 from ..errors import (
     CodecError,
     DuplicateIdError,
@@ -240,7 +240,7 @@ def _encode(
         payload = _payload_values(d)
         keep(payload)
         try:
-            doc, blob = encode(dict(zip(PAYLOAD_FIELDS, payload, strict=True)))
+            doc, blob = encode(dict(zip(PAYLOAD_FIELDS, payload, strict=True)), row.id)
         except CodecError as exc:
             raise CodecError(f"row {row.id}: {exc}. Nothing was stored") from exc
         scalars = _scalar_values(d)
@@ -254,9 +254,9 @@ def content_hash(meta: tuple[Any, ...], scalars: tuple[Any, ...], doc: str, blob
     execute_time, its scalar fields, its JSON document and its tensor bytes."""
     digest = blake2b(repr((meta, scalars)).encode(), digest_size=16)
     digest.update(doc.encode("utf-8", "surrogatepass"))
-    if blob is not None:
+    if blob is not None:  # the tensor bytes, not the header (its checksum covers the id)
         digest.update(b"\x00")
-        digest.update(blob)
+        digest.update(memoryview(blob)[HEADER_SIZE:])
     return digest.hexdigest()
 
 

@@ -93,3 +93,33 @@ def test_a_sampler_reading_a_damaged_column_says_which_row(tmp_path: Path, sampl
     engine.dispose()
     with ReplayBuffer(url) as buffer, pytest.raises(CodecError, match="the row with key 2 holds"):
         buffer.sample(sampler, batch_size=1)
+
+
+def test_a_blob_copied_from_another_row_is_detected(db_url: str, buffer_name: str) -> None:
+    import numpy as np
+
+    from tests.helpers import make_row
+
+    with ReplayBuffer(db_url, name=buffer_name) as buffer:
+        buffer.store_batch(
+            [make_row(step=i, state={"obs": np.full(4, float(i))}) for i in range(2)]
+        )
+        first, second = [r.id for r in buffer.query()]
+    engine = create_engine(db_url)
+    with engine.begin() as conn:  # the second row's tensor bytes replaced by the first's
+        conn.execute(
+            text(
+                "UPDATE expstore_rows SET tensors = (SELECT tensors FROM expstore_rows "
+                "WHERE id = :a) WHERE id = :b"
+            ),
+            {"a": first, "b": second},
+        )
+    engine.dispose()
+    with ReplayBuffer(db_url, name=buffer_name) as buffer:
+        assert buffer.get(first) is not None
+        with pytest.raises(CodecError, match=rf"row {second}: .*copied from another row"):
+            buffer.get(second)
+        conv = NumpyConverter({"obs": "exp_data.state.obs"})
+        with pytest.raises(CodecError, match="copied from another row"):
+            for seed in range(8):
+                buffer.sample(UniformSampler(seed=seed), converter=conv, batch_size=4)
