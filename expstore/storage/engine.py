@@ -63,6 +63,8 @@ def create_sql_engine(url: str | URL) -> Engine:
         kwargs = {"connect_args": {"check_same_thread": False, "timeout": _SQLITE_BUSY_MS / 1000}}
         if is_memory(parsed):
             kwargs["poolclass"] = StaticPool
+        else:
+            parsed = read_only_if_unwritable(parsed)
     else:
         raise StorageError(
             f"expstore stores rows in SQLite or PostgreSQL, got a {backend!r} URL "
@@ -76,7 +78,7 @@ def create_sql_engine(url: str | URL) -> Engine:
             f"cannot open {parsed.render_as_string(hide_password=True)}: {exc}"
         ) from exc
     if backend == "sqlite":
-        _set_up_sqlite(engine, memory=is_memory(parsed))
+        _set_up_sqlite(engine, memory=is_memory(parsed), read_only=_read_only(parsed))
     else:
         _set_up_postgres(engine)
     return engine
@@ -117,14 +119,34 @@ def _set_up_postgres(engine: Engine) -> None:
         dbapi_connection.autocommit = autocommit
 
 
-def _set_up_sqlite(engine: Engine, *, memory: bool) -> None:
+def read_only_if_unwritable(url: URL) -> URL:
+    """A SQLite file URL, opened read-only when this process cannot write the file or its
+    folder (a read-only mount, another user's file): reading works, a write says the
+    database is read-only. In a read-only folder SQLite cannot make the files WAL mode
+    needs, so the file is opened as immutable (nobody can change it there)."""
+    path = url.database or ""
+    if path.startswith("file:") or url.query.get("mode") or not os.path.exists(path):
+        return url
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.access(path, os.W_OK) and os.access(folder, os.W_OK):
+        return url
+    mode = "immutable=1" if not os.access(folder, os.W_OK) else "mode=ro"
+    return url.set(database=f"file:{os.path.abspath(path)}?{mode}", query={"uri": "true"})
+
+
+def _read_only(url: URL) -> bool:
+    database = url.database or ""
+    return database.startswith("file:") and ("mode=ro" in database or "immutable=1" in database)
+
+
+def _set_up_sqlite(engine: Engine, *, memory: bool, read_only: bool = False) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Let SQLAlchemy's "begin" event (below) issue BEGIN itself.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         cursor.execute(f"PRAGMA busy_timeout = {_SQLITE_BUSY_MS}")
-        if not memory:
+        if not memory and not read_only:
             _use_wal(cursor)
             cursor.execute("PRAGMA synchronous = NORMAL")
         cursor.execute("PRAGMA foreign_keys = ON")
