@@ -11,7 +11,7 @@ import numpy as np
 from .codec.checks import text_problem
 from .errors import InvalidArgumentError, UnsupportedTypeError
 
-__all__ = ["MAX_BATCH", "MAX_INT64", "check_int", "check_number", "check_text"]
+__all__ = ["MAX_BATCH", "MAX_INT64", "check_int", "check_number", "check_text", "seeded_rng"]
 
 #: The largest integer a database column holds (BIGINT), for counts stored there.
 MAX_INT64 = 2**63 - 1
@@ -98,3 +98,17 @@ def check_number(
             bound = "" if minimum is None else f" >= {minimum:g}"
         raise InvalidArgumentError(f"{name} must be a finite number{bound}, got {value!r}")
     return float(value)
+
+
+def seeded_rng(seed: Any) -> np.random.Generator:
+    """``np.random.default_rng(seed)``, or a typed error saying what a seed may be."""
+    if isinstance(seed, bool):
+        raise UnsupportedTypeError(f"seed must be None or an int >= 0, got {seed!r}")
+    try:
+        return np.random.default_rng(seed)
+    except TypeError:
+        raise UnsupportedTypeError(
+            f"seed must be None or an int >= 0 (or a numpy SeedSequence), got {seed!r}"
+        ) from None
+    except ValueError:
+        raise InvalidArgumentError(f"seed must be None or an int >= 0, got {seed!r}") from None

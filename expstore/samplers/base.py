@@ -50,7 +50,7 @@ from typing import Any, ClassVar, TypedDict, TypeVar
 import numpy as np
 from typing_extensions import Unpack
 
-from .._args import check_int
+from .._args import check_int, seeded_rng
 from ..errors import EmptyBufferError, UnsupportedTypeError
 from ..models import DataRow
 from ..query import as_condition
@@ -290,7 +290,7 @@ class KeySampler(Sampler):
             )
         seed = options.get("seed")
         self.seed = seed
-        self._rng = np.random.default_rng(seed)
+        self._rng = seeded_rng(seed)
         #: Draws after which a row leaves this sampler, counted in the database across
         #: every process (None: rows are drawn forever). See :func:`expstore.sampling.draw`.
         self.consume_after = check_int(

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from .._args import seeded_rng
 from ..sampling import Choice
 from ..storage.base import QueryCondition, Storage
 from ..storage.versions import check_staleness
@@ -34,7 +35,7 @@ class RandomTaskSampler(TaskSampler):
 
     def __init__(self, *, seed: int | None = None, max_staleness: int | None = None) -> None:
         self.seed = seed
-        self.rng = np.random.default_rng(seed)
+        self.rng = seeded_rng(seed)
         self.max_staleness = check_staleness(max_staleness)
         self._derived = DerivedArrays()
 

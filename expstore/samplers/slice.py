@@ -54,15 +54,19 @@ class SliceSampler(KeySampler):
     ) -> None:
         super().__init__(**options)
         self.slice_len = check_int("slice_len", slice_len, minimum=1)
-        keys = (traj_key,) if isinstance(traj_key, str) else tuple(traj_key)
-        if not keys or not all(isinstance(k, str) and k for k in keys):
+        keys = (traj_key,) if isinstance(traj_key, str) else traj_key
+        if (
+            not isinstance(keys, (tuple, list))
+            or not keys
+            or not all(isinstance(k, str) and k for k in keys)
+        ):
             raise InvalidArgumentError(
                 'traj_key must be a column or path ("task_id"), or several '
                 f'(("task_id", "agent_id")), got {traj_key!r}'
             )
         for key in keys:
             resolve_field(key)  # a field that does not exist fails here, with did-you-mean
-        self.traj_key: tuple[str, ...] = keys
+        self.traj_key: tuple[str, ...] = tuple(keys)
 
     def index_columns(self) -> tuple[str, ...]:
         return (*self.traj_key, "step")
