@@ -3,10 +3,12 @@ through Alembic, whose state is process-wide, so it must take turns within the p
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -73,3 +75,37 @@ def test_threads_creating_postgres_schemas_at_once(fresh_pg_urls: list[str]) -> 
     urls = [[url] for url in fresh_pg_urls]
     assert _open_at_once(urls) == []
     _all_open_with_rows(urls)
+
+
+def _open_and_store(url: str, start: Any, out: Any) -> None:
+    start.wait(60)
+    try:
+        with ReplayBuffer(url, name="processes") as buffer:
+            buffer.store_batch(make_rows(3))
+        out.put("ok")
+    except BaseException as exc:  # noqa: BLE001 - sent back for the assertion
+        out.put(f"{type(exc).__name__}: {exc}")
+
+
+def _processes_open_at_once(url: str, processes: int = 4) -> None:
+    """``processes`` processes open one new database at the same instant and write."""
+    ctx = mp.get_context("spawn")
+    start, out = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_open_and_store, args=(url, start, out)) for _ in range(processes)]
+    for p in procs:
+        p.start()
+    start.set()
+    results = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    assert results == ["ok"] * processes
+    with ReplayBuffer(url, name="processes") as buffer:
+        assert len(buffer) == 3 * processes
+
+
+def test_processes_creating_one_sqlite_database_at_once(tmp_path: Path) -> None:
+    _processes_open_at_once(f"sqlite:///{tmp_path / 'new.db'}")
+
+
+def test_processes_creating_one_postgres_schema_at_once(fresh_pg_urls: list[str]) -> None:
+    _processes_open_at_once(fresh_pg_urls[0])
