@@ -1,6 +1,7 @@
 """The ``expstore`` command: a thin layer over the library, one module per command group.
 
 - :mod:`.schema`: ``init``, ``upgrade``, ``version``
+- :mod:`.buffers`: ``buffers``
 - :mod:`.stats`: ``stats``
 - :mod:`.rows`: ``query``, ``sample``
 - :mod:`.transfer`: ``export``, ``import``
@@ -14,7 +15,9 @@ from __future__ import annotations
 
 import typer
 
-from . import demo, rows, schema, stats, transfer
+from .. import migrate
+from .._version import __version__
+from . import buffers, demo, rows, schema, stats, transfer
 from ._common import ExpstoreGroup
 
 __all__ = ["app", "main"]
@@ -36,10 +39,31 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"expstore {__version__} (schema revision {migrate.head_revision()})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_show_version,
+        is_eager=True,
+        help="Show the version and schema revision, and exit.",
+    ),
+) -> None:
+    """The options every command shares."""
+
+
 app.command("demo")(demo.demo)
 app.command("init")(schema.init)
 app.command("upgrade")(schema.upgrade)
 app.command("version")(schema.version)
+app.command("buffers")(buffers.buffers_)
 app.command("stats")(stats.stats)
 app.command("query")(rows.query)
 app.command("sample")(rows.sample)

@@ -51,7 +51,10 @@ DbOption = Annotated[
         envvar=URL_ENV,
         show_envvar=True,
         metavar="URL",
-        help="Database URL: sqlite:///path.db or postgresql+psycopg://user@host:5432/db.",
+        help=(
+            "Database URL: sqlite:///path.db (or just the file path) or "
+            "postgresql+psycopg://user@host:5432/db."
+        ),
     ),
 ]
 BufferOption = Annotated[
@@ -140,6 +143,12 @@ class ExpstoreGroup(TyperGroup):
             return super().invoke(ctx)
         except (typer.Exit, typer.Abort):
             raise
+        except BrokenPipeError:
+            # The reader went away (``expstore export ... - | head -1``): not an error. Point
+            # stdout at nothing so the interpreter's last flush does not fail again.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            raise typer.Exit(0) from None
         except Exception as exc:
             # Usage errors (bad options) are the CLI library's own; it prints them.
             if isinstance(exc, _LIBRARY_ERROR) or os.environ.get(DEBUG_ENV) == "1":
@@ -159,8 +168,15 @@ _LIBRARY_ERROR: type[Exception] = next(
 # -- databases ----------------------------------------------------------------------------
 
 
+#: File names ``--db`` takes as SQLite files without a URL (an existing file too).
+_SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
+
+
 def parse_url(db: str) -> URL:
-    """The URL ``--db`` names; remembers its password so it is never printed."""
+    """The URL ``--db`` names (a bare file path is a SQLite file: ``agents.db``); remembers
+    its password so it is never printed."""
+    if "://" not in db and (Path(db).suffix in _SQLITE_SUFFIXES or Path(db).is_file()):
+        db = f"sqlite:///{Path(db).expanduser().resolve()}"
     try:
         url = make_url(db)
     except ArgumentError:

@@ -17,6 +17,7 @@ def test_the_commands_are_the_ones_the_readme_describes() -> None:
         "init",
         "upgrade",
         "version",
+        "buffers",
         "stats",
         "query",
         "sample",

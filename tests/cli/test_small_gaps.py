@@ -1,0 +1,63 @@
+"""CLI conveniences: --version, listing buffers, a bare file path for --db, and a reader
+that goes away early (``| head``) is not an error."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from expstore import ReplayBuffer, migrate
+from expstore._version import __version__
+from tests.helpers import make_rows
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_version_option(invoke: Any) -> None:
+    result = invoke("--version")
+    assert result.exit_code == 0
+    assert result.stdout.strip() == (
+        f"expstore {__version__} (schema revision {migrate.head_revision()})"
+    )
+
+
+def test_buffers_lists_each_buffer_with_its_rows(invoke: Any, tmp_path: Path) -> None:
+    path = tmp_path / "many.db"
+    with ReplayBuffer(f"sqlite:///{path}", name="a") as a:
+        a.store_batch(make_rows(3))
+        a.set_policy_version(7)
+    with ReplayBuffer(f"sqlite:///{path}", name="b", capacity=10, eviction="max_reward") as b:
+        b.store_batch(make_rows(12))
+    table = invoke("buffers", "--db", str(path)).stdout.splitlines()  # a bare path
+    assert table[0].split() == ["buffer", "rows", "capacity", "eviction", "version"]
+    assert table[2].split() == ["a", "3", "unlimited", "fifo", "7"]
+    assert table[3].split() == ["b", "10", "10", "max_reward"]
+    listed = json.loads(invoke("buffers", "--db", str(path), "--json").stdout)["buffers"]
+    assert [(b["name"], b["rows"]) for b in listed] == [("a", 3), ("b", 10)]
+
+
+def test_a_bare_path_names_a_sqlite_file(invoke: Any, tmp_path: Path) -> None:
+    with ReplayBuffer(f"sqlite:///{tmp_path / 'plain.db'}") as buffer:
+        buffer.store_batch(make_rows(4))
+    result = invoke("stats", "--db", str(tmp_path / "plain.db"), "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["rows"] == 4
+
+
+def test_export_into_a_closed_pipe_is_not_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "big.db"
+    with ReplayBuffer(f"sqlite:///{path}") as buffer:
+        buffer.store_batch(make_rows(3000))
+    command = f"{sys.executable} -m expstore export --db {path} - | head -1"
+    done = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", command],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Broken pipe" not in done.stderr and "Error" not in done.stderr
+    assert json.loads(done.stdout)["id"]
