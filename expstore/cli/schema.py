@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from sqlalchemy.exc import SQLAlchemyError
@@ -36,6 +36,21 @@ def _revision_of(db_url: str) -> str | None:
         raise StorageError(f"cannot read {show_url(url)}: {describe_error(exc)}") from None
     finally:
         engine.dispose()
+
+
+def _reachable_revision(url: Any) -> str | None:
+    """The revision of the database at ``url`` if it exists and can be read, else None
+    (an empty database: the SQL that creates everything)."""
+    path = sqlite_path(url)
+    if path is not None and not path.exists():
+        return None
+    try:
+        revision = _revision_of(url.render_as_string(hide_password=False))
+    except StorageError:
+        return None
+    if revision is not None:
+        check_revision(revision, show_url(url), allow_older=True)
+    return revision
 
 
 def init(db: DbOption = DEFAULT_URL, buffer: BufferOption = "default") -> None:
@@ -78,7 +93,10 @@ def upgrade(
         typer.Option(
             "--from",
             metavar="REV",
-            help="With --sql: the revision the database is at (default: an empty database).",
+            help=(
+                "With --sql: the revision the database is at (default: read from the "
+                "database when it can be reached, else an empty one)."
+            ),
         ),
     ] = None,
 ) -> None:
@@ -99,6 +117,12 @@ def upgrade(
             f"{', '.join(sorted(migrate.known_revisions()))} (or head)"
         )
     if sql:
+        if from_revision is None:
+            from_revision = _reachable_revision(url)
+        target = migrate.head_revision() if revision == "head" else revision
+        if from_revision == target:
+            typer.echo(f"-- {shown} is at revision {target} already: nothing to upgrade")
+            return
         text = migrate.upgrade_sql(
             url.render_as_string(hide_password=False), revision, from_revision=from_revision
         )

@@ -61,3 +61,22 @@ def test_export_into_a_closed_pipe_is_not_an_error(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "Broken pipe" not in done.stderr and "Error" not in done.stderr
     assert json.loads(done.stdout)["id"]
+
+
+def test_upgrade_sql_starts_from_the_database_revision(invoke: Any, tmp_path: Path) -> None:
+    from expstore.storage.engine import create_sql_engine
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    with ReplayBuffer(url):
+        pass
+    engine = create_sql_engine(url).execution_options(expstore_begin="IMMEDIATE")
+    migrate.downgrade(engine, "0004")
+    engine.dispose()
+    sql = invoke("upgrade", "--sql", "--db", url).stdout
+    assert "policy_version" in sql and "CREATE TABLE expstore_rows" not in sql
+    assert "UPDATE expstore_alembic_version SET version_num='0005'" in sql
+    fresh = invoke("upgrade", "--sql", "--db", f"sqlite:///{tmp_path / 'none.db'}").stdout
+    assert "CREATE TABLE expstore_rows" in fresh  # no database yet: everything
+    invoke("upgrade", "--db", url)
+    done = invoke("upgrade", "--sql", "--db", url).stdout
+    assert "nothing to upgrade" in done
