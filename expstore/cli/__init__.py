@@ -4,6 +4,7 @@
 - :mod:`.buffers`: ``buffers``
 - :mod:`.stats`: ``stats``
 - :mod:`.rows`: ``query``, ``sample``
+- :mod:`.manage`: ``delete``, ``retention``
 - :mod:`.transfer`: ``export``, ``import``
 - :mod:`.demo`: ``demo``
 - :mod:`.where`: the ``--where`` filter language
@@ -17,7 +18,7 @@ import typer
 
 from .. import migrate
 from .._version import __version__
-from . import buffers, demo, rows, schema, stats, transfer
+from . import buffers, demo, manage, rows, schema, stats, transfer
 from ._common import ExpstoreGroup
 
 __all__ = ["app", "main"]
@@ -67,6 +68,8 @@ app.command("buffers")(buffers.buffers_)
 app.command("stats")(stats.stats)
 app.command("query")(rows.query)
 app.command("sample")(rows.sample)
+app.command("delete")(manage.delete)
+app.command("retention")(manage.retention)
 app.command("export")(transfer.export)
 app.command("import")(transfer.import_)
 

@@ -21,6 +21,8 @@ def test_the_commands_are_the_ones_the_readme_describes() -> None:
         "stats",
         "query",
         "sample",
+        "delete",
+        "retention",
         "export",
         "import",
     ]

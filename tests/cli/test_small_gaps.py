@@ -80,3 +80,38 @@ def test_upgrade_sql_starts_from_the_database_revision(invoke: Any, tmp_path: Pa
     invoke("upgrade", "--db", url)
     done = invoke("upgrade", "--sql", "--db", url).stdout
     assert "nothing to upgrade" in done
+
+
+def test_delete_where_asks_first_and_says_what_went(invoke: Any, tmp_path: Path) -> None:
+    path = tmp_path / "d.db"
+    with ReplayBuffer(f"sqlite:///{path}") as buffer:
+        buffer.store_batch(make_rows(20))
+    asked = invoke("delete", "--db", str(path), "--where", "step >= 3")
+    assert asked.exit_code == 1 and "add --yes" in asked.stderr
+    assert invoke("delete", "--db", str(path)).exit_code == 1  # --where is required
+    done = invoke("delete", "--db", str(path), "--where", "step >= 3", "--yes")
+    assert done.exit_code == 0 and "Deleted 8 rows; buffer 'default' now holds 12" in done.stdout
+    none = invoke("delete", "--db", str(path), "--where", "step >= 3", "--yes")
+    assert "nothing deleted" in none.stdout
+    with ReplayBuffer(f"sqlite:///{path}") as buffer:
+        assert len(buffer) == 12
+
+
+def test_retention_shows_and_changes_the_buffers_retention(invoke: Any, tmp_path: Path) -> None:
+    path = tmp_path / "r.db"
+    with ReplayBuffer(f"sqlite:///{path}") as buffer:
+        buffer.store_batch(make_rows(20))
+    shown = invoke("retention", "--db", str(path)).stdout
+    assert "holds 20 rows; capacity unlimited, eviction fifo" in shown
+    refused = invoke("retention", "--db", str(path), "--capacity", "5")
+    assert refused.exit_code == 1 and "add --yes" in refused.stderr
+    done = invoke(
+        "retention", "--db", str(path), "--capacity", "5", "--eviction", "max_reward", "-y"
+    )
+    assert done.exit_code == 0 and "15 rows went, 5 remain" in done.stdout
+    with ReplayBuffer(f"sqlite:///{path}") as buffer:
+        assert sorted(r.exp_data.reward_t for r in buffer.query()) == [15.0, 16.0, 17.0, 18.0, 19.0]
+    loose = invoke("retention", "--db", str(path), "--unlimited")
+    assert loose.exit_code == 0 and "capacity unlimited" in loose.stdout
+    bad = invoke("retention", "--db", str(path), "--eviction", "lifo", "-y")
+    assert bad.exit_code == 1 and "eviction must be one of" in bad.stderr

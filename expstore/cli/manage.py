@@ -1,0 +1,120 @@
+"""``expstore delete`` and ``expstore retention``: change what a buffer holds, after
+saying what will go and asking (``--yes`` to skip the question, as scripts need)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from ._common import (
+    DEFAULT_URL,
+    BufferOption,
+    CliError,
+    DbOption,
+    WhereOption,
+    open_buffer,
+    show_url,
+    where_condition,
+)
+
+__all__ = ["delete", "retention"]
+
+YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Do it without asking (for scripts).")]
+
+
+def _confirm(question: str, yes: bool) -> None:
+    """Ask ``question`` unless ``yes``; without a terminal to ask on, ask for --yes."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise CliError(f"{question} Nobody can answer here: add --yes to go ahead")
+    if not typer.confirm(question, default=False):
+        raise typer.Exit(1)
+
+
+def delete(
+    db: DbOption = DEFAULT_URL,
+    buffer: BufferOption = "default",
+    where: WhereOption = None,
+    yes: YesOption = False,
+) -> None:
+    """Delete the rows matching --where (required) from a buffer.
+
+    \b
+    Example:
+      expstore delete --db runs/agents.db --where "reward_t < 0 and step > 40" --yes
+    """
+    if where is None:
+        raise CliError('delete needs --where; to empty a buffer use --where "step >= 0"')
+    condition = where_condition(where)
+    with open_buffer(db, buffer) as store:
+        matching = store.count(condition)
+        if not matching:
+            typer.echo(f"No row of buffer {buffer!r} matches {condition}; nothing deleted")
+            return
+        _confirm(
+            f"Delete {matching} of {len(store)} rows of buffer {buffer!r} in "
+            f"{show_url(store.storage.url)} where {condition}?",
+            yes,
+        )
+        gone = store.delete(condition)
+        typer.echo(f"Deleted {gone} rows; buffer {buffer!r} now holds {len(store)}")
+
+
+def retention(
+    db: DbOption = DEFAULT_URL,
+    buffer: BufferOption = "default",
+    capacity: Annotated[
+        int | None,
+        typer.Option("--capacity", min=1, metavar="N", help="Keep at most N rows."),
+    ] = None,
+    unlimited: Annotated[
+        bool, typer.Option("--unlimited", help="Keep every row (no capacity).")
+    ] = False,
+    eviction: Annotated[
+        str | None,
+        typer.Option(
+            "--eviction",
+            metavar="POLICY",
+            help="Which rows go beyond the capacity: fifo, max_reward, task_fifo or stale.",
+        ),
+    ] = None,
+    max_staleness: Annotated[
+        int | None,
+        typer.Option("--max-staleness", min=0, metavar="K", help="For --eviction stale."),
+    ] = None,
+    yes: YesOption = False,
+) -> None:
+    """Show or change a buffer's retention (capacity and eviction), for every writer.
+
+    Without options it shows the retention. Rows beyond a new capacity go at once, after
+    a confirmation.
+
+    \b
+    Example:
+      expstore retention --db runs/agents.db --capacity 100000 --eviction fifo --yes
+    """
+    if capacity is not None and unlimited:
+        raise CliError("give either --capacity N or --unlimited, not both")
+    with open_buffer(db, buffer) as store:
+        storage = store.storage
+        held = len(store)
+        current = f"capacity {storage.capacity or 'unlimited'}, eviction {storage.eviction}"  # type: ignore[attr-defined]
+        if capacity is None and not unlimited and eviction is None and max_staleness is None:
+            typer.echo(f"buffer {buffer!r} holds {held} rows; {current}")
+            return
+        new_capacity = None if unlimited else (capacity or storage.capacity)  # type: ignore[attr-defined]
+        if new_capacity is not None and held > new_capacity or eviction == "stale":
+            _confirm(
+                f"Buffer {buffer!r} holds {held} rows; with capacity "
+                f"{new_capacity or 'unlimited'} and eviction {eviction or storage.eviction}, "  # type: ignore[attr-defined]
+                "rows beyond it go now. Go ahead?",
+                yes,
+            )
+        gone = store.set_retention(new_capacity, eviction, max_staleness=max_staleness)
+        typer.echo(
+            f"buffer {buffer!r}: capacity {new_capacity or 'unlimited'}, eviction "
+            f"{storage.eviction}; {gone} rows went, {len(store)} remain"  # type: ignore[attr-defined]
+        )
