@@ -35,6 +35,7 @@ from ..buffer import ReplayBuffer
 from ..errors import ExpstoreError, QueryError, SchemaVersionError, StorageError
 from ..models import DataRow
 from ..query import Condition
+from ..query.conditions import And, Comparison, Or
 from ..storage import create_sql_engine
 from ..storage.schema import buffers
 
@@ -420,3 +421,27 @@ def number(value: float | None, digits: int = 3) -> str:
         return f"{v:.{digits}g}"
     text = f"{v:.{digits}f}".rstrip("0").rstrip(".")
     return "0" if text in ("", "-0") else text
+
+
+def warn_unknown_paths(buffer: ReplayBuffer, condition: Condition | None) -> None:
+    """When a filter matched nothing: warn (on stderr) about each payload path in it that
+    no row of the buffer has, most likely a typo (``exp_data.state.nosuch``)."""
+    if condition is None:
+        return
+    paths = sorted({c.field for c in _comparisons(condition) if c.target.column is None})
+    for path in paths:
+        anywhere = Comparison(path, "is_not_null", None)
+        if next(iter(buffer.query(anywhere, limit=1)), None) is None:
+            typer.echo(
+                f"Warning: no row of buffer {buffer.storage.name!r} has {path}, so the "
+                "filter cannot match there; check the path (expstore query --limit 1 "
+                "shows a row)",
+                err=True,
+            )
+
+
+def _comparisons(condition: Condition) -> list[Comparison]:
+    if isinstance(condition, Comparison):
+        return [condition]
+    assert isinstance(condition, And | Or)
+    return [c for part in condition.conditions for c in _comparisons(part)]

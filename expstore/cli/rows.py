@@ -37,6 +37,7 @@ from ._common import (
     render_table,
     row_json,
     summarize,
+    warn_unknown_paths,
     where_condition,
 )
 
@@ -116,6 +117,8 @@ def query(
     buf = open_buffer(db, buffer)
     try:
         total = buf.count(condition)
+        if not total:
+            warn_unknown_paths(buf, condition)
         if count:
             typer.echo(str(total))
             return
@@ -241,6 +244,8 @@ def sample(
     chosen = make_sampler(sampler.value, option or [], seed)
     buf = open_buffer(db, buffer)
     try:
+        if condition is not None and not buf.count(condition):
+            warn_unknown_paths(buf, condition)
         if sampler is SamplerName.task:
             tasks = buf.sample_task(chosen, condition, batch_size=batch_size)
             rows = [row for task_rows in tasks for row in task_rows]

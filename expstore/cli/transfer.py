@@ -20,6 +20,7 @@ from ._common import (
     open_buffer,
     progress,
     show_url,
+    warn_unknown_paths,
     where_condition,
 )
 
@@ -76,6 +77,8 @@ def export(
     buf = open_buffer(db, buffer)
     try:
         total = buf.count(condition)
+        if not total:
+            warn_unknown_paths(buf, condition)
         with progress(total, f"exporting to {out}") as advance:
             write = export_lineage if lineage else export_rows
             written = write(buf, out, fmt, condition, progress=advance)

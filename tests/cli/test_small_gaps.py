@@ -115,3 +115,16 @@ def test_retention_shows_and_changes_the_buffers_retention(invoke: Any, tmp_path
     assert loose.exit_code == 0 and "capacity unlimited" in loose.stdout
     bad = invoke("retention", "--db", str(path), "--eviction", "lifo", "-y")
     assert bad.exit_code == 1 and "eviction must be one of" in bad.stderr
+
+
+def test_a_filter_path_no_row_has_gets_a_warning(invoke: Any, tmp_path: Path) -> None:
+    path = tmp_path / "w.db"
+    with ReplayBuffer(f"sqlite:///{path}") as buffer:
+        buffer.store_batch(make_rows(5))
+    typo = invoke("query", "--db", str(path), "-w", "exp_data.state.nosuch = 1")
+    assert typo.exit_code == 0 and typo.stdout.startswith("0 of 0 matching rows")
+    assert "Warning: no row of buffer 'default' has exp_data.state.nosuch" in typo.stderr
+    exported = invoke("export", "--db", str(path), "-w", "exp_data.state.nosuch = 1", "o.jsonl")
+    assert "has exp_data.state.nosuch" in exported.stderr
+    fine = invoke("query", "--db", str(path), "-w", "exp_data.state.i = 99")  # a real path
+    assert fine.exit_code == 0 and "Warning" not in fine.stderr
