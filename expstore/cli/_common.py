@@ -22,6 +22,7 @@ from urllib.parse import quote, quote_plus
 import numpy as np
 import typer
 from pydantic import ValidationError
+from rich.cells import cell_len, set_cell_size
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from sqlalchemy import select
@@ -392,19 +393,21 @@ def render_table(
     width: int | None = None,
 ) -> str:
     """A plain-text table; the last column is cut (with ``…``) to fit ``width``
-    (default: the terminal's width, 100 when not a terminal)."""
+    (default: the terminal's width, 100 when not a terminal). Widths are display cells
+    (rich's ``cell_len``), so CJK text and emoji, two cells wide, stay aligned."""
     if width is None:
         width = shutil.get_terminal_size((100, 24)).columns
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    widths = [max([cell_len(h)] + [cell_len(r[i]) for r in rows]) for i, h in enumerate(headers)]
     fixed = sum(widths[:-1]) + 2 * (len(headers) - 1)
-    widths[-1] = max(min(widths[-1], max(width - fixed, 10)), len(headers[-1]))
+    widths[-1] = max(min(widths[-1], max(width - fixed, 10)), cell_len(headers[-1]))
 
     def line(cells: Sequence[str]) -> str:
         out = []
         for i, (cell, w) in enumerate(zip(cells, widths, strict=True)):
-            if len(cell) > w:
-                cell = cell[: w - 1] + "…"
-            out.append(cell.rjust(w) if headers[i] in right else cell.ljust(w))
+            if cell_len(cell) > w:
+                cell = set_cell_size(cell, w - 1) + "…"
+            pad = " " * (w - cell_len(cell))
+            out.append(pad + cell if headers[i] in right else cell + pad)
         return "  ".join(out).rstrip()
 
     return "\n".join([line(headers), "  ".join("-" * w for w in widths), *map(line, rows)])

@@ -128,3 +128,21 @@ def test_a_filter_path_no_row_has_gets_a_warning(invoke: Any, tmp_path: Path) ->
     assert "has exp_data.state.nosuch" in exported.stderr
     fine = invoke("query", "--db", str(path), "-w", "exp_data.state.i = 99")  # a real path
     assert fine.exit_code == 0 and "Warning" not in fine.stderr
+
+
+def test_tables_align_wide_characters_by_display_width(invoke: Any, tmp_path: Path) -> None:
+    from rich.cells import cell_len
+
+    from tests.helpers import make_row
+
+    path = tmp_path / "cjk.db"
+    with ReplayBuffer(f"sqlite:///{path}") as buffer:
+        buffer.store_batch(
+            [make_row("任务一号", "智能体"), make_row("ab", "a"), make_row("😀x", "b")]
+        )
+    lines = invoke("query", "--db", str(path)).stdout.splitlines()[1:]
+    header, rows = lines[0], [lines[i] for i in (2, 3, 4)]
+    at = header.index("agent_id")
+    for line in rows:  # the second column starts at the same display column in every row
+        first, _, rest = line.partition("  ")
+        assert cell_len(first + "  " + rest[: len(rest) - len(rest.lstrip())]) == at
