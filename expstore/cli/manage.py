@@ -101,20 +101,20 @@ def retention(
     with open_buffer(db, buffer) as store:
         storage = store.storage
         held = len(store)
-        current = f"capacity {storage.capacity or 'unlimited'}, eviction {storage.eviction}"  # type: ignore[attr-defined]
+        current = f"capacity {storage.capacity or 'unlimited'}, eviction {storage.eviction}"
         if capacity is None and not unlimited and eviction is None and max_staleness is None:
             typer.echo(f"buffer {buffer!r} holds {held} rows; {current}")
             return
-        new_capacity = None if unlimited else (capacity or storage.capacity)  # type: ignore[attr-defined]
+        new_capacity = None if unlimited else (capacity or storage.capacity)
         if new_capacity is not None and held > new_capacity or eviction == "stale":
             _confirm(
                 f"Buffer {buffer!r} holds {held} rows; with capacity "
-                f"{new_capacity or 'unlimited'} and eviction {eviction or storage.eviction}, "  # type: ignore[attr-defined]
+                f"{new_capacity or 'unlimited'} and eviction {eviction or storage.eviction}, "
                 "rows beyond it go now. Go ahead?",
                 yes,
             )
         gone = store.set_retention(new_capacity, eviction, max_staleness=max_staleness)
         typer.echo(
             f"buffer {buffer!r}: capacity {new_capacity or 'unlimited'}, eviction "
-            f"{storage.eviction}; {gone} rows went, {len(store)} remain"  # type: ignore[attr-defined]
+            f"{storage.eviction}; {gone} rows went, {len(store)} remain"
         )

@@ -49,6 +49,11 @@ class Fetched(NamedTuple):
 class Storage(ABC):
     """Holds rows of one named buffer and fetches them back."""
 
+    #: The buffer's retention as this handle last saw it (None: unlimited; see
+    #: :meth:`set_retention`).
+    capacity: int | None = None
+    eviction: str = "fifo"
+
     #: The buffer's name in its database.
     name: str
 
