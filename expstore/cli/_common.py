@@ -8,6 +8,8 @@ of database URLs are replaced with ``***`` in everything printed.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import os
@@ -34,6 +36,7 @@ from .. import migrate
 from .._optional import loaded_torch
 from ..buffer import ReplayBuffer
 from ..errors import ExpstoreError, QueryError, SchemaVersionError, StorageError
+from ..layout import META_COLUMNS, PAYLOAD_FIELDS, SCALAR_COLUMNS
 from ..models import DataRow
 from ..query import Condition
 from ..query.conditions import And, Comparison, Or
@@ -76,6 +79,13 @@ WhereOption = Annotated[
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+CsvOption = Annotated[
+    bool,
+    typer.Option(
+        "--csv",
+        help="Print CSV: a header, then one line per row (payload fields as JSON text).",
+    ),
+]
 
 
 # -- errors -------------------------------------------------------------------------------
@@ -337,6 +347,29 @@ def jsonable(value: Any) -> Any:
     if hasattr(value, "model_dump"):
         return jsonable(value.model_dump())
     return value
+
+
+def rows_csv(rows: Sequence[DataRow]) -> str:
+    """Rows as CSV: id, the typed columns, then each payload field as compact JSON text."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["id", *META_COLUMNS, *SCALAR_COLUMNS, *PAYLOAD_FIELDS])
+    for row in rows:
+        meta, data = row.exp_meta, row.exp_data
+        writer.writerow(
+            [
+                row.id,
+                *(getattr(meta, c) for c in META_COLUMNS),
+                *(getattr(data, c) for c in SCALAR_COLUMNS),
+                *(
+                    json.dumps(
+                        jsonable(getattr(data, f)), ensure_ascii=False, separators=(",", ":")
+                    )
+                    for f in PAYLOAD_FIELDS
+                ),
+            ]
+        )
+    return out.getvalue()
 
 
 def row_json(row: DataRow) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from ._common import (
     DEFAULT_URL,
     BufferOption,
     CliError,
+    CsvOption,
     DbOption,
     WhereOption,
     dumps,
@@ -36,6 +37,7 @@ from ._common import (
     open_buffer,
     render_table,
     row_json,
+    rows_csv,
     summarize,
     warn_unknown_paths,
     where_condition,
@@ -44,8 +46,15 @@ from ._common import (
 ORDERS = ORDERABLE
 
 
-def print_rows(rows: Sequence[DataRow], *, as_json: bool, title: str | None = None) -> None:
-    """Rows as a table (or JSON Lines with ``as_json``) on stdout."""
+def print_rows(
+    rows: Sequence[DataRow], *, as_json: bool, as_csv: bool = False, title: str | None = None
+) -> None:
+    """Rows as a table (or JSON Lines with ``as_json``, CSV with ``as_csv``) on stdout."""
+    if as_json and as_csv:
+        raise CliError("give either --json or --csv, not both")
+    if as_csv:
+        typer.echo(rows_csv(rows), nl=False)
+        return
     if as_json:
         for row in rows:
             typer.echo(dumps(row_json(row)))
@@ -95,6 +104,7 @@ def query(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print JSON Lines (one row per line) instead.")
     ] = False,
+    as_csv: CsvOption = False,
 ) -> None:
     """Show the rows matching a filter.
 
@@ -127,7 +137,7 @@ def query(
         buf.close()
     scope = f" where {condition}" if condition is not None else ""
     title = f"{len(rows)} of {total} matching rows{scope}"
-    print_rows(rows, as_json=as_json, title=title)
+    print_rows(rows, as_json=as_json, as_csv=as_csv, title=title)
 
 
 class SamplerName(str, Enum):
@@ -227,6 +237,7 @@ def sample(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print JSON Lines (one row per line) instead.")
     ] = False,
+    as_csv: CsvOption = False,
 ) -> None:
     """Draw a batch with one of the samplers, as a trainer would.
 
@@ -257,4 +268,4 @@ def sample(
         buf.close()
     if condition is not None:
         title += f" where {condition}"
-    print_rows(rows, as_json=as_json, title=title)
+    print_rows(rows, as_json=as_json, as_csv=as_csv, title=title)

@@ -146,3 +146,21 @@ def test_tables_align_wide_characters_by_display_width(invoke: Any, tmp_path: Pa
     for line in rows:  # the second column starts at the same display column in every row
         first, _, rest = line.partition("  ")
         assert cell_len(first + "  " + rest[: len(rest) - len(rest.lstrip())]) == at
+
+
+def test_query_and_sample_print_csv(invoke: Any, tmp_path: Path) -> None:
+    import csv
+    import io
+
+    path = tmp_path / "c.db"
+    with ReplayBuffer(f"sqlite:///{path}") as buffer:
+        buffer.store_batch(make_rows(6, tensor=True))
+    out = invoke("query", "--db", str(path), "--csv", "-w", "step = 0").stdout
+    table = list(csv.DictReader(io.StringIO(out)))
+    assert len(table) == 4 and table[0]["task_id"] == "task0" and table[0]["reward_t"] == "0.0"
+    assert json.loads(table[0]["state"])["obs"] == [0.0] * 8  # payload fields as JSON text
+    assert list(table[0])[:3] == ["id", "task_id", "task_name"]
+    sampled = invoke("sample", "--db", str(path), "--csv", "--batch-size", "3", "--seed", "1")
+    assert sampled.exit_code == 0 and len(list(csv.DictReader(io.StringIO(sampled.stdout)))) == 3
+    both = invoke("query", "--db", str(path), "--csv", "--json")
+    assert both.exit_code == 1 and "either --json or --csv" in both.stderr
