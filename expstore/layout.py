@@ -68,6 +68,12 @@ class ColumnSpec:
         return _KINDS[self.python]
 
     @property
+    def stored_types(self) -> tuple[type, ...]:
+        """The Python types a value read back from this column may have (None included
+        where the column is nullable); anything else means a damaged row."""
+        return (self.python, type(None)) if self.nullable else (self.python,)
+
+    @property
     def path(self) -> str:
         """The full field path: ``exp_meta.step``, ``exp_data.reward_t``, ``id``."""
         return self.name if self.owner == "row" else f"{self.owner}.{self.name}"

@@ -72,6 +72,7 @@ __all__ = [
     "empty_error",
     "numbering",
     "value_codes",
+    "with_current_version",
 ]
 
 _T = TypeVar("_T")
@@ -369,9 +370,7 @@ class KeySampler(Sampler):
         k = self.__dict__.get("max_staleness")
         if k is None or not len(index["key"]):
             return index
-        current = index.get("current_version", ...)
-        if current is ...:  # a storage whose key index does not bring it
-            current = storage.policy_version()
+        current = with_current_version(storage, index)["current_version"]
         versions = index["policy_version"]
 
         def compute() -> dict[str, Any]:
@@ -437,6 +436,15 @@ class KeySampler(Sampler):
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
     ) -> list[DataRow]:
         return self.sample_with_info(storage, batch_size, query_condition)[0]
+
+
+def with_current_version(storage: Storage, index: dict[str, Any]) -> dict[str, Any]:
+    """``index`` with ``"current_version"``, the buffer's policy version: the one the key
+    index read in its freshness round trip, or read now from a storage whose key index
+    does not bring it."""
+    if "current_version" in index:
+        return index
+    return {**index, "current_version": storage.policy_version()}
 
 
 def _masked(index: dict[str, Any], keep: np.ndarray) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from ..storage.base import QueryCondition, Storage
 from ..storage.claims import GroupTaker
 from ..storage.group_claims import Group, group_taker
 from ..storage.groups import GroupSpec
+from ..storage.versions import fresh_mask
 from .base import KeySampler, SamplerOptions, empty_error
 
 __all__ = ["GroupCounts", "GroupSampler"]
@@ -118,10 +119,10 @@ class GroupSampler(KeySampler):
         def compute() -> tuple[np.ndarray, GroupCounts]:
             complete = index["size"] == self.group_size
             passing = complete & index["passes"]
-            fresh = passing
-            if self.max_staleness is not None and current is not None:
-                with np.errstate(invalid="ignore"):
-                    fresh = passing & ~(index["version"] < current - self.max_staleness)
+            keep = None
+            if self.max_staleness is not None:
+                keep = fresh_mask(index["version"], current, self.max_staleness)
+            fresh = passing if keep is None else passing & keep
             counts = GroupCounts(
                 ready=int(fresh.sum()),
                 waiting=int(((index["size"] > 0) & ~complete).sum()),
@@ -183,13 +184,11 @@ class GroupSampler(KeySampler):
             self.__dict__.setdefault("_taken", set()).update(values)
 
         def fresh(found: list[Any]) -> list[Any]:
-            k = self.max_staleness
-            current = None if k is None or not found else storage.policy_version()
-            values = [
-                g
-                for g, version in found
-                if current is None or version is None or version >= current - k  # type: ignore[operator]
-            ]
+            keep = None
+            if self.max_staleness is not None and found:
+                versions = np.array([np.nan if v is None else v for _, v in found], float)
+                keep = fresh_mask(versions, storage.policy_version(), self.max_staleness)
+            values = [g for i, (g, _) in enumerate(found) if keep is None or keep[i]]
             self.__dict__.setdefault("_taken", set()).difference_update(values)
             return values
 

@@ -9,8 +9,15 @@ import numpy as np
 from .._args import seeded_rng
 from ..sampling import Choice
 from ..storage.base import QueryCondition, Storage
-from ..storage.versions import check_staleness
-from .base import DerivedArrays, TaskSampler, check_batch_size, empty_error, value_codes
+from ..storage.versions import check_staleness, fresh_mask
+from .base import (
+    DerivedArrays,
+    TaskSampler,
+    check_batch_size,
+    empty_error,
+    value_codes,
+    with_current_version,
+)
 
 __all__ = ["RandomTaskSample", "RandomTaskSampler"]
 
@@ -80,6 +87,7 @@ class RandomTaskSampler(TaskSampler):
             lambda: np.array(list(dict.fromkeys(task_ids.tolist())), dtype=object),
         )
         if self.max_staleness is not None:
+            index = with_current_version(storage, index)
             tasks = self._fresh_tasks(index, tasks)
             if not len(tasks):
                 raise empty_error(
@@ -93,21 +101,19 @@ class RandomTaskSampler(TaskSampler):
 
     def _fresh_tasks(self, index: dict[str, Any], tasks: np.ndarray) -> np.ndarray:
         """``tasks`` (in order of first insertion) whose oldest row is fresh."""
-        current = index.get("current_version")
-        assert self.max_staleness is not None
-        if current is None:
-            return tasks
-        oldest_allowed = current - self.max_staleness
+        current, k = index["current_version"], self.max_staleness
+        assert k is not None
 
         def compute() -> np.ndarray:
             codes = value_codes(index["task_id"].tolist())  # numbered as ``tasks`` is
-            versions = np.nan_to_num(index["policy_version"], nan=np.inf)
-            oldest = np.full(len(tasks), np.inf)
-            np.minimum.at(oldest, codes, versions)
-            return tasks[oldest >= oldest_allowed]
+            oldest = np.full(len(tasks), np.inf)  # rows without a version left out (NaN)
+            np.fmin.at(oldest, codes, index["policy_version"])
+            oldest[np.isinf(oldest)] = np.nan  # a task without versions is never stale
+            keep = fresh_mask(oldest, current, k)
+            return tasks if keep is None else tasks[keep]
 
         sources = (index["task_id"], index["policy_version"])
-        return self._derived.get(f"fresh:{oldest_allowed}", sources, compute)
+        return self._derived.get(f"fresh:{current}:{k}", sources, compute)
 
 
 #: AWorld's name for RandomTaskSampler.

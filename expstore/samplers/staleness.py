@@ -10,7 +10,7 @@ from typing_extensions import Unpack
 
 from .._args import check_number
 from ..storage.base import QueryCondition, Storage
-from .base import KeySampler, SamplerOptions
+from .base import KeySampler, SamplerOptions, with_current_version
 
 __all__ = ["StalenessAwareSampler"]
 
@@ -38,10 +38,7 @@ class StalenessAwareSampler(KeySampler):
         self.power = check_number("power", power, minimum=0.0)
 
     def read_index(self, storage: Storage, query_condition: QueryCondition) -> dict[str, Any]:
-        index = super().read_index(storage, query_condition)
-        if "current_version" not in index:  # a storage whose key index does not bring it
-            index = {**index, "current_version": storage.policy_version()}
-        return index
+        return with_current_version(storage, super().read_index(storage, query_condition))
 
     def sample_keys(
         self, index: dict[str, Any], batch_size: int, rng: np.random.Generator

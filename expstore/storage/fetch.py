@@ -206,7 +206,7 @@ def _check_column(name: str, values: list[Any], ids: Sequence[str]) -> None:
     spec = COLUMNS_BY_NAME.get(name)
     if spec is None:
         return
-    allowed = {spec.python, type(None)} if spec.nullable else {spec.python}
+    allowed = set(spec.stored_types)
     if set(map(type, values)) <= allowed:
         return
     for row_id, value in zip(ids, values, strict=True):

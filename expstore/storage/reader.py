@@ -47,14 +47,7 @@ _AT_SCALARS = tuple((c, _NAMES.index(c)) for c in SCALAR_COLUMNS)
 _EXPERIENCE_FIELDS = tuple(Experience.model_fields)
 #: (position, column, the types its values may have) of every typed column, to tell a
 #: value SQLite let through in the wrong type (its columns take any) from a good one.
-_TYPED = tuple(
-    (
-        _NAMES.index(spec.name),
-        spec.name,
-        (spec.python, type(None)) if spec.nullable else (spec.python,),
-    )
-    for spec in COLUMNS
-)
+_TYPED = tuple((_NAMES.index(spec.name), spec.name, spec.stored_types) for spec in COLUMNS)
 
 
 def key_list(keys: Sequence[int] | np.ndarray) -> list[int]:
@@ -80,7 +73,7 @@ def decode_row(r: Row[Any] | Sequence[Any]) -> DataRow:
         raise CodecError(f"row {row_id}: the stored document lacks {missing}; {MALFORMED}")
     for at, name, kinds in _TYPED:
         value = r[at]
-        if not isinstance(value, kinds) or (kinds[0] is int and isinstance(value, bool)):
+        if type(value) not in kinds:
             raise CodecError(
                 f"row {row_id}: column {name} holds {value!r}, not a {kinds[0].__name__}; "
                 f"{MALFORMED}"
