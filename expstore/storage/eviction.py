@@ -23,16 +23,22 @@ from collections.abc import Callable
 
 from sqlalchemy import Connection, and_, delete, func, select
 
-from .schema import buffers, newest_first, rows
+from .schema import buffers, newest_first, oldest_first, rows
 
 __all__ = ["EVERY_WRITE_POLICIES", "EVICTION_POLICIES", "OLDEST_FIRST_POLICIES", "evict"]
 
 
-def _fifo(conn: Connection, buffer_id: int, capacity: int) -> int:
-    threshold = (
-        newest_first(select(rows.c.key), buffer_id).limit(1).offset(capacity - 1).scalar_subquery()
-    )
-    stmt = delete(rows).where(rows.c.buffer_id == buffer_id, rows.c.key < threshold)
+def _fifo(conn: Connection, buffer_id: int, capacity: int, removed: int = 0) -> int:
+    # The buffer's row count (kept in this transaction by every write and delete, see
+    # expstore.storage.registry) says how many of the oldest rows go: the first key to keep
+    # is found by an offset of that excess from the oldest end, so a write costs the same
+    held = select(buffers.c.row_count).where(buffers.c.id == buffer_id)
+    # whatever the capacity (``removed``: rows this eviction already deleted).
+    excess = int(conn.execute(held).scalar_one()) - removed - capacity
+    if excess <= 0:
+        return 0
+    threshold = oldest_first(select(rows.c.key), buffer_id).limit(1).offset(excess)
+    stmt = delete(rows).where(rows.c.buffer_id == buffer_id, rows.c.key < threshold.scalar_subquery())
     return conn.execute(stmt).rowcount
 
 
@@ -90,7 +96,7 @@ def _stale(conn: Connection, buffer_id: int, capacity: int) -> int:
         rows.c.buffer_id == buffer_id, rows.c.policy_version < oldest.scalar_subquery()
     )
     evicted = int(conn.execute(stale).rowcount)
-    return evicted + (_fifo(conn, buffer_id, capacity) if capacity else 0)
+    return evicted + (_fifo(conn, buffer_id, capacity, evicted) if capacity else 0)
 
 
 #: Policies that only ever delete a buffer's oldest rows (every key below some key), which

@@ -23,6 +23,7 @@ __all__ = [
     "bump_version",
     "check_retention",
     "count_inserted",
+    "count_removed",
     "evict_beyond",
     "lock_buffer",
     "open_buffer",
@@ -111,7 +112,21 @@ def bump_version(handle: BufferHandle, conn: Connection, counter: Any = buffers.
 def count_inserted(handle: BufferHandle, conn: Connection, n: int) -> None:
     """Count ``n`` rows stored into the buffer (the caller holds its row)."""
     this = buffers.c.id == handle.buffer_id
-    conn.execute(update(buffers).where(this).values(inserted=buffers.c.inserted + n))
+    conn.execute(
+        update(buffers)
+        .where(this)
+        .values(inserted=buffers.c.inserted + n, row_count=buffers.c.row_count + n)
+    )
+
+
+def count_removed(handle: BufferHandle, conn: Connection, n: int | None = None) -> None:
+    """Count ``n`` rows deleted from the buffer in the caller's transaction (None: all of
+    them, after a clear)."""
+    if n == 0:
+        return
+    this = buffers.c.id == handle.buffer_id
+    value = 0 if n is None else buffers.c.row_count - n
+    conn.execute(update(buffers).where(this).values(row_count=value))
 
 
 def evict_beyond(handle: BufferHandle, conn: Connection, capacity: int | None, policy: str) -> int:
@@ -119,6 +134,7 @@ def evict_beyond(handle: BufferHandle, conn: Connection, capacity: int | None, p
     transaction; readers see FIFO eviction by the buffer's smallest key, any other by a new
     version."""
     evicted = evict(conn, handle.buffer_id, None if capacity is None else int(capacity), policy)
+    count_removed(handle, conn, evicted)
     if evicted and policy not in OLDEST_FIRST_POLICIES:
         bump_version(handle, conn)
     return evicted

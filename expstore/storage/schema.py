@@ -77,6 +77,11 @@ buffers = Table(
     # Rows ever stored into the buffer (evictions do not lower it): rate limits count
     # inserts by it. Writers hold this row already, so counting costs no extra lock.
     Column("inserted", BigInteger, nullable=False, server_default="0"),
+    # The rows the buffer holds now, kept by every write, delete and eviction in its own
+    # transaction (on this row, which they hold anyway): len() and stats without counting,
+    # FIFO eviction by an offset of the excess, and samplers' dense-key checks
+    # (expstore.storage.key_space).
+    Column("row_count", BigInteger, nullable=False, server_default="0"),
     UniqueConstraint("name"),
 )
 
@@ -115,6 +120,9 @@ rows = Table(
     Index(None, "buffer_id", "key"),
     Index(None, "buffer_id", "task_id", "step"),
     Index(None, "buffer_id", "content_hash"),
+    # The smallest and largest priority of a buffer in two index probes, which bound the
+    # prioritized sampler's rejection draws (expstore.samplers.flat).
+    Index(None, "buffer_id", "priority"),
     *(Index(None, "buffer_id", spec.name) for spec in COLUMNS if spec.indexed),
 )
 

@@ -185,6 +185,7 @@ class SqlStorage(Storage):
         with handle.errors("delete rows"), handle.write() as conn:
             count = conn.execute(delete(rows).where(*where)).rowcount
             if count:
+                registry.count_removed(handle, conn, count)
                 registry.bump_version(handle, conn)
         return int(count)
 
@@ -193,6 +194,7 @@ class SqlStorage(Storage):
         handle = self._handle
         with handle.errors("clear the buffer"), handle.write() as conn:
             conn.execute(delete(rows).where(rows.c.buffer_id == handle.buffer_id))
+            registry.count_removed(handle, conn)
             registry.bump_version(handle, conn)
 
     def set_retention(
