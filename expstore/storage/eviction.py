@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from sqlalchemy import Connection, and_, delete, func, select
 
-from .schema import buffers, newest_first, oldest_first, rows
+from .schema import buffers, oldest_first, rows
 
 __all__ = ["EVERY_WRITE_POLICIES", "EVICTION_POLICIES", "OLDEST_FIRST_POLICIES", "evict"]
 
@@ -38,7 +38,9 @@ def _fifo(conn: Connection, buffer_id: int, capacity: int, removed: int = 0) -> 
     if excess <= 0:
         return 0
     threshold = oldest_first(select(rows.c.key), buffer_id).limit(1).offset(excess)
-    stmt = delete(rows).where(rows.c.buffer_id == buffer_id, rows.c.key < threshold.scalar_subquery())
+    stmt = delete(rows).where(
+        rows.c.buffer_id == buffer_id, rows.c.key < threshold.scalar_subquery()
+    )
     return conn.execute(stmt).rowcount
 
 
