@@ -56,6 +56,7 @@ from ..models import DataRow
 from ..query import as_condition
 from ..sampling import Choice, SampleInfo, check_batch_size, draw
 from ..storage.base import QueryCondition, Storage
+from ..storage.key_space import KeySpace
 from ..storage.versions import check_staleness, fresh_mask
 
 __all__ = [
@@ -76,6 +77,9 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
+
+#: Calls under a condition that go straight to the key index after a flat draw gave up.
+_FLAT_SKIPS = 64
 
 #: Derived arrays kept per sampler (one per condition in use, most recent first).
 _DERIVED_ENTRIES = 4
@@ -281,6 +285,9 @@ class KeySampler(Sampler):
 
     #: The key_index columns :meth:`sample_keys` reads, besides ``"key"``.
     columns: ClassVar[tuple[str, ...]] = ()
+    #: Whether to draw over the key space when :meth:`choose_flat` can (False: always over
+    #: the key index, e.g. to compare the two).
+    flat: bool = True
 
     def __init__(self, **options: Unpack[SamplerOptions]) -> None:
         unknown = set(options) - set(SamplerOptions.__annotations__)
@@ -398,9 +405,57 @@ class KeySampler(Sampler):
         them; None for a sampler that does not weigh rows."""
         return None
 
+    def can_draw_flat(self, query_condition: QueryCondition) -> bool:
+        """Whether :meth:`choose_flat` may draw under this condition (False by default)."""
+        return False
+
+    def choose_flat(
+        self, space: KeySpace, batch_size: int, query_condition: QueryCondition
+    ) -> Choice | None:
+        """A choice drawn over the buffer's key space, holding nothing that grows with the
+        buffer (see :mod:`expstore.samplers.flat`), or None to choose over the key index.
+        The built-in samplers that can (uniform with replacement, prioritized, recency,
+        stratified) override it and :meth:`can_draw_flat`; a custom sampler need not."""
+        return None
+
+    def _choose_flat(
+        self, storage: Storage, batch_size: int, query_condition: QueryCondition
+    ) -> Choice | None:
+        if (
+            not self.flat
+            or self.__dict__.get("consume_after") is not None
+            or not self.can_draw_flat(query_condition)
+        ):
+            return None
+        key = describe_condition(query_condition)
+        skips = self.__dict__.setdefault("_flat_skips", {})
+        if skips.get(key, 0) > 0:  # it gave up lately under this condition
+            skips[key] -= 1
+            return None
+        choice = storage.key_space(
+            query_condition,
+            lambda space: self.choose_flat(space, batch_size, query_condition),
+            max_staleness=self.__dict__.get("max_staleness"),
+        )
+        if choice is None:
+            skips[key] = _FLAT_SKIPS
+        return choice
+
+    def kept_hint(self, query_condition: QueryCondition, kept: float | None = None) -> float:
+        """The share of candidate keys the last flat draw under this condition kept (1.0
+        at first), remembered when ``kept`` is given; it sizes the next first round."""
+        hints = self.__dict__.setdefault("_kept", {})
+        key = describe_condition(query_condition)
+        if kept is not None:
+            hints[key] = kept
+        return float(hints.get(key, 1.0))
+
     def choose(
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
     ) -> Choice:
+        flat = self._choose_flat(storage, batch_size, query_condition)
+        if flat is not None:
+            return flat
         matching = self._without_spent(self.read_index(storage, query_condition))
         index = self._fresh(storage, matching)
         if not len(index["key"]):

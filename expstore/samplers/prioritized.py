@@ -10,8 +10,11 @@ from typing_extensions import Unpack
 
 from .._args import check_number
 from ..errors import EmptyBufferError
+from ..sampling import Choice
 from ..storage.base import QueryCondition, Storage
+from ..storage.key_space import KeySpace
 from .base import KeySampler, SamplerOptions
+from .flat import draw_uniform
 
 __all__ = ["PrioritizedSampler"]
 
@@ -88,6 +91,43 @@ class PrioritizedSampler(KeySampler):
         largest = self.derived("max", (whole,), lambda: _largest(whole))
         return {**index, "max_priority": largest}
 
+    def can_draw_flat(self, query_condition: QueryCondition) -> bool:
+        return query_condition is None and self.max_staleness is None
+
+    def choose_flat(
+        self, space: KeySpace, batch_size: int, query_condition: QueryCondition
+    ) -> Choice | None:
+        # Under a condition the weights' normaliser is the least likely matching row's,
+        # which the index bounds do not give: the key index serves.
+        if space.filtered:
+            return None
+        bounds = space.priority_bounds()
+        largest = 1.0 if bounds.largest is None else bounds.largest
+        smallest = largest if bounds.smallest is None else bounds.smallest
+        top = (largest + self.eps) ** self.alpha
+        low = (smallest + self.eps) ** self.alpha
+        if not (low > 0 and math.isfinite(top)):
+            return None
+
+        def weight(columns: dict[str, np.ndarray]) -> np.ndarray:
+            priority = columns["priority"]
+            return np.power(np.where(np.isnan(priority), largest, priority) + self.eps, self.alpha)
+
+        drawn = draw_uniform(
+            space,
+            batch_size,
+            self.rng,
+            columns=("priority",),
+            accept=lambda columns: weight(columns) / top,
+            hint=self.kept_hint(query_condition),
+        )
+        if drawn is None:
+            return None
+        self.kept_hint(query_condition, drawn.kept)
+        # (N P_i)^-beta / max_j (N P_j)^-beta == (w_i / min_j w_j)^-beta
+        weights = np.power(weight(drawn.columns) / low, -self.beta).astype(np.float32)
+        return Choice(drawn.keys, {"key": drawn.keys, "drawn_weights": weights})
+
     def _distribution(self, index: dict[str, Any]) -> _Distribution:
         """The unnormalised weights, their cumulative sum in blocks, and the smallest
         positive weight, computed once per change of the buffer."""
@@ -124,6 +164,8 @@ class PrioritizedSampler(KeySampler):
         return keys
 
     def weights(self, index: dict[str, np.ndarray], keys: np.ndarray) -> np.ndarray:
+        if "drawn_weights" in index and index["key"] is keys:  # drawn over the key space
+            return index["drawn_weights"]
         dist = self._distribution(index)
         weights, smallest = dist.weights, dist.smallest
         drawn = self._drawn

@@ -6,7 +6,11 @@ import numpy as np
 from typing_extensions import Unpack
 
 from .._args import check_number
+from ..sampling import Choice
+from ..storage.base import QueryCondition
+from ..storage.key_space import KeySpace
 from .base import KeySampler, SamplerOptions
+from .flat import draw_ranks
 
 __all__ = ["RecencySampler"]
 
@@ -29,6 +33,18 @@ class RecencySampler(KeySampler):
     def __init__(self, power: float = 1.0, **options: Unpack[SamplerOptions]) -> None:
         super().__init__(**options)
         self.power = check_number("power", power)
+
+    def can_draw_flat(self, query_condition: QueryCondition) -> bool:
+        return query_condition is None and self.max_staleness is None
+
+    def choose_flat(
+        self, space: KeySpace, batch_size: int, query_condition: QueryCondition
+    ) -> Choice | None:
+        # Ranks are keys' distances from the smallest only when every key is a row.
+        if space.filtered or not space.dense:
+            return None
+        ranks = draw_ranks(space.rows, batch_size, self.power, self.rng)
+        return None if ranks is None else Choice(space.min_key + ranks)
 
     def sample_keys(
         self, index: dict[str, np.ndarray], batch_size: int, rng: np.random.Generator

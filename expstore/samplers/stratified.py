@@ -9,9 +9,17 @@ import numpy as np
 from typing_extensions import Unpack
 
 from ..query.fields import resolve_field
+from ..sampling import Choice
+from ..storage.base import QueryCondition
+from ..storage.key_space import KeySpace
 from .base import KeySampler, SamplerOptions, value_codes
+from .flat import draw_uniform
 
 __all__ = ["StratifiedSampler"]
+
+#: Groups beyond which stratified draws choose over the key index: a group's share of the
+#: key range is then too small for rejection to pay.
+MAX_FLAT_GROUPS = 64
 
 
 def _group_key(value: Any) -> Any:
@@ -73,14 +81,56 @@ class StratifiedSampler(KeySampler):
 
         return self.derived("groups", (values,), compute)
 
+    def can_draw_flat(self, query_condition: QueryCondition) -> bool:
+        return query_condition is None and self.max_staleness is None and not self._payload
+
+    def choose_flat(
+        self, space: KeySpace, batch_size: int, query_condition: QueryCondition
+    ) -> Choice | None:
+        if space.filtered or self._payload:
+            return None
+        values = space.distinct(self.column)
+        if not values or len(values) > MAX_FLAT_GROUPS:
+            return None
+        rng = self.rng
+        remaining = self._shares(len(values), batch_size, rng).tolist()
+        code = {v: i for i, v in enumerate(values)}
+
+        def wanted(columns: dict[str, np.ndarray]) -> np.ndarray:
+            take = np.zeros(len(columns[self.column]), dtype=bool)
+            for i, value in enumerate(columns[self.column].tolist()):
+                group = code.get(value)
+                if group is not None and remaining[group]:
+                    remaining[group] -= 1
+                    take[i] = True
+            return take
+
+        drawn = draw_uniform(
+            space,
+            batch_size,
+            rng,
+            columns=(self.column,),
+            quota=wanted,
+            hint=self.kept_hint(query_condition),
+        )
+        if drawn is None:
+            return None
+        return Choice(drawn.keys[rng.permutation(batch_size)])
+
+    @staticmethod
+    def _shares(groups: int, batch_size: int, rng: np.random.Generator) -> np.ndarray:
+        """Rows per group: ``batch_size // groups`` each, one more for ``batch_size %
+        groups`` distinct groups chosen at random."""
+        shares = np.full(groups, batch_size // groups, dtype=np.int64)
+        shares[rng.choice(groups, size=batch_size % groups, replace=False)] += 1
+        return shares
+
     def sample_keys(
         self, index: dict[str, np.ndarray], batch_size: int, rng: np.random.Generator
     ) -> np.ndarray:
         order, starts, counts = self._groups(index[self.column])
         groups = len(counts)
-        shares = np.full(groups, batch_size // groups, dtype=np.int64)
-        extra = rng.choice(groups, size=batch_size % groups, replace=False)
-        shares[extra] += 1
+        shares = self._shares(groups, batch_size, rng)
         group_of_row = np.repeat(np.arange(groups), shares)
         offsets = np.floor(rng.random(batch_size) * counts[group_of_row]).astype(np.int64)
         positions = order[starts[group_of_row] + offsets]

@@ -9,7 +9,9 @@ from typing_extensions import Unpack
 
 from ..sampling import Choice
 from ..storage.base import QueryCondition, Storage
+from ..storage.key_space import KeySpace
 from .base import KeySampler, SamplerOptions
+from .flat import draw_uniform
 
 __all__ = ["UniformSampler"]
 
@@ -52,6 +54,20 @@ class UniformSampler(KeySampler):
             self._epoch = None
             self._epoch_condition = query_condition
         return super().choose(storage, batch_size, query_condition)
+
+    def can_draw_flat(self, query_condition: QueryCondition) -> bool:
+        return self.replacement
+
+    def choose_flat(
+        self, space: KeySpace, batch_size: int, query_condition: QueryCondition
+    ) -> Choice | None:
+        if not self.replacement:
+            return None
+        drawn = draw_uniform(space, batch_size, self.rng, hint=self.kept_hint(query_condition))
+        if drawn is None:
+            return None
+        self.kept_hint(query_condition, drawn.kept)
+        return Choice(drawn.keys)
 
     def sample_keys(
         self, index: dict[str, np.ndarray], batch_size: int, rng: np.random.Generator

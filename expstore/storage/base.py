@@ -11,8 +11,8 @@ chosen rows, whole or only the fields a converter reads).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ..query import Condition
     from .claims import ClaimQueue
     from .groups import GroupIndex, GroupSpec
+    from .key_space import KeySpace
     from .rate_limits import RateLimits
 
     QueryCondition = Condition | dict[str, Any] | None
@@ -31,6 +32,8 @@ else:
     QueryCondition = Any
 
 __all__ = ["Fetched", "QueryCondition", "Storage", "Values"]
+
+_T = TypeVar("_T")
 
 #: One path's values over a batch of rows: a list, or an array whose first axis is the rows.
 Values = list[Any] | np.ndarray
@@ -159,6 +162,18 @@ class Storage(ABC):
         self, requests: Sequence[tuple[QueryCondition, Sequence[str]]]
     ) -> list[dict[str, np.ndarray]]:
         """:meth:`key_index` for each ``(condition, columns)``, all at one moment."""
+
+    def key_space(
+        self,
+        query_condition: QueryCondition,
+        use: Callable[[KeySpace], _T],
+        *,
+        max_staleness: int | None = None,
+    ) -> _T | None:
+        """``use(space)`` over the buffer's key space read now (its key range and row
+        count, probed for candidate keys; see :mod:`expstore.storage.key_space`), or None
+        from a storage without one, whose samplers then choose over :meth:`key_index`."""
+        return None
 
     @abstractmethod
     def fetch_keys(self, keys: Sequence[int] | np.ndarray) -> list[DataRow]:

@@ -134,7 +134,7 @@ class GroupIndex:
         version."""
         cache_key = (condition_key(query_condition), spec.key)
         with self.handle.errors("summarise groups"), self.handle.read() as conn:
-            signature, current = self.index.state(conn)
+            signature, current, _ = self.index.state(conn)
             cached = self.entries.get(cache_key)
             if cached is not None:
                 self.entries.move_to_end(cache_key)

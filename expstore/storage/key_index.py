@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import numpy as np
 from sqlalchemy import BigInteger, Boolean, Connection, Double, Integer, Row, select
@@ -37,7 +37,12 @@ from .priorities import logged_priorities
 from .rate_limits import limited_flag
 from .schema import buffers, newest_first, oldest_first, rows
 
+if TYPE_CHECKING:
+    from .key_space import KeySpace
+
 __all__ = ["KeyIndex", "Signature"]
+
+_T = TypeVar("_T")
 
 Arrays = dict[str, np.ndarray]
 
@@ -131,8 +136,31 @@ class KeyIndex:
         """The buffer's signature now."""
         return self.state(conn)[0]
 
-    def state(self, conn: Connection) -> tuple[Signature, int | None]:
-        """The buffer's signature and its current policy version, in one round trip."""
+    def state_now(self) -> tuple[Signature, int | None, int]:
+        """:meth:`state` on a connection of its own."""
+        with self.handle.errors("read the buffer's state"), self.handle.read() as conn:
+            return self.state(conn)
+
+    def space(
+        self,
+        query_condition: QueryCondition,
+        max_staleness: int | None,
+        use: Callable[[KeySpace], _T],
+    ) -> _T:
+        """``use(space)`` over the buffer's :class:`~expstore.storage.key_space.KeySpace`
+        read now (range, row count and policy version in this class's one round trip)."""
+
+        def state(conn: Connection) -> tuple[int, int, int, int | None]:
+            signature, version, count = self.state(conn)
+            return signature.min_key, signature.max_key, count, version
+
+        from .key_space import open_space  # it builds on this module
+
+        return open_space(self.handle, state, query_condition, max_staleness, use)
+
+    def state(self, conn: Connection) -> tuple[Signature, int | None, int]:
+        """The buffer's signature, its current policy version and its row count, in one
+        round trip."""
         buffer_id = self.handle.buffer_id
 
         def build() -> Any:
@@ -144,9 +172,12 @@ class KeyIndex:
             priority_version = select(buffers.c.priority_version).where(this).scalar_subquery()
             policy_version = select(buffers.c.policy_version).where(this).scalar_subquery()
             limited = limited_flag(buffer_id)
-            return select(max_key, version, min_key, priority_version, policy_version, limited)
+            count = select(buffers.c.row_count).where(this).scalar_subquery()
+            return select(
+                max_key, version, min_key, priority_version, policy_version, limited, count
+            )
 
-        ((key, version, smallest, priority_version, policy_version, limited),) = (
+        ((key, version, smallest, priority_version, policy_version, limited, count),) = (
             self.handle.statement(("signature",), build).run(conn)
         )
         if self.on_limit is not None:
@@ -154,7 +185,8 @@ class KeyIndex:
         signature = Signature(
             int(key or 0), int(version or 0), int(smallest or 0), int(priority_version or 0)
         )
-        return signature, None if policy_version is None else int(policy_version)
+        current = None if policy_version is None else int(policy_version)
+        return signature, current, int(count or 0)
 
     def get(self, requests: Sequence[tuple[QueryCondition, Sequence[str]]]) -> list[dict[str, Any]]:
         """The index for each ``(condition, columns)``, all at one signature, read in one
@@ -166,7 +198,7 @@ class KeyIndex:
             names = tuple(names)
             plans.append((query_condition, names, [_column(n, dialect) for n in names]))
         with self.handle.errors("index rows"), self.handle.read() as conn:
-            signature, current = self.state(conn)
+            signature, current, _ = self.state(conn)
             found = [self._read(conn, signature, *plan) for plan in plans]
         return [
             {**arrays, "current_version": current} if "policy_version" in plan[1] else arrays

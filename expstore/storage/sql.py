@@ -27,8 +27,8 @@ keeps a capacity exact.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 from sqlalchemy import delete
@@ -46,9 +46,12 @@ from .fetch import FieldFetcher
 from .groups import GroupIndex, GroupSpec
 from .handle import BufferHandle
 from .key_index import KeyIndex
+from .key_space import KeySpace
 from .rate_limits import RateLimits
 from .reader import RowReader
 from .schema import rows
+
+_T = TypeVar("_T")
 
 __all__ = ["SqlStorage", "create_sql_engine"]
 
@@ -287,6 +290,17 @@ class SqlStorage(Storage):
         are read-only and cached until the buffer changes (see
         :mod:`expstore.storage.key_index`)."""
         return self._index.get(requests)
+
+    def key_space(
+        self,
+        query_condition: QueryCondition,
+        use: Callable[[KeySpace], _T],
+        *,
+        max_staleness: int | None = None,
+    ) -> _T:
+        """``use(space)`` over the buffer's key space read now, on one connection (see
+        :mod:`expstore.storage.key_space`)."""
+        return self._index.space(query_condition, max_staleness, use)
 
     def fetch_keys(self, keys: Sequence[int] | np.ndarray) -> list[DataRow]:
         """The rows with these keys in the given order (repeats allowed; vanished keys skipped)."""

@@ -188,3 +188,22 @@ def test_a_version_table_with_two_rows_is_reported_with_the_repair(fresh_url: st
         conn.execute(text(f"DELETE FROM {VERSION_TABLE} WHERE version_num <> '{head}'"))
     with ReplayBuffer(fresh_url) as buf:
         assert len(buf) == 0
+
+
+def test_revision_0006_counts_the_rows_each_buffer_holds(fresh_url: str) -> None:
+    engine = _writer(fresh_url)
+    migrate.upgrade(engine)
+    for name, n in (("a", 3), ("b", 5)):
+        with ReplayBuffer(fresh_url, name=name) as buf:
+            buf.store_batch(make_rows(n))
+    migrate.downgrade(engine, "0005")
+    with engine.connect() as conn:
+        columns = {c["name"] for c in inspect(conn).get_columns("expstore_buffers")}
+        assert "row_count" not in columns
+        assert conn.execute(text("SELECT count(*) FROM expstore_rows")).scalar_one() == 8
+    migrate.upgrade(engine)
+    for name, n in (("a", 3), ("b", 5)):
+        with ReplayBuffer(fresh_url, name=name, capacity=4) as buf:
+            assert buf.storage.index.state_now()[2] == n
+            buf.store_batch(make_rows(1))  # FIFO by the count: down to the capacity
+            assert len(buf) == 4 and buf.storage.index.state_now()[2] == 4

@@ -1,0 +1,166 @@
+"""Drawing without a key index: rejection over the buffer's key range.
+
+A :class:`~expstore.storage.key_space.KeySpace` gives the range the buffer's keys lie in and
+probes candidate keys. Candidates drawn uniformly from the range, kept when the probe finds
+them (a row of the buffer matching the condition), are independent uniform draws among the
+matching rows; kept again with probability ``w / w_max`` they are draws in proportion to
+``w`` (prioritized replay). That is exact rejection sampling, and its cost is the batch
+divided by the share of the range that is kept, whatever the buffer's size: nothing in
+memory grows with the buffer.
+
+When too little of the range is kept (a condition few rows meet, a buffer whose keys are
+mixed with other buffers', weights far apart), :func:`draw_uniform` gives up after
+:data:`PROBE_BUDGET` candidates and the sampler chooses over its key index instead (whose
+matching rows are then few). Giving up depends only on what was drawn, and either way the
+rows come from the same distribution, so the batch's distribution is exact.
+
+Recency weights by rank need no probe when the buffer's keys are dense (every key of the
+range a row of it): a rank is then a key's distance from the smallest, and
+:func:`draw_ranks` draws ranks by the weight ``(rank + 1) ** power``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from ..storage.key_space import KeySpace
+
+__all__ = ["MIN_KEPT", "PROBE_BUDGET", "Drawn", "draw_ranks", "draw_uniform"]
+
+#: Candidate keys probed per batch at most (or 64 per row asked, if more) before a sampler
+#: falls back to its key index.
+PROBE_BUDGET = 1 << 15
+#: Below this share of candidates kept (measured after the first round) a sampler falls
+#: back to its key index at once: the matching rows are few enough to hold.
+MIN_KEPT = 1 / 128
+
+Accept = Callable[[dict[str, np.ndarray]], np.ndarray]
+
+
+class Drawn(NamedTuple):
+    """Keys drawn (in draw order, repeats possible) and their probed columns."""
+
+    keys: np.ndarray
+    columns: dict[str, np.ndarray]
+    #: The share of candidates kept, to size the next call's first round.
+    kept: float
+
+
+def draw_uniform(
+    space: KeySpace,
+    n: int,
+    rng: np.random.Generator,
+    *,
+    columns: Sequence[str] = (),
+    accept: Accept | None = None,
+    quota: Accept | None = None,
+    hint: float = 1.0,
+) -> Drawn | None:
+    """``n`` independent draws among the matching rows of ``space``: uniform, or, with
+    ``accept`` (the probability of keeping each found candidate, from its ``columns``), in
+    proportion to it. ``quota(columns)`` may then say which of the kept candidates, in
+    order, are still wanted (a mask; stratified draws fill a share per group). None when it
+    does not pay (see the module's docstring)."""
+    if not space.rows or n <= 0:
+        return None
+    low, high = space.min_key, space.max_key + 1
+    if space.dense and not space.filtered and accept is None and quota is None:
+        # Every key of the range is a row (and every row matches): nothing to probe.
+        return Drawn(rng.integers(low, high, size=n), {}, 1.0)
+    budget = max(PROBE_BUDGET, 64 * n)
+    taken: list[np.ndarray] = []
+    taken_columns: dict[str, list[np.ndarray]] = {c: [] for c in columns}
+    need, tried, kept = n, 0, 0
+    rate = min(max(hint, MIN_KEPT), 1.0)
+    while need:
+        size = min(budget - tried, math.ceil(need / rate * 1.2) + 16)
+        if size <= 0:
+            return None
+        candidates = rng.integers(low, high, size=size)
+        found = space.probe(candidates, columns)
+        where = _positions(found["key"], candidates)
+        hit = where >= 0
+        if accept is not None and hit.any():
+            chances = accept({c: found[c][where[hit]] for c in columns})
+            hit[np.flatnonzero(hit)[rng.random(int(hit.sum())) >= chances]] = False
+        tried += size
+        kept += int(hit.sum())
+        chosen = np.flatnonzero(hit)
+        if quota is not None:
+            chosen = chosen[quota({c: found[c][where[chosen]] for c in columns})]
+        chosen = chosen[:need]
+        taken.append(candidates[chosen])
+        for c in columns:
+            taken_columns[c].append(found[c][where[chosen]])
+        need -= len(chosen)
+        rate = kept / tried
+        if need and rate < MIN_KEPT:
+            return None
+    keys = np.concatenate(taken)
+    return Drawn(keys, {c: np.concatenate(v) for c, v in taken_columns.items()}, kept / tried)
+
+
+def draw_ranks(count: int, n: int, power: float, rng: np.random.Generator) -> np.ndarray | None:
+    """``n`` distinct ranks of ``0 .. count - 1``, drawn one after another with probability
+    proportional to ``(rank + 1) ** power`` among those not yet drawn (successive sampling,
+    as the key-index path's Gumbel top-k). None when ``n`` is not well below ``count`` or
+    the power is too steep for rejection to pay.
+
+    Proposals come from the continuous density ``x ** power`` on ``[1, count + 1)`` (by its
+    inverse CDF), rank ``floor(x) - 1``, whose mass ``m(r)`` lies between ``(r+1) ** p`` and
+    ``(r+2) ** p``; a proposal is kept with probability ``(r+1) ** p / (M m(r))``, ``M`` the
+    largest ratio of the two (1 for ``p >= 0``, ``2 ** -p`` below), which makes the kept
+    ranks exactly ``(r+1) ** p``-weighted."""
+    if n * 4 > count or power < -1.0 or power > 64.0:
+        return None
+    if power == 0.0:
+        return _distinct(lambda size: rng.integers(0, count, size=size), n, count)
+    q = power + 1.0
+    bound = 1.0 if power >= 0 else 2.0**-power
+
+    def proposals(size: int) -> np.ndarray:
+        u = rng.random(size)
+        if q == 0.0:  # density 1/x
+            x = np.exp(u * math.log(count + 1.0))
+        else:
+            top = math.log(count + 1.0) * q
+            # x = (1 + u ((count + 1) ** q - 1)) ** (1 / q), in logs to stay finite
+            x = np.exp(np.log1p(u * math.expm1(top)) / q)
+        ranks = np.minimum(np.floor(x).astype(np.int64) - 1, count - 1)
+        ranks = np.maximum(ranks, 0)
+        r1 = ranks + 1.0
+        # m(r) = ((r+2) ** q - (r+1) ** q) / q, computed without cancellation
+        if q == 0.0:
+            mass = np.log1p(1.0 / r1)
+        else:
+            mass = np.exp(q * np.log(r1)) * np.expm1(q * np.log1p(1.0 / r1)) / q
+        chance = np.exp(power * np.log(r1)) / (bound * mass)
+        return ranks[rng.random(size) < chance]
+
+    return _distinct(proposals, n, count)
+
+
+def _distinct(draw: Callable[[int], np.ndarray], n: int, count: int) -> np.ndarray | None:
+    """The first ``n`` distinct values of successive ``draw(size)`` calls, in order."""
+    out: list[int] = []
+    seen: set[int] = set()
+    for _ in range(64):
+        for value in draw(2 * (n - len(out)) + 16).tolist():
+            if value not in seen:
+                seen.add(value)
+                out.append(value)
+                if len(out) == n:
+                    return np.array(out, dtype=np.int64)
+    return None
+
+
+def _positions(found: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+    """Each candidate's position in ``found`` (sorted), -1 where it is not there."""
+    if not len(found):
+        return np.full(len(candidates), -1, dtype=np.int64)
+    at = np.searchsorted(found, candidates).clip(max=len(found) - 1)
+    return np.where(found[at] == candidates, at, -1)

@@ -1,0 +1,176 @@
+"""The key space: a buffer's keys as a sampler sees them without holding them.
+
+A key index (:mod:`expstore.storage.key_index`) holds every matching row's key in memory,
+which costs time and memory in proportion to the buffer. A :class:`KeySpace` holds a few
+numbers instead, read in one round trip with the buffer's signature: the range its keys lie
+in (``min_key`` .. ``max_key``: writers hand keys out in commit order and FIFO eviction
+removes the oldest) and how many rows it holds (``rows``, kept by every write, see
+:mod:`expstore.storage.registry`). A sampler draws candidate keys in that range and asks
+:meth:`KeySpace.probe` which of them are rows of the buffer matching the condition (one
+indexed lookup per candidate); the ones that are, drawn uniformly, are a uniform draw among
+the matching rows (rejection sampling, :mod:`expstore.samplers.flat`). So the cost of a
+draw depends on the batch and the share of the range that matches, not on the buffer's
+size.
+
+Everything a space reads is read on one connection, at one moment of the buffer as far as
+the database's isolation gives: the range and counts first, then each probe. A row deleted
+after its probe is chosen again by the sampling loop, as with a key index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+from sqlalchemy import Connection, exists, func, select
+
+from ..layout import COLUMNS_BY_NAME
+from ..query.fields import resolve_field
+from .base import QueryCondition
+from .handle import BufferHandle
+from .key_index import Arrays, _column, _to_arrays, condition_key
+from .schema import rows
+from .versions import fresh_clause
+
+__all__ = ["DISTINCT_LIMIT", "KeySpace", "PriorityBounds"]
+
+_T = TypeVar("_T")
+
+#: Keys per probing statement.
+_PROBE_CHUNK = 5000
+#: :meth:`KeySpace.distinct` gives up beyond this many values.
+DISTINCT_LIMIT = 1024
+
+
+class PriorityBounds:
+    """The smallest and largest stored priority of the whole buffer (None when none is
+    stored) and whether some row has none."""
+
+    def __init__(self, smallest: float | None, largest: float | None, unset: bool) -> None:
+        self.smallest = smallest
+        self.largest = largest
+        self.unset = unset
+
+
+class KeySpace:
+    """One buffer's key range, row count and policy version, and probes of it, on one
+    connection (see the module's docstring). Made by ``storage.key_space(...)``."""
+
+    def __init__(
+        self,
+        handle: BufferHandle,
+        conn: Connection,
+        query_condition: QueryCondition,
+        max_staleness: int | None,
+        state: tuple[int, int, int, int | None],
+    ) -> None:
+        self.handle = handle
+        self.conn = conn
+        self.query_condition = query_condition
+        self.max_staleness = max_staleness
+        self.min_key, self.max_key, self.rows, self.current_version = state
+        #: Candidate keys probed through this space, to see what a draw cost.
+        self.probed = 0
+
+    @property
+    def span(self) -> int:
+        """How many keys the range holds (0 for an empty buffer)."""
+        return self.max_key - self.min_key + 1 if self.rows else 0
+
+    @property
+    def filtered(self) -> bool:
+        """Whether only some of the buffer's rows match (a condition or max_staleness)."""
+        return self.query_condition is not None or self.max_staleness is not None
+
+    @property
+    def dense(self) -> bool:
+        """Whether every key of the range is a row of the buffer (so a key's rank is its
+        distance from ``min_key``); true of a buffer filled by its own writers alone and
+        evicted oldest first."""
+        return self.rows > 0 and self.rows == self.span
+
+    def probe(self, keys: np.ndarray, columns: Sequence[str] = ()) -> Arrays:
+        """Of the candidate ``keys``, those that are rows of the buffer matching the
+        condition (``"key"``, ascending, each once) and their ``columns``, as the key index
+        gives them."""
+        handle = self.handle
+        names = tuple(columns)
+        selected = [_column(n, handle.dialect) for n in names]
+        clauses = handle.matching(self.query_condition)
+        if self.max_staleness is not None:
+            clauses.append(fresh_clause(handle.buffer_id, self.max_staleness))
+        statement = handle.statement(
+            ("probe", condition_key(self.query_condition), self.max_staleness, names),
+            lambda: select(rows.c.key, *(c.selected for c in selected), rows.c.buffer_id).where(
+                handle.dialect.key_in(), *clauses
+            ),
+        )
+        wanted = np.unique(np.asarray(keys, dtype=np.int64)).tolist()
+        self.probed += len(wanted)
+        buffer_id = handle.buffer_id
+        found: list[Any] = []
+        # The buffer is checked here: in the WHERE clause it would lead SQLite through the
+        # (buffer_id, key) index and then the table instead of the table alone.
+        for start in range(0, len(wanted), _PROBE_CHUNK):
+            chunk = handle.dialect.key_set(wanted[start : start + _PROBE_CHUNK])
+            found += [r[:-1] for r in statement.run(self.conn, keys=chunk) if r[-1] == buffer_id]
+        found.sort(key=lambda r: r[0])
+        return _to_arrays(found, selected)
+
+    def distinct(self, name: str) -> list[Any] | None:
+        """The distinct values of column ``name`` among the buffer's rows, by one index probe
+        per value (a loose index scan); None when no index leads with it, the column may be
+        NULL, or it has more than :data:`DISTINCT_LIMIT` values."""
+        path = resolve_field(name)
+        spec = None if path.column is None else COLUMNS_BY_NAME.get(path.column.name)
+        if spec is None or spec.nullable or not (spec.indexed or spec.name == "task_id"):
+            return None
+        column = rows.c[spec.name]
+        buffer_id = self.handle.buffer_id
+        mine = rows.c.buffer_id == buffer_id
+
+        def build() -> Any:
+            first = select(func.min(column).label("v")).where(mine)
+            found = first.cte("expstore_distinct", recursive=True)
+            after = select(func.min(column)).where(mine, column > found.c.v).scalar_subquery()
+            found = found.union_all(select(after).where(found.c.v.is_not(None)))
+            return select(found.c.v).where(found.c.v.is_not(None)).limit(DISTINCT_LIMIT + 1)
+
+        values = [
+            r[0] for r in self.handle.statement(("distinct", spec.name), build).run(self.conn)
+        ]
+        return None if len(values) > DISTINCT_LIMIT else values
+
+    def priority_bounds(self) -> PriorityBounds:
+        """The buffer's smallest and largest stored priority and whether a row has none, by
+        the ``(buffer_id, priority)`` index."""
+        mine = rows.c.buffer_id == self.handle.buffer_id
+
+        def build() -> Any:
+            priority = rows.c.priority
+            smallest = select(func.min(priority)).where(mine).scalar_subquery()
+            largest = select(func.max(priority)).where(mine).scalar_subquery()
+            unset = exists().where(mine, priority.is_(None))
+            return select(smallest, largest, unset)
+
+        ((smallest, largest, unset),) = self.handle.statement(("priority bounds",), build).run(
+            self.conn
+        )
+        return PriorityBounds(
+            None if smallest is None else float(smallest),
+            None if largest is None else float(largest),
+            bool(unset),
+        )
+
+
+def open_space(
+    handle: BufferHandle,
+    state: Callable[[Connection], tuple[int, int, int, int | None]],
+    query_condition: QueryCondition,
+    max_staleness: int | None,
+    use: Callable[[KeySpace], _T],
+) -> _T:
+    """``use(space)`` over a space read now, on one connection."""
+    with handle.errors("draw keys"), handle.read() as conn:
+        return use(KeySpace(handle, conn, query_condition, max_staleness, state(conn)))

@@ -1,0 +1,213 @@
+"""Draws over the key space (expstore.samplers.flat): the same distributions as over the key
+index, without holding the buffer's keys, on both backends."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from expstore import EmptyBufferError, ReplayBuffer
+from expstore.query import QueryBuilder
+from expstore.samplers import (
+    PrioritizedSampler,
+    RecencySampler,
+    StratifiedSampler,
+    UniformSampler,
+)
+from expstore.samplers.flat import draw_ranks
+from tests.helpers import make_rows
+from tests.samplers.stats import chi_square_p
+
+P_MIN = 1e-4  # a correct sampler fails one of these tests about once in 10,000 runs
+
+
+def _keys(buffer: ReplayBuffer) -> np.ndarray:
+    return np.array(buffer.storage.key_index(None)["key"])
+
+
+def _draw(buffer: ReplayBuffer, sampler, calls: int, batch: int, condition=None) -> np.ndarray:
+    drawn = []
+    for _ in range(calls):
+        sampler.sample(buffer.storage, batch, condition)
+        drawn.append(sampler.last_keys)
+    return np.concatenate(drawn)
+
+
+def _holds_no_index(buffer: ReplayBuffer) -> bool:
+    return not buffer.storage.index.entries
+
+
+def _gappy(buffer: ReplayBuffer, db_url: str, buffer_name: str) -> None:
+    """60 rows of this buffer with every fifth deleted, mixed with another buffer's rows."""
+    with ReplayBuffer(db_url, name=buffer_name + "_other") as other:
+        for start in range(0, 60, 10):
+            buffer.store_batch(make_rows(10, agents=3)[:10] if start == 0 else _more(start))
+            other.store_batch(make_rows(5))
+    buffer.delete(QueryBuilder().eq("exp_meta.step", 1).build())
+
+
+def _more(start: int):
+    rows = make_rows(start + 10, agents=3)[start:]
+    return rows
+
+
+def test_uniform_over_matching_rows_skips_gaps_other_buffers_and_deleted_rows(
+    buffer: ReplayBuffer, db_url: str, buffer_name: str
+) -> None:
+    _gappy(buffer, db_url, buffer_name)
+    cond = QueryBuilder().eq("exp_meta.agent_id", "agent1").build()
+    matching = np.array(buffer.storage.key_index(cond)["key"])
+    buffer.storage.index.clear()
+    sampler = UniformSampler(seed=1)
+    drawn = _draw(buffer, sampler, 150, 40, cond)
+    assert _holds_no_index(buffer)  # drawn over the key space
+    assert set(drawn.tolist()) <= set(matching.tolist())
+    counts = np.array([(drawn == k).sum() for k in matching])
+    assert chi_square_p(counts, np.ones(len(matching))) > P_MIN
+
+
+def test_uniform_without_a_condition_on_dense_keys_never_probes(buffer: ReplayBuffer) -> None:
+    buffer.store_batch(make_rows(50))
+    keys = _keys(buffer)
+    buffer.storage.index.clear()
+    drawn = _draw(buffer, UniformSampler(seed=2), 100, 50)
+    assert _holds_no_index(buffer)
+    counts = np.array([(drawn == k).sum() for k in keys])
+    assert chi_square_p(counts, np.ones(len(keys))) > P_MIN
+
+
+def test_uniform_with_max_staleness_draws_only_fresh_rows(buffer: ReplayBuffer) -> None:
+    rows = make_rows(40)
+    for i, row in enumerate(rows):
+        row.exp_meta.policy_version = i // 10  # versions 0..3
+    buffer.store_batch(rows)
+    buffer.set_policy_version(3)
+    at_least_2 = QueryBuilder().gte("exp_meta.policy_version", 2).build()
+    fresh = set(buffer.storage.key_index(at_least_2)["key"].tolist())
+    buffer.storage.index.clear()
+    drawn = _draw(buffer, UniformSampler(seed=3, max_staleness=1), 40, 20)
+    assert _holds_no_index(buffer)
+    assert set(drawn.tolist()) == fresh
+
+
+def test_a_condition_few_rows_meet_falls_back_to_the_key_index(buffer: ReplayBuffer) -> None:
+    buffer.store_batch(make_rows(400, agents=200))  # one agent holds 2 rows: 0.5%
+    cond = QueryBuilder().eq("exp_meta.agent_id", "agent7").build()
+    wanted = set(buffer.storage.key_index(cond)["key"].tolist())
+    buffer.storage.index.clear()
+    sampler = UniformSampler(seed=4)
+    drawn = _draw(buffer, sampler, 20, 8, cond)
+    assert set(drawn.tolist()) == wanted
+    assert not _holds_no_index(buffer)  # it gave up on rejection and read the index
+    nothing = QueryBuilder().eq("exp_meta.agent_id", "nobody").build()
+    with pytest.raises(EmptyBufferError, match="no rows match"):
+        UniformSampler(seed=4).sample(buffer.storage, 8, nothing)
+
+
+def test_prioritized_draws_in_proportion_and_weighs_as_the_key_index_does(
+    buffer: ReplayBuffer,
+) -> None:
+    buffer.store_batch(make_rows(30))
+    rows = buffer.storage.fetch_keys(_keys(buffer))
+    # Ten rows keep no priority (they count as the largest, 8.0).
+    buffer.update_priorities([r.id for r in rows[:20]], [0.5 + (i % 8) for i in range(20)])
+    keys = _keys(buffer)
+    priority = np.array(buffer.storage.key_index(None, ("priority",))["priority"])
+    priority = np.where(np.isnan(priority), np.nanmax(priority), priority)
+    buffer.storage.index.clear()
+    flat = PrioritizedSampler(alpha=0.8, beta=0.5, seed=5)
+    drawn = _draw(buffer, flat, 200, 30)
+    assert _holds_no_index(buffer)
+    counts = np.array([(drawn == k).sum() for k in keys])
+    assert chi_square_p(counts, (priority + 1e-6) ** 0.8) > P_MIN
+    flat.sample(buffer.storage, 16)
+    by_index = PrioritizedSampler(alpha=0.8, beta=0.5, seed=5)
+    by_index.flat = False
+    index = by_index.read_index(buffer.storage, None)
+    expected = by_index.weights(index, flat.last_keys.copy())
+    np.testing.assert_allclose(flat.last_weights, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("power", [2.0, 0.5, -0.5])
+def test_ranks_follow_rank_plus_one_to_the_power(power: float) -> None:
+    rng = np.random.default_rng(6)
+    count = 40
+    firsts = []
+    for _ in range(8000):
+        ranks = draw_ranks(count, 5, power, rng)
+        assert ranks is not None and len(set(ranks.tolist())) == 5
+        firsts.append(ranks[0])
+    counts = np.bincount(firsts, minlength=count)
+    assert chi_square_p(counts, np.arange(1, count + 1, dtype=float) ** power) > P_MIN
+    # the test notices a wrong power
+    assert chi_square_p(counts, np.arange(1, count + 1, dtype=float) ** (power + 0.5)) < P_MIN
+
+
+def test_ranks_decline_what_rejection_cannot_do_well() -> None:
+    rng = np.random.default_rng(0)
+    assert draw_ranks(10, 5, 1.0, rng) is None  # most of the rows: the key index serves
+    assert draw_ranks(1000, 5, -3.0, rng) is None  # too steep towards old rows
+    zero = draw_ranks(1000, 10, 0.0, rng)
+    assert zero is not None and len(set(zero.tolist())) == 10
+
+
+def test_recency_over_dense_keys_draws_by_rank(buffer: ReplayBuffer) -> None:
+    buffer.store_batch(make_rows(60))
+    keys = _keys(buffer)
+    buffer.storage.index.clear()
+    sampler = RecencySampler(power=1.0, seed=7)
+    firsts = []
+    for _ in range(1500):
+        sampler.sample(buffer.storage, 3)
+        assert len(set(sampler.last_keys.tolist())) == 3
+        firsts.append(int(sampler.last_keys[0]))
+    assert _holds_no_index(buffer)
+    counts = np.array([firsts.count(k) for k in keys.tolist()])
+    assert chi_square_p(counts, np.arange(1, 61, dtype=float)) > P_MIN
+
+
+def test_recency_with_gaps_uses_the_key_index(buffer: ReplayBuffer) -> None:
+    buffer.store_batch(make_rows(60))
+    buffer.delete(QueryBuilder().eq("exp_meta.step", 3).build())
+    buffer.storage.index.clear()
+    RecencySampler(seed=0).sample(buffer.storage, 3)
+    assert not _holds_no_index(buffer)  # ranks are not key offsets: the index serves
+
+
+def test_stratified_gives_each_group_its_share_uniformly_within(
+    buffer: ReplayBuffer, db_url: str, buffer_name: str
+) -> None:
+    _gappy(buffer, db_url, buffer_name)
+    index = buffer.storage.key_index(None, ("agent_id",))
+    keys, agents = np.array(index["key"]), index["agent_id"].tolist()
+    buffer.storage.index.clear()
+    sampler = StratifiedSampler(by="exp_meta.agent_id", seed=8)
+    drawn = []
+    for _ in range(200):
+        sampler.sample(buffer.storage, 7, None)  # 3 groups: 2 each, one more for one
+        batch = sampler.last_keys
+        shares = sorted(agents[int(np.searchsorted(keys, k))] for k in batch.tolist())
+        per = {a: shares.count(a) for a in set(agents)}
+        assert sorted(per.values()) == [2, 2, 3]
+        drawn.append(batch)
+    assert _holds_no_index(buffer)
+    drawn_all = np.concatenate(drawn)
+    for agent in set(agents):
+        mine = keys[[a == agent for a in agents]]
+        counts = np.array([(drawn_all == k).sum() for k in mine])
+        assert chi_square_p(counts, np.ones(len(mine))) > P_MIN
+
+
+def test_the_same_seed_gives_the_same_batches_over_the_key_space(buffer: ReplayBuffer) -> None:
+    buffer.store_batch(make_rows(80, agents=4))
+    cond = QueryBuilder().eq("exp_meta.agent_id", "agent2").build()
+    for make in (
+        lambda: UniformSampler(seed=9),
+        lambda: PrioritizedSampler(seed=9),
+        lambda: RecencySampler(seed=9),
+        lambda: StratifiedSampler(seed=9),
+    ):
+        a, b = make(), make()
+        condition = cond if isinstance(a, UniformSampler) else None
+        first = _draw(buffer, a, 5, 8, condition)
+        assert np.array_equal(first, _draw(buffer, b, 5, 8, condition))
