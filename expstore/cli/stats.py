@@ -77,7 +77,27 @@ def compute_stats(
     by: str | None = None,
     success_above: float = 0.0,
 ) -> dict[str, Any]:
-    """The statistics ``expstore stats`` prints, as a dict (what ``--json`` prints)."""
+    """The statistics ``expstore stats`` prints, as a dict (what ``--json`` prints).
+
+    Without ``by`` the database computes them (:mod:`expstore.storage.summary`); with a
+    per-agent or per-task table, from the matching rows' columns."""
+    if by is None:
+        summary = buffer.storage.summary(query_condition, success_above)
+        if summary is not None:
+            return {
+                "rows": summary["rows"],
+                "queue": _queue(buffer, query_condition),
+                "versions": summary["versions"],
+                "rate_limit": _rate_limit(buffer),
+                **summary,
+            }
+    return _from_index(buffer, query_condition, by, success_above)
+
+
+def _from_index(
+    buffer: ReplayBuffer, query_condition: QueryCondition, by: str | None, success_above: float
+) -> dict[str, Any]:
+    """:func:`compute_stats` over the matching rows' columns, in numpy."""
     index = buffer.storage.key_index(query_condition, _COLUMNS)
     n = len(index["key"])
     out: dict[str, Any] = {"rows": n, "queue": _queue(buffer, query_condition)}

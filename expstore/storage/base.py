@@ -175,6 +175,14 @@ class Storage(ABC):
         from a storage without one, whose samplers then choose over :meth:`key_index`."""
         return None
 
+    def summary(
+        self, query_condition: QueryCondition, success_above: float
+    ) -> dict[str, Any] | None:
+        """The figures of ``expstore stats`` over the matching rows, computed where the rows
+        are (see :mod:`expstore.storage.summary`), or None from a storage that cannot,
+        whose figures are then computed from :meth:`key_index`."""
+        return None
+
     @abstractmethod
     def fetch_keys(self, keys: Sequence[int] | np.ndarray) -> list[DataRow]:
         """The rows with these keys, in the order given (repeats allowed, vanished keys

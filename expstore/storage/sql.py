@@ -50,6 +50,7 @@ from .key_space import KeySpace
 from .rate_limits import RateLimits
 from .reader import RowReader
 from .schema import rows
+from .summary import summarise
 
 _T = TypeVar("_T")
 
@@ -301,6 +302,9 @@ class SqlStorage(Storage):
         """``use(space)`` over the buffer's key space read now, on one connection (see
         :mod:`expstore.storage.key_space`)."""
         return self._index.space(query_condition, max_staleness, use)
+
+    def summary(self, query_condition: QueryCondition, success_above: float) -> dict[str, Any]:
+        return summarise(self._handle, query_condition, success_above)
 
     def fetch_keys(self, keys: Sequence[int] | np.ndarray) -> list[DataRow]:
         """The rows with these keys in the given order (repeats allowed; vanished keys skipped)."""

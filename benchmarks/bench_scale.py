@@ -1,0 +1,244 @@
+"""Benchmark: sampling cost and memory as the buffer grows (issue: Scale I).
+
+For buffers of 100k, 1M and 10M small rows (built once by ``scale_data.py`` into a scratch
+directory / scratch databases and reused), on SQLite and Postgres, each figure is taken in
+a fresh process (nothing cached, nothing shared with another measurement):
+
+- ``first``: the first ``sample(256)`` after opening the buffer (whole rows, the default
+  converter), for uniform, uniform filtered by agent (10%), filtered by a JSON path (10%,
+  ``exp_data.state.difficulty == 3``, no index on it), recency (power 1), prioritized (10%
+  of the rows hold a priority) and stratified by agent (10 agents);
+- ``rss``: the growth of that process's resident memory from before opening the buffer to
+  after the first sample and 30 more;
+- ``warm``: the median of 30 more ``sample(256)`` calls;
+- the same with ``sampler.flat = False`` (the key-index path every sampler used before),
+  where it finishes in reasonable time (see ``--index-up-to``);
+- ``update_priorities(256)`` (median of 30, ids of a prioritized batch);
+- ``expstore stats`` computed over the buffer;
+- DataLoader start-up: 4 workers (fork) of ``SampledBatches`` with a uniform sampler,
+  from creating the iterator to the first batch of every worker.
+
+Ratios (10M over 100k) are printed at the end of each backend. Usage::
+
+    python benchmarks/scale_data.py                     # build the data sets once
+    python benchmarks/bench_scale.py                    # 100k, 1M, 10M on both backends
+    python benchmarks/bench_scale.py --sizes 100000 --backends sqlite
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+REPEATS = 30
+BATCH = 256
+
+SAMPLERS = ("uniform", "by_agent", "by_json_path", "recency", "prioritized", "stratified")
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _sampler(name: str, flat: bool) -> tuple[Any, Any]:
+    from expstore.query import QueryBuilder
+    from expstore.samplers import (
+        PrioritizedSampler,
+        RecencySampler,
+        StratifiedSampler,
+        UniformSampler,
+    )
+
+    condition = None
+    if name == "by_agent":
+        condition = QueryBuilder().eq("exp_meta.agent_id", "agent3").build()
+    elif name == "by_json_path":
+        condition = QueryBuilder().eq("exp_data.state.difficulty", 3).build()
+    sampler = {
+        "recency": lambda: RecencySampler(power=1.0, seed=0),
+        "prioritized": lambda: PrioritizedSampler(seed=0),
+        "stratified": lambda: StratifiedSampler(by="exp_meta.agent_id", seed=0),
+    }.get(name, lambda: UniformSampler(seed=0))()
+    sampler.flat = flat
+    return sampler, condition
+
+
+def child_sample(url: str, name: str, flat: bool) -> dict[str, Any]:
+    from expstore import ReplayBuffer
+
+    sampler, condition = _sampler(name, flat)
+    before = _rss_mib()
+    started = time.perf_counter()
+    with ReplayBuffer(url, name="scale") as buffer:
+        buffer.sample(sampler, condition, batch_size=BATCH)
+        first = time.perf_counter() - started
+        times = []
+        for _ in range(REPEATS):
+            t0 = time.perf_counter()
+            rows = buffer.sample(sampler, condition, batch_size=BATCH)
+            times.append(time.perf_counter() - t0)
+        assert len(rows) == BATCH
+        out = {"first": first, "warm": statistics.median(times), "rss": _rss_mib() - before}
+        if name == "prioritized" and flat:
+            ids = list(sampler.last_ids)
+            rng = __import__("numpy").random.default_rng(0)
+            times = []
+            for _ in range(REPEATS):
+                t0 = time.perf_counter()
+                buffer.update_priorities(ids, rng.random(len(ids)) * 5)
+                times.append(time.perf_counter() - t0)
+            out["update_priorities"] = statistics.median(times)
+    return out
+
+
+def child_stats(url: str) -> dict[str, Any]:
+    from expstore import ReplayBuffer
+    from expstore.cli.stats import compute_stats
+
+    before = _rss_mib()
+    started = time.perf_counter()
+    with ReplayBuffer(url, name="scale") as buffer:
+        stats = compute_stats(buffer)
+    assert stats["rows"] > 0
+    return {"stats": time.perf_counter() - started, "stats_rss": _rss_mib() - before}
+
+
+def child_loader(url: str) -> dict[str, Any]:
+    from expstore import ReplayBuffer
+    from expstore.samplers import UniformSampler
+    from expstore.torch_data import SampledBatches
+
+    with ReplayBuffer(url, name="scale") as buffer:
+        batches = SampledBatches(buffer, UniformSampler(seed=0), BATCH, num_batches=8)
+        started = time.perf_counter()
+        got = list(batches.loader(num_workers=4, multiprocessing_context="fork"))
+        elapsed = time.perf_counter() - started
+    assert len(got) == 8
+    return {"loader": elapsed}
+
+
+def _run_child(*args: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", *args], capture_output=True, text=True, check=False
+    )
+    if done.returncode:
+        raise SystemExit(f"child {args} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def ensure_priorities(url: str) -> None:
+    """Give 10% of the rows a priority (every tenth key, values 0-9.99), once."""
+    from sqlalchemy import create_engine, select, update
+
+    from expstore.storage.schema import buffers, rows
+
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        buffer_id = conn.execute(select(buffers.c.id).where(buffers.c.name == "scale")).scalar_one()
+        mine = rows.c.buffer_id == buffer_id
+        if conn.execute(
+            select(rows.c.key).where(mine, rows.c.priority.is_not(None)).limit(1)
+        ).first():
+            return
+        conn.execute(
+            update(rows)
+            .where(mine, rows.c.key % 10 == 0)
+            .values(priority=(rows.c.key % 1000) / 100.0)
+        )
+        conn.execute(
+            update(buffers).where(buffers.c.id == buffer_id).values(version=buffers.c.version + 1)
+        )
+    engine.dispose()
+
+
+def run(backend: str, sizes: list[int], scratch: Path, pg_url: str, index_up_to: int) -> None:
+    from scale_data import built, dataset_url
+
+    table: dict[int, dict[str, Any]] = {}
+    for n in sizes:
+        url = built(dataset_url(backend, n, scratch, pg_url), n)
+        ensure_priorities(url)
+        figures: dict[str, Any] = {}
+        for name in SAMPLERS:
+            figures[name] = _run_child(url, name, "flat")
+            if n <= index_up_to:
+                figures[name + ":index"] = _run_child(url, name, "index")
+        figures["stats"] = _run_child(url, "stats", "-")
+        figures["loader"] = _run_child(url, "loader", "-")
+        table[n] = figures
+        print(f"\n{backend}, {n:,} rows")
+        print(f"{'sampler':<24}{'first ms':>10}{'warm ms':>10}{'RSS MiB':>10}")
+        for name, f in figures.items():
+            if "first" in f:
+                print(
+                    f"{name:<24}{f['first'] * 1e3:>10.1f}{f['warm'] * 1e3:>10.2f}{f['rss']:>10.1f}"
+                )
+        print(f"update_priorities(256): {figures['prioritized']['update_priorities'] * 1e3:.2f} ms")
+        s = figures["stats"]
+        print(f"stats: {s['stats']:.2f} s, RSS +{s['stats_rss']:.0f} MiB")
+        print(f"DataLoader, 4 workers, first 8 batches: {figures['loader']['loader']:.2f} s")
+    if len(sizes) > 1:
+        small, large = table[sizes[0]], table[sizes[-1]]
+        print(f"\n{backend}: {sizes[-1]:,} rows over {sizes[0]:,} rows")
+        for name in SAMPLERS:
+            print(
+                f"  {name:<14} warm {large[name]['warm'] / small[name]['warm']:.2f}x, "
+                f"first {large[name]['first'] / small[name]['first']:.2f}x"
+            )
+        ratio = (
+            large["prioritized"]["update_priorities"] / small["prioritized"]["update_priorities"]
+        )
+        print(f"  update_priorities {ratio:.2f}x")
+    print(json.dumps({str(k): v for k, v in table.items()}), flush=True)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        url, what, path = sys.argv[2:5]
+        if what == "stats":
+            out = child_stats(url)
+        elif what == "loader":
+            out = child_loader(url)
+        else:
+            out = child_sample(url, what, path == "flat")
+        print(json.dumps(out))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="100000,1000000,10000000")
+    parser.add_argument("--backends", default="sqlite,postgres")
+    parser.add_argument("--scratch", type=Path, default=Path("/work/scratch"))
+    parser.add_argument("--pg-url", default="postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument(
+        "--index-up-to",
+        type=int,
+        default=1_000_000,
+        help="also measure the key-index path up to this many rows",
+    )
+    args = parser.parse_args()
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    for backend in args.backends.split(","):
+        run(
+            backend,
+            [int(s) for s in args.sizes.split(",")],
+            args.scratch,
+            args.pg_url,
+            args.index_up_to,
+        )
+
+
+if __name__ == "__main__":
+    main()
