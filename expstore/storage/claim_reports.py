@@ -16,7 +16,7 @@ from ..errors import UnsupportedTypeError
 from .base import QueryCondition
 from .draw_counts import times_sampled
 from .handle import BufferHandle
-from .schema import checkpoints, consumption, rows
+from .schema import buffers, checkpoints, consumption, rows
 from .writer import ids_to_keys
 
 __all__ = ["Lineage", "QueueStats", "claim_state", "queue_stats", "row_lineage"]
@@ -69,13 +69,27 @@ def queue_stats(handle: BufferHandle, query_condition: QueryCondition) -> QueueS
     """Queue depth: matching rows by claim state, and per consumer."""
     state = claim_state(handle.dialect.now()).label("state")
     with handle.errors("read queue statistics"), handle.read() as conn:
-        stmt = (
-            select(state, _C.consumer, func.count())
-            .select_from(rows.outerjoin(consumption, _C.key == rows.c.key))
-            .where(*handle.where(query_condition))
-            .group_by(state, _C.consumer)
-        )
-        grouped = conn.execute(stmt).all()
+        if query_condition is None:
+            # Every row of the buffer: the claimed ones are its consumption entries (which
+            # go with their rows), the rest unclaimed, by the buffer's row count; no pass
+            # over the rows.
+            held = select(buffers.c.row_count).where(buffers.c.id == handle.buffer_id)
+            stmt = (
+                select(state, _C.consumer, func.count())
+                .where(_C.buffer_id == handle.buffer_id)
+                .group_by(state, _C.consumer)
+            )
+            claimed = conn.execute(stmt).all()
+            unclaimed = int(conn.execute(held).scalar_one()) - sum(int(c) for *_, c in claimed)
+            grouped: Sequence[Any] = [*claimed, ("unclaimed", None, unclaimed)]
+        else:
+            stmt = (
+                select(state, _C.consumer, func.count())
+                .select_from(rows.outerjoin(consumption, _C.key == rows.c.key))
+                .where(*handle.where(query_condition))
+                .group_by(state, _C.consumer)
+            )
+            grouped = conn.execute(stmt).all()
     totals = dict.fromkeys(("unclaimed", "leased", "expired", "consumed"), 0)
     per: dict[str, dict[str, int]] = {}
     for name, consumer, count in grouped:

@@ -22,7 +22,7 @@ from ..layout import COLUMNS, META_COLUMNS, ORDERABLE, PAYLOAD_FIELDS, SCALAR_CO
 from ..models import DataRow, Experience, ExpMeta, trusted
 from .base import QueryCondition
 from .handle import BufferHandle
-from .schema import rows
+from .schema import buffers, rows
 
 __all__ = ["CHUNK", "RowReader", "key_list"]
 
@@ -148,7 +148,11 @@ class RowReader:
         return None if found is None else decode_row(found)
 
     def count(self, query_condition: QueryCondition = None) -> int:
-        stmt = select(func.count()).select_from(rows).where(*self.handle.where(query_condition))
+        """The matching rows; every row of the buffer by its row count, not counted."""
+        if query_condition is None:
+            stmt = select(buffers.c.row_count).where(buffers.c.id == self.handle.buffer_id)
+        else:
+            stmt = select(func.count()).select_from(rows).where(*self.handle.where(query_condition))
         with self.handle.errors("count rows"), self.handle.read() as conn:
             return int(conn.execute(stmt).scalar_one())
 
