@@ -347,10 +347,15 @@ class _SqliteCompiler(_Compiler):
         return calls[0] if len(calls) == 1 else func.coalesce(*calls)
 
     def paths(self, target: FieldPath) -> list[BindParameter[Any]]:
-        """The path, bound once; twice (escaped and raw) when a key is not ASCII."""
+        """The path, once; twice (escaped and raw) when a key is not ASCII. Paths are
+        rendered into the SQL as literals (by SQLAlchemy, escaped) when the statement runs:
+        SQLite uses an index on ``json_extract(data, '$.path')`` (see
+        :mod:`expstore.storage.path_indexes`) only for the same literal path, never for a
+        bound one."""
         escaped = sqlite_json_path(str(target.top), target.steps)
         raw = sqlite_json_path(str(target.top), target.steps, ensure_ascii=False)
-        return [_bind(escaped)] if raw == escaped else [_bind(escaped), _bind(raw)]
+        found = [escaped] if raw == escaped else [escaped, raw]
+        return [bindparam(None, path, type_=String(), literal_execute=True) for path in found]
 
     def json_type(self, target: FieldPath) -> ColumnElement[Any]:
         return self.call("json_type", self.paths(target))

@@ -31,12 +31,21 @@ class CompiledSelect:
     def __init__(self, stmt: Select[Any], dialect: Dialect) -> None:
         compiled = stmt.compile(dialect=dialect)
         self.sql = str(compiled)
-        # Values bound at build time (JSON paths, say) get their bind processors once here.
+        positional = compiled.positiontup
+        literal = {compiled.bind_names[b] for b in compiled.literal_execute_params}
+        if literal:
+            # Parameters marked literal_execute (SQLite's JSON paths) are written into the
+            # SQL, escaped by SQLAlchemy, as Connection.execute would at each run.
+            required = {name: None for name, b in compiled.binds.items() if b.required}
+            expanded = compiled.construct_expanded_state(params=required)
+            self.sql, positional = expanded.statement, expanded.positiontup
+        # Values bound at build time get their bind processors once here.
         self._defaults: dict[str, Any] = {}
         for name, value in compiled.params.items():
+            if name in literal:
+                continue
             processor = compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect)
             self._defaults[name] = value if processor is None else processor(value)
-        positional = compiled.positiontup
         self._order = list(positional) if dialect.positional and positional is not None else None
         self._error: type[Exception] = dialect.loaded_dbapi.Error
         self._dialect = dialect

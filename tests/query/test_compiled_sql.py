@@ -183,28 +183,29 @@ def test_sqlite_not_like_is_not_glob() -> None:
     )
 
 
-def test_sqlite_json_path_is_one_bound_parameter_and_the_type_is_checked_second() -> None:
+def test_sqlite_json_path_is_a_literal_and_the_type_is_checked_second() -> None:
+    # The path is written into the SQL (an index on json_extract(data, '$.path') serves
+    # only the same literal); values stay bound.
     assert compiled(QueryBuilder().gt("exp_data.actions.0.score", 1), "sqlite") == (
-        "json_extract(expstore_rows.data, ?) > ? AND json_type(expstore_rows.data, ?) IN (?, ?)",
-        {
-            "param_1": '$."actions"[0]."score"',
-            "param_2": 1,
-            "param_3": "integer",
-            "param_4": "real",
-        },
+        "json_extract(expstore_rows.data, '$.\"actions\"[0].\"score\"') > ? AND "
+        "json_type(expstore_rows.data, '$.\"actions\"[0].\"score\"') IN (?, ?)",
+        {"param_2": 1, "param_3": "integer", "param_4": "real"},
     )
+
+
+def test_sqlite_json_path_literals_are_escaped() -> None:
+    sql, params = compiled(QueryBuilder().eq("exp_data.state.it's", 1), "sqlite")
+    assert sql.startswith("json_extract(expstore_rows.data, '$.\"state\".\"it''s\"') = ?")
+    assert params == {"param_2": 1, "param_3": "integer", "param_4": "real"}
 
 
 def test_sqlite_non_ascii_key_is_tried_under_both_spellings() -> None:
     sql, params = compiled(QueryBuilder().is_not_null("exp_data.state.clé"), "sqlite")
-    assert (
-        sql == "coalesce(json_type(expstore_rows.data, ?), json_type(expstore_rows.data, ?)) != ?"
+    assert sql == (
+        "coalesce(json_type(expstore_rows.data, '$.\"state\".\"cl\\u00e9\"'), "
+        "json_type(expstore_rows.data, '$.\"state\".\"clé\"')) != ?"
     )
-    assert params == {
-        "param_1": '$."state"."cl\\u00e9"',
-        "param_2": '$."state"."clé"',
-        "param_3": "null",
-    }
+    assert params == {"param_3": "null"}
 
 
 def test_none_compiles_to_none() -> None:
@@ -221,17 +222,16 @@ def test_unknown_dialect_is_refused() -> None:
         to_sql(QueryBuilder().eq("step", 1).build(), rows, "mysql")
 
 
-def test_json_text_binds_the_path_and_reads_it_with_the_arrow() -> None:
+def test_json_text_writes_the_path_and_reads_it_with_the_arrow() -> None:
     from expstore.query.compiler import json_text
     from expstore.query.fields import resolve_field
 
     field = resolve_field("exp_data.state.level")
     assert field.column is None
-    expression = json_text(field, rows, "sqlite").compile(dialect=DIALECTS["sqlite"])
-    assert (str(expression), list(expression.params.values())) == (
-        "expstore_rows.data -> ?",
-        ['$."state"."level"'],
+    expression = json_text(field, rows, "sqlite").compile(
+        dialect=DIALECTS["sqlite"], compile_kwargs={"render_postcompile": True}
     )
+    assert str(expression) == "expstore_rows.data -> '$.\"state\".\"level\"'"
 
 
 @pytest.mark.parametrize(
