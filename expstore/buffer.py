@@ -132,6 +132,18 @@ class ReplayBuffer:
         """Distinct task ids with at least one matching row, in order of first insertion."""
         return self.storage.task_ids(query_condition)
 
+    def create_index(self, path: str) -> str:
+        """Index the database's rows on a payload path (``"exp_data.state.difficulty"``) or
+        a column, so conditions on it (equality, ``in``, number comparisons) are index
+        ranges instead of scans; returns the index's name. Safe to call again (nothing
+        happens); Postgres builds it without stopping writers. Kept across upgrades, and
+        serves every buffer of the database (see :mod:`expstore.storage.path_indexes`)."""
+        return self.storage.create_index(path)
+
+    def drop_index(self, path: str) -> bool:
+        """Drop the index :meth:`create_index` made on ``path``; whether there was one."""
+        return self.storage.drop_index(path)
+
     def update_priorities(
         self, ids: Sequence[str], priorities: Sequence[float] | np.ndarray
     ) -> int:

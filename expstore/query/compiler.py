@@ -98,6 +98,13 @@ def to_sql(
     return _COMPILERS[dialect_name](table).condition(built)
 
 
+def json_value(field: FieldPath, table: Table, dialect_name: str) -> ColumnElement[Any]:
+    """The expression that equality and number comparisons at ``field``'s payload path
+    compare (a jsonb node on Postgres, ``json_extract(data, '$.path')`` on SQLite): an index
+    on it serves them (see :mod:`expstore.storage.path_indexes`)."""
+    return _COMPILERS[dialect_name](table).json_value(field)
+
+
 def json_text(
     field: FieldPath, table: Table, dialect_name: str, *, sqlite_arrow: bool = True
 ) -> ColumnElement[Any]:
@@ -260,6 +267,11 @@ class _Compiler(ABC):
         """The JSON text of the value at a payload path; NULL where there is none."""
 
     @abstractmethod
+    def json_value(self, target: FieldPath) -> ColumnElement[Any]:
+        """The expression equality and number comparisons at a payload path compare:
+        what an index serving them must be built on."""
+
+    @abstractmethod
     def like(self, operand: ColumnElement[Any], pattern: str, *, negated: bool) -> Any:
         """A case-sensitive LIKE with ``\\`` as the escape character."""
 
@@ -315,6 +327,10 @@ class _PostgresCompiler(_Compiler):
         parent, last, arrays = self.path(target)
         text = cast(self.step(parent, last, "->"), Text)
         return case((and_(*arrays), text)) if arrays else text
+
+    def json_value(self, target: FieldPath) -> ColumnElement[Any]:
+        parent, last, _ = self.path(target)
+        return self.step(parent, last, "->")  # type: ignore[no-any-return]
 
     def json_comparison(self, c: Comparison, target: FieldPath) -> ColumnElement[bool]:
         assert c.kind is not None
@@ -384,6 +400,9 @@ class _SqliteCompiler(_Compiler):
                 for path in self.paths(target)
             ]
         return texts[0] if len(texts) == 1 else func.coalesce(*texts)
+
+    def json_value(self, target: FieldPath) -> ColumnElement[Any]:
+        return self.call("json_extract", self.paths(target))
 
     def json_comparison(self, c: Comparison, target: FieldPath) -> ColumnElement[bool]:
         assert c.kind is not None

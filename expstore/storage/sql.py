@@ -38,7 +38,7 @@ from .. import migrate
 from .._args import check_text
 from ..errors import InvalidArgumentError, StorageError, UnsupportedTypeError
 from ..models import DataRow
-from . import draw_counts, priorities, registry, versions, writer
+from . import draw_counts, path_indexes, priorities, registry, versions, writer
 from .base import QueryCondition, Storage, Values
 from .claims import ClaimQueue
 from .engine import create_sql_engine, normalise_url
@@ -302,6 +302,15 @@ class SqlStorage(Storage):
         """``use(space)`` over the buffer's key space read now, on one connection (see
         :mod:`expstore.storage.key_space`)."""
         return self._index.space(query_condition, max_staleness, use)
+
+    def create_index(self, path: str) -> str:
+        """Index the rows on ``path`` (a payload path or a column) so conditions on it are
+        index ranges; returns the index's name (see :mod:`expstore.storage.path_indexes`)."""
+        return path_indexes.create_path_index(self._handle, path)
+
+    def drop_index(self, path: str) -> bool:
+        """Drop the index :meth:`create_index` made on ``path``; whether there was one."""
+        return path_indexes.drop_path_index(self._handle, path)
 
     def summary(self, query_condition: QueryCondition, success_above: float) -> dict[str, Any]:
         return summarise(self._handle, query_condition, success_above)
