@@ -175,6 +175,15 @@ class Storage(ABC):
         from a storage without one, whose samplers then choose over :meth:`key_index`."""
         return None
 
+    def create_index(self, path: str) -> str:
+        """Index the rows on ``path`` so conditions on it are index ranges; returns the
+        index's name. A storage without indexes raises UnsupportedTypeError."""
+        raise UnsupportedTypeError(f"{type(self).__name__} cannot index paths")
+
+    def drop_index(self, path: str) -> bool:
+        """Drop the index :meth:`create_index` made on ``path``; whether there was one."""
+        raise UnsupportedTypeError(f"{type(self).__name__} cannot index paths")
+
     def summary(
         self, query_condition: QueryCondition, success_above: float
     ) -> dict[str, Any] | None:

@@ -31,7 +31,7 @@ class CompiledSelect:
     def __init__(self, stmt: Select[Any], dialect: Dialect) -> None:
         compiled = stmt.compile(dialect=dialect)
         self.sql = str(compiled)
-        positional = compiled.positiontup
+        positional: Sequence[str] | None = compiled.positiontup
         literal = {compiled.bind_names[b] for b in compiled.literal_execute_params}
         if literal:
             # Parameters marked literal_execute (SQLite's JSON paths) are written into the
