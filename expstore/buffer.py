@@ -20,7 +20,7 @@ from sqlalchemy.engine import URL
 from .claims import DEFAULT_LEASE_S, Claim, check_consumer, claim_rows, wait_for_rows
 from .converters.base import Converter, as_converter
 from .converters.default import DefaultConverter
-from .errors import UnknownConsumerError, UnsupportedTypeError
+from .errors import InvalidArgumentError, UnknownConsumerError, UnsupportedTypeError
 from .models import DataRow
 from .rate_limit import RateLimiter, RateLimitStats
 from .samplers.base import Sampler, TaskSampler, as_sampler
@@ -50,6 +50,11 @@ class ReplayBuffer:
       neither uses them, one that asks for others raises ValueError, and
       :meth:`set_retention` changes them for everyone.
     - ``upgrade``: upgrade an older database schema instead of raising SchemaVersionError.
+    - ``read_urls``: Postgres streaming replicas of the primary that reads (sampling,
+      queries, stats, export) go to, writes staying on the primary; ``read_your_writes``
+      makes a read after this handle's write wait until the replica has replayed it;
+      ``max_lag_s`` leaves a replica further behind for the primary. See
+      :mod:`expstore.storage.replicas`.
     """
 
     def __init__(
@@ -60,12 +65,27 @@ class ReplayBuffer:
         capacity: int | None = None,
         eviction: str | None = None,
         upgrade: bool = False,
+        read_urls: Sequence[str | URL] | None = None,
+        read_your_writes: bool = False,
+        max_lag_s: float | None = None,
     ) -> None:
         if storage is None:
             storage = "sqlite://"
         if isinstance(storage, (str, URL)):
             storage = SqlStorage(
-                storage, name=name, capacity=capacity, eviction=eviction, upgrade=upgrade
+                storage,
+                name=name,
+                capacity=capacity,
+                eviction=eviction,
+                upgrade=upgrade,
+                read_urls=read_urls,
+                read_your_writes=read_your_writes,
+                max_lag_s=max_lag_s,
+            )
+        elif read_urls is not None:
+            raise InvalidArgumentError(
+                "read_urls is given with a database URL, not with a Storage object: pass "
+                "ReplayBuffer(url, read_urls=[...]) or SqlStorage(url, read_urls=[...])"
             )
         elif not isinstance(storage, Storage):
             raise UnsupportedTypeError(

@@ -21,8 +21,11 @@ too::
     ├── SchemaVersionError        the database schema is older or newer than this library
     ├── StorageError              the database refused or failed an operation
     │   ├── DuplicateIdError          a row id is already stored, or given twice (ValueError)
-    │   └── DuplicateContentError     with dedup="error": a row's content is already stored
+    │   ├── DuplicateContentError     with dedup="error": a row's content is already stored
     │                                 (ValueError)
+    │   ├── ReplicaError              a read URL is not a usable replica of the primary
+    │   └── ConnectionLostError       the connection went away in the middle of a read
+    │                                 (the sampling loop retries it)
     ├── ClaimError                a claim cannot be acked, released or renewed as asked
     │   ├── LeaseExpiredError         its lease ran out and another consumer claimed rows
     │   ├── ClaimOwnerError           it belongs to another consumer
@@ -48,6 +51,7 @@ __all__ = [
     "ClaimFinishedError",
     "ClaimOwnerError",
     "CodecError",
+    "ConnectionLostError",
     "DuplicateContentError",
     "DuplicateIdError",
     "EmptyBufferError",
@@ -59,6 +63,8 @@ __all__ = [
     "PolicyVersionError",
     "QueryError",
     "RateLimitedError",
+    "ReplicaError",
+    "ReplicaWarning",
     "RetentionConflictError",
     "RowValidationError",
     "SchemaVersionError",
@@ -156,3 +162,19 @@ class WaitTimeoutError(ExpstoreError, TimeoutError):
 
 class RateLimitedError(WaitTimeoutError):
     """The buffer's rate limit kept a sample (or a write) waiting past its timeout."""
+
+
+class ReplicaError(StorageError):
+    """A read URL is not a usable replica of the primary (a primary itself, a replica of
+    another cluster, not Postgres)."""
+
+
+class ConnectionLostError(StorageError):
+    """The connection (to a replica or the primary) went away in the middle of a read,
+    which changed nothing; the sampling loop retries it (on the next replica or the
+    primary), other reads may simply be called again."""
+
+
+class ReplicaWarning(UserWarning):
+    """Reads left a replica for the primary (or the next replica): it is unreachable,
+    lagging beyond ``max_lag_s``, or has not replayed this handle's last write in time."""

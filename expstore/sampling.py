@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from ._args import MAX_BATCH, check_int
-from .errors import EmptyBufferError, StorageError
+from .errors import ConnectionLostError, EmptyBufferError, StorageError
 from .models import DataRow
 from .storage.base import Fetched, QueryCondition, Storage
 
@@ -32,6 +32,9 @@ __all__ = ["CONSUME_ATTEMPTS", "Choice", "FETCH_ATTEMPTS", "SampleInfo", "draw"]
 #: How many times a sampler chooses again when rows it chose were deleted by another writer
 #: before they could be fetched.
 FETCH_ATTEMPTS = 5
+#: How many times a batch is chosen again after its connection (to a read replica or the
+#: primary) was lost in the middle of it (see :mod:`expstore.storage.replicas`).
+REPLICA_ATTEMPTS = 3
 #: How many times a sampler with ``consume_after`` chooses again for the places of rows the
 #: database refused (drawn ``consume_after`` times already); each time it learns them.
 CONSUME_ATTEMPTS = 50
@@ -97,7 +100,7 @@ def draw(
     timeout); rows chosen but not returned are given back.
     """
     batch_size = check_batch_size(batch_size)
-    deleted = 0
+    deleted = lost = 0
     started = time.monotonic()
     counted: int | None = None
     try:
@@ -107,6 +110,11 @@ def draw(
                     choice = _choose_consuming(storage, sampler, batch_size, query_condition)
                 else:
                     choice = sampler.choose(storage, batch_size, query_condition)
+            except ConnectionLostError:
+                lost += 1
+                if lost > REPLICA_ATTEMPTS:
+                    raise
+                continue
             except EmptyBufferError:
                 if counted is not None:
                     raise
@@ -126,7 +134,15 @@ def draw(
             if choice.rows is not None:
                 fetched = Fetched([row.id for row in choice.rows], rows=choice.rows)
                 break
-            fetched = storage.fetch(choice.keys, paths, writable=writable)
+            try:
+                fetched = storage.fetch(choice.keys, paths, writable=writable)
+            except ConnectionLostError:
+                # The connection went away mid-read (a replica is then left for a while,
+                # so the next attempt reads from another replica or the primary).
+                lost += 1
+                if lost > REPLICA_ATTEMPTS:
+                    raise
+                continue
             if len(fetched.ids) == len(choice.keys):
                 break
             deleted += 1

@@ -71,9 +71,18 @@ class CompiledSelect:
                     if (p := kind.result_processor(self._dialect, code)) is not None
                 ]
         except self._error as exc:
-            raise DBAPIError.instance(self.sql, args, exc, self._error) from exc
+            # As Connection.execute would: a lost connection is marked so (and dropped from
+            # the pool) for callers that retry elsewhere.
+            lost = self._dialect.is_disconnect(exc, driver, cursor)  # type: ignore[arg-type]
+            error = DBAPIError.instance(
+                self.sql, args, exc, self._error, connection_invalidated=lost
+            )
+            if lost:
+                _close_quietly(cursor)
+                conn.invalidate(error)
+            raise error from exc
         finally:
-            cursor.close()
+            _close_quietly(cursor)
         if processors:
             fetched = [self._process(list(r), processors) for r in fetched]
         return fetched
@@ -83,3 +92,10 @@ class CompiledSelect:
         for i, processor in processors:
             row[i] = processor(row[i])
         return row
+
+
+def _close_quietly(cursor: Any) -> None:
+    try:
+        cursor.close()
+    except Exception:  # noqa: BLE001 - a cursor of a lost connection may refuse to close
+        pass

@@ -14,15 +14,18 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.pool import StaticPool
 
 from .._optional import require
-from ..errors import StorageError
+from ..errors import ConnectionLostError, StorageError
+
+if TYPE_CHECKING:
+    from .replicas import ReadRouter
 
 __all__ = ["Connections", "create_sql_engine", "is_memory", "normalise_url"]
 
@@ -183,6 +186,17 @@ def _busy(exc: sqlite3.OperationalError) -> bool:
     return code is None or code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
+#: SQLSTATEs of a server ending the session: admin_shutdown (pg_terminate_backend),
+#: crash_shutdown, cannot_connect_now.
+_ENDED = frozenset({"57P01", "57P02", "57P03"})
+
+
+def connection_lost(exc: DBAPIError) -> bool:
+    """Whether a driver error means the connection went away (rather than the statement
+    failing): SQLAlchemy saw a disconnect, or the server ended the session."""
+    return bool(exc.connection_invalidated) or getattr(exc.orig, "sqlstate", None) in _ENDED
+
+
 class Connections:
     """The read and write engines of one storage.
 
@@ -195,6 +209,9 @@ class Connections:
 
     def __init__(self, url: URL) -> None:
         self.url = url
+        #: Where reads go when the storage has read replicas (see
+        #: :mod:`expstore.storage.replicas`); None: every read on the primary.
+        self.router: ReadRouter | None = None
         self.memory = is_memory(url)
         self._lock: Any = threading.RLock() if self.memory else nullcontext()
         self._pid = os.getpid()
@@ -218,14 +235,38 @@ class Connections:
             self._pid = os.getpid()
             self.engine.dispose(close=False)
             self._write_engine = self.engine.execution_options(expstore_begin="IMMEDIATE")
+            if self.router is not None:
+                self.router.forked()
             for forget in self.on_fork:
                 forget()
         return self.engine, self._write_engine
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
-        with self._lock, self._engines()[0].connect() as conn:
-            yield conn
+        """A connection for reading: to a replica when the router has one up, else to the
+        primary."""
+        routed = None if self.router is None else self.router.connect()
+        if routed is None:
+            try:
+                with self._lock, self._engines()[0].connect() as conn:
+                    yield conn
+            except DBAPIError as exc:
+                if connection_lost(exc):  # cut under the read (e.g. a server restart)
+                    raise ConnectionLostError(
+                        f"the connection to {self.url.render_as_string(hide_password=True)} "
+                        "was lost in the middle of a read; nothing was changed. Retry the call"
+                    ) from exc
+                raise
+            return
+        conn, replica = routed
+        assert self.router is not None
+        try:
+            with conn:
+                yield conn
+        except DBAPIError as exc:
+            if connection_lost(exc):  # the replica went away
+                raise self.router.lost(replica, exc) from exc
+            raise
 
     @contextmanager
     def single(self) -> Iterator[Connection]:
@@ -236,8 +277,17 @@ class Connections:
 
     @contextmanager
     def write(self) -> Iterator[Connection]:
-        with self._lock, self._engines()[1].begin() as conn:
-            yield conn
+        router = self.router
+        if router is None or not router.read_your_writes:
+            with self._lock, self._engines()[1].begin() as conn:
+                yield conn
+            return
+        with self._lock, self._engines()[1].connect() as conn:
+            with conn.begin():
+                yield conn
+            router.wrote(conn)  # committed: the LSN the next replica read waits for
 
     def close(self) -> None:
+        if self.router is not None:
+            self.router.close()
         self.engine.dispose()

@@ -49,6 +49,7 @@ from .key_index import KeyIndex
 from .key_space import KeySpace
 from .rate_limits import RateLimits
 from .reader import RowReader
+from .replicas import ReadRouter
 from .schema import rows
 from .summary import summarise
 
@@ -83,6 +84,9 @@ class SqlStorage(Storage):
         capacity: int | None = None,
         eviction: str | None = None,
         upgrade: bool = False,
+        read_urls: Sequence[str | URL] | None = None,
+        read_your_writes: bool = False,
+        max_lag_s: float | None = None,
     ) -> None:
         if not isinstance(name, str) or not name or len(name) > 255:
             raise InvalidArgumentError(
@@ -108,6 +112,20 @@ class SqlStorage(Storage):
             migrate.ensure_schema(connections.engine, connections.write_engine, upgrade=upgrade)
             handle.buffer_id = registry.open_buffer(handle)
             self.capacity, self.eviction = registry.settle_retention(handle, capacity, eviction)
+            self._read: dict[str, Any] = {
+                "read_urls": None if read_urls is None else list(read_urls),
+                "read_your_writes": read_your_writes,
+                "max_lag_s": max_lag_s,
+            }
+            if read_urls is not None:
+                router = ReadRouter(
+                    connections.engine,
+                    read_urls,
+                    read_your_writes=read_your_writes,
+                    max_lag_s=max_lag_s,
+                )
+                router.check()
+                connections.router = router
 
     @property
     def url(self) -> URL:
@@ -344,13 +362,18 @@ class SqlStorage(Storage):
                 "an in-memory SQLite buffer (sqlite://) cannot be shared with another "
                 "process; use a file (sqlite:///path.db) or Postgres"
             )
-        return (_reopen, (self.url.render_as_string(hide_password=False), self.name))
+        read = dict(self._read)
+        if read["read_urls"] is not None:
+            read["read_urls"] = [
+                normalise_url(u).render_as_string(hide_password=False) for u in read["read_urls"]
+            ]
+        return (_reopen, (self.url.render_as_string(hide_password=False), self.name, read))
 
     def __repr__(self) -> str:
         url = self._handle.shown_url()
         return f"SqlStorage({url!r}, name={self.name!r}, capacity={self.capacity!r})"
 
 
-def _reopen(url: str, name: str) -> SqlStorage:
+def _reopen(url: str, name: str, read: dict[str, Any] | None = None) -> SqlStorage:
     """The storage in another process: the buffer's retention comes from the database."""
-    return SqlStorage(url, name=name)
+    return SqlStorage(url, name=name, **(read or {}))

@@ -218,6 +218,7 @@ def test_a_handle_cannot_ask_for_stale_eviction_without_its_k(
 def test_cached_indexes_follow_versions_without_rereading(buf: ReplayBuffer) -> None:
     versioned(buf, list(range(10)), per=10)
     sampler = UniformSampler(seed=0, max_staleness=2)
+    sampler.flat = False  # the key-index path, whose cache this is about
     for version in range(10):
         buf.set_policy_version(version)
         got = np.array([r.exp_meta.policy_version for r in buf.sample(sampler, batch_size=64)])
