@@ -87,12 +87,21 @@ def child_sample(url: str, name: str, flat: bool) -> dict[str, Any]:
         buffer.sample(sampler, condition, batch_size=BATCH)
         first = time.perf_counter() - started
         times = []
+        index = buffer.storage.index  # type: ignore[attr-defined]
+        probed, read = index.keys_probed, index.rows_read
         for _ in range(REPEATS):
             t0 = time.perf_counter()
             rows = buffer.sample(sampler, condition, batch_size=BATCH)
             times.append(time.perf_counter() - t0)
         assert len(rows) == BATCH
-        out = {"first": first, "warm": statistics.median(times), "rss": _rss_mib() - before}
+        out = {
+            "first": first,
+            "warm": statistics.median(times),
+            "rss": _rss_mib() - before,
+            # rows the database looks at per warm sample: candidate keys probed, key-index
+            # rows read, and the batch fetched
+            "touched": (index.keys_probed - probed + index.rows_read - read) / REPEATS + BATCH,
+        }
         if name == "prioritized" and flat:
             ids = list(sampler.last_ids)
             rng = __import__("numpy").random.default_rng(0)
@@ -195,9 +204,11 @@ def run(backend: str, sizes: list[int], scratch: Path, pg_url: str, index_up_to:
         small, large = table[sizes[0]], table[sizes[-1]]
         print(f"\n{backend}: {sizes[-1]:,} rows over {sizes[0]:,} rows")
         for name in SAMPLERS:
+            touched = large[name].get("touched", 0) / max(small[name].get("touched", 1), 1)
             print(
                 f"  {name:<14} warm {large[name]['warm'] / small[name]['warm']:.2f}x, "
-                f"first {large[name]['first'] / small[name]['first']:.2f}x"
+                f"first {large[name]['first'] / small[name]['first']:.2f}x, "
+                f"rows touched per sample {touched:.2f}x"
             )
         ratio = (
             large["prioritized"]["update_priorities"] / small["prioritized"]["update_priorities"]

@@ -122,6 +122,9 @@ class KeyIndex:
         self.entries: OrderedDict[tuple[str, tuple[str, ...]], Entry] = OrderedDict()
         #: Rows fetched from the database so far, to see what refreshing costs.
         self.rows_read = 0
+        #: Candidate keys probed by draws over the key space so far (see
+        #: :mod:`expstore.storage.key_space`), to see what a draw costs.
+        self.keys_probed = 0
         #: Told at each freshness check whether the buffer has a rate limit (read in the
         #: same round trip; see :mod:`expstore.storage.rate_limits`).
         self.on_limit: Callable[[bool], None] | None = None
@@ -154,9 +157,14 @@ class KeyIndex:
             signature, version, count = self.state(conn)
             return signature.min_key, signature.max_key, count, version
 
-        from .key_space import open_space  # it builds on this module
+        from .key_space import KeySpace  # it builds on this module
 
-        return open_space(self.handle, state, query_condition, max_staleness, use)
+        with self.handle.errors("draw keys"), self.handle.read() as conn:
+            space = KeySpace(self.handle, conn, query_condition, max_staleness, state(conn))
+            try:
+                return use(space)
+            finally:
+                self.keys_probed += space.probed
 
     def state(self, conn: Connection) -> tuple[Signature, int | None, int]:
         """The buffer's signature, its current policy version and its row count, in one

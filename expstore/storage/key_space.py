@@ -19,8 +19,8 @@ after its probe is chosen again by the sampling loop, as with a key index.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from sqlalchemy import Connection, exists, func, select
@@ -34,8 +34,6 @@ from .schema import rows
 from .versions import fresh_clause
 
 __all__ = ["DISTINCT_LIMIT", "KeySpace", "PriorityBounds"]
-
-_T = TypeVar("_T")
 
 #: Keys per probing statement.
 _PROBE_CHUNK = 5000
@@ -162,15 +160,3 @@ class KeySpace:
             None if largest is None else float(largest),
             bool(unset),
         )
-
-
-def open_space(
-    handle: BufferHandle,
-    state: Callable[[Connection], tuple[int, int, int, int | None]],
-    query_condition: QueryCondition,
-    max_staleness: int | None,
-    use: Callable[[KeySpace], _T],
-) -> _T:
-    """``use(space)`` over a space read now, on one connection."""
-    with handle.errors("draw keys"), handle.read() as conn:
-        return use(KeySpace(handle, conn, query_condition, max_staleness, state(conn)))
