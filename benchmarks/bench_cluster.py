@@ -202,36 +202,29 @@ def main() -> None:
         written = [_result(p) for p in writers]
         stop.set()
         watcher.join()
-        print(
-            f"  from the replica: median {from_replica['median_ms']:.2f} ms, p95 {from_replica['p95_ms']:.2f} ms ({from_replica['n']} samples)"
-        )
-        print(
-            f"  from the primary: median {from_primary['median_ms']:.2f} ms, p95 {from_primary['p95_ms']:.2f} ms ({from_primary['n']} samples)"
-        )
-        print(
-            f"  writers meanwhile: {sum(r['rows'] for r in written) / max(r['seconds'] for r in written):,.0f} rows/s"
-        )
+        for label, got in (("replica", from_replica), ("primary", from_primary)):
+            median, p95, n = got["median_ms"], got["p95_ms"], got["n"]
+            print(f"  from the {label}: median {median:.2f} ms, p95 {p95:.2f} ms ({n} samples)")
+        rows_s = sum(r["rows"] for r in written) / max(r["seconds"] for r in written)
+        print(f"  writers meanwhile: {rows_s:,.0f} rows/s")
         if lags:
             lag_bytes = [b for b, _ in lags]
             lag_ms = [m for _, m in lags]
             print(
-                f"  replica lag: bytes median {statistics.median(lag_bytes):,.0f}, max {max(lag_bytes):,.0f}; "
-                f"replay_lag median {statistics.median(lag_ms):.1f} ms, max {max(lag_ms):.1f} ms ({len(lags)} readings)"
+                f"  replica lag: bytes median {statistics.median(lag_bytes):,.0f}, "
+                f"max {max(lag_bytes):,.0f}; replay_lag median {statistics.median(lag_ms):.1f} "
+                f"ms, max {max(lag_ms):.1f} ms ({len(lags)} readings)"
             )
-        print(
-            "\nread-your-writes: store 1 row, then len() on the replica (200 times, a learner host)"
-        )
+        print("\nread-your-writes: store 1 row, then len() on the replica (200 times)")
         without = _result(_on("expstore-learner2", "ryw", primary, "bench", replica, "0"))
         with_ = _result(_on("expstore-learner2", "ryw", primary, "bench", replica, "1"))
-        print(
-            f"  without: {without['median_ms']:.2f} ms per write+read, last read {without['last_read_behind']} rows behind"
-        )
-        print(
-            f"  with:    {with_['median_ms']:.2f} ms per write+read, last read {with_['last_read_behind']} rows behind"
-        )
-        print(
-            f"  cost: {with_['median_ms'] - without['median_ms']:+.2f} ms ({with_['median_ms'] / without['median_ms']:.2f}x)"
-        )
+        for label, got in (("without", without), ("with", with_)):
+            print(
+                f"  {label:<8} {got['median_ms']:.2f} ms per write+read, "
+                f"last read {got['last_read_behind']} rows behind"
+            )
+        extra = with_["median_ms"] - without["median_ms"]
+        print(f"  cost: {extra:+.2f} ms ({with_['median_ms'] / without['median_ms']:.2f}x)")
     finally:
         cluster.down()
 
