@@ -30,6 +30,7 @@ from ..errors import (
     DuplicateIdError,
     InvalidArgumentError,
     RowValidationError,
+    StorageError,
     UnsupportedTypeError,
 )
 from ..layout import (
@@ -136,14 +137,33 @@ def store_batch(
     dedup = check_dedup(dedup)
     batch = prepare(rows)
     started, pause = time.monotonic(), 0.002
+    conflicts = 0
     while True:
         try:
             capacity, policy, stored = _write(handle, batch, dedup)
             break
         except WriteBlocked as blocked:  # rolled back: wait for samplers, then again
             pause = RateLimits(handle).wait_to_write(blocked, started, pause)
+        except StorageError as exc:
+            # A serialisation failure or deadlock rolled the whole write back: try again.
+            conflicts += 1
+            if conflicts > CONFLICT_RETRIES or not _conflict(exc):
+                raise
+            time.sleep(0.005 * 2**conflicts)
     handle.dialect.wrote(handle.connections.engine, handle.buffer_id, stored)
     return (None if capacity is None else int(capacity)), policy, stored
+
+
+#: How many times a write that failed on a serialisation failure or a deadlock is retried.
+CONFLICT_RETRIES = 5
+#: SQLSTATEs of a transaction the server rolled back for a conflict with another.
+_CONFLICTS = frozenset({"40001", "40P01"})
+
+
+def _conflict(exc: StorageError) -> bool:
+    """Whether ``exc`` comes from a serialisation failure or a deadlock."""
+    cause = exc.__cause__
+    return getattr(getattr(cause, "orig", None), "sqlstate", None) in _CONFLICTS
 
 
 def _write(handle: BufferHandle, batch: list[DataRow], dedup: str | None) -> tuple[Any, str, int]:

@@ -1,0 +1,61 @@
+"""A write the server rolled back for a serialisation failure or a deadlock is retried;
+any other failure reaches the caller at once."""
+
+from __future__ import annotations
+
+import pytest
+
+from expstore import ReplayBuffer, StorageError
+from expstore.storage import writer
+from tests.helpers import make_rows
+
+
+class _Orig(Exception):
+    def __init__(self, sqlstate: str) -> None:
+        super().__init__(sqlstate)
+        self.sqlstate = sqlstate
+
+
+class _Driver(Exception):
+    def __init__(self, sqlstate: str) -> None:
+        super().__init__(sqlstate)
+        self.orig = _Orig(sqlstate)
+
+
+def _failing(times: int, sqlstate: str, real):  # noqa: ANN001, ANN202
+    calls = {"n": 0}
+
+    def write(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls["n"] += 1
+        if calls["n"] <= times:
+            raise StorageError("could not store rows: conflict") from _Driver(sqlstate)
+        return real(*args, **kwargs)
+
+    return write, calls
+
+
+@pytest.mark.parametrize("sqlstate", ["40001", "40P01"])
+def test_conflicts_are_retried_and_the_rows_land_once(
+    db_url: str, buffer_name: str, monkeypatch: pytest.MonkeyPatch, sqlstate: str
+) -> None:
+    with ReplayBuffer(db_url, name=buffer_name) as buffer:
+        write, calls = _failing(2, sqlstate, writer._write)
+        monkeypatch.setattr(writer, "_write", write)
+        assert buffer.store_batch(make_rows(5)) == 5
+        assert calls["n"] == 3 and len(buffer) == 5
+
+
+def test_other_failures_and_endless_conflicts_reach_the_caller(
+    db_url: str, buffer_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with ReplayBuffer(db_url, name=buffer_name) as buffer:
+        write, calls = _failing(1, "23505", writer._write)
+        monkeypatch.setattr(writer, "_write", write)
+        with pytest.raises(StorageError, match="conflict"):
+            buffer.store_batch(make_rows(2))
+        assert calls["n"] == 1
+        write, calls = _failing(100, "40001", writer._write)
+        monkeypatch.setattr(writer, "_write", write)
+        with pytest.raises(StorageError):
+            buffer.store_batch(make_rows(2))
+        assert calls["n"] == writer.CONFLICT_RETRIES + 1 and len(buffer) == 0
