@@ -97,7 +97,9 @@ def draw_uniform(
         for c in columns:
             taken_columns[c].append(found[c][where[chosen]])
         need -= len(chosen)
-        rate = kept / tried
+        # The share of candidates that were of use: with a quota, only those still wanted
+        # (the last groups to fill may be a small part of the range).
+        rate = (n - need) / tried if quota is not None else kept / tried
         if need and rate < MIN_KEPT:
             return None
     keys = np.concatenate(taken)
