@@ -126,13 +126,15 @@ def child_stats(url: str) -> dict[str, Any]:
     return {"stats": time.perf_counter() - started, "stats_rss": _rss_mib() - before}
 
 
-def child_loader(url: str) -> dict[str, Any]:
+def child_loader(url: str, flat: bool = True) -> dict[str, Any]:
     from expstore import ReplayBuffer
     from expstore.samplers import UniformSampler
     from expstore.torch_data import SampledBatches
 
     with ReplayBuffer(url, name="scale") as buffer:
-        batches = SampledBatches(buffer, UniformSampler(seed=0), BATCH, num_batches=8)
+        sampler = UniformSampler(seed=0)
+        sampler.flat = flat
+        batches = SampledBatches(buffer, sampler, BATCH, num_batches=8)
         started = time.perf_counter()
         got = list(batches.loader(num_workers=4, multiprocessing_context="fork"))
         elapsed = time.perf_counter() - started
@@ -187,7 +189,9 @@ def run(backend: str, sizes: list[int], scratch: Path, pg_url: str, index_up_to:
             if n <= index_up_to:
                 figures[name + ":index"] = _run_child(url, name, "index")
         figures["stats"] = _run_child(url, "stats", "-")
-        figures["loader"] = _run_child(url, "loader", "-")
+        figures["loader"] = _run_child(url, "loader", "flat")
+        if n <= index_up_to:
+            figures["loader:index"] = _run_child(url, "loader", "index")
         table[n] = figures
         print(f"\n{backend}, {n:,} rows")
         print(f"{'sampler':<24}{'first ms':>10}{'warm ms':>10}{'RSS MiB':>10}")
@@ -200,6 +204,8 @@ def run(backend: str, sizes: list[int], scratch: Path, pg_url: str, index_up_to:
         s = figures["stats"]
         print(f"stats: {s['stats']:.2f} s, RSS +{s['stats_rss']:.0f} MiB")
         print(f"DataLoader, 4 workers, first 8 batches: {figures['loader']['loader']:.2f} s")
+        if "loader:index" in figures:
+            print(f"  the same over the key index: {figures['loader:index']['loader']:.2f} s")
     if len(sizes) > 1:
         small, large = table[sizes[0]], table[sizes[-1]]
         print(f"\n{backend}: {sizes[-1]:,} rows over {sizes[0]:,} rows")
@@ -223,7 +229,7 @@ def main() -> None:
         if what == "stats":
             out = child_stats(url)
         elif what == "loader":
-            out = child_loader(url)
+            out = child_loader(url, path == "flat")
         else:
             out = child_sample(url, what, path == "flat")
         print(json.dumps(out))
