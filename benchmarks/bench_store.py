@@ -109,7 +109,7 @@ def pg_floor(url: str, data: list[tuple]) -> float:
     import psycopg
     from psycopg.types.json import Jsonb
 
-    from expstore.storage.dialects import PostgresDialect
+    from expstore.storage.dialects import WRITE_COLUMNS, PostgresDialect
 
     ReplayBuffer(url, name="floor").close()
     u = make_url(url)
@@ -120,7 +120,9 @@ def pg_floor(url: str, data: list[tuple]) -> float:
             conn.cursor() as cur,
             cur.copy(f"COPY expstore_rows ({COLS}) FROM STDIN (FORMAT BINARY)") as copy,
         ):
-            copy.set_types(PostgresDialect().copy_types)
+            # The floor fills these 14 columns only (not policy_version, content_hash).
+            types = dict(zip(WRITE_COLUMNS, PostgresDialect().copy_types, strict=True))
+            copy.set_types([types[c.strip()] for c in COLS.split(",")])
             for t in data:
                 copy.write_row((bid,) + t[1:12] + (Jsonb(t[12]), t[13]))
         conn.commit()

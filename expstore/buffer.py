@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -109,6 +109,22 @@ class ReplayBuffer:
         once; ``"error"`` stores nothing and raises DuplicateContentError instead. Skipped:
         ``len(rows) - stored``."""
         return self.storage.store_batch(rows, dedup=dedup)
+
+    def extend(self, columns: Mapping[str, Any], *, dedup: str | None = None) -> int:
+        """Store a batch given as columns, in one transaction, as TorchRL's ``extend``::
+
+            buffer.extend({
+                "task_id": [f"env{i}" for i in range(n)], "agent_id": "policy-7",
+                "step": t, "state": {"obs": obs},          # obs: array [n, ...]
+                "actions": actions, "reward_t": rewards, "done": dones,
+            })
+
+        A column is a sequence, an array or tensor whose first axis is the rows, a dict of
+        those (per-row dicts), or one plain value for every row; ``task_id``, ``agent_id``
+        and ``step`` are required, ``id`` optional. Checked like ``store_batch`` (a bad value
+        names its column and row), with the same retention, ``dedup`` and rate limit; returns
+        how many rows were stored. See :mod:`expstore.columnar`."""
+        return self.storage.extend(columns, dedup=dedup)
 
     def delete(self, query_condition: QueryCondition) -> int:
         """Delete the matching rows; returns how many went."""

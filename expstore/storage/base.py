@@ -11,7 +11,7 @@ chosen rows, whole or only the fields a converter reads).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import numpy as np
@@ -76,6 +76,23 @@ class Storage(ABC):
         if row is None:
             raise InvalidArgumentError("store() needs a DataRow, got None")
         return self.store_batch([row], dedup=dedup)
+
+    def extend(self, columns: Mapping[str, Any], *, dedup: str | None = None) -> int:
+        """Store the rows a dict of columns holds, in one transaction (see
+        :mod:`expstore.columnar`); returns how many were stored. This default builds a
+        DataRow per row; a SQL storage hands the columns' rows to its writer directly."""
+        from ..columnar import rows_from_columns
+        from ..models import Experience, ExpMeta
+
+        rows = [
+            DataRow(
+                id=r.id,
+                exp_meta=ExpMeta(**r.exp_meta.__dict__),
+                exp_data=Experience(**r.exp_data.__dict__),
+            )
+            for r in rows_from_columns(columns)
+        ]
+        return self.store_batch(rows, dedup=dedup)
 
     @abstractmethod
     def delete(self, query_condition: QueryCondition) -> int:

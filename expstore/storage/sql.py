@@ -27,7 +27,7 @@ keeps a capacity exact.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -36,7 +36,8 @@ from sqlalchemy.engine import URL
 
 from .. import migrate
 from .._args import check_text
-from ..errors import InvalidArgumentError, StorageError, UnsupportedTypeError
+from ..columnar import column_error, rows_from_columns
+from ..errors import InvalidArgumentError, RowValidationError, StorageError, UnsupportedTypeError
 from ..models import DataRow
 from . import draw_counts, path_indexes, priorities, registry, versions, writer
 from .base import QueryCondition, Storage, Values
@@ -194,6 +195,16 @@ class SqlStorage(Storage):
         rolls it all back. ``dedup``: see :mod:`expstore.storage.dedup`.
         """
         self.capacity, self.eviction, stored = writer.store_batch(self._handle, rows_, dedup)
+        return stored
+
+    def extend(self, columns: Mapping[str, Any], *, dedup: str | None = None) -> int:
+        """Store the rows a dict of columns holds in one transaction, or none (see
+        :mod:`expstore.columnar`); returns how many were stored."""
+        batch = rows_from_columns(columns)
+        try:
+            self.capacity, self.eviction, stored = writer.store_rows(self._handle, batch, dedup)
+        except RowValidationError as exc:
+            raise column_error(exc, batch) from None
         return stored
 
     def delete(self, query_condition: QueryCondition) -> int:

@@ -50,7 +50,7 @@ from .rate_limits import RateLimits, WriteBlocked, limited_flag
 from .registry import count_inserted, evict_beyond, lock_buffer
 from .schema import buffers
 
-__all__ = ["WRITE_CHUNK", "ids_to_keys", "store_batch"]
+__all__ = ["WRITE_CHUNK", "ids_to_keys", "store_batch", "store_rows"]
 
 #: Rows encoded and sent per round trip inside one store_batch transaction.
 WRITE_CHUNK = 1000
@@ -134,8 +134,18 @@ def store_batch(
     """Store every row in one transaction, or none; returns the buffer's retention as the
     write found it (capacity, eviction) and how many rows were stored (see
     :mod:`expstore.storage.dedup` for ``dedup``)."""
+    check_dedup(dedup)
+    return store_rows(handle, prepare(rows), dedup)
+
+
+def store_rows(
+    handle: BufferHandle, batch: Sequence[Any], dedup: str | None = None
+) -> tuple[int | None, str, int]:
+    """:func:`store_batch` of rows already prepared: DataRows, or anything the writer reads
+    as it reads them (``id``, ``exp_meta.__dict__``, ``exp_data.__dict__``; see
+    :mod:`expstore.columnar`), whose typed columns it checks the same way."""
     dedup = check_dedup(dedup)
-    batch = prepare(rows)
+    batch = list(batch)
     started, pause = time.monotonic(), 0.002
     conflicts = 0
     while True:
