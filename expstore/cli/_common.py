@@ -62,6 +62,14 @@ DbOption = Annotated[
         ),
     ),
 ]
+DatabaseArgument = Annotated[
+    str | None,
+    typer.Argument(
+        metavar="DATABASE",
+        show_default=False,
+        help="The database, as --db takes it (a SQLite file's path, or a URL); wins over --db.",
+    ),
+]
 BufferOption = Annotated[
     str,
     typer.Option("--buffer", "-b", metavar="NAME", help="Which buffer of the database."),

@@ -12,6 +12,7 @@ from ..storage.engine import create_sql_engine
 from ..storage.schema import buffers, rows
 from ._common import (
     DEFAULT_URL,
+    DatabaseArgument,
     DbOption,
     JsonOption,
     inspect_database,
@@ -59,13 +60,16 @@ def list_buffers(db: str) -> list[dict[str, Any]]:
     ]
 
 
-def buffers_(db: DbOption = DEFAULT_URL, as_json: JsonOption = False) -> None:
+def buffers_(
+    database: DatabaseArgument = None, db: DbOption = DEFAULT_URL, as_json: JsonOption = False
+) -> None:
     """List the buffers of a database with their row counts.
 
     \b
     Example:
       expstore buffers --db runs/agents.db
     """
+    db = database or db  # a positional DATABASE wins over --db
     listed = list_buffers(db)
     if as_json:
         typer.echo(json.dumps({"database": show_url(parse_url(db)), "buffers": listed}))

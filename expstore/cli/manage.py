@@ -12,6 +12,7 @@ from ._common import (
     DEFAULT_URL,
     BufferOption,
     CliError,
+    DatabaseArgument,
     DbOption,
     WhereOption,
     open_buffer,
@@ -35,6 +36,7 @@ def _confirm(question: str, yes: bool) -> None:
 
 
 def delete(
+    database: DatabaseArgument = None,
     db: DbOption = DEFAULT_URL,
     buffer: BufferOption = "default",
     where: WhereOption = None,
@@ -46,6 +48,7 @@ def delete(
     Example:
       expstore delete --db runs/agents.db --where "reward_t < 0 and step > 40" --yes
     """
+    db = database or db  # a positional DATABASE wins over --db
     if where is None:
         raise CliError('delete needs --where; to empty a buffer use --where "step >= 0"')
     condition = where_condition(where)
@@ -64,6 +67,7 @@ def delete(
 
 
 def retention(
+    database: DatabaseArgument = None,
     db: DbOption = DEFAULT_URL,
     buffer: BufferOption = "default",
     capacity: Annotated[
@@ -96,6 +100,7 @@ def retention(
     Example:
       expstore retention --db runs/agents.db --capacity 100000 --eviction fifo --yes
     """
+    db = database or db  # a positional DATABASE wins over --db
     if capacity is not None and unlimited:
         raise CliError("give either --capacity N or --unlimited, not both")
     with open_buffer(db, buffer) as store:

@@ -30,6 +30,7 @@ from ._common import (
     BufferOption,
     CliError,
     CsvOption,
+    DatabaseArgument,
     DbOption,
     WhereOption,
     dumps,
@@ -85,6 +86,7 @@ def print_rows(
 
 
 def query(
+    database: DatabaseArgument = None,
     db: DbOption = DEFAULT_URL,
     buffer: BufferOption = "default",
     where: WhereOption = None,
@@ -119,6 +121,7 @@ def query(
       expstore query --where "task_id = 't1' and (agent_id in ('a', 'b') or step >= 3)"
       expstore query --where "exp_data.state.url like '%login%'" --limit 5 --json
     """
+    db = database or db  # a positional DATABASE wins over --db
     if order.lstrip("-") not in ORDERS:
         raise CliError(
             f"--order must be one of {', '.join(ORDERS)} (optionally with -), got {order!r}"
@@ -202,6 +205,7 @@ def make_sampler(name: str, options: Sequence[str], seed: int | None) -> Any:
 
 
 def sample(
+    database: DatabaseArgument = None,
     db: DbOption = DEFAULT_URL,
     buffer: BufferOption = "default",
     sampler: Annotated[
@@ -251,6 +255,7 @@ def sample(
       expstore sample --sampler recency -o power=2 --batch-size 4 --seed 0
       expstore sample --sampler task -n 2 --where "agent_id = 'agent-0'"
     """
+    db = database or db  # a positional DATABASE wins over --db
     condition = where_condition(where)
     chosen = make_sampler(sampler.value, option or [], seed)
     buf = open_buffer(db, buffer)

@@ -16,6 +16,7 @@ from ..storage import create_sql_engine
 from ._common import (
     DEFAULT_URL,
     BufferOption,
+    DatabaseArgument,
     DbOption,
     JsonOption,
     check_revision,
@@ -53,7 +54,9 @@ def _reachable_revision(url: Any) -> str | None:
     return revision
 
 
-def init(db: DbOption = DEFAULT_URL, buffer: BufferOption = "default") -> None:
+def init(
+    database: DatabaseArgument = None, db: DbOption = DEFAULT_URL, buffer: BufferOption = "default"
+) -> None:
     """Create the expstore tables in a database (a new SQLite file is created).
 
     An empty database gets the current schema and an empty buffer (--buffer, by default
@@ -64,6 +67,7 @@ def init(db: DbOption = DEFAULT_URL, buffer: BufferOption = "default") -> None:
     Example:
       expstore init --db sqlite:///runs/buffer.db
     """
+    db = database or db  # a positional DATABASE wins over --db
     url = parse_url(db)
     shown = show_url(url)
     path = sqlite_path(url)
@@ -81,6 +85,7 @@ def init(db: DbOption = DEFAULT_URL, buffer: BufferOption = "default") -> None:
 
 
 def upgrade(
+    database: DatabaseArgument = None,
     db: DbOption = DEFAULT_URL,
     sql: Annotated[
         bool, typer.Option("--sql", help="Print the SQL the upgrade would run; change nothing.")
@@ -109,6 +114,7 @@ def upgrade(
       expstore upgrade --db postgresql+psycopg://me@db.internal/exp
       expstore upgrade --sql --db postgresql+psycopg://me@db.internal/exp > upgrade.sql
     """
+    db = database or db  # a positional DATABASE wins over --db
     url = parse_url(db)
     shown = show_url(url)
     if revision != "head" and revision not in migrate.known_revisions():
@@ -149,6 +155,7 @@ def upgrade(
 
 
 def version(
+    database: DatabaseArgument = None,
     db: DbOption = DEFAULT_URL,
     as_json: JsonOption = False,
 ) -> None:
@@ -158,6 +165,7 @@ def version(
     Example:
       expstore version --db sqlite:///runs/buffer.db
     """
+    db = database or db  # a positional DATABASE wins over --db
     head = migrate.head_revision()
     url = parse_url(db)
     shown = show_url(url)

@@ -15,6 +15,7 @@ from ..storage.base import QueryCondition
 from ._common import (
     DEFAULT_URL,
     BufferOption,
+    DatabaseArgument,
     DbOption,
     JsonOption,
     WhereOption,
@@ -367,6 +368,7 @@ def _plot(buffer: ReplayBuffer, query_condition: QueryCondition, path: Path) -> 
 
 
 def stats(
+    database: DatabaseArgument = None,
     db: DbOption = DEFAULT_URL,
     buffer: BufferOption = "default",
     by: Annotated[
@@ -404,6 +406,7 @@ def stats(
       expstore stats --db sqlite:///demo.db --buffer demo --by agent
       expstore stats --where "task_name = 'checkout'" --json
     """
+    db = database or db  # a positional DATABASE wins over --db
     condition = where_condition(where)
     buf = open_buffer(db, buffer)
     try:

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from expstore import ReplayBuffer, migrate
 from expstore._version import __version__
 from tests.helpers import make_rows
@@ -44,6 +46,32 @@ def test_a_bare_path_names_a_sqlite_file(invoke: Any, tmp_path: Path) -> None:
         buffer.store_batch(make_rows(4))
     result = invoke("stats", "--db", str(tmp_path / "plain.db"), "--json")
     assert result.exit_code == 0 and json.loads(result.stdout)["rows"] == 4
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["stats", "--json"],
+        ["buffers", "--json"],
+        ["query", "--json", "--limit", "2"],
+        ["sample", "--json", "--batch-size", "2"],
+        ["version"],
+    ],
+)
+def test_the_database_can_be_given_as_a_positional_argument(
+    invoke: Any, tmp_path: Path, command: list[str]
+) -> None:
+    path = tmp_path / "agents.db"
+    with ReplayBuffer(f"sqlite:///{path}") as buffer:
+        buffer.store_batch(make_rows(4))
+    positional = invoke(command[0], str(path), *command[1:])
+    assert positional.exit_code == 0, positional.stderr
+    by_option = invoke(command[0], "--db", str(path), *command[1:])
+    if command[0] in ("stats", "buffers", "version"):
+        assert positional.stdout == by_option.stdout
+    # it wins over --db (and so over EXPSTORE_URL)
+    other = invoke(command[0], str(path), "--db", str(tmp_path / "absent.db"), *command[1:])
+    assert other.exit_code == 0, other.stderr
 
 
 def test_export_into_a_closed_pipe_is_not_an_error(tmp_path: Path) -> None:
