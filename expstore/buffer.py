@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 from sqlalchemy.engine import URL
 
 from .claims import DEFAULT_LEASE_S, Claim, check_consumer, claim_rows, wait_for_rows
-from .converters.base import Converter, as_converter
+from .converters.base import BatchT, Converter, as_converter
 from .converters.default import DefaultConverter
 from .errors import InvalidArgumentError, UnknownConsumerError, UnsupportedTypeError
 from .models import DataRow
@@ -29,6 +29,8 @@ from .samplers.uniform import UniformSampler
 from .sampling import draw
 from .storage.base import QueryCondition, Storage
 from .storage.claims import Lineage, QueueStats
+from .storage.dedup import Dedup
+from .storage.eviction import Eviction
 from .storage.sql import SqlStorage
 
 __all__ = ["ReplayBuffer"]
@@ -63,7 +65,7 @@ class ReplayBuffer:
         *,
         name: str = "default",
         capacity: int | None = None,
-        eviction: str | None = None,
+        eviction: Eviction | None = None,
         upgrade: bool = False,
         read_urls: Sequence[str | URL] | None = None,
         read_your_writes: bool = False,
@@ -95,11 +97,11 @@ class ReplayBuffer:
         self.storage: Storage = storage
 
     # -- writing -------------------------------------------------------------------------
-    def store(self, row: DataRow, *, dedup: str | None = None) -> int:
+    def store(self, row: DataRow, *, dedup: Dedup = None) -> int:
         """Store one row; returns 1 (0 when ``dedup="skip"`` found its content stored)."""
         return self.storage.store(row, dedup=dedup)
 
-    def store_batch(self, rows: Sequence[DataRow], *, dedup: str | None = None) -> int:
+    def store_batch(self, rows: Sequence[DataRow], *, dedup: Dedup = None) -> int:
         """Store every row in one transaction: all are validated first; all or none land.
         Returns how many rows were stored.
 
@@ -110,7 +112,7 @@ class ReplayBuffer:
         ``len(rows) - stored``."""
         return self.storage.store_batch(rows, dedup=dedup)
 
-    def extend(self, columns: Mapping[str, Any], *, dedup: str | None = None) -> int:
+    def extend(self, columns: Mapping[str, Any], *, dedup: Dedup = None) -> int:
         """Store a batch given as columns, in one transaction, as TorchRL's ``extend``::
 
             buffer.extend({
@@ -189,7 +191,7 @@ class ReplayBuffer:
     def set_retention(
         self,
         capacity: int | None,
-        eviction: str | None = None,
+        eviction: Eviction | None = None,
         *,
         max_staleness: int | None = None,
     ) -> int:
@@ -214,11 +216,39 @@ class ReplayBuffer:
         return self.storage.policy_version()
 
     # -- sampling ------------------------------------------------------------------------
+    @overload
     def sample(
         self,
         sampler: Sampler | None = None,
         query_condition: QueryCondition = None,
-        converter: Converter | None = None,
+        converter: None = None,
+        batch_size: int = 1000,
+    ) -> list[DataRow]: ...
+
+    @overload
+    def sample(
+        self,
+        sampler: Sampler | None,
+        query_condition: QueryCondition,
+        converter: Converter[BatchT],
+        batch_size: int = 1000,
+    ) -> BatchT: ...
+
+    @overload
+    def sample(
+        self,
+        sampler: Sampler | None = None,
+        query_condition: QueryCondition = None,
+        *,
+        converter: Converter[BatchT],
+        batch_size: int = 1000,
+    ) -> BatchT: ...
+
+    def sample(
+        self,
+        sampler: Any = None,
+        query_condition: QueryCondition = None,
+        converter: Any = None,
         batch_size: int = 1000,
     ) -> Any:
         """A batch: ``sampler`` chooses up to ``batch_size`` matching rows, the storage
@@ -256,7 +286,7 @@ class ReplayBuffer:
         self,
         sampler: TaskSampler | None = None,
         query_condition: QueryCondition = None,
-        converter: Converter | None = None,
+        converter: Converter[Any] | None = None,
         batch_size: int = 1000,
     ) -> list[Any]:
         """Whole tasks: one converted item per sampled task (up to ``batch_size`` tasks).
@@ -280,7 +310,7 @@ class ReplayBuffer:
         consumer: str,
         lease_s: float = DEFAULT_LEASE_S,
         order: Any = "fifo",
-        converter: Converter | None = None,
+        converter: Converter[Any] | None = None,
         wait: float | None = None,
         max_staleness: int | None = None,
     ) -> Claim:

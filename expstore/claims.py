@@ -198,7 +198,7 @@ def claim_rows(
     consumer: str,
     lease_s: float = DEFAULT_LEASE_S,
     order: Any = "fifo",
-    converter: Converter | None = None,
+    converter: Converter[Any] | None = None,
     wait: float | None = None,
     max_staleness: int | None = None,
 ) -> Claim:

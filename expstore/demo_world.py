@@ -262,7 +262,7 @@ class TorchPolicy:
         logits = self.model(obs)
         loss = self.torch.nn.functional.cross_entropy(logits, action)
         self.optimizer.zero_grad()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         self.optimizer.step()
         return float(loss.item())
 

@@ -67,7 +67,7 @@ class ExperienceDataset(Dataset):  # type: ignore[type-arg]
         self,
         buffer: ReplayBuffer,
         query_condition: QueryCondition = None,
-        converter: Converter | None = None,
+        converter: Converter[Any] | None = None,
     ) -> None:
         self.buffer = buffer
         self.query_condition = query_condition
@@ -155,7 +155,7 @@ class SampledBatches(IterableDataset):  # type: ignore[type-arg]
         buffer: ReplayBuffer,
         sampler: Sampler | None = None,
         batch_size: int = 32,
-        converter: Converter | None = None,
+        converter: Converter[Any] | None = None,
         num_batches: int | None = None,
         *,
         query_condition: QueryCondition = None,

@@ -4,10 +4,11 @@ saying what will go and asking (``--yes`` to skip the question, as scripts need)
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 
+from ..storage.eviction import Eviction
 from ._common import (
     DEFAULT_URL,
     BufferOption,
@@ -118,7 +119,9 @@ def retention(
                 "rows beyond it go now. Go ahead?",
                 yes,
             )
-        gone = store.set_retention(new_capacity, eviction, max_staleness=max_staleness)
+        # A name set_retention checks (an unknown policy is refused there, saying which exist).
+        policy = cast("Eviction | None", eviction)
+        gone = store.set_retention(new_capacity, policy, max_staleness=max_staleness)
         typer.echo(
             f"buffer {buffer!r}: capacity {new_capacity or 'unlimited'}, eviction "
             f"{storage.eviction}; {gone} rows went, {len(store)} remain"

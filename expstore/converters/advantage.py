@@ -12,7 +12,7 @@ changed).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -53,15 +53,15 @@ def group_advantages(
     mean = np.bincount(codes, values) / counts
     centred = values - mean[codes]
     if scale is None:
-        return centred.astype(np.float32)
+        return cast("np.ndarray", centred.astype(np.float32))
     squares = np.bincount(codes, centred**2)
     dof = np.maximum(counts - ddof, 1.0)
     std = np.sqrt(squares / dof)
     std[counts <= ddof] = 0.0
-    return (centred / (std[codes] + eps)).astype(np.float32)
+    return cast("np.ndarray", (centred / (std[codes] + eps)).astype(np.float32))
 
 
-class GroupAdvantageConverter(Converter):
+class GroupAdvantageConverter(Converter[Any]):
     """``inner``'s batch with group-normalised advantages.
 
     ``GroupAdvantageConverter(inner=None, *, group_by="task_id", reward="exp_data.reward_t",
@@ -72,7 +72,7 @@ class GroupAdvantageConverter(Converter):
 
     def __init__(
         self,
-        inner: Converter | None = None,
+        inner: Converter[Any] | None = None,
         *,
         group_by: str = "task_id",
         reward: str = "exp_data.reward_t",

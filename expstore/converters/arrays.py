@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -16,7 +16,7 @@ from .base import MISSING, Converter, FieldSpec, parse_path, read_path
 __all__ = ["NumpyConverter"]
 
 
-class NumpyConverter(Converter):
+class NumpyConverter(Converter[dict[str, Any]]):
     """A dict of numpy arrays, one per field, stacked along a new first (batch) axis.
 
     ``NumpyConverter(fields, *, dtypes=None, pad_value=0, mask=None, strict=True)``
@@ -141,7 +141,9 @@ def _as_array(value: Any) -> np.ndarray | None:
     if torch is not None and isinstance(value, torch.Tensor):
         value = value.detach().cpu()
         stand_in = numpy_stand_in(value.dtype)
-        return (value if stand_in is None else value.to(stand_in)).numpy()
+        return cast(
+            "np.ndarray | None", (value if stand_in is None else value.to(stand_in)).numpy()
+        )
     if isinstance(value, (list, tuple)):
         try:
             array = np.asarray(value)

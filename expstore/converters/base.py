@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from ..errors import InvalidArgumentError, UnsupportedTypeError
 from ..models import DataRow
@@ -24,14 +24,20 @@ from ..paths import MISSING, parse_path, read_path
 from ..sampling import SampleInfo
 from ..storage.base import Fetched
 
-__all__ = ["MISSING", "Converter", "FieldSpec", "as_converter", "parse_path", "read_path"]
+__all__ = ["MISSING", "BatchT", "Converter", "FieldSpec", "as_converter", "parse_path", "read_path"]
 
 #: A field of a row: a path string, or a function of the row.
 FieldSpec = str | Callable[[DataRow], Any]
 
 
-class Converter(ABC):
-    """Turns a list of rows into a batch (AWorld's ``Converter``)."""
+#: The type of the batch a converter builds (``ReplayBuffer.sample`` returns it).
+BatchT = TypeVar("BatchT")
+
+
+class Converter(ABC, Generic[BatchT]):
+    """Turns a list of rows into a batch (AWorld's ``Converter``), typed by its batch:
+    ``Converter[dict[str, Any]]`` builds dicts, so ``buffer.sample(converter=...)`` is
+    checked by mypy as one."""
 
     #: Whether the converter copies every array it is given (so fetched arrays may be
     #: read-only views of the database's bytes).
@@ -44,16 +50,16 @@ class Converter(ABC):
         return None
 
     @abstractmethod
-    def to_dataset_row(self, rows: Sequence[DataRow]) -> Any:
+    def to_dataset_row(self, rows: Sequence[DataRow]) -> BatchT:
         """The batch built from ``rows`` (in the order given)."""
 
-    def build(self, fetched: Fetched) -> Any:
+    def build(self, fetched: Fetched) -> BatchT:
         """The batch from what the storage fetched: the values at :attr:`paths` when it
         fetched those, else the whole rows through :meth:`to_dataset_row`."""
         assert fetched.rows is not None
         return self.to_dataset_row(fetched.rows)
 
-    def attach_info(self, batch: Any, info: SampleInfo) -> Any:
+    def attach_info(self, batch: BatchT, info: SampleInfo) -> BatchT:
         """Add a sampler's per-row extras (``weights`` and ``ids`` of a prioritized batch)
         to a built batch.
 
@@ -79,7 +85,7 @@ class Converter(ABC):
         return dict(info)
 
 
-class _ForeignConverter(Converter):
+class _ForeignConverter(Converter[Any]):
     """An object with AWorld's ``to_dataset_row(rows)`` that is not an expstore Converter
     (AWorld's own): it gets whole rows, and its batch comes back as it is."""
 
@@ -93,7 +99,7 @@ class _ForeignConverter(Converter):
         return batch
 
 
-def as_converter(converter: Any) -> Converter:
+def as_converter(converter: Any) -> Converter[Any]:
     """``converter`` as a :class:`Converter`: itself, or an object with AWorld's
     ``to_dataset_row()`` wrapped; UnsupportedTypeError for anything else."""
     if isinstance(converter, Converter):

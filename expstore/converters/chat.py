@@ -54,7 +54,7 @@ def _text(content: Any) -> str:
     return json.dumps(content, sort_keys=True, default=str)
 
 
-class ChatConverter(Converter):
+class ChatConverter(Converter[list[dict[str, Any]]]):
     """One fine-tuning record per row, in a format LLaMA-Factory reads.
 
     ``ChatConverter(format="messages", *, action_to_text=None)``

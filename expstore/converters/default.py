@@ -10,7 +10,7 @@ from .base import Converter
 __all__ = ["DefaultConverter"]
 
 
-class DefaultConverter(Converter):
+class DefaultConverter(Converter[list[DataRow]]):
     """Returns the rows unchanged, as a list (AWorld's ``DefaultConverter``).
 
     >>> DefaultConverter().to_dataset_row([])

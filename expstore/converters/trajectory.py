@@ -15,7 +15,7 @@ from .base import Converter
 __all__ = ["TrajectoryConverter"]
 
 
-class TrajectoryConverter(Converter):
+class TrajectoryConverter(Converter[dict[str, Any]]):
     """One task's rows, ordered by step then execute_time, with discounted returns.
 
     ``TrajectoryConverter(gamma=1.0)``

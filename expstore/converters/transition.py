@@ -36,7 +36,7 @@ TRANSITION_FIELDS: dict[str, FieldSpec] = {
 }
 
 
-class TransitionConverter(Converter):
+class TransitionConverter(Converter[dict[str, Any]]):
     """DigiRL's batch: ``observation, action, image_features, next_image_features, reward,
     next_observation, done, mc_return``, one entry per row.
 

@@ -35,6 +35,7 @@ import operator
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+from typing import cast as as_type
 
 from sqlalchemy import (
     BigInteger,
@@ -197,9 +198,15 @@ class _Compiler(ABC):
 
     def condition(self, condition: Condition) -> ColumnElement[bool]:
         if isinstance(condition, And):
-            return _balanced(and_, [self.condition(c) for c in condition.conditions])
+            return as_type(
+                "ColumnElement[bool]",
+                _balanced(and_, [self.condition(c) for c in condition.conditions]),
+            )
         if isinstance(condition, Or):
-            return _balanced(or_, [self.condition(c) for c in condition.conditions])
+            return as_type(
+                "ColumnElement[bool]",
+                _balanced(or_, [self.condition(c) for c in condition.conditions]),
+            )
         assert isinstance(condition, Comparison)
         return self.comparison(condition)
 
@@ -227,7 +234,9 @@ class _Compiler(ABC):
     ) -> ColumnElement[bool]:
         """``operand op value``, with values bound by ``bind``."""
         if op in ("like", "not_like"):
-            return self.like(operand, value, negated=op == "not_like")
+            return as_type(
+                "ColumnElement[bool]", self.like(operand, value, negated=op == "not_like")
+            )
         if op in ("in", "not_in"):
             binds = [bind(v) for v in value]
             return operand.in_(binds) if op == "in" else operand.not_in(binds)

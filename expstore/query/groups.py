@@ -80,16 +80,16 @@ class GroupStat:
             raise QueryError(f"a group statistic compares with a finite number, got {value!r}")
         return GroupCondition(self, op, value)
 
-    def __gt__(self, value: Any) -> GroupCondition:  # type: ignore[override]
+    def __gt__(self, value: Any) -> GroupCondition:
         return self._compare(">", value)
 
-    def __ge__(self, value: Any) -> GroupCondition:  # type: ignore[override]
+    def __ge__(self, value: Any) -> GroupCondition:
         return self._compare(">=", value)
 
-    def __lt__(self, value: Any) -> GroupCondition:  # type: ignore[override]
+    def __lt__(self, value: Any) -> GroupCondition:
         return self._compare("<", value)
 
-    def __le__(self, value: Any) -> GroupCondition:  # type: ignore[override]
+    def __le__(self, value: Any) -> GroupCondition:
         return self._compare("<=", value)
 
     def __eq__(self, value: Any) -> GroupCondition:  # type: ignore[override]

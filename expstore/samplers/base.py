@@ -45,7 +45,7 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, TypedDict, TypeVar
+from typing import Any, ClassVar, TypedDict, TypeVar, cast
 
 import numpy as np
 from typing_extensions import Unpack
@@ -321,7 +321,7 @@ class KeySampler(Sampler):
             return index
         cached = self.__dict__.get("_unspent")
         if cached is not None and cached[0] is index["key"] and cached[1] == len(spent):
-            return cached[2]
+            return cast("dict[str, Any]", cached[2])
         masked = _masked(index, ~np.isin(index["key"], spent, assume_unique=True))
         self._unspent = (index["key"], len(spent), masked)
         return masked

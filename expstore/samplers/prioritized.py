@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 from typing_extensions import Unpack
@@ -161,7 +161,7 @@ class PrioritizedSampler(KeySampler):
         positions = dist.cdf.search(rng.random(batch_size) * total)
         keys = index["key"][positions]
         self._drawn = (keys, positions)
-        return keys
+        return cast("np.ndarray", keys)
 
     def weights(self, index: dict[str, np.ndarray], keys: np.ndarray) -> np.ndarray:
         if "drawn_weights" in index and index["key"] is keys:  # drawn over the key space
@@ -174,7 +174,9 @@ class PrioritizedSampler(KeySampler):
         else:
             positions = np.searchsorted(index["key"], keys)
         # (N P_i)^-beta / max_j (N P_j)^-beta == (w_i / min_j w_j)^-beta
-        return np.power(weights[positions] / smallest, -self.beta).astype(np.float32)
+        return cast(
+            "np.ndarray", np.power(weights[positions] / smallest, -self.beta).astype(np.float32)
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_drawn": None}
@@ -210,7 +212,7 @@ class _BlockedCdf:
         np.minimum(block, len(self.ends) - 1, out=block)
         within = (self.blocks[block] <= targets[:, None]).sum(axis=1)
         positions = block * self.BLOCK + within
-        return np.minimum(positions, self.n - 1, out=positions)
+        return cast("np.ndarray", np.minimum(positions, self.n - 1, out=positions))
 
 
 class _Distribution(NamedTuple):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 from typing_extensions import Unpack
 
@@ -68,4 +70,4 @@ class RewardWeightedSampler(KeySampler):
         if not len(cdf):
             raise EmptyBufferError("no matching row has a reward_t")
         positions = np.searchsorted(cdf, rng.random(batch_size) * cdf[-1], side="right")
-        return index["key"][np.minimum(positions, len(cdf) - 1)]
+        return cast("np.ndarray", index["key"][np.minimum(positions, len(cdf) - 1)])

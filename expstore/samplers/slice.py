@@ -4,6 +4,7 @@ models."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 from typing_extensions import Unpack
@@ -118,7 +119,7 @@ class SliceSampler(KeySampler):
             )
         chosen = window_starts[rng.integers(0, len(window_starts), batch_size // self.slice_len)]
         positions = order[(chosen[:, None] + np.arange(self.slice_len)).reshape(-1)]
-        return index["key"][positions]
+        return cast("np.ndarray", index["key"][positions])
 
 
 def _trajectory_codes(sources: tuple[np.ndarray, ...]) -> np.ndarray:

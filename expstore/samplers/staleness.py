@@ -3,7 +3,7 @@ TorchRL's ``StalenessAwareSampler``, with the current version shared by every pr
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from typing_extensions import Unpack
@@ -53,7 +53,7 @@ class StalenessAwareSampler(KeySampler):
         cumulative = self.derived(f"staleness:{current}:{self.power}", (versions,), compute)
         drawn = rng.random(batch_size) * cumulative[-1]
         positions = np.searchsorted(cumulative, drawn, side="right").clip(max=len(keys) - 1)
-        return keys[positions]
+        return cast("np.ndarray", keys[positions])
 
 
 def staleness_weights(versions: np.ndarray, current: int | None, power: float) -> np.ndarray:
@@ -62,4 +62,4 @@ def staleness_weights(versions: np.ndarray, current: int | None, power: float) -
     if current is None:
         return np.ones(len(versions))
     staleness = np.nan_to_num(current - versions, nan=0.0).clip(min=0.0)
-    return (staleness + 1.0) ** -power
+    return cast("np.ndarray", (staleness + 1.0) ** -power)

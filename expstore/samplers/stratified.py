@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from typing_extensions import Unpack
@@ -134,4 +134,4 @@ class StratifiedSampler(KeySampler):
         group_of_row = np.repeat(np.arange(groups), shares)
         offsets = np.floor(rng.random(batch_size) * counts[group_of_row]).astype(np.int64)
         positions = order[starts[group_of_row] + offsets]
-        return index["key"][positions[rng.permutation(batch_size)]]
+        return cast("np.ndarray", index["key"][positions[rng.permutation(batch_size)]])

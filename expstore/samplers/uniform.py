@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from typing_extensions import Unpack
@@ -90,7 +90,7 @@ class UniformSampler(KeySampler):
             found = np.searchsorted(keys, chosen).clip(max=len(keys) - 1)
             chosen = chosen[keys[found] == chosen]
             if len(chosen):
-                return chosen
+                return cast("np.ndarray", chosen)
 
 
 def _same_condition(a: Any, b: Any) -> bool:

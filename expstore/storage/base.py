@@ -23,6 +23,8 @@ from ..models import DataRow
 if TYPE_CHECKING:
     from ..query import Condition
     from .claims import ClaimQueue
+    from .dedup import Dedup
+    from .eviction import Eviction
     from .groups import GroupIndex, GroupSpec
     from .key_space import KeySpace
     from .rate_limits import RateLimits
@@ -67,17 +69,17 @@ class Storage(ABC):
 
     # -- writing -------------------------------------------------------------------------
     @abstractmethod
-    def store_batch(self, rows: Sequence[DataRow], *, dedup: str | None = None) -> int:
+    def store_batch(self, rows: Sequence[DataRow], *, dedup: Dedup = None) -> int:
         """Store every row, or none of them; returns how many were stored (fewer with
         ``dedup="skip"``: rows whose content was already stored are left out)."""
 
-    def store(self, row: DataRow, *, dedup: str | None = None) -> int:
+    def store(self, row: DataRow, *, dedup: Dedup = None) -> int:
         """Store one row; returns 1, or 0 if ``dedup="skip"`` left it out."""
         if row is None:
             raise InvalidArgumentError("store() needs a DataRow, got None")
         return self.store_batch([row], dedup=dedup)
 
-    def extend(self, columns: Mapping[str, Any], *, dedup: str | None = None) -> int:
+    def extend(self, columns: Mapping[str, Any], *, dedup: Dedup = None) -> int:
         """Store the rows a dict of columns holds, in one transaction (see
         :mod:`expstore.columnar`); returns how many were stored. This default builds a
         DataRow per row; a SQL storage hands the columns' rows to its writer directly."""
@@ -112,7 +114,7 @@ class Storage(ABC):
     def set_retention(
         self,
         capacity: int | None,
-        eviction: str | None = None,
+        eviction: Eviction | None = None,
         *,
         max_staleness: int | None = None,
     ) -> int:

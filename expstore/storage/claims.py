@@ -338,7 +338,7 @@ class ClaimQueue:
         # buffer's (buffer_id, key) index filtering by the key list.
         matching = select(rows.c.key).where(*scope.matching(handle), handle.dialect.key_in())
         found = list(conn.execute(matching, {"keys": handle.dialect.key_set(keys)}).scalars())
-        return min([start, *found])
+        return int(min([start, *found]))
 
     def _claim_drawn(
         self,

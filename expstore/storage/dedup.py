@@ -23,7 +23,7 @@ from .dialects import WRITE_COLUMNS
 from .handle import BufferHandle
 from .schema import rows
 
-__all__ = ["DEDUP_MODES", "check_dedup", "without_duplicates"]
+__all__ = ["Dedup", "DEDUP_MODES", "check_dedup", "without_duplicates"]
 
 Dedup = Literal["skip", "error"] | None
 DEDUP_MODES = ("skip", "error")

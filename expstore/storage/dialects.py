@@ -13,6 +13,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any
+from typing import cast as as_type
 
 from sqlalchemy import (
     BigInteger,
@@ -162,7 +163,7 @@ class SqliteDialect(Dialect):
     def key_in(self, column: Any = rows.c.key) -> ColumnElement[bool]:
         keys = func.json_each(bindparam("keys"))
         each: Select[Any] = select(literal_column("value")).select_from(keys)
-        return column.in_(each.scalar_subquery())
+        return as_type("ColumnElement[bool]", column.in_(each.scalar_subquery()))
 
     def key_set(self, keys: list[int]) -> Any:
         return "[" + ",".join(map(str, keys)) + "]"
@@ -213,7 +214,7 @@ def _copy_type(sql_type: Any) -> str:
         (JSONB, "jsonb"),
         (LargeBinary, "bytea"),
     ):
-        if isinstance(sql_type, kind):  # type: ignore[arg-type]
+        if isinstance(sql_type, kind):
             return name
     raise UnsupportedTypeError(f"no COPY type for {sql_type!r}")  # pragma: no cover
 
@@ -237,7 +238,7 @@ class PostgresDialect(Dialect):
         self._may_analyze = True
 
     def key_in(self, column: Any = rows.c.key) -> ColumnElement[bool]:
-        return column == func.any(bindparam("keys"))
+        return as_type("ColumnElement[bool]", column == func.any(bindparam("keys")))
 
     def key_set(self, keys: list[int]) -> Any:
         return keys

@@ -20,12 +20,19 @@ committed write never leaves more than ``capacity`` rows.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal, get_args
 
 from sqlalchemy import Connection, and_, delete, func, select
 
 from .schema import buffers, oldest_first, rows
 
-__all__ = ["EVERY_WRITE_POLICIES", "EVICTION_POLICIES", "OLDEST_FIRST_POLICIES", "evict"]
+__all__ = [
+    "EVERY_WRITE_POLICIES",
+    "Eviction",
+    "EVICTION_POLICIES",
+    "OLDEST_FIRST_POLICIES",
+    "evict",
+]
 
 
 def _fifo(conn: Connection, buffer_id: int, capacity: int, removed: int = 0) -> int:
@@ -111,6 +118,10 @@ EVICTION_POLICIES: dict[str, Callable[[Connection, int, int], int]] = {
     "task_fifo": _task_fifo,
     "stale": _stale,
 }
+#: The eviction policies, as a type: ``ReplayBuffer(..., eviction="fifo")`` is checked.
+Eviction = Literal["fifo", "max_reward", "task_fifo", "stale"]
+assert set(get_args(Eviction)) == set(EVICTION_POLICIES)
+
 #: Policies that delete rows at every write even without a capacity.
 EVERY_WRITE_POLICIES = frozenset({"stale"})
 

@@ -52,7 +52,7 @@ _TYPED = tuple((_NAMES.index(spec.name), spec.name, spec.stored_types) for spec 
 
 def key_list(keys: Sequence[int] | np.ndarray) -> list[int]:
     """Keys as a flat list of Python ints."""
-    return np.asarray(keys, dtype=np.int64).reshape(-1).tolist()  # type: ignore[no-any-return]
+    return np.asarray(keys, dtype=np.int64).reshape(-1).tolist()
 
 
 def decode_row(r: Row[Any] | Sequence[Any]) -> DataRow:

@@ -42,7 +42,9 @@ from ..models import DataRow
 from . import draw_counts, path_indexes, priorities, registry, versions, writer
 from .base import QueryCondition, Storage, Values
 from .claims import ClaimQueue
+from .dedup import Dedup
 from .engine import create_sql_engine, normalise_url
+from .eviction import Eviction
 from .fetch import FieldFetcher
 from .groups import GroupIndex, GroupSpec
 from .handle import BufferHandle
@@ -83,7 +85,7 @@ class SqlStorage(Storage):
         *,
         name: str = "default",
         capacity: int | None = None,
-        eviction: str | None = None,
+        eviction: Eviction | None = None,
         upgrade: bool = False,
         read_urls: Sequence[str | URL] | None = None,
         read_your_writes: bool = False,
@@ -187,7 +189,7 @@ class SqlStorage(Storage):
         return self._fields
 
     # -- writing -------------------------------------------------------------------------
-    def store_batch(self, rows_: Sequence[DataRow], *, dedup: str | None = None) -> int:
+    def store_batch(self, rows_: Sequence[DataRow], *, dedup: Dedup = None) -> int:
         """Store every row in one transaction, or none; returns how many were stored.
 
         Rows are checked, encoded and written in chunks inside that transaction, so memory
@@ -197,7 +199,7 @@ class SqlStorage(Storage):
         self.capacity, self.eviction, stored = writer.store_batch(self._handle, rows_, dedup)
         return stored
 
-    def extend(self, columns: Mapping[str, Any], *, dedup: str | None = None) -> int:
+    def extend(self, columns: Mapping[str, Any], *, dedup: Dedup = None) -> int:
         """Store the rows a dict of columns holds in one transaction, or none (see
         :mod:`expstore.columnar`); returns how many were stored."""
         batch = rows_from_columns(columns)
@@ -233,7 +235,7 @@ class SqlStorage(Storage):
     def set_retention(
         self,
         capacity: int | None,
-        eviction: str | None = None,
+        eviction: Eviction | None = None,
         *,
         max_staleness: int | None = None,
     ) -> int:

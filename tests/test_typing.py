@@ -1,0 +1,62 @@
+"""A user's code is checked through the package's types (``mypy --strict``; the package
+itself passes it, checked by CI): a batch's type follows its converter, fixed option sets
+are Literal types."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+#: One mypy cache for the runs of this module (the package is checked once).
+CACHE = Path(tempfile.gettempdir()) / "expstore-typing-test-cache"
+
+USER_CODE = """
+from typing import Any, assert_type
+
+from expstore import DataRow, DefaultConverter, NumpyConverter, ReplayBuffer, TensorConverter
+
+buffer = ReplayBuffer(eviction="fifo")
+assert_type(buffer.sample(), list[DataRow])
+assert_type(buffer.sample(batch_size=4), list[DataRow])
+assert_type(buffer.sample(converter=DefaultConverter()), list[DataRow])
+assert_type(buffer.sample(None, None, NumpyConverter({"r": "exp_data.reward_t"})), dict[str, Any])
+assert_type(buffer.sample(converter=TensorConverter({"r": "exp_data.reward_t"})), dict[str, Any])
+"""
+
+WRONG_CODE = """
+from expstore import DataRow, ReplayBuffer, TensorConverter
+
+buffer = ReplayBuffer(eviction="lifo")
+rows: list[DataRow] = buffer.sample(converter=TensorConverter({"r": "exp_data.reward_t"}))
+buffer.store_batch([], dedup="maybe")
+"""
+
+
+def _mypy(tmp_path: Path, code: str) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "user.py"
+    path.write_text(code)
+    return subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(CACHE), str(path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+
+
+def test_a_batch_is_typed_by_its_converter(tmp_path: Path) -> None:
+    done = _mypy(tmp_path, USER_CODE)
+    assert done.returncode == 0, done.stdout[-3000:]
+
+
+def test_mypy_catches_a_wrong_batch_type_and_unknown_options(tmp_path: Path) -> None:
+    done = _mypy(tmp_path, WRONG_CODE)
+    assert done.returncode == 1
+    out = done.stdout
+    assert 'Argument "eviction" to "ReplayBuffer" has incompatible type' in out
+    # the batch of a TensorConverter is no list of rows (mypy says so by the argument)
+    assert 'expected "Converter[list[DataRow]]"' in out or "Incompatible types in assignment" in out
+    assert 'Argument "dedup" to "store_batch"' in out
