@@ -26,6 +26,7 @@ from ._common import (
     show_url,
     where_condition,
 )
+from .plot import plot_stats
 
 _COLUMNS = ("task_id", "agent_id", "step", "reward_t", "execute_time", "policy_version")
 
@@ -330,43 +331,6 @@ def _print(stats: dict[str, Any], header: str, by: str | None, limit: int) -> No
         typer.echo(f"({len(groups) - limit} more; raise --limit or use --json)")
 
 
-def _plot(buffer: ReplayBuffer, query_condition: QueryCondition, path: Path) -> bool:
-    """Reward over time per agent (a moving average), if matplotlib is installed."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        echo_err(
-            "skipped --plot: it needs matplotlib, which is not installed (pip install matplotlib)"
-        )
-        return False
-    index = buffer.storage.key_index(query_condition, ("agent_id", "reward_t", "execute_time"))
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    agents = index["agent_id"].astype(str)
-    start = float(index["execute_time"].min()) if len(agents) else 0.0
-    for agent in sorted(set(agents.tolist())):
-        mask = (agents == agent) & ~np.isnan(index["reward_t"])
-        if not mask.any():
-            continue
-        order = np.argsort(index["execute_time"][mask], kind="stable")
-        t = index["execute_time"][mask][order] - start
-        r = index["reward_t"][mask][order]
-        window = max(1, min(50, len(r) // 10))
-        smooth = np.convolve(r, np.ones(window) / window, mode="valid")
-        ax.plot(t[window - 1 :], smooth, label=agent)
-    ax.set_xlabel("seconds since the first row")
-    ax.set_ylabel("reward_t (moving average)")
-    ax.set_title("Reward over time per agent")
-    if len(agents):
-        ax.legend(loc="best", fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
-
-
 def stats(
     database: DatabaseArgument = None,
     db: DbOption = DEFAULT_URL,
@@ -392,7 +356,10 @@ def stats(
         typer.Option(
             "--plot",
             metavar="FILE.png",
-            help="Also draw reward over time per agent (needs matplotlib).",
+            help=(
+                "Also draw episode return and success rate per agent over time, and a "
+                "per-agent bar chart, into this PNG (needs: pip install 'expstore[plot]')."
+            ),
         ),
     ] = None,
 ) -> None:
@@ -413,8 +380,9 @@ def stats(
         result = compute_stats(
             buf, condition, by=by.value if by else None, success_above=success_above
         )
-        if plot is not None and _plot(buf, condition, plot):
-            echo_err(f"Wrote {plot}")
+        if plot is not None:
+            why_not = plot_stats(buf, condition, plot, success_above=success_above)
+            echo_err(f"Wrote {plot}" if why_not is None else f"skipped --plot: {why_not}")
     finally:
         buf.close()
     if as_json:
