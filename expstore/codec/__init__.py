@@ -22,6 +22,9 @@ imports it on demand.
 array([0., 0.], dtype=float32)
 """
 
+import json
+from typing import Any
+
 from .batch import BatchDecoder
 from .checks import check_value, text_problem
 from .decode import PartDecoder, decode_payload
@@ -31,6 +34,7 @@ from .values import deep_equal, to_plain
 
 __all__ = [
     "BatchDecoder",
+    "decode_document",
     "HEADER_SIZE",
     "MAGIC",
     "PartDecoder",
@@ -45,3 +49,20 @@ __all__ = [
     "text_problem",
     "to_plain",
 ]
+
+
+def decode_document(
+    data: str | dict[str, Any], tensors: bytes | bytearray | memoryview | None, row_id: str
+) -> dict[str, Any]:
+    """A stored or exported row's payload from its ``data`` column (JSON text or the parsed
+    object), its ``tensors`` column (the blob, or None) and its ``id``: arrays and tensors
+    rebuilt with their dtype, shape and bits (see ``docs/format.md``). CodecError names the
+    row when the blob's checksum or a placeholder does not hold."""
+    from ..errors import CodecError
+
+    if isinstance(data, str):
+        try:
+            data = json.loads(data)
+        except ValueError:
+            raise CodecError(f"row {row_id}: the data column is not JSON") from None
+    return decode_payload(data, tensors, row_id=row_id)  # type: ignore[arg-type]
