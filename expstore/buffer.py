@@ -182,6 +182,19 @@ class ReplayBuffer:
         """Drop the index :meth:`create_index` made on ``path``; whether there was one."""
         return self.storage.drop_index(path)
 
+    def to_arrow(self, query_condition: QueryCondition = None) -> Any:
+        """The matching rows as a ``pyarrow.Table`` (``pip install 'expstore[parquet]'``):
+        the export's columns (every bit in ``data`` and ``tensors``, see docs/format.md),
+        each array or tensor path as a fixed-size-list column ``tensor.<path>``, and
+        ``executed_at`` as a timestamp. See :mod:`expstore.arrow`."""
+        from .io import to_arrow  # io builds on this module
+
+        return to_arrow(self, query_condition)
+
+    def to_pandas(self, query_condition: QueryCondition = None) -> Any:
+        """:meth:`to_arrow` as a pandas DataFrame: array columns hold numpy arrays."""
+        return self.to_arrow(query_condition).to_pandas()
+
     def update_priorities(
         self, ids: Sequence[str], priorities: Sequence[float] | np.ndarray
     ) -> int:

@@ -41,6 +41,7 @@ from pydantic import ValidationError
 
 from ._optional import require
 from ._version import __version__
+from .arrow import TensorColumn, tensor_columns, tensor_fields, tensor_table
 from .buffer import ReplayBuffer
 from .codec import decode_payload, encode_payload
 from .errors import CodecError, ExpstoreError, InvalidArgumentError
@@ -51,6 +52,7 @@ from .query import Comparison, as_condition
 from .storage.base import QueryCondition
 
 __all__ = [
+    "to_arrow",
     "COLUMNS",
     "FORMATS",
     "count_records",
@@ -271,22 +273,62 @@ def _export_parquet(
         "buffer": buffer.storage.name,
         "where": None if query_condition is None else _describe(query_condition),
     }
-    schema = _arrow_schema(pa).with_metadata({"expstore": json.dumps(about)})
     count = 0
     with replacing(path, "wb") as (out, _):
-        with pq.ParquetWriter(out, schema) as writer:
-            for chunk in chunks(rows, CHUNK):
-                columns: dict[str, list[Any]] = {name: [] for name in COLUMNS}
-                for row in chunk:
-                    record = row_to_record(row, binary=True)
-                    record["data"] = json.dumps(record["data"], ensure_ascii=False, allow_nan=False)
-                    for name in COLUMNS:
-                        columns[name].append(record[name])
-                writer.write_table(pa.Table.from_pydict(columns, schema=schema))
-                count += len(chunk)
+        writer = None
+        try:
+            for table in arrow_chunks(pa, rows, about):
+                if writer is None:
+                    writer = pq.ParquetWriter(out, table.schema)
+                writer.write_table(table)
+                count += table.num_rows
                 if progress is not None:
-                    progress(len(chunk))
+                    progress(table.num_rows)
+            if writer is None:  # no rows: an empty file with the base columns
+                writer = pq.ParquetWriter(out, _schema(pa, [], about))
+        finally:
+            if writer is not None:
+                writer.close()
     return count
+
+
+def _schema(pa: Any, tensors: list[TensorColumn], about: dict[str, Any]) -> Any:
+    base = _arrow_schema(pa)
+    fields = [
+        *base,
+        *tensor_fields(pa, tensors),
+        pa.field("executed_at", pa.timestamp("us", tz="UTC")),
+    ]
+    return pa.schema(fields).with_metadata({"expstore": json.dumps(about)})
+
+
+def arrow_chunks(pa: Any, rows: Iterable[DataRow], about: dict[str, Any]) -> Iterator[Any]:
+    """Arrow tables of ``rows``, :data:`CHUNK` at a time, all with one schema: the export's
+    columns and the array columns the first chunk agrees on (see :mod:`expstore.arrow`)."""
+    schema = None
+    tensors: list[TensorColumn] = []
+    for chunk in chunks(rows, CHUNK):
+        if schema is None:
+            tensors = tensor_columns(chunk)
+            schema = _schema(pa, tensors, about)
+        columns: dict[str, Any] = {name: [] for name in COLUMNS}
+        for row in chunk:
+            record = row_to_record(row, binary=True)
+            record["data"] = json.dumps(record["data"], ensure_ascii=False, allow_nan=False)
+            for name in COLUMNS:
+                columns[name].append(record[name])
+        columns.update(tensor_table(pa, chunk, tensors))
+        yield pa.Table.from_pydict(columns, schema=schema)
+
+
+def to_arrow(buffer: ReplayBuffer, query_condition: QueryCondition = None) -> Any:
+    """The matching rows as one Arrow table (see :mod:`expstore.arrow`)."""
+    pa = require("pyarrow", "to_arrow()")
+    about = {"format": "expstore-rows", "version": 1, "expstore": __version__}
+    tables = list(arrow_chunks(pa, buffer.query(query_condition), about))
+    if not tables:
+        return _schema(pa, [], about).empty_table()
+    return pa.concat_tables(tables)
 
 
 def _describe(query_condition: QueryCondition) -> str:
@@ -347,7 +389,9 @@ def _read_parquet(path: str | os.PathLike[str]) -> Iterator[DataRow]:
     except pa.ArrowException as exc:
         raise CodecError(f"{Path(path).name} is not a readable Parquet file: {exc}") from None
     number = 0
-    for batch in parquet.iter_batches(batch_size=CHUNK):
+    # Only the row's own columns: array columns and executed_at are derived from them.
+    names = [n for n in parquet.schema_arrow.names if n in COLUMNS]
+    for batch in parquet.iter_batches(batch_size=CHUNK, columns=names):
         for record in batch.to_pylist():
             number += 1
             yield record_to_row(record, f"{Path(path).name} row {number}")
