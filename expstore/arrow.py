@@ -12,9 +12,10 @@ directly:
   tensors become float32 (exact: every bfloat16 is a float32); float8 and complex ones stay
   in the blob only. A row whose value at the path has another shape or dtype (or none) has
   null there; its blob still holds it.
-- ``executed_at``: ``execute_time`` as an Arrow timestamp (microseconds, UTC), so readers that
-  narrow floats (datasets' torch format casts float64 to float32: two-minute steps) keep
-  the time; ``execute_time`` itself stays float64, exact.
+- ``execute_time_us``: ``execute_time`` in whole microseconds since the epoch (int64), so
+  readers that narrow floats (datasets' torch format casts float64 to float32: two-minute
+  steps) keep the time; an integer, not an Arrow timestamp, because datasets' torch format
+  cannot make tensors of timestamps. ``execute_time`` itself stays float64, exact.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def tensor_fields(pa: Any, columns: Iterable[TensorColumn]) -> list[Any]:
 
 
 def tensor_table(pa: Any, rows: Sequence[DataRow], columns: Sequence[TensorColumn]) -> Any:
-    """The array columns over ``rows``, and ``executed_at``, as Arrow arrays by name."""
+    """The array columns over ``rows``, and ``execute_time_us``, as Arrow arrays by name."""
     out: dict[str, Any] = {}
     per_row = [_arrays(row) for row in rows]
     for column, field in zip(columns, tensor_fields(pa, columns), strict=True):
@@ -138,5 +139,5 @@ def tensor_table(pa: Any, rows: Sequence[DataRow], columns: Sequence[TensorColum
             values = pa.array(stacked, mask=~present)
         out[field.name] = values
     micros = np.array([round(row.exp_meta.execute_time * 1e6) for row in rows], dtype=np.int64)
-    out["executed_at"] = pa.array(micros, type=pa.timestamp("us", tz="UTC"))
+    out["execute_time_us"] = pa.array(micros, type=pa.int64())
     return out

@@ -186,7 +186,7 @@ class ReplayBuffer:
         """The matching rows as a ``pyarrow.Table`` (``pip install 'expstore[parquet]'``):
         the export's columns (every bit in ``data`` and ``tensors``, see docs/format.md),
         each array or tensor path as a fixed-size-list column ``tensor.<path>``, and
-        ``executed_at`` as a timestamp. See :mod:`expstore.arrow`."""
+        ``execute_time_us`` (microseconds since the epoch, int64). See :mod:`expstore.arrow`."""
         from .io import to_arrow  # io builds on this module
 
         return to_arrow(self, query_condition)

@@ -297,7 +297,7 @@ def _schema(pa: Any, tensors: list[TensorColumn], about: dict[str, Any]) -> Any:
     fields = [
         *base,
         *tensor_fields(pa, tensors),
-        pa.field("executed_at", pa.timestamp("us", tz="UTC")),
+        pa.field("execute_time_us", pa.int64()),
     ]
     return pa.schema(fields).with_metadata({"expstore": json.dumps(about)})
 
@@ -389,7 +389,7 @@ def _read_parquet(path: str | os.PathLike[str]) -> Iterator[DataRow]:
     except pa.ArrowException as exc:
         raise CodecError(f"{Path(path).name} is not a readable Parquet file: {exc}") from None
     number = 0
-    # Only the row's own columns: array columns and executed_at are derived from them.
+    # Only the row's own columns: array columns and execute_time_us are derived from them.
     names = [n for n in parquet.schema_arrow.names if n in COLUMNS]
     for batch in parquet.iter_batches(batch_size=CHUNK, columns=names):
         for record in batch.to_pylist():

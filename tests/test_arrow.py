@@ -65,13 +65,24 @@ def test_to_pandas_gives_arrays_equal_to_what_was_stored() -> None:
         assert cell.tolist() == row.exp_data.state["nested"]["ids"].tolist()
 
 
-def test_executed_at_keeps_the_time_to_the_microsecond() -> None:
+def test_execute_time_us_keeps_the_time_to_the_microsecond() -> None:
     buffer = _buffer()
     table = buffer.to_arrow()
-    stamps = table.column("executed_at").cast(pa.int64()).to_pylist()
+    stamps = table.column("execute_time_us").to_pylist()
     times = table.column("execute_time").to_pylist()
     assert stamps == [round(t * 1e6) for t in times]
-    assert table.schema.field("executed_at").type == pa.timestamp("us", tz="UTC")
+    assert table.schema.field("execute_time_us").type == pa.int64()
+
+
+def test_hugging_face_datasets_give_tensors_and_the_exact_time(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    path = tmp_path / "rows.parquet"
+    export_rows(_buffer(), path)
+    ds = datasets.Dataset.from_parquet(str(path)).with_format("torch")
+    row = ds[1]
+    assert isinstance(row["tensor.state.obs"], torch.Tensor)
+    assert torch.equal(row["tensor.state.obs"], torch.full((2, 3), 1.5))
+    assert row["execute_time_us"].item() == round((1_790_000_000.123456 + 1) * 1e6)
 
 
 def test_polars_reads_array_columns_as_arrays() -> None:
@@ -101,4 +112,4 @@ def test_parquet_export_has_the_columns_and_imports_unchanged(tmp_path: Path) ->
 
 def test_an_empty_selection_is_an_empty_table() -> None:
     table = _buffer().to_arrow(QueryBuilder().eq("exp_meta.agent_id", "nobody").build())
-    assert table.num_rows == 0 and "executed_at" in table.column_names
+    assert table.num_rows == 0 and "execute_time_us" in table.column_names

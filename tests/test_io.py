@@ -108,7 +108,7 @@ def test_parquet_has_plain_columns_other_tools_can_read(tmp_path: Path) -> None:
     table = pq.read_table(tmp_path / "rows.parquet")
     # the row's columns, then the derived ones (expstore.arrow): arrays and a timestamp
     assert table.column_names[: len(COLUMNS)] == list(COLUMNS)
-    assert table.column_names[len(COLUMNS) :] == ["tensor.state.obs", "executed_at"]
+    assert table.column_names[len(COLUMNS) :] == ["tensor.state.obs", "execute_time_us"]
     assert str(table.schema.field("tensors").type) == "binary"
     about = json.loads(table.schema.metadata[b"expstore"])
     assert about["buffer"] == "web" and about["where"] == "step = 0"
@@ -125,7 +125,7 @@ def test_parquet_opens_in_dataframe_libraries(tmp_path: Path, module: str) -> No
     export_rows(buffer, tmp_path / "rows.parquet")
     frame = lib.read_parquet(tmp_path / "rows.parquet")
     assert len(frame) == 4 and list(frame.columns)[: len(COLUMNS)] == list(COLUMNS)
-    assert list(frame.columns)[len(COLUMNS) :] == ["tensor.state.obs", "executed_at"]
+    assert list(frame.columns)[len(COLUMNS) :] == ["tensor.state.obs", "execute_time_us"]
 
 
 def test_jsonl_records_are_self_describing_json(tmp_path: Path) -> None:
