@@ -176,6 +176,11 @@ class Cluster:
                     break
                 time.sleep(0.05)
 
+    def _client(self, tool: str, *args: str) -> subprocess.CompletedProcess[str]:
+        """A Postgres client program against the primary, over its socket directory."""
+        where = ("-h", str(self.dir), "-p", str(self.port(0)), "-U", "postgres")
+        return _as_postgres(str(BIN / tool), *where, *args)
+
     def up(self) -> None:
         why = missing()
         if why:
@@ -201,28 +206,10 @@ class Cluster:
                 )
             self._conf(0)
         self.start(0)
-        exists = _as_postgres(
-            str(BIN / "psql"),
-            "-h",
-            str(self.dir),
-            "-p",
-            str(self.port(0)),
-            "-U",
-            "postgres",
-            "-tAc",
-            f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE}'",
-        ).stdout
+        query = f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE}'"
+        exists = self._client("psql", "-tAc", query).stdout
         if not exists.strip():
-            _as_postgres(
-                str(BIN / "createdb"),
-                "-h",
-                str(self.dir),
-                "-p",
-                str(self.port(0)),
-                "-U",
-                "postgres",
-                DATABASE,
-            )
+            self._client("createdb", DATABASE)
         for node in range(1, self.replicas + 1):
             if not (self.data(node) / "PG_VERSION").exists():
                 _as_postgres(
