@@ -24,7 +24,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from pydantic import TypeAdapter, ValidationError
 
+from .codec import check_value
 from .errors import InvalidArgumentError, RowValidationError, UnsupportedTypeError
 from .models import Experience, ExpMeta
 
@@ -74,7 +76,7 @@ def _field(name: Any) -> tuple[str, str]:
     if bare in _DATA:
         return "data", bare
     if bare == "action":
-        return "data", "actions"
+        return "data", "action"
     raise InvalidArgumentError(
         f"extend() got a column {name!r}, which is no field of a row; columns are the "
         f"metadata fields {sorted(_META)}, the payload fields {sorted(_DATA)} and id"
@@ -117,6 +119,8 @@ def _values(value: Any, n: int) -> list[Any]:
         return [value] * n
     if isinstance(value, Mapping):
         keys = list(value)
+        if not keys:
+            return [{} for _ in range(n)]
         columns = [_values(value[k], n) for k in keys]
         return [dict(zip(keys, row, strict=True)) for row in zip(*columns, strict=True)]
     if isinstance(value, np.ndarray):
@@ -130,6 +134,47 @@ def _values(value: Any, n: int) -> list[Any]:
             return value.tolist()  # type: ignore[no-any-return]
         return list(value.unbind(0))
     return list(value)
+
+
+#: The types the model gives payload fields beyond "any storable value".
+_PAYLOAD_ADAPTERS: dict[str, TypeAdapter[Any]] = {
+    "messages": TypeAdapter(list[dict[str, Any]] | None),
+    "ext_info": TypeAdapter(dict[str, Any]),
+}
+
+
+def _check_payload(name: str, values: list[Any]) -> None:
+    """What the model checks of a payload field, for each row's value (the writer checks
+    only the field's container type): its type where the model says more, and that the
+    codec can store it. InvalidArgumentError naming the column and row otherwise."""
+    if (
+        name not in _DATA
+        or Experience.model_fields[name].annotation in (float, bool)
+        or name
+        in (
+            "reward_t",
+            "adv_t",
+            "v_t",
+            "done",
+        )
+    ):
+        return  # scalar columns: checked by the writer, column by column
+    adapter = _PAYLOAD_ADAPTERS.get(name)
+    for position, value in enumerate(values):
+        try:
+            if adapter is not None:
+                adapter.validate_python(value, strict=True)
+            check_value(value, name)
+        except (ValidationError, ValueError) as exc:
+            reason = (
+                str(exc).splitlines()[0]
+                if not isinstance(exc, ValidationError)
+                else (exc.errors()[0]["msg"])
+            )
+            raise InvalidArgumentError(
+                f"extend(): column {name} at row {position} holds {value!r:.80}: {reason}. "
+                "Nothing was stored"
+            ) from None
 
 
 def _defaults(model: Any, now: float) -> dict[str, Any]:
@@ -189,7 +234,10 @@ def rows_from_columns(columns: Mapping[str, Any]) -> list[ColumnRow]:
     data_base = _defaults(Experience, now)
     meta_cols = [(f, _values(v, n)) for (part, f), v in placed.items() if part == "meta"]
     data_cols = [(f, _values(v, n)) for (part, f), v in placed.items() if part == "data"]
-    fresh = [name for name in ("actions", "ext_info") if ("data", name) not in placed]
+    given = {f for (part, f) in placed if part == "data"} | (
+        {"actions"} if ("data", "action") in placed else set()
+    )
+    fresh = [name for name in ("actions", "ext_info") if name not in given]
     ids_given = placed.get(("id", "id"))
     ids = _values(ids_given, n) if ids_given is not None else [str(uuid.uuid4()) for _ in range(n)]
     if ids_given is not None and len(set(map(repr, ids))) != n:
@@ -197,6 +245,11 @@ def rows_from_columns(columns: Mapping[str, Any]) -> list[ColumnRow]:
             "extend() got the same id for two rows; ids must be unique (leave the id column "
             "out for fresh ones). Nothing was stored"
         )
+    if ("data", "action") in placed:  # AWorld's singular action: each row's list of one
+        at = [f for f, _ in data_cols].index("action")
+        data_cols[at] = ("actions", [[value] for value in data_cols[at][1]])
+    for name, values in data_cols:
+        _check_payload(name, values)
     meta_names = [f for f, _ in meta_cols]
     data_names = [f for f, _ in data_cols]
     meta_rows = zip(*(values for _, values in meta_cols), strict=True)

@@ -121,6 +121,8 @@ def draw_ranks(count: int, n: int, power: float, rng: np.random.Generator) -> np
         return None
     if power == 0.0:
         return _distinct(lambda size: rng.integers(0, count, size=size), n, count)
+    if (power + 1.0) * math.log(count + 1.0) > 700.0:  # exp() of it would overflow
+        return None
     q = power + 1.0
     bound = 1.0 if power >= 0 else 2.0**-power
 

@@ -245,10 +245,11 @@ class Connections:
     def read(self) -> Iterator[Connection]:
         """A connection for reading: to a replica when the router has one up, else to the
         primary."""
+        engine = self._engines()[0]  # first: in a forked process, drop inherited connections
         routed = None if self.router is None else self.router.connect()
         if routed is None:
             try:
-                with self._lock, self._engines()[0].connect() as conn:
+                with self._lock, engine.connect() as conn:
                     yield conn
             except DBAPIError as exc:
                 if connection_lost(exc):  # cut under the read (e.g. a server restart)
@@ -285,7 +286,12 @@ class Connections:
         with self._lock, self._engines()[1].connect() as conn:
             with conn.begin():
                 yield conn
-            router.wrote(conn)  # committed: the LSN the next replica read waits for
+            try:
+                router.wrote(conn)  # committed: the LSN the next replica read waits for
+            except DBAPIError:
+                # The write committed; its LSN could not be read. The next read goes to
+                # the primary instead, which has it.
+                router.read_primary_once()
 
     def close(self) -> None:
         if self.router is not None:

@@ -242,7 +242,7 @@ class KeyIndex:
             if cached.signature == signature:
                 return cached.arrays
         since, kept = None, None
-        if cached is not None and cached.signature.version == signature.version:
+        if cached is not None and _moved_on(cached.signature, signature):
             # The same version: since then rows were only added (keys above the cached
             # max key) or evicted oldest first (every key below the buffer's min key).
             since, kept = cached.signature.max_key, cached.arrays
@@ -290,6 +290,18 @@ class KeyIndex:
             if signature.priority_version == seq - 1:
                 moved = signature._replace(priority_version=seq)
                 self.entries[cache_key] = Entry(moved, with_priorities(arrays, keys, values))
+
+
+def _moved_on(cached: Signature, now: Signature) -> bool:
+    """Whether ``now`` is ``cached``'s buffer later on by inserts, FIFO eviction and
+    priority updates only (what an index can follow). A read that sees an older state
+    (a replica further behind than the last one read) is not: the index is read again."""
+    return (
+        cached.version == now.version
+        and now.max_key >= cached.max_key
+        and now.min_key >= cached.min_key
+        and now.priority_version >= cached.priority_version
+    )
 
 
 def with_priorities(arrays: Arrays, keys: np.ndarray, values: np.ndarray) -> Arrays:

@@ -53,6 +53,8 @@ class _Replica:
         self.down_until = 0.0  # reads avoid it until then
         self.lagging = False
         self.lag_checked = 0.0
+        #: The last of this handle's write positions the replica was seen to have replayed.
+        self.confirmed: str | None = None
 
     def shown(self) -> str:
         return self.url.render_as_string(hide_password=True)
@@ -99,6 +101,7 @@ class ReadRouter:
         self.wait_s = float(wait_s)
         self.retry_s = float(retry_s)
         self._pending_lsn: str | None = None
+        self._primary_once = False
         self._lock = threading.Lock()
 
     # -- at open ---------------------------------------------------------------------------
@@ -132,6 +135,9 @@ class ReadRouter:
     # -- routing ---------------------------------------------------------------------------
     def connect(self) -> tuple[Connection, _Replica] | None:
         """A connection to the replica reads should use now, or None for the primary."""
+        if self._primary_once:
+            self._primary_once = False
+            return None
         now = time.monotonic()
         for replica in self.replicas:
             if replica.down_until > now:
@@ -164,26 +170,26 @@ class ReadRouter:
         if replica.lagging:
             return False
         pending = self._pending_lsn
-        if pending is None:
+        if pending is None or replica.confirmed == pending:
             return True
         deadline = time.monotonic() + self.wait_s
         pause = 0.001
         replayed = select(func.pg_last_wal_replay_lsn() >= literal(pending).cast(_PgLsn()))
         while True:
             if conn.execute(replayed).scalar():
-                with self._lock:
-                    if self._pending_lsn == pending:
-                        self._pending_lsn = None
                 conn.rollback()
+                replica.confirmed = pending  # per replica: another may be further behind
                 return True
             conn.rollback()
             if time.monotonic() >= deadline:
                 warnings.warn(
                     f"replica {replica.shown()} had not replayed this handle's last write "
-                    f"after wait_s={self.wait_s} s; reading it from the primary",
+                    f"after wait_s={self.wait_s} s; reading from the primary for "
+                    f"{self.retry_s} s",
                     ReplicaWarning,
                     stacklevel=6,
                 )
+                replica.down_until = time.monotonic() + self.retry_s  # do not wait again
                 return False
             time.sleep(pause)
             pause = min(pause * 2, 0.05)
@@ -212,6 +218,11 @@ class ReadRouter:
         conn.rollback()
         with self._lock:
             self._pending_lsn = str(lsn)
+
+    def read_primary_once(self) -> None:
+        """Send the next read to the primary (a write committed whose position is
+        unknown)."""
+        self._primary_once = True
 
     def lost(self, replica: _Replica, exc: BaseException) -> ConnectionLostError:
         """A replica failed in the middle of a read: left for ``retry_s``; the error to

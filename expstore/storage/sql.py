@@ -53,7 +53,7 @@ from .key_space import KeySpace
 from .rate_limits import RateLimits
 from .reader import RowReader
 from .replicas import ReadRouter
-from .schema import rows
+from .schema import buffers, rows
 from .summary import summarise
 
 _T = TypeVar("_T")
@@ -218,6 +218,7 @@ class SqlStorage(Storage):
         handle = self._handle
         where = handle.where(query_condition)
         with handle.errors("delete rows"), handle.write() as conn:
+            registry.lock_buffer(handle, conn, buffers.c.id)  # see clear()
             count = conn.execute(delete(rows).where(*where)).rowcount
             if count:
                 registry.count_removed(handle, conn, count)
@@ -228,8 +229,11 @@ class SqlStorage(Storage):
         """Delete every row of this buffer (other buffers in the database are untouched)."""
         handle = self._handle
         with handle.errors("clear the buffer"), handle.write() as conn:
-            conn.execute(delete(rows).where(rows.c.buffer_id == handle.buffer_id))
-            registry.count_removed(handle, conn)
+            # Writers of the buffer take turns on its row: holding it first, the DELETE
+            # sees every committed insert, and the count loses none in progress.
+            registry.lock_buffer(handle, conn, buffers.c.id)
+            gone = conn.execute(delete(rows).where(rows.c.buffer_id == handle.buffer_id)).rowcount
+            registry.count_removed(handle, conn, gone)
             registry.bump_version(handle, conn)
 
     def set_retention(

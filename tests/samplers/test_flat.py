@@ -147,6 +147,8 @@ def test_ranks_decline_what_rejection_cannot_do_well() -> None:
     rng = np.random.default_rng(0)
     assert draw_ranks(10, 5, 1.0, rng) is None  # most of the rows: the key index serves
     assert draw_ranks(1000, 5, -3.0, rng) is None  # too steep towards old rows
+    assert draw_ranks(100_000, 10, 64.0, rng) is None  # exp() would overflow: the index serves
+    assert draw_ranks(10**8, 10, 40.0, rng) is None
     zero = draw_ranks(1000, 10, 0.0, rng)
     assert zero is not None and len(set(zero.tolist())) == 10
 

@@ -156,6 +156,21 @@ def test_plain_values_and_numpy_scalars_go_to_every_row(buffer: ReplayBuffer) ->
             "obs",
         ),
         ([("task_id", "a")], UnsupportedTypeError, "dict of columns"),
+        (
+            {"task_id": ["a", "b"], "agent_id": "x", "step": 0, "messages": [[1], [2]]},
+            InvalidArgumentError,
+            "messages at row 0",
+        ),
+        (
+            {"task_id": ["a", "b"], "agent_id": "x", "step": 0, "ext_info": [{}, {1: "a"}]},
+            InvalidArgumentError,
+            "ext_info at row 1",
+        ),
+        (
+            {"task_id": ["a", "b"], "agent_id": "x", "step": 0, "state": ["ok", "a\x00b"]},
+            InvalidArgumentError,
+            "state at row 1",
+        ),
     ],
 )
 def test_bad_columns_are_refused_and_nothing_is_stored(
@@ -187,3 +202,14 @@ def test_a_storage_without_its_own_extend_builds_rows() -> None:
     storage = SqlStorage("sqlite://")
     assert Storage.extend(storage, {"task_id": ["a", "b"], "agent_id": "x", "step": 0}) == 2
     assert storage.count() == 2
+
+
+def test_a_singular_action_column_and_an_empty_dict_column(buffer: ReplayBuffer) -> None:
+    assert (
+        buffer.extend(
+            {"task_id": ["a", "b"], "agent_id": "x", "step": 0, "action": [5, 6], "state": {}}
+        )
+        == 2
+    )
+    rows = list(buffer.query())
+    assert [(r.exp_data.actions, r.exp_data.state) for r in rows] == [([5], {}), ([6], {})]

@@ -83,3 +83,42 @@ def test_other_buffers_are_counted_apart(db_url: str, buffer_name: str) -> None:
         b.store_batch(make_rows(5))
         a.clear()
         assert _check(a) == 0 and _check(b) == 5
+
+
+def test_clear_while_a_write_is_in_progress_keeps_the_count(
+    buffer: ReplayBuffer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+    import time
+
+    from expstore.storage import registry, writer
+
+    buffer.store_batch(make_rows(4))
+    real = registry.count_inserted
+
+    def slow(handle, conn, n):  # noqa: ANN001, ANN202
+        real(handle, conn, n)
+        time.sleep(0.4)  # the write holds the buffer's row, rows inserted, not committed
+
+    monkeypatch.setattr(writer, "count_inserted", slow)
+    storing = threading.Thread(target=buffer.store_batch, args=(make_rows(3),))
+    storing.start()
+    time.sleep(0.15)
+    buffer.clear()  # waits for the write, then deletes its rows too
+    storing.join()
+    assert _check(buffer) == 0
+
+
+def test_an_index_read_at_an_older_state_is_read_again(buffer: ReplayBuffer) -> None:
+    """A replica further behind than the last read shows an older signature: the cached
+    index must not be patched as if the buffer had moved on (keys doubled or unsorted)."""
+    buffer.store_batch(make_rows(10))
+    index = buffer.storage.index
+    with index.handle.read() as conn:
+        now = index.signature(conn)
+        keys = index.read(conn, now, None, ())["key"]
+        older = now._replace(max_key=int(keys[4]))
+        at_older = index.read(conn, older, None, ())["key"]
+        again = index.read(conn, now, None, ())["key"]
+    assert at_older.tolist() == keys[:5].tolist()
+    assert again.tolist() == keys.tolist()  # sorted, each once
