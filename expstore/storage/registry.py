@@ -119,14 +119,12 @@ def count_inserted(handle: BufferHandle, conn: Connection, n: int) -> None:
     )
 
 
-def count_removed(handle: BufferHandle, conn: Connection, n: int | None = None) -> None:
-    """Count ``n`` rows deleted from the buffer in the caller's transaction (None: all of
-    them, after a clear)."""
-    if n == 0:
-        return
-    this = buffers.c.id == handle.buffer_id
-    value = 0 if n is None else buffers.c.row_count - n
-    conn.execute(update(buffers).where(this).values(row_count=value))
+def count_removed(handle: BufferHandle, conn: Connection, n: int) -> None:
+    """Count ``n`` rows deleted from the buffer in the caller's transaction (which holds
+    the buffer's row)."""
+    if n:
+        this = buffers.c.id == handle.buffer_id
+        conn.execute(update(buffers).where(this).values(row_count=buffers.c.row_count - n))
 
 
 def evict_beyond(handle: BufferHandle, conn: Connection, capacity: int | None, policy: str) -> int:
