@@ -12,6 +12,7 @@ TorchRL is not an expstore dependency; run the TorchRL half in an environment th
 from __future__ import annotations
 
 import statistics
+from functools import partial
 import sys
 import tempfile
 import time
@@ -36,9 +37,7 @@ def torchrl_half() -> None:
     from tensordict import TensorDict
     from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ReplayBuffer
 
-    data = TensorDict(
-        {"obs": torch.rand(N, DIM), "reward": torch.rand(N)}, batch_size=[N]
-    )
+    data = TensorDict({"obs": torch.rand(N, DIM), "reward": torch.rand(N)}, batch_size=[N])
     with tempfile.TemporaryDirectory() as tmp:
         for label, storage in (
             ("LazyTensorStorage (RAM)", LazyTensorStorage(N)),
@@ -75,7 +74,7 @@ def expstore_half() -> None:
                         }
                     )
                 sampler = UniformSampler(seed=0)
-                ms = _median_ms(lambda: buffer.sample(sampler, None, converter, BATCH))
+                ms = _median_ms(partial(buffer.sample, sampler, None, converter, BATCH))
                 print(f"expstore {label}: sample(256) through TensorConverter {ms:.3f} ms")
                 buffer.clear()
 
