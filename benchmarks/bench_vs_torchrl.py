@@ -12,10 +12,10 @@ TorchRL is not an expstore dependency; run the TorchRL half in an environment th
 from __future__ import annotations
 
 import statistics
-from functools import partial
 import sys
 import tempfile
 import time
+from functools import partial
 
 import numpy as np
 import torch
