@@ -95,14 +95,16 @@ class KeySpace:
         handle = self.handle
         names = tuple(columns)
         selected = [_column(n, handle.dialect) for n in names]
-        clauses = handle.matching(self.query_condition)
-        if self.max_staleness is not None:
-            clauses.append(fresh_clause(handle.buffer_id, self.max_staleness))
+
+        def build() -> Any:  # only when the statement is not compiled yet
+            clauses = handle.matching(self.query_condition)
+            if self.max_staleness is not None:
+                clauses.append(fresh_clause(handle.buffer_id, self.max_staleness))
+            chosen = select(rows.c.key, *(c.selected for c in selected), rows.c.buffer_id)
+            return chosen.where(handle.dialect.key_in(), *clauses)
+
         statement = handle.statement(
-            ("probe", condition_key(self.query_condition), self.max_staleness, names),
-            lambda: select(rows.c.key, *(c.selected for c in selected), rows.c.buffer_id).where(
-                handle.dialect.key_in(), *clauses
-            ),
+            ("probe", condition_key(self.query_condition), self.max_staleness, names), build
         )
         wanted = np.unique(np.asarray(keys, dtype=np.int64)).tolist()
         self.probed += len(wanted)
