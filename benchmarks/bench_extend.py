@@ -3,13 +3,18 @@ against the raw insert floor, measured in one run (issue: Ecosystem, item 1).
 
 Data: what a vectorised environment hands over per step, ``--rows`` rows (default 20,000):
 ``obs`` float32 ``[N, 16]``, an action, a reward and a done per row, task ids ``env<i>``,
-one agent id. For each backend (a fresh SQLite file; a fresh Postgres database):
+one agent id. For each backend, three databases that grow alike (``--repeats`` writes of N
+rows each; SQLite files, Postgres databases):
 
 - ``extend``: ``buffer.extend(columns)``;
 - ``DataRows``: building a DataRow per row from the same columns (pydantic validation),
   then ``store_batch`` of them; and the building alone;
-- the floor: the same rows, already encoded, inserted by raw ``sqlite3`` executemany in
-  one transaction / psycopg ``COPY ... FORMAT BINARY`` (``bench_store.py``'s floors).
+- the floor: the rows exactly as extend stores them (every column, the content digest
+  included), already encoded, inserted by raw ``sqlite3`` executemany in one transaction /
+  psycopg ``COPY ... FORMAT BINARY`` into the same table and indexes, as full as extend's.
+
+Also printed: ``bench_store.py``'s floor (14 columns, no digest, an empty database each
+time), the figure earlier runs compared with.
 
 Targets: extend ≥ 0.7x the floor's rate; ≥ 10x faster than building the DataRows.
 
@@ -19,10 +24,12 @@ Targets: extend ≥ 0.7x the floor's rate; ≥ 10x faster than building the Data
 from __future__ import annotations
 
 import argparse
+import sqlite3
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +37,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_store import DEFAULT_PG, drop_pg, encoded, fresh_pg, pg_floor, sqlite_floor  # noqa: E402
 
+from sqlalchemy.engine import make_url  # noqa: E402
+
 from expstore import DataRow, Experience, ExpMeta, ReplayBuffer  # noqa: E402
+from expstore.columnar import parse_columns  # noqa: E402
+from expstore.storage.column_rows import encoded_columns  # noqa: E402
+from expstore.storage.dialects import WRITE_COLUMNS, PostgresDialect  # noqa: E402
 
 
 def columns(n: int, seed: int) -> dict:
@@ -60,14 +72,75 @@ def as_rows(cols: dict) -> list[DataRow]:
     ]
 
 
-def run(label: str, url: str, n: int, repeats: int, floor) -> None:  # noqa: ANN001
-    ext, rows_total, build, floors = [], [], [], []
-    with ReplayBuffer(url, name="extend") as a, ReplayBuffer(url, name="rows") as b:
+def stored_rows(cols: dict) -> list[tuple]:
+    """The rows extend stores for ``cols``, encoded (WRITE_COLUMNS order, buffer 1)."""
+    parsed = parse_columns(cols)
+    encoded = encoded_columns(parsed)
+    assert encoded is not None, "the benchmark's columns take the column path"
+    return encoded.encode(0, parsed.n, 1)
+
+
+Floor = tuple[Callable[[list[tuple]], float], Callable[[], None]]
+
+
+def sqlite_full_floor(path: str) -> Floor:
+    """The full floor on SQLite, and how to close its connection."""
+    ReplayBuffer(f"sqlite:///{path}").close()
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    insert = (
+        f"INSERT INTO expstore_rows ({','.join(WRITE_COLUMNS)}) "
+        f"VALUES ({','.join('?' * len(WRITE_COLUMNS))})"
+    )
+
+    def floor(data: list[tuple]) -> float:
+        start = time.perf_counter()
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany(insert, data)
+        conn.execute("COMMIT")
+        return time.perf_counter() - start
+
+    return floor, conn.close
+
+
+def pg_full_floor(url: str) -> Floor:
+    """The full floor on Postgres, and how to close its connection."""
+    import psycopg
+    from psycopg.types.json import Jsonb
+
+    ReplayBuffer(url).close()
+    u = make_url(url)
+    conn = psycopg.connect(host=u.host, port=u.port, user=u.username, dbname=u.database)
+    data_at = WRITE_COLUMNS.index("data")
+
+    def floor(data: list[tuple]) -> float:
+        start = time.perf_counter()
+        with (
+            conn.cursor() as cur,
+            cur.copy(
+                f"COPY expstore_rows ({','.join(WRITE_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
+            ) as copy,
+        ):
+            copy.set_types(PostgresDialect().copy_types)
+            for t in data:
+                copy.write_row((*t[:data_at], Jsonb(t[data_at]), *t[data_at + 1 :]))
+        conn.commit()
+        return time.perf_counter() - start
+
+    return floor, conn.close
+
+
+def run(label: str, urls: list[str], n: int, repeats: int, floors) -> None:  # noqa: ANN001
+    (full_floor, close), old_floor = floors
+    ext, rows_total, build, full, old = [], [], [], [], []
+    with ReplayBuffer(urls[0], name="extend") as a, ReplayBuffer(urls[1], name="rows") as b:
         for r in range(repeats):
             cols = columns(n, 2 * r)
             t0 = time.perf_counter()
             a.extend(cols)
             ext.append(time.perf_counter() - t0)
+            full.append(full_floor(stored_rows(columns(n, 2 * r + 100))))
             cols = columns(n, 2 * r + 1)
             t0 = time.perf_counter()
             rows = as_rows(cols)
@@ -76,17 +149,25 @@ def run(label: str, url: str, n: int, repeats: int, floor) -> None:  # noqa: ANN
             t2 = time.perf_counter()
             build.append(t1 - t0)
             rows_total.append(t2 - t0)
-            floors.append(floor(encoded(rows)))
+            old.append(old_floor(encoded(rows)))
         assert len(a) == len(b) == n * repeats
-    e, t, bu, f = (statistics.median(x) for x in (ext, rows_total, build, floors))
+    close()
+    e, t, bu, f, o = (statistics.median(x) for x in (ext, rows_total, build, full, old))
     print(
-        f"{label}: {n:,} rows, medians of {repeats}\n"
-        f"  extend(columns)          {n / e:>10,.0f} rows/s ({e * 1e3:.0f} ms)\n"
+        f"{label}: {n:,} rows per write, {repeats} writes (medians)\n"
+        f"  extend(columns)          {n / e:>10,.0f} rows/s ({e * 1e3:.0f} ms; per write "
+        f"{' '.join(f'{x * 1e3:.0f}' for x in ext)})\n"
         f"  DataRows + store_batch   {n / t:>10,.0f} rows/s ({t * 1e3:.0f} ms; building alone "
         f"{bu * 1e3:.0f} ms)\n"
-        f"  raw insert floor         {n / f:>10,.0f} rows/s ({f * 1e3:.0f} ms)\n"
-        f"  extend / floor rate {f / e:.2f}x (target >= 0.7); DataRows + store / extend "
-        f"{t / e:.1f}x; building DataRows alone / extend {bu / e:.1f}x (target >= 10)"
+        f"  raw insert floor         {n / f:>10,.0f} rows/s ({f * 1e3:.0f} ms; per write "
+        f"{' '.join(f'{x * 1e3:.0f}' for x in full)})\n"
+        f"  bench_store's floor      {n / o:>10,.0f} rows/s ({o * 1e3:.0f} ms; 14 columns, "
+        "an empty database each time)\n"
+        f"  extend / floor rate {f / e:.2f}x (target >= 0.7; bench_store's floor {o / e:.2f}x)\n"
+        f"  DataRows + store / extend {t / e:.1f}x (target >= 10); building DataRows alone / "
+        f"extend {bu / e:.1f}x; extend's own work (extend - floor) {(e - f) * 1e3:.0f} ms vs "
+        f"DataRows path's (DataRows + store - floor) {(t - f) * 1e3:.0f} ms: "
+        f"{(t - f) / max(e - f, 1e-9):.1f}x"
     )
 
 
@@ -100,16 +181,27 @@ def main() -> None:
         counter = iter(range(10_000))
         run(
             "sqlite",
-            f"sqlite:///{tmp}/extend.db",
+            [f"sqlite:///{tmp}/extend.db", f"sqlite:///{tmp}/rows.db"],
             args.rows,
             args.repeats,
-            lambda data: sqlite_floor(f"{tmp}/floor{next(counter)}.db", data),
+            (
+                sqlite_full_floor(f"{tmp}/floor.db"),
+                lambda data: sqlite_floor(f"{tmp}/floor{next(counter)}.db", data),
+            ),
         )
-    url, handle = fresh_pg(args.pg)
+    made = [fresh_pg(args.pg) for _ in range(4)]
     try:
-        run("postgres", url, args.rows, args.repeats, lambda data: pg_floor(url, data))
+        urls = [url for url, _ in made]
+        run(
+            "postgres",
+            urls[:2],
+            args.rows,
+            args.repeats,
+            (pg_full_floor(urls[2]), lambda data: pg_floor(urls[3], data)),
+        )
     finally:
-        drop_pg(handle)
+        for _, handle in made:
+            drop_pg(handle)
 
 
 if __name__ == "__main__":

@@ -18,8 +18,8 @@ given to every row. ``id`` is optional (fresh UUIDs); ``execute_time`` defaults 
 
 from __future__ import annotations
 
+import os
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,13 +28,23 @@ from pydantic import TypeAdapter, ValidationError
 
 from .codec import check_value
 from .errors import InvalidArgumentError, RowValidationError, UnsupportedTypeError
+from .layout import SCALAR_COLUMNS
 from .models import Experience, ExpMeta
 
-__all__ = ["ColumnRow", "column_error", "rows_from_columns"]
+__all__ = [
+    "ColumnRow",
+    "Columns",
+    "column_error",
+    "fresh_ids",
+    "parse_columns",
+    "rows_from_columns",
+]
 
 _META = tuple(ExpMeta.model_fields)
 _DATA = tuple(Experience.model_fields)
 _PLAIN = (str, int, float, bool, type(None))
+#: The payload fields stored in typed columns (reward_t, adv_t, v_t, done).
+_SCALARS = frozenset(SCALAR_COLUMNS)
 
 
 class _Fields:
@@ -144,21 +154,10 @@ _PAYLOAD_ADAPTERS: dict[str, TypeAdapter[Any]] = {
 
 
 def _check_payload(name: str, values: list[Any]) -> None:
-    """What the model checks of a payload field, for each row's value (the writer checks
-    only the field's container type): its type where the model says more, and that the
-    codec can store it. InvalidArgumentError naming the column and row otherwise."""
-    if (
-        name not in _DATA
-        or Experience.model_fields[name].annotation in (float, bool)
-        or name
-        in (
-            "reward_t",
-            "adv_t",
-            "v_t",
-            "done",
-        )
-    ):
-        return  # scalar columns: checked by the writer, column by column
+    """What the model checks of a payload field (state, actions...), for each row's value
+    (the writer checks only the field's container type): its type where the model says
+    more, and that the codec can store it. InvalidArgumentError naming the column and row
+    otherwise."""
     adapter = _PAYLOAD_ADAPTERS.get(name)
     for position, value in enumerate(values):
         try:
@@ -193,8 +192,63 @@ def _defaults(model: Any, now: float) -> dict[str, Any]:
     return out
 
 
-def rows_from_columns(columns: Mapping[str, Any]) -> list[ColumnRow]:
-    """The rows the columns hold (see the module's docstring); InvalidArgumentError or
+class Columns:
+    """A batch of columns, checked as columns: ``n`` rows, their ids, each metadata and
+    scalar field's N values (one value for all where a plain value was given) and the
+    payload fields' columns as given (AWorld's singular ``action`` as ``actions``)."""
+
+    def __init__(
+        self,
+        n: int,
+        ids: list[str],
+        fields: dict[str, list[Any]],
+        payload: dict[str, Any],
+        action: bool,
+        constant: frozenset[str] = frozenset(),
+    ) -> None:
+        self.n = n
+        self.ids = ids
+        self.fields = fields
+        #: The fields given one value for every row.
+        self.constant = constant
+        self.payload = payload
+        self.action = action
+
+    def rows(self) -> list[ColumnRow]:
+        """The rows, one by one, with each payload value checked as the model would."""
+        n = self.n
+        data_cols = [(f, _values(v, n)) for f, v in self.payload.items()]
+        if self.action:  # AWorld's singular action: each row's list of one
+            at = [f for f, _ in data_cols].index("actions")
+            data_cols[at] = ("actions", [[value] for value in data_cols[at][1]])
+        for name, values in data_cols:
+            _check_payload(name, values)
+        meta_base = _defaults(ExpMeta, self.fields["execute_time"][0])
+        data_base = _defaults(Experience, 0.0)
+        fresh = [name for name in ("actions", "ext_info") if name not in self.payload]
+        meta_names = [f for f in self.fields if f in _META]
+        scalar_names = [f for f in self.fields if f not in _META]
+        names = scalar_names + [f for f, _ in data_cols]
+        meta_rows = zip(*(self.fields[f] for f in meta_names), strict=True)
+        data_rows: Any = zip(
+            *(self.fields[f] for f in scalar_names),
+            *(values for _, values in data_cols),
+            strict=True,
+        )
+        if not names:
+            data_rows = iter([()] * n)
+        out: list[ColumnRow] = []
+        for row_id, m, d in zip(self.ids, meta_rows, data_rows, strict=True):
+            meta = {**meta_base, **dict(zip(meta_names, m, strict=True))}
+            data = {**data_base, **dict(zip(names, d, strict=True))}
+            for name in fresh:  # a list or dict of its own per row, as the model gives
+                data[name] = type(data_base[name])()
+            out.append(ColumnRow(row_id, meta, data))
+        return out
+
+
+def parse_columns(columns: Mapping[str, Any]) -> Columns:
+    """The batch ``columns`` hold (see the module's docstring); InvalidArgumentError or
     UnsupportedTypeError, before anything is stored, for columns that do not fit."""
     if not isinstance(columns, Mapping):
         raise UnsupportedTypeError(
@@ -207,6 +261,11 @@ def rows_from_columns(columns: Mapping[str, Any]) -> list[ColumnRow]:
         if where in placed:
             raise InvalidArgumentError(f"extend() got the field {where[1]!r} twice")
         placed[where] = value
+    if ("data", "action") in placed and ("data", "actions") in placed:
+        raise InvalidArgumentError(
+            "extend() got both 'action' and 'actions'; give one (action: one value per "
+            "row, stored as a list of one)"
+        )
     lengths = {f"{part}.{field}": _length(field, v) for (part, field), v in placed.items()}
     found = {n for n in lengths.values() if n is not None}
     if len(found) > 1:
@@ -229,41 +288,46 @@ def rows_from_columns(columns: Mapping[str, Any]) -> list[ColumnRow]:
             f"extend() needs the columns {missing} (every row has a task, an agent and a "
             "step); give a column or one value for all rows"
         )
-    now = time.time()
-    meta_base = _defaults(ExpMeta, now)
-    data_base = _defaults(Experience, now)
-    meta_cols = [(f, _values(v, n)) for (part, f), v in placed.items() if part == "meta"]
-    data_cols = [(f, _values(v, n)) for (part, f), v in placed.items() if part == "data"]
-    given = {f for (part, f) in placed if part == "data"} | (
-        {"actions"} if ("data", "action") in placed else set()
-    )
-    fresh = [name for name in ("actions", "ext_info") if name not in given]
     ids_given = placed.get(("id", "id"))
-    ids = _values(ids_given, n) if ids_given is not None else [str(uuid.uuid4()) for _ in range(n)]
+    ids = _values(ids_given, n) if ids_given is not None else fresh_ids(n)
     if ids_given is not None and len(set(map(repr, ids))) != n:
         raise InvalidArgumentError(
             "extend() got the same id for two rows; ids must be unique (leave the id column "
             "out for fresh ones). Nothing was stored"
         )
-    if ("data", "action") in placed:  # AWorld's singular action: each row's list of one
-        at = [f for f, _ in data_cols].index("action")
-        data_cols[at] = ("actions", [[value] for value in data_cols[at][1]])
-    for name, values in data_cols:
-        _check_payload(name, values)
-    meta_names = [f for f, _ in meta_cols]
-    data_names = [f for f, _ in data_cols]
-    meta_rows = zip(*(values for _, values in meta_cols), strict=True)
-    data_rows = (
-        zip(*(values for _, values in data_cols), strict=True) if data_cols else iter([()] * n)
-    )
-    out: list[ColumnRow] = []
-    for row_id, m, d in zip(ids, meta_rows, data_rows, strict=True):
-        meta = {**meta_base, **dict(zip(meta_names, m, strict=True))}
-        data = {**data_base, **dict(zip(data_names, d, strict=True))}
-        for name in fresh:  # a list or dict of its own per row, as the model gives
-            data[name] = type(data_base[name])()
-        out.append(ColumnRow(row_id, meta, data))
-    return out
+    fields: dict[str, list[Any]] = {}
+    payload: dict[str, Any] = {}
+    for (part, field), value in placed.items():
+        if part == "meta" or (part == "data" and field in _SCALARS):
+            fields[field] = _values(value, n)
+        elif part == "data":
+            payload["actions" if field == "action" else field] = value
+    constant = {
+        f
+        for f, v in fields.items()
+        if isinstance(placed.get(("meta", f), placed.get(("data", f))), (*_PLAIN, np.generic))
+    }
+    if "execute_time" not in fields:
+        fields["execute_time"] = [time.time()] * n
+        constant.add("execute_time")
+    return Columns(n, ids, fields, payload, ("data", "action") in placed, frozenset(constant))
+
+
+def rows_from_columns(columns: Mapping[str, Any]) -> list[ColumnRow]:
+    """The rows the columns hold, one by one (see :func:`parse_columns`)."""
+    return parse_columns(columns).rows()
+
+
+def fresh_ids(n: int) -> list[str]:
+    """N new random (version 4) UUIDs as text, made in bulk."""
+    raw = np.frombuffer(os.urandom(16 * n), np.uint8).reshape(n, 16).copy()
+    raw[:, 6] = (raw[:, 6] & 0x0F) | 0x40  # version 4
+    raw[:, 8] = (raw[:, 8] & 0x3F) | 0x80  # RFC 4122 variant
+    text = raw.tobytes().hex()
+    return [
+        f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+        for h in (text[i : i + 32] for i in range(0, 32 * n, 32))
+    ]
 
 
 def column_error(exc: RowValidationError, rows: Sequence[ColumnRow]) -> InvalidArgumentError:

@@ -36,12 +36,13 @@ from sqlalchemy.engine import URL
 
 from .. import migrate
 from .._args import check_text
-from ..columnar import column_error, rows_from_columns
+from ..columnar import column_error, parse_columns
 from ..errors import InvalidArgumentError, RowValidationError, StorageError, UnsupportedTypeError
 from ..models import DataRow
 from . import draw_counts, path_indexes, priorities, registry, versions, writer
 from .base import QueryCondition, Storage, Values
 from .claims import ClaimQueue
+from .column_rows import encoded_columns
 from .dedup import Dedup
 from .engine import create_sql_engine, normalise_url
 from .eviction import Eviction
@@ -202,7 +203,12 @@ class SqlStorage(Storage):
     def extend(self, columns: Mapping[str, Any], *, dedup: Dedup = None) -> int:
         """Store the rows a dict of columns holds in one transaction, or none (see
         :mod:`expstore.columnar`); returns how many were stored."""
-        batch = rows_from_columns(columns)
+        parsed = parse_columns(columns)
+        encoded = encoded_columns(parsed)
+        if encoded is not None:  # checked whole: no row of it can fail its model
+            self.capacity, self.eviction, stored = writer.store_rows(self._handle, encoded, dedup)
+            return stored
+        batch = parsed.rows()
         try:
             self.capacity, self.eviction, stored = writer.store_rows(self._handle, batch, dedup)
         except RowValidationError as exc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -50,7 +51,15 @@ from .rate_limits import RateLimits, WriteBlocked, limited_flag
 from .registry import count_inserted, evict_beyond, lock_buffer
 from .schema import buffers
 
-__all__ = ["WRITE_CHUNK", "ids_to_keys", "store_batch", "store_rows"]
+__all__ = [
+    "WRITE_CHUNK",
+    "RowSource",
+    "column_ok",
+    "content_digest",
+    "ids_to_keys",
+    "store_batch",
+    "store_rows",
+]
 
 #: Rows encoded and sent per round trip inside one store_batch transaction.
 WRITE_CHUNK = 1000
@@ -84,6 +93,39 @@ _PAYLOAD_CHECKED = tuple(
     (PAYLOAD_FIELDS.index(name), set(kinds)) for name, kinds in PAYLOAD_TYPES.items()
 )
 _present = partial(is_not, None)
+
+
+class RowSource(ABC):
+    """Rows the writer encodes a chunk at a time: DataRows (or anything read as they
+    are), or a batch of columns encoded column by column (:mod:`expstore.columnar`)."""
+
+    @property
+    @abstractmethod
+    def ids(self) -> Sequence[str]:
+        """The rows' ids, in order."""
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @abstractmethod
+    def encode(self, start: int, stop: int, buffer_id: int) -> list[tuple[Any, ...]]:
+        """Rows ``start:stop`` in WRITE_COLUMNS order, checked (RowValidationError for a
+        row that breaks its model)."""
+
+
+class _Rows(RowSource):
+    def __init__(self, rows: list[Any]) -> None:
+        self.rows = rows
+
+    @property
+    def ids(self) -> list[str]:
+        return [row.id for row in self.rows]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def encode(self, start: int, stop: int, buffer_id: int) -> list[tuple[Any, ...]]:
+        return encode_chunk(self.rows[start:stop], buffer_id)
 
 
 def prepare(batch: Sequence[DataRow]) -> list[DataRow]:
@@ -139,18 +181,18 @@ def store_batch(
 
 
 def store_rows(
-    handle: BufferHandle, batch: Sequence[Any], dedup: str | None = None
+    handle: BufferHandle, batch: Sequence[Any] | RowSource, dedup: str | None = None
 ) -> tuple[int | None, str, int]:
-    """:func:`store_batch` of rows already prepared: DataRows, or anything the writer reads
-    as it reads them (``id``, ``exp_meta.__dict__``, ``exp_data.__dict__``; see
-    :mod:`expstore.columnar`), whose typed columns it checks the same way."""
+    """:func:`store_batch` of rows already prepared: DataRows, anything the writer reads
+    as it reads them (``id``, ``exp_meta.__dict__``, ``exp_data.__dict__``), whose typed
+    columns it checks the same way, or a :class:`RowSource`."""
     dedup = check_dedup(dedup)
-    batch = list(batch)
+    source = batch if isinstance(batch, RowSource) else _Rows(list(batch))
     started, pause = time.monotonic(), 0.002
     conflicts = 0
     while True:
         try:
-            capacity, policy, stored = _write(handle, batch, dedup)
+            capacity, policy, stored = _write(handle, source, dedup)
             break
         except WriteBlocked as blocked:  # rolled back: wait for samplers, then again
             pause = RateLimits(handle).wait_to_write(blocked, started, pause)
@@ -176,7 +218,7 @@ def _conflict(exc: StorageError) -> bool:
     return getattr(getattr(cause, "orig", None), "sqlstate", None) in _CONFLICTS
 
 
-def _write(handle: BufferHandle, batch: list[DataRow], dedup: str | None) -> tuple[Any, str, int]:
+def _write(handle: BufferHandle, batch: RowSource, dedup: str | None) -> tuple[Any, str, int]:
     """One attempt at the write transaction; returns the retention it found and how many
     rows it stored."""
     with handle.errors("store rows"):
@@ -217,32 +259,33 @@ def _write(handle: BufferHandle, batch: list[DataRow], dedup: str | None) -> tup
                 "errors='replace' or store its bytes. Nothing was stored"
             ) from exc
         except IntegrityError as exc:
-            duplicate = _duplicate_error(handle, [row.id for row in batch])
+            duplicate = _duplicate_error(handle, list(batch.ids))
             if duplicate is None:
                 raise  # not a duplicate id: reported as the database said it
             raise duplicate from exc
     return capacity, policy, stored
 
 
-def _encoded_chunks(handle: BufferHandle, batch: list[DataRow]) -> Iterator[list[tuple[Any, ...]]]:
+def _encoded_chunks(handle: BufferHandle, batch: RowSource) -> Iterator[list[tuple[Any, ...]]]:
     """Encoded, checked chunks of ``batch``. Where the dialect gains from it, the next
     chunk is encoded in a thread while the current one is sent, with at most two chunks in
     flight; otherwise one after the other."""
-    chunks = [batch[i : i + WRITE_CHUNK] for i in range(0, len(batch), WRITE_CHUNK)]
+    total = len(batch)
+    chunks = [(i, min(i + WRITE_CHUNK, total)) for i in range(0, total, WRITE_CHUNK)]
     buffer_id = handle.buffer_id
     if len(chunks) == 1 or not handle.dialect.encodes_in_thread:
         # sqlite3 wants the GIL back between rows, so an encoding thread only makes it
         # wait (measured: a few percent slower than encoding in turn).
-        for chunk in chunks:
-            yield encode_chunk(chunk, buffer_id)
+        for start, stop in chunks:
+            yield batch.encode(start, stop, buffer_id)
         return
     with ThreadPoolExecutor(1, thread_name_prefix="expstore-encode") as pool:
-        pending = deque(pool.submit(encode_chunk, c, buffer_id) for c in chunks[:2])
+        pending = deque(pool.submit(batch.encode, *c, buffer_id) for c in chunks[:2])
         queued = len(pending)
         while pending:
             params = pending.popleft().result()
             if queued < len(chunks):
-                pending.append(pool.submit(encode_chunk, chunks[queued], buffer_id))
+                pending.append(pool.submit(batch.encode, *chunks[queued], buffer_id))
                 queued += 1
             yield params
 
@@ -282,7 +325,12 @@ def _encode(
 def content_hash(meta: tuple[Any, ...], scalars: tuple[Any, ...], doc: str, blob: Any) -> str:
     """The digest of a row's content as stored (for ``dedup``): its metadata but
     execute_time, its scalar fields, its JSON document and its tensor bytes."""
-    digest = blake2b(repr((meta, scalars)).encode(), digest_size=16)
+    return content_digest(repr((meta, scalars)), doc, blob)
+
+
+def content_digest(key: str, doc: str, blob: Any) -> str:
+    """:func:`content_hash` from ``repr((meta, scalars))`` already written."""
+    digest = blake2b(key.encode(), digest_size=16)
     digest.update(doc.encode("utf-8", "surrogatepass"))
     if blob is not None:  # the tensor bytes, not the header (its checksum covers the id)
         digest.update(b"\x00")
@@ -297,7 +345,7 @@ def _suspects(encoded: list[tuple[Any, ...]], payloads: list[tuple[Any, ...]]) -
     suspects: set[int] = set()
     for at, spec in _CHECKED:
         values = columns[at]
-        if not _column_ok(values, spec):
+        if not column_ok(values, spec):
             suspects.update(i for i, value in enumerate(values) if not _value_ok(value, spec))
     payload_columns = list(zip(*payloads, strict=True))
     for at, kinds in _PAYLOAD_CHECKED:
@@ -307,7 +355,7 @@ def _suspects(encoded: list[tuple[Any, ...]], payloads: list[tuple[Any, ...]]) -
     return sorted(suspects)
 
 
-def _column_ok(values: Sequence[Any], spec: ColumnSpec) -> bool:
+def column_ok(values: Sequence[Any], spec: ColumnSpec) -> bool:
     """Whether every value is plainly valid for ``spec`` (C-speed checks over the column);
     False does not mean a value is invalid, only that rows must be looked at one by one."""
     if spec.nullable:
@@ -334,7 +382,7 @@ def _column_ok(values: Sequence[Any], spec: ColumnSpec) -> bool:
 
 
 def _value_ok(value: Any, spec: ColumnSpec) -> bool:
-    return _column_ok([value], spec)
+    return column_ok([value], spec)
 
 
 def _validated(row: DataRow) -> DataRow:
