@@ -36,7 +36,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_store import DEFAULT_PG, drop_pg, encoded, fresh_pg, pg_floor, sqlite_floor  # noqa: E402
-
 from sqlalchemy.engine import make_url  # noqa: E402
 
 from expstore import DataRow, Experience, ExpMeta, ReplayBuffer  # noqa: E402
