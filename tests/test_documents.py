@@ -1,0 +1,185 @@
+"""DocumentDecoder: a document text seen twice is decoded from a learned skeleton, giving
+exactly what the full decoder gives, in fresh containers and writable arrays of the row's
+own blob; damage is still reported naming the row; the caches stay bounded."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from expstore.codec import PayloadWriter, decode_payload, deep_equal
+from expstore.codec.documents import DocumentDecoder
+from expstore.errors import CodecError
+from tests.test_codec import nested
+
+
+def _stored(payload: dict[str, Any], row_id: str) -> tuple[str, bytes | None]:
+    return PayloadWriter().encode(payload, row_id)
+
+
+def _full(text: str, blob: bytes | None, row_id: str) -> dict[str, Any]:
+    return decode_payload(json.loads(text), blob, row_id=row_id)
+
+
+def _obs(seed: int) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    return {
+        "state": {
+            "obs": rng.random((3, 2), dtype=np.float32),
+            "frames": [rng.integers(0, 9, 4, dtype=np.uint8), {"m": torch.ones(2)}],
+            "url": "u",
+        },
+        "actions": [],
+        "messages": None,
+        "next_state": {"obs": rng.random(2)},
+        "ext_info": {"k": [1, {"a": None}]},
+    }
+
+
+def test_a_repeated_text_is_learned_and_decodes_as_the_full_decoder() -> None:
+    decoder = DocumentDecoder()
+    texts_blobs = [_stored(_obs(i), f"r{i}") for i in range(4)]
+    assert len({t for t, _ in texts_blobs}) == 1  # the same text, other bytes
+    assert decoder.decode(texts_blobs[0][0], texts_blobs[0][1], "r0") is None  # seen once
+    for i, (text, blob) in enumerate(texts_blobs):
+        got = decoder.decode(text, blob, f"r{i}")
+        assert got is not None
+        assert deep_equal(got, _full(text, blob, f"r{i}"))
+        assert deep_equal(got, _obs(i))
+        assert type(got["state"]["frames"][1]["m"]) is torch.Tensor
+
+
+def test_learned_rows_get_fresh_containers_and_writable_arrays_of_their_own() -> None:
+    decoder = DocumentDecoder()
+    text, blob = _stored(_obs(0), "r0")
+    decoder.template(text)
+    first = decoder.decode(text, blob, "r0")
+    second = decoder.decode(text, blob, "r0")
+    assert first is not None and second is not None
+    first["state"]["url"] = "changed"
+    first["ext_info"]["k"][1]["a"] = 5
+    first["state"]["obs"][0, 0] = -1.0  # writable, and not shared with the next row
+    assert second["state"]["url"] == "u" and second["ext_info"]["k"][1]["a"] is None
+    assert second["state"]["obs"][0, 0] != -1.0
+    third = decoder.decode(text, blob, "r0")
+    assert third is not None and deep_equal(third, _full(text, blob, "r0"))
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"state": {"x": float("nan")}},  # a tagged float
+        {"state": {"__tensor__": 1}},  # an escaped dict
+        {"state": b"raw"},  # bytes are learned like tensors
+        {"state": 1, "actions": [np.float32(2.0)]},  # a numpy scalar in a list
+    ],
+)
+def test_unusual_documents_decode_the_same_learned_or_not(payload: dict[str, Any]) -> None:
+    decoder = DocumentDecoder()
+    text, blob = _stored(payload, "r")
+    for _ in range(3):
+        got = decoder.decode(text, blob, "r")
+        full = _full(text, blob, "r")
+        assert got is None or deep_equal(got, full)
+        assert deep_equal(full, payload)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(st.sampled_from(["state", "actions", "ext_info"]), nested))
+def test_any_payload_learned_decodes_as_the_full_decoder(payload: dict[str, Any]) -> None:
+    decoder = DocumentDecoder()
+    text, blob = _stored(payload, "row")
+    decoder.template(text)
+    got = decoder.decode(text, blob, "row")
+    if got is not None:
+        assert deep_equal(got, _full(text, blob, "row"))
+        assert deep_equal(got, payload)
+
+
+def test_damage_is_reported_naming_the_row_for_a_learned_text() -> None:
+    decoder = DocumentDecoder()
+    text, blob = _stored(_obs(0), "r0")
+    assert blob is not None
+    decoder.template(text)
+    assert decoder.template(text) is not None
+    flipped = bytearray(blob)
+    flipped[-1] ^= 1
+    for bad, words in (
+        (bytes(flipped), "checksum"),
+        (blob[:-8], "checksum"),
+        (None, "no blob"),
+    ):
+        with pytest.raises(CodecError, match=words) as info:
+            decoder.decode(text, bad, "r0")
+        assert "row r0" in str(info.value)
+    with pytest.raises(CodecError, match="checksum"):
+        decoder.decode(text, blob, "another-row")  # a blob copied from another row
+
+
+def test_malformed_placeholders_are_never_learned() -> None:
+    decoder = DocumentDecoder()
+    text = json.dumps(
+        {
+            "state": {
+                "__tensor__": {
+                    "kind": "pickle",
+                    "dtype": "<f8",
+                    "shape": [1],
+                    "offset": 0,
+                    "nbytes": 8,
+                }
+            }
+        }
+    )
+    decoder.template(text)
+    assert decoder.template(text) is None
+    assert decoder.decode(text, None, "r") is None  # the full decoder explains it
+
+
+def test_the_caches_are_bounded() -> None:
+    decoder = DocumentDecoder(max_texts=8, max_length=100)
+    for i in range(50):
+        text = json.dumps({"state": i})
+        decoder.template(text)
+        decoder.template(text)
+        assert len(decoder.seen) <= 8 and len(decoder.templates) <= 8
+    long_text = json.dumps({"state": "x" * 200})
+    for _ in range(3):
+        assert decoder.template(long_text) is None
+    assert long_text not in decoder.seen
+
+
+def test_sampled_rows_equal_stored_rows_and_the_collector_is_left_as_it_was(
+    db_url: str, buffer_name: str
+) -> None:
+    import gc
+
+    from expstore import DataRow, Experience, ExpMeta, ReplayBuffer, UniformSampler
+
+    rows = [
+        DataRow(
+            exp_meta=ExpMeta(task_id=f"t{i}", agent_id="a", step=i),
+            exp_data=Experience(**{k: v for k, v in _obs(i).items() if k != "messages"}),
+        )
+        for i in range(6)
+    ]
+    with ReplayBuffer(db_url, name=buffer_name) as buffer:
+        buffer.store_batch(rows)
+        by_id = {r.id: r for r in rows}
+        for enabled in (True, False, True):
+            (gc.enable if enabled else gc.disable)()
+            try:
+                for _ in range(3):  # learned from the second sight on
+                    for got in buffer.sample(UniformSampler(seed=1), batch_size=12):
+                        want = by_id[got.id]
+                        assert got.exp_meta == want.exp_meta
+                        assert deep_equal(dict(got.exp_data), dict(want.exp_data))
+                    assert gc.isenabled() is enabled
+            finally:
+                gc.enable()
