@@ -12,6 +12,8 @@ imports it on demand.
 - :mod:`~expstore.codec.encode`: payload -> (document, blob);
 - :mod:`~expstore.codec.decode`: (document, blob) -> payload;
 - :mod:`~expstore.codec.batch`: one part of many rows at once, with a cache of placeholders;
+- :mod:`~expstore.codec.documents`: whole documents of many rows, learning texts that repeat;
+- :mod:`~expstore.codec.columns`: many rows' payloads encoded at once from columns;
 - :mod:`~expstore.codec.values`: equality that treats arrays and tensors as values.
 
 >>> import numpy as np
