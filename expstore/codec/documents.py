@@ -106,8 +106,16 @@ def _maker(node: Any) -> Maker:
     if all(type(v) not in (dict, list) and v is not _SLOT for v in values):
         return partial(_flat_copy, node)  # no containers inside: a shallow copy
     if kind is dict:
-        return partial(_make_dict, [(k, _maker(v)) for k, v in node.items()])
-    return partial(_make_list, [_maker(v) for v in node])
+        return partial(_make_dict, [(k, *_part(v)) for k, v in node.items()])
+    return partial(_make_list, [_part(v) for v in node])
+
+
+def _part(value: Any) -> tuple[Maker | None, Any]:
+    """(the maker of a value inside a container, or None for a scalar kept as it is;
+    the value)."""
+    if value is not _SLOT and type(value) not in (dict, list):
+        return None, value
+    return _maker(value), value
 
 
 def _take(take: Callable[[], Any]) -> Any:
@@ -122,12 +130,14 @@ def _flat_copy(node: Any, take: Callable[[], Any]) -> Any:
     return node.copy()
 
 
-def _make_dict(makers: list[tuple[str, Maker]], take: Callable[[], Any]) -> dict[str, Any]:
-    return {key: make(take) for key, make in makers}
+def _make_dict(
+    parts: list[tuple[str, Maker | None, Any]], take: Callable[[], Any]
+) -> dict[str, Any]:
+    return {key: value if make is None else make(take) for key, make, value in parts}
 
 
-def _make_list(makers: list[Maker], take: Callable[[], Any]) -> list[Any]:
-    return [make(take) for make in makers]
+def _make_list(parts: list[tuple[Maker | None, Any]], take: Callable[[], Any]) -> list[Any]:
+    return [value if make is None else make(take) for make, value in parts]
 
 
 class DocumentDecoder:

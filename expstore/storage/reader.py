@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import json
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from operator import itemgetter
 from typing import Any
 
@@ -69,11 +70,19 @@ def decode_rows(fetched: Sequence[Row[Any]], documents: DocumentDecoder) -> list
     checked = all(
         set(map(type, map(itemgetter(at), fetched))) <= kinds for at, kinds in _TYPED_SETS
     )
+    with collector_paused():
+        return [_decode_row(r, documents, checked) for r in fetched]
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the block, if it was on (a batch of rows
+    holds no cycles; the objects are freed by reference counting as always)."""
     paused = gc.isenabled()
     if paused:
         gc.disable()
     try:
-        return [_decode_row(r, documents, checked) for r in fetched]
+        yield
     finally:
         if paused:
             gc.enable()
@@ -154,10 +163,10 @@ class RowReader:
         """The rows with these keys in the given order (repeats allowed; vanished keys
         skipped)."""
         wanted = key_list(keys)
-        fetched = self.rows_by_keys(list(dict.fromkeys(wanted)), ROW_COLUMNS)
-        found = dict(
-            zip(map(itemgetter(0), fetched), decode_rows(fetched, self.documents), strict=True)
-        )
+        with collector_paused():  # the fetch makes as many objects as the decoding
+            fetched = self.rows_by_keys(list(dict.fromkeys(wanted)), ROW_COLUMNS)
+            decoded = decode_rows(fetched, self.documents)
+        found = dict(zip(map(itemgetter(0), fetched), decoded, strict=True))
         return [found[k] for k in wanted if k in found]
 
     def raise_damaged(self, keys: list[int]) -> None:
