@@ -288,6 +288,9 @@ class KeySampler(Sampler):
     #: Whether to draw over the key space when :meth:`choose_flat` can (False: always over
     #: the key index, e.g. to compare the two).
     flat: bool = True
+    #: Whether a flat draw's statements must read one snapshot (a transaction's cost): a
+    #: draw whose first statements bound what later ones find (priority bounds, probes).
+    flat_snapshot: ClassVar[bool] = False
 
     def __init__(self, **options: Unpack[SamplerOptions]) -> None:
         unknown = set(options) - set(SamplerOptions.__annotations__)
@@ -436,6 +439,7 @@ class KeySampler(Sampler):
             query_condition,
             lambda space: self.choose_flat(space, batch_size, query_condition),
             max_staleness=self.__dict__.get("max_staleness"),
+            snapshot=self.flat_snapshot,
         )
         if choice is None:
             skips[key] = _FLAT_SKIPS

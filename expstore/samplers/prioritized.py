@@ -94,6 +94,9 @@ class PrioritizedSampler(KeySampler):
     def can_draw_flat(self, query_condition: QueryCondition) -> bool:
         return query_condition is None and self.max_staleness is None
 
+    # The envelope comes from the priority bounds; the probes must see the same priorities.
+    flat_snapshot = True
+
     def choose_flat(
         self, space: KeySpace, batch_size: int, query_condition: QueryCondition
     ) -> Choice | None:

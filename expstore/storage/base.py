@@ -188,10 +188,13 @@ class Storage(ABC):
         use: Callable[[KeySpace], _T],
         *,
         max_staleness: int | None = None,
+        snapshot: bool = False,
     ) -> _T | None:
         """``use(space)`` over the buffer's key space read now (its key range and row
         count, probed for candidate keys; see :mod:`expstore.storage.key_space`), or None
-        from a storage without one, whose samplers then choose over :meth:`key_index`."""
+        from a storage without one, whose samplers then choose over :meth:`key_index`.
+        ``snapshot``: every statement of the draw reads one snapshot (for a draw whose
+        statements must agree, e.g. priority bounds and probes)."""
         return None
 
     def create_index(self, path: str) -> str:

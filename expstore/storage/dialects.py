@@ -120,6 +120,11 @@ class Dialect(ABC):
         return stmt
 
     @abstractmethod
+    def snapshot(self, conn: Connection) -> None:
+        """Make every statement ``conn`` runs from now on (a fresh read connection) read one
+        snapshot of the database, so that several statements of one draw agree."""
+
+    @abstractmethod
     def now(self) -> ColumnElement[float]:
         """The database's clock in seconds since the epoch, the one clock leases are
         measured by whatever host a process runs on."""
@@ -186,6 +191,12 @@ class SqliteDialect(Dialect):
         )
 
     # SQLite's BEGIN IMMEDIATE already lets one writer in at a time: no row locks.
+
+    def snapshot(self, conn: Connection) -> None:
+        # A read transaction (BEGIN, from the engine's begin event): in WAL mode its
+        # snapshot is taken at the first read and kept to its end. Statements run on the
+        # driver's cursor otherwise commit one by one.
+        conn.begin()
 
     def now(self) -> ColumnElement[float]:
         # julianday('now') has millisecond resolution; day 2440587.5 is the Unix epoch.
@@ -306,6 +317,11 @@ class PostgresDialect(Dialect):
         # set_config(..., is_local => true): synchronous_commit off for this transaction
         # only, set by the statement itself (no round trip of its own).
         return func.set_config("synchronous_commit", "off", True).is_not(None)
+
+    def snapshot(self, conn: Connection) -> None:
+        # READ COMMITTED gives each statement its own snapshot; REPEATABLE READ one for the
+        # transaction (on a hot standby too). psycopg sends it with the BEGIN.
+        conn.execution_options(isolation_level="REPEATABLE READ")
 
     def now(self) -> ColumnElement[float]:
         # The transaction's start: one instant for every row a claim or an ack writes.

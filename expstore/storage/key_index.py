@@ -149,9 +149,12 @@ class KeyIndex:
         query_condition: QueryCondition,
         max_staleness: int | None,
         use: Callable[[KeySpace], _T],
+        *,
+        snapshot: bool = False,
     ) -> _T:
         """``use(space)`` over the buffer's :class:`~expstore.storage.key_space.KeySpace`
-        read now (range, row count and policy version in this class's one round trip)."""
+        read now (range, row count and policy version in this class's one round trip);
+        ``snapshot``: all of its statements on one snapshot (a transaction's cost)."""
 
         def state(conn: Connection) -> tuple[int, int, int, int | None]:
             signature, version, count = self.state(conn)
@@ -160,6 +163,8 @@ class KeyIndex:
         from .key_space import KeySpace  # it builds on this module
 
         with self.handle.errors("draw keys"), self.handle.read() as conn:
+            if snapshot:  # e.g. priority bounds and probes: a priority updated meanwhile
+                self.handle.dialect.snapshot(conn)  # cannot leave the bounds' envelope
             space = KeySpace(self.handle, conn, query_condition, max_staleness, state(conn))
             try:
                 return use(space)

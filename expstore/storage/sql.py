@@ -339,10 +339,11 @@ class SqlStorage(Storage):
         use: Callable[[KeySpace], _T],
         *,
         max_staleness: int | None = None,
+        snapshot: bool = False,
     ) -> _T:
         """``use(space)`` over the buffer's key space read now, on one connection (see
-        :mod:`expstore.storage.key_space`)."""
-        return self._index.space(query_condition, max_staleness, use)
+        :mod:`expstore.storage.key_space`); ``snapshot``: all on one snapshot."""
+        return self._index.space(query_condition, max_staleness, use, snapshot=snapshot)
 
     def create_index(self, path: str) -> str:
         """Index the rows on ``path`` (a payload path or a column) so conditions on it are

@@ -213,3 +213,33 @@ def test_the_same_seed_gives_the_same_batches_over_the_key_space(buffer: ReplayB
         condition = cond if isinstance(a, UniformSampler) else None
         first = _draw(buffer, a, 5, 8, condition)
         assert np.array_equal(first, _draw(buffer, b, 5, 8, condition))
+
+
+def test_a_draw_reads_one_snapshot_whatever_is_written_meanwhile(
+    buffer: ReplayBuffer, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The priority bounds and the probes of one prioritized draw agree even when another
+    process lowers every priority in between: the weights (normalised by the smallest
+    priority the bounds gave) never exceed 1."""
+    from expstore.storage.key_space import KeySpace
+
+    buffer.store_batch(make_rows(40))
+    ids = [r.id for r in buffer.query()]
+    buffer.update_priorities(ids, [4.0] * len(ids))
+    probe = KeySpace.probe
+    lowered: list[bool] = []
+
+    def probe_after_a_write(self: KeySpace, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
+        if not lowered:  # another process, between the bounds and the first probe
+            with ReplayBuffer(db_url, name=buffer.storage.name) as other:
+                other.update_priorities(ids, [0.01] * len(ids))
+            lowered.append(True)
+        return probe(self, *args, **kwargs)
+
+    monkeypatch.setattr(KeySpace, "probe", probe_after_a_write)
+    sampler = PrioritizedSampler(alpha=1.0, beta=1.0, seed=3)
+    sampler.sample(buffer.storage, 16)
+    assert lowered and _holds_no_index(buffer)  # the flat path ran, and probed
+    np.testing.assert_allclose(sampler.last_weights, 1.0)  # every row at 4.0, as the bounds
+    sampler.sample(buffer.storage, 16)  # the next draw sees the new priorities
+    np.testing.assert_allclose(sampler.last_weights, 1.0)
