@@ -142,17 +142,49 @@ def test_malformed_placeholders_are_never_learned() -> None:
     assert decoder.decode(text, None, "r") is None  # the full decoder explains it
 
 
-def test_the_caches_are_bounded() -> None:
-    decoder = DocumentDecoder(max_texts=8, max_length=100)
-    for i in range(50):
-        text = json.dumps({"state": i})
+def test_only_documents_with_tensors_are_learned() -> None:
+    decoder = DocumentDecoder()
+    text = json.dumps({"state": {"x": 1}, "actions": []})
+    for _ in range(3):
+        assert decoder.template(text) is None
+    assert not decoder.seen and not decoder.templates
+
+
+def _texts(count: int, start: int = 0) -> list[tuple[str, bytes | None]]:
+    return [_stored({"state": np.zeros(i, np.float32)}, "r") for i in range(start, start + count)]
+
+
+def test_the_caches_are_bounded_and_learning_rests_when_it_does_not_pay() -> None:
+    decoder = DocumentDecoder(max_texts=8, max_length=200)
+    for text, _ in _texts(20):  # each seen twice, never again: learning does not pay
         decoder.template(text)
         decoder.template(text)
         assert len(decoder.seen) <= 8 and len(decoder.templates) <= 8
-    long_text = json.dumps({"state": "x" * 200})
+    assert decoder.resting > 0
+    text, blob = _texts(1, start=100)[0]
     for _ in range(3):
-        assert decoder.template(long_text) is None
-    assert long_text not in decoder.seen
+        assert decoder.decode(text, blob, "r") is None  # resting: decoded the full way
+    long_text = json.dumps({"state": {"__tensor__": "x" * 300}})
+    fresh = DocumentDecoder(max_texts=8, max_length=200)
+    for _ in range(3):
+        assert fresh.template(long_text) is None
+    assert long_text not in fresh.seen
+
+
+def test_a_cache_that_pays_starts_afresh_when_full() -> None:
+    decoder = DocumentDecoder(max_texts=4)
+    first = _texts(4)
+    for _ in range(5):  # learned, then hit again and again
+        for text, blob in first:
+            decoder.decode(text, blob, "r")
+    assert len(decoder.templates) == 4 and decoder.hits > 4
+    newer = _texts(2, start=50)
+    for text, _ in newer:
+        decoder.template(text)
+        decoder.template(text)
+    assert not decoder.resting
+    text, blob = newer[1]
+    assert decoder.decode(text, blob, "r") is not None
 
 
 def test_sampled_rows_equal_stored_rows_and_the_collector_is_left_as_it_was(

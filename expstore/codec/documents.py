@@ -28,6 +28,9 @@ from .format import CRC, HEADER_SIZE, MAGIC, RESERVED_KEYS, TENSOR_KEY, TensorSp
 
 __all__ = ["DocumentDecoder"]
 
+#: What every document with a tensor holds (the only ones worth learning).
+_TENSOR_TEXT = f'"{TENSOR_KEY}"'
+
 Blob = bytes | bytearray | memoryview | None
 
 
@@ -143,9 +146,11 @@ def _make_list(parts: list[tuple[Maker | None, Any]], take: Callable[[], Any]) -
 class DocumentDecoder:
     """Decodes whole stored documents (JSON text and blob) of many rows; see the module doc.
 
-    ``DocumentDecoder(max_texts=512, max_length=4096)``: texts longer than ``max_length``
-    characters are never learned; at most ``max_texts`` are kept (the caches start afresh
-    when full).
+    ``DocumentDecoder(max_texts=512, max_length=4096)``: only texts holding a tensor
+    placeholder and at most ``max_length`` characters long are learned, on their second
+    sight; at most ``max_texts`` are kept. When the cache is full, it starts afresh only if
+    it was hit more often than it learned since it last did; otherwise (texts that repeat
+    too rarely to pay for learning them) learning stops for ``64 * max_texts`` documents.
     """
 
     def __init__(self, max_texts: int = 512, max_length: int = 4096) -> None:
@@ -153,29 +158,37 @@ class DocumentDecoder:
         self.max_length = max_length
         self.templates: dict[str, _Template | None] = {}
         self.seen: set[str] = set()
+        self.hits = 0
+        self.resting = 0  # documents left before learning resumes
 
     def __getstate__(self) -> dict[str, Any]:
-        return {
-            "max_texts": self.max_texts,
-            "max_length": self.max_length,
-            "templates": {},
-            "seen": set(),
-        }
+        return {**self.__dict__, "templates": {}, "seen": set(), "hits": 0, "resting": 0}
 
     def template(self, text: str) -> _Template | None:
         """The learned template of ``text``, if any (learning it on its second sight)."""
         found = self.templates.get(text)
-        if found is not None or text in self.templates:
+        if found is not None:
+            self.hits += 1
             return found
-        if len(text) > self.max_length:
+        if text in self.templates or len(text) > self.max_length:
+            return None
+        if self.resting:
+            self.resting -= 1
             return None
         if text not in self.seen:
-            if len(self.seen) >= self.max_texts:
-                self.seen.clear()
-            self.seen.add(text)
+            if _TENSOR_TEXT in text:
+                if len(self.seen) >= self.max_texts:
+                    self.seen.clear()
+                self.seen.add(text)
             return None
         if len(self.templates) >= self.max_texts:
+            useful = self.hits > len(self.templates)
             self.templates.clear()
+            self.seen.clear()
+            self.hits = 0
+            if not useful:
+                self.resting = 64 * self.max_texts
+                return None
         self.templates[text] = learned = _learn(text)
         return learned
 

@@ -53,9 +53,23 @@ class CompiledSelect:
         # Result processors need the driver's type codes: set at the first run.
         self._processors: list[tuple[int, Any]] | None = None
 
-    def run(self, conn: Connection, **params: Any) -> list[Sequence[Any]]:
+    def _args(self, params: dict[str, Any]) -> Any:
         values = {**self._defaults, **params}
-        args: Any = values if self._order is None else [values[n] for n in self._order]
+        return values if self._order is None else [values[n] for n in self._order]
+
+    def sqlite_plan(self, conn: Connection, **params: Any) -> list[str]:
+        """SQLite's ``EXPLAIN QUERY PLAN`` of this statement: its detail lines."""
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        cursor = driver.cursor()
+        try:
+            cursor.execute("EXPLAIN QUERY PLAN " + self.sql, self._args(params))
+            return [str(line[-1]) for line in cursor.fetchall()]
+        finally:
+            _close_quietly(cursor)
+
+    def run(self, conn: Connection, **params: Any) -> list[Sequence[Any]]:
+        args = self._args(params)
         driver = conn.connection.driver_connection
         assert driver is not None
         cursor = driver.cursor()

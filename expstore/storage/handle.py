@@ -39,6 +39,8 @@ class BufferHandle:
         self.dialect: Dialect = dialect_for(self.connections.engine.dialect.name)
         self.buffer_id = 0
         self._statements: dict[tuple[Any, ...], CompiledSelect] = {}
+        #: Choices made once per statement from the database's plan (see key_space).
+        self.plans: dict[tuple[Any, ...], bool] = {}
 
     def read(self) -> AbstractContextManager[Connection]:
         return self.connections.read()

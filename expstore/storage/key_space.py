@@ -28,6 +28,7 @@ from sqlalchemy import Connection, exists, func, select
 from ..layout import COLUMNS_BY_NAME
 from ..query.fields import resolve_field
 from .base import QueryCondition
+from .compiled import CompiledSelect
 from .handle import BufferHandle
 from .key_index import Arrays, _column, _to_arrays, condition_key
 from .schema import rows
@@ -96,16 +97,21 @@ class KeySpace:
         names = tuple(columns)
         selected = [_column(n, handle.dialect) for n in names]
 
-        def build() -> Any:  # only when the statement is not compiled yet
+        def build(covering: bool = False) -> Any:  # only when not compiled yet
             clauses = handle.matching(self.query_condition)
             if self.max_staleness is not None:
                 clauses.append(fresh_clause(handle.buffer_id, self.max_staleness))
+            if covering:
+                clauses.insert(0, rows.c.buffer_id == handle.buffer_id)
             chosen = select(rows.c.key, *(c.selected for c in selected), rows.c.buffer_id)
             return chosen.where(handle.dialect.key_in(), *clauses)
 
-        statement = handle.statement(
-            ("probe", condition_key(self.query_condition), self.max_staleness, names), build
-        )
+        key = ("probe", condition_key(self.query_condition), self.max_staleness, names)
+        statement = handle.statement(key, build)
+        if self.query_condition is not None and handle.dialect.name == "sqlite":
+            covering = handle.statement((*key, "covering"), lambda: build(True))
+            if self._covers(key, covering):
+                statement = covering
         wanted = np.unique(np.asarray(keys, dtype=np.int64)).tolist()
         self.probed += len(wanted)
         buffer_id = handle.buffer_id
@@ -117,6 +123,21 @@ class KeySpace:
             found += [r[:-1] for r in statement.run(self.conn, keys=chunk) if r[-1] == buffer_id]
         found.sort(key=lambda r: r[0])
         return _to_arrays(found, selected)
+
+    def _covers(self, key: tuple[Any, ...], statement: CompiledSelect) -> bool:
+        """Whether SQLite answers the probe ``statement`` (its condition, the buffer and
+        the keys) from an index alone: a condition on an indexed column or expression
+        whose index holds the rowid. Such a probe reads small index pages instead of
+        table rows (a tenth of the pages for the benchmarks' rows, which keeps a filtered
+        draw's pages in memory at 10M rows). Asked of the planner once per statement."""
+        plans = self.handle.plans
+        found = plans.get(key)
+        if found is None:
+            lines = statement.sqlite_plan(self.conn, keys=self.handle.dialect.key_set([]))
+            found = plans[key] = any("COVERING INDEX" in line for line in lines) and not any(
+                line.startswith("SCAN") and rows.name in line for line in lines
+            )
+        return found
 
     def distinct(self, name: str) -> list[Any] | None:
         """The distinct values of column ``name`` among the buffer's rows, by one index probe
