@@ -19,6 +19,7 @@ after its probe is chosen again by the sampling loop, as with a key index.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,6 +34,12 @@ from .handle import BufferHandle
 from .key_index import Arrays, _column, _to_arrays, condition_key
 from .schema import rows
 from .versions import fresh_clause
+
+#: A plan line of SQLite seeking an index on the condition with each candidate key (not
+#: the (buffer_id, key) index, which turns no candidate down).
+_INDEX_PROBE = re.compile(
+    r"USING (COVERING )?INDEX \S+ \(buffer_id=\? AND (?!key=\? AND rowid).+ AND rowid=\?\)"
+)
 
 __all__ = ["DISTINCT_LIMIT", "KeySpace", "PriorityBounds"]
 
@@ -125,18 +132,18 @@ class KeySpace:
         return _to_arrays(found, selected)
 
     def _covers(self, key: tuple[Any, ...], statement: CompiledSelect) -> bool:
-        """Whether SQLite answers the probe ``statement`` (its condition, the buffer and
-        the keys) from an index alone: a condition on an indexed column or expression
-        whose index holds the rowid. Such a probe reads small index pages instead of
-        table rows (a tenth of the pages for the benchmarks' rows, which keeps a filtered
-        draw's pages in memory at 10M rows). Asked of the planner once per statement."""
+        """Whether SQLite would probe ``statement`` (its condition, the buffer and the
+        keys) by seeking an index on the condition with each key: a condition on an
+        indexed column or expression, whose index holds the rowid. A candidate that does
+        not match is then turned down by small index pages, without reading its table
+        row (a tenth of the pages for the benchmarks' rows, which keeps a filtered draw's
+        pages in memory at 10M rows); only matching ones may still read the table, for
+        what the index lacks. Asked of the planner once per statement."""
         plans = self.handle.plans
         found = plans.get(key)
         if found is None:
             lines = statement.sqlite_plan(self.conn, keys=self.handle.dialect.key_set([]))
-            found = plans[key] = any("COVERING INDEX" in line for line in lines) and not any(
-                line.startswith("SCAN") and rows.name in line for line in lines
-            )
+            found = plans[key] = any(_INDEX_PROBE.search(line) for line in lines)
         return found
 
     def distinct(self, name: str) -> list[Any] | None:

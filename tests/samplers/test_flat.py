@@ -15,6 +15,7 @@ from expstore.samplers import (
     UniformSampler,
 )
 from expstore.samplers.flat import draw_ranks
+from expstore.storage.key_index import condition_key
 from tests.helpers import make_rows
 from tests.samplers.stats import chi_square_p
 
@@ -243,3 +244,35 @@ def test_a_draw_reads_one_snapshot_whatever_is_written_meanwhile(
     np.testing.assert_allclose(sampler.last_weights, 1.0)  # every row at 4.0, as the bounds
     sampler.sample(buffer.storage, 16)  # the next draw sees the new priorities
     np.testing.assert_allclose(sampler.last_weights, 1.0)
+
+
+def test_sqlite_probes_through_an_index_on_the_condition_where_the_planner_has_one(
+    buffer: ReplayBuffer, db_url: str, buffer_name: str
+) -> None:
+    """A condition on an indexed column (or a path given an index) is probed by seeking
+    that index with each candidate key; one without an index keeps the primary-key probe.
+    Either way only the buffer's matching rows are drawn, uniformly."""
+    if not db_url.startswith("sqlite"):
+        pytest.skip("a SQLite planner choice (Postgres probes by primary key)")
+    _gappy(buffer, db_url, buffer_name)
+    plans = buffer.storage._handle.plans
+    by_agent = QueryBuilder().eq("exp_meta.agent_id", "agent1").build()
+    by_path = QueryBuilder().eq("exp_data.state.url", "https://x/3").build()
+    cases = [(by_agent, True), (by_path, False)]
+    for condition, covered in cases:
+        matching = np.array(buffer.storage.key_index(condition)["key"])
+        buffer.storage.index.clear()
+        drawn = _draw(buffer, UniformSampler(seed=2), 120, 20, condition)
+        assert _holds_no_index(buffer) and set(drawn.tolist()) <= set(matching.tolist())
+        assert (
+            chi_square_p(np.array([(drawn == k).sum() for k in matching]), np.ones(len(matching)))
+            > P_MIN
+        )
+        assert [v for k, v in plans.items() if k[1] and condition_key(condition) == k[1]] == [
+            covered
+        ]
+    buffer.create_index("exp_data.state.url")
+    buffer.storage._handle.plans.clear()
+    drawn = _draw(buffer, UniformSampler(seed=3), 20, 20, by_path)
+    assert set(plans.values()) == {True}
+    assert set(drawn.tolist()) <= set(np.array(buffer.storage.key_index(by_path)["key"]).tolist())
