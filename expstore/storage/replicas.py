@@ -21,7 +21,9 @@ raises :class:`~expstore.ConnectionLostError`, which ``ReplayBuffer.sample`` ret
 elsewhere (as it does when a connection to the primary is cut in the middle of a read).
 
 At open each read URL is checked: it must be Postgres, in recovery (a standby, not a
-primary), and a copy of the primary's cluster (the same system identifier).
+primary), and a copy of the primary's cluster (the same system identifier). Its first
+read waits, as a read-your-writes read does, until it has replayed the buffer's creation
+(a standby made moments ago may not have the tables yet).
 """
 
 from __future__ import annotations
@@ -107,9 +109,15 @@ class ReadRouter:
     # -- at open ---------------------------------------------------------------------------
     def check(self) -> None:
         """Check every read URL against the primary: ReplicaError for one that is a primary
-        or a copy of another cluster; a warning for one that cannot be reached now."""
+        or a copy of another cluster; a warning for one that cannot be reached now. Reads
+        wait (up to ``wait_s``, then the primary serves) for a replica to replay the
+        buffer's creation."""
         with self.primary.connect() as conn:
             system = _system_id(conn)
+            # The buffer exists on the primary now (schema, its row): a replica serves reads
+            # once it has replayed that far, whether or not read_your_writes is on (a fresh
+            # standby may not have the tables yet).
+            self._pending_lsn = str(conn.execute(select(func.pg_current_wal_lsn())).scalar_one())
         for replica in self.replicas:
             try:
                 with replica.engine.connect() as conn:

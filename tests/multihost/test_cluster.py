@@ -90,6 +90,19 @@ def test_reads_go_to_the_replica_and_writes_to_the_primary(cluster: Cluster, nam
         assert len(buffer.sample(UniformSampler(), batch_size=8)) == 8
 
 
+def test_a_replica_is_read_only_once_it_has_replayed_the_buffers_creation(
+    cluster: Cluster, name: str
+) -> None:
+    _replica_sql(cluster, "SELECT pg_wal_replay_pause()")
+    try:  # the buffer is made on the primary while the replica replays nothing
+        with ReplayBuffer(cluster.url(0), name=name, read_urls=[cluster.url(1)]) as buffer:
+            buffer.store_batch(make_rows(3))
+            with pytest.warns(ReplicaWarning, match="had not replayed"):
+                assert len(buffer) == 3  # from the primary, not an error from the replica
+    finally:
+        _replica_sql(cluster, "SELECT pg_wal_replay_resume()")
+
+
 def test_read_your_writes_sees_every_write_at_once(cluster: Cluster, name: str) -> None:
     with ReplayBuffer(
         cluster.url(0), name=name, read_urls=[cluster.url(1)], read_your_writes=True
