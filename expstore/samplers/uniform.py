@@ -11,9 +11,13 @@ from ..sampling import Choice
 from ..storage.base import QueryCondition, Storage
 from ..storage.key_space import KeySpace
 from .base import KeySampler, SamplerOptions
+from .epochs import EpochState, KeyPermutation, next_in_epoch
 from .flat import draw_uniform
 
 __all__ = ["UniformSampler"]
+
+#: An epoch walks the key range when at least one key in this many is a row of the buffer.
+_SPARSE = 8
 
 
 class UniformSampler(KeySampler):
@@ -28,7 +32,10 @@ class UniformSampler(KeySampler):
       what is left of it (a short batch), and the next call starts a new epoch. A batch
       larger than the matching rows is one whole epoch. Rows stored during an epoch join
       the next one; rows deleted during it are skipped. Changing the condition starts a
-      new epoch.
+      new epoch. Without a condition (nor ``max_staleness``) an epoch walks a keyed
+      permutation of the key range (:mod:`expstore.samplers.epochs`), holding nothing
+      that grows with the buffer; otherwise, or when the buffer's keys are mixed with
+      many of other buffers', a shuffled copy of the matching keys.
 
     >>> sampler = UniformSampler(replacement=False, seed=0)
     """
@@ -39,35 +46,56 @@ class UniformSampler(KeySampler):
         self._epoch: np.ndarray | None = None
         self._position = 0
         self._epoch_condition: Any = None
+        self._flat_epoch: EpochState | None = None
 
     def reseed(self, seed: Any) -> None:
         super().reseed(seed)
         self._epoch = None
         self._position = 0
+        self._flat_epoch = None
 
     def choose(
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
     ) -> Choice:
-        if not self.replacement and (
-            self._epoch is None or not _same_condition(self._epoch_condition, query_condition)
-        ):
+        if not self.replacement and not _same_condition(self._epoch_condition, query_condition):
             self._epoch = None
+            self._flat_epoch = None
             self._epoch_condition = query_condition
         return super().choose(storage, batch_size, query_condition)
 
     def can_draw_flat(self, query_condition: QueryCondition) -> bool:
-        return self.replacement
+        # An epoch stays on the path it began on: a key-index epoch is finished over it.
+        return self.replacement or not (
+            self._epoch is not None and self._position < len(self._epoch)
+        )
 
     def choose_flat(
         self, space: KeySpace, batch_size: int, query_condition: QueryCondition
     ) -> Choice | None:
         if not self.replacement:
-            return None
+            return self._epoch_over_key_space(space, batch_size)
         drawn = draw_uniform(space, batch_size, self.rng, hint=self.kept_hint(query_condition))
         if drawn is None:
             return None
         self.kept_hint(query_condition, drawn.kept)
         return Choice(drawn.keys)
+
+    def _epoch_over_key_space(self, space: KeySpace, batch_size: int) -> Choice | None:
+        """The next keys of an epoch over the key space; None to begin one over the key
+        index instead."""
+        state = self._flat_epoch
+        for _ in range(2):  # an epoch whose remaining rows were all deleted: the next
+            if state is None or state.position >= state.span:
+                if space.filtered or not space.rows or space.rows * _SPARSE < space.span:
+                    self._flat_epoch = None
+                    return None
+                permutation = KeyPermutation(space.span, self.rng)
+                state = EpochState(space.min_key, space.span, permutation, 0)
+            keys, state = next_in_epoch(space, state, batch_size, space.rows / space.span)
+            self._flat_epoch = state
+            if len(keys):
+                return Choice(keys)
+        return None
 
     def sample_keys(
         self, index: dict[str, np.ndarray], batch_size: int, rng: np.random.Generator

@@ -1,0 +1,108 @@
+"""Epochs over the key space: every row once per epoch, in a random order, holding nothing
+that grows with the buffer.
+
+An epoch covers the buffer's key range as it was when the epoch began, ``lo .. hi``: the
+rows stored during it have larger keys and join the next one, the rows deleted during it
+are not found and are skipped, as with the key-index epochs of
+:class:`~expstore.UniformSampler`. Its order is a :class:`KeyPermutation` of the range's
+positions, a keyed bijection computed on demand: a process keeps the range, the
+permutation's round keys and how far the epoch has gone, not a shuffled list of N keys.
+Each call walks the permutation from there, probes the candidate keys
+(:meth:`~expstore.storage.key_space.KeySpace.probe`) and keeps those that are rows, in
+permutation order, until the batch is full or the epoch ends (a short last batch).
+
+The permutation is a balanced Feistel network over the smallest even power of two that
+holds the range, with cycle-walking back into it: a bijection for any round function, so
+each key comes exactly once; its order is pseudo-random (a keyed mix per round), not a
+uniformly random permutation in the cryptographic sense, which no epoch sampler needs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from ..storage.key_space import KeySpace
+
+__all__ = ["EpochState", "KeyPermutation", "next_in_epoch"]
+
+#: Feistel rounds (four give a pseudo-random permutation from pseudo-random round functions).
+ROUNDS = 6
+_MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX_2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+class KeyPermutation:
+    """A keyed bijection of ``0 .. size - 1``, computed for any positions at once."""
+
+    def __init__(self, size: int, rng: np.random.Generator) -> None:
+        if size < 1:
+            raise ValueError(f"a permutation of {size} positions")
+        bits = max(2, (size - 1).bit_length())
+        bits += bits % 2
+        self.size = size
+        self.half = np.uint64(bits // 2)
+        self.mask = np.uint64((1 << (bits // 2)) - 1)
+        self.keys = rng.integers(0, 1 << 63, size=ROUNDS, dtype=np.uint64)
+
+    def _round(self, right: np.ndarray, key: np.uint64) -> np.ndarray:
+        x = (right + key) * _GOLDEN
+        x ^= x >> np.uint64(30)
+        x *= _MIX_1
+        x ^= x >> np.uint64(27)
+        x *= _MIX_2
+        x ^= x >> np.uint64(31)
+        return x & self.mask
+
+    def _encrypt(self, x: np.ndarray) -> np.ndarray:
+        left, right = x >> self.half, x & self.mask
+        for key in self.keys:
+            left, right = right, left ^ self._round(right, key)
+        return (left << self.half) | right
+
+    def __call__(self, positions: np.ndarray) -> np.ndarray:
+        """The images of ``positions`` (each in ``0 .. size - 1``), as int64."""
+        with np.errstate(over="ignore"):
+            out = self._encrypt(np.asarray(positions, dtype=np.uint64))
+            outside = out >= self.size
+            while outside.any():  # cycle-walking: at most a few steps, 4x the size at most
+                out[outside] = self._encrypt(out[outside])
+                outside = out >= self.size
+        return out.astype(np.int64)
+
+
+class EpochState(NamedTuple):
+    """Where an epoch over the key space stands."""
+
+    low: int  # the key range when the epoch began
+    span: int
+    permutation: KeyPermutation
+    position: int  # how many of the range's positions the epoch has walked
+
+
+def next_in_epoch(
+    space: KeySpace, state: EpochState, batch_size: int, hint: float
+) -> tuple[np.ndarray, EpochState]:
+    """Up to ``batch_size`` keys of rows of ``space`` next in the epoch (fewer only when the
+    epoch ends), in epoch order, and the epoch's state after them."""
+    low, span, permutation, position = state
+    taken: list[np.ndarray] = []
+    need = batch_size
+    rate = min(max(hint, 1 / 64), 1.0)
+    while need and position < span:
+        size = min(span - position, math.ceil(need / rate * 1.2) + 16)
+        candidates = low + permutation(np.arange(position, position + size))
+        found = space.probe(candidates)["key"]
+        hit = np.flatnonzero(np.isin(candidates, found, assume_unique=True))
+        if len(hit) > need:  # the rest of the round stays for the next call
+            hit = hit[:need]
+            size = int(hit[-1]) + 1
+        taken.append(candidates[hit])
+        position += size
+        need -= len(hit)
+        rate = max(len(hit) / size, 1 / 64) if size else rate
+    keys = np.concatenate(taken) if taken else np.empty(0, np.int64)
+    return keys, EpochState(low, span, permutation, position)

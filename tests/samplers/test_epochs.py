@@ -1,0 +1,120 @@
+"""Epochs over the key space (expstore.samplers.epochs): a keyed permutation of the key
+range, each row exactly once per epoch without holding the buffer's keys, on both
+backends."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from expstore import ReplayBuffer
+from expstore.query import QueryBuilder
+from expstore.samplers import UniformSampler
+from expstore.samplers.epochs import KeyPermutation
+from tests.helpers import make_rows
+from tests.samplers.stats import chi_square_p
+
+
+@pytest.mark.parametrize("size", [*range(1, 70), 255, 256, 257, 1000, 4097])
+def test_the_permutation_is_a_bijection_of_the_range(size: int) -> None:
+    for seed in range(3):
+        image = KeyPermutation(size, np.random.default_rng(seed))(np.arange(size))
+        assert image.dtype == np.int64
+        assert sorted(image.tolist()) == list(range(size))
+
+
+def test_a_large_permutation_is_computed_for_any_positions() -> None:
+    size = 10_000_019
+    permutation = KeyPermutation(size, np.random.default_rng(1))
+    positions = np.random.default_rng(2).choice(size, 100_000, replace=False)
+    image = permutation(positions)
+    assert len(np.unique(image)) == len(positions) and image.min() >= 0 and image.max() < size
+    np.testing.assert_array_equal(permutation(positions[:10]), image[:10])  # a function
+
+
+def test_orders_look_random_across_seeds() -> None:
+    firsts, before = [], 0
+    for seed in range(4000):
+        image = KeyPermutation(10, np.random.default_rng(seed))(np.arange(10))
+        firsts.append(int(np.flatnonzero(image == 0)[0]))  # where key 0 lands
+        before += int(image[3] < image[7])
+    assert chi_square_p(np.bincount(firsts, minlength=10), np.ones(10)) > 1e-4
+    assert 1800 < before < 2200  # about half
+
+
+def _ids(rows) -> list[str]:  # noqa: ANN001
+    return [r.id for r in rows]
+
+
+def _flat_epoch(sampler: UniformSampler) -> bool:
+    return sampler._flat_epoch is not None and sampler._epoch is None
+
+
+def test_each_row_once_per_epoch_over_the_key_space(buffer: ReplayBuffer) -> None:
+    buffer.store_batch(make_rows(97))
+    everyone = sorted(_ids(buffer.query()))
+    sampler = UniformSampler(replacement=False, seed=4)
+    orders = []
+    for _ in range(3):
+        epoch: list[str] = []
+        while len(epoch) < 97:
+            batch = sampler.sample(buffer.storage, 10)
+            assert _flat_epoch(sampler) and not buffer.storage.index.entries
+            epoch += _ids(batch)
+            assert len(batch) == min(10, 97 - (len(epoch) - len(batch)))  # short at the end
+        assert sorted(epoch) == everyone
+        orders.append(epoch)
+    assert orders[0] != orders[1] != orders[2]
+
+
+def test_rows_stored_or_deleted_mid_epoch(buffer: ReplayBuffer, db_url: str) -> None:
+    buffer.store_batch(make_rows(30, tasks=3))
+    with ReplayBuffer(db_url, name=buffer.storage.name + "_other") as other:
+        other.store_batch(make_rows(4))  # a few keys of another buffer in between
+    buffer.store_batch(make_rows(10, tasks=3))
+    sampler = UniformSampler(replacement=False, seed=5)
+    seen = _ids(sampler.sample(buffer.storage, 12))
+    assert _flat_epoch(sampler)
+    gone = set(_ids(buffer.query(QueryBuilder().eq("exp_meta.task_id", "task1").build())))
+    buffer.delete(QueryBuilder().eq("exp_meta.task_id", "task1").build())
+    late = make_rows(5)
+    buffer.store_batch(late)
+    while sampler._flat_epoch.position < sampler._flat_epoch.span:
+        seen += _ids(sampler.sample(buffer.storage, 7))
+    assert len(seen) == len(set(seen))  # once each
+    assert not set(_ids(late)) & set(seen)  # rows stored mid-epoch wait for the next
+    assert set(seen) >= set(_ids(buffer.query())) - set(_ids(late))
+    assert set(seen) - set(_ids(buffer.query())) <= gone  # the deleted only if seen before
+    following = _ids(sampler.sample(buffer.storage, 1000))
+    assert sorted(following) == sorted(_ids(buffer.query()))  # all of them, late ones too
+
+
+def test_a_buffer_whose_keys_are_mostly_another_buffers_uses_the_key_index(
+    buffer: ReplayBuffer, db_url: str
+) -> None:
+    with ReplayBuffer(db_url, name=buffer.storage.name + "_big") as other:
+        for _ in range(3):
+            buffer.store_batch(make_rows(2))
+            other.store_batch(make_rows(40))
+    sampler = UniformSampler(replacement=False, seed=6)
+    epoch = _ids(sampler.sample(buffer.storage, 100))
+    assert sampler._flat_epoch is None and sampler._epoch is not None
+    assert sorted(epoch) == sorted(_ids(buffer.query()))
+
+
+def test_an_epoch_stays_on_the_path_it_began_on(buffer: ReplayBuffer) -> None:
+    """An epoch begun over the key index is finished over it when the sampler may walk
+    the key space again; the next epoch walks the key space."""
+    buffer.store_batch(make_rows(20))
+    everyone = sorted(_ids(buffer.query()))
+    sampler = UniformSampler(replacement=False, seed=7)
+    sampler.flat = False
+    epoch = _ids(sampler.sample(buffer.storage, 6))
+    sampler.flat = True
+    while len(epoch) < 20:
+        epoch += _ids(sampler.sample(buffer.storage, 6))
+        assert sampler._flat_epoch is None  # still the key-index epoch
+    assert sorted(epoch) == everyone
+    following = [i for _ in range(4) for i in _ids(sampler.sample(buffer.storage, 5))]
+    assert sampler._flat_epoch is not None  # the next epoch walks the key space
+    assert sorted(following) == everyone
