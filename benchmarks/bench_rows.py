@@ -29,49 +29,34 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_sample import BATCH, DIM, _all_keys, build, interleaved, prewarm  # noqa: E402
+from bench_sample import BATCH, DIM, Floor, _all_keys, build, interleaved, prewarm  # noqa: E402
 
 from expstore import ReplayBuffer  # noqa: E402
 from expstore.codec import HEADER_SIZE  # noqa: E402
 from expstore.converters import DefaultConverter  # noqa: E402
 from expstore.samplers import UniformSampler  # noqa: E402
-from expstore.storage import create_sql_engine  # noqa: E402
 from expstore.storage.reader import ROW_COLUMNS  # noqa: E402
-from expstore.storage.schema import rows as rows_table  # noqa: E402
 
 _COLUMNS = [c.name for c in ROW_COLUMNS]
 
 
-class RowFloor:
+class RowFloor(Floor):
     """One raw SELECT of every column for 256 keys; JSON decode; np.frombuffer."""
 
     def __init__(self, buffer: ReplayBuffer) -> None:
-        engine = create_sql_engine(buffer.storage.url)
-        self.connection = engine.raw_connection()
-        self.sqlite = engine.dialect.name == "sqlite"
-        self.mark = "?" if self.sqlite else "%s"
+        super().__init__(buffer)
+        self.sqlite = self.mark == "?"
         self.data_at = _COLUMNS.index("data")
         self.tensors_at = _COLUMNS.index("tensors")
 
-    def __call__(self, keys: np.ndarray, rng: np.random.Generator) -> list[Any]:
-        chosen = keys[rng.integers(0, len(keys), BATCH)].tolist()
-        unique = list(dict.fromkeys(chosen))
-        sql = (
-            f"SELECT {', '.join(_COLUMNS)} FROM {rows_table.name} "
-            f"WHERE key IN ({', '.join([self.mark] * len(unique))})"
-        )
-        cursor = self.connection.cursor()
-        cursor.execute(sql, unique)
+    def __call__(self, keys: np.ndarray, rng: np.random.Generator) -> list[Any]:  # type: ignore[override]
+        chosen, fetched = self.fetch(keys, rng, ", ".join(_COLUMNS))
         found = {}
-        for row in cursor.fetchall():
+        for row in fetched:
             doc = json.loads(row[self.data_at]) if self.sqlite else row[self.data_at]
             tensor = np.frombuffer(row[self.tensors_at], np.float32, DIM, HEADER_SIZE)
             found[row[0]] = (row, doc, tensor)
-        cursor.close()
         return [found[k] for k in chosen]
-
-    def close(self) -> None:
-        self.connection.close()
 
 
 def run_backend(label: str, url: str, n: int, repeats: int) -> dict[str, float]:

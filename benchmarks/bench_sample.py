@@ -97,17 +97,25 @@ class Floor:
         self.connection = engine.raw_connection()
         self.mark = "?" if engine.dialect.name == "sqlite" else "%s"
 
-    def __call__(self, keys: np.ndarray, rng: np.random.Generator) -> torch.Tensor:
+    def fetch(
+        self, keys: np.ndarray, rng: np.random.Generator, columns: str
+    ) -> tuple[list[int], list[Any]]:
+        """BATCH keys picked from ``keys``, and ``columns`` of their rows (key first)."""
         chosen = keys[rng.integers(0, len(keys), BATCH)].tolist()
         unique = list(dict.fromkeys(chosen))
         sql = (
-            f"SELECT key, tensors FROM {rows_table.name} "
+            f"SELECT {columns} FROM {rows_table.name} "
             f"WHERE key IN ({', '.join([self.mark] * len(unique))})"
         )
         cursor = self.connection.cursor()
         cursor.execute(sql, unique)
-        found = dict(cursor.fetchall())
+        fetched = cursor.fetchall()
         cursor.close()
+        return chosen, fetched
+
+    def __call__(self, keys: np.ndarray, rng: np.random.Generator) -> torch.Tensor:
+        chosen, fetched = self.fetch(keys, rng, "key, tensors")
+        found = dict(fetched)
         out = np.stack([np.frombuffer(found[k], np.float32, DIM, HEADER_SIZE) for k in chosen])
         return torch.from_numpy(out)
 
