@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..errors import InvalidArgumentError
 from ..storage.key_space import KeySpace
 
 __all__ = ["EpochState", "KeyPermutation", "next_in_epoch"]
@@ -40,7 +41,7 @@ class KeyPermutation:
 
     def __init__(self, size: int, rng: np.random.Generator) -> None:
         if size < 1:
-            raise ValueError(f"a permutation of {size} positions")
+            raise InvalidArgumentError(f"a permutation needs at least one position, got {size}")
         bits = max(2, (size - 1).bit_length())
         bits += bits % 2
         self.size = size

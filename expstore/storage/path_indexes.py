@@ -48,7 +48,12 @@ def path_index(handle: BufferHandle, path: str) -> Index:
             )
         expression = json_value(field, rows, handle.dialect.name)
     digest = hashlib.sha1(field.canonical.encode()).hexdigest()[:16]
-    return Index(PREFIX + digest, rows.c.buffer_id, expression)
+    index = Index(PREFIX + digest, rows.c.buffer_id, expression)
+    # An Index on a table's columns joins that table's metadata, where it would stay for
+    # the process: in the models autogenerate compares and create_all() builds. It is
+    # this database's, not the schema's: keep it out (it still compiles against rows).
+    rows.indexes.discard(index)
+    return index
 
 
 def create_path_index(handle: BufferHandle, path: str) -> str:

@@ -70,3 +70,13 @@ def test_bad_paths_are_refused_and_nothing_is_created(buffer: ReplayBuffer) -> N
         buffer.create_index("exp_data.state.clé")
     with pytest.raises(Exception, match="exp_data"):
         buffer.create_index("nosuch.path")
+
+
+def test_a_path_index_stays_out_of_the_schemas_models(buffer: ReplayBuffer) -> None:
+    """The index is the database's: the models (which autogenerate compares and
+    create_all builds) never hold it, in this process or later."""
+    before = set(rows.indexes)
+    buffer.create_index("exp_data.state.url")
+    buffer.create_index("exp_meta.task_name")
+    buffer.drop_index("exp_data.state.url")
+    assert set(rows.indexes) == before
