@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import cast
 
 import numpy as np
@@ -9,7 +10,11 @@ from typing_extensions import Unpack
 
 from .._args import check_number
 from ..errors import EmptyBufferError, InvalidArgumentError
+from ..sampling import Choice
+from ..storage.base import QueryCondition
+from ..storage.key_space import KeySpace
 from .base import KeySampler, SamplerOptions
+from .flat import draw_uniform
 
 __all__ = ["RewardWeightedSampler"]
 
@@ -62,6 +67,43 @@ class RewardWeightedSampler(KeySampler):
             return cdf
 
         return self.derived(f"cdf:{self.temperature!r}", (reward,), compute)
+
+    # The envelope comes from the largest reward; the probes must see the same rows.
+    flat_snapshot = True
+
+    def can_draw_flat(self, query_condition: QueryCondition) -> bool:
+        return True
+
+    def choose_flat(
+        self, space: KeySpace, batch_size: int, query_condition: QueryCondition
+    ) -> Choice | None:
+        # Rejection with the envelope exp((r - r_max) / T) <= 1, r_max the buffer's largest
+        # reward (by its index; under a condition still an upper bound, which keeps the
+        # draw exact): a candidate is kept with its weight, so rows come in proportion to
+        # exp(r / T). Rewards that make it steep fall back to the key index (see flat).
+        top = space.largest("reward_t")
+        if top is None or not math.isfinite(top):
+            return None  # no reward (the key index explains), or an infinite one
+        temperature = self.temperature
+
+        def accept(columns: dict[str, np.ndarray]) -> np.ndarray:
+            reward = columns["reward_t"]
+            with np.errstate(over="ignore", invalid="ignore"):
+                weight = np.exp((reward - top) / temperature)
+            return np.where(np.isnan(reward), 0.0, np.minimum(weight, 1.0))
+
+        drawn = draw_uniform(
+            space,
+            batch_size,
+            self.rng,
+            columns=("reward_t",),
+            accept=accept,
+            hint=self.kept_hint(query_condition),
+        )
+        if drawn is None:
+            return None
+        self.kept_hint(query_condition, drawn.kept)
+        return Choice(drawn.keys)
 
     def sample_keys(
         self, index: dict[str, np.ndarray], batch_size: int, rng: np.random.Generator

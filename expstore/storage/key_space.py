@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Connection, exists, func, select
 
+from ..errors import InvalidArgumentError
 from ..layout import COLUMNS_BY_NAME
 from ..query.fields import resolve_field
 from .base import QueryCondition
@@ -169,6 +170,20 @@ class KeySpace:
             r[0] for r in self.handle.statement(("distinct", spec.name), build).run(self.conn)
         ]
         return None if len(values) > DISTINCT_LIMIT else values
+
+    def largest(self, name: str) -> float | None:
+        """The largest value of the buffer's indexed numeric column ``name`` (None when no
+        row has one), by its ``(buffer_id, name)`` index."""
+        spec = COLUMNS_BY_NAME[name]
+        if not spec.indexed or spec.kind != "number":
+            raise InvalidArgumentError(f"largest() needs an indexed number column, got {name!r}")
+        mine = rows.c.buffer_id == self.handle.buffer_id
+
+        def build() -> Any:
+            return select(func.max(rows.c[name])).where(mine)
+
+        ((found,),) = self.handle.statement(("largest", name), build).run(self.conn)
+        return None if found is None else float(found)
 
     def priority_bounds(self) -> PriorityBounds:
         """The buffer's smallest and largest stored priority and whether a row has none, by

@@ -101,3 +101,33 @@ def test_no_reward_among_matching_rows_names_the_condition(buffer: ReplayBuffer)
 def test_temperature_must_be_positive(bad: object) -> None:
     with pytest.raises(ValueError, match="temperature must be a finite number > 0"):
         RewardWeightedSampler(temperature=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("filtered", [False, True])
+def test_over_the_key_space_draws_follow_the_softmax_without_a_key_index(
+    buffer: ReplayBuffer, filtered: bool
+) -> None:
+    rewards = [-1.0, 0.0, 0.5, 1.0, 2.0, None, 1.5, -0.5]
+    buffer.store_batch([make_row("t", f"agent{i % 2}", i, reward=r) for i, r in enumerate(rewards)])
+    cond = QueryBuilder().eq("exp_meta.agent_id", "agent0").build() if filtered else None
+    sampler = RewardWeightedSampler(temperature=1.0, seed=3)
+    drawn = []
+    for _ in range(150):
+        sampler.sample(buffer.storage, 40, cond)
+        drawn.append(sampler.last_keys)
+    assert not buffer.storage.index.entries  # over the key space, no key index held
+    keys = np.array(buffer.storage.key_index(cond, ("reward_t",))["key"])
+    reward = np.array(buffer.storage.key_index(cond, ("reward_t",))["reward_t"])
+    counts = np.array([(np.concatenate(drawn) == k).sum() for k in keys])
+    weight = np.where(np.isnan(reward), 0.0, np.exp(np.nan_to_num(reward, nan=0.0)))
+    assert counts[weight == 0].sum() == 0  # the row without a reward, never
+    assert chi_square_p(counts[weight > 0], weight[weight > 0]) > 1e-4
+
+
+def test_a_steep_softmax_draws_the_top_row_either_way(buffer: ReplayBuffer) -> None:
+    buffer.store_batch([make_row("t", "a", i, reward=float(i)) for i in range(50)])
+    for flat in (True, False):
+        sampler = RewardWeightedSampler(temperature=0.01, seed=0)  # one row holds it all
+        sampler.flat = flat
+        rows = sampler.sample(buffer.storage, 20)
+        assert {r.exp_meta.step for r in rows} == {49}
