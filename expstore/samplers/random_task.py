@@ -9,6 +9,7 @@ import numpy as np
 from .._args import seeded_rng
 from ..sampling import Choice
 from ..storage.base import QueryCondition, Storage
+from ..storage.key_space import KeySpace
 from ..storage.versions import check_staleness, fresh_mask
 from .base import (
     DerivedArrays,
@@ -18,6 +19,7 @@ from .base import (
     value_codes,
     with_current_version,
 )
+from .flat import draw_uniform
 
 __all__ = ["RandomTaskSample", "RandomTaskSampler"]
 
@@ -56,18 +58,72 @@ class RandomTaskSampler(TaskSampler):
     def sample_task_ids(
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
     ) -> list[str]:
+        if self.flat and self.max_staleness is None:
+            batch_size = check_batch_size(batch_size)
+            chosen = storage.key_space(
+                query_condition, lambda space: self._task_ids_flat(space, batch_size)
+            )
+            if chosen is not None:
+                return chosen
         index = storage.key_index(query_condition, self._columns)
         return self._choose(index, batch_size, storage, query_condition)
+
+    #: Whether to draw tasks over the key space when it can (False: over the key index).
+    flat: bool = True
+    #: The share of candidate rows the last draw over the key space kept.
+    _kept: float = 0.1
 
     def choose(
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
     ) -> Choice:
+        if self.flat and self.max_staleness is None:
+            batch_size = check_batch_size(batch_size)
+
+            def whole_tasks(space: KeySpace) -> Choice | None:
+                chosen = self._task_ids_flat(space, batch_size)
+                return None if chosen is None else Choice(space.task_rows(chosen))
+
+            choice = storage.key_space(query_condition, whole_tasks)
+            if choice is not None:
+                return choice
         # The matching tasks and the whole buffer's rows, from one read.
         matching, whole = storage.key_indexes(
             [(query_condition, self._columns), (None, self.TASK_COLUMNS)]
         )
         task_ids = self._choose(matching, batch_size, storage, query_condition)
         return Choice(self.task_keys(whole, task_ids))
+
+    def _task_ids_flat(self, space: KeySpace, batch_size: int) -> list[str] | None:
+        """Distinct tasks over the key space: matching rows drawn uniformly and kept with
+        probability 1 / (the task's matching rows) are uniform draws among the eligible
+        tasks; the first ``batch_size`` distinct ones are a uniformly random subset. None
+        (the key index then serves) when the tasks are too few for that to pay, as when
+        the batch asks for more tasks than there are, or too long (over ~128 matching rows
+        each on average, a candidate is kept too rarely)."""
+        counts: dict[str, int] = {}
+
+        def accept(columns: dict[str, np.ndarray]) -> np.ndarray:
+            tasks = columns["task_id"].tolist()
+            counts.update(space.task_counts([t for t in set(tasks) if t not in counts]))
+            return np.array([1.0 / counts.get(t, 1) for t in tasks])
+
+        chosen: dict[str, None] = {}
+        budget = 2 * batch_size + 16  # draws; more mean few tasks, which the key index lists
+        while len(chosen) < batch_size and budget > 0:
+            want = min(budget, batch_size - len(chosen) + 8)
+            drawn = draw_uniform(
+                space, want, self.rng, columns=("task_id",), accept=accept, hint=self._kept
+            )
+            if drawn is None:
+                return None
+            self._kept = drawn.kept  # sizes the next call's first round
+            budget -= want
+            for task in drawn.columns["task_id"].tolist():
+                if len(chosen) < batch_size:
+                    chosen.setdefault(task)
+        if len(chosen) < batch_size:
+            return None
+        return [str(task) for task in chosen]
 
     def _choose(
         self,

@@ -154,15 +154,22 @@ def test_with_a_warm_index_sampling_only_checks_freshness_and_reads_by_key(
     assert not any("random" in s.lower() for s in queries)
     assert "expstore_buffers.version" in queries[0]  # the freshness check
     # Then the chosen rows are fetched by key; a draw over the key space first probes
-    # candidate keys, by key too, after reading the envelope's bound by its index.
-    bounds = [q for q in queries[1:] if re.search(r"max\(expstore_rows\.reward_t\)", q)]
+    # candidate keys, by key too, after reading the envelope's bound by its index (tasks:
+    # their row counts and rows, by the task index).
+    by_index = [
+        q
+        for q in queries[1:]
+        if re.search(r"max\(expstore_rows\.reward_t\)|expstore_rows\.task_id IN", q)
+        # a draw over the key space that gives up checks freshness again for the key index
+        or (flat and "expstore_buffers.version" in q)
+    ]
     assert all(
-        re.search(r'expstore_rows\."?key"? (IN|= any)', q) for q in queries[1:] if q not in bounds
+        re.search(r'expstore_rows\."?key"? (IN|= any)', q) for q in queries[1:] if q not in by_index
     )
-    can = getattr(sampler, "can_draw_flat", lambda _: False)(cond)
+    can = getattr(sampler, "can_draw_flat", lambda _: sampler_name == "random_task")(cond)
     probes = 3 if flat and can else 0
-    assert len(bounds) <= (1 if flat and can else 0)
-    assert 2 <= len(queries) <= 2 + probes + len(bounds)
+    assert len(by_index) <= (probes if flat and can else 0)
+    assert 2 <= len(queries) <= 2 + probes + len(by_index)
 
 
 def test_sampling_after_a_delete_never_returns_deleted_rows(

@@ -63,3 +63,41 @@ def test_sample_tasks_groups_rows_in_the_order_tasks_were_chosen(buffer: ReplayB
     assert all(all(r.exp_meta.task_id == t for r in rs) for t, rs in grouped.items())
     flat = RandomTaskSampler(seed=3).sample(buffer.storage, 2)
     assert [r.id for r in flat] == [r.id for rs in grouped.values() for r in rs]
+
+
+def _many_uneven_tasks(buffer: ReplayBuffer) -> list[str]:
+    sizes = [1, 2, 3, 5, 8, 13, 21, 1, 4, 9]
+    rows = [make_row(f"t{i}", f"a{i % 2}", s) for i, n in enumerate(sizes) for s in range(n)]
+    buffer.store_batch(rows[::-1])  # insertion order unlike step order
+    return [f"t{i}" for i in range(len(sizes))]
+
+
+def test_over_the_key_space_tasks_are_equally_likely_and_whole(buffer: ReplayBuffer) -> None:
+    tasks = _many_uneven_tasks(buffer)
+    sampler = RandomTaskSampler(seed=1)
+    counts = dict.fromkeys(tasks, 0)
+    for _ in range(600):
+        rows = sampler.sample(buffer.storage, 3)
+        chosen = list(dict.fromkeys(r.exp_meta.task_id for r in rows))
+        assert len(chosen) == 3  # distinct tasks, each whole and in step order
+        for task in chosen:
+            steps = [r.exp_meta.step for r in rows if r.exp_meta.task_id == task]
+            assert steps == sorted(steps) == list(range(len(steps)))
+            counts[task] += 1
+    assert not buffer.storage.index.entries  # no key index held
+    assert chi_square_p([counts[t] for t in tasks], np.ones(len(tasks))) > 1e-4
+
+
+def test_over_the_key_space_the_condition_decides_which_tasks_are_eligible(
+    buffer: ReplayBuffer,
+) -> None:
+    _many_uneven_tasks(buffer)
+    cond = QueryBuilder().eq("exp_meta.agent_id", "a1").build()  # t1, t3, t5, t7, t9
+    sampler = RandomTaskSampler(seed=2)
+    seen: set[str] = set()
+    for _ in range(100):
+        rows = sampler.sample(buffer.storage, 2, cond)
+        seen |= {r.exp_meta.task_id for r in rows}
+    assert seen == {"t1", "t3", "t5", "t7", "t9"}
+    everything = sampler.sample(buffer.storage, 50, cond)  # more than there are: all
+    assert sorted({r.exp_meta.task_id for r in everything}) == sorted(seen)
