@@ -215,3 +215,12 @@ def test_sampled_rows_equal_stored_rows_and_the_collector_is_left_as_it_was(
                     assert gc.isenabled() is enabled
             finally:
                 gc.enable()
+
+
+def test_a_text_that_only_mentions_a_tensor_key_still_has_its_blob_checked() -> None:
+    decoder = DocumentDecoder()
+    text = json.dumps({"state": "__tensor__", "actions": []})
+    for _ in range(3):
+        assert decoder.decode(text, b"garbage!", "r") is None  # the full decoder explains
+    with pytest.raises(CodecError):
+        decode_payload(json.loads(text), b"garbage!", row_id="r")

@@ -30,7 +30,7 @@ import numpy as np
 
 from .._optional import loaded_torch
 from ..errors import CodecError
-from .checks import text_problem
+from .checks import key_problem, text_problem, torch_problem
 from .encode import PayloadWriter
 from .format import (
     ALIGNMENT,
@@ -181,16 +181,22 @@ def _node(value: Any, n: int) -> Any:
     if isinstance(value, np.generic):
         raise _Unfit
     if isinstance(value, Mapping):
-        if not all(type(key) is str for key in value):
-            raise _Unfit
+        if not all(type(key) is str and key_problem(key) is None for key in value):
+            raise _Unfit  # the row encoder refuses (or converts) such keys
         return {key: _node(item, n) for key, item in value.items()}
-    if isinstance(value, np.ndarray):
+    if type(value) is np.ndarray:  # subclasses (masked arrays...) take the row path
         return _array_node(value, n)
+    if isinstance(value, np.ndarray):
+        raise _Unfit
     torch = loaded_torch()
     if torch is not None and isinstance(value, torch.Tensor):
         if value.ndim == 1:
             return _node(value.tolist(), n)
-        if str(value.dtype).removeprefix("torch.") not in TORCH_DTYPES or value.is_complex():
+        if (
+            str(value.dtype).removeprefix("torch.") not in TORCH_DTYPES
+            or value.is_complex()
+            or torch_problem(value, torch) is not None
+        ):
             raise _Unfit
         return _Tensor(value, tensor_as_numpy(value, torch), n)
     if isinstance(value, (list, tuple)):
@@ -301,5 +307,5 @@ def plan_payloads(columns: Mapping[str, Any], n: int) -> ColumnPayloads | None:
     the row encoder. The caller checks rows against the row encoder before using it."""
     try:
         return ColumnPayloads({name: _node(value, n) for name, value in columns.items()}, n)
-    except (_Unfit, CodecError, ValueError, TypeError):
+    except (_Unfit, CodecError, ValueError, TypeError, RuntimeError):
         return None

@@ -212,6 +212,8 @@ def _learn(text: str) -> _Template | None:
         skeleton = _walk(doc, "", tensors, checker)
     except (_NotPlain, CodecError, RecursionError):
         return None
+    if not tensors:  # (a string that reads "__tensor__"): the full decoder checks the blob
+        return None
     return _Template(skeleton, tensors)
 
 

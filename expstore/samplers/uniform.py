@@ -91,6 +91,7 @@ class UniformSampler(KeySampler):
                     return None
                 permutation = KeyPermutation(space.span, self.rng)
                 state = EpochState(space.min_key, space.span, permutation, 0)
+                self._epoch = None  # the key index's epoch, if one ran, is over
             keys, state = next_in_epoch(space, state, batch_size, space.rows / space.span)
             self._flat_epoch = state
             if len(keys):
@@ -112,6 +113,7 @@ class UniformSampler(KeySampler):
             if self._epoch is None or self._position >= len(self._epoch):
                 self._epoch = keys[rng.permutation(len(keys))]
                 self._position = 0
+                self._flat_epoch = None  # an epoch over the key space, if one ran, is over
             chosen = self._epoch[self._position : self._position + batch_size]
             self._position += len(chosen)
             # Keys deleted since the epoch began are skipped (keys is sorted).

@@ -118,3 +118,18 @@ def test_an_epoch_stays_on_the_path_it_began_on(buffer: ReplayBuffer) -> None:
     following = [i for _ in range(4) for i in _ids(sampler.sample(buffer.storage, 5))]
     assert sampler._flat_epoch is not None  # the next epoch walks the key space
     assert sorted(following) == everyone
+
+
+def test_a_key_index_epoch_ends_an_unfinished_key_space_epoch(buffer: ReplayBuffer) -> None:
+    """Switching to the key index mid-epoch starts an epoch there; switching back starts a
+    fresh one over the key space, not the rest of the old one (found by review)."""
+    buffer.store_batch(make_rows(20))
+    everyone = sorted(_ids(buffer.query()))
+    sampler = UniformSampler(replacement=False, seed=8)
+    sampler.sample(buffer.storage, 6)  # a key-space epoch, 14 rows owed
+    sampler.flat = False
+    by_index = [i for _ in range(4) for i in _ids(sampler.sample(buffer.storage, 5))]
+    assert sorted(by_index) == everyone  # one whole key-index epoch
+    sampler.flat = True
+    fresh = [i for _ in range(4) for i in _ids(sampler.sample(buffer.storage, 5))]
+    assert sorted(fresh) == everyone  # a whole new epoch, not the 14 rows owed

@@ -205,3 +205,23 @@ def test_column_rows_read_back_and_dedup_as_store_batch_rows(db_url: str, buffer
         assert buf.store_batch(rows, dedup="skip") == 0
         assert buf.extend({**columns, "execute_time": 5.0}, dedup="skip") == 0
         assert len(buf) == n
+
+
+def test_values_the_row_path_refuses_or_converts_are_left_to_it(
+    db_url: str, buffer_name: str
+) -> None:
+    """Keys a stored dict cannot hold, array subclasses and tensors the codec refuses take
+    the row path, with its errors (found by review)."""
+    for bad in ({"a\x00b": np.arange(3)}, {"\ud800": np.arange(3)}):
+        assert encoded_columns(parse_columns({**_base(3), "state": bad})) is None
+    masked = np.ma.array([1.0, 2.0, 3.0], mask=[False, True, False])
+    assert encoded_columns(parse_columns({**_base(3), "state": masked})) is None
+    sparse = torch.eye(3).to_sparse()
+    assert encoded_columns(parse_columns({**_base(3), "state": sparse})) is None
+    with ReplayBuffer(db_url, name=buffer_name) as buf:
+        with pytest.raises(InvalidArgumentError):
+            buf.extend({**_base(3), "state": {"a\x00b": np.arange(3)}})
+        with pytest.raises(InvalidArgumentError):
+            buf.extend({**_base(3), "state": sparse})
+        assert buf.extend({**_base(3), "state": masked}) == 3  # as the row path stores it
+        assert len(buf) == 3
