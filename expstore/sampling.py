@@ -103,8 +103,15 @@ def draw(
     deleted = lost = 0
     started = time.monotonic()
     counted: int | None = None
+    # A batch chosen again (rows deleted before the fetch, a rate limit's wait, a lost
+    # connection) starts from where the first choice did: an epoch loses no rows to it.
+    mark = sampler.mark()
+    chosen_before = False
     try:
         while True:
+            if chosen_before:
+                sampler.rewind(mark)
+            chosen_before = True
             try:
                 if getattr(sampler, "consume_after", None) is not None:
                     choice = _choose_consuming(storage, sampler, batch_size, query_condition)

@@ -183,6 +183,14 @@ class Sampler(ABC):
         AWorld way); KeySampler and TaskSampler choose keys instead."""
         return Choice(_NO_KEYS, rows=self.sample(storage, batch_size, query_condition))
 
+    def mark(self) -> Any:
+        """What choosing a batch again must start from (a sampler whose choices move it
+        along, such as an epoch, returns where it stands; others None)."""
+        return None
+
+    def rewind(self, mark: Any) -> None:  # noqa: B027 - a hook most samplers need not fill
+        """Go back to ``mark`` (from :meth:`mark`): the batch is being chosen again."""
+
     def describe(self, choice: Choice, ids: list[str]) -> SampleInfo:
         """The :class:`SampleInfo` of a batch of ``choice`` whose rows ``ids`` were fetched
         (kept as :attr:`last_info`)."""

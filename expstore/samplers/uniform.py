@@ -35,7 +35,10 @@ class UniformSampler(KeySampler):
       new epoch. Without a condition (nor ``max_staleness``) an epoch walks a keyed
       permutation of the key range (:mod:`expstore.samplers.epochs`), holding nothing
       that grows with the buffer; otherwise, or when the buffer's keys are mixed with
-      many of other buffers', a shuffled copy of the matching keys.
+      many of other buffers', a shuffled copy of the matching keys. A batch chosen again
+      (a row deleted before the fetch, a rate limit's wait) loses no row of the epoch.
+      On SQLite a row stored just after the buffer's newest row was deleted (not evicted)
+      reuses that row's key, and so may join the epoch in progress.
 
     >>> sampler = UniformSampler(replacement=False, seed=0)
     """
@@ -62,6 +65,14 @@ class UniformSampler(KeySampler):
             self._flat_epoch = None
             self._epoch_condition = query_condition
         return super().choose(storage, batch_size, query_condition)
+
+    def mark(self) -> Any:
+        # Epoch states are replaced, never changed in place: holding them is a snapshot.
+        return None if self.replacement else (self._epoch, self._position, self._flat_epoch)
+
+    def rewind(self, mark: Any) -> None:
+        if mark is not None:
+            self._epoch, self._position, self._flat_epoch = mark
 
     def can_draw_flat(self, query_condition: QueryCondition) -> bool:
         # An epoch stays on the path it began on: a key-index epoch is finished over it.
