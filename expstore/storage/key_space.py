@@ -203,7 +203,7 @@ class KeySpace:
 
     def largest(self, name: str) -> float | None:
         """The largest value of the buffer's indexed numeric column ``name`` (None when no
-        row has one), by its ``(buffer_id, name)`` index."""
+        row has one, or the largest is not a number), by its ``(buffer_id, name)`` index."""
         spec = COLUMNS_BY_NAME[name]
         if not spec.indexed or spec.kind != "number":
             raise InvalidArgumentError(f"largest() needs an indexed number column, got {name!r}")
@@ -213,7 +213,9 @@ class KeySpace:
             return select(func.max(rows.c[name])).where(mine)
 
         ((found,),) = self.handle.statement(("largest", name), build).run(self.conn)
-        return None if found is None else float(found)
+        if type(found) not in (int, float):  # None, or text SQLite let in (a damaged row,
+            return None  # which the key index reports)
+        return float(found)
 
     def priority_bounds(self) -> PriorityBounds:
         """The buffer's smallest and largest stored priority and whether a row has none, by
