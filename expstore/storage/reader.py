@@ -163,9 +163,9 @@ class RowReader:
         """The rows with these keys in the given order (repeats allowed; vanished keys
         skipped)."""
         wanted = key_list(keys)
-        with collector_paused():  # the fetch makes as many objects as the decoding
-            fetched = self.rows_by_keys(list(dict.fromkeys(wanted)), ROW_COLUMNS)
-            decoded = decode_rows(fetched, self.documents)
+        fetched = self.rows_by_keys(list(dict.fromkeys(wanted)), ROW_COLUMNS)
+        decoded = decode_rows(fetched, self.documents)  # (the collector paused, not over
+        # the round trip, which may wait on a lock or a replica)
         found = dict(zip(map(itemgetter(0), fetched), decoded, strict=True))
         return [found[k] for k in wanted if k in found]
 
