@@ -58,6 +58,7 @@ from ..sampling import Choice, SampleInfo, check_batch_size, draw
 from ..storage.base import QueryCondition, Storage
 from ..storage.key_space import KeySpace
 from ..storage.versions import check_staleness, fresh_mask
+from .derived import DerivedArrays
 
 __all__ = [
     "Choice",
@@ -80,9 +81,6 @@ _T = TypeVar("_T")
 
 #: Calls under a condition that go straight to the key index after a flat draw gave up.
 _FLAT_SKIPS = 64
-
-#: Derived arrays kept per sampler (one per condition in use, most recent first).
-_DERIVED_ENTRIES = 4
 
 
 def numbering(values: Sequence[Any]) -> dict[Any, int]:
@@ -116,35 +114,6 @@ def empty_error(storage: Storage, query_condition: QueryCondition, what: str) ->
         f"cannot sample: {what}{where} (condition: {describe_condition(query_condition)}); "
         "store rows first or loosen the condition"
     )
-
-
-class DerivedArrays:
-    """Values computed from key-index arrays, kept while those arrays are unchanged.
-
-    The storage hands back the very same read-only array objects until the buffer changes,
-    so identity tells whether a derived value is still valid. A few entries are kept (one
-    per condition in use, most recent first). Pickling drops them: they are rebuilt where
-    the sampler lands (e.g. in a DataLoader worker).
-    """
-
-    def __init__(self) -> None:
-        self._entries: list[tuple[str, tuple[np.ndarray, ...], Any]] = []
-
-    def get(self, name: str, sources: tuple[np.ndarray, ...], compute: Callable[[], _T]) -> _T:
-        """``compute()``, or the value remembered for ``name`` over these very arrays."""
-        for i, (entry_name, entry_sources, value) in enumerate(self._entries):
-            if entry_name == name and len(entry_sources) == len(sources):
-                if all(a is b for a, b in zip(entry_sources, sources, strict=True)):
-                    if i:
-                        self._entries.insert(0, self._entries.pop(i))
-                    return value  # type: ignore[no-any-return]
-        value = compute()
-        self._entries.insert(0, (name, sources, value))
-        del self._entries[_DERIVED_ENTRIES:]
-        return value
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"_entries": []}
 
 
 class Sampler(ABC):
