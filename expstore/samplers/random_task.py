@@ -61,7 +61,9 @@ class RandomTaskSampler(TaskSampler):
         if self.flat and self.max_staleness is None:
             batch_size = check_batch_size(batch_size)
             chosen = storage.key_space(
-                query_condition, lambda space: self._task_ids_flat(space, batch_size)
+                query_condition,
+                lambda space: self._task_ids_flat(space, batch_size),
+                snapshot=True,  # the counts and rows as the probes saw them
             )
             if chosen is not None:
                 return chosen
@@ -83,7 +85,7 @@ class RandomTaskSampler(TaskSampler):
                 chosen = self._task_ids_flat(space, batch_size)
                 return None if chosen is None else Choice(space.task_rows(chosen))
 
-            choice = storage.key_space(query_condition, whole_tasks)
+            choice = storage.key_space(query_condition, whole_tasks, snapshot=True)
             if choice is not None:
                 return choice
         # The matching tasks and the whole buffer's rows, from one read.

@@ -68,11 +68,13 @@ class UniformSampler(KeySampler):
 
     def mark(self) -> Any:
         # Epoch states are replaced, never changed in place: holding them is a snapshot.
-        return None if self.replacement else (self._epoch, self._position, self._flat_epoch)
+        if self.replacement:
+            return None
+        return (self._epoch, self._position, self._flat_epoch, self._epoch_condition)
 
     def rewind(self, mark: Any) -> None:
         if mark is not None:
-            self._epoch, self._position, self._flat_epoch = mark
+            self._epoch, self._position, self._flat_epoch, self._epoch_condition = mark
 
     def can_draw_flat(self, query_condition: QueryCondition) -> bool:
         # An epoch stays on the path it began on: a key-index epoch is finished over it.

@@ -174,30 +174,32 @@ class KeySpace:
     def task_counts(self, task_ids: Sequence[str]) -> dict[str, int]:
         """How many rows of each of these tasks match (through the ``(buffer_id, task_id,
         step)`` index; tasks without a matching row left out)."""
-        if not task_ids:
-            return {}
         clauses = self.handle.where(self.query_condition)
         if self.max_staleness is not None:
             clauses.append(fresh_clause(self.handle.buffer_id, self.max_staleness))
-        stmt = (
-            select(rows.c.task_id, func.count())
-            .where(*clauses, rows.c.task_id.in_(list(task_ids)))
-            .group_by(rows.c.task_id)
-        )
-        return {task: int(count) for task, count in self.conn.execute(stmt)}
+        found: dict[str, int] = {}
+        for chunk in _chunks(task_ids):  # bound parameters per statement stay few
+            stmt = (
+                select(rows.c.task_id, func.count())
+                .where(*clauses, rows.c.task_id.in_(chunk))
+                .group_by(rows.c.task_id)
+            )
+            found.update((task, int(count)) for task, count in self.conn.execute(stmt))
+        return found
 
     def task_rows(self, task_ids: Sequence[str]) -> np.ndarray:
         """The keys of every row of these tasks (the whole buffer's, the condition aside),
         task by task in the given order, each by step, execute_time and insertion."""
         mine = rows.c.buffer_id == self.handle.buffer_id
-        stmt = (
-            select(rows.c.task_id, rows.c.key)
-            .where(mine, rows.c.task_id.in_(list(task_ids)))
-            .order_by(rows.c.task_id, rows.c.step, rows.c.execute_time, rows.c.key)
-        )
         by_task: dict[str, list[int]] = {task: [] for task in task_ids}
-        for task, key in self.conn.execute(stmt):
-            by_task[task].append(key)
+        for chunk in _chunks(task_ids):
+            stmt = (
+                select(rows.c.task_id, rows.c.key)
+                .where(mine, rows.c.task_id.in_(chunk))
+                .order_by(rows.c.task_id, rows.c.step, rows.c.execute_time, rows.c.key)
+            )
+            for task, key in self.conn.execute(stmt):
+                by_task[task].append(key)
         self.probed += sum(map(len, by_task.values()))
         return np.array([key for keys in by_task.values() for key in keys], dtype=np.int64)
 
@@ -237,3 +239,9 @@ class KeySpace:
             None if largest is None else float(largest),
             bool(unset),
         )
+
+
+def _chunks(values: Sequence[str]) -> list[list[str]]:
+    """``values`` in lists of at most :data:`_PROBE_CHUNK` (drivers cap bound parameters)."""
+    values = list(values)
+    return [values[i : i + _PROBE_CHUNK] for i in range(0, len(values), _PROBE_CHUNK)]

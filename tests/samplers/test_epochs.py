@@ -160,3 +160,28 @@ def test_a_batch_chosen_again_loses_no_row_of_the_epoch(
     epoch = [i for _ in range(5) for i in _ids(sampler.sample(storage, 6))]
     assert deleted and deleted[0] not in epoch
     assert sorted(epoch) == sorted(_ids(buffer.query()))  # the 29 left, each once
+
+
+def test_a_batch_chosen_again_under_a_new_condition_starts_its_epoch_afresh(
+    buffer: ReplayBuffer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first batch under a new condition, chosen again, still begins that condition's
+    epoch (found by review: the old condition's epoch came back)."""
+    buffer.store_batch(make_rows(40, agents=2))
+    sampler = UniformSampler(replacement=False, seed=10)
+    sampler.sample(buffer.storage, 5, QueryBuilder().lt("exp_meta.step", 6).build())
+    storage = buffer.storage
+    fetch = type(storage).fetch
+    deleted: list[str] = []
+
+    def fetch_after_a_delete(self, keys, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
+        if not deleted:
+            victim = self.fetch_keys(keys[:1])[0]
+            buffer.delete(QueryBuilder().eq("id", victim.id).build())
+            deleted.append(victim.id)
+        return fetch(self, keys, *args, **kwargs)
+
+    monkeypatch.setattr(type(storage), "fetch", fetch_after_a_delete)
+    cond = QueryBuilder().eq("exp_meta.agent_id", "agent1").build()
+    epoch = [i for _ in range(4) for i in _ids(sampler.sample(storage, 5, cond))]
+    assert sorted(epoch) == sorted(_ids(buffer.query(cond)))  # the 19 left, each once

@@ -101,3 +101,18 @@ def test_over_the_key_space_the_condition_decides_which_tasks_are_eligible(
     assert seen == {"t1", "t3", "t5", "t7", "t9"}
     everything = sampler.sample(buffer.storage, 50, cond)  # more than there are: all
     assert sorted({r.exp_meta.task_id for r in everything}) == sorted(seen)
+
+
+def test_over_the_key_space_many_tasks_are_counted_and_read_in_chunks(
+    buffer: ReplayBuffer, monkeypatch
+) -> None:  # noqa: ANN001
+    """Task lists go to the database in chunks (a driver caps bound parameters; found by
+    review on Postgres past 65,535 tasks): chunks of 7 here give the same draw."""
+    from expstore.storage import key_space
+
+    _many_uneven_tasks(buffer)
+    expected = RandomTaskSampler(seed=5).sample(buffer.storage, 6)
+    monkeypatch.setattr(key_space, "_PROBE_CHUNK", 4)
+    rows = RandomTaskSampler(seed=5).sample(buffer.storage, 6)
+    assert [r.id for r in rows] == [r.id for r in expected]
+    assert len({r.exp_meta.task_id for r in rows}) == 6 and not buffer.storage.index.entries
