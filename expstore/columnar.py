@@ -35,6 +35,7 @@ __all__ = [
     "ColumnRow",
     "Columns",
     "column_error",
+    "field_defaults",
     "fresh_ids",
     "parse_columns",
     "rows_from_columns",
@@ -176,7 +177,7 @@ def _check_payload(name: str, values: list[Any]) -> None:
             ) from None
 
 
-def _defaults(model: Any, now: float) -> dict[str, Any]:
+def field_defaults(model: Any, now: float) -> dict[str, Any]:
     """Each field's default (None for a required one, which must be given; ``now`` for
     the execute time)."""
     out: dict[str, Any] = {}
@@ -223,8 +224,8 @@ class Columns:
             data_cols[at] = ("actions", [[value] for value in data_cols[at][1]])
         for name, values in data_cols:
             _check_payload(name, values)
-        meta_base = _defaults(ExpMeta, self.fields["execute_time"][0])
-        data_base = _defaults(Experience, 0.0)
+        meta_base = field_defaults(ExpMeta, self.fields["execute_time"][0])
+        data_base = field_defaults(Experience, 0.0)
         fresh = [name for name in ("actions", "ext_info") if name not in self.payload]
         meta_names = [f for f in self.fields if f in _META]
         scalar_names = [f for f in self.fields if f not in _META]

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -23,6 +24,8 @@ from .flat import draw_uniform
 
 __all__ = ["RandomTaskSample", "RandomTaskSampler"]
 
+_T = TypeVar("_T")
+
 
 class RandomTaskSampler(TaskSampler):
     """Distinct tasks chosen uniformly at random (AWorld's ``RandomTaskSample``).
@@ -42,6 +45,11 @@ class RandomTaskSampler(TaskSampler):
     >>> sampler = RandomTaskSampler(seed=0)
     """
 
+    #: Whether to draw tasks over the key space when it can (False: over the key index).
+    flat: bool = True
+    #: The share of candidate rows the last draw over the key space kept.
+    _kept: float = 0.1
+
     def __init__(self, *, seed: int | None = None, max_staleness: int | None = None) -> None:
         self.seed = seed
         self.rng = seeded_rng(seed)
@@ -58,42 +66,45 @@ class RandomTaskSampler(TaskSampler):
     def sample_task_ids(
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
     ) -> list[str]:
-        if self.flat and self.max_staleness is None:
-            batch_size = check_batch_size(batch_size)
-            chosen = storage.key_space(
-                query_condition,
-                lambda space: self._task_ids_flat(space, batch_size),
-                snapshot=True,  # the counts and rows as the probes saw them
-            )
-            if chosen is not None:
-                return chosen
+        chosen = self._over_key_space(storage, batch_size, query_condition, lambda _, ids: ids)
+        if chosen is not None:
+            return chosen
         index = storage.key_index(query_condition, self._columns)
         return self._choose(index, batch_size, storage, query_condition)
-
-    #: Whether to draw tasks over the key space when it can (False: over the key index).
-    flat: bool = True
-    #: The share of candidate rows the last draw over the key space kept.
-    _kept: float = 0.1
 
     def choose(
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
     ) -> Choice:
-        if self.flat and self.max_staleness is None:
-            batch_size = check_batch_size(batch_size)
-
-            def whole_tasks(space: KeySpace) -> Choice | None:
-                chosen = self._task_ids_flat(space, batch_size)
-                return None if chosen is None else Choice(space.task_rows(chosen))
-
-            choice = storage.key_space(query_condition, whole_tasks, snapshot=True)
-            if choice is not None:
-                return choice
+        choice = self._over_key_space(
+            storage, batch_size, query_condition, lambda space, ids: Choice(space.task_rows(ids))
+        )
+        if choice is not None:
+            return choice
         # The matching tasks and the whole buffer's rows, from one read.
         matching, whole = storage.key_indexes(
             [(query_condition, self._columns), (None, self.TASK_COLUMNS)]
         )
         task_ids = self._choose(matching, batch_size, storage, query_condition)
         return Choice(self.task_keys(whole, task_ids))
+
+    def _over_key_space(
+        self,
+        storage: Storage,
+        batch_size: int,
+        query_condition: QueryCondition,
+        use: Callable[[KeySpace, list[str]], _T],
+    ) -> _T | None:
+        """``use(space, task ids)`` of tasks drawn over the key space, on one snapshot (the
+        counts and rows as the probes saw them); None where the key index serves."""
+        if not self.flat or self.max_staleness is not None:
+            return None
+        batch_size = check_batch_size(batch_size)
+
+        def draw(space: KeySpace) -> _T | None:
+            chosen = self._task_ids_flat(space, batch_size)
+            return None if chosen is None else use(space, chosen)
+
+        return storage.key_space(query_condition, draw, snapshot=True)
 
     def _task_ids_flat(self, space: KeySpace, batch_size: int) -> list[str] | None:
         """Distinct tasks over the key space: matching rows drawn uniformly and kept with

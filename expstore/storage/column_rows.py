@@ -16,7 +16,7 @@ from itertools import repeat
 from typing import Any
 
 from ..codec.columns import ColumnPayloads, Listed, Same, plan_payloads
-from ..columnar import ColumnRow, Columns
+from ..columnar import ColumnRow, Columns, field_defaults
 from ..layout import COLUMNS_BY_NAME, ID_COLUMN, META_COLUMNS, PAYLOAD_FIELDS, SCALAR_COLUMNS
 from ..models import Experience, ExpMeta
 from .writer import RowSource, column_ok, content_digest, encode_chunk
@@ -94,30 +94,16 @@ class EncodedColumns(RowSource):
         return ColumnRow(self._ids[i], meta, data)
 
 
-def _defaults(model: Any) -> dict[str, Any]:
-    return {
-        name: info.default
-        for name, info in model.model_fields.items()
-        if not info.is_required() and info.default_factory is None
-    }
-
-
-_META_DEFAULTS = _defaults(ExpMeta)
-_DATA_DEFAULTS = _defaults(Experience)
-
-
 def encoded_columns(columns: Columns) -> EncodedColumns | None:
     """The batch encoded column by column, or None where it must take the row path."""
     n = columns.n
     if not column_ok(columns.ids, ID_COLUMN) or _TYPED_PAYLOAD & set(columns.payload):
         return None
+    # Each field's default (None for a required one, which column_ok then refuses).
+    defaults = {**field_defaults(ExpMeta, 0.0), **field_defaults(Experience, 0.0)}
     values: dict[str, list[Any]] = {}
     for name in (*META_COLUMNS, *SCALAR_COLUMNS):
-        given = columns.fields.get(name)
-        if given is None:
-            if name not in _META_DEFAULTS and name not in _DATA_DEFAULTS:
-                return None
-            given = [_META_DEFAULTS.get(name, _DATA_DEFAULTS.get(name))] * n
+        given = columns.fields[name] if name in columns.fields else [defaults[name]] * n
         if not column_ok(given, COLUMNS_BY_NAME[name]):
             return None
         values[name] = given
@@ -127,10 +113,7 @@ def encoded_columns(columns: Columns) -> EncodedColumns | None:
             column = columns.payload[name]
             payload[name] = Listed(column) if name == "actions" and columns.action else column
         else:
-            info = Experience.model_fields[name]
-            payload[name] = Same(
-                info.default_factory() if info.default_factory is not None else info.default  # type: ignore[call-arg]
-            )
+            payload[name] = Same(defaults[name])
     plan = plan_payloads(payload, n)
     if plan is None:
         return None

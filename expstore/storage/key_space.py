@@ -97,6 +97,13 @@ class KeySpace:
         evicted oldest first."""
         return self.rows > 0 and self.rows == self.span
 
+    def _matching(self) -> list[Any]:
+        """The WHERE clauses of the condition and max_staleness (the buffer aside)."""
+        clauses = self.handle.matching(self.query_condition)
+        if self.max_staleness is not None:
+            clauses.append(fresh_clause(self.handle.buffer_id, self.max_staleness))
+        return clauses
+
     def probe(self, keys: np.ndarray, columns: Sequence[str] = ()) -> Arrays:
         """Of the candidate ``keys``, those that are rows of the buffer matching the
         condition (``"key"``, ascending, each once) and their ``columns``, as the key index
@@ -106,9 +113,7 @@ class KeySpace:
         selected = [_column(n, handle.dialect) for n in names]
 
         def build(covering: bool = False) -> Any:  # only when not compiled yet
-            clauses = handle.matching(self.query_condition)
-            if self.max_staleness is not None:
-                clauses.append(fresh_clause(handle.buffer_id, self.max_staleness))
+            clauses = self._matching()
             if covering:
                 clauses.insert(0, rows.c.buffer_id == handle.buffer_id)
             chosen = select(rows.c.key, *(c.selected for c in selected), rows.c.buffer_id)
@@ -174,9 +179,7 @@ class KeySpace:
     def task_counts(self, task_ids: Sequence[str]) -> dict[str, int]:
         """How many rows of each of these tasks match (through the ``(buffer_id, task_id,
         step)`` index; tasks without a matching row left out)."""
-        clauses = self.handle.where(self.query_condition)
-        if self.max_staleness is not None:
-            clauses.append(fresh_clause(self.handle.buffer_id, self.max_staleness))
+        clauses = [rows.c.buffer_id == self.handle.buffer_id, *self._matching()]
         found: dict[str, int] = {}
         for chunk in _chunks(task_ids):  # bound parameters per statement stay few
             stmt = (
