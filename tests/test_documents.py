@@ -122,6 +122,47 @@ def test_damage_is_reported_naming_the_row_for_a_learned_text() -> None:
         decoder.decode(text, blob, "another-row")  # a blob copied from another row
 
 
+def test_a_batch_decodes_as_each_row_alone_with_arrays_of_its_own() -> None:
+    # Rows of two learned texts, one text seen once and a document without tensors,
+    # interleaved: decode_many builds each learned text's rows together.
+    decoder = DocumentDecoder()
+    other = {"state": {"img": np.arange(6, dtype=np.int16).reshape(2, 3)}, "actions": [1]}
+    payloads = [_obs(i) if i % 3 else other for i in range(9)]
+    payloads += [{"state": {"once": np.ones(1)}}, {"state": {"plain": 1}}]
+    stored = [_stored(p, f"r{i}") for i, p in enumerate(payloads)]
+    for text, _ in stored[:-2]:
+        decoder.template(text)  # seen once: learned on the second sight, below
+    got = decoder.decode_many(
+        [t for t, _ in stored], [b for _, b in stored], [f"r{i}" for i in range(11)]
+    )
+    assert got[-2] is None and got[-1] is None  # left to the full decoder
+    for i, payload in enumerate(got[:-2]):
+        assert payload is not None and deep_equal(payload, payloads[i])
+    arrays = [p["state"]["obs"] for p in got[1:9] if p is not None and "obs" in p["state"]]
+    assert len(arrays) == 6 and all(a.flags.writeable for a in arrays)
+    arrays[0][...] = -1.0  # each row's bytes are its own
+    assert all(not np.shares_memory(arrays[0], a) for a in arrays[1:])
+    assert all((a != -1.0).all() for a in arrays[1:])
+
+
+def test_one_damaged_blob_in_a_batch_is_reported_naming_its_row() -> None:
+    decoder = DocumentDecoder()
+    stored = [_stored(_obs(i), f"r{i}") for i in range(5)]
+    text = stored[0][0]
+    decoder.template(text)
+    blobs = [b for _, b in stored]
+    flipped = bytearray(blobs[3] or b"")
+    flipped[-2] ^= 4
+    blobs[3] = bytes(flipped)
+    with pytest.raises(CodecError, match="checksum") as info:
+        decoder.decode_many([text] * 5, blobs, [f"r{i}" for i in range(5)])
+    assert "row r3" in str(info.value)
+    swapped = [b for _, b in stored]
+    swapped[1], swapped[2] = swapped[2], swapped[1]  # blobs moved between rows
+    with pytest.raises(CodecError, match="row r1"):
+        decoder.decode_many([text] * 5, swapped, [f"r{i}" for i in range(5)])
+
+
 def test_malformed_placeholders_are_never_learned() -> None:
     decoder = DocumentDecoder()
     text = json.dumps(

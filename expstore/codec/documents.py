@@ -16,15 +16,17 @@ The caches belong to the decoder object (a storage holds one) and are bounded.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
+from itertools import repeat
+from operator import eq, getitem, itemgetter
 from typing import Any
 
 import numpy as np
 
 from ..errors import CodecError
 from .decode import PartDecoder, _Decoder
-from .format import CRC, HEADER_SIZE, MAGIC, RESERVED_KEYS, TENSOR_KEY, TensorSpec, crc32, row_seed
+from .format import CRC, HEADER_SIZE, MAGIC, RESERVED_KEYS, TENSOR_KEY, TensorSpec, crc32
 
 __all__ = ["DocumentDecoder"]
 
@@ -57,36 +59,63 @@ class _Template:
         self.end = HEADER_SIZE + max((s.offset + s.nbytes for s, _ in tensors), default=0)
 
     def build(self, blob: Blob, row_id: str) -> dict[str, Any]:
-        if not self.tensors:
-            return self.make(_none)  # type: ignore[no-any-return]
+        """The payload of one row with this text (see :meth:`build_many`)."""
+        return self.build_many([blob], [row_id])[0]
+
+    def build_many(self, blobs: list[Blob], row_ids: list[str]) -> list[dict[str, Any]]:
+        """The payloads of rows with this text, in order. When every blob is intact (bytes
+        with the magic, long enough, the checksum each should carry as its row's), each
+        row's tensor bytes are copied once (writable, its own) and viewed: the checks,
+        copies and views run over the whole batch at once, in C. Anything else, damage
+        included, goes row by row through the general decoder, which names the row."""
         arrays = self.arrays
-        if (
-            arrays is not None
-            and type(blob) is bytes
-            and len(blob) >= self.end
-            and blob.startswith(MAGIC)
-            and crc32(memoryview(blob)[HEADER_SIZE:], row_seed(row_id))
-            == CRC.unpack_from(blob, 4)[0]
-        ):
-            # The checksum holds: one writable copy of the row's tensor bytes, viewed.
-            buf = bytearray(memoryview(blob)[HEADER_SIZE:])
-            made = [
-                frombuffer(buf, dtype, size, offset)
+        if arrays is not None and _intact(blobs, row_ids, self.end):
+            bodies: Iterable[memoryview] = map(getitem, map(memoryview, blobs), repeat(_BODY))  # type: ignore[arg-type]
+            copies = list(map(bytearray, bodies))
+            n = len(copies)
+            columns = [
+                map(frombuffer, copies, repeat(dtype, n), repeat(size, n), repeat(offset, n))
                 if shape is None
-                else frombuffer(buf, dtype, size, offset).reshape(shape)
+                else map(
+                    np.ndarray.reshape,
+                    map(frombuffer, copies, repeat(dtype, n), repeat(size, n), repeat(offset, n)),
+                    repeat(shape, n),
+                )
                 for dtype, size, offset, shape in arrays
             ]
-        else:  # anything else, damage included, as the decoder says
-            at = PartDecoder(blob, row_id).tensor_at
-            made = [at(spec, path) for spec, path in self.tensors]
-        return self.make(iter(made).__next__)  # type: ignore[no-any-return]
+            per_row = zip(*columns, strict=True)
+        else:
+            per_row = map(self._tensors, blobs, row_ids)  # type: ignore[assignment]
+        make = self.make
+        return [make(iter(made).__next__) for made in per_row]
+
+    def _tensors(self, blob: Blob, row_id: str) -> list[Any]:
+        at = PartDecoder(blob, row_id).tensor_at
+        return [at(spec, path) for spec, path in self.tensors]
+
+
+def _intact(blobs: list[Blob], row_ids: list[str], end: int) -> bool:
+    """Whether every blob is bytes, at least ``end`` long, with the magic and the checksum
+    it should carry as its row's blob (the common case, checked over the whole batch)."""
+    n = len(blobs)
+    if not n:
+        return True
+    if not all(type(b) is bytes for b in blobs) or min(map(len, blobs)) < end:  # type: ignore[arg-type]
+        return False
+    if not all(map(bytes.startswith, blobs, repeat(MAGIC, n))):  # type: ignore[arg-type]
+        return False
+    seeds = map(crc32, map(str.encode, row_ids, repeat("utf-8", n), repeat("surrogatepass", n)))
+    sums = map(crc32, map(getitem, map(memoryview, blobs), repeat(_BODY, n)), seeds)  # type: ignore[arg-type]
+    stored = map(_first, map(CRC.unpack_from, blobs, repeat(4, n)))  # type: ignore[arg-type]
+    return all(map(eq, sums, stored))
+
+
+#: A blob's bytes after its header.
+_BODY = slice(HEADER_SIZE, None)
+_first = itemgetter(0)
 
 
 frombuffer = np.frombuffer
-
-
-def _none() -> None:  # pragma: no cover - a template without tensors never calls it
-    return None
 
 
 class _Slot:
@@ -94,53 +123,42 @@ class _Slot:
 
 
 _SLOT = _Slot()
-Maker = Callable[[Callable[[], Any]], Any]
+Take = Callable[[], Any]
+Maker = Callable[[Take], Any]
 
 
 def _maker(node: Any) -> Maker:
     """A function of ``take`` (the row's next tensor, in document order) making a fresh copy
-    of ``node``'s containers with the tensors put in their places."""
-    if node is _SLOT:
-        return _take
-    kind = type(node)
-    if kind is not dict and kind is not list:
-        return partial(_same, node)
-    values = list(node.values()) if kind is dict else node
-    if all(type(v) not in (dict, list) and v is not _SLOT for v in values):
-        return partial(_flat_copy, node)  # no containers inside: a shallow copy
-    if kind is dict:
-        return partial(_make_dict, [(k, *_part(v)) for k, v in node.items()])
-    return partial(_make_list, [_part(v) for v in node])
+    of the container ``node`` with the tensors put in their places.
+
+    The copy is a shallow one of ``node`` (scalars are immutable and shared), after which
+    only the places holding a tensor or a container are filled, in document order: a
+    typical row (a dict of a few fields, one of them a dict holding the tensor) costs two
+    copies and two assignments."""
+    places = node.items() if type(node) is dict else enumerate(node)
+    fills = [
+        (place, _take if value is _SLOT else _maker(value))
+        for place, value in places
+        if value is _SLOT or type(value) in (dict, list)
+    ]
+    if not fills:
+        return partial(_copy, node)
+    return partial(_fill, node, fills)
 
 
-def _part(value: Any) -> tuple[Maker | None, Any]:
-    """(the maker of a value inside a container, or None for a scalar kept as it is;
-    the value)."""
-    if value is not _SLOT and type(value) not in (dict, list):
-        return None, value
-    return _maker(value), value
-
-
-def _take(take: Callable[[], Any]) -> Any:
+def _take(take: Take) -> Any:
     return take()
 
 
-def _same(value: Any, take: Callable[[], Any]) -> Any:
-    return value
-
-
-def _flat_copy(node: Any, take: Callable[[], Any]) -> Any:
+def _copy(node: Any, take: Take) -> Any:
     return node.copy()
 
 
-def _make_dict(
-    parts: list[tuple[str, Maker | None, Any]], take: Callable[[], Any]
-) -> dict[str, Any]:
-    return {key: value if make is None else make(take) for key, make, value in parts}
-
-
-def _make_list(parts: list[tuple[Maker | None, Any]], take: Callable[[], Any]) -> list[Any]:
-    return [value if make is None else make(take) for make, value in parts]
+def _fill(node: Any, fills: list[tuple[Any, Maker]], take: Take) -> Any:
+    made = node.copy()
+    for place, make in fills:
+        made[place] = make(take)
+    return made
 
 
 class DocumentDecoder:
@@ -195,8 +213,28 @@ class DocumentDecoder:
     def decode(self, text: str, blob: Blob, row_id: str) -> dict[str, Any] | None:
         """The payload of a document whose text was learned, or None (the caller parses and
         decodes it the full way, which also explains any damage)."""
-        template = self.template(text)
-        return None if template is None else template.build(blob, row_id)
+        return self.decode_many([text], [blob], [row_id])[0]
+
+    def decode_many(
+        self, texts: Sequence[Any], blobs: Sequence[Blob], row_ids: Sequence[str]
+    ) -> list[dict[str, Any] | None]:
+        """:meth:`decode` of many rows: the rows of each learned text are built together
+        (:meth:`_Template.build_many`)."""
+        out: list[dict[str, Any] | None] = [None] * len(texts)
+        groups: dict[int, tuple[_Template, list[int]]] = {}
+        for at, text in enumerate(texts):
+            template = self.template(text) if type(text) is str else None
+            if template is not None:
+                group = groups.get(id(template))
+                if group is None:
+                    groups[id(template)] = (template, [at])
+                else:
+                    group[1].append(at)
+        for template, places in groups.values():
+            built = template.build_many([blobs[i] for i in places], [row_ids[i] for i in places])
+            for at, payload in zip(places, built, strict=True):
+                out[at] = payload
+        return out
 
 
 def _learn(text: str) -> _Template | None:

@@ -10,6 +10,7 @@ import gc
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from itertools import repeat
 from operator import itemgetter
 from typing import Any
 
@@ -23,7 +24,7 @@ from ..codec.documents import DocumentDecoder
 from ..codec.format import MALFORMED
 from ..errors import CodecError, InvalidArgumentError, UnsupportedTypeError
 from ..layout import COLUMNS, META_COLUMNS, ORDERABLE, PAYLOAD_FIELDS, SCALAR_COLUMNS
-from ..models import DataRow, Experience, ExpMeta, trusted
+from ..models import DataRow, Experience, ExpMeta, trusted_many
 from .base import QueryCondition
 from .handle import BufferHandle
 from .schema import buffers, rows
@@ -49,8 +50,12 @@ _AT_ID, _AT_DATA, _AT_TENSORS = (_NAMES.index(n) for n in ("id", "data", "tensor
 _meta_values = itemgetter(*(_NAMES.index(c) for c in META_COLUMNS))
 _scalar_values = itemgetter(*(_NAMES.index(c) for c in SCALAR_COLUMNS))
 _EXPERIENCE_FIELDS = tuple(Experience.model_fields)
-_experience = itemgetter(*_EXPERIENCE_FIELDS)
-_PAYLOAD_NAMES = frozenset(PAYLOAD_FIELDS)
+_payload_values = itemgetter(*PAYLOAD_FIELDS)
+#: The experience's fields in model order, out of (payload fields..., scalar columns...).
+_experience_values = itemgetter(
+    *((*PAYLOAD_FIELDS, *SCALAR_COLUMNS).index(name) for name in _EXPERIENCE_FIELDS)
+)
+_text, _blob, _row_id = itemgetter(_AT_DATA), itemgetter(_AT_TENSORS), itemgetter(_AT_ID)
 #: (position, column, the types its values may have) of every typed column, to tell a
 #: value SQLite let through in the wrong type (its columns take any) from a good one.
 _TYPED = tuple((_NAMES.index(spec.name), spec.name, spec.stored_types) for spec in COLUMNS)
@@ -62,16 +67,40 @@ def key_list(keys: Sequence[int] | np.ndarray) -> list[int]:
     return np.asarray(keys, dtype=np.int64).reshape(-1).tolist()
 
 
-def decode_rows(fetched: Sequence[Row[Any]], documents: DocumentDecoder) -> list[DataRow]:
-    """:func:`decode_row` of many rows: the typed columns checked column by column, and
-    Python's cyclic garbage collector paused while the batch's objects are made (they hold
-    no cycles; a batch of 256 rows otherwise triggers several collections, measured at a
-    fifth of the decoding time)."""
+def decode_rows(
+    fetched: Sequence[Row[Any] | Sequence[Any]], documents: DocumentDecoder
+) -> list[DataRow]:
+    """:func:`decode_row` of many rows, done over the batch rather than row by row: the
+    typed columns checked column by column, the rows of each learned document text decoded
+    together (:meth:`DocumentDecoder.decode_many`), each model's objects made at once
+    (:func:`~expstore.models.trusted_many`), and Python's cyclic garbage collector paused
+    meanwhile (the rows hold no cycles; a batch of 256 rows otherwise triggers several
+    collections)."""
     checked = all(
         set(map(type, map(itemgetter(at), fetched))) <= kinds for at, kinds in _TYPED_SETS
     )
     with collector_paused():
-        return [_decode_row(r, documents, checked) for r in fetched]
+        payloads = documents.decode_many(
+            list(map(_text, fetched)), list(map(_blob, fetched)), list(map(_row_id, fetched))
+        )
+        values = [
+            _values(r, payload, checked) for r, payload in zip(fetched, payloads, strict=True)
+        ]
+        metas = trusted_many(
+            ExpMeta, map(dict, map(zip, repeat(META_COLUMNS), map(_meta_values, fetched)))
+        )
+        data = trusted_many(
+            Experience,
+            map(dict, map(zip, repeat(_EXPERIENCE_FIELDS), map(_experience_values, values))),
+        )
+        ids = map(_row_id, fetched)
+        return trusted_many(
+            DataRow,
+            [
+                {"exp_meta": meta, "exp_data": datum, "id": row_id}
+                for meta, datum, row_id in zip(metas, data, ids, strict=True)
+            ],
+        )
 
 
 @contextmanager
@@ -92,31 +121,33 @@ def decode_row(r: Row[Any] | Sequence[Any], documents: DocumentDecoder | None = 
     """The DataRow a whole-row read (:data:`ROW_COLUMNS`) fetched; CodecError naming the
     row when what is stored is damaged. ``documents`` remembers document texts that repeat
     (see :mod:`expstore.codec.documents`)."""
-    return _decode_row(r, documents, False)
+    return decode_rows([r], DocumentDecoder() if documents is None else documents)[0]
 
 
-def _decode_row(
-    r: Row[Any] | Sequence[Any], documents: DocumentDecoder | None, checked: bool
-) -> DataRow:
-    """decode_row(); ``checked``: the typed columns' values were checked already."""
-    # Positional access: a sampler decodes hundreds of rows per batch.
+def _values(
+    r: Row[Any] | Sequence[Any], payload: dict[str, Any] | None, checked: bool
+) -> tuple[Any, ...]:
+    """The row's payload fields, then its scalar columns (the experience's values, see
+    ``_experience_values``); ``payload``: the document decoded already, else None (parsed
+    and decoded here); ``checked``: the typed columns' values were checked already.
+    CodecError naming the row when what is stored is damaged."""
     row_id = r[_AT_ID]
-    text = r[_AT_DATA]
-    payload = None
-    if documents is not None and type(text) is str:
-        payload = documents.decode(text, r[_AT_TENSORS], row_id)
     if payload is None:
         try:
-            doc = json.loads(text)
+            doc = json.loads(r[_AT_DATA])
         except (ValueError, TypeError, RecursionError) as exc:
             raise CodecError(
                 f"row {row_id}: the stored document is not readable JSON "
                 f"({type(exc).__name__}); {MALFORMED}"
             ) from None
         payload = decode_payload(doc, r[_AT_TENSORS], row_id=row_id)
-    if not _PAYLOAD_NAMES <= payload.keys():
+    try:
+        values: tuple[Any, ...] = _payload_values(payload) + _scalar_values(r)
+    except KeyError:
         missing = [name for name in PAYLOAD_FIELDS if name not in payload]
-        raise CodecError(f"row {row_id}: the stored document lacks {missing}; {MALFORMED}")
+        raise CodecError(
+            f"row {row_id}: the stored document lacks {missing}; {MALFORMED}"
+        ) from None
     for at, name, kinds in () if checked else _TYPED:
         value = r[at]
         if type(value) not in kinds:
@@ -124,10 +155,7 @@ def _decode_row(
                 f"row {row_id}: column {name} holds {value!r}, not a {kinds[0].__name__}; "
                 f"{MALFORMED}"
             )
-    meta = trusted(ExpMeta, dict(zip(META_COLUMNS, _meta_values(r), strict=True)))
-    payload.update(zip(SCALAR_COLUMNS, _scalar_values(r), strict=True))
-    data = trusted(Experience, dict(zip(_EXPERIENCE_FIELDS, _experience(payload), strict=True)))
-    return trusted(DataRow, {"exp_meta": meta, "exp_data": data, "id": row_id})
+    return values
 
 
 class RowReader:
@@ -245,8 +273,7 @@ class RowReader:
                 )
             with self.handle.errors("query rows"), self.handle.read() as conn:
                 chunk = conn.execute(stmt).all()
-            for r in chunk:
-                yield decode_row(r, self.documents)
+            yield from decode_rows(chunk, self.documents)
             if len(chunk) < size:
                 return
             last = chunk[-1]._mapping
@@ -257,7 +284,8 @@ class RowReader:
     def page(self, query_condition: QueryCondition, *, offset: int, limit: int) -> list[DataRow]:
         stmt = self._select(query_condition).order_by(rows.c.key).offset(offset).limit(limit)
         with self.handle.errors("read a page"), self.handle.read() as conn:
-            return [decode_row(r, self.documents) for r in conn.execute(stmt)]
+            fetched = conn.execute(stmt).all()
+        return decode_rows(fetched, self.documents)
 
     def task_rows(self, task_ids: Iterable[str]) -> dict[str, list[DataRow]]:
         """Every row of each task, ordered by step, then execute_time, then insertion."""

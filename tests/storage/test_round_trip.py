@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from expstore import NumpyConverter, QueryBuilder, ReplayBuffer, UniformSampler
-from tests.helpers import make_row
+from tests.helpers import make_row, make_rows
 
 TEXT = st.text(
     alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
@@ -84,3 +84,27 @@ def test_any_storable_payload_comes_back_exactly(buf: ReplayBuffer, state: Any, 
     fetched = batch["s"][0] if batch["s"].dtype == object else batch["s"].tolist()[0]
     if isinstance(state, (dict, str)) or state is None:
         assert same(fetched, state)
+
+
+def test_rows_read_in_batches_are_models_like_those_made_by_hand(buf: ReplayBuffer) -> None:
+    # Sampling, queries and pages build a batch's models together (trusted_many); each
+    # must behave as a model validated by hand: equal, same repr and dump, its own set
+    # of fields and its own containers and arrays.
+    stored = make_rows(40, tensor=True)
+    buf.store_batch(stored)
+    by_id = {row.id: row for row in stored}
+    for got in (list(buf.query(None)), buf.sample(UniformSampler(seed=1), batch_size=64)):
+        for row in got:
+            mine = by_id[row.id]
+            assert row == mine and repr(row.exp_meta) == repr(mine.exp_meta)
+            assert list(row.exp_data.__dict__) == list(mine.exp_data.__dict__)  # field order
+            assert row.model_dump().keys() == mine.model_dump().keys()
+            assert row.model_fields_set == {"exp_meta", "exp_data", "id"}  # all, as stored
+        first = got[0]
+        second = next(r for r in got if r.id != first.id)
+        first.exp_meta.step = 99  # assignment works on one object only
+        first.exp_data.state["obs"][0] = -1.0
+        first.exp_data.state["url"] = "changed"
+        assert first.exp_meta.step == 99 and second.exp_meta.step != 99
+        assert second.exp_data.state["obs"][0] != -1.0 and second.exp_data.state["url"] != "changed"
+        assert first.exp_meta.model_fields_set is not second.exp_meta.model_fields_set
