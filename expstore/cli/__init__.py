@@ -70,6 +70,7 @@ app.command("query")(rows.query)
 app.command("sample")(rows.sample)
 app.command("delete")(manage.delete)
 app.command("retention")(manage.retention)
+app.command("summary")(manage.summary)
 app.command("export")(transfer.export)
 app.command("import")(transfer.import_)
 

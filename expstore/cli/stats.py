@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -27,6 +28,9 @@ from ._common import (
     where_condition,
 )
 from .plot import plot_stats
+
+#: Whole-buffer stats slower than this (seconds) say how to make them fast.
+SLOW_S = 2.0
 
 _COLUMNS = ("task_id", "agent_id", "step", "reward_t", "execute_time", "policy_version")
 
@@ -377,9 +381,21 @@ def stats(
     condition = where_condition(where)
     buf = open_buffer(db, buffer)
     try:
+        started = time.monotonic()
         result = compute_stats(
             buf, condition, by=by.value if by else None, success_above=success_above
         )
+        took = time.monotonic() - started
+        if (
+            took > SLOW_S
+            and condition is None
+            and by is None
+            and buf.storage.summary_state() is None
+        ):
+            echo_err(
+                f"(read every row of {result['rows']} in {took:.0f} s; `expstore summary "
+                "--create` keeps a row per task, which stats read instead)"
+            )
         if plot is not None:
             why_not = plot_stats(buf, condition, plot, success_above=success_above)
             echo_err(f"Wrote {plot}" if why_not is None else f"skipped --plot: {why_not}")

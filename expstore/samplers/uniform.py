@@ -37,8 +37,6 @@ class UniformSampler(KeySampler):
       that grows with the buffer; otherwise, or when the buffer's keys are mixed with
       many of other buffers', a shuffled copy of the matching keys. A batch chosen again
       (a row deleted before the fetch, a rate limit's wait) loses no row of the epoch.
-      On SQLite a row stored just after the buffer's newest row was deleted (not evicted)
-      reuses that row's key, and so may join the epoch in progress.
 
     >>> sampler = UniformSampler(replacement=False, seed=0)
     """

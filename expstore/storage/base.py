@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .groups import GroupIndex, GroupSpec
     from .key_space import KeySpace
     from .rate_limits import RateLimits
+    from .task_stats import SummaryState
 
     QueryCondition = Condition | dict[str, Any] | None
 else:
@@ -205,6 +206,26 @@ class Storage(ABC):
     def drop_index(self, path: str) -> bool:
         """Drop the index :meth:`create_index` made on ``path``; whether there was one."""
         raise UnsupportedTypeError(f"{type(self).__name__} cannot index paths")
+
+    def create_summary(
+        self, *, step: int = 200_000, progress: Callable[[int], object] | None = None
+    ) -> None:
+        """Keep per-task summaries that whole-buffer stats read instead of every row. A
+        storage without them raises UnsupportedTypeError."""
+        raise UnsupportedTypeError(f"{type(self).__name__} cannot keep task summaries")
+
+    def drop_summary(self) -> bool:
+        """Stop keeping per-task summaries; whether there were any."""
+        raise UnsupportedTypeError(f"{type(self).__name__} cannot keep task summaries")
+
+    def summary_state(self) -> SummaryState | None:
+        """Whether the buffer keeps task summaries and how far they are built (None: it
+        keeps none)."""
+        return None
+
+    def summary_tasks(self) -> int:
+        """How many tasks the buffer's task summaries hold (0 without summaries)."""
+        return 0
 
     def summary(
         self, query_condition: QueryCondition, success_above: float

@@ -21,10 +21,9 @@ FIFO claims do not walk the consumed part of the buffer again on every call: eac
 keeps, per condition, a key below which every matching row has a committed consumption
 entry. It may stay there because of the buffer's write order: every write to a buffer locks
 the buffer's row first (see :mod:`expstore.storage.registry`), so a buffer's rows commit in
-key order and a row committed later always has a greater key (on SQLite, whose new keys
-may reuse those of the newest rows after they were deleted, the floor is dropped whenever
-the buffer's version says rows were deleted other than oldest first). Rows below that key
-that become claimable again (released, or their lease ran out) are found through the
+key order and a row committed later always has a greater key (a key is never handed out
+twice, on SQLite too: see :class:`~expstore.storage.dialects.SqliteDialect`). Rows below
+that key that become claimable again (released, or their lease ran out) are found through the
 (buffer_id, acked_at, lease_until) index, which holds only a few unacked entries.
 """
 
@@ -52,7 +51,7 @@ from .base import QueryCondition
 from .claim_reports import Lineage, QueueStats, queue_stats, row_lineage
 from .handle import BufferHandle
 from .key_index import condition_key
-from .schema import buffers, checkpoints, consumers, consumption, oldest_first, rows
+from .schema import checkpoints, consumers, consumption, oldest_first, rows
 from .versions import fresh_clause
 
 __all__ = [
@@ -152,9 +151,9 @@ class ClaimQueue:
 
     def __init__(self, handle: BufferHandle) -> None:
         self._handle = handle
-        #: Per condition: (the buffer's version then, a key below which every matching row
-        #: has a committed consumption entry).
-        self._floors: dict[str, tuple[int | None, int]] = {}
+        #: Per condition: a key below which every matching row has a committed
+        #: consumption entry.
+        self._floors: dict[str, int] = {}
 
     def clear(self) -> None:
         self._floors.clear()
@@ -281,8 +280,7 @@ class ClaimQueue:
         handle = self._handle
         where = scope.where(handle)
         floor_key = scope.key
-        version = self._version(conn)
-        start = self._start(conn, scope, now, version)
+        start = self._start(conn, scope, now)
         taken: list[int] = []
         floor: int | None = None
         scan_from = start
@@ -304,26 +302,14 @@ class ClaimQueue:
                 scan_from = found[-1] + 1
             if len(found) < want:
                 break
-        self._floors[floor_key] = (version, scan_from if floor is None else floor)
+        self._floors[floor_key] = scan_from if floor is None else floor
         return taken
 
-    def _version(self, conn: Connection) -> int | None:
-        """Where keys may be reused (SQLite), the buffer's version, which every deletion
-        other than oldest first bumps; None where a new key always exceeds every old one."""
-        if not self._handle.dialect.reuses_keys:
-            return None
-        this = buffers.c.id == self._handle.buffer_id
-        return int(conn.execute(select(buffers.c.version).where(this)).scalar_one())
-
-    def _start(self, conn: Connection, scope: Scope, now: Now, version: int | None) -> int:
+    def _start(self, conn: Connection, scope: Scope, now: Now) -> int:
         """Where a FIFO scan for the condition starts: this handle's floor for it, or lower
         where a matching row below it became claimable again (released, lease ran out)."""
         handle = self._handle
-        floor_version, start = self._floors.get(scope.key, (None, 0))
-        if start and version != floor_version:
-            # Rows were deleted other than oldest first since the floor was set: SQLite may
-            # have given new rows the keys of deleted ones, below the floor.
-            start = 0
+        start = self._floors.get(scope.key, 0)
         if not start:
             return 0
         # The few unacked entries below the floor, through the (buffer_id, acked_at,
@@ -518,7 +504,7 @@ class ClaimQueue:
             some = select(rows.c.key).where(*scope.where(handle)).limit(upto)
             if claimable:
                 now = float(conn.execute(select(handle.dialect.now())).scalar_one())
-                start = self._start(conn, scope, now, self._version(conn))
+                start = self._start(conn, scope, now)
                 some = some.where(rows.c.key >= start, unblocked(now))
             counted = select(func.count()).select_from(some.subquery())
             return int(conn.execute(counted).scalar_one())

@@ -45,7 +45,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from ..errors import UnsupportedTypeError
 from ..paths import FieldPath
 from ..query.compiler import json_text
-from .schema import buffers, rows
+from .schema import ROW_KEY, buffers, counters, rows
 
 __all__ = ["Dialect", "PostgresDialect", "SqliteDialect", "WRITE_COLUMNS", "dialect_for"]
 
@@ -55,6 +55,8 @@ _COLUMN_LIST = ", ".join(f'"{c}"' for c in WRITE_COLUMNS)
 
 #: Encoded rows, one tuple per row in WRITE_COLUMNS order, a chunk at a time.
 Chunks = Iterator[list[tuple[Any, ...]]]
+#: The largest row key ever handed out (kept by SQLite writers, see SqliteDialect).
+_ISSUED = select(counters.c.value).where(counters.c.name == ROW_KEY)
 
 
 class Dialect(ABC):
@@ -66,9 +68,6 @@ class Dialect(ABC):
     #: Whether the database extracts a part of a JSON document as text by its path (``->``),
     #: so a fetch reads only the parts a converter needs.
     extracts_json: bool = True
-    #: Whether a new row's key may reuse the key of a deleted row (SQLite's rowid: the
-    #: table's largest key + 1), rather than always exceed every key ever given.
-    reuses_keys: bool = False
 
     def json_text(self, path: FieldPath) -> ColumnElement[Any]:
         """The JSON text of the value at a payload path of the rows' document (NULL where
@@ -156,7 +155,6 @@ class Dialect(ABC):
 
 class SqliteDialect(Dialect):
     name = "sqlite"
-    reuses_keys = True
     # SQLite's -> operator (JSON text of a part, NULL where there is none) came in 3.38.
     extracts_json = sqlite3.sqlite_version_info >= (3, 38, 0)
 
@@ -164,6 +162,7 @@ class SqliteDialect(Dialect):
         marks = ", ".join("?" * len(WRITE_COLUMNS))
         # A constant statement over our own column names; every value is a bound parameter.
         self._insert = f"INSERT INTO {rows.name} ({_COLUMN_LIST}) VALUES ({marks})"
+        self._insert_keyed = f'INSERT INTO {rows.name} ("key", {_COLUMN_LIST}) VALUES (?, {marks})'
 
     def key_in(self, column: Any = rows.c.key) -> ColumnElement[bool]:
         keys = func.json_each(bindparam("keys"))
@@ -182,8 +181,26 @@ class SqliteDialect(Dialect):
 
     def insert_rows(self, conn: Connection, chunks: Chunks) -> None:
         # The DB-API's executemany directly: the values are already in column order.
+        # SQLite gives a new row the table's largest key + 1, which is the key of a deleted
+        # row when the newest rows were deleted: then the keys are given here, above the
+        # largest ever handed out (expstore_counters.row_key; writers take turns on SQLite).
+        largest = conn.execute(select(func.max(rows.c.key))).scalar()
+        issued = conn.execute(_ISSUED).scalar()
+        next_key = None if issued is None or (largest or 0) >= issued else issued + 1
         for params in chunks:
-            conn.exec_driver_sql(self._insert, params)
+            if next_key is None:
+                conn.exec_driver_sql(self._insert, params)
+                continue
+            keyed = [(key, *p) for key, p in enumerate(params, next_key)]
+            conn.exec_driver_sql(self._insert_keyed, keyed)
+            next_key += len(params)
+        conn.execute(
+            sqlite_insert(counters)
+            .values(name=ROW_KEY, value=select(func.max(rows.c.key)).scalar_subquery())
+            .on_conflict_do_update(
+                index_elements=["name"], set_={"value": literal_column("excluded.value")}
+            )
+        )
 
     def ids_statement(self, buffer_id: int, ids: list[str]) -> Select[Any]:
         return select(rows.c.id, rows.c.key).where(

@@ -19,10 +19,11 @@ committed write never leaves more than ``capacity`` rows.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Literal, get_args
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, get_args
 
-from sqlalchemy import Connection, and_, delete, func, select
+from sqlalchemy import Connection, func, select
+from sqlalchemy.sql.elements import ColumnElement
 
 from .schema import buffers, oldest_first, rows
 
@@ -31,11 +32,16 @@ __all__ = [
     "Eviction",
     "EVICTION_POLICIES",
     "OLDEST_FIRST_POLICIES",
+    "Remove",
     "evict",
 ]
 
+#: Deletes the buffer's rows matching some WHERE clauses and returns how many went (the
+#: registry's, which also keeps the buffer's row count and task summaries).
+Remove = Callable[[Sequence[ColumnElement[bool]]], int]
 
-def _fifo(conn: Connection, buffer_id: int, capacity: int, removed: int = 0) -> int:
+
+def _fifo(conn: Connection, buffer_id: int, capacity: int, remove: Remove, removed: int = 0) -> int:
     # The buffer's row count (kept in this transaction by every write and delete, see
     # expstore.storage.registry) says how many of the oldest rows go: the first key to keep
     # is found by an offset of that excess from the oldest end, so a write costs the same
@@ -45,35 +51,28 @@ def _fifo(conn: Connection, buffer_id: int, capacity: int, removed: int = 0) -> 
     if excess <= 0:
         return 0
     threshold = oldest_first(select(rows.c.key), buffer_id).limit(1).offset(excess)
-    stmt = delete(rows).where(
-        rows.c.buffer_id == buffer_id, rows.c.key < threshold.scalar_subquery()
-    )
-    return conn.execute(stmt).rowcount
+    return remove([rows.c.key < threshold.scalar_subquery()])
 
 
-def _keep_ranked(conn: Connection, buffer_id: int, capacity: int, *order: object) -> int:
-    keep = (
-        select(rows.c.key)
-        .where(rows.c.buffer_id == buffer_id)
-        .order_by(*order)  # type: ignore[arg-type]
-        .limit(capacity)
-    )
+def _keep_ranked(
+    conn: Connection, buffer_id: int, capacity: int, remove: Remove, *order: Any
+) -> int:
+    keep = select(rows.c.key).where(rows.c.buffer_id == buffer_id).order_by(*order).limit(capacity)
     count = conn.execute(
         select(func.count()).select_from(rows).where(rows.c.buffer_id == buffer_id)
     ).scalar_one()
     if count <= capacity:
         return 0
-    stmt = delete(rows).where(rows.c.buffer_id == buffer_id, rows.c.key.not_in(keep))
-    return conn.execute(stmt).rowcount
+    return remove([rows.c.key.not_in(keep)])
 
 
-def _max_reward(conn: Connection, buffer_id: int, capacity: int) -> int:
+def _max_reward(conn: Connection, buffer_id: int, capacity: int, remove: Remove) -> int:
     return _keep_ranked(
-        conn, buffer_id, capacity, rows.c.reward_t.desc().nulls_last(), rows.c.key.desc()
+        conn, buffer_id, capacity, remove, rows.c.reward_t.desc().nulls_last(), rows.c.key.desc()
     )
 
 
-def _task_fifo(conn: Connection, buffer_id: int, capacity: int) -> int:
+def _task_fifo(conn: Connection, buffer_id: int, capacity: int, remove: Remove) -> int:
     tasks = (
         select(
             rows.c.task_id,
@@ -94,25 +93,21 @@ def _task_fifo(conn: Connection, buffer_id: int, capacity: int) -> int:
         )
     ).subquery()
     doomed = select(running.c.task_id).where(running.c.held > capacity)
-    stmt = delete(rows).where(and_(rows.c.buffer_id == buffer_id, rows.c.task_id.in_(doomed)))
-    return conn.execute(stmt).rowcount
+    return remove([rows.c.task_id.in_(doomed)])
 
 
-def _stale(conn: Connection, buffer_id: int, capacity: int) -> int:
+def _stale(conn: Connection, buffer_id: int, capacity: int, remove: Remove) -> int:
     this = buffers.c.id == buffer_id
     oldest = select(buffers.c.policy_version - buffers.c.stale_after).where(this)
-    stale = delete(rows).where(
-        rows.c.buffer_id == buffer_id, rows.c.policy_version < oldest.scalar_subquery()
-    )
-    evicted = int(conn.execute(stale).rowcount)
-    return evicted + (_fifo(conn, buffer_id, capacity, evicted) if capacity else 0)
+    evicted = remove([rows.c.policy_version < oldest.scalar_subquery()])
+    return evicted + (_fifo(conn, buffer_id, capacity, remove, evicted) if capacity else 0)
 
 
 #: Policies that only ever delete a buffer's oldest rows (every key below some key), which
 #: readers' cached key indexes follow from the buffer's smallest key, with no reload.
 OLDEST_FIRST_POLICIES = frozenset({"fifo"})
 
-EVICTION_POLICIES: dict[str, Callable[[Connection, int, int], int]] = {
+EVICTION_POLICIES: dict[str, Callable[[Connection, int, int, Remove], int]] = {
     "fifo": _fifo,
     "max_reward": _max_reward,
     "task_fifo": _task_fifo,
@@ -126,9 +121,11 @@ assert set(get_args(Eviction)) == set(EVICTION_POLICIES)
 EVERY_WRITE_POLICIES = frozenset({"stale"})
 
 
-def evict(conn: Connection, buffer_id: int, capacity: int | None, policy: str) -> int:
+def evict(
+    conn: Connection, buffer_id: int, capacity: int | None, policy: str, remove: Remove
+) -> int:
     """Delete rows of ``buffer_id`` beyond ``capacity`` (None: unlimited, for policies that
-    evict without one) by ``policy``; returns how many went."""
+    evict without one) by ``policy``, through ``remove``; returns how many went."""
     if capacity is None and policy not in EVERY_WRITE_POLICIES:
         return 0
-    return EVICTION_POLICIES[policy](conn, buffer_id, capacity or 0)
+    return EVICTION_POLICIES[policy](conn, buffer_id, capacity or 0, remove)

@@ -33,7 +33,7 @@ from .base import QueryCondition
 from .compiled import CompiledSelect
 from .handle import BufferHandle
 from .key_index import Arrays, _column, _to_arrays, condition_key
-from .schema import rows
+from .schema import loose_scan, rows
 from .versions import fresh_clause
 
 #: A plan line of SQLite seeking an index on the condition with each candidate key (not
@@ -165,11 +165,7 @@ class KeySpace:
         mine = rows.c.buffer_id == buffer_id
 
         def build() -> Any:
-            first = select(func.min(column).label("v")).where(mine)
-            found = first.cte("expstore_distinct", recursive=True)
-            after = select(func.min(column)).where(mine, column > found.c.v).scalar_subquery()
-            found = found.union_all(select(after).where(found.c.v.is_not(None)))
-            return select(found.c.v).where(found.c.v.is_not(None)).limit(DISTINCT_LIMIT + 1)
+            return loose_scan(column, mine).limit(DISTINCT_LIMIT + 1)
 
         values = [
             r[0] for r in self.handle.statement(("distinct", spec.name), build).run(self.conn)

@@ -9,15 +9,19 @@ writer in at a time.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, delete, select, update
+from sqlalchemy.sql.elements import ColumnElement
 
 from .._args import check_int
 from ..errors import InvalidArgumentError, RetentionConflictError
+from . import task_stats
 from .eviction import EVICTION_POLICIES, OLDEST_FIRST_POLICIES, evict
 from .handle import BufferHandle
-from .schema import buffers
+from .schema import buffers, rows
 
 __all__ = [
     "bump_version",
@@ -27,6 +31,7 @@ __all__ = [
     "evict_beyond",
     "lock_buffer",
     "open_buffer",
+    "remove",
     "set_retention",
     "settle_retention",
 ]
@@ -127,12 +132,30 @@ def count_removed(handle: BufferHandle, conn: Connection, n: int) -> None:
         conn.execute(update(buffers).where(this).values(row_count=buffers.c.row_count - n))
 
 
+def remove(handle: BufferHandle, conn: Connection, where: Sequence[ColumnElement[bool]]) -> int:
+    """Delete the buffer's rows matching ``where`` in the caller's transaction (which holds
+    the buffer's row), keeping its row count and, where it keeps them, the summaries of the
+    tasks those rows belonged to; returns how many went."""
+    mine = [rows.c.buffer_id == handle.buffer_id, *where]
+    kept = task_stats.state(conn, handle.buffer_id)
+    tasks: list[str] = []
+    if kept is not None:  # which tasks lose rows, read before they go
+        tasks = list(conn.execute(select(rows.c.task_id).where(*mine).distinct()).scalars())
+        if not tasks:
+            return 0
+    gone = int(conn.execute(delete(rows).where(*mine)).rowcount)
+    if gone and kept is not None:
+        task_stats.recompute(handle, conn, tasks, kept)
+    count_removed(handle, conn, gone)
+    return gone
+
+
 def evict_beyond(handle: BufferHandle, conn: Connection, capacity: int | None, policy: str) -> int:
     """Evict rows beyond ``capacity`` (None: unlimited) by ``policy`` inside the caller's
     transaction; readers see FIFO eviction by the buffer's smallest key, any other by a new
     version."""
-    evicted = evict(conn, handle.buffer_id, None if capacity is None else int(capacity), policy)
-    count_removed(handle, conn, evicted)
+    limit = None if capacity is None else int(capacity)
+    evicted = evict(conn, handle.buffer_id, limit, policy, partial(remove, handle, conn))
     if evicted and policy not in OLDEST_FIRST_POLICIES:
         bump_version(handle, conn)
     return evicted

@@ -10,6 +10,13 @@ that autogenerate finds no difference between the migrations' head and these tab
   ``data`` (JSON, JSONB on Postgres) plus ``tensors`` (the codec's blob).
 - ``expstore_priority_log``: the recent priority updates of each buffer, so that other
   processes bring their cached priorities up to date without reading every row again.
+- ``expstore_task_stats``: one row per task of a buffer that keeps summaries, what
+  ``expstore stats`` reads instead of every row.
+- ``expstore_counters``: counters of the whole database (the largest row key ever handed
+  out, so that SQLite never hands a deleted row's key out again).
+
+The tables of claims, checkpoints, draw counts and rate limits are described where they
+are defined below.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    func,
+    select,
 )
 from sqlalchemy.dialects.postgresql import BYTEA, JSONB
 
@@ -82,6 +91,11 @@ buffers = Table(
     # FIFO eviction by an offset of the excess, and samplers' dense-key checks
     # (expstore.storage.key_space).
     Column("row_count", BigInteger, nullable=False, server_default="0"),
+    # Per-task summaries (expstore_task_stats, see expstore.storage.task_stats): NULL when
+    # the buffer keeps none; else the largest key when they were created (writers summarise
+    # the rows above it) and how far the rows up to it are summarised already.
+    Column("summary_from", BigInteger, nullable=True),
+    Column("summary_through", BigInteger, nullable=True),
     UniqueConstraint("name"),
 )
 
@@ -145,6 +159,18 @@ def newest_first(stmt: Select[Any], buffer_id: int) -> Select[Any]:
     return stmt.where(rows.c.buffer_id >= buffer_id, rows.c.buffer_id <= buffer_id).order_by(
         rows.c.buffer_id.desc(), rows.c.key.desc()
     )
+
+
+def loose_scan(column: Any, *where: Any) -> Select[Any]:
+    """The distinct values of ``column`` among the rows matching ``where`` (NULLs left
+    out), in order: a recursive query that probes an index leading with ``where``'s
+    columns and ``column`` once per value (a loose index scan), instead of reading every
+    row."""
+    first = select(func.min(column).label("v")).where(*where)
+    found = first.cte("expstore_distinct", recursive=True)
+    after = select(func.min(column)).where(*where, column > found.c.v).scalar_subquery()
+    found = found.union_all(select(after).where(found.c.v.is_not(None)))
+    return select(found.c.v).where(found.c.v.is_not(None))
 
 
 #: The priorities set by the last updates of each buffer (``seq`` is the buffer's
@@ -258,4 +284,47 @@ rate_limits = Table(
     Column("inserted_base", BigInteger, nullable=False),
     Column("samples", BigInteger, nullable=False, server_default="0"),
     Column("created_at", Double, nullable=False),
+)
+
+
+#: Per-task summaries of the buffers that keep them (``buffer.create_summary()``; see
+#: :mod:`expstore.storage.task_stats`): a task's rows, their rewards, times and policy
+#: versions (counts, sums, sums of squares, extremes) and its last row (by step, then key).
+task_stats = Table(
+    "expstore_task_stats",
+    metadata,
+    Column(
+        "buffer_id",
+        Integer,
+        ForeignKey("expstore_buffers.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("task_id", String(255), primary_key=True),
+    Column("rows", BigInteger, nullable=False),
+    Column("reward_count", BigInteger, nullable=False),
+    Column("reward_sum", Double, nullable=False),
+    Column("reward_sumsq", Double, nullable=False),
+    Column("reward_min", Double, nullable=True),
+    Column("reward_max", Double, nullable=True),
+    Column("time_min", Double, nullable=False),
+    Column("time_max", Double, nullable=False),
+    Column("version_count", BigInteger, nullable=False),
+    Column("version_sum", Double, nullable=False),
+    Column("version_sumsq", Double, nullable=False),
+    Column("version_min", BigInteger, nullable=True),
+    Column("version_max", BigInteger, nullable=True),
+    Column("last_key", BigInteger, nullable=False),
+    Column("last_step", BigInteger, nullable=False),
+    Column("last_reward", Double, nullable=True),
+)
+
+#: Counters of the whole database, by name. ``row_key``: the largest key ever given to a
+#: row; SQLite would otherwise give the key of a deleted newest row to the next row
+#: (its rowid is max + 1), which a reader could take for the row it knew.
+ROW_KEY = "row_key"
+counters = Table(
+    "expstore_counters",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("value", BigInteger, nullable=False),
 )

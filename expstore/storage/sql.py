@@ -39,7 +39,7 @@ from .._args import check_text
 from ..columnar import column_error, parse_columns
 from ..errors import InvalidArgumentError, RowValidationError, StorageError, UnsupportedTypeError
 from ..models import DataRow
-from . import draw_counts, path_indexes, priorities, registry, versions, writer
+from . import draw_counts, path_indexes, priorities, registry, task_stats, versions, writer
 from .base import QueryCondition, Storage, Values
 from .claims import ClaimQueue
 from .column_rows import encoded_columns
@@ -222,14 +222,13 @@ class SqlStorage(Storage):
                 "delete() needs a condition; to delete every row call clear()"
             )
         handle = self._handle
-        where = handle.where(query_condition)
+        where = handle.matching(query_condition)
         with handle.errors("delete rows"), handle.write() as conn:
             registry.lock_buffer(handle, conn, buffers.c.id)  # see clear()
-            count = conn.execute(delete(rows).where(*where)).rowcount
+            count = registry.remove(handle, conn, where)
             if count:
-                registry.count_removed(handle, conn, count)
                 registry.bump_version(handle, conn)
-        return int(count)
+        return count
 
     def clear(self) -> None:
         """Delete every row of this buffer (other buffers in the database are untouched)."""
@@ -241,6 +240,9 @@ class SqlStorage(Storage):
             gone = conn.execute(delete(rows).where(rows.c.buffer_id == handle.buffer_id)).rowcount
             registry.count_removed(handle, conn, gone)
             registry.bump_version(handle, conn)
+            kept = task_stats.state(conn, handle.buffer_id)
+            if kept is not None:
+                task_stats.drop_all(handle, conn, kept)
 
     def set_retention(
         self,
@@ -353,6 +355,29 @@ class SqlStorage(Storage):
     def drop_index(self, path: str) -> bool:
         """Drop the index :meth:`create_index` made on ``path``; whether there was one."""
         return path_indexes.drop_path_index(self._handle, path)
+
+    def create_summary(
+        self,
+        *,
+        step: int = task_stats.BUILD_STEP,
+        progress: Callable[[int], object] | None = None,
+    ) -> None:
+        """Keep per-task summaries (see :mod:`expstore.storage.task_stats`), building them
+        for the rows present ``step`` rows per transaction (``progress`` is told how many
+        rows each step summarised)."""
+        task_stats.create(self._handle, step, progress)
+
+    def drop_summary(self) -> bool:
+        """Stop keeping per-task summaries; whether the buffer kept any."""
+        return task_stats.drop_summary(self._handle)
+
+    def summary_state(self) -> task_stats.SummaryState | None:
+        """Whether the buffer keeps task summaries and how far they are built."""
+        return task_stats.state_now(self._handle)
+
+    def summary_tasks(self) -> int:
+        """How many tasks the buffer's task summaries hold."""
+        return task_stats.count_now(self._handle)
 
     def summary(self, query_condition: QueryCondition, success_above: float) -> dict[str, Any]:
         return summarise(self._handle, query_condition, success_above)

@@ -44,6 +44,7 @@ from ..layout import (
     ColumnSpec,
 )
 from ..models import DataRow
+from . import task_stats
 from .dedup import check_dedup, without_duplicates
 from .dialects import WRITE_COLUMNS
 from .handle import BufferHandle
@@ -228,12 +229,13 @@ def _write(handle: BufferHandle, batch: RowSource, dedup: str | None) -> tuple[A
                 # it). Writers of a buffer take turns on its row, so keys are handed out
                 # in commit order (readers' cached key indexes only ever need the keys
                 # above the largest they saw) and a capacity stays exact.
-                capacity, policy, limited = lock_buffer(
+                capacity, policy, limited, summarised = lock_buffer(
                     handle,
                     conn,
                     buffers.c.capacity,
                     buffers.c.eviction,
                     limited_flag(handle.buffer_id),
+                    buffers.c.summary_from,
                 )
                 policy = policy or "fifo"
                 chunks = _encoded_chunks(handle, batch)
@@ -248,8 +250,17 @@ def _write(handle: BufferHandle, batch: RowSource, dedup: str | None) -> tuple[A
                 if limited:  # exact: the samples counted only grow meanwhile
                     RateLimits(handle).check_write(conn, stored)
                 if stored:
+                    # With task summaries kept, the new rows are those above the buffer's
+                    # largest key now (writers of the buffer take turns).
+                    before = (
+                        None
+                        if summarised is None
+                        else task_stats.newest_key(conn, handle.buffer_id)
+                    )
                     handle.dialect.insert_rows(conn, chunks)
                     count_inserted(handle, conn, stored)
+                    if before is not None:
+                        task_stats.merge_new(handle, conn, before)
                 evict_beyond(handle, conn, capacity, policy)
         except UnicodeEncodeError as exc:  # a string the row's validation could not see
             text = exc.object[exc.start : exc.end]

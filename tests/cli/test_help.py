@@ -23,6 +23,7 @@ def test_the_commands_are_the_ones_the_readme_describes() -> None:
         "sample",
         "delete",
         "retention",
+        "summary",
         "export",
         "import",
     ]

@@ -192,3 +192,21 @@ def test_query_and_sample_print_csv(invoke: Any, tmp_path: Path) -> None:
     assert sampled.exit_code == 0 and len(list(csv.DictReader(io.StringIO(sampled.stdout)))) == 3
     both = invoke("query", "--db", str(path), "--csv", "--json")
     assert both.exit_code == 1 and "either --json or --csv" in both.stderr
+
+
+def test_summary_creates_shows_and_drops_task_summaries(invoke: Any, tmp_path: Path) -> None:
+    path = tmp_path / "sum.db"
+    with ReplayBuffer(f"sqlite:///{path}") as buffer:
+        buffer.store_batch(make_rows(30))
+    before = invoke("stats", str(path), "--json").stdout
+    assert "keeps no task summaries" in invoke("summary", str(path)).stdout
+    made = invoke("summary", str(path), "--create")
+    assert made.exit_code == 0
+    assert "keeps task summaries (4 tasks, 30 rows; built)" in made.stdout
+    after = invoke("stats", str(path), "--json").stdout  # now read from the summaries
+    assert json.loads(after)["tasks"] == json.loads(before)["tasks"] == 4
+    assert json.loads(after)["reward"]["sum"] == json.loads(before)["reward"]["sum"]
+    assert "task summaries dropped" in invoke("summary", str(path), "--drop").stdout
+    assert "nothing to drop" in invoke("summary", str(path), "--drop").stdout
+    both = invoke("summary", str(path), "--create", "--drop")
+    assert both.exit_code != 0 and "either --create or --drop" in both.output

@@ -207,3 +207,29 @@ def test_revision_0006_counts_the_rows_each_buffer_holds(fresh_url: str) -> None
             assert buf.storage.index.state_now()[2] == n
             buf.store_batch(make_rows(1))  # FIFO by the count: down to the capacity
             assert len(buf) == 4 and buf.storage.index.state_now()[2] == 4
+
+
+def test_revision_0007_adds_task_summaries_and_the_largest_key_given(fresh_url: str) -> None:
+    engine = _writer(fresh_url)
+    migrate.upgrade(engine)
+    with ReplayBuffer(fresh_url, name="a") as buf:
+        buf.store_batch(make_rows(6))
+        buf.create_summary()
+    migrate.downgrade(engine, "0006")  # summaries and the counter go; the rows stay
+    with engine.connect() as conn:
+        tables = set(inspect(conn).get_table_names())
+        assert not {"expstore_task_stats", "expstore_counters"} & tables
+        columns = {c["name"] for c in inspect(conn).get_columns("expstore_buffers")}
+        assert not {"summary_from", "summary_through"} & columns
+        assert conn.execute(text("SELECT count(*) FROM expstore_rows")).scalar_one() == 6
+        newest = conn.execute(text("SELECT max(key) FROM expstore_rows")).scalar_one()
+    migrate.upgrade(engine)
+    with engine.connect() as conn:
+        given = text("SELECT value FROM expstore_counters WHERE name = 'row_key'")
+        assert conn.execute(given).scalar_one() == newest
+    with ReplayBuffer(fresh_url, name="a") as buf:
+        assert buf.storage.summary_state() is None  # none kept until asked again
+        buf.create_summary()
+        assert buf.storage.summary_tasks() == 4
+        buf.store_batch(make_rows(1))
+        assert buf.storage.index.state_now()[0].max_key == newest + 1
