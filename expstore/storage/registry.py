@@ -132,12 +132,17 @@ def count_removed(handle: BufferHandle, conn: Connection, n: int) -> None:
         conn.execute(update(buffers).where(this).values(row_count=buffers.c.row_count - n))
 
 
-def remove(handle: BufferHandle, conn: Connection, where: Sequence[ColumnElement[bool]]) -> int:
+def remove(
+    handle: BufferHandle,
+    conn: Connection,
+    kept: task_stats.SummaryState | None,
+    where: Sequence[ColumnElement[bool]],
+) -> int:
     """Delete the buffer's rows matching ``where`` in the caller's transaction (which holds
-    the buffer's row), keeping its row count and, where it keeps them, the summaries of the
-    tasks those rows belonged to; returns how many went."""
+    the buffer's row), keeping its row count and, where it keeps them (``kept``, its
+    summary state as the transaction read it), the summaries of the tasks those rows
+    belonged to; returns how many went."""
     mine = [rows.c.buffer_id == handle.buffer_id, *where]
-    kept = task_stats.state(conn, handle.buffer_id)
     tasks: list[str] = []
     if kept is not None:  # which tasks lose rows, read before they go
         tasks = list(conn.execute(select(rows.c.task_id).where(*mine).distinct()).scalars())
@@ -150,12 +155,18 @@ def remove(handle: BufferHandle, conn: Connection, where: Sequence[ColumnElement
     return gone
 
 
-def evict_beyond(handle: BufferHandle, conn: Connection, capacity: int | None, policy: str) -> int:
+def evict_beyond(
+    handle: BufferHandle,
+    conn: Connection,
+    capacity: int | None,
+    policy: str,
+    kept: task_stats.SummaryState | None,
+) -> int:
     """Evict rows beyond ``capacity`` (None: unlimited) by ``policy`` inside the caller's
-    transaction; readers see FIFO eviction by the buffer's smallest key, any other by a new
-    version."""
+    transaction (``kept``: the buffer's summary state, see :func:`remove`); readers see
+    FIFO eviction by the buffer's smallest key, any other by a new version."""
     limit = None if capacity is None else int(capacity)
-    evicted = evict(conn, handle.buffer_id, limit, policy, partial(remove, handle, conn))
+    evicted = evict(conn, handle.buffer_id, limit, policy, partial(remove, handle, conn, kept))
     if evicted and policy not in OLDEST_FIRST_POLICIES:
         bump_version(handle, conn)
     return evicted
@@ -189,5 +200,7 @@ def set_retention(
             .where(buffers.c.id == handle.buffer_id)
             .values(capacity=capacity, eviction=policy, stale_after=stale_after)
         )
-        evicted = evict_beyond(handle, conn, capacity, policy)
+        evicted = evict_beyond(
+            handle, conn, capacity, policy, task_stats.state(conn, handle.buffer_id)
+        )
     return int(evicted), policy

@@ -316,6 +316,9 @@ task_stats = Table(
     Column("last_key", BigInteger, nullable=False),
     Column("last_step", BigInteger, nullable=False),
     Column("last_reward", Double, nullable=True),
+    # Clustered by (buffer_id, task_id) on SQLite: stats scan a buffer's tasks in one range
+    # of the table's own B-tree, and writers' upserts update one B-tree, not two.
+    sqlite_with_rowid=False,
 )
 
 #: Counters of the whole database, by name. ``row_key``: the largest key ever given to a

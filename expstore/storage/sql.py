@@ -225,7 +225,8 @@ class SqlStorage(Storage):
         where = handle.matching(query_condition)
         with handle.errors("delete rows"), handle.write() as conn:
             registry.lock_buffer(handle, conn, buffers.c.id)  # see clear()
-            count = registry.remove(handle, conn, where)
+            kept = task_stats.state(conn, handle.buffer_id)
+            count = registry.remove(handle, conn, kept, where)
             if count:
                 registry.bump_version(handle, conn)
         return count

@@ -38,12 +38,12 @@ from sqlalchemy import (
     Float,
     Integer,
     and_,
+    bindparam,
     case,
     cast,
     delete,
     func,
     insert,
-    literal,
     or_,
     select,
     update,
@@ -95,11 +95,10 @@ class SummaryState(NamedTuple):
     def built(self) -> bool:
         return self.through >= self.since
 
-    def summarised(self) -> list[ColumnElement[bool]]:
-        """The WHERE clauses of the rows summarised so far (none once built)."""
-        if self.built:
-            return []
-        return [or_(rows.c.key <= self.through, rows.c.key > self.since)]
+    @classmethod
+    def of(cls, since: int | None, through: int | None) -> SummaryState | None:
+        """The state the buffer's two columns hold (None: no summaries kept)."""
+        return None if since is None or through is None else cls(int(since), int(through))
 
 
 def state(conn: Connection, buffer_id: int) -> SummaryState | None:
@@ -107,7 +106,7 @@ def state(conn: Connection, buffer_id: int) -> SummaryState | None:
     since, through = conn.execute(
         select(buffers.c.summary_from, buffers.c.summary_through).where(buffers.c.id == buffer_id)
     ).one()
-    return None if since is None else SummaryState(int(since), int(through))
+    return SummaryState.of(since, through)
 
 
 def newest_key(conn: Connection, buffer_id: int) -> int:
@@ -116,10 +115,11 @@ def newest_key(conn: Connection, buffer_id: int) -> int:
     return 0 if found is None else int(found)
 
 
-def _aggregate(buffer_id: int, where: Sequence[ColumnElement[bool]]) -> Any:
-    """The summary of each task among the buffer's rows matching ``where``, in the table's
-    column order: counts, sums and extremes by GROUP BY, and the task's last row (highest
-    step, then key) by one index probe per task."""
+def _aggregate(where: Sequence[ColumnElement[bool]]) -> Any:
+    """The summary of each task among the buffer's rows (``:buffer_id``) matching
+    ``where``, in the table's column order: counts, sums and extremes by GROUP BY, and the
+    task's last row (highest step, then key) by one index probe per task."""
+    buffer_id = bindparam("buffer_id", type_=Integer)
     mine = [rows.c.buffer_id == buffer_id, *where]
     reward = cast(rows.c.reward_t, Float)
     version = cast(rows.c.policy_version, Float)
@@ -159,7 +159,7 @@ def _aggregate(buffer_id: int, where: Sequence[ColumnElement[bool]]) -> Any:
     )
     last = rows.alias("last")
     return select(
-        literal(buffer_id, Integer).label("buffer_id"),
+        buffer_id.label("buffer_id"),
         *(grouped.c[c.name] for c in task_stats.c if c.name not in ("buffer_id", *_LAST)),
         last.c.step.label("last_step"),
         last.c.reward_t.label("last_reward"),
@@ -200,17 +200,50 @@ def _greater(a: Any, b: Any) -> Any:
     return case((a.is_(None), b), (b.is_(None), a), (b > a, b), else_=a)
 
 
-def merge_new(handle: BufferHandle, conn: Connection, after_key: int) -> None:
-    """Merge the buffer's rows above ``after_key`` (those the caller's transaction wrote)
-    into their tasks' summaries."""
-    _merge(handle, conn, [rows.c.key > after_key])
+#: Which rows each statement summarises, by bound parameters (the buffer's is
+#: ``:buffer_id``): a write's new rows, a step of the build, some tasks' rows (all of
+#: them, or while the build goes on, those summarised already).
+_ROWS: dict[str, Callable[[], list[ColumnElement[bool]]]] = {
+    "new": lambda: [rows.c.key > bindparam("after")],
+    "step": lambda: [rows.c.key > bindparam("low"), rows.c.key <= bindparam("high")],
+    "tasks": lambda: [rows.c.task_id.in_(bindparam("tasks", expanding=True))],
+    "tasks, building": lambda: [
+        rows.c.task_id.in_(bindparam("tasks", expanding=True)),
+        or_(rows.c.key <= bindparam("through"), rows.c.key > bindparam("since")),
+    ],
+}
+_STATEMENTS: dict[tuple[str, str], Any] = {}
 
 
-def _merge(handle: BufferHandle, conn: Connection, where: Sequence[ColumnElement[bool]]) -> None:
-    new = handle.dialect.upsert(task_stats).from_select(
-        _columns(), _aggregate(handle.buffer_id, where)
-    )
-    ex = new.excluded
+def _statement(handle: BufferHandle, kind: str) -> Any:
+    """The statement of ``kind`` for the handle's database, built once: ``merge new`` and
+    ``merge step`` add rows into their tasks' summaries (an upsert), ``summarise tasks``
+    and ``summarise tasks, building`` write the summaries of tasks afresh, ``forget
+    tasks`` deletes them."""
+    dialect = handle.dialect
+    found = _STATEMENTS.get((dialect.name, kind))
+    if found is not None:
+        return found
+    verb, _, rest = kind.partition(" ")
+    if verb == "merge":
+        new = dialect.upsert(task_stats).from_select(_columns(), _aggregate(_ROWS[rest]()))
+        found = new.on_conflict_do_update(
+            index_elements=["buffer_id", "task_id"], set_=_merged(new.excluded)
+        )
+    elif verb == "summarise":
+        found = insert(task_stats).from_select(_columns(), _aggregate(_ROWS[rest]()))
+    else:
+        found = delete(task_stats).where(
+            _S.buffer_id == bindparam("buffer_id", type_=Integer),
+            _S.task_id.in_(bindparam("tasks", expanding=True)),
+        )
+    _STATEMENTS[(dialect.name, kind)] = found
+    return found
+
+
+def _merged(ex: Any) -> dict[str, Any]:
+    """A task's summary with ``ex`` (the new rows' summary) merged in: counts and sums
+    added, extremes compared, the later last row (by step, then key) kept."""
     newer = or_(
         ex.last_step > _S.last_step, and_(ex.last_step == _S.last_step, ex.last_key > _S.last_key)
     )
@@ -221,7 +254,15 @@ def _merge(handle: BufferHandle, conn: Connection, where: Sequence[ColumnElement
         merged[name] = _greater(_S[name], ex[name])
     for name in ("last_key", *_LAST):
         merged[name] = case((newer, ex[name]), else_=_S[name])
-    conn.execute(new.on_conflict_do_update(index_elements=["buffer_id", "task_id"], set_=merged))
+    return merged
+
+
+def merge_new(handle: BufferHandle, conn: Connection, after_key: int) -> None:
+    """Merge the buffer's rows above ``after_key`` (those the caller's transaction wrote)
+    into their tasks' summaries."""
+    conn.execute(
+        _statement(handle, "merge new"), {"buffer_id": handle.buffer_id, "after": after_key}
+    )
 
 
 def recompute(
@@ -229,13 +270,17 @@ def recompute(
 ) -> None:
     """Summarise these tasks again from the rows they have now (those already summarised,
     while the build goes on); a task left without rows loses its summary."""
-    buffer_id = handle.buffer_id
     tasks = list(task_ids)
+    forget = _statement(handle, "forget tasks")
+    if kept.built:
+        summarise, bounds = _statement(handle, "summarise tasks"), {}
+    else:
+        summarise = _statement(handle, "summarise tasks, building")
+        bounds = {"through": kept.through, "since": kept.since}
     for at in range(0, len(tasks), _TASK_CHUNK):
-        chunk = tasks[at : at + _TASK_CHUNK]
-        conn.execute(delete(task_stats).where(_S.buffer_id == buffer_id, _S.task_id.in_(chunk)))
-        where = [rows.c.task_id.in_(chunk), *kept.summarised()]
-        conn.execute(insert(task_stats).from_select(_columns(), _aggregate(buffer_id, where)))
+        chunk = {"buffer_id": handle.buffer_id, "tasks": tasks[at : at + _TASK_CHUNK]}
+        conn.execute(forget, chunk)
+        conn.execute(summarise, {**chunk, **bounds})
 
 
 def drop_all(handle: BufferHandle, conn: Connection, kept: SummaryState) -> None:
@@ -287,7 +332,8 @@ def build_step(
         )
     else:
         upto, done = int(found), step
-    _merge(handle, conn, [rows.c.key > kept.through, rows.c.key <= upto])
+    bounds = {"buffer_id": buffer_id, "low": kept.through, "high": upto}
+    conn.execute(_statement(handle, "merge step"), bounds)
     _set(conn, buffer_id, kept.since, upto)
     return SummaryState(kept.since, upto), done
 

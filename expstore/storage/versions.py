@@ -26,6 +26,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from .._args import check_int
 from ..errors import PolicyVersionError
+from . import task_stats
 from .eviction import EVERY_WRITE_POLICIES
 from .handle import BufferHandle
 from .registry import evict_beyond, lock_buffer
@@ -77,7 +78,9 @@ def set_version(handle: BufferHandle, version: Any, *, force: bool = False) -> i
         )
         if policy not in EVERY_WRITE_POLICIES:
             return 0
-        return evict_beyond(handle, conn, capacity, policy)
+        return evict_beyond(
+            handle, conn, capacity, policy, task_stats.state(conn, handle.buffer_id)
+        )
 
 
 def fresh_clause(buffer_id: int, max_staleness: int) -> ColumnElement[bool]:

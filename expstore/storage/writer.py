@@ -229,14 +229,16 @@ def _write(handle: BufferHandle, batch: RowSource, dedup: str | None) -> tuple[A
                 # it). Writers of a buffer take turns on its row, so keys are handed out
                 # in commit order (readers' cached key indexes only ever need the keys
                 # above the largest they saw) and a capacity stays exact.
-                capacity, policy, limited, summarised = lock_buffer(
+                capacity, policy, limited, since, through = lock_buffer(
                     handle,
                     conn,
                     buffers.c.capacity,
                     buffers.c.eviction,
                     limited_flag(handle.buffer_id),
                     buffers.c.summary_from,
+                    buffers.c.summary_through,
                 )
+                summaries = task_stats.SummaryState.of(since, through)
                 policy = policy or "fifo"
                 chunks = _encoded_chunks(handle, batch)
                 stored = len(batch)
@@ -253,15 +255,13 @@ def _write(handle: BufferHandle, batch: RowSource, dedup: str | None) -> tuple[A
                     # With task summaries kept, the new rows are those above the buffer's
                     # largest key now (writers of the buffer take turns).
                     before = (
-                        None
-                        if summarised is None
-                        else task_stats.newest_key(conn, handle.buffer_id)
+                        None if summaries is None else task_stats.newest_key(conn, handle.buffer_id)
                     )
                     handle.dialect.insert_rows(conn, chunks)
                     count_inserted(handle, conn, stored)
                     if before is not None:
                         task_stats.merge_new(handle, conn, before)
-                evict_beyond(handle, conn, capacity, policy)
+                evict_beyond(handle, conn, capacity, policy, summaries)
         except UnicodeEncodeError as exc:  # a string the row's validation could not see
             text = exc.object[exc.start : exc.end]
             raise CodecError(

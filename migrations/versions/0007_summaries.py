@@ -58,6 +58,7 @@ def upgrade() -> None:
             ondelete="CASCADE",
         ),
         sa.PrimaryKeyConstraint("buffer_id", "task_id", name=op.f("pk_expstore_task_stats")),
+        sqlite_with_rowid=False,
     )
     op.create_table(
         "expstore_counters",
