@@ -41,13 +41,13 @@ __all__ = [
 Remove = Callable[[Sequence[ColumnElement[bool]]], int]
 
 
-def _fifo(conn: Connection, buffer_id: int, capacity: int, remove: Remove, removed: int = 0) -> int:
-    # The buffer's row count (kept in this transaction by every write and delete, see
-    # expstore.storage.registry) says how many of the oldest rows go: the first key to keep
-    # is found by an offset of that excess from the oldest end, so a write costs the same
+def _fifo(conn: Connection, buffer_id: int, capacity: int, remove: Remove) -> int:
+    # The buffer's row count (kept in this transaction by every write and delete, ``remove``
+    # included, see expstore.storage.registry) says how many of the oldest rows go: the
+    # first key to keep is found by an offset of that excess from the oldest end, so a
+    # write costs the same whatever the capacity.
     held = select(buffers.c.row_count).where(buffers.c.id == buffer_id)
-    # whatever the capacity (``removed``: rows this eviction already deleted).
-    excess = int(conn.execute(held).scalar_one()) - removed - capacity
+    excess = int(conn.execute(held).scalar_one()) - capacity
     if excess <= 0:
         return 0
     threshold = oldest_first(select(rows.c.key), buffer_id).limit(1).offset(excess)
@@ -100,7 +100,7 @@ def _stale(conn: Connection, buffer_id: int, capacity: int, remove: Remove) -> i
     this = buffers.c.id == buffer_id
     oldest = select(buffers.c.policy_version - buffers.c.stale_after).where(this)
     evicted = remove([rows.c.policy_version < oldest.scalar_subquery()])
-    return evicted + (_fifo(conn, buffer_id, capacity, remove, evicted) if capacity else 0)
+    return evicted + (_fifo(conn, buffer_id, capacity, remove) if capacity else 0)
 
 
 #: Policies that only ever delete a buffer's oldest rows (every key below some key), which

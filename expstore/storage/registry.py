@@ -143,14 +143,10 @@ def remove(
     summary state as the transaction read it), the summaries of the tasks those rows
     belonged to; returns how many went."""
     mine = [rows.c.buffer_id == handle.buffer_id, *where]
-    tasks: list[str] = []
-    if kept is not None:  # which tasks lose rows, read before they go
-        tasks = list(conn.execute(select(rows.c.task_id).where(*mine).distinct()).scalars())
-        if not tasks:
-            return 0
+    removal = None if kept is None else task_stats.before_delete(handle, conn, kept, where)
     gone = int(conn.execute(delete(rows).where(*mine)).rowcount)
-    if gone and kept is not None:
-        task_stats.recompute(handle, conn, tasks, kept)
+    if gone and kept is not None and removal is not None:
+        task_stats.after_delete(handle, conn, kept, removal)
     count_removed(handle, conn, gone)
     return gone
 

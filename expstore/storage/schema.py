@@ -39,6 +39,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
     func,
     select,
 )
@@ -309,6 +310,9 @@ task_stats = Table(
     Column("time_min", Double, nullable=False),
     Column("time_max", Double, nullable=False),
     Column("version_count", BigInteger, nullable=False),
+    # The version sums are of (version - version_base), so large versions (timestamps,
+    # say) keep their precision in a double.
+    Column("version_base", BigInteger, nullable=True),
     Column("version_sum", Double, nullable=False),
     Column("version_sumsq", Double, nullable=False),
     Column("version_min", BigInteger, nullable=True),
@@ -316,6 +320,10 @@ task_stats = Table(
     Column("last_key", BigInteger, nullable=False),
     Column("last_step", BigInteger, nullable=False),
     Column("last_reward", Double, nullable=True),
+    # The extremes or last row no longer describe the task (a delete took the rows that
+    # held them from a long task): stats read its rows instead, until it is summarised
+    # again (its counts and sums stay exact).
+    Column("dirty", Boolean, nullable=False, server_default=false()),
     # Clustered by (buffer_id, task_id) on SQLite: stats scan a buffer's tasks in one range
     # of the table's own B-tree, and writers' upserts update one B-tree, not two.
     sqlite_with_rowid=False,

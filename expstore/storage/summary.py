@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sqlalchemy import Connection, Float, and_, case, cast, func, select
+from sqlalchemy import Connection, Float, and_, case, cast, false, func, select, union_all
 
 from . import task_stats
 from .base import QueryCondition
@@ -27,7 +27,13 @@ def _spread(count: int, mean: Any, mean_square: Any) -> float | None:
     """The population standard deviation from the mean and the mean of squares."""
     if not count or mean is None or mean_square is None:
         return None
-    return math.sqrt(max(0.0, float(mean_square) - float(mean) ** 2))
+    mean = float(mean)
+    return math.sqrt(max(0.0, float(mean_square) - mean * mean))
+
+
+def _per(total: Any, count: Any) -> float | None:
+    """``total / count`` (a mean), None for no count."""
+    return None if not count or total is None else float(total) / int(count)
 
 
 def _numbers(count: int, total: Any, mean: Any, square: Any, low: Any, high: Any) -> Any:
@@ -56,13 +62,16 @@ def summarise(
     )
     # How far a row's version is behind the current one (NULL for a row without one).
     behind = case((version.is_(None), None), (version < current, current - version), else_=0)
-    real = cast(reward, Float)
+    real = task_stats.bounded_reward(reward)  # as the task summaries sum it
+    lag = cast(behind, Float)  # in doubles: a square of a BIGINT could overflow
+    # Sums, divided here: Postgres's avg() of doubles also sums their squares (for
+    # variance), which overflows long before the values do.
     totals = select(
         func.count(),
         func.count(reward),
         func.sum(real),
-        func.avg(real),
-        func.avg(real * real),
+        func.sum(real),
+        func.sum(real * real),
         func.min(reward),
         func.max(reward),
         func.min(rows.c.execute_time),
@@ -71,11 +80,11 @@ def summarise(
         func.count(version),
         func.min(version),
         func.max(version),
-        func.avg(cast(behind, Float)),
-        func.avg(cast(behind * behind, Float)),
+        func.sum(lag),
+        func.sum(lag * lag),
         func.min(behind),
         func.max(behind),
-        func.sum(cast(behind, Float)),
+        func.sum(lag),
         current,
     ).where(*where)
     last = func.row_number().over(
@@ -99,6 +108,7 @@ def summarise(
     ).where(per_task.c.last == 1)
     with handle.errors("summarise the buffer"), handle.read() as conn:
         if query_condition is None:
+            handle.dialect.snapshot(conn)  # the state, the tasks and the agents agree
             found = _from_tasks(handle, conn, success_above)
             if found is not None:
                 return found
@@ -108,10 +118,10 @@ def summarise(
         rows_=int(t[0]),
         tasks=(task_count, fewest, most, successes),
         agents=t[9],
-        reward=(t[1], t[2], t[3], t[4], t[5], t[6]),
+        reward=(t[1], t[2], _per(t[3], t[1]), _per(t[4], t[1]), t[5], t[6]),
         times=(t[7], t[8]),
         versions=(t[18], t[10], t[11], t[12]),
-        staleness=(t[17], t[13], t[14], t[15], t[16]),
+        staleness=(t[17], _per(t[13], t[10]), _per(t[14], t[10]), t[15], t[16]),
     )
 
 
@@ -162,58 +172,69 @@ def _from_tasks(
 ) -> dict[str, Any] | None:
     """The whole buffer's summary from its task summaries (see
     :mod:`expstore.storage.task_stats`): one row per task, however many rows the buffer
-    holds; None when it keeps none, or they are still being built."""
+    holds (a dirty task's figures from its rows); None when it keeps none, or they are
+    still being built. The caller's connection reads one snapshot."""
     kept = task_stats.state(conn, handle.buffer_id)
     if kept is None or not kept.built:
         return None
-    s = task_stats_table.c
     buffer_id = handle.buffer_id
+    stored = task_stats_table.c
+    clean = select(*(stored[name] for name in task_stats.COLUMNS)).where(
+        stored.buffer_id == buffer_id, stored.dirty.is_(false())
+    )
+    dirty = select(stored.task_id).where(stored.buffer_id == buffer_id, stored.dirty)
+    fresh = task_stats.summaries_of([rows.c.task_id.in_(dirty)])
+    s = union_all(clean, fresh).subquery()
     current = select(buffers.c.policy_version).where(buffers.c.id == buffer_id).scalar_subquery()
-    now = cast(current, Float)
     # A task whose versions are all at or below the current one is stale by current - v
-    # row by row, which its sums give exactly; one all at or above, not at all. One across
-    # the current version (rare) is read row by row below.
-    below = s.version_max <= current
-    across = and_(s.version_min < current, s.version_max > current)
-    behind = case((below, s.version_count * now - s.version_sum), else_=0.0)
+    # row by row, which its sums (of v - base) give exactly; one all at or above, not at
+    # all. One across the current version (rare) is read row by row below.
+    below = s.c.version_max <= current
+    across = and_(s.c.version_min < current, s.c.version_max > current)
+    ahead = cast(current - s.c.version_base, Float)  # exact in integers, then a double
+    behind = case((below, s.c.version_count * ahead - s.c.version_sum), else_=0.0)
     square = case(
-        (below, s.version_count * now * now - 2.0 * now * s.version_sum + s.version_sumsq),
+        (
+            below,
+            s.c.version_count * ahead * ahead - 2.0 * ahead * s.c.version_sum + s.c.version_sumsq,
+        ),
         else_=0.0,
     )
-    mine = s.buffer_id == buffer_id
     t = conn.execute(
         select(
             func.count(),
-            func.coalesce(func.sum(s.rows), 0),
-            func.min(s.rows),
-            func.max(s.rows),
-            func.count(case((s.last_reward > success_above, 1))),
-            func.coalesce(func.sum(s.reward_count), 0),
-            func.sum(s.reward_sum),
-            func.sum(s.reward_sumsq),
-            func.min(s.reward_min),
-            func.max(s.reward_max),
-            func.min(s.time_min),
-            func.max(s.time_max),
-            func.coalesce(func.sum(s.version_count), 0),
-            func.min(s.version_min),
-            func.max(s.version_max),
+            func.coalesce(func.sum(s.c.rows), 0),
+            func.min(s.c.rows),
+            func.max(s.c.rows),
+            func.count(case((s.c.last_reward > success_above, 1))),
+            func.coalesce(func.sum(s.c.reward_count), 0),
+            func.sum(s.c.reward_sum),
+            func.sum(s.c.reward_sumsq),
+            func.min(s.c.reward_min),
+            func.max(s.c.reward_max),
+            func.min(s.c.time_min),
+            func.max(s.c.time_max),
+            func.coalesce(func.sum(s.c.version_count), 0),
+            func.min(s.c.version_min),
+            func.max(s.c.version_max),
             func.sum(behind),
             func.sum(square),
             func.count(case((across, 1))),
             current,
-        ).where(mine)
+        ),
+        {"buffer_id": buffer_id},
     ).one()
     n, reward_count, with_one = int(t[1]), int(t[5]), int(t[12])
     behind_sum, behind_square = float(t[15] or 0.0), float(t[16] or 0.0)
     if t[17]:  # tasks across the current version: their rows' staleness, row by row
         version = rows.c.policy_version
         lag = case((version < current, cast(current - version, Float)), else_=0.0)
-        crossing = select(s.task_id).where(mine, across)
+        crossing = select(s.c.task_id).where(across)
         extra = conn.execute(
             select(func.sum(lag), func.sum(lag * lag)).where(
                 rows.c.buffer_id == buffer_id, rows.c.task_id.in_(crossing), version.is_not(None)
-            )
+            ),
+            {"buffer_id": buffer_id},
         ).one()
         behind_sum += float(extra[0] or 0.0)
         behind_square += float(extra[1] or 0.0)
@@ -225,20 +246,13 @@ def _from_tasks(
         rows_=n,
         tasks=(t[0], t[2] or 0, t[3] or 0, t[4]),
         agents=_distinct_agents(handle, conn),
-        reward=(
-            reward_count,
-            t[6],
-            None if not reward_count else t[6] / reward_count,
-            None if not reward_count else t[7] / reward_count,
-            t[8],
-            t[9],
-        ),
+        reward=(reward_count, t[6], _per(t[6], reward_count), _per(t[7], reward_count), t[8], t[9]),
         times=(t[10], t[11]),
         versions=(version_now, with_one, low, high),
         staleness=(
             behind_sum,
-            behind_sum / with_one if with_one else None,
-            behind_square / with_one if with_one else None,
+            _per(behind_sum, with_one),
+            _per(behind_square, with_one),
             least,
             most,
         ),

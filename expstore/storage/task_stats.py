@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
+    Boolean,
     Connection,
     Float,
     Integer,
@@ -42,6 +43,7 @@ from sqlalchemy import (
     case,
     cast,
     delete,
+    false,
     func,
     insert,
     or_,
@@ -49,7 +51,6 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.sql.elements import ColumnElement
-from sqlalchemy.sql.util import ClauseAdapter
 
 from .._args import check_int
 from ..errors import StorageError
@@ -59,6 +60,14 @@ from .schema import buffers, newest_first, oldest_first, rows, task_stats
 
 __all__ = [
     "BUILD_STEP",
+    "COLUMNS",
+    "REWARD_BOUND",
+    "Removal",
+    "after_delete",
+    "before_delete",
+    "bounded_reward",
+    "clean",
+    "summaries_of",
     "SummaryState",
     "build_step",
     "count_now",
@@ -117,78 +126,112 @@ def newest_key(conn: Connection, buffer_id: int) -> int:
 
 def _aggregate(where: Sequence[ColumnElement[bool]]) -> Any:
     """The summary of each task among the buffer's rows (``:buffer_id``) matching
-    ``where``, in the table's column order: counts, sums and extremes by GROUP BY, and the
-    task's last row (highest step, then key) by one index probe per task."""
+    ``where``, in the table's column order (:func:`_columns`), as a SELECT: counts, sums
+    and extremes by GROUP BY over the matching rows, the task's last row (highest step,
+    then key) and its smallest version (the base of its version sums) by window functions
+    over the same rows, so only those rows are read."""
     buffer_id = bindparam("buffer_id", type_=Integer)
-    mine = [rows.c.buffer_id == buffer_id, *where]
-    reward = cast(rows.c.reward_t, Float)
-    version = cast(rows.c.policy_version, Float)
-    later = rows.alias("later")
-    last_key = (
-        select(later.c.key)
-        .where(
-            later.c.buffer_id == buffer_id,
-            later.c.task_id == rows.c.task_id,
-            *_on(later, where),
-        )
-        .order_by(later.c.step.desc(), later.c.key.desc())
-        .limit(1)
-        .scalar_subquery()
-    )
-    grouped = (
+    version = rows.c.policy_version
+    ranked = (
         select(
             rows.c.task_id,
-            func.count().label("rows"),
-            func.count(rows.c.reward_t).label("reward_count"),
-            func.coalesce(func.sum(reward), 0.0).label("reward_sum"),
-            func.coalesce(func.sum(reward * reward), 0.0).label("reward_sumsq"),
-            func.min(rows.c.reward_t).label("reward_min"),
-            func.max(rows.c.reward_t).label("reward_max"),
-            func.min(rows.c.execute_time).label("time_min"),
-            func.max(rows.c.execute_time).label("time_max"),
-            func.count(rows.c.policy_version).label("version_count"),
-            func.coalesce(func.sum(version), 0.0).label("version_sum"),
-            func.coalesce(func.sum(version * version), 0.0).label("version_sumsq"),
-            func.min(rows.c.policy_version).label("version_min"),
-            func.max(rows.c.policy_version).label("version_max"),
-            last_key.label("last_key"),
+            rows.c.key,
+            rows.c.step,
+            rows.c.reward_t,
+            rows.c.execute_time,
+            version,
+            func.row_number()
+            .over(partition_by=rows.c.task_id, order_by=(rows.c.step.desc(), rows.c.key.desc()))
+            .label("rank"),
+            func.min(version).over(partition_by=rows.c.task_id).label("base"),
         )
-        .where(*mine)
-        .group_by(rows.c.task_id)
+        .where(rows.c.buffer_id == buffer_id, *where)
         .subquery()
     )
-    last = rows.alias("last")
-    return select(
-        buffer_id.label("buffer_id"),
-        *(grouped.c[c.name] for c in task_stats.c if c.name not in ("buffer_id", *_LAST)),
-        last.c.step.label("last_step"),
-        last.c.reward_t.label("last_reward"),
-    ).join_from(grouped, last, last.c.key == grouped.c.last_key)
+    r = ranked.c
+    last = r.rank == 1
+    figures = {
+        "buffer_id": buffer_id,
+        "task_id": r.task_id,
+        **_figures(r.reward_t, r.execute_time, r.policy_version, r.base),
+        "version_base": func.min(r.base),
+        "last_key": func.max(case((last, r.key))),
+        "last_step": func.max(case((last, r.step))),
+        "last_reward": func.max(case((last, r.reward_t))),
+        "dirty": false(),
+    }
+    return select(*(figures[name].label(name) for name in _columns())).group_by(r.task_id)
 
 
-#: The columns of a task's last row, read from that row rather than aggregated.
-_LAST = ("last_step", "last_reward")
-#: The columns two summaries of a task's rows add up in.
-_SUMMED = (
-    "rows",
-    "reward_count",
-    "reward_sum",
-    "reward_sumsq",
-    "version_count",
-    "version_sum",
-    "version_sumsq",
+def _figures(reward: Any, time: Any, version: Any, base: Any) -> dict[str, Any]:
+    """The aggregates of a group of rows that two summaries add up or compare: rewards,
+    times and versions (the version sums of ``version - base``). A reward beyond
+    ±:data:`REWARD_BOUND` counts at that bound in the sums (its square could not be held),
+    never in the extremes."""
+    bounded = bounded_reward(reward)
+    lag = cast(version - base, Float)
+    return {
+        "rows": func.count(),
+        "reward_count": func.count(reward),
+        "reward_sum": func.coalesce(func.sum(bounded), 0.0),
+        "reward_sumsq": func.coalesce(func.sum(bounded * bounded), 0.0),
+        "reward_min": func.min(reward),
+        "reward_max": func.max(reward),
+        "time_min": func.min(time),
+        "time_max": func.max(time),
+        "version_count": func.count(version),
+        "version_sum": func.coalesce(func.sum(lag), 0.0),
+        "version_sumsq": func.coalesce(func.sum(lag * lag), 0.0),
+        "version_min": func.min(version),
+        "version_max": func.max(version),
+    }
+
+
+#: The largest reward magnitude stats sum as it is (its square and the sum of many stay
+#: finite doubles); beyond it a reward counts at the bound in means and spreads, on every
+#: path (from the rows too), so that no write or stats call overflows.
+REWARD_BOUND = 1e100
+
+
+def bounded_reward(reward: Any) -> Any:
+    """``reward`` as a double within ±:data:`REWARD_BOUND`."""
+    return case(
+        (reward > REWARD_BOUND, REWARD_BOUND),
+        (reward < -REWARD_BOUND, -REWARD_BOUND),
+        else_=cast(reward, Float),
+    )
+
+
+#: The columns of a task's last row.
+_LAST = ("last_key", "last_step", "last_reward")
+#: The counts and sums two summaries of a task's rows add up in (the version sums apart:
+#: each is relative to its summary's base).
+_SUMMED = ("rows", "reward_count", "reward_sum", "reward_sumsq", "version_count")
+#: What a delete takes out of a task's summary (its version sums relative to its base).
+_SUBTRACTED = (*_SUMMED, "version_sum", "version_sumsq")
+#: The extremes, and whether each is a smallest one.
+_EXTREMES = (
+    ("reward_min", True),
+    ("reward_max", False),
+    ("time_min", True),
+    ("time_max", False),
+    ("version_min", True),
+    ("version_max", False),
 )
 
 
-def _on(table: Any, where: Sequence[ColumnElement[bool]]) -> list[ColumnElement[bool]]:
-    """``where`` (clauses on ``rows``) restated on an alias of it."""
-    adapter = ClauseAdapter(table)
-    return [adapter.traverse(clause) for clause in where]
+#: The summary table's columns, in order.
+COLUMNS = tuple(c.name for c in task_stats.c)
 
 
 def _columns() -> list[str]:
-    order = [c.name for c in task_stats.c if c.name not in _LAST]
-    return [*order, *_LAST]
+    return list(COLUMNS)
+
+
+def summaries_of(where: Sequence[ColumnElement[bool]]) -> Any:
+    """A SELECT of the summaries, in :data:`COLUMNS` order, of the tasks of the buffer's
+    rows (bound parameter ``buffer_id``) matching ``where``, computed from those rows."""
+    return _aggregate(where)
 
 
 def _lesser(a: Any, b: Any) -> Any:
@@ -218,8 +261,8 @@ _STATEMENTS: dict[tuple[str, str], Any] = {}
 def _statement(handle: BufferHandle, kind: str) -> Any:
     """The statement of ``kind`` for the handle's database, built once: ``merge new`` and
     ``merge step`` add rows into their tasks' summaries (an upsert), ``summarise tasks``
-    and ``summarise tasks, building`` write the summaries of tasks afresh, ``forget
-    tasks`` deletes them."""
+    and ``summarise tasks, building`` write the summaries of tasks afresh, ``subtract``
+    takes deleted rows out of one (executed for many), ``forget tasks`` deletes them."""
     dialect = handle.dialect
     found = _STATEMENTS.get((dialect.name, kind))
     if found is not None:
@@ -232,6 +275,17 @@ def _statement(handle: BufferHandle, kind: str) -> Any:
         )
     elif verb == "summarise":
         found = insert(task_stats).from_select(_columns(), _aggregate(_ROWS[rest]()))
+    elif verb == "subtract":
+        found = (
+            update(task_stats)
+            .where(_S.buffer_id == bindparam("of_buffer"), _S.task_id == bindparam("of_task"))
+            .values(
+                {
+                    **{name: _S[name] - bindparam(f"gone_{name}") for name in _SUBTRACTED},
+                    "dirty": or_(_S.dirty, bindparam("mark", type_=Boolean)),
+                }
+            )
+        )
     else:
         found = delete(task_stats).where(
             _S.buffer_id == bindparam("buffer_id", type_=Integer),
@@ -243,17 +297,34 @@ def _statement(handle: BufferHandle, kind: str) -> Any:
 
 def _merged(ex: Any) -> dict[str, Any]:
     """A task's summary with ``ex`` (the new rows' summary) merged in: counts and sums
-    added, extremes compared, the later last row (by step, then key) kept."""
+    added (``ex``'s version sums moved to the stored base first), extremes compared, the
+    later last row (by step, then key) kept."""
     newer = or_(
         ex.last_step > _S.last_step, and_(ex.last_step == _S.last_step, ex.last_key > _S.last_key)
     )
     merged: dict[str, Any] = {name: _S[name] + ex[name] for name in _SUMMED}
-    for name in ("reward_min", "time_min", "version_min"):
-        merged[name] = _lesser(_S[name], ex[name])
-    for name in ("reward_max", "time_max", "version_max"):
-        merged[name] = _greater(_S[name], ex[name])
-    for name in ("last_key", *_LAST):
+    for name, smallest in _EXTREMES:
+        merged[name] = (_lesser if smallest else _greater)(_S[name], ex[name])
+    for name in _LAST:
         merged[name] = case((newer, ex[name]), else_=_S[name])
+    # sum(v - a) = sum(v - b) + n (b - a); sum((v - a)^2) likewise, with a the stored base
+    shift = cast(ex.version_base - _S.version_base, Float)
+    moved = _S.version_base.is_not(None) & ex.version_base.is_not(None)
+    merged["version_base"] = func.coalesce(_S.version_base, ex.version_base)
+    merged["version_sum"] = case(
+        (moved, _S.version_sum + ex.version_sum + ex.version_count * shift),
+        else_=_S.version_sum + ex.version_sum,
+    )
+    merged["version_sumsq"] = case(
+        (
+            moved,
+            _S.version_sumsq
+            + ex.version_sumsq
+            + 2.0 * shift * ex.version_sum
+            + ex.version_count * shift * shift,
+        ),
+        else_=_S.version_sumsq + ex.version_sumsq,
+    )
     return merged
 
 
@@ -281,6 +352,102 @@ def recompute(
         chunk = {"buffer_id": handle.buffer_id, "tasks": tasks[at : at + _TASK_CHUNK]}
         conn.execute(forget, chunk)
         conn.execute(summarise, {**chunk, **bounds})
+
+
+#: A task left with more rows than this, whose extremes or last row a delete took, is
+#: marked dirty instead of summarised again at once (which reads all its rows).
+RECOMPUTE_LIMIT = 1000
+
+
+class Removal(NamedTuple):
+    """What a delete does to the summaries of the tasks it takes rows from (see
+    :func:`before_delete`)."""
+
+    emptied: list[str]  # no row left: the summary goes
+    subtracted: list[dict[str, Any]]  # the deleted rows taken out (``subtract``'s values)
+    recomputed: list[str]  # summarised again from the rows left
+
+
+def before_delete(
+    handle: BufferHandle, conn: Connection, kept: SummaryState, where: Sequence[Any]
+) -> Removal:
+    """How the summaries of the tasks of the buffer's rows matching ``where`` change when
+    those rows go, read before they go: one grouped read of the summarised ones among them,
+    joined with their tasks' summaries. A task keeps its summary less the deleted rows'
+    counts and sums, unless they held one of its extremes or its last row: then it is
+    summarised again from its rows (a short task), or marked dirty (a long one, which stats
+    read from its rows until :func:`create` summarises it again)."""
+    joined = rows.join(
+        task_stats, and_(_S.buffer_id == rows.c.buffer_id, _S.task_id == rows.c.task_id)
+    )
+    gone = _figures(rows.c.reward_t, rows.c.execute_time, rows.c.policy_version, _S.version_base)
+    building = [] if kept.built else [_built_part(kept)]
+    stmt = (
+        select(
+            _S.task_id,
+            _S.rows,
+            _S.dirty,
+            *(_S[name] for name, _ in _EXTREMES),
+            *(gone[name] for name in (*_SUBTRACTED, *(n for n, _ in _EXTREMES))),
+            func.max(case((rows.c.key == _S.last_key, 1), else_=0)),
+        )
+        .select_from(joined)
+        .where(rows.c.buffer_id == handle.buffer_id, *where, *building)
+        .group_by(_S.buffer_id, _S.task_id)
+    )
+    removal = Removal([], [], [])
+    extremes = len(_EXTREMES)
+    for found in conn.execute(stmt):
+        task, held, dirty = found[0], int(found[1]), bool(found[2])
+        stored = found[3 : 3 + extremes]
+        taken = found[3 + extremes : 3 + extremes + len(_SUBTRACTED)]
+        taken_extremes = found[3 + extremes + len(_SUBTRACTED) : -1]
+        took_last = bool(found[-1])
+        if int(taken[0]) >= held:
+            removal.emptied.append(task)
+            continue
+        touched = took_last or any(
+            mine is not None and was is not None and (mine <= was if low else mine >= was)
+            for (name, low), was, mine in zip(_EXTREMES, stored, taken_extremes, strict=True)
+        )
+        if touched and not dirty and held - int(taken[0]) <= RECOMPUTE_LIMIT:
+            removal.recomputed.append(task)
+            continue
+        values = {f"gone_{name}": value for name, value in zip(_SUBTRACTED, taken, strict=True)}
+        removal.subtracted.append({"of_task": task, "mark": touched, **values})
+    return removal
+
+
+def _built_part(kept: SummaryState) -> ColumnElement[bool]:
+    """The rows already summarised while the build goes on."""
+    return or_(rows.c.key <= kept.through, rows.c.key > kept.since)
+
+
+def after_delete(
+    handle: BufferHandle, conn: Connection, kept: SummaryState, removal: Removal
+) -> None:
+    """Apply ``removal`` once the rows have gone (in the same transaction)."""
+    buffer_id = handle.buffer_id
+    forget = _statement(handle, "forget tasks")
+    for at in range(0, len(removal.emptied), _TASK_CHUNK):
+        conn.execute(
+            forget, {"buffer_id": buffer_id, "tasks": removal.emptied[at : at + _TASK_CHUNK]}
+        )
+    if removal.subtracted:
+        subtract = _statement(handle, "subtract")
+        conn.execute(subtract, [{"of_buffer": buffer_id, **v} for v in removal.subtracted])
+    if removal.recomputed:
+        recompute(handle, conn, removal.recomputed, kept)
+
+
+def clean(handle: BufferHandle, conn: Connection, kept: SummaryState, limit: int) -> int:
+    """Summarise again up to ``limit`` dirty tasks (the caller holds the buffer's row);
+    how many were."""
+    dirty = select(_S.task_id).where(_S.buffer_id == handle.buffer_id, _S.dirty).limit(limit)
+    tasks = list(conn.execute(dirty).scalars())
+    if tasks:
+        recompute(handle, conn, tasks, kept)
+    return len(tasks)
 
 
 def drop_all(handle: BufferHandle, conn: Connection, kept: SummaryState) -> None:
@@ -354,9 +521,9 @@ def create(
 ) -> SummaryState:
     """Make the buffer keep task summaries, and summarise the rows it holds now, ``step``
     rows per transaction (each takes the buffer's row, so writers wait for one step at a
-    time; ``progress`` is told how many rows each step summarised). Safe to call again,
-    and after a build cut short: it goes on from where the build got to. Returns the
-    state, built."""
+    time; ``progress`` is told how many rows each step summarised); then summarise again
+    the tasks marked dirty. Safe to call again, and after a build cut short: it goes on
+    from where the build got to. Returns the state, built."""
     check_int("step", step, minimum=1)
     with handle.errors("create task summaries"), handle.write() as conn:
         registry.lock_buffer(handle, conn, buffers.c.id)
@@ -369,6 +536,12 @@ def create(
                 kept, done = build_step(handle, conn, kept, step)
                 if progress is not None:
                     progress(done)
+    while kept is not None:  # then the dirty tasks, a transaction per chunk
+        with handle.errors("summarise dirty tasks"), handle.write() as conn:
+            registry.lock_buffer(handle, conn, buffers.c.id)
+            kept = state(conn, handle.buffer_id)
+            if kept is None or not clean(handle, conn, kept, _TASK_CHUNK):
+                break
     if kept is None:
         raise StorageError(
             f"the task summaries of buffer {handle.name!r} were dropped by another process "

@@ -44,6 +44,7 @@ def upgrade() -> None:
         sa.Column("time_min", sa.Double(), nullable=False),
         sa.Column("time_max", sa.Double(), nullable=False),
         sa.Column("version_count", sa.BigInteger(), nullable=False),
+        sa.Column("version_base", sa.BigInteger(), nullable=True),
         sa.Column("version_sum", sa.Double(), nullable=False),
         sa.Column("version_sumsq", sa.Double(), nullable=False),
         sa.Column("version_min", sa.BigInteger(), nullable=True),
@@ -51,6 +52,7 @@ def upgrade() -> None:
         sa.Column("last_key", sa.BigInteger(), nullable=False),
         sa.Column("last_step", sa.BigInteger(), nullable=False),
         sa.Column("last_reward", sa.Double(), nullable=True),
+        sa.Column("dirty", sa.Boolean(), server_default=sa.false(), nullable=False),
         sa.ForeignKeyConstraint(
             ["buffer_id"],
             ["expstore_buffers.id"],

@@ -9,7 +9,7 @@ import pytest
 
 from expstore import DuplicateIdError, ReplayBuffer
 from expstore.query import QueryBuilder
-from tests.helpers import make_rows
+from tests.helpers import make_row, make_rows
 
 
 @pytest.fixture
@@ -122,3 +122,15 @@ def test_an_index_read_at_an_older_state_is_read_again(buffer: ReplayBuffer) -> 
         again = index.read(conn, now, None, ())["key"]
     assert at_older.tolist() == keys[:5].tolist()
     assert again.tolist() == keys.tolist()  # sorted, each once
+
+
+def test_a_write_evicting_stale_rows_and_beyond_the_capacity_keeps_the_capacity(
+    buffer: ReplayBuffer,
+) -> None:
+    buffer.set_policy_version(4)
+    buffer.set_retention(10, "stale", max_staleness=2)
+    buffer.store_batch([make_row("t", "a", i, version=5) for i in range(8)])
+    # 3 stale rows (version 0, evicted at once) and 6 fresh: 14 fresh rows for 10 places.
+    batch = [make_row("t", "a", 100 + i, version=0) for i in range(3)]
+    buffer.store_batch(batch + [make_row("t", "a", 200 + i, version=5) for i in range(6)])
+    assert _check(buffer) == 10

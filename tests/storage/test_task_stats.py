@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from sqlalchemy import select
 
 from expstore import QueryBuilder, ReplayBuffer
 from expstore.errors import InvalidArgumentError
@@ -118,7 +119,7 @@ def test_summaries_give_every_rows_figures_through_writes_deletes_and_evictions(
     buf.clear()
     assert check(buf)["rows"] == 0
     buf.store_batch(random_rows(rng, 7))
-    assert check(buf)["rows"] == 7
+    assert check(buf)["rows"] == len(buf) == (7 if eviction != "stale" else len(buf))
 
 
 def test_versions_across_the_current_one_are_summed_row_by_row(buf: ReplayBuffer) -> None:
@@ -220,3 +221,79 @@ def test_a_key_is_never_handed_out_twice(buf: ReplayBuffer) -> None:
     buf.clear()
     buf.store_batch(random_rows(random.Random(2), 2))
     assert buf.storage.index.state_now()[0].min_key > newest
+
+
+def test_huge_rewards_never_fail_a_write_and_count_at_the_bound(buf: ReplayBuffer) -> None:
+    buf.create_summary()
+    buf.store_batch([make_row("t", "a", 0, reward=1e300), make_row("t", "a", 1, reward=-5.0)])
+    kept = check(buf)  # the same from the rows: every path bounds the sums alike
+    assert kept["reward"]["min"] == -5.0 and kept["reward"]["max"] == 1e300  # exact
+    assert kept["reward"]["mean"] == (task_stats.REWARD_BOUND - 5.0) / 2  # the sum bounded
+    buf.delete(QueryBuilder().eq("step", 0).build())
+    assert check(buf)["reward"]["sum"] == -5.0
+
+
+@pytest.mark.parametrize("base", [1_700_000_000_000, 2**53, 2**62])
+def test_staleness_of_large_versions_is_exact(buf: ReplayBuffer, base: int) -> None:
+    # Versions as millisecond timestamps, or near the top of BIGINT: the summaries' sums
+    # are of version - base, so the staleness keeps every digit the rows' figures have.
+    buf.create_summary()
+    buf.store_batch(
+        [make_row(f"t{i % 3}", "a", i, version=base + i % 7, reward=1.0) for i in range(60)]
+    )
+    buf.set_policy_version(base + 9)
+    kept = check(buf)["versions"]["staleness"]
+    assert kept["sum"] == sum(9 - i % 7 for i in range(60))
+    buf.delete(QueryBuilder().eq("step", 3).build())  # subtracted, not recomputed
+    check(buf)
+
+
+def test_a_long_task_losing_its_extremes_is_read_from_its_rows_until_summarised_again(
+    buf: ReplayBuffer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One task longer than the recompute limit, evicted oldest first: each eviction takes
+    # its earliest execute_time, so the task is marked dirty (not summarised again from
+    # all its rows at every write), and stats read its rows meanwhile.
+    monkeypatch.setattr(task_stats, "RECOMPUTE_LIMIT", 5)
+    buf.set_retention(20, "fifo")
+    buf.create_summary()
+    for step in range(30):
+        buf.store(make_row("long", "a", step, reward=float(step), execute_time=1000.0 + step))
+        kept = check(buf)
+    assert kept["rows"] == 20 and kept["time"]["first"] == 1010.0
+    handle = buf.storage._handle
+    dirty = task_stats.task_stats.c.dirty
+    with handle.read() as conn:
+        assert conn.execute(select(dirty).where(task_stats.task_stats.c.task_id == "long")).scalar()
+    buf.create_summary()  # summarises the dirty task again
+    with handle.read() as conn:
+        assert not conn.execute(
+            select(dirty).where(task_stats.task_stats.c.task_id == "long")
+        ).scalar()
+    check(buf)
+
+
+def test_stats_read_one_snapshot_while_another_process_drops_and_creates_summaries(
+    buf: ReplayBuffer, db_url: str, buffer_name: str
+) -> None:
+    import threading
+
+    buf.store_batch(random_rows(random.Random(3), 40))
+    expected = len(buf)
+    stop = threading.Event()
+
+    def toggle() -> None:
+        with ReplayBuffer(db_url, name=buffer_name) as other:
+            while not stop.is_set():
+                other.create_summary()
+                other.drop_summary()
+
+    thread = threading.Thread(target=toggle)
+    thread.start()
+    try:
+        handle = buf.storage._handle
+        seen = {summarise(handle, None, 0.5)["rows"] for _ in range(150)}
+    finally:
+        stop.set()
+        thread.join()
+    assert seen == {expected}
