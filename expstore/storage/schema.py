@@ -328,6 +328,14 @@ task_stats = Table(
     # of the table's own B-tree, and writers' upserts update one B-tree, not two.
     sqlite_with_rowid=False,
 )
+# The dirty tasks of a buffer (usually none) without a scan; the index holds only them.
+Index(
+    "ix_expstore_task_stats_dirty",
+    task_stats.c.buffer_id,
+    task_stats.c.task_id,
+    sqlite_where=task_stats.c.dirty,
+    postgresql_where=task_stats.c.dirty,
+)
 
 #: Counters of the whole database, by name. ``row_key``: the largest key ever given to a
 #: row; SQLite would otherwise give the key of a deleted newest row to the next row

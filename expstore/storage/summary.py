@@ -179,12 +179,17 @@ def _from_tasks(
         return None
     buffer_id = handle.buffer_id
     stored = task_stats_table.c
-    clean = select(*(stored[name] for name in task_stats.COLUMNS)).where(
-        stored.buffer_id == buffer_id, stored.dirty.is_(false())
-    )
-    dirty = select(stored.task_id).where(stored.buffer_id == buffer_id, stored.dirty)
-    fresh = task_stats.summaries_of([rows.c.task_id.in_(dirty)])
-    s = union_all(clean, fresh).subquery()
+    mine = stored.buffer_id == buffer_id
+    # The dirty tasks (by their partial index; usually none): their figures from their rows.
+    dirty = list(conn.execute(select(stored.task_id).where(mine, stored.dirty)).scalars())
+    tasks: Any = task_stats_table
+    if dirty:
+        clean = select(*(stored[name] for name in task_stats.COLUMNS)).where(
+            mine, stored.dirty.is_(false())
+        )
+        fresh = task_stats.summaries_of([rows.c.task_id.in_(dirty)])
+        tasks = union_all(clean, fresh).subquery()
+    s = tasks
     current = select(buffers.c.policy_version).where(buffers.c.id == buffer_id).scalar_subquery()
     # A task whose versions are all at or below the current one is stale by current - v
     # row by row, which its sums (of v - base) give exactly; one all at or above, not at
@@ -221,7 +226,7 @@ def _from_tasks(
             func.sum(square),
             func.count(case((across, 1))),
             current,
-        ),
+        ).where(s.c.buffer_id == buffer_id),
         {"buffer_id": buffer_id},
     ).one()
     n, reward_count, with_one = int(t[1]), int(t[5]), int(t[12])
@@ -229,7 +234,7 @@ def _from_tasks(
     if t[17]:  # tasks across the current version: their rows' staleness, row by row
         version = rows.c.policy_version
         lag = case((version < current, cast(current - version, Float)), else_=0.0)
-        crossing = select(s.c.task_id).where(across)
+        crossing = select(s.c.task_id).where(s.c.buffer_id == buffer_id, across)
         extra = conn.execute(
             select(func.sum(lag), func.sum(lag * lag)).where(
                 rows.c.buffer_id == buffer_id, rows.c.task_id.in_(crossing), version.is_not(None)

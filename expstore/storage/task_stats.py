@@ -30,7 +30,7 @@ tasks; measured in ``benchmarks/bench_summary.py``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
@@ -372,50 +372,65 @@ def before_delete(
     handle: BufferHandle, conn: Connection, kept: SummaryState, where: Sequence[Any]
 ) -> Removal:
     """How the summaries of the tasks of the buffer's rows matching ``where`` change when
-    those rows go, read before they go: one grouped read of the summarised ones among them,
-    joined with their tasks' summaries. A task keeps its summary less the deleted rows'
-    counts and sums, unless they held one of its extremes or its last row: then it is
-    summarised again from its rows (a short task), or marked dirty (a long one, which stats
-    read from its rows until :func:`create` summarises it again)."""
-    joined = rows.join(
-        task_stats, and_(_S.buffer_id == rows.c.buffer_id, _S.task_id == rows.c.task_id)
-    )
-    gone = _figures(rows.c.reward_t, rows.c.execute_time, rows.c.policy_version, _S.version_base)
+    those rows go, read before they go: the summaries of the summarised ones among them
+    (grouped by task, from those rows alone), then their tasks' stored summaries by key. A
+    task keeps its summary less the deleted rows' counts and sums, unless they held one of
+    its extremes or its last row: then it is summarised again from its rows (a short task),
+    or marked dirty (a long one, which stats read from its rows until :func:`create`
+    summarises it again)."""
     building = [] if kept.built else [_built_part(kept)]
-    stmt = (
-        select(
-            _S.task_id,
-            _S.rows,
-            _S.dirty,
-            *(_S[name] for name, _ in _EXTREMES),
-            *(gone[name] for name in (*_SUBTRACTED, *(n for n, _ in _EXTREMES))),
-            func.max(case((rows.c.key == _S.last_key, 1), else_=0)),
+    gone = {
+        task: dict(zip(COLUMNS, found, strict=True))
+        for task, found in (
+            (found[1], found)
+            for found in conn.execute(
+                _aggregate([*where, *building]), {"buffer_id": handle.buffer_id}
+            )
         )
-        .select_from(joined)
-        .where(rows.c.buffer_id == handle.buffer_id, *where, *building)
-        .group_by(_S.buffer_id, _S.task_id)
-    )
+    }
     removal = Removal([], [], [])
-    extremes = len(_EXTREMES)
-    for found in conn.execute(stmt):
-        task, held, dirty = found[0], int(found[1]), bool(found[2])
-        stored = found[3 : 3 + extremes]
-        taken = found[3 + extremes : 3 + extremes + len(_SUBTRACTED)]
-        taken_extremes = found[3 + extremes + len(_SUBTRACTED) : -1]
-        took_last = bool(found[-1])
-        if int(taken[0]) >= held:
+    for stored in _stored(handle, conn, list(gone)):
+        task = stored["task_id"]
+        taken = gone[task]
+        left = int(stored["rows"]) - int(taken["rows"])
+        if left <= 0:
             removal.emptied.append(task)
             continue
-        touched = took_last or any(
-            mine is not None and was is not None and (mine <= was if low else mine >= was)
-            for (name, low), was, mine in zip(_EXTREMES, stored, taken_extremes, strict=True)
+        # The last row of all is among those deleted only if it is their last row too.
+        touched = taken["last_key"] == stored["last_key"] or any(
+            taken[name] is not None
+            and stored[name] is not None
+            and (taken[name] <= stored[name] if low else taken[name] >= stored[name])
+            for name, low in _EXTREMES
         )
-        if touched and not dirty and held - int(taken[0]) <= RECOMPUTE_LIMIT:
+        if touched and not stored["dirty"] and left <= RECOMPUTE_LIMIT:
             removal.recomputed.append(task)
             continue
-        values = {f"gone_{name}": value for name, value in zip(_SUBTRACTED, taken, strict=True)}
+        values = {f"gone_{name}": taken[name] for name in _SUMMED}
+        values.update(_rebased(taken, stored["version_base"]))
         removal.subtracted.append({"of_task": task, "mark": touched, **values})
     return removal
+
+
+def _stored(handle: BufferHandle, conn: Connection, tasks: list[str]) -> Iterator[dict[str, Any]]:
+    """The stored summaries of these tasks (by the table's key, a chunk at a time)."""
+    for at in range(0, len(tasks), _TASK_CHUNK):
+        chunk = tasks[at : at + _TASK_CHUNK]
+        stmt = select(task_stats).where(_S.buffer_id == handle.buffer_id, _S.task_id.in_(chunk))
+        yield from (dict(found._mapping) for found in conn.execute(stmt))
+
+
+def _rebased(taken: dict[str, Any], base: int | None) -> dict[str, float]:
+    """The deleted rows' version sums (of v - their own base) as sums of v - ``base``, the
+    stored summary's: sum(v - a) = sum(v - b) + n (b - a), and likewise for squares."""
+    count, total, square = int(taken["version_count"]), taken["version_sum"], taken["version_sumsq"]
+    if not count or base is None:
+        return {"gone_version_sum": 0.0, "gone_version_sumsq": 0.0}
+    shift = float(int(taken["version_base"]) - int(base))  # exact in integers first
+    return {
+        "gone_version_sum": total + count * shift,
+        "gone_version_sumsq": square + 2.0 * shift * total + count * shift * shift,
+    }
 
 
 def _built_part(kept: SummaryState) -> ColumnElement[bool]:

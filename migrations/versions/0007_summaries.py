@@ -62,6 +62,13 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("buffer_id", "task_id", name=op.f("pk_expstore_task_stats")),
         sqlite_with_rowid=False,
     )
+    op.create_index(
+        "ix_expstore_task_stats_dirty",
+        "expstore_task_stats",
+        ["buffer_id", "task_id"],
+        sqlite_where=sa.text("dirty"),
+        postgresql_where=sa.text("dirty"),
+    )
     op.create_table(
         "expstore_counters",
         sa.Column("name", sa.String(length=64), nullable=False),
