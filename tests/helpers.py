@@ -1,7 +1,9 @@
-"""Row factories shared by the tests."""
+"""Row factories and a thread runner shared by the tests."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -37,3 +39,23 @@ def make_rows(n: int, *, tasks: int = 4, agents: int = 2, tensor: bool = False) 
             make_row(f"task{i % tasks}", f"agent{i % agents}", i // tasks, reward=float(i), **extra)
         )
     return rows
+
+
+def in_threads(work: Callable[[int], None], count: int) -> None:
+    """Run ``work(i)`` for i in range(count), each in a thread of its own, all at once;
+    the first exception any raised is raised here once all have ended."""
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            work(i)
+        except BaseException as exc:  # noqa: BLE001 - raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]

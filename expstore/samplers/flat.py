@@ -68,7 +68,7 @@ def draw_uniform(
     if not space.rows or n <= 0:
         return None
     low, high = space.min_key, space.max_key + 1
-    if space.dense and not space.filtered and accept is None and quota is None:
+    if space.dense and not space.filtered and accept is None and quota is None and not columns:
         # Every key of the range is a row (and every row matches): nothing to probe.
         return Drawn(rng.integers(low, high, size=n), {}, 1.0)
     budget = max(PROBE_BUDGET, 64 * n)

@@ -3,8 +3,9 @@ models."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 from typing_extensions import Unpack
@@ -12,7 +13,11 @@ from typing_extensions import Unpack
 from .._args import check_int
 from ..errors import EmptyBufferError, InvalidArgumentError
 from ..query.fields import resolve_field
+from ..sampling import Choice
+from ..storage.base import QueryCondition
+from ..storage.key_space import KeySpace
 from .base import KeySampler, SamplerOptions, value_codes
+from .flat import MIN_KEPT, PROBE_BUDGET, Drawn, draw_uniform
 
 __all__ = ["SliceSampler"]
 
@@ -68,9 +73,71 @@ class SliceSampler(KeySampler):
         for key in keys:
             resolve_field(key)  # a field that does not exist fails here, with did-you-mean
         self.traj_key: tuple[str, ...] = tuple(keys)
+        #: The shares of candidates kept by the last draw over the key space (as rows of
+        #: the buffer, as window starts), which size the next one's first round.
+        self._kept = 1.0
+        self._kept_windows = 1.0
+
+    #: A window's start and its rows are read on one snapshot of the buffer.
+    flat_snapshot = True
 
     def index_columns(self) -> tuple[str, ...]:
         return (*self.traj_key, "step")
+
+    def can_draw_flat(self, query_condition: QueryCondition) -> bool:
+        """Over the key space when every trajectory key is a column that holds no NULL (a
+        window's rows are then read by (trajectory, step))."""
+        specs = [resolve_field(key).column for key in self.traj_key]
+        return all(spec is not None and not spec.nullable for spec in specs)
+
+    def choose_flat(
+        self, space: KeySpace, batch_size: int, query_condition: QueryCondition
+    ) -> Choice | None:
+        """Windows over the key space: a matching row drawn uniformly is the start of a
+        window when the next ``slice_len - 1`` rows of its run follow it (read by
+        trajectory and step); each window has one start, so the kept ones are uniform
+        draws among all windows, as over the key index. None (the key index serves) when
+        windows start at too few rows for that to pay."""
+        self._check_batch(batch_size)
+        want = batch_size // self.slice_len
+        chosen: list[list[int]] = []
+        tried = 0
+        while len(chosen) < want:
+            rate = max(self._kept_windows, MIN_KEPT)
+            size = min(math.ceil((want - len(chosen)) / rate * 1.2) + 4, PROBE_BUDGET)
+            columns = (*self.traj_key, "step")
+            drawn = draw_uniform(space, size, self.rng, columns=columns, hint=self._kept)
+            if drawn is None:
+                return None
+            self._kept = drawn.kept
+            windows = self._windows_at(space, drawn)
+            found = [window for window in windows if window is not None]
+            chosen += found[: want - len(chosen)]  # the first kept, in draw order
+            tried += len(windows)
+            self._kept_windows = len(found) / len(windows)
+            if len(chosen) < want and (tried >= PROBE_BUDGET or self._kept_windows < MIN_KEPT):
+                return None
+        return Choice(np.array([key for window in chosen for key in window], dtype=np.int64))
+
+    def _windows_at(self, space: KeySpace, drawn: Drawn) -> list[list[int] | None]:
+        """The window starting at each drawn row, or None where its run breaks first."""
+        length = self.slice_len
+        values = (drawn.columns[name].tolist() for name in self.traj_key)
+        trajectories = list(zip(*values, strict=True))
+        steps, keys = drawn.columns["step"].tolist(), drawn.keys.tolist()
+        starts = list(zip(trajectories, steps, keys, strict=True))
+        places = [(*trajectory, step + j) for trajectory, step, _ in starts for j in range(length)]
+        runs: dict[tuple[Any, ...], list[int]] = {}
+        for *place, key in space.steps_of(self.traj_key, places):
+            runs.setdefault(tuple(place), []).append(key)
+        return [_window(runs, trajectory, step, key, length) for trajectory, step, key in starts]
+
+    def _check_batch(self, batch_size: int) -> None:
+        if batch_size % self.slice_len:
+            raise InvalidArgumentError(
+                f"SliceSampler(slice_len={self.slice_len}) returns whole windows, so batch_size "
+                f"must be a multiple of {self.slice_len}; got {batch_size}"
+            )
 
     def _windows(self, index: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, int]:
         """(row positions in run order, positions in that order where windows start, the
@@ -105,11 +172,7 @@ class SliceSampler(KeySampler):
     def sample_keys(
         self, index: dict[str, np.ndarray], batch_size: int, rng: np.random.Generator
     ) -> np.ndarray:
-        if batch_size % self.slice_len:
-            raise InvalidArgumentError(
-                f"SliceSampler(slice_len={self.slice_len}) returns whole windows, so batch_size "
-                f"must be a multiple of {self.slice_len}; got {batch_size}"
-            )
+        self._check_batch(batch_size)
         order, window_starts, longest = self._windows(index)
         if not len(window_starts):
             raise EmptyBufferError(
@@ -120,6 +183,30 @@ class SliceSampler(KeySampler):
         chosen = window_starts[rng.integers(0, len(window_starts), batch_size // self.slice_len)]
         positions = order[(chosen[:, None] + np.arange(self.slice_len)).reshape(-1)]
         return cast("np.ndarray", index["key"][positions])
+
+
+def _window(
+    runs: dict[tuple[Any, ...], list[int]],
+    trajectory: tuple[Any, ...],
+    step: int,
+    key: int,
+    length: int,
+) -> list[int] | None:
+    """The keys of the window starting at row ``key`` (at ``step`` of ``trajectory``), or
+    None when its run breaks first. Rows of a trajectory go by step, then key, and a run
+    breaks wherever the step does not go up by exactly 1: so the window's first row is the
+    last of its step (unless the window is one row), each row after it the first of the
+    next step, and each but the last also the only one of its step."""
+    here = runs.get((*trajectory, step), [])
+    if key not in here or (length > 1 and max(here) != key):
+        return None
+    window = [key]
+    for j in range(1, length):
+        at = sorted(runs.get((*trajectory, step + j), []))
+        if not at or (j < length - 1 and len(at) > 1):
+            return None
+        window.append(at[0])
+    return window
 
 
 def _trajectory_codes(sources: tuple[np.ndarray, ...]) -> np.ndarray:

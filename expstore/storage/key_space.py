@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, exists, func, select
+from sqlalchemy import Connection, exists, func, select, tuple_
 
 from ..errors import InvalidArgumentError
 from ..layout import COLUMNS_BY_NAME
@@ -201,6 +201,30 @@ class KeySpace:
                 by_task[task].append(key)
         self.probed += sum(map(len, by_task.values()))
         return np.array([key for keys in by_task.values() for key in keys], dtype=np.int64)
+
+    def steps_of(
+        self, columns: Sequence[str], places: Sequence[tuple[Any, ...]]
+    ) -> list[tuple[Any, ...]]:
+        """The matching rows at these places, each a trajectory (the values of ``columns``,
+        columns of the rows) and a step: ``(*trajectory, step, key)``, in no particular
+        order, through the ``(buffer_id, task_id, step)`` index when the trajectory leads
+        with the task."""
+        names = [resolve_field(name).column for name in columns]
+        if any(column is None for column in names):
+            raise InvalidArgumentError(f"steps_of() needs columns, got {list(columns)!r}")
+        picked = [rows.c[column.name] for column in names if column is not None]
+        mine = [rows.c.buffer_id == self.handle.buffer_id, *self._matching()]
+        found: list[tuple[Any, ...]] = []
+        per = len(picked) + 1
+        chunk = max(1, _PROBE_CHUNK // per // 4)  # bound parameters per statement stay few
+        unique = list(dict.fromkeys(places))
+        for start in range(0, len(unique), chunk):
+            stmt = select(*picked, rows.c.step, rows.c.key).where(
+                *mine, tuple_(*picked, rows.c.step).in_(unique[start : start + chunk])
+            )
+            found += [tuple(r) for r in self.conn.execute(stmt)]
+        self.probed += len(found)
+        return found
 
     def largest(self, name: str) -> float | None:
         """The largest value of the buffer's indexed numeric column ``name`` (None when no

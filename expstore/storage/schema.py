@@ -174,17 +174,23 @@ def loose_scan(column: Any, *where: Any) -> Select[Any]:
     return select(found.c.v).where(found.c.v.is_not(None))
 
 
+def _buffer_key() -> Column[Any]:
+    """The buffer a row of a per-buffer table belongs to, first in its primary key: the
+    row goes when the buffer does."""
+    return Column(
+        "buffer_id",
+        Integer,
+        ForeignKey("expstore_buffers.id", ondelete="CASCADE"),
+        primary_key=True,
+    )
+
+
 #: The priorities set by the last updates of each buffer (``seq`` is the buffer's
 #: ``priority_version`` after the update), kept for PRIORITY_LOG_KEEP updates.
 priority_log = Table(
     "expstore_priority_log",
     metadata,
-    Column(
-        "buffer_id",
-        Integer,
-        ForeignKey("expstore_buffers.id", ondelete="CASCADE"),
-        primary_key=True,
-    ),
+    _buffer_key(),
     Column("seq", BigInteger, primary_key=True),
     Column("key", BigInteger, primary_key=True),
     Column("priority", Double, nullable=False),
@@ -294,12 +300,7 @@ rate_limits = Table(
 task_stats = Table(
     "expstore_task_stats",
     metadata,
-    Column(
-        "buffer_id",
-        Integer,
-        ForeignKey("expstore_buffers.id", ondelete="CASCADE"),
-        primary_key=True,
-    ),
+    _buffer_key(),
     Column("task_id", String(255), primary_key=True),
     Column("rows", BigInteger, nullable=False),
     Column("reward_count", BigInteger, nullable=False),

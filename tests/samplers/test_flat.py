@@ -276,3 +276,61 @@ def test_sqlite_probes_through_an_index_on_the_condition_where_the_planner_has_o
     drawn = _draw(buffer, UniformSampler(seed=3), 20, 20, by_path)
     assert set(plans.values()) == {True}
     assert set(drawn.tolist()) <= set(np.array(buffer.storage.key_index(by_path)["key"]).tolist())
+
+
+@pytest.mark.parametrize("length", [1, 3])
+def test_slice_windows_over_the_key_space_are_uniform_over_every_window(
+    buffer: ReplayBuffer, db_url: str, buffer_name: str, length: int
+) -> None:
+    from expstore.samplers import SliceSampler
+    from tests.helpers import make_row
+
+    # Trajectories with a gap, a repeated step, one too short, another agent's steps in
+    # the same task (split by traj_key), a step the condition leaves out, and another
+    # buffer's rows between them: the same windows as the key index finds.
+    rows = [make_row("long", "a", s, reward=0.0) for s in range(12)]
+    rows += [make_row("gap", "a", s, reward=0.0) for s in (0, 1, 2, 3, 5, 6, 7, 8)]
+    rows += [make_row("twice", "a", s, reward=0.0) for s in (0, 1, 2, 2, 3, 4, 5)]
+    rows += [make_row("thrice", "a", s, reward=0.0) for s in (0, 1, 1, 1, 2, 3)]
+    rows += [make_row("short", "a", s, reward=0.0) for s in range(2)]
+    rows += [make_row("long", "b", s, reward=0.0) for s in range(4)]
+    rows += [make_row("cut", "a", s, reward=-1.0 if s == 4 else 0.0) for s in range(9)]
+    with ReplayBuffer(db_url, name=buffer_name + "_other") as other:
+        for at in range(0, len(rows), 8):
+            buffer.store_batch(rows[at : at + 8])
+            other.store_batch(make_rows(3))
+    cond = QueryBuilder().gte("exp_data.reward_t", 0).build()
+    index = SliceSampler(length, traj_key=("task_id", "agent_id"), seed=0)
+    every = {tuple(w) for w in _windows(index, buffer, cond)}
+    buffer.storage.index.clear()
+    sampler = SliceSampler(length, traj_key=("task_id", "agent_id"), seed=1)
+    drawn = _draw(buffer, sampler, 120, 10 * length, cond).reshape(-1, length).tolist()
+    drawn = [tuple(w) for w in drawn]
+    assert _holds_no_index(buffer)  # drawn over the key space
+    assert set(drawn) <= every and len(set(drawn)) == len(every)
+    windows = sorted(every)
+    counts = np.array([drawn.count(w) for w in windows])
+    assert chi_square_p(counts, np.ones(len(windows))) > P_MIN
+
+
+def _windows(sampler, buffer: ReplayBuffer, cond) -> list[list[int]]:
+    """Every window the key index path can draw (by its run order and window starts)."""
+    index = buffer.storage.key_index(cond, sampler.index_columns())
+    order, starts, _ = sampler._windows(index)
+    keys = index["key"]
+    return [keys[order[s : s + sampler.slice_len]].tolist() for s in starts.tolist()]
+
+
+def test_slice_over_the_key_space_gives_up_for_the_key_index_when_windows_are_rare(
+    buffer: ReplayBuffer,
+) -> None:
+    from expstore.samplers import SliceSampler
+    from tests.helpers import make_row
+
+    # 400 tasks of one step and one task of 4 steps: 1 row in 101 starts a window.
+    buffer.store_batch([make_row(f"one{i}", "a", 0) for i in range(400)])
+    buffer.store_batch([make_row("four", "a", s) for s in range(4)])
+    sampler = SliceSampler(4, seed=0)
+    got = sampler.sample(buffer.storage, 8, None)
+    assert [r.exp_meta.task_id for r in got] == ["four"] * 8
+    assert [r.exp_meta.step for r in got] == [0, 1, 2, 3] * 2

@@ -18,7 +18,7 @@ from expstore import QueryBuilder, ReplayBuffer
 from expstore.errors import InvalidArgumentError
 from expstore.storage import task_stats
 from expstore.storage.summary import summarise
-from tests.helpers import make_row
+from tests.helpers import in_threads, make_row
 
 #: A condition every row matches: the figures computed from the rows, never the summaries.
 EVERY_ROW = QueryBuilder().gte("step", 0).build()
@@ -177,32 +177,18 @@ def test_a_build_interleaved_with_writes_and_deletes_counts_each_row_once(
 def test_summaries_stay_exact_with_many_writers_at_once(
     buf: ReplayBuffer, db_url: str, buffer_name: str
 ) -> None:
-    import threading
-
-    url, name = db_url, buffer_name
     buf.create_summary()
     buf.set_retention(150, "fifo")
-    errors: list[BaseException] = []
 
     def write(seed: int) -> None:
         rng = random.Random(seed)
-        try:
-            with ReplayBuffer(url, name=name) as mine:
-                for _ in range(8):
-                    mine.store_batch(random_rows(rng, rng.randrange(1, 20)))
-                    if rng.random() < 0.3:
-                        mine.delete(
-                            QueryBuilder().eq("task_id", f"task{rng.randrange(12)}").build()
-                        )
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+        with ReplayBuffer(db_url, name=buffer_name) as mine:
+            for _ in range(8):
+                mine.store_batch(random_rows(rng, rng.randrange(1, 20)))
+                if rng.random() < 0.3:
+                    mine.delete(QueryBuilder().eq("task_id", f"task{rng.randrange(12)}").build())
 
-    threads = [threading.Thread(target=write, args=(seed,)) for seed in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors
+    in_threads(write, 4)
     check(buf)
 
 
