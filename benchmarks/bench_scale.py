@@ -43,7 +43,7 @@ sys.path.insert(0, str(HERE))
 REPEATS = 30
 BATCH = 256
 
-SAMPLERS = ("uniform", "by_agent", "by_json_path", "recency", "prioritized", "stratified")
+SAMPLERS = ("uniform", "by_agent", "by_json_path", "recency", "prioritized", "stratified", "slice")
 
 
 def _rss_mib() -> float:
@@ -59,6 +59,7 @@ def _sampler(name: str, flat: bool) -> tuple[Any, Any]:
     from expstore.samplers import (
         PrioritizedSampler,
         RecencySampler,
+        SliceSampler,
         StratifiedSampler,
         UniformSampler,
     )
@@ -72,6 +73,8 @@ def _sampler(name: str, flat: bool) -> tuple[Any, Any]:
         "recency": lambda: RecencySampler(power=1.0, seed=0),
         "prioritized": lambda: PrioritizedSampler(seed=0),
         "stratified": lambda: StratifiedSampler(by="exp_meta.agent_id", seed=0),
+        # windows of 4 consecutive steps (5 per task of 8 steps)
+        "slice": lambda: SliceSampler(4, seed=0),
     }.get(name, lambda: UniformSampler(seed=0))()
     sampler.flat = flat
     return sampler, condition
@@ -176,7 +179,15 @@ def ensure_priorities(url: str) -> None:
     engine.dispose()
 
 
-def run(backend: str, sizes: list[int], scratch: Path, pg_url: str, index_up_to: int) -> None:
+def run(
+    backend: str,
+    sizes: list[int],
+    scratch: Path,
+    pg_url: str,
+    index_up_to: int,
+    samplers: tuple[str, ...] = SAMPLERS,
+    extras: bool = True,
+) -> None:
     from scale_data import built, dataset_url
 
     table: dict[int, dict[str, Any]] = {}
@@ -184,14 +195,15 @@ def run(backend: str, sizes: list[int], scratch: Path, pg_url: str, index_up_to:
         url = built(dataset_url(backend, n, scratch, pg_url), n)
         ensure_priorities(url)
         figures: dict[str, Any] = {}
-        for name in SAMPLERS:
+        for name in samplers:
             figures[name] = _run_child(url, name, "flat")
             if n <= index_up_to:
                 figures[name + ":index"] = _run_child(url, name, "index")
-        figures["stats"] = _run_child(url, "stats", "-")
-        figures["loader"] = _run_child(url, "loader", "flat")
-        if n <= index_up_to:
-            figures["loader:index"] = _run_child(url, "loader", "index")
+        if extras:
+            figures["stats"] = _run_child(url, "stats", "-")
+            figures["loader"] = _run_child(url, "loader", "flat")
+            if n <= index_up_to:
+                figures["loader:index"] = _run_child(url, "loader", "index")
         table[n] = figures
         print(f"\n{backend}, {n:,} rows")
         print(f"{'sampler':<24}{'first ms':>10}{'warm ms':>10}{'RSS MiB':>10}")
@@ -200,26 +212,31 @@ def run(backend: str, sizes: list[int], scratch: Path, pg_url: str, index_up_to:
                 print(
                     f"{name:<24}{f['first'] * 1e3:>10.1f}{f['warm'] * 1e3:>10.2f}{f['rss']:>10.1f}"
                 )
-        print(f"update_priorities(256): {figures['prioritized']['update_priorities'] * 1e3:.2f} ms")
-        s = figures["stats"]
-        print(f"stats: {s['stats']:.2f} s, RSS +{s['stats_rss']:.0f} MiB")
-        print(f"DataLoader, 4 workers, first 8 batches: {figures['loader']['loader']:.2f} s")
+        if "prioritized" in figures:
+            update = figures["prioritized"]["update_priorities"]
+            print(f"update_priorities(256): {update * 1e3:.2f} ms")
+        if extras:
+            s = figures["stats"]
+            print(f"stats: {s['stats']:.2f} s, RSS +{s['stats_rss']:.0f} MiB")
+            print(f"DataLoader, 4 workers, first 8 batches: {figures['loader']['loader']:.2f} s")
         if "loader:index" in figures:
             print(f"  the same over the key index: {figures['loader:index']['loader']:.2f} s")
     if len(sizes) > 1:
         small, large = table[sizes[0]], table[sizes[-1]]
         print(f"\n{backend}: {sizes[-1]:,} rows over {sizes[0]:,} rows")
-        for name in SAMPLERS:
+        for name in samplers:
             touched = large[name].get("touched", 0) / max(small[name].get("touched", 1), 1)
             print(
                 f"  {name:<14} warm {large[name]['warm'] / small[name]['warm']:.2f}x, "
                 f"first {large[name]['first'] / small[name]['first']:.2f}x, "
                 f"rows touched per sample {touched:.2f}x"
             )
-        ratio = (
-            large["prioritized"]["update_priorities"] / small["prioritized"]["update_priorities"]
-        )
-        print(f"  update_priorities {ratio:.2f}x")
+        if "prioritized" in samplers:
+            ratio = (
+                large["prioritized"]["update_priorities"]
+                / small["prioritized"]["update_priorities"]
+            )
+            print(f"  update_priorities {ratio:.2f}x")
     print(json.dumps({str(k): v for k, v in table.items()}), flush=True)
 
 
@@ -245,6 +262,10 @@ def main() -> None:
         default=1_000_000,
         help="also measure the key-index path up to this many rows",
     )
+    parser.add_argument("--samplers", default=",".join(SAMPLERS), help="which samplers")
+    parser.add_argument(
+        "--no-extras", action="store_true", help="leave out stats and DataLoader start-up"
+    )
     args = parser.parse_args()
     os.environ.setdefault("PYTHONHASHSEED", "0")
     for backend in args.backends.split(","):
@@ -254,6 +275,8 @@ def main() -> None:
             args.scratch,
             args.pg_url,
             args.index_up_to,
+            tuple(args.samplers.split(",")),
+            not args.no_extras,
         )
 
 

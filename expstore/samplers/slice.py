@@ -126,9 +126,9 @@ class SliceSampler(KeySampler):
         trajectories = list(zip(*values, strict=True))
         steps, keys = drawn.columns["step"].tolist(), drawn.keys.tolist()
         starts = list(zip(trajectories, steps, keys, strict=True))
-        places = [(*trajectory, step + j) for trajectory, step, _ in starts for j in range(length)]
+        spans = [(trajectory, step, step + length - 1) for trajectory, step, _ in starts]
         runs: dict[tuple[Any, ...], list[int]] = {}
-        for *place, key in space.steps_of(self.traj_key, places):
+        for *place, key in space.steps_of(self.traj_key, spans):
             runs.setdefault(tuple(place), []).append(key)
         return [_window(runs, trajectory, step, key, length) for trajectory, step, key in starts]
 

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, exists, func, select, tuple_
+from sqlalchemy import Connection, and_, exists, func, or_, select
 
 from ..errors import InvalidArgumentError
 from ..layout import COLUMNS_BY_NAME
@@ -46,6 +46,8 @@ __all__ = ["DISTINCT_LIMIT", "KeySpace", "PriorityBounds"]
 
 #: Keys per probing statement.
 _PROBE_CHUNK = 5000
+#: Spans of steps per statement (an OR of index ranges; a power of two).
+_SPAN_CHUNK = 256
 #: :meth:`KeySpace.distinct` gives up beyond this many values.
 DISTINCT_LIMIT = 1024
 
@@ -203,25 +205,34 @@ class KeySpace:
         return np.array([key for keys in by_task.values() for key in keys], dtype=np.int64)
 
     def steps_of(
-        self, columns: Sequence[str], places: Sequence[tuple[Any, ...]]
+        self, columns: Sequence[str], spans: Sequence[tuple[tuple[Any, ...], int, int]]
     ) -> list[tuple[Any, ...]]:
-        """The matching rows at these places, each a trajectory (the values of ``columns``,
-        columns of the rows) and a step: ``(*trajectory, step, key)``, in no particular
-        order, through the ``(buffer_id, task_id, step)`` index when the trajectory leads
-        with the task."""
+        """The matching rows of these spans, each a trajectory (the values of ``columns``,
+        columns of the rows) and a range of steps (``low``, ``high``, both included), as
+        ``(*trajectory, step, key)`` in no particular order: one index range per span
+        (through the ``(buffer_id, task_id, step)`` index when the trajectory leads with
+        the task), spans in OR of a statement."""
         names = [resolve_field(name).column for name in columns]
         if any(column is None for column in names):
             raise InvalidArgumentError(f"steps_of() needs columns, got {list(columns)!r}")
         picked = [rows.c[column.name] for column in names if column is not None]
         mine = [rows.c.buffer_id == self.handle.buffer_id, *self._matching()]
         found: list[tuple[Any, ...]] = []
-        per = len(picked) + 1
-        chunk = max(1, _PROBE_CHUNK // per // 4)  # bound parameters per statement stay few
-        unique = list(dict.fromkeys(places))
-        for start in range(0, len(unique), chunk):
-            stmt = select(*picked, rows.c.step, rows.c.key).where(
-                *mine, tuple_(*picked, rows.c.step).in_(unique[start : start + chunk])
-            )
+        unique = list(dict.fromkeys(spans))
+        for start in range(0, len(unique), _SPAN_CHUNK):
+            chunk = unique[start : start + _SPAN_CHUNK]
+            # Padded to a power of two with its first span (an OR of the same range twice
+            # reads it once): a few statement shapes for the compiled cache, not one per size.
+            chunk += chunk[:1] * ((1 << (len(chunk) - 1).bit_length()) - len(chunk))
+            each = [
+                and_(
+                    *(column == value for column, value in zip(picked, trajectory, strict=True)),
+                    rows.c.step >= low,
+                    rows.c.step <= high,
+                )
+                for trajectory, low, high in chunk
+            ]
+            stmt = select(*picked, rows.c.step, rows.c.key).where(*mine, or_(*each))
             found += [tuple(r) for r in self.conn.execute(stmt)]
         self.probed += len(found)
         return found
