@@ -90,7 +90,8 @@ def draw(
 
     A row deleted between choosing and fetching is chosen again from the fresh index, up
     to :data:`FETCH_ATTEMPTS` times; after that a sampler that weighs rows (whose weights
-    must stay aligned) raises StorageError and any other returns the rows it could fetch.
+    must stay aligned) or draws whole units (windows, groups, whose layout must hold)
+    raises StorageError and any other returns the rows it could fetch.
 
     A sampler with ``consume_after=k`` chooses through :func:`_choose_consuming`: no row is
     ever returned more than k times in all, by every process together.
@@ -154,7 +155,7 @@ def draw(
                 break
             deleted += 1
             if deleted == FETCH_ATTEMPTS:
-                if sampler.weighs_rows:
+                if sampler.weighs_rows or sampler.whole_units:
                     raise StorageError(
                         f"{type(sampler).__name__}: rows chosen from the index kept being deleted "
                         f"before they could be fetched ({FETCH_ATTEMPTS} attempts); another "

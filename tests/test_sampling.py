@@ -147,3 +147,35 @@ def test_aworld_style_samplers_and_converters_run_in_the_loop(
         assert batch["step"].tolist() == [0, 0, 1]
         rows = buffer.sample(UniformSampler(seed=0), None, _AWorldStyleConverter(), 5)
         assert len(rows) == 5 and set(rows) <= set(range(5))
+
+
+@pytest.mark.parametrize("kind", ["uniform", "slice", "group"])
+def test_rows_deleted_before_every_fetch_give_a_short_batch_or_never_a_broken_unit(
+    db_url: str, buffer_name: str, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    # Another process deletes one chosen row between each choice and its fetch: a
+    # uniform batch comes back short; windows and groups, whose layout a missing row
+    # would break, are never returned broken (StorageError, as for weighted samplers).
+    from expstore import GroupSampler, SliceSampler
+    from expstore.errors import StorageError
+
+    buffer = ReplayBuffer(db_url, name=buffer_name)
+    rows = [make_row(f"t{t}", "a", s, reward=float(s)) for t in range(6) for s in range(4)]
+    buffer.store_batch(rows)
+    storage = buffer.storage
+    fetch = storage.fetch
+
+    def losing_one(keys: Any, *args: Any, **kwargs: Any) -> Any:
+        return fetch(np.asarray(keys)[1:], *args, **kwargs)
+
+    monkeypatch.setattr(storage, "fetch", losing_one)
+    sampler = {
+        "uniform": lambda: UniformSampler(seed=0),
+        "slice": lambda: SliceSampler(2, seed=0),
+        "group": lambda: GroupSampler("task_id", group_size=4, seed=0),
+    }[kind]()
+    if kind == "uniform":
+        assert len(buffer.sample(sampler, batch_size=8)) == 7
+        return
+    with pytest.raises(StorageError, match="kept being deleted before they could be fetched"):
+        buffer.sample(sampler, batch_size=8)

@@ -126,6 +126,9 @@ class Sampler(ABC):
 
     #: Whether batches carry importance weights that must stay aligned with their rows.
     weighs_rows: ClassVar[bool] = False
+    #: Whether a batch is whole units (windows, groups) laid out one after the other, which
+    #: a row missing from the fetch would break: such a batch is never returned short.
+    whole_units: ClassVar[bool] = False
     #: What the last batch drawn through the loop was (keys, ids, weights).
     last_info: SampleInfo | None = None
 

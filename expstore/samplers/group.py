@@ -64,6 +64,8 @@ class GroupSampler(KeySampler):
     >>> sampler = GroupSampler("task_id", group_size=8, varied_reward=True, seed=0)
     """
 
+    whole_units = True
+
     def __init__(
         self,
         group_by: str = "task_id",

@@ -21,6 +21,9 @@ from .flat import MIN_KEPT, PROBE_BUDGET, Drawn, draw_uniform
 
 __all__ = ["SliceSampler"]
 
+#: The largest step a row can have (BIGINT).
+_TOP_STEP = 2**63 - 1
+
 
 class SliceSampler(KeySampler):
     """Windows of ``slice_len`` consecutive steps of one trajectory.
@@ -80,6 +83,7 @@ class SliceSampler(KeySampler):
 
     #: A window's start and its rows are read on one snapshot of the buffer.
     flat_snapshot = True
+    whole_units = True
 
     def index_columns(self) -> tuple[str, ...]:
         return (*self.traj_key, "step")
@@ -98,7 +102,10 @@ class SliceSampler(KeySampler):
         trajectory and step); each window has one start, so the kept ones are uniform
         draws among all windows, as over the key index. None (the key index serves) when
         windows start at too few rows for that to pay."""
-        self._check_batch(batch_size)
+        if batch_size % self.slice_len:  # refused as over the key index: once rows are found
+            if draw_uniform(space, 1, self.rng, hint=self._kept) is None:
+                return None
+            self._check_batch(batch_size)
         want = batch_size // self.slice_len
         chosen: list[list[int]] = []
         tried = 0
@@ -107,7 +114,7 @@ class SliceSampler(KeySampler):
             size = min(math.ceil((want - len(chosen)) / rate * 1.2) + 4, PROBE_BUDGET)
             columns = (*self.traj_key, "step")
             drawn = draw_uniform(space, size, self.rng, columns=columns, hint=self._kept)
-            if drawn is None:
+            if drawn is None:  # (no matching row, or too few: the key index says which)
                 return None
             self._kept = drawn.kept
             windows = self._windows_at(space, drawn)
@@ -126,7 +133,8 @@ class SliceSampler(KeySampler):
         trajectories = list(zip(*values, strict=True))
         steps, keys = drawn.columns["step"].tolist(), drawn.keys.tolist()
         starts = list(zip(trajectories, steps, keys, strict=True))
-        spans = [(trajectory, step, step + length - 1) for trajectory, step, _ in starts]
+        # (a window's last step never passes the largest step a row can have)
+        spans = [(t, step, min(step + length - 1, _TOP_STEP)) for t, step, _ in starts]
         runs: dict[tuple[Any, ...], list[int]] = {}
         for *place, key in space.steps_of(self.traj_key, spans):
             runs.setdefault(tuple(place), []).append(key)
@@ -224,7 +232,7 @@ def _run_order(groups: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, np.nd
     """(row positions ordered by trajectory, step, then position; the trajectory code of
     each row in that order)."""
     top_step = int(steps.max())
-    if int(groups.max()) * (top_step + 1) + top_step < 2**63:
+    if int(groups.max()) * (top_step + 1) + top_step < 2**63 and top_step + 1 < 2**63:
         # One stable sort over a combined key is much faster than lexsort over two.
         order = np.argsort(groups * (top_step + 1) + steps, kind="stable")
     else:

@@ -42,6 +42,7 @@ from sqlalchemy import (
     false,
     func,
     select,
+    true,
 )
 from sqlalchemy.dialects.postgresql import BYTEA, JSONB
 
@@ -330,11 +331,16 @@ task_stats = Table(
     sqlite_with_rowid=False,
 )
 # The dirty tasks of a buffer (usually none) without a scan; the index holds only them.
+# ``dirty`` is a key column too: with two equality columns to seek, SQLite's planner takes
+# this index over the primary key even without statistics.
 Index(
     "ix_expstore_task_stats_dirty",
     task_stats.c.buffer_id,
+    task_stats.c.dirty,
     task_stats.c.task_id,
-    sqlite_where=task_stats.c.dirty,
+    # Spelled as each backend's queries spell the condition (SQLite: dirty = 1), so that
+    # the planner sees the index serves them.
+    sqlite_where=task_stats.c.dirty == true(),
     postgresql_where=task_stats.c.dirty,
 )
 

@@ -181,9 +181,9 @@ def _from_tasks(
     stored = task_stats_table.c
     mine = stored.buffer_id == buffer_id
     # The dirty tasks (by their partial index; usually none): their figures from their rows.
-    dirty = list(conn.execute(select(stored.task_id).where(mine, stored.dirty)).scalars())
+    dirty = task_stats.dirty_tasks(buffer_id)
     tasks: Any = task_stats_table
-    if dirty:
+    if conn.execute(dirty.limit(1)).first() is not None:
         clean = select(*(stored[name] for name in task_stats.COLUMNS)).where(
             mine, stored.dirty.is_(false())
         )

@@ -80,6 +80,7 @@ __all__ = [
     "start",
     "state",
     "state_now",
+    "dirty_tasks",
     "drop_all",
 ]
 
@@ -455,10 +456,15 @@ def after_delete(
         recompute(handle, conn, removal.recomputed, kept)
 
 
+def dirty_tasks(buffer_id: int) -> Any:
+    """A SELECT of the buffer's dirty tasks, through the partial index holding only them."""
+    return select(_S.task_id).where(_S.buffer_id == buffer_id, _S.dirty)
+
+
 def clean(handle: BufferHandle, conn: Connection, kept: SummaryState, limit: int) -> int:
     """Summarise again up to ``limit`` dirty tasks (the caller holds the buffer's row);
     how many were."""
-    dirty = select(_S.task_id).where(_S.buffer_id == handle.buffer_id, _S.dirty).limit(limit)
+    dirty = dirty_tasks(handle.buffer_id).limit(limit)
     tasks = list(conn.execute(dirty).scalars())
     if tasks:
         recompute(handle, conn, tasks, kept)

@@ -65,8 +65,8 @@ def upgrade() -> None:
     op.create_index(
         "ix_expstore_task_stats_dirty",
         "expstore_task_stats",
-        ["buffer_id", "task_id"],
-        sqlite_where=sa.text("dirty"),
+        ["buffer_id", "dirty", "task_id"],
+        sqlite_where=sa.text("dirty = 1"),  # as SQLite's queries spell it
         postgresql_where=sa.text("dirty"),
     )
     op.create_table(

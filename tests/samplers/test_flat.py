@@ -334,3 +334,34 @@ def test_slice_over_the_key_space_gives_up_for_the_key_index_when_windows_are_ra
     got = sampler.sample(buffer.storage, 8, None)
     assert [r.exp_meta.task_id for r in got] == ["four"] * 8
     assert [r.exp_meta.step for r in got] == [0, 1, 2, 3] * 2
+
+
+@pytest.mark.parametrize("flat", [True, False], ids=["key space", "key index"])
+def test_slices_at_the_largest_steps_a_row_can_have(buffer: ReplayBuffer, flat: bool) -> None:
+    from expstore.samplers import SliceSampler
+    from tests.helpers import make_row
+
+    top = 2**63 - 1
+    buffer.store_batch([make_row("end", "a", s) for s in (top - 2, top - 1, top)])
+    sampler = SliceSampler(2, seed=0)
+    sampler.flat = flat
+    got = sampler.sample(buffer.storage, 8, None)
+    steps = [r.exp_meta.step for r in got]
+    assert set(zip(steps[::2], steps[1::2], strict=True)) <= {(top - 2, top - 1), (top - 1, top)}
+
+
+@pytest.mark.parametrize("flat", [True, False], ids=["key space", "key index"])
+def test_slices_of_an_empty_buffer_say_it_is_empty_before_the_batch_size(
+    buffer: ReplayBuffer, flat: bool
+) -> None:
+    from expstore.errors import InvalidArgumentError
+    from expstore.samplers import SliceSampler
+    from tests.helpers import make_row
+
+    sampler = SliceSampler(2, seed=0)
+    sampler.flat = flat
+    with pytest.raises(EmptyBufferError):
+        sampler.sample(buffer.storage, 5, None)
+    buffer.store_batch([make_row("t", "a", s) for s in range(3)])
+    with pytest.raises(InvalidArgumentError, match="multiple of 2"):
+        sampler.sample(buffer.storage, 5, None)

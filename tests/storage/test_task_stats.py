@@ -283,3 +283,14 @@ def test_stats_read_one_snapshot_while_another_process_drops_and_creates_summari
         stop.set()
         thread.join()
     assert seen == {expected}
+
+
+def test_sqlite_finds_dirty_tasks_through_their_partial_index(tmp_path: Any) -> None:
+    with ReplayBuffer(f"sqlite:///{tmp_path / 'dirty.db'}") as buffer:
+        buffer.create_summary()
+        handle = buffer.storage._handle
+        compiled = task_stats.dirty_tasks(handle.buffer_id).compile(handle.connections.engine)
+        with handle.read() as conn:
+            explain = f"EXPLAIN QUERY PLAN {compiled}"
+            plan = conn.exec_driver_sql(explain, (handle.buffer_id,)).all()
+        assert "ix_expstore_task_stats_dirty" in " ".join(str(step) for step in plan)
