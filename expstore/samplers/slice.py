@@ -23,6 +23,8 @@ __all__ = ["SliceSampler"]
 
 #: The largest step a row can have (BIGINT).
 _TOP_STEP = 2**63 - 1
+#: Candidates drawn before a draw over the key space may judge windows too rare.
+_MIN_TRIED = 1024
 
 
 class SliceSampler(KeySampler):
@@ -108,7 +110,7 @@ class SliceSampler(KeySampler):
             self._check_batch(batch_size)
         want = batch_size // self.slice_len
         chosen: list[list[int]] = []
-        tried = 0
+        tried = kept = 0
         while len(chosen) < want:
             rate = max(self._kept_windows, MIN_KEPT)
             size = min(math.ceil((want - len(chosen)) / rate * 1.2) + 4, PROBE_BUDGET)
@@ -120,9 +122,11 @@ class SliceSampler(KeySampler):
             windows = self._windows_at(space, drawn)
             found = [window for window in windows if window is not None]
             chosen += found[: want - len(chosen)]  # the first kept, in draw order
-            tried += len(windows)
-            self._kept_windows = len(found) / len(windows)
-            if len(chosen) < want and (tried >= PROBE_BUDGET or self._kept_windows < MIN_KEPT):
+            tried, kept = tried + len(windows), kept + len(found)
+            self._kept_windows = kept / tried
+            # Given up on a budget, or once enough draws say windows start too rarely.
+            rare = tried >= _MIN_TRIED and self._kept_windows < MIN_KEPT
+            if len(chosen) < want and (tried >= PROBE_BUDGET or rare):
                 return None
         return Choice(np.array([key for window in chosen for key in window], dtype=np.int64))
 
