@@ -187,13 +187,15 @@ class ReplayBuffer:
     ) -> None:
         """Keep a summary row per task, updated by every write and delete in its own
         transaction, so that ``expstore stats`` (and :func:`expstore.cli.stats.compute_stats`
-        without a condition) reads one row per task instead of every row: seconds instead
-        of minutes at 10M rows. Writes pay for it (one more statement each; see
-        benchmarks/RESULTS.md). The rows present are summarised ``step`` at a time, each
-        step in a transaction of its own, so writers never wait long (``progress``, if
-        given, is told how many rows each step summarised). Kept with the buffer for every
-        process; safe to call again (a build cut short goes on). See
-        :mod:`expstore.storage.task_stats`."""
+        without a condition) reads one row per task instead of every row: about a second
+        instead of half a minute at 10M rows. Writes pay for it (a few statements each,
+        +4 to +9 ms for a 64-row write that evicts; see benchmarks/RESULTS.md). The rows
+        present are summarised ``step`` at a time, each step in a transaction of its own,
+        so writers never wait long (``progress``, if given, is told how many rows each
+        step summarised). A long task (over 1,000 rows) whose extremes a delete took is
+        read from its rows by stats until this is called again, which summarises it anew.
+        Kept with the buffer for every process; safe to call again (a build cut short
+        goes on). See :mod:`expstore.storage.task_stats`."""
         self.storage.create_summary(step=step, progress=progress)
 
     def drop_summary(self) -> bool:

@@ -15,7 +15,10 @@ The storage is a thin front over one module per role, which a reader can find by
 - :mod:`~expstore.storage.rate_limits`: rate limits and their counters;
 - :mod:`~expstore.storage.key_index`: the cached key arrays samplers choose from;
 - :mod:`~expstore.storage.groups`: group summaries (GRPO groups), and
-  :mod:`~expstore.storage.group_claims`: claiming whole groups.
+  :mod:`~expstore.storage.group_claims`: claiming whole groups;
+- :mod:`~expstore.storage.summary`: stats as SQL aggregates;
+  :mod:`~expstore.storage.task_stats`: per-task summaries kept by writers, and
+  :mod:`~expstore.storage.summary_build`: creating, building and dropping them.
 
 Writes run in one transaction each: the insert and any eviction inside it, so a batch is
 stored whole or not at all. On SQLite, write transactions begin with ``BEGIN IMMEDIATE``
@@ -39,7 +42,16 @@ from .._args import check_text
 from ..columnar import column_error, parse_columns
 from ..errors import InvalidArgumentError, RowValidationError, StorageError, UnsupportedTypeError
 from ..models import DataRow
-from . import draw_counts, path_indexes, priorities, registry, task_stats, versions, writer
+from . import (
+    draw_counts,
+    path_indexes,
+    priorities,
+    registry,
+    summary_build,
+    task_stats,
+    versions,
+    writer,
+)
 from .base import QueryCondition, Storage, Values
 from .claims import ClaimQueue
 from .column_rows import encoded_columns
@@ -366,19 +378,19 @@ class SqlStorage(Storage):
         """Keep per-task summaries (see :mod:`expstore.storage.task_stats`), building them
         for the rows present ``step`` rows per transaction (``progress`` is told how many
         rows each step summarised)."""
-        task_stats.create(self._handle, step, progress)
+        summary_build.create(self._handle, step, progress)
 
     def drop_summary(self) -> bool:
         """Stop keeping per-task summaries; whether the buffer kept any."""
-        return task_stats.drop_summary(self._handle)
+        return summary_build.drop_summary(self._handle)
 
     def summary_state(self) -> task_stats.SummaryState | None:
         """Whether the buffer keeps task summaries and how far they are built."""
-        return task_stats.state_now(self._handle)
+        return summary_build.state_now(self._handle)
 
     def summary_tasks(self) -> int:
         """How many tasks the buffer's task summaries hold."""
-        return task_stats.count_now(self._handle)
+        return summary_build.count_now(self._handle)
 
     def summary(self, query_condition: QueryCondition, success_above: float) -> dict[str, Any]:
         return summarise(self._handle, query_condition, success_above)

@@ -3,29 +3,34 @@ instead of every row (issue: Scale I).
 
 ``buffer.create_summary()`` makes a buffer keep, in ``expstore_task_stats``, one row per
 task: how many rows it has; the count, sum, sum of squares, smallest and largest of their
-rewards and policy versions; their first and last ``execute_time``; and the task's last row
-(by step, then insertion: its key, step and reward). The figures of the whole buffer are
-then sums and extremes over its tasks (:func:`expstore.storage.summary.summarise`), and the
-success rate a count over the last rows, however many rows the buffer holds.
+rewards and policy versions (the version sums of ``version - version_base``, so large
+versions keep their digits); their first and last ``execute_time``; and the task's last
+row (by step, then insertion: its key, step and reward). The figures of the whole buffer
+are then sums and extremes over its tasks (:func:`expstore.storage.summary.summarise`),
+and the success rate a count over the last rows, however many rows the buffer holds.
 
 Kept exact in the transaction of every change, which holds the buffer's row:
 
-- a write merges its new rows (the buffer's rows above its largest key before the write)
-  into their tasks' rows: counts and sums add, extremes compare, and the last row is the
-  later by (step, key);
-- a delete (an eviction, ``delete()``) reads which tasks its rows belong to first and
-  summarises those tasks again from the rows left; ``clear()`` drops them all.
+- a write merges its new rows (the buffer's rows above its largest key before the write,
+  read alone by their key range) into their tasks' rows: counts and sums add, extremes
+  compare, the last row is the later by (step, key);
+- a delete (an eviction, ``delete()``) takes its rows' counts and sums out of their tasks'
+  rows (:func:`before_delete`, read before they go). Only a task whose extremes or last
+  row went with them is summarised again from its rows, or, when it is long
+  (:data:`RECOMPUTE_LIMIT`), marked *dirty*: stats read a dirty task's rows until
+  :func:`create` summarises it again. ``clear()`` drops every task's row.
 
 The rows present when summaries are created are summarised in steps of
 :data:`BUILD_STEP` rows, each in a transaction of its own (writers wait for one step, not
 for the whole buffer): ``summary_from`` is the buffer's largest key at creation, above which
-writers merge their rows, and ``summary_through`` how far the builder got below it. A task
-summarised again meanwhile counts only rows already summarised, so the builder adds each
-row exactly once. Until the build is done, stats read the rows.
+writers merge their rows, and ``summary_through`` how far the builder got below it. Deletes
+meanwhile count only rows already summarised, so the builder adds each row exactly once.
+Until the build is done, stats read the rows.
 
-What it costs: one ``INSERT ... SELECT ... ON CONFLICT`` per write, over the new rows
-(grouped by task) and a lookup per task, and per delete one more read of the deleted rows'
-tasks; measured in ``benchmarks/bench_summary.py``.
+What it costs: a few statements per write (the merge, and for a write that evicts, the
+evicted rows' summaries, their tasks' stored ones, and the changes), built once per
+database; measured in ``benchmarks/bench_summary.py``. Sums count a reward beyond
+±:data:`REWARD_BOUND` at that bound (on every path, the rows' too), so nothing overflows.
 """
 
 from __future__ import annotations
@@ -52,42 +57,35 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.elements import ColumnElement
 
-from .._args import check_int
-from ..errors import StorageError
-from . import registry  # (which imports this module: used at call time only)
 from .handle import BufferHandle
-from .schema import buffers, newest_first, oldest_first, rows, task_stats
+from .schema import buffers, newest_first, rows, task_stats
 
 __all__ = [
     "BUILD_STEP",
     "COLUMNS",
     "REWARD_BOUND",
+    "RECOMPUTE_LIMIT",
     "Removal",
+    "SummaryState",
+    "TASK_CHUNK",
     "after_delete",
     "before_delete",
     "bounded_reward",
-    "clean",
-    "summaries_of",
-    "SummaryState",
-    "build_step",
-    "count_now",
-    "create",
-    "drop",
-    "drop_summary",
-    "merge_new",
-    "newest_key",
-    "recompute",
-    "start",
-    "state",
-    "state_now",
     "dirty_tasks",
     "drop_all",
+    "merge_new",
+    "merge_range",
+    "newest_key",
+    "recompute",
+    "set_state",
+    "state",
+    "summaries_of",
 ]
 
 #: Rows the builder summarises per transaction when summaries are created.
 BUILD_STEP = 200_000
 #: Tasks summarised again per statement (bound parameters per statement stay few).
-_TASK_CHUNK = 500
+TASK_CHUNK = 500
 
 _S = task_stats.c
 
@@ -337,6 +335,12 @@ def merge_new(handle: BufferHandle, conn: Connection, after_key: int) -> None:
     )
 
 
+def merge_range(handle: BufferHandle, conn: Connection, low: int, high: int) -> None:
+    """Merge the buffer's rows with keys in ``(low, high]`` into their tasks' summaries."""
+    bounds = {"buffer_id": handle.buffer_id, "low": low, "high": high}
+    conn.execute(_statement(handle, "merge step"), bounds)
+
+
 def recompute(
     handle: BufferHandle, conn: Connection, task_ids: Iterable[str], kept: SummaryState
 ) -> None:
@@ -349,8 +353,8 @@ def recompute(
     else:
         summarise = _statement(handle, "summarise tasks, building")
         bounds = {"through": kept.through, "since": kept.since}
-    for at in range(0, len(tasks), _TASK_CHUNK):
-        chunk = {"buffer_id": handle.buffer_id, "tasks": tasks[at : at + _TASK_CHUNK]}
+    for at in range(0, len(tasks), TASK_CHUNK):
+        chunk = {"buffer_id": handle.buffer_id, "tasks": tasks[at : at + TASK_CHUNK]}
         conn.execute(forget, chunk)
         conn.execute(summarise, {**chunk, **bounds})
 
@@ -415,8 +419,8 @@ def before_delete(
 
 def _stored(handle: BufferHandle, conn: Connection, tasks: list[str]) -> Iterator[dict[str, Any]]:
     """The stored summaries of these tasks (by the table's key, a chunk at a time)."""
-    for at in range(0, len(tasks), _TASK_CHUNK):
-        chunk = tasks[at : at + _TASK_CHUNK]
+    for at in range(0, len(tasks), TASK_CHUNK):
+        chunk = tasks[at : at + TASK_CHUNK]
         stmt = select(task_stats).where(_S.buffer_id == handle.buffer_id, _S.task_id.in_(chunk))
         yield from (dict(found._mapping) for found in conn.execute(stmt))
 
@@ -445,9 +449,9 @@ def after_delete(
     """Apply ``removal`` once the rows have gone (in the same transaction)."""
     buffer_id = handle.buffer_id
     forget = _statement(handle, "forget tasks")
-    for at in range(0, len(removal.emptied), _TASK_CHUNK):
+    for at in range(0, len(removal.emptied), TASK_CHUNK):
         conn.execute(
-            forget, {"buffer_id": buffer_id, "tasks": removal.emptied[at : at + _TASK_CHUNK]}
+            forget, {"buffer_id": buffer_id, "tasks": removal.emptied[at : at + TASK_CHUNK]}
         )
     if removal.subtracted:
         subtract = _statement(handle, "subtract")
@@ -461,131 +465,18 @@ def dirty_tasks(buffer_id: int) -> Any:
     return select(_S.task_id).where(_S.buffer_id == buffer_id, _S.dirty)
 
 
-def clean(handle: BufferHandle, conn: Connection, kept: SummaryState, limit: int) -> int:
-    """Summarise again up to ``limit`` dirty tasks (the caller holds the buffer's row);
-    how many were."""
-    dirty = dirty_tasks(handle.buffer_id).limit(limit)
-    tasks = list(conn.execute(dirty).scalars())
-    if tasks:
-        recompute(handle, conn, tasks, kept)
-    return len(tasks)
-
-
 def drop_all(handle: BufferHandle, conn: Connection, kept: SummaryState) -> None:
     """Every row of the buffer went (``clear()``): no task is left, and nothing is left to
     build."""
     conn.execute(delete(task_stats).where(_S.buffer_id == handle.buffer_id))
     if not kept.built:
-        _set(conn, handle.buffer_id, kept.since, kept.since)
+        set_state(conn, handle.buffer_id, kept.since, kept.since)
 
 
-def _set(conn: Connection, buffer_id: int, since: int | None, through: int | None) -> None:
+def set_state(conn: Connection, buffer_id: int, since: int | None, through: int | None) -> None:
+    """Store the buffer's summary state (None, None: it keeps none)."""
     conn.execute(
         update(buffers)
         .where(buffers.c.id == buffer_id)
         .values(summary_from=since, summary_through=through)
     )
-
-
-def start(handle: BufferHandle, conn: Connection) -> SummaryState:
-    """Make the buffer keep summaries from now on (the caller holds its row): its rows
-    present now are left to :func:`build_step`."""
-    found = state(conn, handle.buffer_id)
-    if found is not None:
-        return found
-    since = newest_key(conn, handle.buffer_id)
-    oldest = conn.execute(oldest_first(select(rows.c.key), handle.buffer_id).limit(1)).scalar()
-    through = since if oldest is None else int(oldest) - 1
-    _set(conn, handle.buffer_id, since, through)
-    return SummaryState(since, through)
-
-
-def build_step(
-    handle: BufferHandle, conn: Connection, kept: SummaryState, step: int
-) -> tuple[SummaryState, int]:
-    """Summarise up to ``step`` more of the rows present at creation (the caller holds the
-    buffer's row); returns the state after and how many rows were summarised."""
-    if kept.built:
-        return kept, 0
-    buffer_id = handle.buffer_id
-    pending = [rows.c.key > kept.through, rows.c.key <= kept.since]
-    ahead = oldest_first(select(rows.c.key), buffer_id).where(*pending).offset(step - 1).limit(1)
-    found = conn.execute(ahead).scalar()
-    if found is None:  # the last step: what is left
-        upto = kept.since
-        done = int(
-            conn.execute(
-                select(func.count()).where(rows.c.buffer_id == buffer_id, *pending)
-            ).scalar_one()
-        )
-    else:
-        upto, done = int(found), step
-    bounds = {"buffer_id": buffer_id, "low": kept.through, "high": upto}
-    conn.execute(_statement(handle, "merge step"), bounds)
-    _set(conn, buffer_id, kept.since, upto)
-    return SummaryState(kept.since, upto), done
-
-
-def drop(handle: BufferHandle, conn: Connection) -> bool:
-    """Stop keeping summaries (the caller holds the buffer's row); whether it kept any."""
-    if state(conn, handle.buffer_id) is None:
-        return False
-    conn.execute(delete(task_stats).where(_S.buffer_id == handle.buffer_id))
-    _set(conn, handle.buffer_id, None, None)
-    return True
-
-
-def create(
-    handle: BufferHandle,
-    step: int = BUILD_STEP,
-    progress: Callable[[int], object] | None = None,
-) -> SummaryState:
-    """Make the buffer keep task summaries, and summarise the rows it holds now, ``step``
-    rows per transaction (each takes the buffer's row, so writers wait for one step at a
-    time; ``progress`` is told how many rows each step summarised); then summarise again
-    the tasks marked dirty. Safe to call again, and after a build cut short: it goes on
-    from where the build got to. Returns the state, built."""
-    check_int("step", step, minimum=1)
-    with handle.errors("create task summaries"), handle.write() as conn:
-        registry.lock_buffer(handle, conn, buffers.c.id)
-        kept: SummaryState | None = start(handle, conn)
-    while kept is not None and not kept.built:
-        with handle.errors("build task summaries"), handle.write() as conn:
-            registry.lock_buffer(handle, conn, buffers.c.id)
-            kept = state(conn, handle.buffer_id)  # another process may have dropped them
-            if kept is not None:
-                kept, done = build_step(handle, conn, kept, step)
-                if progress is not None:
-                    progress(done)
-    while kept is not None:  # then the dirty tasks, a transaction per chunk
-        with handle.errors("summarise dirty tasks"), handle.write() as conn:
-            registry.lock_buffer(handle, conn, buffers.c.id)
-            kept = state(conn, handle.buffer_id)
-            if kept is None or not clean(handle, conn, kept, _TASK_CHUNK):
-                break
-    if kept is None:
-        raise StorageError(
-            f"the task summaries of buffer {handle.name!r} were dropped by another process "
-            "while they were being built; call create_summary() again to keep them"
-        )
-    return kept
-
-
-def drop_summary(handle: BufferHandle) -> bool:
-    """Stop keeping task summaries; whether the buffer kept any."""
-    with handle.errors("drop task summaries"), handle.write() as conn:
-        registry.lock_buffer(handle, conn, buffers.c.id)
-        return drop(handle, conn)
-
-
-def state_now(handle: BufferHandle) -> SummaryState | None:
-    """:func:`state` on a connection of its own."""
-    with handle.errors("read the task summaries' state"), handle.read() as conn:
-        return state(conn, handle.buffer_id)
-
-
-def count_now(handle: BufferHandle) -> int:
-    """How many tasks the buffer's summaries hold (0 when it keeps none)."""
-    mine = select(func.count()).where(_S.buffer_id == handle.buffer_id)
-    with handle.errors("count task summaries"), handle.read() as conn:
-        return int(conn.execute(mine).scalar_one())

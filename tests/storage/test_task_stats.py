@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from expstore import QueryBuilder, ReplayBuffer
 from expstore.errors import InvalidArgumentError
-from expstore.storage import task_stats
+from expstore.storage import summary_build, task_stats
 from expstore.storage.summary import summarise
 from tests.helpers import in_threads, make_row
 
@@ -156,7 +156,7 @@ def test_a_build_interleaved_with_writes_and_deletes_counts_each_row_once(
     buf.set_retention(80, "fifo")
     handle = buf.storage._handle
     with handle.write() as conn:
-        state = task_stats.start(handle, conn)
+        state = summary_build.start(handle, conn)
     steps = 0
     while not state.built:
         buf.store_batch(random_rows(rng, 9))  # evicts the oldest, built or not
@@ -165,7 +165,7 @@ def test_a_build_interleaved_with_writes_and_deletes_counts_each_row_once(
         with handle.write() as conn:
             now = task_stats.state(conn, handle.buffer_id)
             assert now is not None
-            state, done = task_stats.build_step(handle, conn, now, 5)
+            state, done = summary_build.build_step(handle, conn, now, 5)
             assert 0 <= done <= 5
         steps += 1
     assert steps > 2
