@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from .codec import check_value, deep_equal, text_problem, to_plain
 from .errors import InvalidArgumentError
 
-__all__ = ["DataRow", "ExpMeta", "Experience", "trusted", "trusted_many"]
+__all__ = ["DataRow", "ExpMeta", "Experience", "trusted_many"]
 
 _M = TypeVar("_M", bound=BaseModel)
 #: Marks a column that gets a ``(buffer_id, column)`` index (see :mod:`expstore.layout`).
@@ -154,19 +154,11 @@ class DataRow(BaseModel):
         }
 
 
-def trusted(cls: type[_M], values: dict[str, Any]) -> _M:
-    """Build ``cls`` from values that were validated when they were stored.
-
-    What ``model_construct`` does for a complete set of fields, without its per-call
-    overhead, which dominates when a sampler fetches hundreds of rows. ``values`` must hold
-    every field.
-    """
-    return trusted_many(cls, [values])[0]
-
-
 def trusted_many(cls: type[_M], values: Iterable[dict[str, Any]]) -> list[_M]:
-    """:func:`trusted` of many objects: each slot filled over the whole list at once, in C
-    (a reader builds three models per row, hundreds of rows per batch)."""
+    """Build ``cls`` from each of ``values``, dicts of values validated when they were
+    stored (each holding every field): what ``model_construct`` does, without its per-call
+    overhead, each slot filled over the whole list at once, in C (a reader builds three
+    models per row, hundreds of rows per batch)."""
     dicts = list(values)
     n = len(dicts)
     made = list(map(_new, repeat(cls, n)))
@@ -185,7 +177,7 @@ def _field_names(cls: type[BaseModel]) -> frozenset[str]:
     return names
 
 
-# The slots trusted() fills, set through their descriptors (a third faster than
+# The slots trusted_many() fills, set through their descriptors (a third faster than
 # object.__setattr__ by name; BaseModel's own __setattr__ would validate).
 _new = object.__new__
 _FIELD_NAMES: dict[type[Any], frozenset[str]] = {}

@@ -88,6 +88,8 @@ BUILD_STEP = 200_000
 TASK_CHUNK = 500
 
 _S = task_stats.c
+#: The summary table's columns, in order.
+COLUMNS = tuple(c.name for c in task_stats.c)
 
 
 class SummaryState(NamedTuple):
@@ -123,11 +125,11 @@ def newest_key(conn: Connection, buffer_id: int) -> int:
     return 0 if found is None else int(found)
 
 
-def _aggregate(where: Sequence[ColumnElement[bool]]) -> Any:
-    """The summary of each task among the buffer's rows (``:buffer_id``) matching
-    ``where``, in the table's column order (:func:`_columns`), as a SELECT: counts, sums
-    and extremes by GROUP BY over the matching rows, the task's last row (highest step,
-    then key) and its smallest version (the base of its version sums) by window functions
+def summaries_of(where: Sequence[ColumnElement[bool]]) -> Any:
+    """The summary of each task among the buffer's rows (bound parameter ``buffer_id``)
+    matching ``where``, computed from those rows, in :data:`COLUMNS` order, as a SELECT:
+    counts, sums and extremes by GROUP BY over the matching rows, the task's last row
+    (highest step, then key) and its smallest version (its version sums' base) by window functions
     over the same rows, so only those rows are read."""
     buffer_id = bindparam("buffer_id", type_=Integer)
     version = rows.c.policy_version
@@ -159,7 +161,7 @@ def _aggregate(where: Sequence[ColumnElement[bool]]) -> Any:
         "last_reward": func.max(case((last, r.reward_t))),
         "dirty": false(),
     }
-    return select(*(figures[name].label(name) for name in _columns())).group_by(r.task_id)
+    return select(*(figures[name].label(name) for name in COLUMNS)).group_by(r.task_id)
 
 
 def _figures(reward: Any, time: Any, version: Any, base: Any) -> dict[str, Any]:
@@ -219,20 +221,6 @@ _EXTREMES = (
 )
 
 
-#: The summary table's columns, in order.
-COLUMNS = tuple(c.name for c in task_stats.c)
-
-
-def _columns() -> list[str]:
-    return list(COLUMNS)
-
-
-def summaries_of(where: Sequence[ColumnElement[bool]]) -> Any:
-    """A SELECT of the summaries, in :data:`COLUMNS` order, of the tasks of the buffer's
-    rows (bound parameter ``buffer_id``) matching ``where``, computed from those rows."""
-    return _aggregate(where)
-
-
 def _lesser(a: Any, b: Any) -> Any:
     """The smaller of two nullable values (either when the other is NULL)."""
     return case((a.is_(None), b), (b.is_(None), a), (b < a, b), else_=a)
@@ -251,7 +239,7 @@ _ROWS: dict[str, Callable[[], list[ColumnElement[bool]]]] = {
     "tasks": lambda: [rows.c.task_id.in_(bindparam("tasks", expanding=True))],
     "tasks, building": lambda: [
         rows.c.task_id.in_(bindparam("tasks", expanding=True)),
-        or_(rows.c.key <= bindparam("through"), rows.c.key > bindparam("since")),
+        _built_part(bindparam("through"), bindparam("since")),
     ],
 }
 _STATEMENTS: dict[tuple[str, str], Any] = {}
@@ -268,12 +256,12 @@ def _statement(handle: BufferHandle, kind: str) -> Any:
         return found
     verb, _, rest = kind.partition(" ")
     if verb == "merge":
-        new = dialect.upsert(task_stats).from_select(_columns(), _aggregate(_ROWS[rest]()))
+        new = dialect.upsert(task_stats).from_select(list(COLUMNS), summaries_of(_ROWS[rest]()))
         found = new.on_conflict_do_update(
             index_elements=["buffer_id", "task_id"], set_=_merged(new.excluded)
         )
     elif verb == "summarise":
-        found = insert(task_stats).from_select(_columns(), _aggregate(_ROWS[rest]()))
+        found = insert(task_stats).from_select(list(COLUMNS), summaries_of(_ROWS[rest]()))
     elif verb == "subtract":
         found = (
             update(task_stats)
@@ -383,15 +371,11 @@ def before_delete(
     its extremes or its last row: then it is summarised again from its rows (a short task),
     or marked dirty (a long one, which stats read from its rows until :func:`create`
     summarises it again)."""
-    building = [] if kept.built else [_built_part(kept)]
+    building = [] if kept.built else [_built_part(kept.through, kept.since)]
+    read = summaries_of([*where, *building])
     gone = {
-        task: dict(zip(COLUMNS, found, strict=True))
-        for task, found in (
-            (found[1], found)
-            for found in conn.execute(
-                _aggregate([*where, *building]), {"buffer_id": handle.buffer_id}
-            )
-        )
+        found[1]: dict(zip(COLUMNS, found, strict=True))  # by task_id
+        for found in conn.execute(read, {"buffer_id": handle.buffer_id})
     }
     removal = Removal([], [], [])
     for stored in _stored(handle, conn, list(gone)):
@@ -438,9 +422,10 @@ def _rebased(taken: dict[str, Any], base: int | None) -> dict[str, float]:
     }
 
 
-def _built_part(kept: SummaryState) -> ColumnElement[bool]:
-    """The rows already summarised while the build goes on."""
-    return or_(rows.c.key <= kept.through, rows.c.key > kept.since)
+def _built_part(through: Any, since: Any) -> ColumnElement[bool]:
+    """The rows already summarised while the build goes on (keys up to ``through`` and
+    above ``since``: values or bound parameters)."""
+    return or_(rows.c.key <= through, rows.c.key > since)
 
 
 def after_delete(
