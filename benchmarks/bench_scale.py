@@ -13,7 +13,7 @@ a fresh process (nothing cached, nothing shared with another measurement):
 - ``warm``: the median of 30 more ``sample(256)`` calls;
 - the same with ``sampler.flat = False`` (the key-index path every sampler used before),
   where it finishes in reasonable time (see ``--index-up-to``);
-- ``update_priorities(256)`` (median of 30, ids of a prioritized batch);
+- ``update_priorities(256)`` (median of 30, each time the ids of a new prioritized batch);
 - ``expstore stats`` computed over the buffer;
 - DataLoader start-up: 4 workers (fork) of ``SampledBatches`` with a uniform sampler,
   from creating the iterator to the first batch of every worker.
@@ -106,10 +106,12 @@ def child_sample(url: str, name: str, flat: bool) -> dict[str, Any]:
             "touched": (index.keys_probed - probed + index.rows_read - read) / REPEATS + BATCH,
         }
         if name == "prioritized" and flat:
-            ids = list(sampler.last_ids)
+            # A training loop: each step a new batch, then new priorities for its rows.
             rng = __import__("numpy").random.default_rng(0)
             times = []
             for _ in range(REPEATS):
+                buffer.sample(sampler, condition, batch_size=BATCH)
+                ids = list(sampler.last_ids)
                 t0 = time.perf_counter()
                 buffer.update_priorities(ids, rng.random(len(ids)) * 5)
                 times.append(time.perf_counter() - t0)
@@ -156,22 +158,25 @@ def _run_child(*args: str) -> dict[str, Any]:
 
 def ensure_priorities(url: str) -> None:
     """Give 10% of the rows a priority (every tenth key, values 0-9.99), once."""
-    from sqlalchemy import create_engine, select, update
+    from sqlalchemy import create_engine, insert, select, update
 
-    from expstore.storage.schema import buffers, rows
+    from expstore.storage.schema import buffers, priorities, rows
 
     engine = create_engine(url)
     with engine.begin() as conn:
         buffer_id = conn.execute(select(buffers.c.id).where(buffers.c.name == "scale")).scalar_one()
         mine = rows.c.buffer_id == buffer_id
         if conn.execute(
-            select(rows.c.key).where(mine, rows.c.priority.is_not(None)).limit(1)
+            select(priorities.c.key).where(priorities.c.buffer_id == buffer_id).limit(1)
         ).first():
             return
         conn.execute(
-            update(rows)
-            .where(mine, rows.c.key % 10 == 0)
-            .values(priority=(rows.c.key % 1000) / 100.0)
+            insert(priorities).from_select(
+                ["key", "buffer_id", "priority"],
+                select(rows.c.key, rows.c.buffer_id, (rows.c.key % 1000) / 100.0).where(
+                    mine, rows.c.key % 10 == 0
+                ),
+            )
         )
         conn.execute(
             update(buffers).where(buffers.c.id == buffer_id).values(version=buffers.c.version + 1)

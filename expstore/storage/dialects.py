@@ -28,6 +28,7 @@ from sqlalchemy import (
     Text,
     bindparam,
     cast,
+    column,
     func,
     insert,
     literal,
@@ -88,11 +89,23 @@ class Dialect(ABC):
         """The keys bound as ``keys`` (see :meth:`key_set`) as a subquery of one column,
         ``key``."""
 
-    def insert_per_key(self, table: Any, values: dict[str, Any]) -> Any:
-        """``INSERT INTO table`` one row per key bound as ``keys``, with ``values`` (plain
-        values or SQL expressions) for its other columns: one statement whatever the number
-        of keys. It is an upsert statement (``on_conflict_do_...``) of this database."""
-        given = self.bound_keys()
+    @abstractmethod
+    def bound_key_values(self) -> Any:
+        """Keys bound as ``keys`` (see :meth:`key_set`) and a number for each, bound as
+        ``values`` (see :meth:`value_set`), as a subquery of two columns, ``key`` and
+        ``value``."""
+
+    @abstractmethod
+    def value_set(self, values: Sequence[float]) -> Any:
+        """The ``values`` parameter of :meth:`bound_key_values` (finite numbers)."""
+
+    def insert_per_key(self, table: Any, values: dict[str, Any], given: Any = None) -> Any:
+        """``INSERT INTO table`` one row per key of ``given`` (by default :meth:`bound_keys`;
+        or :meth:`bound_key_values`, whose ``value`` column ``values`` may use), with
+        ``values`` (plain values or SQL expressions) for its other columns: one statement
+        whatever the number of keys. It is an upsert statement (``on_conflict_do_...``) of
+        this database."""
+        given = self.bound_keys() if given is None else given
         columns = {
             name: value if isinstance(value, ColumnElement) else literal(value)
             for name, value in values.items()
@@ -178,6 +191,19 @@ class SqliteDialect(Dialect):
     def bound_keys(self) -> Any:
         each = func.json_each(bindparam("keys"))
         return select(literal_column("value").label("key")).select_from(each).subquery()
+
+    def bound_key_values(self) -> Any:
+        # Two JSON arrays, paired by position (json_each's "key" is the array index).
+        keys = func.json_each(bindparam("keys")).table_valued("key", "value").alias("k")
+        values = func.json_each(bindparam("values")).table_valued("key", "value").alias("v")
+        paired = keys.join(values, keys.c.key == values.c.key)
+        chosen = select(
+            cast(keys.c.value, BigInteger).label("key"), cast(values.c.value, Double).label("value")
+        )
+        return chosen.select_from(paired).subquery()
+
+    def value_set(self, values: Sequence[float]) -> Any:
+        return "[" + ",".join(map(repr, map(float, values))) + "]"
 
     def insert_rows(self, conn: Connection, chunks: Chunks) -> None:
         # The DB-API's executemany directly: the values are already in column order.
@@ -277,6 +303,19 @@ class PostgresDialect(Dialect):
     def bound_keys(self) -> Any:
         keys = bindparam("keys", type_=ARRAY(BigInteger))
         return select(func.unnest(keys).label("key")).subquery()
+
+    def bound_key_values(self) -> Any:
+        keys = bindparam("keys", type_=ARRAY(BigInteger))
+        values = bindparam("values", type_=ARRAY(Double))
+        pairs = (
+            func.unnest(keys, values)
+            .table_valued(column("key", BigInteger), column("value", Double))
+            .render_derived(name="given")
+        )
+        return select(pairs.c.key, pairs.c.value).subquery()
+
+    def value_set(self, values: Sequence[float]) -> Any:
+        return [float(v) for v in values]
 
     def insert_rows(self, conn: Connection, chunks: Chunks) -> None:
         import psycopg

@@ -35,7 +35,7 @@ from .dialects import Dialect
 from .handle import BufferHandle
 from .priorities import logged_priorities
 from .rate_limits import limited_flag
-from .schema import buffers, newest_first, oldest_first, rows
+from .schema import buffers, newest_first, oldest_first, priorities, rows
 
 if TYPE_CHECKING:
     from .key_space import KeySpace
@@ -90,8 +90,9 @@ class _Column(NamedTuple):
 def _column(name: str, dialect: Dialect) -> _Column:
     """A requested column: ``priority``, a column by its bare or full name, or the JSON text
     at a payload path (by the path grammar of :mod:`expstore.paths`)."""
-    if name == "priority":
-        return _Column(name, rows.c.priority, np.float64)
+    if name == "priority":  # the row's entry in the narrow table, NULL when it has none
+        stored = select(priorities.c.priority).where(priorities.c.key == rows.c.key)
+        return _Column(name, stored.scalar_subquery(), np.float64)
     path = resolve_field(name)
     if path.column is not None:
         column = rows.c[path.column.name]

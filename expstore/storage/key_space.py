@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
-from sqlalchemy import Connection, and_, exists, func, or_, select
+from sqlalchemy import Connection, and_, func, or_, select
 
 from ..errors import InvalidArgumentError
 from ..layout import COLUMNS_BY_NAME
@@ -33,7 +33,7 @@ from .base import QueryCondition
 from .compiled import CompiledSelect
 from .handle import BufferHandle
 from .key_index import Arrays, _column, _to_arrays, condition_key
-from .schema import loose_scan, rows
+from .schema import loose_scan, priorities, rows
 from .versions import fresh_clause
 
 #: A plan line of SQLite seeking an index on the condition with each candidate key (not
@@ -52,14 +52,12 @@ _SPAN_CHUNK = 256
 DISTINCT_LIMIT = 1024
 
 
-class PriorityBounds:
+class PriorityBounds(NamedTuple):
     """The smallest and largest stored priority of the whole buffer (None when none is
-    stored) and whether some row has none."""
+    stored)."""
 
-    def __init__(self, smallest: float | None, largest: float | None, unset: bool) -> None:
-        self.smallest = smallest
-        self.largest = largest
-        self.unset = unset
+    smallest: float | None
+    largest: float | None
 
 
 class KeySpace:
@@ -254,24 +252,20 @@ class KeySpace:
         return float(found)
 
     def priority_bounds(self) -> PriorityBounds:
-        """The buffer's smallest and largest stored priority and whether a row has none, by
-        the ``(buffer_id, priority)`` index."""
-        mine = rows.c.buffer_id == self.handle.buffer_id
+        """The buffer's smallest and largest stored priority (None when none is stored), by
+        the ``(buffer_id, priority)`` index of the priorities table."""
+        mine = priorities.c.buffer_id == self.handle.buffer_id
 
         def build() -> Any:
-            priority = rows.c.priority
+            priority = priorities.c.priority
             smallest = select(func.min(priority)).where(mine).scalar_subquery()
             largest = select(func.max(priority)).where(mine).scalar_subquery()
-            unset = exists().where(mine, priority.is_(None))
-            return select(smallest, largest, unset)
+            return select(smallest, largest)
 
-        ((smallest, largest, unset),) = self.handle.statement(("priority bounds",), build).run(
-            self.conn
-        )
+        ((smallest, largest),) = self.handle.statement(("priority bounds",), build).run(self.conn)
         return PriorityBounds(
             None if smallest is None else float(smallest),
             None if largest is None else float(largest),
-            bool(unset),
         )
 
 

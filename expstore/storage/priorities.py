@@ -1,5 +1,9 @@
-"""Priorities: stored per row (for prioritized replay), updated by id, and logged so that
-other processes bring their cached priorities up to date without reading every row again.
+"""Priorities: stored per row (for prioritized replay) in ``expstore_priorities``, a
+narrow table beside the rows, updated by id, and logged so that other processes bring
+their cached priorities up to date without reading every row again.
+
+An update writes one narrow entry per row (inserted the first time, updated after), never
+a new version of the wide row; the entry goes with its row (ON DELETE CASCADE).
 
 Every update bumps the buffer's ``priority_version`` and writes the keys and priorities it
 set to ``expstore_priority_log`` under that number; the log keeps the last
@@ -13,22 +17,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from sqlalchemy import Connection, bindparam, delete, insert, select, update
+from sqlalchemy import Connection, delete, select
 
 from .._args import check_text
 from ..errors import InvalidArgumentError, UnsupportedTypeError
 from . import schema
 from .handle import BufferHandle
 from .registry import bump_version, lock_buffer
-from .schema import buffers, priority_log, rows
+from .schema import buffers, priority_log
 from .writer import ids_to_keys
 
 __all__ = ["Update", "logged_priorities", "update_priorities"]
 
 #: (priority version after the update, the keys it set, their priorities), each key once.
 Update = tuple[int, np.ndarray, np.ndarray]
-
-_SET = update(rows).where(rows.c.key == bindparam("row_key")).values(priority=bindparam("value"))
 
 
 def check_priorities(
@@ -73,15 +75,27 @@ def update_priorities(
         latest = {key_of[i]: float(p) for i, p in zip(ids, values, strict=True) if i in key_of}
         if not latest:
             return None
-        conn.execute(_SET, [{"row_key": k, "value": p} for k, p in latest.items()])
-        seq = bump_version(handle, conn, buffers.c.priority_version)
-        conn.execute(
-            insert(priority_log),
-            [
-                {"buffer_id": handle.buffer_id, "seq": seq, "key": k, "priority": p}
-                for k, p in latest.items()
-            ],
+        dialect = handle.dialect
+        bound = {
+            "keys": dialect.key_set(list(latest)),
+            "values": dialect.value_set(list(latest.values())),
+        }
+        # One statement each, whatever the number of keys: an entry per key (the first
+        # time inserted, after that updated), then the log of this update.
+        given = dialect.bound_key_values()
+        new = dialect.insert_per_key(
+            schema.priorities, {"buffer_id": handle.buffer_id, "priority": given.c.value}, given
         )
+        conn.execute(
+            new.on_conflict_do_update(
+                index_elements=["key"], set_={"priority": new.excluded.priority}
+            ),
+            bound,
+        )
+        seq = bump_version(handle, conn, buffers.c.priority_version)
+        given = dialect.bound_key_values()
+        entries = {"buffer_id": handle.buffer_id, "seq": seq, "priority": given.c.value}
+        conn.execute(dialect.insert_per_key(priority_log, entries, given), bound)
         conn.execute(
             delete(priority_log).where(
                 priority_log.c.buffer_id == handle.buffer_id,

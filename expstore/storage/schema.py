@@ -8,6 +8,7 @@ that autogenerate finds no difference between the migrations' head and these tab
   insertion order; metadata lives in typed, indexed columns, one per column of
   :mod:`expstore.layout` (read off the models); the rest of the experience is
   ``data`` (JSON, JSONB on Postgres) plus ``tensors`` (the codec's blob).
+- ``expstore_priorities``: the stored priority of each row that has one.
 - ``expstore_priority_log``: the recent priority updates of each buffer, so that other
   processes bring their cached priorities up to date without reading every row again.
 - ``expstore_task_stats``: one row per task of a buffer that keeps summaries, what
@@ -125,7 +126,6 @@ rows = Table(
     ),
     _column(ID_COLUMN),
     *(_column(spec) for spec in COLUMNS),
-    Column("priority", Double, nullable=True),
     Column("data", JsonType, nullable=False),
     Column("tensors", BlobType, nullable=True),
     # A digest of the row's content (everything but id and execute_time), for
@@ -136,9 +136,6 @@ rows = Table(
     Index(None, "buffer_id", "key"),
     Index(None, "buffer_id", "task_id", "step"),
     Index(None, "buffer_id", "content_hash"),
-    # The smallest and largest priority of a buffer in two index probes, which bound the
-    # prioritized sampler's rejection draws (expstore.samplers.flat).
-    Index(None, "buffer_id", "priority"),
     *(Index(None, "buffer_id", spec.name) for spec in COLUMNS if spec.indexed),
 )
 
@@ -212,6 +209,21 @@ def _row_key() -> Column[Any]:
         autoincrement=False,
     )
 
+
+#: Stored priorities (prioritized replay), one row per experience row that has one (see
+#: :mod:`expstore.storage.priorities`). Kept apart from ``expstore_rows`` so that a
+#: priority update writes a narrow row and two small indexes, not a new version of the
+#: payload and every index of ``expstore_rows``; a row without an entry has no priority.
+priorities = Table(
+    "expstore_priorities",
+    metadata,
+    _row_key(),
+    Column("buffer_id", Integer, nullable=False),  # no foreign key: see consumption
+    Column("priority", Double, nullable=False),
+    # The smallest and largest priority of a buffer in two index probes, which bound the
+    # prioritized sampler's rejection draws (expstore.samplers.flat).
+    Index(None, "buffer_id", "priority"),
+)
 
 #: Claims and consumption, one row per experience row ever claimed (see
 #: :mod:`expstore.storage.claims`). Kept apart from ``expstore_rows`` so that claiming,

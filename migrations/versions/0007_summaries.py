@@ -28,9 +28,7 @@ depends_on = None
 
 def upgrade() -> None:
     op.add_column("expstore_buffers", sa.Column("summary_from", sa.BigInteger(), nullable=True))
-    op.add_column(
-        "expstore_buffers", sa.Column("summary_through", sa.BigInteger(), nullable=True)
-    )
+    op.add_column("expstore_buffers", sa.Column("summary_through", sa.BigInteger(), nullable=True))
     op.create_table(
         "expstore_task_stats",
         sa.Column("buffer_id", sa.Integer(), nullable=False),

@@ -7,7 +7,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 
-from expstore import ReplayBuffer, SchemaVersionError, migrate
+from expstore import QueryBuilder, ReplayBuffer, SchemaVersionError, migrate
 from expstore.storage.schema import VERSION_TABLE, metadata
 from expstore.storage.sql import create_sql_engine
 from tests.helpers import make_rows
@@ -233,3 +233,41 @@ def test_revision_0007_adds_task_summaries_and_the_largest_key_given(fresh_url: 
         assert buf.storage.summary_tasks() == 4
         buf.store_batch(make_rows(1))
         assert buf.storage.index.state_now()[0].max_key == newest + 1
+
+
+def test_revision_0008_moves_priorities_to_a_table_of_their_own(fresh_url: str) -> None:
+    engine = _writer(fresh_url)
+    migrate.upgrade(engine)
+    with ReplayBuffer(fresh_url, name="a") as buf:
+        stored = make_rows(5)
+        buf.store_batch(stored)
+        ids = [row.id for row in stored]
+        buf.update_priorities(ids[:3], [0.5, 2.0, 7.25])
+    migrate.downgrade(engine, "0007")  # the table goes; each priority back on its row
+    read = text("SELECT id, priority FROM expstore_rows ORDER BY key")
+    with engine.connect() as conn:
+        assert not inspect(conn).has_table("expstore_priorities")
+        assert conn.execute(read).all() == list(
+            zip(ids, [0.5, 2.0, 7.25, None, None], strict=True)
+        )
+        conn.execute(text("UPDATE expstore_rows SET priority = 3.5 WHERE id = :i"), {"i": ids[4]})
+        conn.commit()
+    migrate.upgrade(engine)
+    with engine.connect() as conn:
+        assert "priority" not in {c["name"] for c in inspect(conn).get_columns("expstore_rows")}
+        got = text(
+            "SELECT r.id, p.priority, p.buffer_id = r.buffer_id FROM expstore_priorities p "
+            "JOIN expstore_rows r ON r.key = p.key ORDER BY r.key"
+        )
+        assert conn.execute(got).all() == [
+            (ids[0], 0.5, True),
+            (ids[1], 2.0, True),
+            (ids[2], 7.25, True),
+            (ids[4], 3.5, True),
+        ]
+    with ReplayBuffer(fresh_url, name="a") as buf:
+        assert buf.delete(QueryBuilder().eq("id", ids[0]).build()) == 1  # its entry goes too
+        assert buf.update_priorities(ids[3:], [1.0, 9.0]) == 2
+    entries = text("SELECT p.priority FROM expstore_priorities p ORDER BY p.key")
+    with engine.connect() as conn:
+        assert conn.execute(entries).scalars().all() == [2.0, 7.25, 1.0, 9.0]
