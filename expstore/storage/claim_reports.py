@@ -16,8 +16,8 @@ from ..errors import UnsupportedTypeError
 from .base import QueryCondition
 from .draw_counts import times_sampled
 from .handle import BufferHandle
+from .row_ids import ids_to_keys
 from .schema import buffers, checkpoints, consumption, rows
-from .writer import ids_to_keys
 
 __all__ = ["Lineage", "QueueStats", "claim_state", "queue_stats", "row_lineage"]
 

@@ -3,8 +3,10 @@ statements compiled for it, and the one place where driver errors become Storage
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
+from itertools import islice
 from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, Select
@@ -24,6 +26,8 @@ __all__ = ["BufferHandle"]
 
 #: Statements a handle keeps compiled before it starts afresh.
 _STATEMENTS = 64
+#: Ids of rows read lately whose keys a handle keeps (see remember_keys).
+_RECENT_KEYS = 16384
 
 
 class BufferHandle:
@@ -41,6 +45,26 @@ class BufferHandle:
         self._statements: dict[tuple[Any, ...], CompiledSelect] = {}
         #: Choices made once per statement from the database's plan (see key_space).
         self.plans: dict[tuple[Any, ...], bool] = {}
+        #: The keys of rows read lately, by id (see remember_keys).
+        self.recent_keys: dict[str, int] = {}
+        self._recent_lock = threading.Lock()
+
+    def remember_keys(self, fetched: Sequence[Sequence[Any]], at_id: int) -> None:
+        """Keep the keys (first) and ids (at ``at_id``) of rows just fetched, so that a
+        call by id soon after finds them by key (see :mod:`expstore.storage.row_ids`); the
+        last few thousand."""
+        with self._recent_lock:  # threads share a storage
+            recent = self.recent_keys
+            recent.update((r[at_id], r[0]) for r in fetched[-_RECENT_KEYS:])
+            if len(recent) > _RECENT_KEYS:
+                for stale in list(islice(recent, len(recent) - _RECENT_KEYS // 2)):
+                    del recent[stale]
+
+    def remembered_keys(self, ids: Sequence[str]) -> dict[str, int]:
+        """The keys remembered for those of ``ids`` read lately."""
+        with self._recent_lock:
+            recent = self.recent_keys
+            return {i: recent[i] for i in ids if i in recent}
 
     def read(self) -> AbstractContextManager[Connection]:
         return self.connections.read()

@@ -24,8 +24,8 @@ from ..errors import InvalidArgumentError, UnsupportedTypeError
 from . import schema
 from .handle import BufferHandle
 from .registry import bump_version, lock_buffer
+from .row_ids import ids_to_keys
 from .schema import buffers, priority_log
-from .writer import ids_to_keys
 
 __all__ = ["Update", "logged_priorities", "update_priorities"]
 

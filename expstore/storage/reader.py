@@ -42,7 +42,7 @@ ROW_COLUMNS: list[Any] = [
     *(
         cast(c, Text).label("data") if c.name == "data" else c
         for c in rows.c
-        if c.name not in ("key", "buffer_id", "priority", "content_hash")
+        if c.name not in ("key", "buffer_id", "content_hash")
     ),
 ]
 _NAMES = [c.name for c in ROW_COLUMNS]
@@ -185,6 +185,9 @@ class RowReader:
             for start in range(0, len(keys), 5000):
                 chunk = handle.dialect.key_set(keys[start : start + 5000])
                 fetched += [r for r in statement.run(conn, keys=chunk) if r[-1] == buffer_id]
+        at_id = next((i for i, c in enumerate(columns) if c is rows.c.id), None)
+        if at_id is not None:  # a call by id soon after finds these rows by key
+            handle.remember_keys(fetched, at_id)
         return fetched
 
     def fetch_keys(self, keys: Sequence[int] | np.ndarray) -> list[DataRow]:

@@ -22,7 +22,6 @@ from operator import is_not, itemgetter
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import Connection
 from sqlalchemy.exc import IntegrityError
 
 from ..codec import HEADER_SIZE, PayloadWriter
@@ -50,6 +49,7 @@ from .dialects import WRITE_COLUMNS
 from .handle import BufferHandle
 from .rate_limits import RateLimits, WriteBlocked, limited_flag
 from .registry import count_inserted, evict_beyond, lock_buffer
+from .row_ids import ids_to_keys
 from .schema import buffers
 
 __all__ = [
@@ -57,7 +57,6 @@ __all__ = [
     "RowSource",
     "column_ok",
     "content_digest",
-    "ids_to_keys",
     "store_batch",
     "store_rows",
 ]
@@ -439,13 +438,3 @@ def _duplicate_error(handle: BufferHandle, ids: list[str]) -> DuplicateIdError |
         f"{'is' if len(present) == 1 else 'are'} already stored. Nothing was stored; "
         "give the new rows fresh ids (the default id is a new uuid4)"
     )
-
-
-def ids_to_keys(handle: BufferHandle, conn: Connection, ids: Sequence[str]) -> dict[str, int]:
-    """The keys of the buffer's rows with these ids (unknown ids left out)."""
-    found: dict[str, int] = {}
-    unique = list(dict.fromkeys(ids))
-    for start in range(0, len(unique), 5000):
-        stmt = handle.dialect.ids_statement(handle.buffer_id, unique[start : start + 5000])
-        found.update((row_id, key) for row_id, key in conn.execute(stmt))
-    return found

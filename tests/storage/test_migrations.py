@@ -247,9 +247,7 @@ def test_revision_0008_moves_priorities_to_a_table_of_their_own(fresh_url: str) 
     read = text("SELECT id, priority FROM expstore_rows ORDER BY key")
     with engine.connect() as conn:
         assert not inspect(conn).has_table("expstore_priorities")
-        assert conn.execute(read).all() == list(
-            zip(ids, [0.5, 2.0, 7.25, None, None], strict=True)
-        )
+        assert conn.execute(read).all() == list(zip(ids, [0.5, 2.0, 7.25, None, None], strict=True))
         conn.execute(text("UPDATE expstore_rows SET priority = 3.5 WHERE id = :i"), {"i": ids[4]})
         conn.commit()
     migrate.upgrade(engine)

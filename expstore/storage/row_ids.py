@@ -1,0 +1,56 @@
+"""Row ids to keys: the one way calls by id (priority updates, acks by id, the duplicate
+check) find their rows.
+
+An id is looked up in the ``(buffer_id, id)`` unique index, a random read per id that at
+tens of millions of rows is a read from disk. Ids a process read lately come with their
+keys (:meth:`BufferHandle.remember_keys`, fed by every fetch of whole rows or fields), so a
+call by id soon after, such as a priority update of the batch just drawn, first checks
+those keys by primary key, on pages the fetch has just read. Keys are never handed out
+twice (Postgres takes them from a sequence; SQLite from ``expstore_counters``), so a
+remembered key names its row or none: an id whose remembered key is gone is looked up by
+id again (the row may have been stored anew under a new key).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import Connection, select
+
+from .handle import BufferHandle
+from .schema import rows
+
+__all__ = ["ids_to_keys"]
+
+#: Ids per statement (drivers cap bound parameters).
+_CHUNK = 5000
+
+
+def ids_to_keys(handle: BufferHandle, conn: Connection, ids: Sequence[str]) -> dict[str, int]:
+    """The keys of the buffer's rows with these ids (unknown ids left out)."""
+    unique = list(dict.fromkeys(ids))
+    found = _remembered(handle, conn, unique)
+    rest = [i for i in unique if i not in found] if found else unique
+    for start in range(0, len(rest), _CHUNK):
+        stmt = handle.dialect.ids_statement(handle.buffer_id, rest[start : start + _CHUNK])
+        found.update((row_id, key) for row_id, key in conn.execute(stmt))
+    return found
+
+
+def _remembered(handle: BufferHandle, conn: Connection, ids: list[str]) -> dict[str, int]:
+    """The ids among ``ids`` whose remembered key still names a row of the buffer."""
+    guessed = handle.remembered_keys(ids)
+    if not guessed:
+        return {}
+    dialect = handle.dialect
+    # The buffer is checked here, not in the WHERE clause, where it would lead SQLite to
+    # look each key up through the (buffer_id, key) index instead of the table alone.
+    statement = handle.statement(
+        ("present keys",), lambda: select(rows.c.key, rows.c.buffer_id).where(dialect.key_in())
+    )
+    keys = list(set(guessed.values()))
+    present: set[int] = set()
+    for start in range(0, len(keys), _CHUNK):
+        chunk = dialect.key_set(keys[start : start + _CHUNK])
+        present.update(k for k, b in statement.run(conn, keys=chunk) if b == handle.buffer_id)
+    return {i: k for i, k in guessed.items() if k in present}
