@@ -25,7 +25,7 @@ from alembic.util import CommandError
 from sqlalchemy import Connection, Engine, inspect, text
 
 from .errors import SchemaVersionError
-from .storage.schema import VERSION_TABLE, metadata
+from .storage.schema import VERSION_TABLE, compared, metadata
 
 __all__ = [
     "current_revision",
@@ -172,6 +172,7 @@ def _repair(conn: Connection, url: str) -> None:
             "include_name": lambda name, kind, _parent: (
                 kind != "table" or (name or "").startswith("expstore_")
             ),
+            "include_object": compared(conn.dialect.name),
         },
     )
     differences = compare_metadata(context, metadata)

@@ -10,16 +10,10 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
-from expstore.storage.path_indexes import PREFIX as PATH_INDEX_PREFIX
-from expstore.storage.schema import VERSION_TABLE, metadata
+from expstore.storage.schema import VERSION_TABLE, compared, metadata
 
 config = context.config
 target_metadata = metadata
-
-
-def _include(obj, name, type_, reflected, compare_to) -> bool:  # type: ignore[no-untyped-def]
-    """Autogenerate leaves alone the path indexes users create (buffer.create_index)."""
-    return not (type_ == "index" and name and name.startswith(PATH_INDEX_PREFIX))
 
 
 def _configure(connection) -> None:  # type: ignore[no-untyped-def]
@@ -29,7 +23,9 @@ def _configure(connection) -> None:  # type: ignore[no-untyped-def]
         version_table=VERSION_TABLE,
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,
-        include_object=_include,
+        # Autogenerate leaves alone the path indexes users create (buffer.create_index)
+        # and the other backend's indexes.
+        include_object=compared(connection.dialect.name),
     )
 
 

@@ -57,14 +57,18 @@ class CompiledSelect:
         values = {**self._defaults, **params}
         return values if self._order is None else [values[n] for n in self._order]
 
-    def sqlite_plan(self, conn: Connection, **params: Any) -> list[str]:
-        """SQLite's ``EXPLAIN QUERY PLAN`` of this statement: its detail lines."""
+    def plan(self, conn: Connection, **params: Any) -> list[str]:
+        """The database's plan of this statement, a line each (SQLite's ``EXPLAIN QUERY
+        PLAN`` details, Postgres's ``EXPLAIN``)."""
         driver = conn.connection.driver_connection
         assert driver is not None
+        sqlite = self._dialect.name == "sqlite"
         cursor = driver.cursor()
         try:
-            cursor.execute("EXPLAIN QUERY PLAN " + self.sql, self._args(params))
-            return [str(line[-1]) for line in cursor.fetchall()]
+            cursor.execute(
+                ("EXPLAIN QUERY PLAN " if sqlite else "EXPLAIN ") + self.sql, self._args(params)
+            )
+            return [str(line[-1] if sqlite else line[0]) for line in cursor.fetchall()]
         finally:
             _close_quietly(cursor)
 

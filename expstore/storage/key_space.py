@@ -121,7 +121,13 @@ class KeySpace:
 
         key = ("probe", condition_key(self.query_condition), self.max_staleness, names)
         statement = handle.statement(key, build)
-        if self.query_condition is not None and handle.dialect.name == "sqlite":
+        if handle.dialect.name == "postgresql":
+            # With the buffer in the WHERE clause, an index (buffer_id, column, key) on the
+            # condition's column answers the probe alone (an index-only scan; see
+            # schema._column_indexes); without, Postgres reads each candidate's table row.
+            if self.query_condition is not None or self.max_staleness is not None:
+                statement = handle.statement((*key, "covering"), lambda: build(True))
+        elif self.query_condition is not None:
             covering = handle.statement((*key, "covering"), lambda: build(True))
             if self._covers(key, covering):
                 statement = covering
@@ -148,7 +154,7 @@ class KeySpace:
         plans = self.handle.plans
         found = plans.get(key)
         if found is None:
-            lines = statement.sqlite_plan(self.conn, keys=self.handle.dialect.key_set([]))
+            lines = statement.plan(self.conn, keys=self.handle.dialect.key_set([]))
             found = plans[key] = any(_INDEX_PROBE.search(line) for line in lines)
         return found
 

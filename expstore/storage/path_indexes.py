@@ -27,12 +27,12 @@ from ..errors import InvalidArgumentError
 from ..query.compiler import json_value
 from ..query.fields import resolve_field
 from .handle import BufferHandle
-from .schema import rows
+from .schema import PATH_INDEX_PREFIX, rows
 
 __all__ = ["PREFIX", "create_path_index", "drop_path_index", "path_index"]
 
 #: Names of path indexes start with this.
-PREFIX = "ix_expstore_rows_path_"
+PREFIX = PATH_INDEX_PREFIX
 
 
 def path_index(handle: BufferHandle, path: str) -> Index:

@@ -22,6 +22,7 @@ are defined below.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import (
@@ -114,6 +115,44 @@ def _column(spec: ColumnSpec) -> Column[Any]:
     return Column(spec.name, _sql_type(spec), nullable=spec.nullable)
 
 
+def _column_indexes(name: str) -> tuple[Index, Index]:
+    """The index of an indexed column, as each backend holds it.
+
+    A filtered draw probes candidate keys against the condition (see
+    :mod:`expstore.storage.key_space`). SQLite's ``(buffer_id, column)`` index holds the
+    rowid, which is the key, so a probe reads the index alone; a Postgres index holds a
+    heap address instead, so a probe through it or the primary key reads the table row of
+    every candidate, a random page read of a large table. ``(buffer_id, column, key)``
+    lets Postgres answer the probe from the index (an index-only scan).
+    """
+    return (
+        Index(None, "buffer_id", name, info={"dialect": "sqlite"}).ddl_if(dialect="sqlite"),
+        Index(None, "buffer_id", name, "key", info={"dialect": "postgresql"}).ddl_if(
+            dialect="postgresql"
+        ),
+    )
+
+
+#: Names of the indexes users create on payload paths (buffer.create_index) start with
+#: this; they are the database's, not the schema's.
+PATH_INDEX_PREFIX = "ix_expstore_rows_path_"
+
+
+def compared(dialect_name: str) -> Callable[..., bool]:
+    """Alembic's ``include_object`` for a database of this backend: what autogenerate
+    compares with the schema leaves out the indexes of the other backend (see
+    :func:`_column_indexes`) and the path indexes users create."""
+
+    def include(obj: Any, name: str | None, type_: str, reflected: bool, _to: Any) -> bool:
+        if type_ != "index":
+            return True
+        if name and name.startswith(PATH_INDEX_PREFIX):
+            return False
+        return reflected or obj.info.get("dialect", dialect_name) == dialect_name
+
+    return include
+
+
 rows = Table(
     "expstore_rows",
     metadata,
@@ -136,7 +175,7 @@ rows = Table(
     Index(None, "buffer_id", "key"),
     Index(None, "buffer_id", "task_id", "step"),
     Index(None, "buffer_id", "content_hash"),
-    *(Index(None, "buffer_id", spec.name) for spec in COLUMNS if spec.indexed),
+    *(index for spec in COLUMNS if spec.indexed for index in _column_indexes(spec.name)),
 )
 
 

@@ -253,7 +253,7 @@ def test_sqlite_probes_through_an_index_on_the_condition_where_the_planner_has_o
     that index with each candidate key; one without an index keeps the primary-key probe.
     Either way only the buffer's matching rows are drawn, uniformly."""
     if not db_url.startswith("sqlite"):
-        pytest.skip("a SQLite planner choice (Postgres probes by primary key)")
+        pytest.skip("a SQLite planner choice (Postgres: see the next test)")
     _gappy(buffer, db_url, buffer_name)
     plans = buffer.storage._handle.plans
     by_agent = QueryBuilder().eq("exp_meta.agent_id", "agent1").build()
@@ -276,6 +276,34 @@ def test_sqlite_probes_through_an_index_on_the_condition_where_the_planner_has_o
     drawn = _draw(buffer, UniformSampler(seed=3), 20, 20, by_path)
     assert set(plans.values()) == {True}
     assert set(drawn.tolist()) <= set(np.array(buffer.storage.key_index(by_path)["key"]).tolist())
+
+
+def test_postgres_probes_a_condition_on_an_indexed_column_from_the_index_alone(
+    buffer: ReplayBuffer, db_url: str
+) -> None:
+    """On Postgres a filtered draw's probe of an indexed column reads its (buffer_id,
+    column, key) index alone (an index-only scan), never each candidate's table row; the
+    draw stays uniform over the matching rows only."""
+    if db_url.startswith("sqlite"):
+        pytest.skip("a Postgres index (SQLite's hold the rowid; see the test above)")
+    buffer.store_batch(make_rows(4000, agents=10))
+    handle = buffer.storage._handle
+    engine = handle.connections.engine
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql("VACUUM ANALYZE expstore_rows")
+    by_agent = QueryBuilder().eq("exp_meta.agent_id", "agent1").build()
+    matching = np.array(buffer.storage.key_index(by_agent)["key"])
+    buffer.storage.index.clear()
+    drawn = _draw(buffer, UniformSampler(seed=4), 40, 50, by_agent)
+    assert _holds_no_index(buffer) and set(drawn.tolist()) <= set(matching.tolist())
+    counts = np.array([(drawn == k).sum() for k in matching])
+    assert chi_square_p(counts, np.ones(len(matching))) > P_MIN
+    probes = [s for k, s in handle._statements.items() if k[0] == "probe" and k[-1] == "covering"]
+    assert len(probes) == 1
+    keys = handle.dialect.key_set(np.sort(np.random.default_rng(0).choice(matching, 50)).tolist())
+    with handle.read() as conn:
+        plan = "\n".join(probes[0].plan(conn, keys=keys))
+    assert "Index Only Scan using ix_expstore_rows_buffer_id_agent_id_key" in plan, plan
 
 
 @pytest.mark.parametrize("length", [1, 3])

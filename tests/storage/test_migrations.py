@@ -8,7 +8,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 
 from expstore import QueryBuilder, ReplayBuffer, SchemaVersionError, migrate
-from expstore.storage.schema import VERSION_TABLE, metadata
+from expstore.storage.schema import VERSION_TABLE, compared, metadata
 from expstore.storage.sql import create_sql_engine
 from tests.helpers import make_rows
 
@@ -39,7 +39,12 @@ def test_migrations_head_matches_the_models(fresh_url: str) -> None:
     migrate.upgrade(engine)
     with engine.connect() as conn:
         context = MigrationContext.configure(
-            conn, opts={"compare_type": True, "version_table": VERSION_TABLE}
+            conn,
+            opts={
+                "compare_type": True,
+                "version_table": VERSION_TABLE,
+                "include_object": compared(conn.dialect.name),
+            },
         )
         diff = compare_metadata(context, metadata)
     assert diff == []
