@@ -18,6 +18,13 @@ a fresh process (nothing cached, nothing shared with another measurement):
 - DataLoader start-up: 4 workers (fork) of ``SampledBatches`` with a uniform sampler,
   from creating the iterator to the first batch of every worker.
 
+With ``--prewarm`` the data set is read into the operating system's page cache first
+(Postgres: ``pg_prewarm(..., 'buffer')`` of every expstore table and index, into shared
+buffers as far as they reach and the page cache; SQLite: the
+file read through once), so that what is measured at 10M is the work per sample with the
+data in memory, as at 100k, rather than this machine's disk; without it a figure at 10M
+depends on what earlier work left cached.
+
 Ratios (10M over 100k) are printed at the end of each backend. Usage::
 
     python benchmarks/scale_data.py                     # build the data sets once
@@ -184,6 +191,32 @@ def ensure_priorities(url: str) -> None:
     engine.dispose()
 
 
+def prewarm(url: str) -> float:
+    """Read the data set at ``url`` into the page cache; returns the seconds it took."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    started = time.perf_counter()
+    if url.startswith("sqlite"):
+        path = make_url(url).database
+        assert path is not None
+        with open(path, "rb") as f:
+            while f.read(1 << 24):
+                pass
+    else:
+        engine = create_engine(url)
+        with engine.begin() as conn:
+            conn.execute(text("CREATE EXTENSION IF NOT EXISTS pg_prewarm"))
+            conn.execute(
+                text(
+                    "SELECT pg_prewarm(c.oid::regclass, 'buffer') FROM pg_class c "
+                    "WHERE c.relname LIKE 'expstore%' AND c.relkind IN ('r', 'i')"
+                )
+            )
+        engine.dispose()
+    return time.perf_counter() - started
+
+
 def run(
     backend: str,
     sizes: list[int],
@@ -192,6 +225,7 @@ def run(
     index_up_to: int,
     samplers: tuple[str, ...] = SAMPLERS,
     extras: bool = True,
+    warm_first: bool = False,
 ) -> None:
     from scale_data import built, dataset_url
 
@@ -199,6 +233,8 @@ def run(
     for n in sizes:
         url = built(dataset_url(backend, n, scratch, pg_url), n)
         ensure_priorities(url)
+        if warm_first:
+            print(f"{backend} {n:,}: read into the page cache in {prewarm(url):.1f} s")
         figures: dict[str, Any] = {}
         for name in samplers:
             figures[name] = _run_child(url, name, "flat")
@@ -271,6 +307,9 @@ def main() -> None:
     parser.add_argument(
         "--no-extras", action="store_true", help="leave out stats and DataLoader start-up"
     )
+    parser.add_argument(
+        "--prewarm", action="store_true", help="read each data set into the page cache first"
+    )
     args = parser.parse_args()
     os.environ.setdefault("PYTHONHASHSEED", "0")
     for backend in args.backends.split(","):
@@ -282,6 +321,7 @@ def main() -> None:
             args.index_up_to,
             tuple(args.samplers.split(",")),
             not args.no_extras,
+            args.prewarm,
         )
 
 
