@@ -226,18 +226,29 @@ def run(
     samplers: tuple[str, ...] = SAMPLERS,
     extras: bool = True,
     warm_first: bool = False,
+    rounds: int = 1,
 ) -> None:
     from scale_data import built, dataset_url
 
-    table: dict[int, dict[str, Any]] = {}
-    for n in sizes:
-        url = built(dataset_url(backend, n, scratch, pg_url), n)
+    urls = {n: built(dataset_url(backend, n, scratch, pg_url), n) for n in sizes}
+    for n, url in urls.items():
         ensure_priorities(url)
         if warm_first:
             print(f"{backend} {n:,}: read into the page cache in {prewarm(url):.1f} s")
+    # The flat samplers' figures, sizes taking turns for each sampler and round, so that
+    # the machine's drift (other work, what is cached) falls on every size alike; each
+    # figure is the median over the rounds.
+    taken: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for _ in range(rounds):
+        for name in samplers:
+            for n, url in urls.items():
+                taken.setdefault((n, name), []).append(_run_child(url, name, "flat"))
+    table: dict[int, dict[str, Any]] = {}
+    for n, url in urls.items():
         figures: dict[str, Any] = {}
         for name in samplers:
-            figures[name] = _run_child(url, name, "flat")
+            runs = taken[(n, name)]
+            figures[name] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
             if n <= index_up_to:
                 figures[name + ":index"] = _run_child(url, name, "index")
         if extras:
@@ -310,6 +321,9 @@ def main() -> None:
     parser.add_argument(
         "--prewarm", action="store_true", help="read each data set into the page cache first"
     )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="median of this many runs per sampler and size"
+    )
     args = parser.parse_args()
     os.environ.setdefault("PYTHONHASHSEED", "0")
     for backend in args.backends.split(","):
@@ -322,6 +336,7 @@ def main() -> None:
             tuple(args.samplers.split(",")),
             not args.no_extras,
             args.prewarm,
+            args.rounds,
         )
 
 

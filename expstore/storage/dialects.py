@@ -91,13 +91,13 @@ class Dialect(ABC):
 
     @abstractmethod
     def bound_key_values(self) -> Any:
-        """Keys bound as ``keys`` (see :meth:`key_set`) and a number for each, bound as
-        ``values`` (see :meth:`value_set`), as a subquery of two columns, ``key`` and
-        ``value``."""
+        """Keys and a number for each, bound by :meth:`key_value_params`, as a subquery of
+        two columns, ``key`` and ``value``."""
 
     @abstractmethod
-    def value_set(self, values: Sequence[float]) -> Any:
-        """The ``values`` parameter of :meth:`bound_key_values` (finite numbers)."""
+    def key_value_params(self, keys: Sequence[int], values: Sequence[float]) -> dict[str, Any]:
+        """The parameters of :meth:`bound_key_values` for these keys and their values
+        (finite numbers), one value per key."""
 
     def insert_per_key(self, table: Any, values: dict[str, Any], given: Any = None) -> Any:
         """``INSERT INTO table`` one row per key of ``given`` (by default :meth:`bound_keys`;
@@ -193,17 +193,16 @@ class SqliteDialect(Dialect):
         return select(literal_column("value").label("key")).select_from(each).subquery()
 
     def bound_key_values(self) -> Any:
-        # Two JSON arrays, paired by position (json_each's "key" is the array index).
-        keys = func.json_each(bindparam("keys")).table_valued("key", "value").alias("k")
-        values = func.json_each(bindparam("values")).table_valued("key", "value").alias("v")
-        paired = keys.join(values, keys.c.key == values.c.key)
-        chosen = select(
-            cast(keys.c.value, BigInteger).label("key"), cast(values.c.value, Double).label("value")
-        )
-        return chosen.select_from(paired).subquery()
+        # One JSON array of [key, value] pairs, read in one pass (two arrays joined by
+        # position would be read once per pair).
+        pairs = func.json_each(bindparam("pairs")).table_valued("value").alias("pairs")
+        key = cast(func.json_extract(pairs.c.value, "$[0]"), BigInteger).label("key")
+        value = cast(func.json_extract(pairs.c.value, "$[1]"), Double).label("value")
+        return select(key, value).select_from(pairs).subquery()
 
-    def value_set(self, values: Sequence[float]) -> Any:
-        return "[" + ",".join(map(repr, map(float, values))) + "]"
+    def key_value_params(self, keys: Sequence[int], values: Sequence[float]) -> dict[str, Any]:
+        pairs = ",".join(f"[{int(k)},{float(v)!r}]" for k, v in zip(keys, values, strict=True))
+        return {"pairs": f"[{pairs}]"}
 
     def insert_rows(self, conn: Connection, chunks: Chunks) -> None:
         # The DB-API's executemany directly: the values are already in column order.
@@ -314,8 +313,8 @@ class PostgresDialect(Dialect):
         )
         return select(pairs.c.key, pairs.c.value).subquery()
 
-    def value_set(self, values: Sequence[float]) -> Any:
-        return [float(v) for v in values]
+    def key_value_params(self, keys: Sequence[int], values: Sequence[float]) -> dict[str, Any]:
+        return {"keys": [int(k) for k in keys], "values": [float(v) for v in values]}
 
     def insert_rows(self, conn: Connection, chunks: Chunks) -> None:
         import psycopg

@@ -76,10 +76,7 @@ def update_priorities(
         if not latest:
             return None
         dialect = handle.dialect
-        bound = {
-            "keys": dialect.key_set(list(latest)),
-            "values": dialect.value_set(list(latest.values())),
-        }
+        bound = dialect.key_value_params(list(latest), list(latest.values()))
         # One statement each, whatever the number of keys: an entry per key (the first
         # time inserted, after that updated), then the log of this update.
         given = dialect.bound_key_values()
