@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -36,9 +37,9 @@ def pg_server_url() -> str:
     return url
 
 
-@pytest.fixture(scope="session")
-def pg_database(pg_server_url: str) -> Iterator[str]:
-    """A fresh database for this test session; dropped afterwards. Yields its URL."""
+@contextmanager
+def _fresh_pg_database(pg_server_url: str) -> Iterator[str]:
+    """A new database on the server, dropped afterwards. Yields its URL."""
     server = make_url(pg_server_url)
     if server.drivername == "postgresql":
         server = server.set(drivername="postgresql+psycopg")
@@ -50,17 +51,33 @@ def pg_database(pg_server_url: str) -> Iterator[str]:
     except Exception as exc:  # noqa: BLE001 - any failure to reach the server
         _pg_unavailable(f"cannot create a test database at {server!r}: {exc}")
     url = server.set(database=name).render_as_string(hide_password=False)
-    yield url
-    with admin.connect() as conn:
-        conn.execute(
-            text(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE datname = :name AND pid <> pg_backend_pid()"
-            ),
-            {"name": name},
-        )
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-    admin.dispose()
+    try:
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = :name AND pid <> pg_backend_pid()"
+                ),
+                {"name": name},
+            )
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+        admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_database(pg_server_url: str) -> Iterator[str]:
+    """A fresh database for this test session; dropped afterwards. Yields its URL."""
+    with _fresh_pg_database(pg_server_url) as url:
+        yield url
+
+
+@pytest.fixture
+def own_pg_database(pg_server_url: str) -> Iterator[str]:
+    """A fresh database for one test (its tables and statistics its own); dropped after."""
+    with _fresh_pg_database(pg_server_url) as url:
+        yield url
 
 
 @pytest.fixture

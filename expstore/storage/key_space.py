@@ -120,17 +120,18 @@ class KeySpace:
             return chosen.where(handle.dialect.key_in(), *clauses)
 
         key = ("probe", condition_key(self.query_condition), self.max_staleness, names)
-        statement = handle.statement(key, build)
         if handle.dialect.name == "postgresql":
             # With the buffer in the WHERE clause, the (buffer_id, key) index, or under a
             # condition an index (buffer_id, column, key) on its column, answers the probe
             # alone (an index-only scan; see schema._column_indexes); without it, Postgres
             # reads each candidate's table row (a random page of a large table).
             statement = handle.statement((*key, "covering"), lambda: build(True))
-        elif self.query_condition is not None:
-            covering = handle.statement((*key, "covering"), lambda: build(True))
-            if self._covers(key, covering):
-                statement = covering
+        else:
+            statement = handle.statement(key, build)
+            if self.query_condition is not None:
+                covering = handle.statement((*key, "covering"), lambda: build(True))
+                if self._covers(key, covering):
+                    statement = covering
         wanted = np.unique(np.asarray(keys, dtype=np.int64)).tolist()
         self.probed += len(wanted)
         buffer_id = handle.buffer_id
