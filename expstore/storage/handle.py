@@ -55,7 +55,9 @@ class BufferHandle:
         last few thousand."""
         with self._recent_lock:  # threads share a storage
             recent = self.recent_keys
-            recent.update((r[at_id], r[0]) for r in fetched[-_RECENT_KEYS:])
+            for r in fetched[-_RECENT_KEYS:]:  # a row read again moves to the newest end
+                recent.pop(r[at_id], None)
+                recent[r[at_id]] = r[0]
             if len(recent) > _RECENT_KEYS:
                 for stale in list(islice(recent, len(recent) - _RECENT_KEYS // 2)):
                     del recent[stale]

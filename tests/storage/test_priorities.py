@@ -115,11 +115,15 @@ def test_remembered_keys_stay_bounded(
     rows = make_rows(200)
     buffer.store_batch(rows)
     handle = buffer.storage._handle  # type: ignore[attr-defined]
-    for start in range(0, 200, 50):
-        buffer.storage.fetch_keys(list(_keys(buffer).values())[start : start + 50])
+    keys = list(_keys(buffer).values())
+    buffer.storage.fetch_keys(keys[:40])
+    buffer.storage.fetch_keys(keys[:1])  # the first row read again: now the newest
+    buffer.storage.fetch_keys(keys[40:70])  # over 64: the oldest go, down to 32
+    assert rows[0].id in handle.recent_keys and len(handle.recent_keys) == 32
+    for start in range(70, 200, 50):
+        buffer.storage.fetch_keys(keys[start : start + 50])
         assert len(handle.recent_keys) <= 64
-    newest = {r.id for r in rows[-32:]}
-    assert newest <= set(handle.recent_keys)  # the last read are kept
+    assert {r.id for r in rows[-32:]} <= set(handle.recent_keys)  # the last read are kept
     assert buffer.update_priorities([r.id for r in rows], np.ones(200)) == 200
     with handle.read() as conn:
         mine = priorities.c.buffer_id == handle.buffer_id
