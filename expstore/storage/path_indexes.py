@@ -29,10 +29,7 @@ from ..query.fields import resolve_field
 from .handle import BufferHandle
 from .schema import PATH_INDEX_PREFIX, rows
 
-__all__ = ["PREFIX", "create_path_index", "drop_path_index", "path_index"]
-
-#: Names of path indexes start with this.
-PREFIX = PATH_INDEX_PREFIX
+__all__ = ["create_path_index", "drop_path_index", "path_index"]
 
 
 def path_index(handle: BufferHandle, path: str) -> Index:
@@ -48,7 +45,7 @@ def path_index(handle: BufferHandle, path: str) -> Index:
             )
         expression = json_value(field, rows, handle.dialect.name)
     digest = hashlib.sha1(field.canonical.encode()).hexdigest()[:16]
-    index = Index(PREFIX + digest, rows.c.buffer_id, expression)
+    index = Index(PATH_INDEX_PREFIX + digest, rows.c.buffer_id, expression)
     # An Index on a table's columns joins that table's metadata, where it would stay for
     # the process: in the models autogenerate compares and create_all() builds. It is
     # this database's, not the schema's: keep it out (it still compiles against rows).

@@ -90,7 +90,6 @@ def update_priorities(
             bound,
         )
         seq = bump_version(handle, conn, buffers.c.priority_version)
-        given = dialect.bound_key_values()
         entries = {"buffer_id": handle.buffer_id, "seq": seq, "priority": given.c.value}
         conn.execute(dialect.insert_per_key(priority_log, entries, given), bound)
         conn.execute(

@@ -15,7 +15,7 @@ from operator import itemgetter
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Row, Select, Text, cast, func, select, tuple_
+from sqlalchemy import Connection, Row, Select, Text, cast, func, select, tuple_
 from sqlalchemy.sql.elements import ColumnElement
 
 from .._args import check_int
@@ -158,6 +158,27 @@ def _values(
     return values
 
 
+def by_keys(
+    handle: BufferHandle, conn: Connection, keys: list[int], columns: Sequence[Any]
+) -> list[Any]:
+    """``columns`` (``columns[0]`` the key) and then ``buffer_id`` of the buffer's rows
+    among the distinct ``keys``, in no particular order, 5,000 keys per statement, on
+    ``conn``."""
+    # Keys are unique across buffers. The buffer is checked here rather than in the WHERE
+    # clause, where it would lead SQLite to look each key up through the (buffer_id, key)
+    # index and then the table, instead of the table alone.
+    statement = handle.statement(
+        ("by keys", *columns),
+        lambda: select(*columns, rows.c.buffer_id).where(handle.dialect.key_in()),
+    )
+    buffer_id = handle.buffer_id
+    fetched: list[Any] = []
+    for start in range(0, len(keys), 5000):
+        chunk = handle.dialect.key_set(keys[start : start + 5000])
+        fetched += [r for r in statement.run(conn, keys=chunk) if r[-1] == buffer_id]
+    return fetched
+
+
 class RowReader:
     """Whole rows of one buffer."""
 
@@ -170,21 +191,10 @@ class RowReader:
 
     def rows_by_keys(self, keys: list[int], columns: Sequence[Any]) -> list[Any]:
         """``columns`` (``columns[0]`` the key) of the buffer's rows among the distinct
-        ``keys``, in no particular order, 5,000 keys per statement."""
+        ``keys``, in no particular order (see :func:`by_keys`)."""
         handle = self.handle
-        # Keys are unique across buffers. The buffer is checked here rather than in the
-        # WHERE clause, where it would lead SQLite to look each key up through the
-        # (buffer_id, key) index and then the table, instead of the table alone.
-        statement = handle.statement(
-            ("by keys", *columns),
-            lambda: select(*columns, rows.c.buffer_id).where(handle.dialect.key_in()),
-        )
-        buffer_id = handle.buffer_id
-        fetched: list[Any] = []
         with handle.errors("fetch rows"), handle.read() as conn:
-            for start in range(0, len(keys), 5000):
-                chunk = handle.dialect.key_set(keys[start : start + 5000])
-                fetched += [r for r in statement.run(conn, keys=chunk) if r[-1] == buffer_id]
+            fetched = by_keys(handle, conn, keys, columns)
         at_id = next((i for i, c in enumerate(columns) if c is rows.c.id), None)
         if at_id is not None:  # a call by id soon after finds these rows by key
             handle.remember_keys(fetched, at_id)

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection
 
 from .handle import BufferHandle
+from .reader import by_keys
 from .schema import rows
 
 __all__ = ["ids_to_keys"]
@@ -42,15 +43,6 @@ def _remembered(handle: BufferHandle, conn: Connection, ids: list[str]) -> dict[
     guessed = handle.remembered_keys(ids)
     if not guessed:
         return {}
-    dialect = handle.dialect
-    # The buffer is checked here, not in the WHERE clause, where it would lead SQLite to
-    # look each key up through the (buffer_id, key) index instead of the table alone.
-    statement = handle.statement(
-        ("present keys",), lambda: select(rows.c.key, rows.c.buffer_id).where(dialect.key_in())
-    )
     keys = list(set(guessed.values()))
-    present: set[int] = set()
-    for start in range(0, len(keys), _CHUNK):
-        chunk = dialect.key_set(keys[start : start + _CHUNK])
-        present.update(k for k, b in statement.run(conn, keys=chunk) if b == handle.buffer_id)
+    present = {r[0] for r in by_keys(handle, conn, keys, [rows.c.key])}
     return {i: k for i, k in guessed.items() if k in present}
