@@ -7,7 +7,8 @@ a fresh process (nothing cached, nothing shared with another measurement):
 - ``first``: the first ``sample(256)`` after opening the buffer (whole rows, the default
   converter), for uniform, uniform filtered by agent (10%), filtered by a JSON path (10%,
   ``exp_data.state.difficulty == 3``, no index on it), recency (power 1), prioritized (10%
-  of the rows hold a priority) and stratified by agent (10 agents);
+  of the rows hold a priority), stratified by agent (10 agents), slices of 4 steps, and
+  epochs (uniform without replacement) over the whole buffer and over one agent's rows;
 - ``rss``: the growth of that process's resident memory from before opening the buffer to
   after the first sample and 30 more;
 - ``warm``: the median of 30 more ``sample(256)`` calls;
@@ -50,7 +51,17 @@ sys.path.insert(0, str(HERE))
 REPEATS = 30
 BATCH = 256
 
-SAMPLERS = ("uniform", "by_agent", "by_json_path", "recency", "prioritized", "stratified", "slice")
+SAMPLERS = (
+    "uniform",
+    "by_agent",
+    "by_json_path",
+    "recency",
+    "prioritized",
+    "stratified",
+    "slice",
+    "epochs",
+    "epochs_by_agent",
+)
 
 
 def _rss_mib() -> float:
@@ -72,7 +83,7 @@ def _sampler(name: str, flat: bool) -> tuple[Any, Any]:
     )
 
     condition = None
-    if name == "by_agent":
+    if name.endswith("by_agent"):
         condition = QueryBuilder().eq("exp_meta.agent_id", "agent3").build()
     elif name == "by_json_path":
         condition = QueryBuilder().eq("exp_data.state.difficulty", 3).build()
@@ -82,6 +93,9 @@ def _sampler(name: str, flat: bool) -> tuple[Any, Any]:
         "stratified": lambda: StratifiedSampler(by="exp_meta.agent_id", seed=0),
         # windows of 4 consecutive steps (5 per task of 8 steps)
         "slice": lambda: SliceSampler(4, seed=0),
+        # uniform without replacement: each (matching) row once per epoch
+        "epochs": lambda: UniformSampler(replacement=False, seed=0),
+        "epochs_by_agent": lambda: UniformSampler(replacement=False, seed=0),
     }.get(name, lambda: UniformSampler(seed=0))()
     sampler.flat = flat
     return sampler, condition

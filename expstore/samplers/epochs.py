@@ -9,7 +9,11 @@ positions, a keyed bijection computed on demand: a process keeps the range, the
 permutation's round keys and how far the epoch has gone, not a shuffled list of N keys.
 Each call walks the permutation from there, probes the candidate keys
 (:meth:`~expstore.storage.key_space.KeySpace.probe`) and keeps those that are rows, in
-permutation order, until the batch is full or the epoch ends (a short last batch).
+permutation order, until the batch is full or the epoch ends (a short last batch). Under a
+condition (or ``max_staleness``) the probe keeps the rows that match when the walk reaches
+them; the cost of a batch is then its size over the share of the range that matches,
+which the sampler measures before it begins an epoch (it shuffles a copy of the matching
+keys instead when that share is small).
 
 The permutation is a balanced Feistel network over the smallest even power of two that
 holds the range, with cycle-walking back into it: a bijection for any round function, so
@@ -82,17 +86,19 @@ class EpochState(NamedTuple):
     span: int
     permutation: KeyPermutation
     position: int  # how many of the range's positions the epoch has walked
+    share: float  # the share of positions last found to be (matching) rows
 
 
 def next_in_epoch(
-    space: KeySpace, state: EpochState, batch_size: int, hint: float
+    space: KeySpace, state: EpochState, batch_size: int
 ) -> tuple[np.ndarray, EpochState]:
-    """Up to ``batch_size`` keys of rows of ``space`` next in the epoch (fewer only when the
-    epoch ends), in epoch order, and the epoch's state after them."""
-    low, span, permutation, position = state
+    """Up to ``batch_size`` keys of rows of ``space`` (matching its condition) next in the
+    epoch (fewer only when the epoch ends), in epoch order, and the epoch's state after
+    them."""
+    low, span, permutation, position, share = state
     taken: list[np.ndarray] = []
     need = batch_size
-    rate = min(max(hint, 1 / 64), 1.0)
+    rate = min(max(share, 1 / 64), 1.0)
     while need and position < span:
         size = min(span - position, math.ceil(need / rate * 1.2) + 16)
         candidates = low + permutation(np.arange(position, position + size))
@@ -106,4 +112,4 @@ def next_in_epoch(
         need -= len(hit)
         rate = max(len(hit) / size, 1 / 64) if size else rate
     keys = np.concatenate(taken) if taken else np.empty(0, np.int64)
-    return keys, EpochState(low, span, permutation, position)
+    return keys, EpochState(low, span, permutation, position, rate)

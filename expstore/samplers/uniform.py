@@ -16,8 +16,13 @@ from .flat import draw_uniform
 
 __all__ = ["UniformSampler"]
 
-#: An epoch walks the key range when at least one key in this many is a row of the buffer.
+#: An epoch walks the key range when at least one key in this many is a row of the buffer,
 _SPARSE = 8
+#: and at least one in this many a matching row (a condition, max_staleness): a batch then
+#: probes at most this many candidates per row (see :mod:`expstore.samplers.flat`).
+_SPARSE_MATCHING = 64
+#: Random candidates probed to measure the matching share when an epoch begins.
+_SHARE_PROBES = 1024
 
 
 class UniformSampler(KeySampler):
@@ -32,11 +37,13 @@ class UniformSampler(KeySampler):
       what is left of it (a short batch), and the next call starts a new epoch. A batch
       larger than the matching rows is one whole epoch. Rows stored during an epoch join
       the next one; rows deleted during it are skipped. Changing the condition starts a
-      new epoch. Without a condition (nor ``max_staleness``) an epoch walks a keyed
-      permutation of the key range (:mod:`expstore.samplers.epochs`), holding nothing
-      that grows with the buffer; otherwise, or when the buffer's keys are mixed with
-      many of other buffers', a shuffled copy of the matching keys. A batch chosen again
-      (a row deleted before the fetch, a rate limit's wait) loses no row of the epoch.
+      new epoch. An epoch walks a keyed permutation of the key range
+      (:mod:`expstore.samplers.epochs`), holding nothing that grows with the buffer; under
+      a condition or ``max_staleness`` it keeps the rows that match when the walk reaches
+      them. When few keys of the range are matching rows (under one in 64, measured when
+      the epoch begins: a rare condition, a buffer whose keys are mixed with many of other
+      buffers') it shuffles a copy of the matching keys instead. A batch chosen again (a
+      row deleted before the fetch, a rate limit's wait) loses no row of the epoch.
 
     >>> sampler = UniformSampler(replacement=False, seed=0)
     """
@@ -97,17 +104,34 @@ class UniformSampler(KeySampler):
         state = self._flat_epoch
         for _ in range(2):  # an epoch whose remaining rows were all deleted: the next
             if state is None or state.position >= state.span:
-                if space.filtered or not space.rows or space.rows * _SPARSE < space.span:
+                share = self._matching_share(space)
+                if share < 1 / _SPARSE_MATCHING:
                     self._flat_epoch = None
                     return None
                 permutation = KeyPermutation(space.span, self.rng)
-                state = EpochState(space.min_key, space.span, permutation, 0)
+                state = EpochState(space.min_key, space.span, permutation, 0, share)
                 self._epoch = None  # the key index's epoch, if one ran, is over
-            keys, state = next_in_epoch(space, state, batch_size, space.rows / space.span)
+            keys, state = next_in_epoch(space, state, batch_size)
             self._flat_epoch = state
             if len(keys):
                 return Choice(keys)
         return None
+
+    def _matching_share(self, space: KeySpace) -> float:
+        """The share of the key range that is matching rows, for an epoch about to begin
+        (0 when an epoch should not walk the range): the rows over the span without a
+        condition; under one, the share of :data:`_SHARE_PROBES` random candidates (or of
+        the whole range, if smaller) the probe keeps."""
+        if not space.rows or space.rows * _SPARSE < space.span:
+            return 0.0
+        if not space.filtered:
+            return space.rows / space.span
+        if space.span <= _SHARE_PROBES:
+            candidates = np.arange(space.min_key, space.max_key + 1)
+        else:
+            candidates = self.rng.integers(space.min_key, space.max_key + 1, _SHARE_PROBES)
+        found = space.probe(np.unique(candidates))["key"]
+        return float(np.isin(candidates, found).mean())
 
     def sample_keys(
         self, index: dict[str, np.ndarray], batch_size: int, rng: np.random.Generator

@@ -11,7 +11,7 @@ from expstore import ReplayBuffer
 from expstore.query import QueryBuilder
 from expstore.samplers import UniformSampler
 from expstore.samplers.epochs import KeyPermutation
-from tests.helpers import make_rows
+from tests.helpers import make_row, make_rows
 from tests.samplers.stats import chi_square_p
 
 
@@ -185,3 +185,65 @@ def test_a_batch_chosen_again_under_a_new_condition_starts_its_epoch_afresh(
     cond = QueryBuilder().eq("exp_meta.agent_id", "agent1").build()
     epoch = [i for _ in range(4) for i in _ids(sampler.sample(storage, 5, cond))]
     assert sorted(epoch) == sorted(_ids(buffer.query(cond)))  # the 19 left, each once
+
+
+def test_an_epoch_under_a_condition_walks_the_key_space(buffer: ReplayBuffer) -> None:
+    """Under a condition an epoch walks the key range too, keeping the matching rows: each
+    once, in an order that differs from epoch to epoch, without the key index."""
+    buffer.store_batch(make_rows(120, agents=3))
+    cond = QueryBuilder().eq("exp_meta.agent_id", "agent1").build()
+    matching = sorted(_ids(buffer.query(cond)))
+    sampler = UniformSampler(replacement=False, seed=11)
+    orders = []
+    for _ in range(3):
+        epoch: list[str] = []
+        while len(epoch) < len(matching):
+            batch = sampler.sample(buffer.storage, 7, cond)
+            assert _flat_epoch(sampler) and not buffer.storage.index.entries
+            epoch += _ids(batch)
+        assert sorted(epoch) == matching
+        orders.append(epoch)
+    assert orders[0] != orders[1] != orders[2]
+    # max_staleness narrows the same walk
+    buffer.store_batch([make_row("t", "agent1", i, version=v) for i, v in enumerate([1, 5, 6])])
+    buffer.set_policy_version(6)
+    fresh = QueryBuilder().eq("exp_meta.agent_id", "agent1").build()
+    stale = UniformSampler(replacement=False, seed=12, max_staleness=1)
+    got = _ids(stale.sample(buffer.storage, 500, fresh))
+    assert _flat_epoch(stale)
+    unversioned_or_fresh = [
+        r.id
+        for r in buffer.query(fresh)
+        if r.exp_meta.policy_version is None or r.exp_meta.policy_version >= 5
+    ]
+    assert sorted(got) == sorted(unversioned_or_fresh)
+
+
+def test_matching_rows_deleted_or_stored_mid_epoch(buffer: ReplayBuffer) -> None:
+    buffer.store_batch(make_rows(60, agents=2, tasks=3))
+    cond = QueryBuilder().eq("exp_meta.agent_id", "agent0").build()
+    sampler = UniformSampler(replacement=False, seed=13)
+    seen = _ids(sampler.sample(buffer.storage, 5, cond))
+    assert _flat_epoch(sampler)
+    gone = QueryBuilder().eq("exp_meta.task_id", "task2").build()
+    removed = set(_ids(buffer.query(gone)))
+    buffer.delete(gone)
+    late = [make_row("late", "agent0", i) for i in range(3)]
+    buffer.store_batch(late)
+    while sampler._flat_epoch.position < sampler._flat_epoch.span:
+        seen += _ids(sampler.sample(buffer.storage, 4, cond))
+    assert len(seen) == len(set(seen))
+    left = set(_ids(buffer.query(cond))) - set(_ids(late))
+    assert left <= set(seen) and set(seen) - left <= removed
+    assert sorted(_ids(sampler.sample(buffer.storage, 100, cond))) == sorted(
+        _ids(buffer.query(cond))
+    )  # the next epoch: every matching row, the late ones too
+
+
+def test_an_epoch_under_a_rare_condition_uses_the_key_index(buffer: ReplayBuffer) -> None:
+    buffer.store_batch(make_rows(300, tasks=150))  # task7 holds 2 of 300 rows
+    cond = QueryBuilder().eq("exp_meta.task_id", "task7").build()
+    sampler = UniformSampler(replacement=False, seed=14)
+    epoch = _ids(sampler.sample(buffer.storage, 100, cond))
+    assert sampler._flat_epoch is None and sampler._epoch is not None
+    assert sorted(epoch) == sorted(_ids(buffer.query(cond)))
