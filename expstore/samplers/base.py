@@ -298,6 +298,17 @@ class KeySampler(Sampler):
         """Leave out ``keys``: the database refused them another draw (consume_after)."""
         self._spent = np.union1d(self.__dict__.get("_spent", self._spent), keys)
 
+    def _learn_spent(self, storage: Storage, index: dict[str, Any]) -> dict[str, Any]:
+        """``index``, after learning which rows every process together has spent
+        (consume_after) when this sampler has not drawn from this index object yet: rows
+        spent elsewhere (or by flat draws, which never learn them) are then left out
+        rather than refused one by one."""
+        limit = self.__dict__.get("consume_after")
+        if limit is not None and self.__dict__.get("_spent_read") is not index["key"]:
+            self.spend(storage.spent_keys(limit))
+            self._spent_read = index["key"]
+        return index
+
     def _without_spent(self, index: dict[str, Any]) -> dict[str, Any]:
         spent = self.__dict__.get("_spent")
         if spent is None or not len(spent):
@@ -392,6 +403,15 @@ class KeySampler(Sampler):
         """Whether :meth:`choose_flat` may draw under this condition (False by default)."""
         return False
 
+    def narrowed(self, query_condition: QueryCondition) -> bool:
+        """Whether only some of the buffer's rows are this sampler's to draw: a condition,
+        ``max_staleness`` or ``consume_after``."""
+        return (
+            query_condition is not None
+            or self.__dict__.get("max_staleness") is not None
+            or self.__dict__.get("consume_after") is not None
+        )
+
     def choose_flat(
         self, space: KeySpace, batch_size: int, query_condition: QueryCondition
     ) -> Choice | None:
@@ -404,11 +424,7 @@ class KeySampler(Sampler):
     def _choose_flat(
         self, storage: Storage, batch_size: int, query_condition: QueryCondition
     ) -> Choice | None:
-        if (
-            not self.flat
-            or self.__dict__.get("consume_after") is not None
-            or not self.can_draw_flat(query_condition)
-        ):
+        if not self.flat or not self.can_draw_flat(query_condition):
             return None
         key = describe_condition(query_condition)
         skips = self.__dict__.setdefault("_flat_skips", {})
@@ -419,6 +435,7 @@ class KeySampler(Sampler):
             query_condition,
             lambda space: self.choose_flat(space, batch_size, query_condition),
             max_staleness=self.__dict__.get("max_staleness"),
+            consume_after=self.__dict__.get("consume_after"),
             snapshot=self.flat_snapshot,
         )
         if choice is None:
@@ -440,7 +457,9 @@ class KeySampler(Sampler):
         flat = self._choose_flat(storage, batch_size, query_condition)
         if flat is not None:
             return flat
-        matching = self._without_spent(self.read_index(storage, query_condition))
+        matching = self._without_spent(
+            self._learn_spent(storage, self.read_index(storage, query_condition))
+        )
         index = self._fresh(storage, matching)
         if not len(index["key"]):
             if len(matching["key"]):

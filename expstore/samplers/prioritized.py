@@ -92,7 +92,7 @@ class PrioritizedSampler(KeySampler):
         return {**index, "max_priority": largest}
 
     def can_draw_flat(self, query_condition: QueryCondition) -> bool:
-        return query_condition is None and self.max_staleness is None
+        return not self.narrowed(query_condition)
 
     # The envelope comes from the priority bounds; the probes must see the same priorities.
     flat_snapshot = True

@@ -35,7 +35,7 @@ class RecencySampler(KeySampler):
         self.power = check_number("power", power)
 
     def can_draw_flat(self, query_condition: QueryCondition) -> bool:
-        return query_condition is None and self.max_staleness is None
+        return not self.narrowed(query_condition)
 
     def choose_flat(
         self, space: KeySpace, batch_size: int, query_condition: QueryCondition

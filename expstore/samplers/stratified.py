@@ -82,7 +82,7 @@ class StratifiedSampler(KeySampler):
         return self.derived("groups", (values,), compute)
 
     def can_draw_flat(self, query_condition: QueryCondition) -> bool:
-        return query_condition is None and self.max_staleness is None and not self._payload
+        return not self.narrowed(query_condition) and not self._payload
 
     def choose_flat(
         self, space: KeySpace, batch_size: int, query_condition: QueryCondition

@@ -189,13 +189,16 @@ class Storage(ABC):
         use: Callable[[KeySpace], _T],
         *,
         max_staleness: int | None = None,
+        consume_after: int | None = None,
         snapshot: bool = False,
     ) -> _T | None:
         """``use(space)`` over the buffer's key space read now (its key range and row
         count, probed for candidate keys; see :mod:`expstore.storage.key_space`), or None
         from a storage without one, whose samplers then choose over :meth:`key_index`.
-        ``snapshot``: every statement of the draw reads one snapshot (for a draw whose
-        statements must agree, e.g. priority bounds and probes)."""
+        ``max_staleness``, ``consume_after``: the sampler's options of those names narrow
+        the matching rows as the condition does. ``snapshot``: every statement of the draw
+        reads one snapshot (for a draw whose statements must agree, e.g. priority bounds
+        and probes)."""
         return None
 
     def create_index(self, path: str) -> str:
@@ -268,6 +271,11 @@ class Storage(ABC):
         raise UnsupportedTypeError(
             f"{type(self).__name__} does not count draws (consume_after); use SqlStorage"
         )
+
+    def spent_keys(self, limit: int) -> np.ndarray:
+        """The keys of rows drawn ``limit`` times or more by samplers with
+        ``consume_after`` (none for a storage that does not count draws)."""
+        return np.empty(0, dtype=np.int64)
 
     @property
     def rate_limits(self) -> RateLimits:

@@ -14,11 +14,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from sqlalchemy import ColumnElement, select
 
 from .handle import BufferHandle
-from .schema import sample_counts
+from .schema import rows, sample_counts
 
-__all__ = ["count_draws", "times_sampled"]
+__all__ = ["count_draws", "spent_keys", "times_sampled", "unspent_clause"]
 
 _COUNT = sample_counts.c
 
@@ -37,10 +38,31 @@ def count_draws(handle: BufferHandle, keys: np.ndarray, limit: int) -> np.ndarra
         set_={"times_sampled": _COUNT.times_sampled + 1},
         where=_COUNT.times_sampled < limit,
     ).returning(_COUNT.key)
+    # In key order: processes counting overlapping draws then take the counts' row locks in
+    # one order and never deadlock (drawn orders are random).
+    ordered = np.sort(keys).tolist()
     with handle.errors("count draws"), handle.write() as conn:
-        found = conn.execute(stmt, {"keys": dialect.key_set(keys.tolist())}).scalars()
+        found = conn.execute(stmt, {"keys": dialect.key_set(ordered)}).scalars()
         counted = np.fromiter(found, np.int64)
     return keys[np.isin(keys, counted)]
+
+
+def spent_keys(handle: BufferHandle, limit: int) -> np.ndarray:
+    """The keys of the buffer's rows drawn ``limit`` times or more, sorted (a read of the
+    buffer's counts, for a key index about to be drawn from)."""
+    stmt = select(_COUNT.key).where(
+        _COUNT.buffer_id == handle.buffer_id, _COUNT.times_sampled >= limit
+    )
+    with handle.errors("read draw counts"), handle.read() as conn:
+        found = np.fromiter(conn.execute(stmt).scalars(), np.int64)
+    return np.sort(found)
+
+
+def unspent_clause(limit: int) -> ColumnElement[bool]:
+    """Rows drawn fewer than ``limit`` times (never counted included), for a statement
+    over the rows table: one primary-key lookup in the counts per row."""
+    spent = select(_COUNT.key).where(_COUNT.key == rows.c.key, _COUNT.times_sampled >= limit)
+    return ~spent.exists()
 
 
 def times_sampled(handle: BufferHandle, keys: Sequence[int]) -> dict[int, int]:

@@ -148,9 +148,10 @@ class KeyIndex:
     def space(
         self,
         query_condition: QueryCondition,
-        max_staleness: int | None,
         use: Callable[[KeySpace], _T],
         *,
+        max_staleness: int | None = None,
+        consume_after: int | None = None,
         snapshot: bool = False,
     ) -> _T:
         """``use(space)`` over the buffer's :class:`~expstore.storage.key_space.KeySpace`
@@ -166,7 +167,9 @@ class KeyIndex:
         with self.handle.errors("draw keys"), self.handle.read() as conn:
             if snapshot:  # e.g. priority bounds and probes: a priority updated meanwhile
                 self.handle.dialect.snapshot(conn)  # cannot leave the bounds' envelope
-            space = KeySpace(self.handle, conn, query_condition, max_staleness, state(conn))
+            space = KeySpace(
+                self.handle, conn, query_condition, state(conn), max_staleness, consume_after
+            )
             try:
                 return use(space)
             finally:

@@ -31,6 +31,7 @@ from ..layout import COLUMNS_BY_NAME
 from ..query.fields import resolve_field
 from .base import QueryCondition
 from .compiled import CompiledSelect
+from .draw_counts import unspent_clause
 from .handle import BufferHandle
 from .key_index import Arrays, _column, _to_arrays, condition_key
 from .schema import loose_scan, priorities, rows
@@ -69,13 +70,16 @@ class KeySpace:
         handle: BufferHandle,
         conn: Connection,
         query_condition: QueryCondition,
-        max_staleness: int | None,
         state: tuple[int, int, int, int | None],
+        max_staleness: int | None = None,
+        consume_after: int | None = None,
     ) -> None:
         self.handle = handle
         self.conn = conn
         self.query_condition = query_condition
         self.max_staleness = max_staleness
+        #: Rows drawn this many times by samplers with ``consume_after`` do not match.
+        self.consume_after = consume_after
         self.min_key, self.max_key, self.rows, self.current_version = state
         #: Candidate keys probed through this space, to see what a draw cost.
         self.probed = 0
@@ -87,8 +91,13 @@ class KeySpace:
 
     @property
     def filtered(self) -> bool:
-        """Whether only some of the buffer's rows match (a condition or max_staleness)."""
-        return self.query_condition is not None or self.max_staleness is not None
+        """Whether only some of the buffer's rows match (a condition, max_staleness or
+        consume_after)."""
+        return (
+            self.query_condition is not None
+            or self.max_staleness is not None
+            or self.consume_after is not None
+        )
 
     @property
     def dense(self) -> bool:
@@ -98,10 +107,13 @@ class KeySpace:
         return self.rows > 0 and self.rows == self.span
 
     def _matching(self) -> list[Any]:
-        """The WHERE clauses of the condition and max_staleness (the buffer aside)."""
+        """The WHERE clauses of the condition, max_staleness and consume_after (the buffer
+        aside)."""
         clauses = self.handle.matching(self.query_condition)
         if self.max_staleness is not None:
             clauses.append(fresh_clause(self.handle.buffer_id, self.max_staleness))
+        if self.consume_after is not None:
+            clauses.append(unspent_clause(self.consume_after))
         return clauses
 
     def probe(self, keys: np.ndarray, columns: Sequence[str] = ()) -> Arrays:
@@ -119,7 +131,8 @@ class KeySpace:
             chosen = select(rows.c.key, *(c.selected for c in selected), rows.c.buffer_id)
             return chosen.where(handle.dialect.key_in(), *clauses)
 
-        key = ("probe", condition_key(self.query_condition), self.max_staleness, names)
+        narrowed = (self.max_staleness, self.consume_after)
+        key = ("probe", condition_key(self.query_condition), narrowed, names)
         if handle.dialect.name == "postgresql":
             # With the buffer in the WHERE clause, the (buffer_id, key) index, or under a
             # condition an index (buffer_id, column, key) on its column, answers the probe

@@ -164,6 +164,9 @@ class SqlStorage(Storage):
     def count_draws(self, keys: np.ndarray, limit: int) -> np.ndarray:
         return draw_counts.count_draws(self._handle, keys, limit)
 
+    def spent_keys(self, limit: int) -> np.ndarray:
+        return draw_counts.spent_keys(self._handle, limit)
+
     @property
     def rate_limits(self) -> RateLimits:
         """The buffer's rate limit (see :mod:`expstore.storage.rate_limits`)."""
@@ -354,11 +357,18 @@ class SqlStorage(Storage):
         use: Callable[[KeySpace], _T],
         *,
         max_staleness: int | None = None,
+        consume_after: int | None = None,
         snapshot: bool = False,
     ) -> _T:
         """``use(space)`` over the buffer's key space read now, on one connection (see
         :mod:`expstore.storage.key_space`); ``snapshot``: all on one snapshot."""
-        return self._index.space(query_condition, max_staleness, use, snapshot=snapshot)
+        return self._index.space(
+            query_condition,
+            use,
+            max_staleness=max_staleness,
+            consume_after=consume_after,
+            snapshot=snapshot,
+        )
 
     def create_index(self, path: str) -> str:
         """Index the rows on ``path`` (a payload path or a column) so conditions on it are

@@ -105,3 +105,26 @@ def test_processes_drawing_at_once_never_exceed_the_count(db_url: str, buffer_na
     for p in procs:
         p.join()
     assert sorted(every) == list(range(600))  # each row exactly once across the processes
+
+
+def test_draws_over_the_key_space_leave_spent_rows_out(db_url: str, buffer_name: str) -> None:
+    """Flat draws probe the counts with the rows: a row another process spent is never a
+    candidate (the database refuses none), and no key index is read."""
+    with (
+        ReplayBuffer(db_url, name=buffer_name) as one,
+        ReplayBuffer(db_url, name=buffer_name) as two,
+    ):
+        one.store_batch(make_rows(50))
+        first = drawn(one, UniformSampler(replacement=False, seed=5, consume_after=1), 20)
+        with_replacement = UniformSampler(seed=6, consume_after=1)
+        second = [i for _ in range(5) for i in drawn(two, with_replacement, 2)]
+        epochs = UniformSampler(replacement=False, seed=7, consume_after=1)
+        rest = drawn(two, epochs, 30)
+        assert len(second) == 10 and len(rest) == 20
+        assert sorted(first + second + rest) == list(range(50))
+        assert epochs._flat_epoch is not None and epochs._epoch is None
+        for sampler in (with_replacement, epochs):
+            assert not len(sampler._spent)  # nothing was refused: nothing spent was drawn
+        assert not one.storage.index.entries and not two.storage.index.entries
+        with pytest.raises(EmptyBufferError, match="consume_after=1"):
+            drawn(two, epochs, 1)
