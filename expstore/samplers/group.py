@@ -4,6 +4,7 @@ do not vary, evaluated in the database for every process alike."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -18,10 +19,16 @@ from ..storage.base import QueryCondition, Storage
 from ..storage.claims import GroupTaker
 from ..storage.group_claims import Group, group_taker
 from ..storage.groups import GroupSpec
+from ..storage.key_space import KeySpace
 from ..storage.versions import fresh_mask
 from .base import KeySampler, SamplerOptions, empty_error
+from .flat import MIN_KEPT, PROBE_BUDGET
 
 __all__ = ["GroupCounts", "GroupSampler"]
+
+#: Candidate keys per round of a draw over the key space (each round's groups are
+#: summarised in one statement).
+_ROUND = 4096
 
 
 class GroupCounts(NamedTuple):
@@ -97,13 +104,29 @@ class GroupSampler(KeySampler):
             having = varied if having is None else varied & having
         self.having = having
         self.replacement = bool(replacement)
-        self.last_counts: GroupCounts | None = None
+        self._counts: GroupCounts | None = None
+        # After a draw over the key space: where to count the groups if asked.
+        self._counts_of: tuple[Storage, QueryCondition] | None = None
         # Groups this sampler saw claimed (by its claims or others'), not drawn for claims.
         self._taken: set[Any] = set()
 
     def reseed(self, seed: Any) -> None:
         super().reseed(seed)
         self._taken = set()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_counts_of": None}
+
+    @property
+    def last_counts(self) -> GroupCounts | None:
+        """How many groups were ready, waiting, filtered or stale at the last draw. A draw
+        over the key space does not count them: they are counted over the group summaries
+        when first asked for after it."""
+        counts_of = self.__dict__.get("_counts_of")
+        if counts_of is not None:
+            self._counts_of = None
+            self.ready_groups(*counts_of)
+        return self.__dict__.get("_counts")
 
     @property
     def spec(self) -> GroupSpec:
@@ -133,7 +156,8 @@ class GroupSampler(KeySampler):
             )
             return np.flatnonzero(fresh), counts
 
-        ready, self.last_counts = self.derived(f"ready:{current}", sources, compute)
+        ready, self._counts = self.derived(f"ready:{current}", sources, compute)
+        self._counts_of = None
         return index, ready
 
     def choose(
@@ -144,6 +168,10 @@ class GroupSampler(KeySampler):
                 f"GroupSampler(group_size={self.group_size}) returns whole groups, so "
                 f"batch_size must be a multiple of {self.group_size}; got {batch_size}"
             )
+        flat = self._choose_flat(storage, batch_size, query_condition)
+        if flat is not None:
+            self._counts, self._counts_of = None, (storage, query_condition)
+            return flat
         index, ready = self.ready_groups(storage, query_condition)
         if not len(ready):
             raise empty_error(storage, query_condition, self._why_empty())
@@ -154,6 +182,69 @@ class GroupSampler(KeySampler):
             chosen = ready[self.rng.choice(len(ready), min(wanted, len(ready)), replace=False)]
         keys = index["keys"][chosen].reshape(-1)
         return Choice(keys[keys >= 0])
+
+    # The probes and the group summaries must see the same rows (a group's first key).
+    flat_snapshot = True
+
+    def can_draw_flat(self, query_condition: QueryCondition) -> bool:
+        return True
+
+    def choose_flat(
+        self, space: KeySpace, batch_size: int, query_condition: QueryCondition
+    ) -> Choice | None:
+        """Groups drawn over the key space: a matching row drawn uniformly is kept when it
+        is the first row of a ready group (complete, passing, fresh), read by the group
+        column's index. Every ready group has one first row, so the kept ones are uniform
+        draws among the ready groups, as over the summaries of all of them; repeats are
+        drawn again without replacement. None (the summaries serve) when the group column
+        has no index, or too few candidates are first rows of ready groups (few ready
+        groups, or fewer than the batch asks for without replacement)."""
+        if batch_size % self.group_size or not space.rows:
+            return None  # choose() says why
+        wanted = batch_size // self.group_size
+        picked: list[np.ndarray] = []
+        seen: set[int] = set()
+        spec, rng = self.spec, self.rng
+        budget = max(PROBE_BUDGET, 64 * batch_size)
+        tried = 0
+        rate = self.kept_hint(query_condition)
+        while len(picked) < wanted:
+            size = min(budget - tried, _ROUND, math.ceil((wanted - len(picked)) / rate * 1.2) + 16)
+            if size <= 0:
+                return None
+            candidates = rng.integers(space.min_key, space.max_key + 1, size=size)
+            tried += size
+            found = space.probe(candidates)["key"]
+            if len(found):
+                groups = space.groups_of(spec, found)
+                if groups is None:
+                    return None  # no index to find a group's rows by
+                ready = self._ready(groups, space.current_version)
+                firsts = dict(
+                    zip(groups["first"][ready].tolist(), groups["keys"][ready], strict=True)
+                )
+                for key in candidates.tolist():
+                    if key not in firsts or (not self.replacement and key in seen):
+                        continue
+                    seen.add(key)
+                    picked.append(firsts[key])
+                    if len(picked) == wanted:
+                        break
+            rate = max(len(picked) / tried, 1e-6)
+            if len(picked) < wanted and rate < MIN_KEPT / self.group_size:
+                return None
+        self.kept_hint(query_condition, rate)
+        keys = np.concatenate(picked)
+        return Choice(keys[keys >= 0])
+
+    def _ready(self, groups: dict[str, Any], current: int | None) -> np.ndarray:
+        """Which of these group summaries are ready: complete, passing and fresh."""
+        ready: np.ndarray = (groups["size"] == self.group_size) & groups["passes"]
+        if self.max_staleness is not None:
+            keep = fresh_mask(groups["version"], current, self.max_staleness)
+            if keep is not None:
+                ready &= keep
+        return ready
 
     def _why_empty(self) -> str:
         counts = self.last_counts

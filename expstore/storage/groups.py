@@ -28,7 +28,7 @@ from .handle import BufferHandle
 from .key_index import KeyIndex, Signature, condition_key
 from .schema import rows
 
-__all__ = ["GroupIndex", "GroupSpec"]
+__all__ = ["GroupIndex", "GroupSpec", "group_column", "summarise", "summarise_groups_of"]
 
 Arrays = dict[str, Any]
 
@@ -71,57 +71,10 @@ class GroupIndex:
         self.entries.clear()
 
     # -- statements ----------------------------------------------------------------------
-    def _group_column(self, spec: GroupSpec) -> ColumnElement[Any]:
-        path = resolve_field(spec.group_by)
-        if path.column is not None:
-            return rows.c[path.column.name]
-        return self.handle.dialect.json_text(path)
-
-    def _ranked(
-        self,
-        query_condition: QueryCondition,
-        spec: GroupSpec,
-        *where: Any,
-        extra_columns: Sequence[Any] = (),
-    ) -> Any:
-        """The matching rows with their group value and rank within the group."""
-        group = self._group_column(spec)
-        read = sorted(spec.having.columns) if spec.having is not None else []
-        rank = func.row_number().over(partition_by=group, order_by=rows.c.key)
-        return (
-            select(
-                group.label("g"),
-                rows.c.key,
-                rows.c.policy_version,
-                *(rows.c[name] for name in read if name != "policy_version"),
-                rank.label("rn"),
-                *extra_columns,
-            )
-            .where(*self.handle.where(query_condition), group.is_not(None), *where)
-            .subquery("ranked")
-        )
-
     def _summaries(
         self, conn: Connection, query_condition: QueryCondition, spec: GroupSpec, *where: Any
     ) -> list[Any]:
-        ranked = self._ranked(query_condition, spec, *where)
-        passes: Any = literal(True)
-        if spec.having is not None:
-            held = spec.having.to_sql({c.name: c for c in ranked.c})
-            passes = case((held, literal(True)), else_=literal(False))
-        stmt = (
-            select(
-                ranked.c.g,
-                func.count().label("n"),
-                func.min(ranked.c.policy_version).label("version"),
-                passes.label("passes"),
-                func.min(ranked.c.key).label("first"),
-                self.handle.dialect.keys_text(ranked.c.key).label("keys"),
-            )
-            .where(ranked.c.rn <= spec.size)
-            .group_by(ranked.c.g)
-        )
-        found = list(conn.execute(stmt).all())
+        found = summarise(self.handle, conn, query_condition, spec, *where)
         self.groups_read += len(found)
         return found
 
@@ -171,7 +124,7 @@ class GroupIndex:
     ) -> _Entry:
         """Summarise again the groups with new rows, and those FIFO eviction took rows of."""
         arrays = cached.arrays
-        group = self._group_column(spec)
+        group = group_column(self.handle, spec)
         new_rows = select(group).where(
             *self.handle.where(query_condition),
             rows.c.key > cached.signature.max_key,
@@ -221,7 +174,7 @@ class GroupIndex:
     ) -> list[Any]:
         """Up to ``limit`` complete groups, oldest first, whose rows all satisfy ``free``
         (claimable now) and that pass the spec's condition: (group value, oldest version)."""
-        ranked = self._ranked(query_condition, spec, extra_columns=[free.label("free")])
+        ranked = _ranked(self.handle, query_condition, spec, extra_columns=[free.label("free")])
         held: Any = ranked.c.free
         conditions = [func.count() == spec.size, func.min(case((held, 1), else_=0)) == 1]
         if spec.having is not None:
@@ -248,9 +201,12 @@ class GroupIndex:
         order), group by group as given; a group's array is shorter if rows went."""
         if not len(groups):
             return []
-        group = self._group_column(spec)
-        ranked = self._ranked(
-            query_condition, spec, group.in_(bindparam("groups", list(groups), expanding=True))
+        group = group_column(self.handle, spec)
+        ranked = _ranked(
+            self.handle,
+            query_condition,
+            spec,
+            group.in_(bindparam("groups", list(groups), expanding=True)),
         )
         stmt = (
             select(ranked.c.g, ranked.c.key)
@@ -266,6 +222,86 @@ class GroupIndex:
         for g, key in found:
             per.setdefault(g, []).append(int(key))
         return [np.asarray(per.get(g, ()), dtype=np.int64) for g in groups]
+
+
+def group_column(handle: BufferHandle, spec: GroupSpec) -> ColumnElement[Any]:
+    """The value rows are grouped by: a column, or a payload path as text."""
+    path = resolve_field(spec.group_by)
+    if path.column is not None:
+        return rows.c[path.column.name]
+    return handle.dialect.json_text(path)
+
+
+def _ranked(
+    handle: BufferHandle,
+    query_condition: QueryCondition,
+    spec: GroupSpec,
+    *where: Any,
+    extra_columns: Sequence[Any] = (),
+) -> Any:
+    """The matching rows with their group value and rank within the group."""
+    group = group_column(handle, spec)
+    read = sorted(spec.having.columns) if spec.having is not None else []
+    rank = func.row_number().over(partition_by=group, order_by=rows.c.key)
+    return (
+        select(
+            group.label("g"),
+            rows.c.key,
+            rows.c.policy_version,
+            *(rows.c[name] for name in read if name != "policy_version"),
+            rank.label("rn"),
+            *extra_columns,
+        )
+        .where(*handle.where(query_condition), group.is_not(None), *where)
+        .subquery("ranked")
+    )
+
+
+def summarise(
+    handle: BufferHandle,
+    conn: Connection,
+    query_condition: QueryCondition,
+    spec: GroupSpec,
+    *where: Any,
+) -> list[Any]:
+    """The summaries of the groups of the matching rows that ``where`` selects: (group
+    value, rows up to ``spec.size``, oldest version, whether ``having`` holds, first key,
+    keys as text), a row per group, by the database."""
+    ranked = _ranked(handle, query_condition, spec, *where)
+    passes: Any = literal(True)
+    if spec.having is not None:
+        held = spec.having.to_sql({c.name: c for c in ranked.c})
+        passes = case((held, literal(True)), else_=literal(False))
+    stmt = (
+        select(
+            ranked.c.g,
+            func.count().label("n"),
+            func.min(ranked.c.policy_version).label("version"),
+            passes.label("passes"),
+            func.min(ranked.c.key).label("first"),
+            handle.dialect.keys_text(ranked.c.key).label("keys"),
+        )
+        .where(ranked.c.rn <= spec.size)
+        .group_by(ranked.c.g)
+    )
+    return list(conn.execute(stmt).all())
+
+
+def summarise_groups_of(
+    handle: BufferHandle,
+    conn: Connection,
+    query_condition: QueryCondition,
+    spec: GroupSpec,
+    keys: Sequence[int],
+) -> Arrays:
+    """:func:`summarise` of the groups the rows with these keys belong to, as arrays (see
+    :meth:`GroupIndex.get`): their rows found through the group column's index."""
+    group = group_column(handle, spec)
+    of_keys = select(group).where(
+        rows.c.buffer_id == handle.buffer_id,
+        rows.c.key.in_(bindparam("of_keys", list(keys), expanding=True)),
+    )
+    return _arrays(summarise(handle, conn, query_condition, spec, group.in_(of_keys)), spec.size)
 
 
 def _arrays(found: Sequence[Any], size: int) -> Arrays:

@@ -32,6 +32,7 @@ from ..query.fields import resolve_field
 from .base import QueryCondition
 from .compiled import CompiledSelect
 from .draw_counts import unspent_clause
+from .groups import GroupSpec, summarise_groups_of
 from .handle import BufferHandle
 from .key_index import Arrays, _column, _to_arrays, condition_key
 from .schema import loose_scan, priorities, rows
@@ -191,6 +192,21 @@ class KeySpace:
             r[0] for r in self.handle.statement(("distinct", spec.name), build).run(self.conn)
         ]
         return None if len(values) > DISTINCT_LIMIT else values
+
+    def groups_of(self, spec: GroupSpec, keys: np.ndarray) -> Arrays | None:
+        """The summaries of the groups (of the matching rows, by ``spec``) that the rows
+        with these keys belong to, as :meth:`~expstore.storage.groups.GroupIndex.get` gives
+        them; None when the group column has no index to find a group's rows by (a
+        payload path, a column without one), so that each summary would scan."""
+        field = resolve_field(spec.group_by)
+        column = None if field.column is None else COLUMNS_BY_NAME.get(field.column.name)
+        if column is None or not (column.indexed or column.name == "task_id"):
+            return None
+        found = summarise_groups_of(
+            self.handle, self.conn, self.query_condition, spec, np.unique(keys).tolist()
+        )
+        self.probed += int(found["size"].sum())
+        return found
 
     def task_counts(self, task_ids: Sequence[str]) -> dict[str, int]:
         """How many rows of each of these tasks match (through the ``(buffer_id, task_id,

@@ -114,6 +114,58 @@ def test_groups_are_drawn_uniformly(buf: ReplayBuffer) -> None:
     assert chi_square_p([counts[f"p{p}"] for p in range(5)], [1] * 5) > 1e-4
 
 
+def _mixed_groups(buf: ReplayBuffer) -> list[str]:
+    """12 ready groups of 4 (two with 12 rows beyond 4), and groups that are not ready:
+    waiting, rewards all equal, stale; returns the ready ones."""
+    ready = []
+    for p in range(12):
+        rewards = [0.0, 1.0, 0.5, 1.0] + ([1.0] * 12 if p % 6 == 0 else [])
+        buf.store_batch(group(f"r{p}", rewards, version=5))
+        ready.append(f"r{p}")
+        if p % 3 == 0:
+            buf.store_batch(group(f"wait{p}", [0.0, 1.0], version=5))
+            buf.store_batch(group(f"same{p}", [1.0] * 4, version=5))
+            buf.store_batch(group(f"old{p}", [0.0, 1.0, 0.0, 1.0], version=1))
+    buf.set_policy_version(5)
+    return ready
+
+
+def test_groups_drawn_over_the_key_space_are_uniform_among_ready_groups(
+    buf: ReplayBuffer,
+) -> None:
+    ready = _mixed_groups(buf)
+    sampler = GroupSampler(group_size=4, varied_reward=True, max_staleness=2, seed=4)
+    counts: Counter[str] = Counter()
+    for _ in range(300):
+        rows = buf.sample(sampler, batch_size=12)
+        blocks = [rows[i : i + 4] for i in range(0, 12, 4)]
+        names = [prompts_of(b)[0] for b in blocks]
+        assert len(set(names)) == 3  # distinct groups
+        for b in blocks:  # whole groups, their first rows in insertion order
+            assert len(set(prompts_of(b))) == 1
+            assert [r.exp_meta.agent_id for r in b] == ["c0", "c1", "c2", "c3"]
+        counts.update(names)
+    assert not buf.storage.group_index.entries  # no summaries of every group were read
+    assert set(counts) == set(ready)
+    assert chi_square_p([counts[p] for p in ready], [1] * len(ready)) > 1e-4
+    # counted when asked for, as over the summaries
+    assert sampler.last_counts == (12, 4, 4, 4)
+    buf.storage.group_index.clear()
+    again = GroupSampler(group_size=4, varied_reward=True, max_staleness=2, replacement=True)
+    assert set(prompts_of(buf.sample(again, batch_size=4 * 40))) <= set(ready)
+    assert not buf.storage.group_index.entries
+
+
+def test_a_batch_of_more_groups_than_are_ready_falls_back_to_the_summaries(
+    buf: ReplayBuffer,
+) -> None:
+    ready = _mixed_groups(buf)
+    sampler = GroupSampler(group_size=4, varied_reward=True, max_staleness=2, seed=5)
+    rows = buf.sample(sampler, batch_size=4 * 20)
+    assert sorted(set(prompts_of(rows))) == sorted(ready) and len(rows) == 48
+    assert buf.storage.group_index.entries
+
+
 def test_groups_by_a_payload_path(buf: ReplayBuffer) -> None:
     rows = [
         make_row(f"t{i}", "a", 0, reward=float(i % 2), ext_info={"prompt": f"q{i // 2}"})
@@ -124,6 +176,8 @@ def test_groups_by_a_payload_path(buf: ReplayBuffer) -> None:
     prompts = [r.exp_data.ext_info["prompt"] for r in got]
     assert [prompts[i] == prompts[i + 1] for i in (0, 2, 4)] == [True] * 3
     assert sorted(set(prompts)) == ["q0", "q1", "q2"]
+    # A payload path has no index to find a group's rows by: the summaries serve.
+    assert buf.storage.group_index.entries
 
 
 def test_a_groups_version_is_its_oldest_rows(buf: ReplayBuffer) -> None:
@@ -151,6 +205,7 @@ def test_summaries_follow_inserts_and_evictions_incrementally(buf: ReplayBuffer)
     for p in range(50):
         buf.store_batch(group(f"p{p}", [0.0, 1.0]))
     sampler = GroupSampler(group_size=2, seed=0)
+    sampler.flat = False  # the summaries of every group, kept up to date
     buf.sample(sampler, batch_size=2)
     index = buf.storage.group_index
     assert index.groups_read == 50
