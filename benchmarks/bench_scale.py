@@ -8,7 +8,8 @@ a fresh process (nothing cached, nothing shared with another measurement):
   converter), for uniform, uniform filtered by agent (10%), filtered by a JSON path (10%,
   ``exp_data.state.difficulty == 3``, no index on it), recency (power 1), prioritized (10%
   of the rows hold a priority), stratified by agent (10 agents), slices of 4 steps, and
-  epochs (uniform without replacement) over the whole buffer and over one agent's rows;
+  epochs (uniform without replacement) over the whole buffer and over one agent's rows,
+  and groups (GroupSampler: 32 tasks of 8 rows whose rewards vary);
 - ``rss``: the growth of that process's resident memory from before opening the buffer to
   after the first sample and 30 more;
 - ``warm``: the median of 30 more ``sample(256)`` calls;
@@ -61,6 +62,7 @@ SAMPLERS = (
     "slice",
     "epochs",
     "epochs_by_agent",
+    "groups",
 )
 
 
@@ -75,6 +77,7 @@ def _rss_mib() -> float:
 def _sampler(name: str, flat: bool) -> tuple[Any, Any]:
     from expstore.query import QueryBuilder
     from expstore.samplers import (
+        GroupSampler,
         PrioritizedSampler,
         RecencySampler,
         SliceSampler,
@@ -96,6 +99,8 @@ def _sampler(name: str, flat: bool) -> tuple[Any, Any]:
         # uniform without replacement: each (matching) row once per epoch
         "epochs": lambda: UniformSampler(replacement=False, seed=0),
         "epochs_by_agent": lambda: UniformSampler(replacement=False, seed=0),
+        # GRPO: 32 whole tasks of 8 rows whose rewards vary, distinct in a batch
+        "groups": lambda: GroupSampler("task_id", 8, varied_reward=True, seed=0),
     }.get(name, lambda: UniformSampler(seed=0))()
     sampler.flat = flat
     return sampler, condition

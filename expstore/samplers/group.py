@@ -206,7 +206,7 @@ class GroupSampler(KeySampler):
         seen: set[int] = set()
         spec, rng = self.spec, self.rng
         budget = max(PROBE_BUDGET, 64 * batch_size)
-        tried = 0
+        tried = kept = 0
         rate = self.kept_hint(query_condition)
         while len(picked) < wanted:
             size = min(budget - tried, _ROUND, math.ceil((wanted - len(picked)) / rate * 1.2) + 16)
@@ -216,7 +216,7 @@ class GroupSampler(KeySampler):
             tried += size
             found = space.probe(candidates)["key"]
             if len(found):
-                groups = space.groups_of(spec, found)
+                groups = space.groups_first_at(spec, found)
                 if groups is None:
                     return None  # no index to find a group's rows by
                 ready = self._ready(groups, space.current_version)
@@ -226,12 +226,15 @@ class GroupSampler(KeySampler):
                 for key in candidates.tolist():
                     if key not in firsts or (not self.replacement and key in seen):
                         continue
+                    kept += 1  # a new draw, wanted or not: the share sizes the next round
                     seen.add(key)
-                    picked.append(firsts[key])
-                    if len(picked) == wanted:
-                        break
-            rate = max(len(picked) / tried, 1e-6)
-            if len(picked) < wanted and rate < MIN_KEPT / self.group_size:
+                    if len(picked) < wanted:
+                        picked.append(firsts[key])
+            rate = max(kept / tried, 1e-6)
+            # Too few first rows of ready groups, once enough were tried to tell (8 expected
+            # at the threshold): few groups are ready, or fewer than the batch asks for.
+            least = MIN_KEPT / self.group_size
+            if len(picked) < wanted and rate < least and tried * least >= 8:
                 return None
         self.kept_hint(query_condition, rate)
         keys = np.concatenate(picked)

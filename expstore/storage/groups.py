@@ -28,7 +28,7 @@ from .handle import BufferHandle
 from .key_index import KeyIndex, Signature, condition_key
 from .schema import rows
 
-__all__ = ["GroupIndex", "GroupSpec", "group_column", "summarise", "summarise_groups_of"]
+__all__ = ["GroupIndex", "GroupSpec", "group_column", "groups_first_at", "summarise"]
 
 Arrays = dict[str, Any]
 
@@ -287,21 +287,35 @@ def summarise(
     return list(conn.execute(stmt).all())
 
 
-def summarise_groups_of(
+def groups_first_at(
     handle: BufferHandle,
     conn: Connection,
     query_condition: QueryCondition,
     spec: GroupSpec,
     keys: Sequence[int],
-) -> Arrays:
-    """:func:`summarise` of the groups the rows with these keys belong to, as arrays (see
-    :meth:`GroupIndex.get`): their rows found through the group column's index."""
+) -> tuple[Arrays, int]:
+    """:func:`summarise` of the groups whose first matching row is one of ``keys`` (rows
+    that match), as arrays (see :meth:`GroupIndex.get`). Two statements through the group
+    column's index: each group's first key (the index alone, without a condition), then
+    the summaries of the groups that begin at one of ``keys``; and how many rows the first
+    statement counted."""
     group = group_column(handle, spec)
-    of_keys = select(group).where(
-        rows.c.buffer_id == handle.buffer_id,
-        rows.c.key.in_(bindparam("of_keys", list(keys), expanding=True)),
+
+    def of(chosen: Sequence[int]) -> Any:
+        return select(group).where(
+            rows.c.buffer_id == handle.buffer_id,
+            rows.c.key.in_(bindparam("of_keys", list(chosen), expanding=True)),
+        )
+
+    firsts = (
+        select(func.min(rows.c.key), func.count())
+        .where(*handle.where(query_condition), group.is_not(None), group.in_(of(keys)))
+        .group_by(group)
     )
-    return _arrays(summarise(handle, conn, query_condition, spec, group.in_(of_keys)), spec.size)
+    read = list(conn.execute(firsts))
+    starting = sorted({first for first, _ in read} & set(keys))
+    found = summarise(handle, conn, query_condition, spec, group.in_(of(starting)))
+    return _arrays(found, spec.size), sum(n for _, n in read)
 
 
 def _arrays(found: Sequence[Any], size: int) -> Arrays:

@@ -32,7 +32,7 @@ from ..query.fields import resolve_field
 from .base import QueryCondition
 from .compiled import CompiledSelect
 from .draw_counts import unspent_clause
-from .groups import GroupSpec, summarise_groups_of
+from .groups import GroupSpec, groups_first_at
 from .handle import BufferHandle
 from .key_index import Arrays, _column, _to_arrays, condition_key
 from .schema import loose_scan, priorities, rows
@@ -193,19 +193,20 @@ class KeySpace:
         ]
         return None if len(values) > DISTINCT_LIMIT else values
 
-    def groups_of(self, spec: GroupSpec, keys: np.ndarray) -> Arrays | None:
-        """The summaries of the groups (of the matching rows, by ``spec``) that the rows
-        with these keys belong to, as :meth:`~expstore.storage.groups.GroupIndex.get` gives
-        them; None when the group column has no index to find a group's rows by (a
-        payload path, a column without one), so that each summary would scan."""
+    def groups_first_at(self, spec: GroupSpec, keys: np.ndarray) -> Arrays | None:
+        """The summaries of the groups (of the matching rows, by ``spec``) whose first row
+        is one of ``keys`` (found by :meth:`probe`), as
+        :meth:`~expstore.storage.groups.GroupIndex.get` gives them; None when the group
+        column has no index to find a group's rows by (a payload path, a column without
+        one), so that each group would be a scan."""
         field = resolve_field(spec.group_by)
         column = None if field.column is None else COLUMNS_BY_NAME.get(field.column.name)
         if column is None or not (column.indexed or column.name == "task_id"):
             return None
-        found = summarise_groups_of(
+        found, read = groups_first_at(
             self.handle, self.conn, self.query_condition, spec, np.unique(keys).tolist()
         )
-        self.probed += int(found["size"].sum())
+        self.probed += read + int(found["size"].sum())
         return found
 
     def task_counts(self, task_ids: Sequence[str]) -> dict[str, int]:
