@@ -9,7 +9,8 @@ a fresh process (nothing cached, nothing shared with another measurement):
   ``exp_data.state.difficulty == 3``, no index on it), recency (power 1), prioritized (10%
   of the rows hold a priority), stratified by agent (10 agents), slices of 4 steps, and
   epochs (uniform without replacement) over the whole buffer and over one agent's rows,
-  and groups (GroupSampler: 32 tasks of 8 rows whose rewards vary);
+  groups (GroupSampler: 32 tasks of 8 rows whose rewards vary) and uniform with
+  ``consume_after=2`` (each draw counted in the database);
 - ``rss``: the growth of that process's resident memory from before opening the buffer to
   after the first sample and 30 more;
 - ``warm``: the median of 30 more ``sample(256)`` calls;
@@ -63,6 +64,7 @@ SAMPLERS = (
     "epochs",
     "epochs_by_agent",
     "groups",
+    "consume",
 )
 
 
@@ -101,6 +103,9 @@ def _sampler(name: str, flat: bool) -> tuple[Any, Any]:
         "epochs_by_agent": lambda: UniformSampler(replacement=False, seed=0),
         # GRPO: 32 whole tasks of 8 rows whose rewards vary, distinct in a batch
         "groups": lambda: GroupSampler("task_id", 8, varied_reward=True, seed=0),
+        # each row drawn at most twice, counted in the database (the counts are removed
+        # after the measurement)
+        "consume": lambda: UniformSampler(seed=0, consume_after=2),
     }.get(name, lambda: UniformSampler(seed=0))()
     sampler.flat = flat
     return sampler, condition
@@ -142,7 +147,20 @@ def child_sample(url: str, name: str, flat: bool) -> dict[str, Any]:
                 buffer.update_priorities(ids, rng.random(len(ids)) * 5)
                 times.append(time.perf_counter() - t0)
             out["update_priorities"] = statistics.median(times)
+        if name == "consume":
+            _forget_draws(buffer)
     return out
+
+
+def _forget_draws(buffer: Any) -> None:
+    """Remove the draw counts a consume_after measurement left in the data set."""
+    from sqlalchemy import delete
+
+    from expstore.storage.schema import sample_counts
+
+    handle = buffer.storage._handle
+    with handle.write() as conn:
+        conn.execute(delete(sample_counts).where(sample_counts.c.buffer_id == handle.buffer_id))
 
 
 def child_stats(url: str) -> dict[str, Any]:

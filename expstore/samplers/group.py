@@ -64,6 +64,12 @@ class GroupSampler(KeySampler):
       False``, the default; a batch asking for more groups than are ready has all of them)
       or independently (``replacement=True``).
     - :attr:`last_counts` says how many groups were ready, waiting, filtered or stale.
+    - Groups by an indexed column (``task_id``, ``agent_id``, ...) are drawn over the key
+      space (:meth:`choose_flat`): the process holds nothing that grows with the buffer,
+      and only the drawn groups are summarised. Groups by a payload path, or a buffer
+      with few ready groups (or fewer than the batch asks for), are drawn over the
+      summaries of every group, which the storage keeps up to date incrementally; so is
+      :attr:`last_counts`, counted when read after a draw over the key space.
 
     With claims (``buffer.claim(n, order=GroupSampler(...))``) whole groups are claimed
     at once and consumed once: a group is taken only if all its rows are claimable.
