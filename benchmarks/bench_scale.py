@@ -127,7 +127,8 @@ def child_sample(url: str, name: str, flat: bool) -> dict[str, Any]:
             t0 = time.perf_counter()
             rows = buffer.sample(sampler, condition, batch_size=BATCH)
             times.append(time.perf_counter() - t0)
-        assert len(rows) == BATCH
+        # (with consume_after a row drawn twice in a batch is returned once)
+        assert len(rows) == BATCH or (name == "consume" and len(rows) > BATCH - 8)
         out = {
             "first": first,
             "warm": statistics.median(times),

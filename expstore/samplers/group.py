@@ -198,13 +198,14 @@ class GroupSampler(KeySampler):
     def choose_flat(
         self, space: KeySpace, batch_size: int, query_condition: QueryCondition
     ) -> Choice | None:
-        """Groups drawn over the key space: a matching row drawn uniformly is kept when it
-        is the first row of a ready group (complete, passing, fresh), read by the group
-        column's index. Every ready group has one first row, so the kept ones are uniform
-        draws among the ready groups, as over the summaries of all of them; repeats are
-        drawn again without replacement. None (the summaries serve) when the group column
-        has no index, or too few candidates are first rows of ready groups (few ready
-        groups, or fewer than the batch asks for without replacement)."""
+        """Groups drawn over the key space: a key drawn uniformly from the buffer's range
+        is kept when it is the first matching row of a ready group (complete, passing,
+        fresh), read by the group column's index. Every ready group has one first row, so
+        the kept ones are uniform draws among the ready groups, as over the summaries of
+        all of them; repeats are drawn again without replacement. None (the summaries
+        serve) when the group column has no index, or too few candidates are first rows
+        of ready groups (few ready groups, or fewer than the batch asks for without
+        replacement)."""
         if batch_size % self.group_size or not space.rows:
             return None  # choose() says why
         wanted = batch_size // self.group_size
@@ -220,22 +221,20 @@ class GroupSampler(KeySampler):
                 return None
             candidates = rng.integers(space.min_key, space.max_key + 1, size=size)
             tried += size
-            found = space.probe(candidates)["key"]
-            if len(found):
-                groups = space.groups_first_at(spec, found)
-                if groups is None:
-                    return None  # no index to find a group's rows by
-                ready = self._ready(groups, space.current_version)
-                firsts = dict(
-                    zip(groups["first"][ready].tolist(), groups["keys"][ready], strict=True)
-                )
-                for key in candidates.tolist():
-                    if key not in firsts or (not self.replacement and key in seen):
-                        continue
-                    kept += 1  # a new draw, wanted or not: the share sizes the next round
-                    seen.add(key)
-                    if len(picked) < wanted:
-                        picked.append(firsts[key])
+            # No probe first: a candidate that is its group's first matching row is a
+            # matching row of the buffer.
+            groups = space.groups_first_at(spec, candidates)
+            if groups is None:
+                return None  # no index to find a group's rows by
+            ready = self._ready(groups, space.current_version)
+            firsts = dict(zip(groups["first"][ready].tolist(), groups["keys"][ready], strict=True))
+            for key in candidates.tolist():
+                if key not in firsts or (not self.replacement and key in seen):
+                    continue
+                kept += 1  # a new draw, wanted or not: the share sizes the next round
+                seen.add(key)
+                if len(picked) < wanted:
+                    picked.append(firsts[key])
             rate = max(kept / tried, 1e-6)
             # Too few first rows of ready groups, once enough were tried to tell (8 expected
             # at the threshold): few groups are ready, or fewer than the batch asks for.

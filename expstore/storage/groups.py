@@ -294,8 +294,8 @@ def groups_first_at(
     spec: GroupSpec,
     keys: Sequence[int],
 ) -> tuple[Arrays, int]:
-    """:func:`summarise` of the groups whose first matching row is one of ``keys`` (rows
-    that match), as arrays (see :meth:`GroupIndex.get`). Two statements through the group
+    """:func:`summarise` of the groups whose first matching row is one of ``keys`` (any
+    candidate keys), as arrays (see :meth:`GroupIndex.get`). Two statements through the group
     column's index: each group's first key (the index alone, without a condition), then
     the summaries of the groups that begin at one of ``keys``; and how many rows the first
     statement counted."""

@@ -195,7 +195,7 @@ class KeySpace:
 
     def groups_first_at(self, spec: GroupSpec, keys: np.ndarray) -> Arrays | None:
         """The summaries of the groups (of the matching rows, by ``spec``) whose first row
-        is one of ``keys`` (found by :meth:`probe`), as
+        is one of the candidate ``keys``, as
         :meth:`~expstore.storage.groups.GroupIndex.get` gives them; None when the group
         column has no index to find a group's rows by (a payload path, a column without
         one), so that each group would be a scan."""
