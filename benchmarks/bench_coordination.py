@@ -5,11 +5,12 @@ group, 8 completions each), policy versions 0..99 in insertion order and 0/1 rew
 prints medians of ``--repeat`` interleaved warm calls, all with the same NumpyConverter:
 
 1. ``GroupSampler(group_size=8)`` drawing 32 groups (256 rows), with and without
-   ``varied_reward``, over the key space (the default) and over the summaries of every
-   group (``flat = False``), against ``sample(256)`` with UniformSampler (target <= 2x);
+   ``varied_reward``, over the summaries of every group (the path up to
+   ``GroupSampler.summaries_up_to`` rows) and over the key space (``summaries_up_to =
+   0``, the path above it), against ``sample(256)`` with UniformSampler (target <= 2x);
    the first group draw after opening each way (over the summaries the database
-   summarises every group once) and the summaries' draw after 64 rows were stored (only
-   the touched groups are summarised again);
+   summarises every group once) and the draw after 64 rows were stored (only the touched
+   groups are summarised again);
 2. ``UniformSampler(max_staleness=49)`` at version 99 (half the rows fresh) against
    without (target <= 1.2x), and the first draw after the version moved (the cached index
    is filtered again);
@@ -102,15 +103,15 @@ def groups_and_staleness(url: str, name: str, repeat: int) -> None:
         uniform = UniformSampler(seed=0)
         groups = GroupSampler("task_id", GROUP, seed=0)
         varied = GroupSampler("task_id", GROUP, varied_reward=True, seed=0)
-        # the same over the summaries of every group (the path before draws over the key
-        # space; still taken for payload-path groups or few ready groups)
-        summaries = GroupSampler("task_id", GROUP, seed=0)
-        summaries.flat = False
+        # the same over the key space (the path taken above GroupSampler.summaries_up_to
+        # rows; 1M rows are drawn over the summaries of every group)
+        over_keys = GroupSampler("task_id", GROUP, seed=0)
+        over_keys.summaries_up_to = 0
         fresh = UniformSampler(seed=0, max_staleness=49)
         first_uniform = timed(lambda: buffer.sample(uniform, converter=converter, batch_size=BATCH))
         first_groups = timed(lambda: buffer.sample(groups, converter=converter, batch_size=BATCH))
-        first_summaries = timed(
-            lambda: buffer.sample(summaries, converter=converter, batch_size=BATCH)
+        first_over_keys = timed(
+            lambda: buffer.sample(over_keys, converter=converter, batch_size=BATCH)
         )
         buffer.sample(varied, converter=converter, batch_size=BATCH)
         buffer.sample(fresh, converter=converter, batch_size=BATCH)
@@ -118,14 +119,14 @@ def groups_and_staleness(url: str, name: str, repeat: int) -> None:
             "uniform": [],
             "groups": [],
             "varied": [],
-            "summaries": [],
+            "over_keys": [],
             "fresh": [],
         }
         samplers = {
             "uniform": uniform,
             "groups": groups,
             "varied": varied,
-            "summaries": summaries,
+            "over_keys": over_keys,
             "fresh": fresh,
         }
         for _ in range(repeat):
@@ -137,15 +138,15 @@ def groups_and_staleness(url: str, name: str, repeat: int) -> None:
         assert batch["version"].min() >= VERSIONS - 1 - 49
         u = ms(times["uniform"])
         print(f"  first sample(256) after opening, uniform         {first_uniform * 1000:9.1f} ms")
-        print(f"  first GroupSampler draw (over the key space)     {first_groups * 1000:9.1f} ms")
+        print(f"  first GroupSampler draw (summarises every group) {first_groups * 1000:9.1f} ms")
         print(
-            f"  first draw over the summaries of every group     {first_summaries * 1000:9.1f} ms"
+            f"  first GroupSampler draw over the key space       {first_over_keys * 1000:9.1f} ms"
         )
         print(f"  sample(256), UniformSampler                      {u:9.2f} ms")
         for key, label in (
             ("groups", "32 groups of 8"),
             ("varied", "32 varied groups of 8"),
-            ("summaries", "32 groups, summaries"),
+            ("over_keys", "32 groups, over the key space"),
         ):
             g = ms(times[key])
             print(f"  GroupSampler, {label:<33} {g:9.2f} ms  ({g / u:.2f}x; target <= 2x)")
@@ -159,9 +160,9 @@ def groups_and_staleness(url: str, name: str, repeat: int) -> None:
         read = index.groups_read
         new = make(64, 10**9, 10**9 + 64, np.random.default_rng(1))
         buffer.store_batch(new)
-        after = timed(lambda: buffer.sample(summaries, converter=converter, batch_size=BATCH))
+        after = timed(lambda: buffer.sample(groups, converter=converter, batch_size=BATCH))
         print(
-            f"  summaries' draw after 64 rows were stored         {after * 1000:9.2f} ms  "
+            f"  GroupSampler draw after 64 rows were stored       {after * 1000:9.2f} ms  "
             f"({index.groups_read - read} groups summarised again)"
         )
         version = buffer.policy_version() or 0

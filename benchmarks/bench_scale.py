@@ -108,6 +108,8 @@ def _sampler(name: str, flat: bool) -> tuple[Any, Any]:
         "consume": lambda: UniformSampler(seed=0, consume_after=2),
     }.get(name, lambda: UniformSampler(seed=0))()
     sampler.flat = flat
+    if name == "groups" and flat:
+        sampler.summaries_up_to = 0  # over the key space at every size, to compare sizes
     return sampler, condition
 
 

@@ -302,9 +302,12 @@ def groups_first_at(
     group = group_column(handle, spec)
 
     def of(chosen: Sequence[int]) -> Any:
+        # The group values of these rows, by primary key alone: with the buffer named
+        # here, SQLite without statistics walked the buffer's whole group index instead.
+        # Another buffer's rows among the keys only add values the buffer clause outside
+        # finds no group of, or a group whose first key is not among the candidates.
         return select(group).where(
-            rows.c.buffer_id == handle.buffer_id,
-            rows.c.key.in_(bindparam("of_keys", list(chosen), expanding=True)),
+            rows.c.key.in_(bindparam("of_keys", list(chosen), expanding=True))
         )
 
     firsts = (

@@ -26,6 +26,15 @@ from tests.helpers import make_row
 from tests.samplers.stats import chi_square_p
 
 
+@pytest.fixture(autouse=True, params=["summaries", "key space"])
+def group_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test with group draws over the summaries of every group (a buffer of up to
+    1M rows) and over the key space where they can (a larger one)."""
+    if request.param == "key space":
+        monkeypatch.setattr(GroupSampler, "summaries_up_to", 0)
+    return str(request.param)
+
+
 def group(prompt: str, rewards: list[float], version: int | None = None, **data):
     """One prompt's rollouts: a row per completion (task = prompt, agent = completion)."""
     return [
@@ -135,6 +144,7 @@ def test_groups_drawn_over_the_key_space_are_uniform_among_ready_groups(
 ) -> None:
     ready = _mixed_groups(buf)
     sampler = GroupSampler(group_size=4, varied_reward=True, max_staleness=2, seed=4)
+    sampler.summaries_up_to = 0  # over the key space, as in a buffer of millions of rows
     counts: Counter[str] = Counter()
     for _ in range(300):
         rows = buf.sample(sampler, batch_size=12)
@@ -152,6 +162,7 @@ def test_groups_drawn_over_the_key_space_are_uniform_among_ready_groups(
     assert sampler.last_counts == (12, 4, 4, 4)
     buf.storage.group_index.clear()
     again = GroupSampler(group_size=4, varied_reward=True, max_staleness=2, replacement=True)
+    again.summaries_up_to = 0
     assert set(prompts_of(buf.sample(again, batch_size=4 * 40))) <= set(ready)
     assert not buf.storage.group_index.entries
 
@@ -161,6 +172,7 @@ def test_a_batch_of_more_groups_than_are_ready_falls_back_to_the_summaries(
 ) -> None:
     ready = _mixed_groups(buf)
     sampler = GroupSampler(group_size=4, varied_reward=True, max_staleness=2, seed=5)
+    sampler.summaries_up_to = 0
     rows = buf.sample(sampler, batch_size=4 * 20)
     assert sorted(set(prompts_of(rows))) == sorted(ready) and len(rows) == 48
     assert buf.storage.group_index.entries
@@ -172,7 +184,9 @@ def test_groups_by_a_payload_path(buf: ReplayBuffer) -> None:
         for i in range(6)
     ]
     buf.store_batch(rows)
-    got = buf.sample(GroupSampler("exp_data.ext_info.prompt", 2, seed=0), batch_size=6)
+    by_prompt = GroupSampler("exp_data.ext_info.prompt", 2, seed=0)
+    by_prompt.summaries_up_to = 0
+    got = buf.sample(by_prompt, batch_size=6)
     prompts = [r.exp_data.ext_info["prompt"] for r in got]
     assert [prompts[i] == prompts[i + 1] for i in (0, 2, 4)] == [True] * 3
     assert sorted(set(prompts)) == ["q0", "q1", "q2"]
