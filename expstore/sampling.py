@@ -196,9 +196,21 @@ def _choose_consuming(
         _, first = np.unique(choice.keys, return_index=True)
         drawn = choice.keys[np.sort(first)]
         drawn = drawn[~np.isin(drawn, taken)]
-        counted = storage.count_draws(drawn, limit)
-        sampler.spend(np.setdiff1d(drawn, counted))  # type: ignore[attr-defined]
+        # Rows refused before are not counted again (a draw over the key space read on a
+        # replica behind the primary may still offer them).
+        known = sampler.__dict__.get("_spent")
+        asked = drawn if known is None or not len(known) else drawn[~np.isin(drawn, known)]
+        counted = storage.count_draws(asked, limit)
+        sampler.spend(np.setdiff1d(asked, counted))  # type: ignore[attr-defined]
         taken = np.concatenate([taken, counted])
         if len(counted) == len(drawn):
             break  # nothing refused: the batch is as the sampler chose it
+    if not len(taken):  # every row chosen, again and again, was spent
+        from .samplers.base import empty_error
+
+        raise empty_error(
+            storage,
+            query_condition,
+            f"every matching row has been drawn consume_after={limit} times",
+        )
     return choice._replace(keys=taken)

@@ -297,16 +297,18 @@ class KeySampler(Sampler):
     def spend(self, keys: np.ndarray) -> None:
         """Leave out ``keys``: the database refused them another draw (consume_after)."""
         self._spent = np.union1d(self.__dict__.get("_spent", self._spent), keys)
+        if len(keys):  # others spent rows too, maybe: read them before the next choice
+            self._spent_read = False
 
     def _learn_spent(self, storage: Storage, index: dict[str, Any]) -> dict[str, Any]:
         """``index``, after learning which rows every process together has spent
-        (consume_after) when this sampler has not drawn from this index object yet: rows
-        spent elsewhere (or by flat draws, which never learn them) are then left out
-        rather than refused one by one."""
+        (consume_after), at the first choice over a key index and after each refusal:
+        rows spent elsewhere are then left out rather than refused one by one. (A read
+        of the buffer's draw counts.)"""
         limit = self.__dict__.get("consume_after")
-        if limit is not None and self.__dict__.get("_spent_read") is not index["key"]:
+        if limit is not None and not self.__dict__.get("_spent_read"):
             self.spend(storage.spent_keys(limit))
-            self._spent_read = index["key"]
+            self._spent_read = True
         return index
 
     def _without_spent(self, index: dict[str, Any]) -> dict[str, Any]:
@@ -457,9 +459,8 @@ class KeySampler(Sampler):
         flat = self._choose_flat(storage, batch_size, query_condition)
         if flat is not None:
             return flat
-        matching = self._without_spent(
-            self._learn_spent(storage, self.read_index(storage, query_condition))
-        )
+        whole = self._learn_spent(storage, self.read_index(storage, query_condition))
+        matching = self._without_spent(whole)
         index = self._fresh(storage, matching)
         if not len(index["key"]):
             if len(matching["key"]):
@@ -469,7 +470,7 @@ class KeySampler(Sampler):
                     f"every matching row is more than max_staleness={self.max_staleness} "
                     f"policy versions behind the current version {matching.get('current_version')}",
                 )
-            if len(self.__dict__.get("_spent", ())):
+            if len(whole["key"]):
                 raise empty_error(
                     storage,
                     query_condition,

@@ -220,10 +220,20 @@ class GroupSampler(KeySampler):
         seen: set[int] = set()
         spec, rng = self.spec, self.rng
         budget = max(PROBE_BUDGET, 64 * batch_size)
+        # Rows the group index may read for one draw: groups much longer than group_size
+        # (whole trajectories by task) make each candidate read its whole group.
+        rows_budget, start = 8 * budget, space.probed
         tried = kept = 0
         rate = self.kept_hint(query_condition)
         while len(picked) < wanted:
-            size = min(budget - tried, _ROUND, math.ceil((wanted - len(picked)) / rate * 1.2) + 16)
+            read = space.probed - start
+            per_candidate = max(read / tried, 1.0) if tried else 1.0
+            size = min(
+                budget - tried,
+                _ROUND,
+                math.ceil((wanted - len(picked)) / rate * 1.2) + 16,
+                int((rows_budget - read) / per_candidate),
+            )
             if size <= 0:
                 return None
             candidates = rng.integers(space.min_key, space.max_key + 1, size=size)

@@ -128,3 +128,45 @@ def test_draws_over_the_key_space_leave_spent_rows_out(db_url: str, buffer_name:
         assert not one.storage.index.entries and not two.storage.index.entries
         with pytest.raises(EmptyBufferError, match="consume_after=1"):
             drawn(two, epochs, 1)
+
+
+def test_rows_spent_by_another_process_are_learned_not_refused_one_by_one(
+    db_url: str, buffer_name: str
+) -> None:
+    """A sampler choosing over its key index learns the rows other processes spent once a
+    draw is refused: its batches stay full while unspent rows remain, then it runs dry
+    (found by review: it returned 2, 2, then 0 rows with 6 unspent)."""
+    with (
+        ReplayBuffer(db_url, name=buffer_name) as one,
+        ReplayBuffer(db_url, name=buffer_name) as two,
+    ):
+        one.store_batch(make_rows(200))
+        mine = PrioritizedSampler(seed=0, consume_after=1)
+        got = drawn(one, mine, 4)
+        spender = UniformSampler(replacement=False, seed=1, consume_after=1)
+        spent = [i for _ in range(19) for i in drawn(two, spender, 10)]  # 190 of 200 rows
+        assert len(set(spent)) == 190
+        sizes = []
+        with pytest.raises(EmptyBufferError, match="consume_after=1"):
+            for _ in range(10):
+                batch = drawn(one, mine, 4)
+                sizes.append(len(batch))
+                got += batch
+        assert sum(sizes) == 200 - 190 - 4 + len(set(got[:4]) & set(spent))
+        assert all(size == 4 for size in sizes[:-1])
+        assert sorted(set(got) | set(spent)) == list(range(200))
+        assert len(got) == len(set(got)) and not set(got[4:]) & set(spent)
+
+
+def test_a_condition_nothing_matches_says_so_after_rows_were_spent(
+    db_url: str, buffer_name: str
+) -> None:
+    with ReplayBuffer(db_url, name=buffer_name) as buffer:
+        buffer.store_batch(make_rows(40, agents=2))
+        agent0 = QueryBuilder().eq("exp_meta.agent_id", "agent0").build()
+        drawn(buffer, UniformSampler(replacement=False, seed=0, consume_after=1), 20, agent0)
+        nobody = QueryBuilder().eq("exp_meta.agent_id", "agent9").build()
+        with pytest.raises(EmptyBufferError, match="no rows match"):
+            drawn(buffer, UniformSampler(seed=1, consume_after=1), 4, nobody)
+        with pytest.raises(EmptyBufferError, match="consume_after=1"):
+            drawn(buffer, UniformSampler(seed=2, consume_after=1), 4, agent0)

@@ -404,3 +404,17 @@ def test_concurrent_group_claimers_split_groups_whole_and_once(
     for c in claims:
         assert all(len(set(c[j : j + 4])) == 1 for j in range(0, len(c), 4))
     assert len(seen) >= 40 - 5  # all but the groups the row claimer broke
+
+
+def test_groups_much_longer_than_the_group_size(buf: ReplayBuffer) -> None:
+    """Whole trajectories as groups (300 rows each, groups of 4): a draw over the key space
+    reads each candidate's whole group, so it gives up within its budget of rows and the
+    summaries serve; either way a group is its first 4 rows."""
+    for t in range(6):
+        buf.store_batch([make_row(f"t{t}", f"c{i}", i, reward=float(i % 2)) for i in range(300)])
+    sampler = GroupSampler(group_size=4, seed=0)
+    sampler.summaries_up_to = 0
+    for _ in range(3):
+        rows = buf.sample(sampler, batch_size=8)
+        assert [r.exp_meta.step for r in rows] == [0, 1, 2, 3] * 2
+        assert len(set(prompts_of(rows))) == 2
