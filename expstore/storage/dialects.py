@@ -99,19 +99,21 @@ class Dialect(ABC):
         """The parameters of :meth:`bound_key_values` for these keys and their values
         (finite numbers), one value per key."""
 
-    def insert_per_key(self, table: Any, values: dict[str, Any], given: Any = None) -> Any:
+    def insert_per_key(
+        self, table: Any, values: dict[str, Any], given: Any = None, where: Any = None
+    ) -> Any:
         """``INSERT INTO table`` one row per key of ``given`` (by default :meth:`bound_keys`;
         or :meth:`bound_key_values`, whose ``value`` column ``values`` may use), with
-        ``values`` (plain values or SQL expressions) for its other columns: one statement
-        whatever the number of keys. It is an upsert statement (``on_conflict_do_...``) of
-        this database."""
+        ``values`` (plain values or SQL expressions) for its other columns, for the keys
+        ``where`` (a condition on ``given``) holds: one statement whatever the number of
+        keys. It is an upsert statement (``on_conflict_do_...``) of this database."""
         given = self.bound_keys() if given is None else given
         columns = {
             name: value if isinstance(value, ColumnElement) else literal(value)
             for name, value in values.items()
         }
         # WHERE true: SQLite reads "INSERT ... SELECT ... FROM t ON CONFLICT" as a join.
-        chosen = select(given.c.key, *columns.values()).where(true())
+        chosen = select(given.c.key, *columns.values()).where(true() if where is None else where)
         return self.upsert(table).from_select(["key", *columns], chosen)
 
     @abstractmethod

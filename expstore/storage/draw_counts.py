@@ -11,17 +11,21 @@ draw.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import numpy as np
 from sqlalchemy import ColumnElement, select
 
-from .handle import BufferHandle
+from ..errors import StorageError
+from .handle import CONFLICT_RETRIES, BufferHandle, conflicted
 from .schema import rows, sample_counts
 
 __all__ = ["count_draws", "spent_keys", "times_sampled", "unspent_clause"]
 
 _COUNT = sample_counts.c
+#: foreign_key_violation: a counted row deleted by a transaction that committed meanwhile.
+_GONE = frozenset({"23503"})
 
 
 def count_draws(handle: BufferHandle, keys: np.ndarray, limit: int) -> np.ndarray:
@@ -32,7 +36,11 @@ def count_draws(handle: BufferHandle, keys: np.ndarray, limit: int) -> np.ndarra
         return keys
     dialect = handle.dialect
     values = {"buffer_id": handle.buffer_id, "times_sampled": 1}
-    insert = dialect.insert_per_key(sample_counts, values)
+    given = dialect.bound_keys()
+    # Only rows still stored: a row evicted or deleted since it was chosen is not counted
+    # (its count would refer to no row).
+    stored = select(rows.c.key).where(rows.c.key == given.c.key).exists()
+    insert = dialect.insert_per_key(sample_counts, values, given, stored)
     stmt = insert.on_conflict_do_update(
         index_elements=[_COUNT.key],
         set_={"times_sampled": _COUNT.times_sampled + 1},
@@ -41,9 +49,19 @@ def count_draws(handle: BufferHandle, keys: np.ndarray, limit: int) -> np.ndarra
     # In key order: processes counting overlapping draws then take the counts' row locks in
     # one order and never deadlock (drawn orders are random).
     ordered = np.sort(keys).tolist()
-    with handle.errors("count draws"), handle.write() as conn:
-        found = conn.execute(stmt, {"keys": dialect.key_set(ordered)}).scalars()
-        counted = np.fromiter(found, np.int64)
+    for attempt in range(CONFLICT_RETRIES + 1):
+        try:
+            with handle.errors("count draws"), handle.write() as conn:
+                found = conn.execute(stmt, {"keys": dialect.key_set(ordered)}).scalars()
+                counted = np.fromiter(found, np.int64)
+            break
+        except StorageError as exc:
+            # A deadlock with a writer evicting these rows (its cascade waits for our
+            # counts, our foreign-key checks for its deletes), or a row deleted between
+            # the check above and the foreign key's: rolled back, so count again.
+            if attempt == CONFLICT_RETRIES or not conflicted(exc, _GONE):
+                raise
+            time.sleep(0.005 * 2**attempt)
     return keys[np.isin(keys, counted)]
 
 

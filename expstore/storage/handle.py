@@ -22,7 +22,20 @@ from .dialects import Dialect, dialect_for
 from .engine import Connections
 from .schema import rows
 
-__all__ = ["BufferHandle"]
+__all__ = ["CONFLICT_RETRIES", "BufferHandle", "conflicted"]
+
+#: How many times a write that failed on a serialisation failure or a deadlock is retried.
+CONFLICT_RETRIES = 5
+#: SQLSTATEs of a transaction the server rolled back for a conflict with another.
+_CONFLICTS = frozenset({"40001", "40P01"})
+
+
+def conflicted(exc: StorageError, also: frozenset[str] = frozenset()) -> bool:
+    """Whether ``exc`` comes from a serialisation failure or a deadlock (or one of the
+    SQLSTATEs in ``also``): the transaction was rolled back and may simply be retried."""
+    state = getattr(getattr(exc.__cause__, "orig", None), "sqlstate", None)
+    return state in _CONFLICTS or state in also
+
 
 #: Statements a handle keeps compiled before it starts afresh.
 _STATEMENTS = 64

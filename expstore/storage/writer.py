@@ -46,7 +46,7 @@ from ..models import DataRow
 from . import task_stats
 from .dedup import check_dedup, without_duplicates
 from .dialects import WRITE_COLUMNS
-from .handle import BufferHandle
+from .handle import CONFLICT_RETRIES, BufferHandle, conflicted
 from .rate_limits import RateLimits, WriteBlocked, limited_flag
 from .registry import count_inserted, evict_beyond, lock_buffer
 from .row_ids import ids_to_keys
@@ -199,23 +199,11 @@ def store_rows(
         except StorageError as exc:
             # A serialisation failure or deadlock rolled the whole write back: try again.
             conflicts += 1
-            if conflicts > CONFLICT_RETRIES or not _conflict(exc):
+            if conflicts > CONFLICT_RETRIES or not conflicted(exc):
                 raise
             time.sleep(0.005 * 2**conflicts)
     handle.dialect.wrote(handle.connections.engine, handle.buffer_id, stored)
     return (None if capacity is None else int(capacity)), policy, stored
-
-
-#: How many times a write that failed on a serialisation failure or a deadlock is retried.
-CONFLICT_RETRIES = 5
-#: SQLSTATEs of a transaction the server rolled back for a conflict with another.
-_CONFLICTS = frozenset({"40001", "40P01"})
-
-
-def _conflict(exc: StorageError) -> bool:
-    """Whether ``exc`` comes from a serialisation failure or a deadlock."""
-    cause = exc.__cause__
-    return getattr(getattr(cause, "orig", None), "sqlstate", None) in _CONFLICTS
 
 
 def _write(handle: BufferHandle, batch: RowSource, dedup: str | None) -> tuple[Any, str, int]:

@@ -170,3 +170,31 @@ def test_a_condition_nothing_matches_says_so_after_rows_were_spent(
             drawn(buffer, UniformSampler(seed=1, consume_after=1), 4, nobody)
         with pytest.raises(EmptyBufferError, match="consume_after=1"):
             drawn(buffer, UniformSampler(seed=2, consume_after=1), 4, agent0)
+
+
+def test_a_chosen_row_deleted_before_its_draw_is_counted(
+    db_url: str, buffer_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process evicts a chosen row between the choice and the count: the count
+    leaves it out (before, the counts' foreign key refused the whole batch, found by
+    review)."""
+    with (
+        ReplayBuffer(db_url, name=buffer_name) as buffer,
+        ReplayBuffer(db_url, name=buffer_name) as other,
+    ):
+        buffer.store_batch(make_rows(40))
+        storage = buffer.storage
+        count = storage.count_draws
+        gone: list[int] = []
+
+        def count_after_a_delete(keys, limit):  # noqa: ANN001, ANN202
+            if not gone:
+                victim = next(iter(other.query())).exp_data.state["i"]
+                other.delete(QueryBuilder().eq("exp_data.state.i", victim).build())
+                gone.append(victim)
+            return count(keys, limit)
+
+        monkeypatch.setattr(storage, "count_draws", count_after_a_delete)
+        got = drawn(buffer, UniformSampler(replacement=False, seed=0, consume_after=1), 40)
+        assert gone and gone[0] not in got
+        assert sorted(got) == sorted(set(range(40)) - set(gone))

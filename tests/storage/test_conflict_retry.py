@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from expstore import ReplayBuffer, StorageError
-from expstore.storage import writer
+from expstore.storage import handle, writer
 from tests.helpers import make_rows
 
 
@@ -58,4 +58,25 @@ def test_other_failures_and_endless_conflicts_reach_the_caller(
         monkeypatch.setattr(writer, "_write", write)
         with pytest.raises(StorageError):
             buffer.store_batch(make_rows(2))
-        assert calls["n"] == writer.CONFLICT_RETRIES + 1 and len(buffer) == 0
+        assert calls["n"] == handle.CONFLICT_RETRIES + 1 and len(buffer) == 0
+
+
+@pytest.mark.parametrize("sqlstate", ["40P01", "23503"])
+def test_counting_draws_retries_a_deadlock_or_a_row_deleted_meanwhile(
+    db_url: str, buffer_name: str, monkeypatch: pytest.MonkeyPatch, sqlstate: str
+) -> None:
+    """consume_after's counts: a deadlock with a writer evicting the counted rows, or a row
+    deleted between the existence check and the foreign key's, is counted again."""
+    with ReplayBuffer(db_url, name=buffer_name) as buffer:
+        buffer.store_batch(make_rows(5))
+        keys = buffer.storage.key_index(None)["key"]
+        own = buffer.storage._handle
+        write, calls = _failing(2, sqlstate, own.write)
+        monkeypatch.setattr(own, "write", write)
+        assert buffer.storage.count_draws(keys, 1).tolist() == keys.tolist()
+        assert calls["n"] == 3
+        write, calls = _failing(1, "23505", own.write)
+        monkeypatch.setattr(own, "write", write)
+        with pytest.raises(StorageError, match="conflict"):
+            buffer.storage.count_draws(keys, 2)
+        assert calls["n"] == 1
