@@ -11,14 +11,12 @@ draw.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 import numpy as np
 from sqlalchemy import ColumnElement, select
 
-from ..errors import StorageError
-from .handle import CONFLICT_RETRIES, BufferHandle, conflicted
+from .handle import BufferHandle, retried
 from .schema import rows, sample_counts
 
 __all__ = ["count_draws", "spent_keys", "times_sampled", "unspent_clause"]
@@ -49,19 +47,16 @@ def count_draws(handle: BufferHandle, keys: np.ndarray, limit: int) -> np.ndarra
     # In key order: processes counting overlapping draws then take the counts' row locks in
     # one order and never deadlock (drawn orders are random).
     ordered = np.sort(keys).tolist()
-    for attempt in range(CONFLICT_RETRIES + 1):
-        try:
-            with handle.errors("count draws"), handle.write() as conn:
-                found = conn.execute(stmt, {"keys": dialect.key_set(ordered)}).scalars()
-                counted = np.fromiter(found, np.int64)
-            break
-        except StorageError as exc:
-            # A deadlock with a writer evicting these rows (its cascade waits for our
-            # counts, our foreign-key checks for its deletes), or a row deleted between
-            # the check above and the foreign key's: rolled back, so count again.
-            if attempt == CONFLICT_RETRIES or not conflicted(exc, _GONE):
-                raise
-            time.sleep(0.005 * 2**attempt)
+
+    def count() -> np.ndarray:
+        with handle.errors("count draws"), handle.write() as conn:
+            found = conn.execute(stmt, {"keys": dialect.key_set(ordered)}).scalars()
+            return np.fromiter(found, np.int64)
+
+    # A deadlock with a writer evicting these rows (its cascade waits for our counts, our
+    # foreign-key checks for its deletes), or a row deleted between the check above and
+    # the foreign key's: rolled back, so count again.
+    counted = retried(count, _GONE)
     return keys[np.isin(keys, counted)]
 
 

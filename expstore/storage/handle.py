@@ -4,10 +4,11 @@ statements compiled for it, and the one place where driver errors become Storage
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from itertools import islice
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy import Connection, Select
 from sqlalchemy.engine import URL
@@ -22,7 +23,9 @@ from .dialects import Dialect, dialect_for
 from .engine import Connections
 from .schema import rows
 
-__all__ = ["CONFLICT_RETRIES", "BufferHandle", "conflicted"]
+__all__ = ["CONFLICT_RETRIES", "BufferHandle", "retried"]
+
+_T = TypeVar("_T")
 
 #: How many times a write that failed on a serialisation failure or a deadlock is retried.
 CONFLICT_RETRIES = 5
@@ -30,11 +33,20 @@ CONFLICT_RETRIES = 5
 _CONFLICTS = frozenset({"40001", "40P01"})
 
 
-def conflicted(exc: StorageError, also: frozenset[str] = frozenset()) -> bool:
-    """Whether ``exc`` comes from a serialisation failure or a deadlock (or one of the
-    SQLSTATEs in ``also``): the transaction was rolled back and may simply be retried."""
-    state = getattr(getattr(exc.__cause__, "orig", None), "sqlstate", None)
-    return state in _CONFLICTS or state in also
+def retried(write: Callable[[], _T], also: frozenset[str] = frozenset()) -> _T:
+    """``write()``, called again (after a growing pause, up to :data:`CONFLICT_RETRIES`
+    times) when the server rolled its transaction back for a serialisation failure or a
+    deadlock, or with one of the SQLSTATEs in ``also``; any other failure is raised."""
+    attempt = 0
+    while True:
+        try:
+            return write()
+        except StorageError as exc:
+            attempt += 1
+            state = getattr(getattr(exc.__cause__, "orig", None), "sqlstate", None)
+            if attempt > CONFLICT_RETRIES or not (state in _CONFLICTS or state in also):
+                raise
+            time.sleep(0.005 * 2**attempt)
 
 
 #: Statements a handle keeps compiled before it starts afresh.

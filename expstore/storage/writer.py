@@ -30,7 +30,6 @@ from ..errors import (
     DuplicateIdError,
     InvalidArgumentError,
     RowValidationError,
-    StorageError,
     UnsupportedTypeError,
 )
 from ..layout import (
@@ -46,7 +45,7 @@ from ..models import DataRow
 from . import task_stats
 from .dedup import check_dedup, without_duplicates
 from .dialects import WRITE_COLUMNS
-from .handle import CONFLICT_RETRIES, BufferHandle, conflicted
+from .handle import BufferHandle, retried
 from .rate_limits import RateLimits, WriteBlocked, limited_flag
 from .registry import count_inserted, evict_beyond, lock_buffer
 from .row_ids import ids_to_keys
@@ -189,19 +188,17 @@ def store_rows(
     dedup = check_dedup(dedup)
     source = batch if isinstance(batch, RowSource) else _Rows(list(batch))
     started, pause = time.monotonic(), 0.002
-    conflicts = 0
-    while True:
-        try:
-            capacity, policy, stored = _write(handle, source, dedup)
-            break
-        except WriteBlocked as blocked:  # rolled back: wait for samplers, then again
-            pause = RateLimits(handle).wait_to_write(blocked, started, pause)
-        except StorageError as exc:
-            # A serialisation failure or deadlock rolled the whole write back: try again.
-            conflicts += 1
-            if conflicts > CONFLICT_RETRIES or not conflicted(exc):
-                raise
-            time.sleep(0.005 * 2**conflicts)
+
+    def write() -> tuple[Any, str, int]:
+        nonlocal pause
+        while True:
+            try:
+                return _write(handle, source, dedup)
+            except WriteBlocked as blocked:  # rolled back: wait for samplers, then again
+                pause = RateLimits(handle).wait_to_write(blocked, started, pause)
+
+    # A serialisation failure or deadlock rolled the whole write back: try again.
+    capacity, policy, stored = retried(write)
     handle.dialect.wrote(handle.connections.engine, handle.buffer_id, stored)
     return (None if capacity is None else int(capacity)), policy, stored
 
