@@ -296,9 +296,8 @@ def groups_first_at(
 ) -> tuple[Arrays, int]:
     """:func:`summarise` of the groups whose first matching row is one of ``keys`` (any
     candidate keys), as arrays (see :meth:`GroupIndex.get`). Two statements through the group
-    column's index: each group's first key (the index alone, without a condition), then
-    the summaries of the groups that begin at one of ``keys``; and how many rows the first
-    statement counted."""
+    column's index: each group's first key, then the summaries of the groups that begin at
+    one of ``keys``; and how many rows the first statement counted."""
     group = group_column(handle, spec)
 
     def of(chosen: Sequence[int]) -> Any:

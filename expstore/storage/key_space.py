@@ -27,7 +27,7 @@ import numpy as np
 from sqlalchemy import Connection, and_, func, or_, select
 
 from ..errors import InvalidArgumentError
-from ..layout import COLUMNS_BY_NAME
+from ..layout import COLUMNS_BY_NAME, ColumnSpec
 from ..query.fields import resolve_field
 from .base import QueryCondition
 from .compiled import CompiledSelect
@@ -177,9 +177,8 @@ class KeySpace:
         """The distinct values of column ``name`` among the buffer's rows, by one index probe
         per value (a loose index scan); None when no index leads with it, the column may be
         NULL, or it has more than :data:`DISTINCT_LIMIT` values."""
-        path = resolve_field(name)
-        spec = None if path.column is None else COLUMNS_BY_NAME.get(path.column.name)
-        if spec is None or spec.nullable or not (spec.indexed or spec.name == "task_id"):
+        spec = _indexed_column(name)
+        if spec is None or spec.nullable:
             return None
         column = rows.c[spec.name]
         buffer_id = self.handle.buffer_id
@@ -199,9 +198,7 @@ class KeySpace:
         :meth:`~expstore.storage.groups.GroupIndex.get` gives them; None when the group
         column has no index to find a group's rows by (a payload path, a column without
         one), so that each group would be a scan."""
-        field = resolve_field(spec.group_by)
-        column = None if field.column is None else COLUMNS_BY_NAME.get(field.column.name)
-        if column is None or not (column.indexed or column.name == "task_id"):
+        if _indexed_column(spec.group_by) is None:
             return None
         found, read = groups_first_at(
             self.handle, self.conn, self.query_condition, spec, np.unique(keys).tolist()
@@ -304,6 +301,15 @@ class KeySpace:
             None if smallest is None else float(smallest),
             None if largest is None else float(largest),
         )
+
+
+def _indexed_column(name: str) -> ColumnSpec | None:
+    """The column at field ``name`` when an index leads with the buffer and it (an indexed
+    column, or ``task_id``'s ``(buffer_id, task_id, step)``); None otherwise (a payload
+    path, a column without such an index)."""
+    path = resolve_field(name)
+    spec = None if path.column is None else COLUMNS_BY_NAME.get(path.column.name)
+    return spec if spec is not None and (spec.indexed or spec.name == "task_id") else None
 
 
 def _chunks(values: Sequence[str]) -> list[list[str]]:
