@@ -12,8 +12,8 @@ prints medians of ``--repeat`` interleaved warm calls, all with the same NumpyCo
    summarises every group once) and the draw after 64 rows were stored (only the touched
    groups are summarised again);
 2. ``UniformSampler(max_staleness=49)`` at version 99 (half the rows fresh) against
-   without (target <= 1.2x), and the first draw after the version moved (the cached index
-   is filtered again);
+   without (target <= 1.2x), the same with ``max_staleness=4`` (5% fresh) and its first
+   draw after opening, and the first draw after the version moved;
 3. rate-limited sampling: the per-call cost of counting a batch against a budget (one
    process), and 4 processes sampling at once for ``--seconds`` with and without a
    limit: calls per second, and on Postgres how often a sampler was seen waiting on a lock
@@ -108,6 +108,7 @@ def groups_and_staleness(url: str, name: str, repeat: int) -> None:
         over_keys = GroupSampler("task_id", GROUP, seed=0)
         over_keys.summaries_up_to = 0
         fresh = UniformSampler(seed=0, max_staleness=49)
+        recent = UniformSampler(seed=0, max_staleness=4)  # 5% of the rows fresh
         first_uniform = timed(lambda: buffer.sample(uniform, converter=converter, batch_size=BATCH))
         first_groups = timed(lambda: buffer.sample(groups, converter=converter, batch_size=BATCH))
         first_over_keys = timed(
@@ -115,12 +116,14 @@ def groups_and_staleness(url: str, name: str, repeat: int) -> None:
         )
         buffer.sample(varied, converter=converter, batch_size=BATCH)
         buffer.sample(fresh, converter=converter, batch_size=BATCH)
+        first_recent = timed(lambda: buffer.sample(recent, converter=converter, batch_size=BATCH))
         times: dict[str, list[float]] = {
             "uniform": [],
             "groups": [],
             "varied": [],
             "over_keys": [],
             "fresh": [],
+            "recent": [],
         }
         samplers = {
             "uniform": uniform,
@@ -128,6 +131,7 @@ def groups_and_staleness(url: str, name: str, repeat: int) -> None:
             "varied": varied,
             "over_keys": over_keys,
             "fresh": fresh,
+            "recent": recent,
         }
         for _ in range(repeat):
             for key, sampler in samplers.items():
@@ -155,6 +159,9 @@ def groups_and_staleness(url: str, name: str, repeat: int) -> None:
             f"  UniformSampler(max_staleness=49), half fresh      {f:9.2f} ms  "
             f"({f / u:.2f}x; target <= 1.2x)"
         )
+        r = ms(times["recent"])
+        print(f"  UniformSampler(max_staleness=4), 5% fresh        {r:9.2f} ms  ({r / u:.2f}x)")
+        print(f"  first max_staleness=4 draw (finds its bound)     {first_recent * 1000:9.1f} ms")
         # After 64 new rows (8 groups): only those groups are summarised again.
         index = buffer.storage.group_index
         read = index.groups_read
@@ -248,6 +255,7 @@ def main() -> None:
     parser.add_argument("--backends", default="sqlite,postgres")
     parser.add_argument("--pg-url", default="postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--scratch", default=None, help="folder to keep the SQLite file in")
+    parser.add_argument("--no-rate-limits", action="store_true", help="groups and staleness only")
     args = parser.parse_args()
     scratch = Path(args.scratch or "/tmp/expstore-bench")
     scratch.mkdir(parents=True, exist_ok=True)
@@ -257,7 +265,8 @@ def main() -> None:
         print(f"== {backend}: {args.rows:,} rows in groups of {GROUP} ==", flush=True)
         build(url, name, args.rows)
         groups_and_staleness(url, name, args.repeat)
-        rate_limits(url, name, args.repeat, args.seconds)
+        if not args.no_rate_limits:
+            rate_limits(url, name, args.repeat, args.seconds)
 
 
 if __name__ == "__main__":

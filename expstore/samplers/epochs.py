@@ -13,7 +13,13 @@ permutation order, until the batch is full or the epoch ends (a short last batch
 condition (or ``max_staleness``) the probe keeps the rows that match when the walk reaches
 them; the cost of a batch is then its size over the share of the range that matches,
 which the sampler measures before it begins an epoch (it shuffles a copy of the matching
-keys instead when that share is small).
+keys instead when that share is small). When the share falls during an epoch (rows gone
+stale, spent by other processes, deleted) so far that a call probes its budget without
+filling the batch, the epoch goes on over the key index: the matching keys the walk has
+not reached yet (:func:`rest_of_epoch`, by the permutation's inverse), so no row comes
+twice or is left out. Under ``max_staleness`` the range begins at the first fresh row
+(:attr:`~expstore.storage.key_space.KeySpace.low`); rows that become fresh again during
+the epoch because the version was forced back join the next epoch.
 
 The permutation is a balanced Feistel network over the smallest even power of two that
 holds the range, with cycle-walking back into it: a bijection for any round function, so
@@ -24,6 +30,7 @@ uniformly random permutation in the cryptographic sense, which no epoch sampler 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -31,7 +38,7 @@ import numpy as np
 from ..errors import InvalidArgumentError
 from ..storage.key_space import KeySpace
 
-__all__ = ["EpochState", "KeyPermutation", "next_in_epoch"]
+__all__ = ["EpochState", "KeyPermutation", "next_in_epoch", "rest_of_epoch"]
 
 #: Feistel rounds (four give a pseudo-random permutation from pseudo-random round functions).
 ROUNDS = 6
@@ -68,13 +75,26 @@ class KeyPermutation:
             left, right = right, left ^ self._round(right, key)
         return (left << self.half) | right
 
+    def _decrypt(self, x: np.ndarray) -> np.ndarray:
+        left, right = x >> self.half, x & self.mask
+        for key in self.keys[::-1]:
+            left, right = right ^ self._round(left, key), left
+        return (left << self.half) | right
+
     def __call__(self, positions: np.ndarray) -> np.ndarray:
         """The images of ``positions`` (each in ``0 .. size - 1``), as int64."""
+        return self._walk(self._encrypt, positions)
+
+    def inverse(self, images: np.ndarray) -> np.ndarray:
+        """The positions whose images are ``images`` (each in ``0 .. size - 1``), as int64."""
+        return self._walk(self._decrypt, images)
+
+    def _walk(self, step: Callable[[np.ndarray], np.ndarray], values: np.ndarray) -> np.ndarray:
         with np.errstate(over="ignore"):
-            out = self._encrypt(np.asarray(positions, dtype=np.uint64))
+            out = step(np.asarray(values, dtype=np.uint64))
             outside = out >= self.size
             while outside.any():  # cycle-walking: at most a few steps, 4x the size at most
-                out[outside] = self._encrypt(out[outside])
+                out[outside] = step(out[outside])
                 outside = out >= self.size
         return out.astype(np.int64)
 
@@ -90,17 +110,19 @@ class EpochState(NamedTuple):
 
 
 def next_in_epoch(
-    space: KeySpace, state: EpochState, batch_size: int
+    space: KeySpace, state: EpochState, batch_size: int, budget: int
 ) -> tuple[np.ndarray, EpochState]:
     """Up to ``batch_size`` keys of rows of ``space`` (matching its condition) next in the
-    epoch (fewer only when the epoch ends), in epoch order, and the epoch's state after
-    them."""
+    epoch, in epoch order, and the epoch's state after them: fewer when the epoch ends, or
+    when ``budget`` candidates were probed first (so few of the range's keys match now that
+    the rest of the epoch should go on over the key index: :func:`rest_of_epoch`)."""
     low, span, permutation, position, share = state
     taken: list[np.ndarray] = []
-    need = batch_size
+    need, probed = batch_size, 0
     rate = min(max(share, 1 / 64), 1.0)
-    while need and position < span:
-        size = min(span - position, math.ceil(need / rate * 1.2) + 16)
+    while need and position < span and probed < budget:
+        size = min(span - position, math.ceil(need / rate * 1.2) + 16, budget - probed)
+        probed += size
         candidates = low + permutation(np.arange(position, position + size))
         found = space.probe(candidates)["key"]
         hit = np.flatnonzero(np.isin(candidates, found, assume_unique=True))
@@ -113,3 +135,14 @@ def next_in_epoch(
         rate = max(len(hit) / size, 1 / 64) if size else rate
     keys = np.concatenate(taken) if taken else np.empty(0, np.int64)
     return keys, EpochState(low, span, permutation, position, rate)
+
+
+def rest_of_epoch(state: EpochState, keys: np.ndarray) -> np.ndarray:
+    """Of ``keys`` (the matching rows' keys, from a key index), those the epoch has not
+    reached yet, in epoch order: the keys of its range whose positions in its permutation
+    are at or past where it stands (keys above the range, stored since it began, join the
+    next epoch)."""
+    inside = keys[(keys >= state.low) & (keys < state.low + state.span)]
+    positions = state.permutation.inverse(inside - state.low)
+    ahead = positions >= state.position
+    return inside[ahead][np.argsort(positions[ahead], kind="stable")]

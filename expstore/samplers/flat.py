@@ -67,9 +67,11 @@ def draw_uniform(
     does not pay (see the module's docstring)."""
     if not space.rows or n <= 0:
         return None
-    low, high = space.min_key, space.max_key + 1
-    if space.dense and not space.filtered and accept is None and quota is None and not columns:
-        # Every key of the range is a row (and every row matches): nothing to probe.
+    low, high = space.candidates
+    if high <= low:  # no row can match (see KeySpace.low)
+        return None
+    if accept is None and quota is None and not columns and space.every_key_matches:
+        # Every key of the range is a matching row: nothing to probe.
         return Drawn(rng.integers(low, high, size=n), {}, 1.0)
     budget = max(PROBE_BUDGET, 64 * n)
     taken: list[np.ndarray] = []

@@ -216,6 +216,10 @@ class GroupSampler(KeySampler):
         if batch_size % self.group_size or space.rows <= self.summaries_up_to:
             return None  # choose() says why, or the summaries are cheap
         wanted = batch_size // self.group_size
+        # A ready group's rows are all fresh: its first row is not below the first fresh one.
+        low, high = space.candidates
+        if high <= low:
+            return None
         picked: list[np.ndarray] = []
         seen: set[int] = set()
         spec, rng = self.spec, self.rng
@@ -236,7 +240,7 @@ class GroupSampler(KeySampler):
             )
             if size <= 0:
                 return None
-            candidates = rng.integers(space.min_key, space.max_key + 1, size=size)
+            candidates = rng.integers(low, high, size=size)
             tried += size
             # No probe first: a candidate that is its group's first matching row is a
             # matching row of the buffer.

@@ -11,8 +11,8 @@ from ..sampling import Choice
 from ..storage.base import QueryCondition, Storage
 from ..storage.key_space import KeySpace
 from .base import KeySampler, SamplerOptions
-from .epochs import EpochState, KeyPermutation, next_in_epoch
-from .flat import draw_uniform
+from .epochs import EpochState, KeyPermutation, next_in_epoch, rest_of_epoch
+from .flat import PROBE_BUDGET, draw_uniform
 
 __all__ = ["UniformSampler"]
 
@@ -55,12 +55,16 @@ class UniformSampler(KeySampler):
         self._position = 0
         self._epoch_condition: Any = None
         self._flat_epoch: EpochState | None = None
+        #: An epoch over the key space to go on over the key index, and the keys its last
+        #: call found before it gave up (see :func:`~expstore.samplers.epochs.rest_of_epoch`).
+        self._handover: tuple[EpochState, np.ndarray] | None = None
 
     def reseed(self, seed: Any) -> None:
         super().reseed(seed)
         self._epoch = None
         self._position = 0
         self._flat_epoch = None
+        self._handover = None
 
     def choose(
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
@@ -68,6 +72,7 @@ class UniformSampler(KeySampler):
         if not self.replacement and not _same_condition(self._epoch_condition, query_condition):
             self._epoch = None
             self._flat_epoch = None
+            self._handover = None
             self._epoch_condition = query_condition
         return super().choose(storage, batch_size, query_condition)
 
@@ -75,11 +80,23 @@ class UniformSampler(KeySampler):
         # Epoch states are replaced, never changed in place: holding them is a snapshot.
         if self.replacement:
             return None
-        return (self._epoch, self._position, self._flat_epoch, self._epoch_condition)
+        return (
+            self._epoch,
+            self._position,
+            self._flat_epoch,
+            self._epoch_condition,
+            self._handover,
+        )
 
     def rewind(self, mark: Any) -> None:
         if mark is not None:
-            self._epoch, self._position, self._flat_epoch, self._epoch_condition = mark
+            (
+                self._epoch,
+                self._position,
+                self._flat_epoch,
+                self._epoch_condition,
+                self._handover,
+            ) = mark
 
     def can_draw_flat(self, query_condition: QueryCondition) -> bool:
         # An epoch stays on the path it began on: a key-index epoch is finished over it.
@@ -108,11 +125,18 @@ class UniformSampler(KeySampler):
                 if share < 1 / _SPARSE_MATCHING:
                     self._flat_epoch = None
                     return None
-                permutation = KeyPermutation(space.span, self.rng)
-                state = EpochState(space.min_key, space.span, permutation, 0, share)
+                low, high = space.candidates
+                permutation = KeyPermutation(high - low, self.rng)
+                state = EpochState(low, high - low, permutation, 0, share)
                 self._epoch = None  # the key index's epoch, if one ran, is over
-            keys, state = next_in_epoch(space, state, batch_size)
+            budget = max(PROBE_BUDGET, 128 * batch_size)
+            keys, state = next_in_epoch(space, state, batch_size, budget)
             self._flat_epoch = state
+            if len(keys) < batch_size and state.position < state.span:
+                # Few keys of the range match now (rows gone stale, spent or deleted
+                # since the epoch began): the rest of it goes on over the key index.
+                self._handover = (state, keys)
+                return None
             if len(keys):
                 return Choice(keys)
         return None
@@ -126,10 +150,13 @@ class UniformSampler(KeySampler):
             return 0.0
         if not space.filtered:
             return space.rows / space.span
-        if space.span <= _SHARE_PROBES:
-            candidates = np.arange(space.min_key, space.max_key + 1)
+        low, high = space.candidates
+        if high <= low:
+            return 0.0
+        if high - low <= _SHARE_PROBES:
+            candidates = np.arange(low, high)
         else:
-            candidates = self.rng.integers(space.min_key, space.max_key + 1, _SHARE_PROBES)
+            candidates = self.rng.integers(low, high, _SHARE_PROBES)
         found = space.probe(np.unique(candidates))["key"]
         return float(np.isin(candidates, found).mean())
 
@@ -146,7 +173,12 @@ class UniformSampler(KeySampler):
     ) -> np.ndarray:
         while True:
             if self._epoch is None or self._position >= len(self._epoch):
-                self._epoch = keys[rng.permutation(len(keys))]
+                if self._handover is not None:  # the rest of an epoch over the key space
+                    state, found = self._handover
+                    self._epoch = np.concatenate([found, rest_of_epoch(state, keys)])
+                    self._handover = None
+                else:
+                    self._epoch = keys[rng.permutation(len(keys))]
                 self._position = 0
                 self._flat_epoch = None  # an epoch over the key space, if one ran, is over
             chosen = self._epoch[self._position : self._position + batch_size]

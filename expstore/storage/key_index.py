@@ -36,6 +36,7 @@ from .handle import BufferHandle
 from .priorities import logged_priorities
 from .rate_limits import limited_flag
 from .schema import buffers, newest_first, oldest_first, priorities, rows
+from .versions import FreshBounds
 
 if TYPE_CHECKING:
     from .key_space import KeySpace
@@ -126,6 +127,9 @@ class KeyIndex:
         #: Candidate keys probed by draws over the key space so far (see
         #: :mod:`expstore.storage.key_space`), to see what a draw costs.
         self.keys_probed = 0
+        #: The first fresh row's key by oldest fresh version, kept across draws (see
+        #: :attr:`expstore.storage.key_space.KeySpace.low`).
+        self.fresh_bounds = FreshBounds()
         #: Told at each freshness check whether the buffer has a rate limit (read in the
         #: same round trip; see :mod:`expstore.storage.rate_limits`).
         self.on_limit: Callable[[bool], None] | None = None
@@ -135,6 +139,7 @@ class KeyIndex:
 
     def clear(self) -> None:
         self.entries.clear()
+        self.fresh_bounds.clear()
 
     def signature(self, conn: Connection) -> Signature:
         """The buffer's signature now."""
@@ -168,7 +173,13 @@ class KeyIndex:
             if snapshot:  # e.g. priority bounds and probes: a priority updated meanwhile
                 self.handle.dialect.snapshot(conn)  # cannot leave the bounds' envelope
             space = KeySpace(
-                self.handle, conn, query_condition, state(conn), max_staleness, consume_after
+                self.handle,
+                conn,
+                query_condition,
+                state(conn),
+                max_staleness,
+                consume_after,
+                self.fresh_bounds,
             )
             try:
                 return use(space)

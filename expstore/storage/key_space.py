@@ -36,7 +36,7 @@ from .groups import GroupSpec, groups_first_at
 from .handle import BufferHandle
 from .key_index import Arrays, _column, _to_arrays, condition_key
 from .schema import loose_scan, priorities, rows
-from .versions import fresh_clause
+from .versions import FreshBounds, fresh_clause
 
 #: A plan line of SQLite seeking an index on the condition with each candidate key (not
 #: the (buffer_id, key) index, which turns no candidate down).
@@ -74,6 +74,7 @@ class KeySpace:
         state: tuple[int, int, int, int | None],
         max_staleness: int | None = None,
         consume_after: int | None = None,
+        fresh_bounds: FreshBounds | None = None,
     ) -> None:
         self.handle = handle
         self.conn = conn
@@ -84,6 +85,10 @@ class KeySpace:
         self.min_key, self.max_key, self.rows, self.current_version = state
         #: Candidate keys probed through this space, to see what a draw cost.
         self.probed = 0
+        #: Where fresh rows lie, as found before (see :attr:`low`).
+        self._fresh_bounds = FreshBounds() if fresh_bounds is None else fresh_bounds
+        self._low: int | None = None
+        self._every_key: bool | None = None
 
     @property
     def span(self) -> int:
@@ -99,6 +104,60 @@ class KeySpace:
             or self.max_staleness is not None
             or self.consume_after is not None
         )
+
+    @property
+    def low(self) -> int:
+        """The smallest key a matching row can have: ``min_key``, raised under
+        ``max_staleness`` to the first fresh row's key
+        (:func:`~expstore.storage.versions.first_fresh_key`), so that draws in a buffer
+        whose older versions went stale look for rows in its fresh part alone. Found once
+        per oldest fresh version and kept by the storage (a bound it stays, see there);
+        may exceed ``max_key`` when no row can match."""
+        if self._low is None:
+            self._low = self.min_key
+            oldest = self._oldest
+            if oldest is not None and self.rows:
+                bound = self._fresh_bounds.first(self.handle, self.conn, oldest)
+                if bound is not None:
+                    self._low = max(self.min_key, bound)
+        return self._low
+
+    @property
+    def _oldest(self) -> int | None:
+        """The oldest fresh version under ``max_staleness`` (None: every row is fresh)."""
+        if self.max_staleness is None or self.current_version is None:
+            return None
+        return self.current_version - self.max_staleness
+
+    @property
+    def every_key_matches(self) -> bool:
+        """Whether every key from :attr:`low` to ``max_key`` is a matching row, so a draw
+        needs no probe: a dense buffer without a condition or ``consume_after``, whose
+        stale rows (under ``max_staleness``) all lie below its first fresh row (the usual
+        buffer of an asynchronous run, its versions growing with its keys), read on the
+        primary (see :class:`~expstore.storage.versions.FreshBounds`)."""
+        if self._every_key is None:
+            self._every_key = self.dense and not self.filtered
+            if (
+                self.dense
+                and self.query_condition is None
+                and self.consume_after is None
+                and self.handle.connections.router is None
+            ):
+                oldest = self._oldest
+                low = self.low
+                self._every_key = oldest is None or not self._fresh_bounds.stale_from(
+                    self.handle, self.conn, oldest, low, self.max_key
+                )
+        return self._every_key
+
+    @property
+    def candidates(self) -> tuple[int, int]:
+        """The range candidate keys are drawn from, ``low`` included, ``high`` not
+        (empty when no row can match)."""
+        low = self.low
+        high = max(low, self.max_key + 1) if self.rows else low
+        return low, high
 
     @property
     def dense(self) -> bool:

@@ -199,12 +199,15 @@ def newest_first(stmt: Select[Any], buffer_id: int) -> Select[Any]:
     )
 
 
-def loose_scan(column: Any, *where: Any) -> Select[Any]:
+def loose_scan(column: Any, *where: Any, start: Any = None) -> Select[Any]:
     """The distinct values of ``column`` among the rows matching ``where`` (NULLs left
-    out), in order: a recursive query that probes an index leading with ``where``'s
-    columns and ``column`` once per value (a loose index scan), instead of reading every
-    row."""
+    out), in order, from ``start`` on if given: a recursive query that probes an index
+    leading with ``where``'s columns and ``column`` once per value (a loose index scan),
+    instead of reading every row. (``start`` bounds the first probe alone: in every
+    probe, SQLite would seek it and filter the rest of the way to the next value.)"""
     first = select(func.min(column).label("v")).where(*where)
+    if start is not None:
+        first = first.where(column >= start)
     found = first.cte("expstore_distinct", recursive=True)
     after = select(func.min(column)).where(*where, column > found.c.v).scalar_subquery()
     found = found.union_all(select(after).where(found.c.v.is_not(None)))

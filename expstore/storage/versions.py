@@ -18,10 +18,10 @@ value. It only goes up unless a caller forces it down (a restored older checkpoi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import Connection, bindparam, func, or_, select, update
 from sqlalchemy.sql.elements import ColumnElement
 
 from .._args import check_int
@@ -30,11 +30,17 @@ from . import task_stats
 from .eviction import EVERY_WRITE_POLICIES
 from .handle import BufferHandle
 from .registry import evict_beyond, lock_buffer
-from .schema import buffers, rows
+from .schema import buffers, loose_scan, rows
+
+_T = TypeVar("_T")
 
 __all__ = [
+    "FRESH_VERSIONS",
+    "FreshBounds",
     "check_staleness",
     "current_version",
+    "first_fresh_key",
+    "last_stale_key",
     "fresh_clause",
     "fresh_mask",
     "set_version",
@@ -92,6 +98,138 @@ def fresh_clause(buffer_id: int, max_staleness: int) -> ColumnElement[bool]:
         rows.c.policy_version.is_(None),
         rows.c.policy_version >= func.coalesce(oldest, -1),
     )
+
+
+#: Where fresh rows lie is worked out over at most this many policy versions (one index
+#: probe each); beyond it a draw does without (see :class:`FreshBounds`).
+FRESH_VERSIONS = 1024
+
+
+def first_fresh_key(handle: BufferHandle, conn: Connection, oldest: int) -> int | None:
+    """The smallest key of a row of the buffer that is fresh when ``oldest`` is the oldest
+    fresh version (a version of ``oldest`` or newer, or none), by one index probe per
+    fresh version (a loose scan of the ``(buffer_id, policy_version)`` index) and one for
+    the rows without a version; None when no row is fresh, or when more than
+    :data:`FRESH_VERSIONS` versions are (the caller then does without the bound)."""
+    mine = rows.c.buffer_id == handle.buffer_id
+    version = rows.c.policy_version
+
+    def build() -> Any:
+        fresh = loose_scan(version, mine, start=bindparam("oldest"))
+        versions = fresh.limit(FRESH_VERSIONS + 1).subquery()
+        first = select(rows.c.key).where(mine, version == versions.c.v)
+        first_of = first.order_by(rows.c.key).limit(1).scalar_subquery()
+        unversioned = select(rows.c.key).where(mine, version.is_(None))
+        unversioned_first = unversioned.order_by(rows.c.key).limit(1).scalar_subquery()
+        return select(func.count(), func.min(first_of), unversioned_first).select_from(versions)
+
+    ((count, versioned, unversioned),) = handle.statement(("first fresh key",), build).run(
+        conn, oldest=int(oldest)
+    )
+    if count > FRESH_VERSIONS:
+        return None
+    found = [int(k) for k in (versioned, unversioned) if k is not None]
+    return min(found) if found else None
+
+
+def last_stale_key(
+    handle: BufferHandle, conn: Connection, oldest: int, after: int | None = None
+) -> tuple[bool, int | None]:
+    """Whether it is known, and the largest key of a row of the buffer that is stale when
+    ``oldest`` is the oldest fresh version (None: no stale row). Over the whole buffer by
+    one index probe per stale version, newest first (unknown beyond
+    :data:`FRESH_VERSIONS` of them); with ``after``, among the rows with larger keys only,
+    by their key range (the rows stored since)."""
+    mine = rows.c.buffer_id == handle.buffer_id
+    version = rows.c.policy_version
+    if after is not None:
+
+        def since() -> Any:
+            # "+ 0": through the key range; the version's index would read every stale row
+            stale = (version + 0) < bindparam("oldest")
+            return select(func.max(rows.c.key)).where(mine, rows.c.key > bindparam("after"), stale)
+
+        ((found,),) = handle.statement(("last stale key since",), since).run(
+            conn, oldest=int(oldest), after=int(after)
+        )
+        return True, None if found is None else int(found)
+
+    def build() -> Any:
+        first = select(func.max(version).label("v")).where(mine, version < bindparam("oldest"))
+        found = first.cte("expstore_stale", recursive=True)
+        older = select(func.max(version)).where(mine, version < found.c.v).scalar_subquery()
+        found = found.union_all(select(older).where(found.c.v.is_not(None)))
+        stale = select(found.c.v).where(found.c.v.is_not(None))
+        versions = stale.limit(FRESH_VERSIONS + 1).subquery()
+        last = select(rows.c.key).where(mine, version == versions.c.v)
+        last_of = last.order_by(rows.c.key.desc()).limit(1).scalar_subquery()
+        return select(func.count(), func.max(last_of)).select_from(versions)
+
+    ((count, last),) = handle.statement(("last stale key",), build).run(conn, oldest=int(oldest))
+    if count > FRESH_VERSIONS:
+        return False, None
+    return True, None if last is None else int(last)
+
+
+class _Stale(NamedTuple):
+    known: bool  # False: too many stale versions to tell
+    last: int | None  # the largest stale key among keys up to ``seen``
+    seen: int
+
+
+class FreshBounds:
+    """Where a buffer's fresh rows lie, found once per oldest fresh version and kept by a
+    storage across draws (see :attr:`~expstore.storage.key_space.KeySpace.low`).
+
+    Keys are handed out in commit order and rows are never changed, so what is found stays
+    true while the oldest fresh version does not move: rows stored later have larger keys
+    (the first fresh key stays a lower bound of the fresh rows' keys; the last stale key
+    is brought up to date by reading the stale ones among the rows stored since), and
+    rows deleted only make either bound looser. Read on a replica, a lagging one could
+    still hold stale rows the primary has deleted: :meth:`stale_from` is asked on the
+    primary only."""
+
+    #: Oldest fresh versions remembered (a few samplers' staleness at once).
+    KEEP = 8
+
+    def __init__(self) -> None:
+        self._first: dict[int, int] = {}
+        self._stale: dict[int, _Stale] = {}
+
+    def clear(self) -> None:
+        self._first.clear()
+        self._stale.clear()
+
+    def first(self, handle: BufferHandle, conn: Connection, oldest: int) -> int | None:
+        """A lower bound of the keys of the rows fresh at ``oldest`` (None: none known)."""
+        found = self._first.get(oldest)
+        if found is None:
+            found = first_fresh_key(handle, conn, oldest)
+            if found is not None:
+                _remember(self._first, oldest, found, self.KEEP)
+        return found
+
+    def stale_from(
+        self, handle: BufferHandle, conn: Connection, oldest: int, low: int, max_key: int
+    ) -> bool:
+        """Whether a row stale at ``oldest`` may have a key of ``low`` or more (the rows up
+        to ``max_key`` read)."""
+        known = self._stale.get(oldest)
+        if known is None:
+            found, last = last_stale_key(handle, conn, oldest)
+            known = _Stale(found, last, max_key)
+        elif known.known and max_key > known.seen:
+            _, newer = last_stale_key(handle, conn, oldest, after=known.seen)
+            last = known.last if newer is None else newer
+            known = _Stale(True, last, max_key)
+        _remember(self._stale, oldest, known, self.KEEP)
+        return not known.known or (known.last is not None and known.last >= low)
+
+
+def _remember(cache: dict[int, _T], oldest: int, value: _T, keep: int) -> None:
+    if oldest not in cache and len(cache) >= keep:
+        cache.clear()
+    cache[oldest] = value
 
 
 def fresh_mask(versions: np.ndarray, current: int | None, max_staleness: int) -> np.ndarray | None:
