@@ -26,6 +26,7 @@ from .storage.base import Fetched, QueryCondition, Storage
 
 if TYPE_CHECKING:
     from .samplers.base import Sampler
+    from .storage.key_space import KeySpace
 
 __all__ = ["CONSUME_ATTEMPTS", "Choice", "FETCH_ATTEMPTS", "SampleInfo", "draw"]
 
@@ -94,7 +95,9 @@ def draw(
     raises StorageError and any other returns the rows it could fetch.
 
     A sampler with ``consume_after=k`` chooses through :func:`_choose_consuming`: no row is
-    ever returned more than k times in all, by every process together.
+    ever returned more than k times in all, by every process together. Rows it counted are
+    owed to this batch: a batch chosen again (a rate limit's wait, a lost connection, rows
+    deleted before the fetch) keeps those still stored and chooses only the rest.
 
     Under a rate limit (:mod:`expstore.rate_limit`) the batch is counted before it is
     fetched, waiting while the budget is spent (RateLimitedError after the limiter's
@@ -108,14 +111,20 @@ def draw(
     # connection) starts from where the first choice did: an epoch loses no rows to it.
     mark = sampler.mark()
     chosen_before = False
+    consuming = getattr(sampler, "consume_after", None) is not None
+    #: A consume_after batch's rows counted by an earlier choice, owed to this batch (the
+    #: sampler is not rewound past them: an epoch gave them already).
+    owed: Choice | None = None
     try:
         while True:
-            if chosen_before:
+            if chosen_before and owed is None:
                 sampler.rewind(mark)
             chosen_before = True
             try:
-                if getattr(sampler, "consume_after", None) is not None:
-                    choice = _choose_consuming(storage, sampler, batch_size, query_condition)
+                if consuming:
+                    choice = owed = _choose_consuming(
+                        storage, sampler, batch_size, query_condition, owed
+                    )
                 else:
                     choice = sampler.choose(storage, batch_size, query_condition)
             except ConnectionLostError:
@@ -153,6 +162,8 @@ def draw(
                 continue
             if len(fetched.ids) == len(choice.keys):
                 break
+            if owed is not None:  # the counted rows still stored stay owed
+                owed = carried(sampler, choice, _stored(storage, choice.keys))
             deleted += 1
             if deleted == FETCH_ATTEMPTS:
                 if sampler.weighs_rows or sampler.whole_units:
@@ -174,17 +185,26 @@ def draw(
 
 
 def _choose_consuming(
-    storage: Storage, sampler: Sampler, batch_size: int, query_condition: QueryCondition
+    storage: Storage,
+    sampler: Sampler,
+    batch_size: int,
+    query_condition: QueryCondition,
+    owed: Choice | None = None,
 ) -> Choice:
     """The sampler's choice with each row's draw counted in the database first
     (:meth:`Storage.count_draws`): rows drawn ``consume_after`` times already, by any
     process, are refused, left out by the sampler from then on, and their places chosen
     again. A batch holds each row once (a sampler drawing with replacement gives a shorter
-    batch when it drew a row twice); EmptyBufferError once every matching row is spent."""
+    batch when it drew a row twice); EmptyBufferError once every matching row is spent.
+    ``owed``: rows counted for this batch before (see :func:`draw`), which it begins with.
+    A sampler that weighs rows gives each row the weight of the choice that drew it."""
     limit = sampler.consume_after  # type: ignore[attr-defined]
-    taken = _NO_KEYS
+    parts = [] if owed is None or not len(owed.keys) else [owed]
+    taken = _taken(parts)
     choice = Choice(_NO_KEYS)
     for _ in range(CONSUME_ATTEMPTS):
+        if len(taken) >= batch_size:
+            break
         try:
             choice = sampler.choose(storage, batch_size - len(taken), query_condition)
         except EmptyBufferError:
@@ -202,7 +222,8 @@ def _choose_consuming(
         asked = drawn if known is None or not len(known) else drawn[~np.isin(drawn, known)]
         counted = storage.count_draws(asked, limit)
         sampler.spend(np.setdiff1d(asked, counted))  # type: ignore[attr-defined]
-        taken = np.concatenate([taken, counted])
+        parts.append(carried(sampler, choice, counted))
+        taken = _taken(parts)
         if len(counted) == len(drawn):
             break  # nothing refused: the batch is as the sampler chose it
     if not len(taken):  # every row chosen, again and again, was spent
@@ -213,4 +234,40 @@ def _choose_consuming(
             query_condition,
             f"every matching row has been drawn consume_after={limit} times",
         )
-    return choice._replace(keys=taken)
+    if len(parts) == 1:
+        return parts[0]
+    if not sampler.weighs_rows:
+        return Choice(taken, parts[-1].key_index)
+    weights = np.concatenate([part.key_index["drawn_weights"] for part in parts])  # type: ignore[index]
+    return Choice(taken, {"key": taken, "drawn_weights": weights})
+
+
+def carried(sampler: Sampler, choice: Choice, keys: np.ndarray) -> Choice:
+    """The part of ``choice`` at ``keys`` (some of its keys, each once, in their order in
+    the choice), with their importance weights if the sampler weighs rows (as
+    ``key_index["drawn_weights"]``, which :meth:`Sampler.describe` gives for them)."""
+    _, first = np.unique(choice.keys, return_index=True)
+    at = np.sort(first[np.isin(choice.keys[first], keys)])
+    part = choice.keys[at]
+    weights = sampler.weights_of(choice) if sampler.weighs_rows else None
+    if weights is None:
+        return Choice(part, choice.key_index)
+    return Choice(part, {"key": part, "drawn_weights": weights[at]})
+
+
+def _stored(storage: Storage, keys: np.ndarray) -> np.ndarray:
+    """Those of ``keys`` whose rows are still stored."""
+
+    def probe(space: KeySpace) -> np.ndarray:
+        found = space.probe(keys)["key"]
+        assert found is not None
+        return found
+
+    found = storage.key_space(None, probe)
+    if found is None:  # a storage without a key space: through its key index
+        found = np.intersect1d(keys, storage.key_index(None)["key"])
+    return found
+
+
+def _taken(parts: list[Choice]) -> np.ndarray:
+    return np.concatenate([part.keys for part in parts]) if parts else _NO_KEYS

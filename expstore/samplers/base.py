@@ -58,7 +58,8 @@ from ..sampling import Choice, SampleInfo, check_batch_size, draw
 from ..storage.base import QueryCondition, Storage
 from ..storage.key_space import KeySpace
 from ..storage.versions import check_staleness, fresh_mask
-from .derived import DerivedArrays
+from .consuming import SpentKeys
+from .derived import DerivedArrays, masked
 
 __all__ = [
     "Choice",
@@ -163,6 +164,10 @@ class Sampler(ABC):
     def rewind(self, mark: Any) -> None:  # noqa: B027 - a hook most samplers need not fill
         """Go back to ``mark`` (from :meth:`mark`): the batch is being chosen again."""
 
+    def weights_of(self, choice: Choice) -> np.ndarray | None:
+        """The importance weights of ``choice``'s keys (None: this sampler weighs none)."""
+        return None
+
     def describe(self, choice: Choice, ids: list[str]) -> SampleInfo:
         """The :class:`SampleInfo` of a batch of ``choice`` whose rows ``ids`` were fetched
         (kept as :attr:`last_info`)."""
@@ -244,7 +249,7 @@ class SamplerOptions(TypedDict, total=False):
     max_staleness: int | None
 
 
-class KeySampler(Sampler):
+class KeySampler(SpentKeys, Sampler):
     """A sampler that chooses integer keys over the storage's cached key index.
 
     Subclasses implement :meth:`sample_keys` and list the index columns they read in
@@ -293,34 +298,6 @@ class KeySampler(Sampler):
         # Keys known to have had their consume_after draws, and the index without them.
         self._spent = np.empty(0, dtype=np.int64)
         self._unspent: tuple[Any, int, dict[str, Any]] | None = None
-
-    def spend(self, keys: np.ndarray) -> None:
-        """Leave out ``keys``: the database refused them another draw (consume_after)."""
-        self._spent = np.union1d(self.__dict__.get("_spent", self._spent), keys)
-        if len(keys):  # others spent rows too, maybe: read them before the next choice
-            self._spent_read = False
-
-    def _learn_spent(self, storage: Storage, index: dict[str, Any]) -> dict[str, Any]:
-        """``index``, after learning which rows every process together has spent
-        (consume_after), at the first choice over a key index and after each refusal:
-        rows spent elsewhere are then left out rather than refused one by one. (A read
-        of the buffer's draw counts.)"""
-        limit = self.__dict__.get("consume_after")
-        if limit is not None and not self.__dict__.get("_spent_read"):
-            self.spend(storage.spent_keys(limit))
-            self._spent_read = True
-        return index
-
-    def _without_spent(self, index: dict[str, Any]) -> dict[str, Any]:
-        spent = self.__dict__.get("_spent")
-        if spent is None or not len(spent):
-            return index
-        cached = self.__dict__.get("_unspent")
-        if cached is not None and cached[0] is index["key"] and cached[1] == len(spent):
-            return cast("dict[str, Any]", cached[2])
-        masked = _masked(index, ~np.isin(index["key"], spent, assume_unique=True))
-        self._unspent = (index["key"], len(spent), masked)
-        return masked
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -380,7 +357,7 @@ class KeySampler(Sampler):
             keep = fresh_mask(versions, current, k)
             if keep is None:
                 return index
-            return _masked(index, keep)
+            return masked(index, keep)
 
         return self.derived(f"fresh:{current}:{k}", (index["key"], versions), compute)
 
@@ -483,11 +460,20 @@ class KeySampler(Sampler):
             raise empty_error(storage, query_condition, str(exc)) from None
         return Choice(keys, index)
 
+    def weights_of(self, choice: Choice) -> np.ndarray | None:
+        """The importance weights of ``choice``'s keys, aligned with them (None from a
+        sampler that does not weigh rows): those drawn with them
+        (``key_index["drawn_weights"]``: a draw over the key space, a batch pieced
+        together by ``consume_after``), else :meth:`weights` over its key index."""
+        index = choice.key_index
+        if not self.weighs_rows or index is None:
+            return None
+        if "drawn_weights" in index and index["key"] is choice.keys:
+            return cast("np.ndarray", index["drawn_weights"])
+        return self.weights(index, choice.keys)
+
     def describe(self, choice: Choice, ids: list[str]) -> SampleInfo:
-        weights = None
-        if self.weighs_rows and choice.key_index is not None:
-            weights = self.weights(choice.key_index, choice.keys)
-        info = SampleInfo(choice.keys, ids, weights)
+        info = SampleInfo(choice.keys, ids, self.weights_of(choice))
         self.last_info = info
         return info
 
@@ -504,20 +490,6 @@ def with_current_version(storage: Storage, index: dict[str, Any]) -> dict[str, A
     if "current_version" in index:
         return index
     return {**index, "current_version": storage.policy_version()}
-
-
-def _masked(index: dict[str, Any], keep: np.ndarray) -> dict[str, Any]:
-    """The rows of ``index`` where ``keep`` is true (read-only arrays; other values as they
-    are)."""
-    size = len(keep)
-    masked = {
-        name: value[keep] if isinstance(value, np.ndarray) and len(value) == size else value
-        for name, value in index.items()
-    }
-    for value in masked.values():
-        if isinstance(value, np.ndarray):
-            value.flags.writeable = False
-    return masked
 
 
 class TaskSampler(Sampler):

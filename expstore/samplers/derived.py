@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-__all__ = ["DerivedArrays"]
+__all__ = ["DerivedArrays", "masked"]
 
 _T = TypeVar("_T")
 #: Derived values a sampler keeps (one per condition in use, most recent first).
@@ -42,3 +42,17 @@ class DerivedArrays:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"_entries": []}
+
+
+def masked(index: dict[str, Any], keep: np.ndarray) -> dict[str, Any]:
+    """The rows of ``index`` where ``keep`` is true (read-only arrays; other values as they
+    are)."""
+    size = len(keep)
+    masked = {
+        name: value[keep] if isinstance(value, np.ndarray) and len(value) == size else value
+        for name, value in index.items()
+    }
+    for value in masked.values():
+        if isinstance(value, np.ndarray):
+            value.flags.writeable = False
+    return masked

@@ -167,8 +167,6 @@ class PrioritizedSampler(KeySampler):
         return cast("np.ndarray", keys)
 
     def weights(self, index: dict[str, np.ndarray], keys: np.ndarray) -> np.ndarray:
-        if "drawn_weights" in index and index["key"] is keys:  # drawn over the key space
-            return index["drawn_weights"]
         dist = self._distribution(index)
         weights, smallest = dist.weights, dist.smallest
         drawn = self._drawn

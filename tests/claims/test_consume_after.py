@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing as mp
 from collections import Counter
 
+import numpy as np
 import pytest
 
 from expstore import (
@@ -198,3 +199,92 @@ def test_a_chosen_row_deleted_before_its_draw_is_counted(
         got = drawn(buffer, UniformSampler(replacement=False, seed=0, consume_after=1), 40)
         assert gone and gone[0] not in got
         assert sorted(got) == sorted(set(range(40)) - set(gone))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: UniformSampler(seed=0, consume_after=1),
+        lambda: UniformSampler(replacement=False, seed=0, consume_after=1),
+        lambda: PrioritizedSampler(seed=0, consume_after=1),
+    ],
+    ids=["uniform", "epochs", "prioritized"],
+)
+def test_a_batch_chosen_again_keeps_the_rows_it_counted(
+    db_url: str, buffer_name: str, monkeypatch: pytest.MonkeyPatch, make
+) -> None:
+    """A batch that had to wait for its rate limit is chosen again; the rows it had
+    counted stay in it (before, they were lost: with consume_after=1 never returned)."""
+    with ReplayBuffer(db_url, name=buffer_name) as buffer:
+        buffer.store_batch(make_rows(40))
+        storage = buffer.storage
+        acquire = storage.acquire_samples
+        waits = [True, False, True]
+
+        def acquire_after_waits(n, since=None):  # noqa: ANN001, ANN202
+            counted, waited = acquire(n, since=since)
+            return counted, (waits.pop(0) if waits else waited)
+
+        monkeypatch.setattr(storage, "acquire_samples", acquire_after_waits)
+        sampler, got = make(), []
+        with pytest.raises(EmptyBufferError):
+            for _ in range(100):
+                got += drawn(buffer, sampler, 8)
+        assert sorted(got) == list(range(40))  # every row once, none lost to a wait
+
+
+def test_rows_deleted_before_the_fetch_leave_the_others_owed(
+    db_url: str, buffer_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with (
+        ReplayBuffer(db_url, name=buffer_name) as buffer,
+        ReplayBuffer(db_url, name=buffer_name) as other,
+    ):
+        buffer.store_batch(make_rows(40))
+        storage = buffer.storage
+        fetch = storage.fetch
+        gone: list[int] = []
+
+        def fetch_after_a_delete(keys, paths=None, **kw):  # noqa: ANN001, ANN202
+            if not gone:  # another process deletes the first chosen row
+                row = other.storage.fetch_keys(keys[:1])[0]
+                gone.append(row.exp_data.state["i"])
+                other.delete(QueryBuilder().eq("id", row.id).build())
+            return fetch(keys, paths, **kw)
+
+        monkeypatch.setattr(storage, "fetch", fetch_after_a_delete)
+        sampler, got = UniformSampler(seed=1, consume_after=1), []
+        with pytest.raises(EmptyBufferError):
+            for _ in range(100):
+                got += drawn(buffer, sampler, 8)
+        assert sorted(got) == sorted(set(range(40)) - set(gone))
+
+
+def test_weights_of_a_batch_pieced_together_after_refusals(db_url: str, buffer_name: str) -> None:
+    """Rows refused (spent by another process since) are chosen again; each row of the
+    batch keeps its own importance weight (before: another row's, or an IndexError)."""
+    with (
+        ReplayBuffer(db_url, name=buffer_name) as one,
+        ReplayBuffer(db_url, name=buffer_name) as two,
+    ):
+        one.store_batch(make_rows(200))
+        ids = [r.id for r in one.query()]
+        priority = {row_id: float(k + 1) for k, row_id in enumerate(ids)}
+        one.update_priorities(list(priority), list(priority.values()))
+        sampler = PrioritizedSampler(seed=0, consume_after=1, alpha=1.0, beta=1.0)
+        spender = UniformSampler(seed=1, consume_after=1)
+        not_the_least = QueryBuilder().gt("exp_data.state.i", 0).build()  # min stays
+        batches = 0
+        with pytest.raises(EmptyBufferError):
+            for _ in range(40):
+                drawn(one, sampler, 8)
+                info = sampler.last_info
+                # (p_i / p_min) ** -beta: weight x priority is the same for every row
+                scaled = info.weights * np.array([priority[i] for i in info.ids])
+                np.testing.assert_allclose(scaled, scaled[0], rtol=1e-4)
+                batches += 1
+                try:
+                    drawn(two, spender, 30, not_the_least)
+                except EmptyBufferError:
+                    pass
+        assert batches > 3

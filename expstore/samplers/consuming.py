@@ -1,0 +1,52 @@
+"""``consume_after``: what a key sampler knows of the rows every process together has
+spent (drawn ``consume_after`` times), so that it leaves them out of its key index rather
+than have the database refuse them one by one (the counting itself is
+:func:`expstore.sampling.draw`'s, see :mod:`expstore.storage.draw_counts`)."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import numpy as np
+
+from ..storage.base import Storage
+from .derived import masked
+
+__all__ = ["SpentKeys"]
+
+
+class SpentKeys:
+    """The spent keys a key sampler has learned, and its key index without them."""
+
+    consume_after: int | None
+    _spent: np.ndarray
+    _unspent: tuple[Any, int, dict[str, Any]] | None
+    _spent_read: bool
+
+    def spend(self, keys: np.ndarray) -> None:
+        """Leave out ``keys``: the database refused them another draw (consume_after)."""
+        self._spent = np.union1d(self.__dict__.get("_spent", self._spent), keys)
+        if len(keys):  # others spent rows too, maybe: read them before the next choice
+            self._spent_read = False
+
+    def _learn_spent(self, storage: Storage, index: dict[str, Any]) -> dict[str, Any]:
+        """``index``, after learning which rows every process together has spent
+        (consume_after), at the first choice over a key index and after each refusal:
+        rows spent elsewhere are then left out rather than refused one by one. (A read
+        of the buffer's draw counts.)"""
+        limit = self.__dict__.get("consume_after")
+        if limit is not None and not self.__dict__.get("_spent_read"):
+            self.spend(storage.spent_keys(limit))
+            self._spent_read = True
+        return index
+
+    def _without_spent(self, index: dict[str, Any]) -> dict[str, Any]:
+        spent = self.__dict__.get("_spent")
+        if spent is None or not len(spent):
+            return index
+        cached = self.__dict__.get("_unspent")
+        if cached is not None and cached[0] is index["key"] and cached[1] == len(spent):
+            return cast("dict[str, Any]", cached[2])
+        unspent = masked(index, ~np.isin(index["key"], spent, assume_unique=True))
+        self._unspent = (index["key"], len(spent), unspent)
+        return unspent
