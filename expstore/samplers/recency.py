@@ -35,16 +35,19 @@ class RecencySampler(KeySampler):
         self.power = check_number("power", power)
 
     def can_draw_flat(self, query_condition: QueryCondition) -> bool:
-        return not self.narrowed(query_condition)
+        return query_condition is None and self.consume_after is None
 
     def choose_flat(
         self, space: KeySpace, batch_size: int, query_condition: QueryCondition
     ) -> Choice | None:
-        # Ranks are keys' distances from the smallest only when every key is a row.
-        if space.filtered or not space.dense:
+        # Ranks are keys' distances from the smallest matching one only when every key
+        # of the range is a matching row (a dense buffer; under max_staleness, one whose
+        # stale rows are all older than its fresh ones: see KeySpace.every_key_matches).
+        if not space.every_key_matches:
             return None
-        ranks = draw_ranks(space.rows, batch_size, self.power, self.rng)
-        return None if ranks is None else Choice(space.min_key + ranks)
+        count = space.max_key - space.low + 1
+        ranks = draw_ranks(count, batch_size, self.power, self.rng)
+        return None if ranks is None else Choice(space.low + ranks)
 
     def sample_keys(
         self, index: dict[str, np.ndarray], batch_size: int, rng: np.random.Generator

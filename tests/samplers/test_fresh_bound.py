@@ -10,7 +10,7 @@ import pytest
 
 from expstore import EmptyBufferError, ReplayBuffer
 from expstore.query import QueryBuilder
-from expstore.samplers import GroupSampler, UniformSampler
+from expstore.samplers import GroupSampler, RecencySampler, UniformSampler
 from expstore.storage import versions
 from expstore.storage.versions import first_fresh_key
 from tests.helpers import make_rows
@@ -215,3 +215,23 @@ def test_gaps_or_too_many_stale_versions_mean_probes(
     buffer.delete(QueryBuilder().eq("exp_meta.step", 3).build())  # gaps among fresh rows
     drawn, probed = _probes(buffer, UniformSampler(seed=9, max_staleness=2), 60, 16)
     assert drawn == _fresh(buffer, 17) and probed > 0
+
+
+def test_recency_with_max_staleness_ranks_the_fresh_rows(buffer: ReplayBuffer) -> None:
+    _versions(buffer, 20, 6)  # 120 rows, versions 0..5
+    buffer.set_policy_version(5)
+    fresh = sorted(_fresh(buffer, 3))  # 60 rows, ranked by key
+    sampler = RecencySampler(power=1.0, seed=11, max_staleness=2)
+    firsts = []
+    for _ in range(1500):
+        sampler.sample(buffer.storage, 3)
+        assert len(set(sampler.last_keys.tolist())) == 3
+        firsts.append(int(sampler.last_keys[0]))
+    assert not buffer.storage.index.entries  # over the key space, no key index
+    assert set(firsts) <= set(fresh)
+    counts = np.array([firsts.count(k) for k in fresh])
+    assert chi_square_p(counts, np.arange(1, 61, dtype=float)) > P_MIN
+    _store(buffer, 4, 1)  # stale rows among the fresh: ranks are not key offsets now
+    drawn = _draw(buffer, RecencySampler(seed=12, max_staleness=2), 50, 3)
+    assert buffer.storage.index.entries  # the key index served
+    assert set(drawn.tolist()) <= _fresh(buffer, 3)
