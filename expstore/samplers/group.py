@@ -128,12 +128,21 @@ class GroupSampler(KeySampler):
     @property
     def last_counts(self) -> GroupCounts | None:
         """How many groups were ready, waiting, filtered or stale at the last draw. A draw
-        over the key space does not count them: they are counted over the group summaries
-        when first asked for after it."""
+        over the key space does not count them: the database counts them when first asked
+        for after it (a pass over the matching rows, holding nothing per group here)."""
         counts_of = self.__dict__.get("_counts_of")
         if counts_of is not None:
             self._counts_of = None
-            self.ready_groups(*counts_of)
+            storage, query_condition = counts_of
+            counts = storage.key_space(
+                query_condition,
+                lambda space: space.group_counts(self.spec),
+                max_staleness=self.max_staleness,
+            )
+            if counts is None:  # a storage without a key space: over its summaries
+                self.ready_groups(storage, query_condition)
+            else:
+                self._counts = GroupCounts(*counts)
         return self.__dict__.get("_counts")
 
     @property

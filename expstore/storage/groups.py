@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
-from sqlalchemy import Connection, bindparam, case, func, literal, or_, select
+from sqlalchemy import Connection, and_, bindparam, case, func, literal, not_, or_, select
 from sqlalchemy.sql.elements import ColumnElement
 
 from ..query.fields import resolve_field
@@ -28,7 +28,14 @@ from .handle import BufferHandle
 from .key_index import KeyIndex, Signature, condition_key
 from .schema import rows
 
-__all__ = ["GroupIndex", "GroupSpec", "group_column", "groups_first_at", "summarise"]
+__all__ = [
+    "GroupIndex",
+    "GroupSpec",
+    "count_groups",
+    "group_column",
+    "groups_first_at",
+    "summarise",
+]
 
 Arrays = dict[str, Any]
 
@@ -267,24 +274,67 @@ def summarise(
     """The summaries of the groups of the matching rows that ``where`` selects: (group
     value, rows up to ``spec.size``, oldest version, whether ``having`` holds, first key,
     keys as text), a row per group, by the database."""
+    stmt = _summaries_of(handle, query_condition, spec, *where)
+    return list(conn.execute(stmt).all())
+
+
+def _summaries_of(
+    handle: BufferHandle,
+    query_condition: QueryCondition,
+    spec: GroupSpec,
+    *where: Any,
+    keys: bool = True,
+) -> Any:
+    """The statement of :func:`summarise` (without the keys' text when ``keys`` is False)."""
     ranked = _ranked(handle, query_condition, spec, *where)
     passes: Any = literal(True)
     if spec.having is not None:
         held = spec.having.to_sql({c.name: c for c in ranked.c})
         passes = case((held, literal(True)), else_=literal(False))
-    stmt = (
+    listed = [handle.dialect.keys_text(ranked.c.key).label("keys")] if keys else []
+    return (
         select(
             ranked.c.g,
             func.count().label("n"),
             func.min(ranked.c.policy_version).label("version"),
             passes.label("passes"),
             func.min(ranked.c.key).label("first"),
-            handle.dialect.keys_text(ranked.c.key).label("keys"),
+            *listed,
         )
         .where(ranked.c.rn <= spec.size)
         .group_by(ranked.c.g)
     )
-    return list(conn.execute(stmt).all())
+
+
+def count_groups(
+    handle: BufferHandle,
+    conn: Connection,
+    query_condition: QueryCondition,
+    spec: GroupSpec,
+    oldest: int | None,
+) -> tuple[int, int, int, int]:
+    """How many groups of the matching rows are ready (complete, passing, fresh when
+    ``oldest`` is the oldest fresh version), waiting for rows, filtered out by ``having``
+    and stale: one aggregate over the summaries in the database, which holds nothing per
+    group on the caller's side (it still reads every matching row)."""
+    summary = _summaries_of(handle, query_condition, spec, keys=False).subquery("summary")
+    complete = summary.c.n == spec.size
+    passing = and_(complete, summary.c.passes)
+    fresh = passing
+    if oldest is not None:  # groups without a version are never stale
+        fresh = and_(passing, or_(summary.c.version.is_(None), summary.c.version >= oldest))
+
+    def total(condition: Any) -> Any:
+        return func.coalesce(func.sum(case((condition, 1), else_=0)), 0)
+
+    stmt = select(
+        total(fresh),
+        total(summary.c.n < spec.size),
+        total(and_(complete, not_(summary.c.passes))),
+        total(and_(passing, not_(fresh))),
+    )
+    ready, waiting, filtered, stale = conn.execute(stmt).one()
+    return int(ready), int(waiting), int(filtered), int(stale)
 
 
 def groups_first_at(

@@ -32,7 +32,7 @@ from ..query.fields import resolve_field
 from .base import QueryCondition
 from .compiled import CompiledSelect
 from .draw_counts import unspent_clause
-from .groups import GroupSpec, groups_first_at
+from .groups import GroupSpec, count_groups, groups_first_at
 from .handle import BufferHandle
 from .key_index import Arrays, _column, _to_arrays, condition_key
 from .schema import loose_scan, priorities, rows
@@ -264,6 +264,12 @@ class KeySpace:
         )
         self.probed += read + int(found["size"].sum())
         return found
+
+    def group_counts(self, spec: GroupSpec) -> tuple[int, int, int, int]:
+        """How many groups (of the matching rows, by ``spec``) are ready, waiting, filtered
+        and stale under this space's ``max_staleness`` (see
+        :func:`~expstore.storage.groups.count_groups`)."""
+        return count_groups(self.handle, self.conn, self.query_condition, spec, self._oldest)
 
     def task_counts(self, task_ids: Sequence[str]) -> dict[str, int]:
         """How many rows of each of these tasks match (through the ``(buffer_id, task_id,

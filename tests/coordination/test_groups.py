@@ -158,8 +158,9 @@ def test_groups_drawn_over_the_key_space_are_uniform_among_ready_groups(
     assert not buf.storage.group_index.entries  # no summaries of every group were read
     assert set(counts) == set(ready)
     assert chi_square_p([counts[p] for p in ready], [1] * len(ready)) > 1e-4
-    # counted when asked for, as over the summaries
+    # counted by the database when asked for, as over the summaries, holding no summary
     assert sampler.last_counts == (12, 4, 4, 4)
+    assert not buf.storage.group_index.entries
     buf.storage.group_index.clear()
     again = GroupSampler(group_size=4, varied_reward=True, max_staleness=2, replacement=True)
     again.summaries_up_to = 0
