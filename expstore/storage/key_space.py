@@ -134,16 +134,11 @@ class KeySpace:
         """Whether every key from :attr:`low` to ``max_key`` is a matching row, so a draw
         needs no probe: a dense buffer without a condition or ``consume_after``, whose
         stale rows (under ``max_staleness``) all lie below its first fresh row (the usual
-        buffer of an asynchronous run, its versions growing with its keys), read on the
-        primary (see :class:`~expstore.storage.versions.FreshBounds`)."""
+        buffer of an asynchronous run, its versions growing with its keys; see
+        :class:`~expstore.storage.versions.FreshBounds`)."""
         if self._every_key is None:
             self._every_key = self.dense and not self.filtered
-            if (
-                self.dense
-                and self.query_condition is None
-                and self.consume_after is None
-                and self.handle.connections.router is None
-            ):
+            if self.dense and self.query_condition is None and self.consume_after is None:
                 oldest = self._oldest
                 low = self.low
                 self._every_key = oldest is None or not self._fresh_bounds.stale_from(

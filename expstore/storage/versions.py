@@ -178,23 +178,24 @@ class _Stale(NamedTuple):
 
 
 class FreshBounds:
-    """Where a buffer's fresh rows lie, found once per oldest fresh version and kept by a
-    storage across draws (see :attr:`~expstore.storage.key_space.KeySpace.low`).
+    """Where a buffer's fresh rows lie, found once per oldest fresh version and database
+    server and kept by a storage across draws (see
+    :attr:`~expstore.storage.key_space.KeySpace.low`).
 
     Keys are handed out in commit order and rows are never changed, so what is found stays
     true while the oldest fresh version does not move: rows stored later have larger keys
     (the first fresh key stays a lower bound of the fresh rows' keys; the last stale key
     is brought up to date by reading the stale ones among the rows stored since), and
-    rows deleted only make either bound looser. Read on a replica, a lagging one could
-    still hold stale rows the primary has deleted: :meth:`stale_from` is asked on the
-    primary only."""
+    rows deleted only make either bound looser. That holds along one server's history;
+    a replica behind another server could still hold stale rows that server has deleted,
+    so what is found is kept per server (the connection's URL)."""
 
-    #: Oldest fresh versions remembered (a few samplers' staleness at once).
+    #: (server, oldest fresh version) pairs remembered (a few samplers' staleness).
     KEEP = 8
 
     def __init__(self) -> None:
-        self._first: dict[int, int] = {}
-        self._stale: dict[int, _Stale] = {}
+        self._first: dict[tuple[str, int], int] = {}
+        self._stale: dict[tuple[str, int], _Stale] = {}
 
     def clear(self) -> None:
         self._first.clear()
@@ -202,11 +203,12 @@ class FreshBounds:
 
     def first(self, handle: BufferHandle, conn: Connection, oldest: int) -> int | None:
         """A lower bound of the keys of the rows fresh at ``oldest`` (None: none known)."""
-        found = self._first.get(oldest)
+        at = (_server(conn), oldest)
+        found = self._first.get(at)
         if found is None:
             found = first_fresh_key(handle, conn, oldest)
             if found is not None:
-                _remember(self._first, oldest, found, self.KEEP)
+                _remember(self._first, at, found, self.KEEP)
         return found
 
     def stale_from(
@@ -214,7 +216,8 @@ class FreshBounds:
     ) -> bool:
         """Whether a row stale at ``oldest`` may have a key of ``low`` or more (the rows up
         to ``max_key`` read)."""
-        known = self._stale.get(oldest)
+        at = (_server(conn), oldest)
+        known = self._stale.get(at)
         if known is None:
             found, last = last_stale_key(handle, conn, oldest)
             known = _Stale(found, last, max_key)
@@ -222,14 +225,19 @@ class FreshBounds:
             _, newer = last_stale_key(handle, conn, oldest, after=known.seen)
             last = known.last if newer is None else newer
             known = _Stale(True, last, max_key)
-        _remember(self._stale, oldest, known, self.KEEP)
+        _remember(self._stale, at, known, self.KEEP)
         return not known.known or (known.last is not None and known.last >= low)
 
 
-def _remember(cache: dict[int, _T], oldest: int, value: _T, keep: int) -> None:
-    if oldest not in cache and len(cache) >= keep:
+def _server(conn: Connection) -> str:
+    """Which database server ``conn`` reads (the primary or a replica): its engine's URL."""
+    return str(conn.engine.url)
+
+
+def _remember(cache: dict[tuple[str, int], _T], at: tuple[str, int], value: _T, keep: int) -> None:
+    if at not in cache and len(cache) >= keep:
         cache.clear()
-    cache[oldest] = value
+    cache[at] = value
 
 
 def fresh_mask(versions: np.ndarray, current: int | None, max_staleness: int) -> np.ndarray | None:

@@ -310,3 +310,34 @@ def test_the_cluster_hosts_are_separate_network_stacks(cluster: Cluster) -> None
             ["ip", "netns", "exec", ns, "ip", "-4", "addr"], capture_output=True, text=True
         ).stdout
         assert address in shown
+
+
+def test_max_staleness_draws_on_a_replica_return_only_fresh_rows(
+    cluster: Cluster, name: str
+) -> None:
+    """A draw with max_staleness read on the replica finds where the fresh rows lie there
+    (kept per server: a replica behind the primary may hold stale rows it has deleted)."""
+    with ReplayBuffer(cluster.url(0), name=name, read_urls=[cluster.url(1)]) as buffer:
+        for version in range(6):
+            rows = make_rows(10)
+            for row in rows:
+                row.exp_meta.policy_version = version
+            buffer.store_batch(rows)
+        buffer.set_policy_version(5)
+        deadline = time.monotonic() + 10
+        while len(buffer) != 60 or buffer.policy_version() != 5:  # the replica replays
+            assert time.monotonic() < deadline, "the replica never caught up"
+            time.sleep(0.05)
+        assert _port(buffer) == cluster.port(1)
+        sampler = UniformSampler(seed=0, max_staleness=1)
+        index = buffer.storage.index
+        probed = index.keys_probed
+        drawn = {
+            row.exp_meta.policy_version
+            for _ in range(20)
+            for row in buffer.sample(sampler, batch_size=8)
+        }
+        assert drawn == {4, 5}
+        assert index.keys_probed == probed  # the fresh rows are the newest: no probe
+        servers = {server for server, _ in index.fresh_bounds._stale}
+        assert servers == {str(_router(buffer).replicas[0].engine.url)}

@@ -235,3 +235,27 @@ def test_recency_with_max_staleness_ranks_the_fresh_rows(buffer: ReplayBuffer) -
     drawn = _draw(buffer, RecencySampler(seed=12, max_staleness=2), 50, 3)
     assert buffer.storage.index.entries  # the key index served
     assert set(drawn.tolist()) <= _fresh(buffer, 3)
+
+
+def test_what_is_found_is_kept_per_server(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found on one server, kept for it: another URL (a replica) finds it again."""
+    url, other = f"sqlite:///{tmp_path}/b.db", f"sqlite:///{tmp_path}/./b.db"
+    with ReplayBuffer(url, name="b") as one, ReplayBuffer(other, name="b") as two:
+        _versions(one, 10, 5)
+        one.set_policy_version(4)
+        calls: list[int] = []
+        found = versions.last_stale_key
+
+        def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            calls.append(1)
+            return found(*args, **kwargs)
+
+        monkeypatch.setattr(versions, "last_stale_key", counted)
+        bounds = versions.FreshBounds()
+        for buffer, expected in ((one, 1), (one, 1), (two, 2), (one, 2)):
+            handle = buffer.storage._handle
+            with handle.read() as conn:
+                low = bounds.first(handle, conn, 3)
+                assert low is not None
+                assert not bounds.stale_from(handle, conn, 3, low, low + 19)
+            assert len(calls) == expected
