@@ -9,8 +9,10 @@ a fresh process (nothing cached, nothing shared with another measurement):
   ``exp_data.state.difficulty == 3``, no index on it), recency (power 1), prioritized (10%
   of the rows hold a priority), stratified by agent (10 agents), slices of 4 steps, and
   epochs (uniform without replacement) over the whole buffer and over one agent's rows,
-  groups (GroupSampler: 32 tasks of 8 rows whose rewards vary) and uniform with
-  ``consume_after=2`` (each draw counted in the database);
+  groups (GroupSampler: 32 tasks of 8 rows whose rewards vary), uniform with
+  ``consume_after=2`` (each draw counted in the database) and uniform with
+  ``max_staleness`` 49 and 4 (half and 5% of the rows fresh: policy versions 0-99 grow
+  with insertion);
 - ``rss``: the growth of that process's resident memory from before opening the buffer to
   after the first sample and 30 more;
 - ``warm``: the median of 30 more ``sample(256)`` calls;
@@ -65,6 +67,8 @@ SAMPLERS = (
     "epochs_by_agent",
     "groups",
     "consume",
+    "fresh_half",
+    "fresh_5pct",
 )
 
 
@@ -106,6 +110,10 @@ def _sampler(name: str, flat: bool) -> tuple[Any, Any]:
         # each row drawn at most twice, counted in the database (the counts are removed
         # after the measurement)
         "consume": lambda: UniformSampler(seed=0, consume_after=2),
+        # asynchronous RL: rows at most 49 / 4 policy versions behind the current one (the
+        # data sets' versions 0-99 grow with insertion: half / 5% of the rows fresh)
+        "fresh_half": lambda: UniformSampler(seed=0, max_staleness=49),
+        "fresh_5pct": lambda: UniformSampler(seed=0, max_staleness=4),
     }.get(name, lambda: UniformSampler(seed=0))()
     sampler.flat = flat
     if name == "groups" and flat:

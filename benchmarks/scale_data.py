@@ -1,7 +1,8 @@
 """Building the large buffers of ``bench_scale.py`` once, fast, into a scratch place.
 
 A buffer of ``n`` small rows (metadata + ~100 bytes of JSON: ``state.difficulty`` 0-9,
-a short observation list; 10 agents, 8 steps per task) is made by storing the first
+a short observation list; 10 agents, 8 steps per task; policy versions 0-99 in insertion
+order, equal shares, the buffer's current version 99) is made by storing the first
 ``SEED_ROWS`` through ``store_batch`` (so they are exactly what expstore writes), then
 copying the rows already there with ``INSERT ... SELECT`` (SQLAlchemy Core), each copy with
 new ids and task ids, until the buffer holds ``n`` rows. The buffer's counters
@@ -23,12 +24,14 @@ from sqlalchemy.engine import make_url
 from expstore import DataRow, Experience, ExpMeta, ReplayBuffer
 from expstore.storage.schema import buffers, rows
 
-__all__ = ["AGENTS", "BUFFER", "built", "dataset_url"]
+__all__ = ["AGENTS", "BUFFER", "VERSIONS", "built", "dataset_url"]
 
 BUFFER = "scale"
 AGENTS = 10
 STEPS = 8
 SEED_ROWS = 10_000
+#: Policy versions 0 .. VERSIONS - 1 in insertion order; the current one the last.
+VERSIONS = 100
 
 
 def dataset_url(backend: str, n: int, scratch: Path, pg_url: str) -> str:
@@ -38,7 +41,7 @@ def dataset_url(backend: str, n: int, scratch: Path, pg_url: str) -> str:
     return make_url(pg_url).set(database=f"expstore_scale_{n}").render_as_string(False)
 
 
-def _seed_rows(count: int) -> list[DataRow]:
+def _seed_rows(count: int, n: int) -> list[DataRow]:
     rng = np.random.default_rng(0)
     out = []
     for i in range(count):
@@ -50,6 +53,7 @@ def _seed_rows(count: int) -> list[DataRow]:
                     task_name=f"level{task % 5}",
                     agent_id=f"agent{i % AGENTS}",
                     step=i % STEPS,
+                    policy_version=i * VERSIONS // n,
                 ),
                 exp_data=Experience(
                     state={
@@ -88,12 +92,15 @@ def built(url: str, n: int) -> str:
         if have:
             raise SystemExit(f"{url} holds {have:,} rows in buffer {BUFFER!r}, not {n:,}; drop it")
         started = time.perf_counter()
-        buffer.store_batch(_seed_rows(min(SEED_ROWS, n)))
+        buffer.store_batch(_seed_rows(min(SEED_ROWS, n), n))
     engine = create_engine(url)
     copy = 0
     with engine.begin() as conn:
         buffer_id = conn.execute(select(buffers.c.id).where(buffers.c.name == BUFFER)).scalar_one()
         have = min(SEED_ROWS, n)
+        first_key = conn.execute(
+            select(func.min(rows.c.key)).where(rows.c.buffer_id == buffer_id)
+        ).scalar_one()
         names = [c.name for c in rows.c if c.name != "key"]
         while have < n:
             copy += 1
@@ -106,7 +113,14 @@ def built(url: str, n: int) -> str:
                 .limit(take)
                 .subquery()
             )
-            changed = {"id": source.c.id + tag, "task_id": source.c.task_id + tag}
+            # the copy's keys follow on from the rows there (one writer, keys handed out
+            # in order), so its versions go on growing with them
+            position = source.c.key - first_key + have
+            changed = {
+                "id": source.c.id + tag,
+                "task_id": source.c.task_id + tag,
+                "policy_version": position * VERSIONS // n,
+            }
             picked = select(*(changed.get(name, source.c[name]) for name in names))
             conn.execute(insert(rows).from_select(names, picked))
             have += take
@@ -116,8 +130,15 @@ def built(url: str, n: int) -> str:
             select(func.count()).select_from(rows).where(rows.c.buffer_id == buffer_id)
         ).scalar_one()
         assert count == n, (count, n)
+        mine = rows.c.buffer_id == buffer_id
+        low, high = conn.execute(
+            select(func.min(rows.c.policy_version), func.max(rows.c.policy_version)).where(mine)
+        ).one()
+        assert (low, high) == (0, VERSIONS - 1), (low, high)
         conn.execute(
-            update(buffers).where(buffers.c.id == buffer_id).values(inserted=n, row_count=n)
+            update(buffers)
+            .where(buffers.c.id == buffer_id)
+            .values(inserted=n, row_count=n, policy_version=VERSIONS - 1)
         )
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text("ANALYZE"))
