@@ -96,12 +96,15 @@ def draw(
 
     A sampler with ``consume_after=k`` chooses through :func:`_choose_consuming`: no row is
     ever returned more than k times in all, by every process together. Rows it counted are
-    owed to this batch: a batch chosen again (a rate limit's wait, a lost connection, rows
-    deleted before the fetch) keeps those still stored and chooses only the rest.
+    owed to this batch: a batch chosen again (a rate limit's wait, a lost connection, even
+    in the middle of the choice, rows deleted before the fetch) keeps those still stored
+    and matching (the version may have moved) and chooses only the rest, after a rate
+    limit's wait no more rows than the limit counted.
 
     Under a rate limit (:mod:`expstore.rate_limit`) the batch is counted before it is
     fetched, waiting while the budget is spent (RateLimitedError after the limiter's
-    timeout); rows chosen but not returned are given back.
+    timeout); a batch chosen again larger than counted counts the rest; rows chosen but
+    not returned are given back.
     """
     batch_size = check_batch_size(batch_size)
     deleted = lost = 0
@@ -112,19 +115,21 @@ def draw(
     mark = sampler.mark()
     chosen_before = False
     consuming = getattr(sampler, "consume_after", None) is not None
-    #: A consume_after batch's rows counted by an earlier choice, owed to this batch (the
-    #: sampler is not rewound past them: an epoch gave them already).
-    owed: Choice | None = None
+    #: A consume_after batch's rows counted so far, owed to this batch, in parts as they
+    #: were chosen (the sampler is not rewound past them: an epoch gave them already).
+    owed: list[Choice] = []
     try:
         while True:
-            if chosen_before and owed is None:
+            if chosen_before and not owed:
                 sampler.rewind(mark)
             chosen_before = True
             try:
                 if consuming:
-                    choice = owed = _choose_consuming(
-                        storage, sampler, batch_size, query_condition, owed
-                    )
+                    # Chosen again after a rate limit's wait: no more rows than were
+                    # counted (counting more could wait again, and the rows' draws are
+                    # counted already).
+                    size = batch_size if not counted else min(batch_size, counted)
+                    choice = _choose_consuming(storage, sampler, size, query_condition, owed)
                 else:
                     choice = sampler.choose(storage, batch_size, query_condition)
             except ConnectionLostError:
@@ -141,11 +146,13 @@ def draw(
                 if waited:
                     continue
                 raise
-            if counted is None:
-                # The buffer's rate limit (if any) counts the batch before it is fetched; a
-                # batch that had to wait is chosen again, from the buffer as it is now.
-                size = len(choice.keys) if choice.rows is None else len(choice.rows)
-                counted, waited = storage.acquire_samples(size, since=started)
+            size = len(choice.keys) if choice.rows is None else len(choice.rows)
+            if counted is None or 0 < counted < size:
+                # The buffer's rate limit (if any) counts the batch before it is fetched (a
+                # batch chosen again larger than counted, the rest); a batch that had to
+                # wait is chosen again, from the buffer as it is now.
+                more, waited = storage.acquire_samples(size - (counted or 0), since=started)
+                counted = (counted or 0) + more
                 if waited:
                     continue
             if choice.rows is not None:
@@ -162,8 +169,8 @@ def draw(
                 continue
             if len(fetched.ids) == len(choice.keys):
                 break
-            if owed is not None:  # the counted rows still stored stay owed
-                owed = carried(sampler, choice, _stored(storage, choice.keys))
+            if owed:  # the counted rows still stored stay owed
+                owed[:] = [carried(sampler, choice, _stored(storage, choice.keys))]
             deleted += 1
             if deleted == FETCH_ATTEMPTS:
                 if sampler.weighs_rows or sampler.whole_units:
@@ -189,19 +196,24 @@ def _choose_consuming(
     sampler: Sampler,
     batch_size: int,
     query_condition: QueryCondition,
-    owed: Choice | None = None,
+    owed: list[Choice],
 ) -> Choice:
     """The sampler's choice with each row's draw counted in the database first
     (:meth:`Storage.count_draws`): rows drawn ``consume_after`` times already, by any
     process, are refused, left out by the sampler from then on, and their places chosen
     again. A batch holds each row once (a sampler drawing with replacement gives a shorter
     batch when it drew a row twice); EmptyBufferError once every matching row is spent.
-    ``owed``: rows counted for this batch before (see :func:`draw`), which it begins with.
-    A sampler that weighs rows gives each row the weight of the choice that drew it."""
+
+    ``owed``: the rows counted for this batch so far (see :func:`draw`), in parts as they
+    were chosen; each part counted here is added to it at once, so an error after it
+    (a lost connection) loses no counted row. A batch chosen again begins with those still
+    matching. A sampler that weighs rows gives each row the weight of the choice that
+    drew it."""
     limit = sampler.consume_after  # type: ignore[attr-defined]
-    parts = [] if owed is None or not len(owed.keys) else [owed]
-    taken = _taken(parts)
-    choice = Choice(_NO_KEYS)
+    if owed:  # chosen again: the rows owed that still match (the version may have moved)
+        joined = _joined(sampler, owed)
+        owed[:] = [carried(sampler, joined, _matching(storage, sampler, query_condition, joined))]
+    taken = _taken(owed)
     for _ in range(CONSUME_ATTEMPTS):
         if len(taken) >= batch_size:
             break
@@ -222,8 +234,8 @@ def _choose_consuming(
         asked = drawn if known is None or not len(known) else drawn[~np.isin(drawn, known)]
         counted = storage.count_draws(asked, limit)
         sampler.spend(np.setdiff1d(asked, counted))  # type: ignore[attr-defined]
-        parts.append(carried(sampler, choice, counted))
-        taken = _taken(parts)
+        owed.append(carried(sampler, choice, counted))
+        taken = _taken(owed)
         if len(counted) == len(drawn):
             break  # nothing refused: the batch is as the sampler chose it
     if not len(taken):  # every row chosen, again and again, was spent
@@ -234,8 +246,14 @@ def _choose_consuming(
             query_condition,
             f"every matching row has been drawn consume_after={limit} times",
         )
+    return _joined(sampler, owed)
+
+
+def _joined(sampler: Sampler, parts: list[Choice]) -> Choice:
+    """One choice of ``parts`` in order, each row with its part's weight."""
     if len(parts) == 1:
         return parts[0]
+    taken = _taken(parts)
     if not sampler.weighs_rows:
         return Choice(taken, parts[-1].key_index)
     weights = np.concatenate([part.key_index["drawn_weights"] for part in parts])  # type: ignore[index]
@@ -257,15 +275,32 @@ def carried(sampler: Sampler, choice: Choice, keys: np.ndarray) -> Choice:
 
 def _stored(storage: Storage, keys: np.ndarray) -> np.ndarray:
     """Those of ``keys`` whose rows are still stored."""
+    return _probed(storage, keys, None, None)
 
+
+def _matching(
+    storage: Storage, sampler: Sampler, query_condition: QueryCondition, choice: Choice
+) -> np.ndarray:
+    """Those of ``choice``'s keys whose rows are still stored and match the condition and
+    the sampler's ``max_staleness`` (their draws are counted: ``consume_after`` aside)."""
+    return _probed(storage, choice.keys, query_condition, getattr(sampler, "max_staleness", None))
+
+
+def _probed(
+    storage: Storage,
+    keys: np.ndarray,
+    query_condition: QueryCondition,
+    max_staleness: int | None,
+) -> np.ndarray:
     def probe(space: KeySpace) -> np.ndarray:
         found = space.probe(keys)["key"]
         assert found is not None
         return found
 
-    found = storage.key_space(None, probe)
+    found = storage.key_space(query_condition, probe, max_staleness=max_staleness)
     if found is None:  # a storage without a key space: through its key index
-        found = np.intersect1d(keys, storage.key_index(None)["key"])
+        index = storage.key_index(query_condition)
+        found = np.intersect1d(keys, index["key"])
     return found
 
 

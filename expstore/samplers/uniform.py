@@ -173,10 +173,15 @@ class UniformSampler(KeySampler):
     ) -> np.ndarray:
         while True:
             if self._epoch is None or self._position >= len(self._epoch):
+                flat = self._flat_epoch
                 if self._handover is not None:  # the rest of an epoch over the key space
                     state, found = self._handover
                     self._epoch = np.concatenate([found, rest_of_epoch(state, keys)])
                     self._handover = None
+                elif flat is not None and flat.position < flat.span:
+                    # An epoch over the key space left unfinished (the key index chosen
+                    # meanwhile, a batch chosen again after its hand-over): its rest.
+                    self._epoch = rest_of_epoch(flat, keys)
                 else:
                     self._epoch = keys[rng.permutation(len(keys))]
                 self._position = 0

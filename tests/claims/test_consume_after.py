@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 
 from expstore import (
+    ConnectionLostError,
     EmptyBufferError,
     InvalidArgumentError,
     NumpyConverter,
     PrioritizedSampler,
     QueryBuilder,
+    RateLimiter,
     ReplayBuffer,
     UniformSampler,
 )
@@ -288,3 +290,91 @@ def test_weights_of_a_batch_pieced_together_after_refusals(db_url: str, buffer_n
                 except EmptyBufferError:
                     pass
         assert batches > 3
+
+
+def test_a_connection_lost_after_some_rows_were_counted_loses_none(
+    db_url: str, buffer_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second attempt of a consume_after choice (rows refused) loses its connection:
+    the rows the first attempt counted stay owed (found by review: spent, never
+    returned)."""
+    with (
+        ReplayBuffer(db_url, name=buffer_name) as one,
+        ReplayBuffer(db_url, name=buffer_name) as two,
+    ):
+        one.store_batch(make_rows(100))
+        mine, theirs = (
+            UniformSampler(seed=1, consume_after=1),
+            UniformSampler(seed=2, consume_after=1),
+        )
+        mine.flat = theirs.flat = False  # refusals: a key index that learns late
+        got = drawn(one, mine, 10)
+        got += drawn(two, theirs, 40)  # spent where mine does not know yet
+        choose, calls = mine.choose, []
+
+        def flaky(storage, batch_size, query_condition=None):  # noqa: ANN001, ANN202
+            calls.append(batch_size)
+            if len(calls) == 2:
+                raise ConnectionLostError("the replica went away")
+            return choose(storage, batch_size, query_condition)
+
+        monkeypatch.setattr(mine, "choose", flaky)
+        got += drawn(one, mine, 30)
+        assert len(calls) >= 3  # refused, lost, chosen again
+        monkeypatch.setattr(mine, "choose", choose)
+        with pytest.raises(EmptyBufferError):
+            for _ in range(20):
+                got += drawn(one, mine, 30)
+        assert sorted(got) == list(range(100))
+
+
+def test_a_batch_that_waited_returns_no_more_rows_than_were_counted(
+    db_url: str, buffer_name: str
+) -> None:
+    """The first choice is short (few rows left), the rate limit makes it wait while a
+    writer stores more: the batch chosen again stays within what was counted against the
+    limit (found by review: 29 rows returned, 14 counted)."""
+    with ReplayBuffer(db_url, name=buffer_name) as buffer:
+        buffer.store_batch(make_rows(40))
+        sampler = UniformSampler(seed=0, consume_after=1)
+        drawn(buffer, sampler, 35)  # a few rows left
+        buffer.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, timeout=30))
+        acquire = buffer.storage.acquire_samples
+
+        def acquire_while_a_writer_stores(n, since=None):  # noqa: ANN001, ANN202
+            counted, waited = acquire(n, since=since)
+            if not waited:  # as if it had waited for these rows
+                buffer.store_batch(make_rows(100)[40:])
+                waited = True
+            return counted, waited
+
+        buffer.storage.acquire_samples = acquire_while_a_writer_stores  # type: ignore[method-assign]
+        got = drawn(buffer, sampler, 32)
+        stats = buffer.rate_limit_stats()
+        assert stats is not None and 0 < len(got) <= stats.sampled
+
+
+def test_rows_owed_that_went_stale_during_a_wait_are_left_out(
+    db_url: str, buffer_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with ReplayBuffer(db_url, name=buffer_name) as buffer:
+        rows = make_rows(40)
+        for i, row in enumerate(rows):
+            row.exp_meta.policy_version = i // 20  # versions 0 and 1
+        buffer.store_batch(rows)
+        buffer.set_policy_version(1)
+        acquire, waits = buffer.storage.acquire_samples, []
+
+        def acquire_as_the_version_moves(n, since=None):  # noqa: ANN001, ANN202
+            counted, waited = acquire(n, since=since)
+            if not waits:
+                waits.append(n)
+                buffer.set_policy_version(2)  # every version-0 row goes stale
+                waited = True
+            return counted, waited
+
+        monkeypatch.setattr(buffer.storage, "acquire_samples", acquire_as_the_version_moves)
+        sampler = UniformSampler(seed=3, consume_after=1, max_staleness=1)
+        batch = NumpyConverter({"v": "exp_meta.policy_version"})
+        versions = buffer.sample(sampler, None, batch, 30)["v"].tolist()
+        assert waits and set(versions) == {1}

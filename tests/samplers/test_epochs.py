@@ -120,14 +120,17 @@ def test_an_epoch_stays_on_the_path_it_began_on(buffer: ReplayBuffer) -> None:
     assert sorted(following) == everyone
 
 
-def test_a_key_index_epoch_ends_an_unfinished_key_space_epoch(buffer: ReplayBuffer) -> None:
-    """Switching to the key index mid-epoch starts an epoch there; switching back starts a
-    fresh one over the key space, not the rest of the old one (found by review)."""
+def test_a_key_index_finishes_an_unfinished_key_space_epoch(buffer: ReplayBuffer) -> None:
+    """Switching to the key index mid-epoch finishes that epoch there (its rows not
+    reached yet, none twice); switching back starts a fresh one over the key space, not
+    the rest of the old one again (found by review)."""
     buffer.store_batch(make_rows(20))
     everyone = sorted(_ids(buffer.query()))
     sampler = UniformSampler(replacement=False, seed=8)
-    sampler.sample(buffer.storage, 6)  # a key-space epoch, 14 rows owed
+    first = _ids(sampler.sample(buffer.storage, 6))  # a key-space epoch, 14 rows owed
     sampler.flat = False
+    rest = [i for _ in range(3) for i in _ids(sampler.sample(buffer.storage, 5))]
+    assert len(rest) == 14 and sorted(first + rest) == everyone  # the same epoch
     by_index = [i for _ in range(4) for i in _ids(sampler.sample(buffer.storage, 5))]
     assert sorted(by_index) == everyone  # one whole key-index epoch
     sampler.flat = True
@@ -289,3 +292,38 @@ def test_an_epoch_whose_rows_go_stale_goes_on_over_the_key_index(
     assert len(rest) == len(set(rest)) and set(rest) == owed
     following = [i for _ in range(10) for i in _ids(sampler.sample(buffer.storage, 2))]
     assert sorted(following) == sorted(fresh)  # the next epoch: every fresh row once
+
+
+def test_a_hand_over_chosen_again_finishes_the_same_epoch(
+    buffer: ReplayBuffer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The call that hands an epoch over to the key index is chosen again (a rate limit's
+    wait): the sampler goes back to before it and the key index still finishes that epoch
+    (found by review: a new epoch began there, rows came twice)."""
+    monkeypatch.setattr(uniform, "PROBE_BUDGET", 64)
+    rows = make_rows(3000, tasks=50)
+    later = set(np.random.default_rng(11).choice(3000, 20, replace=False).tolist())
+    for i, row in enumerate(rows):
+        row.exp_meta.policy_version = 2 if i in later else 1
+    buffer.store_batch(rows)
+    buffer.set_policy_version(1)
+    sampler = UniformSampler(replacement=False, seed=12, max_staleness=0)
+    before = [i for _ in range(15) for i in _ids(sampler.sample(buffer.storage, 100))]
+    buffer.set_policy_version(2)
+    storage = buffer.storage
+    acquire, waits = storage.acquire_samples, []
+
+    def wait_once(n, since=None):  # noqa: ANN001, ANN202
+        counted, waited = acquire(n, since=since)
+        if not waits and sampler._epoch is not None:  # the call that handed over
+            waits.append(n)
+            return counted, True
+        return counted, waited
+
+    monkeypatch.setattr(storage, "acquire_samples", wait_once)
+    owed = {rows[i].id for i in later} - set(before)
+    assert 0 < len(owed) < len(later)  # the epoch returned some of the fresh rows already
+    rest: list[str] = []
+    while len(rest) < len(owed):
+        rest += _ids(sampler.sample(storage, 2))
+    assert waits and len(rest) == len(set(rest)) and set(rest) == owed
