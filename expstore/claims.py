@@ -31,6 +31,7 @@ from .converters.base import Converter, as_converter
 from .converters.default import DefaultConverter
 from .errors import (
     ClaimFinishedError,
+    ClaimOwnerError,
     EmptyBufferError,
     InvalidArgumentError,
     UnsupportedTypeError,
@@ -149,7 +150,13 @@ class Claim:
     def _as(self, consumer: str | None) -> Claimed:
         if consumer is None:
             return self._claimed
-        return self._claimed._replace(consumer=check_consumer(consumer))
+        consumer = check_consumer(consumer)
+        if consumer != self._claimed.consumer:  # even a claim of no rows: checked here
+            raise ClaimOwnerError(
+                f"claim {self.claim_id} belongs to consumer {self._claimed.consumer!r}, not "
+                f"{consumer!r}; finish it as that consumer. Nothing was changed"
+            )
+        return self._claimed
 
     def __enter__(self) -> Claim:
         return self
@@ -216,7 +223,7 @@ def claim_rows(
                 f"a claim of whole groups of {order.group_size} rows takes n that is a "
                 f"multiple of {order.group_size}; got n={n}"
             )
-        candidates, groups = None, order.claim_taker(storage, query_condition)
+        candidates, groups = None, order.claim_taker(storage, query_condition, scope.max_staleness)
     else:
         candidates, groups = _candidates(storage, order, query_condition), None
     if wait_s is not None:

@@ -143,10 +143,14 @@ class RateLimiter:
         if row.min_diff <= -UNBOUNDED / 2:
             return cls(int(row.min_size), timeout=row.timeout_s)
         ratio = float(row.samples_per_insert)
+        # max_diff = ratio * min_size + error_buffer, in floats: the subtraction can leave
+        # the error buffer an ulp off what was given (0.9999999999999999 for 1.0, below
+        # its floor); 12 significant digits give it back.
+        error_buffer = float(f"{float(row.max_diff) - ratio * int(row.min_size):.12g}")
         return cls(
             int(row.min_size),
             ratio,
-            float(row.max_diff) - ratio * int(row.min_size),
+            error_buffer,
             block_writers=bool(row.block_writers),
             timeout=row.timeout_s,
         )

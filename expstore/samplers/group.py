@@ -294,12 +294,21 @@ class GroupSampler(KeySampler):
             f"{self.max_staleness})"
         )
 
-    def claim_taker(self, storage: Storage, query_condition: QueryCondition) -> GroupTaker:
+    def claim_taker(
+        self, storage: Storage, query_condition: QueryCondition, max_staleness: int | None = None
+    ) -> GroupTaker:
         """What ``buffer.claim(n, order=this sampler)`` takes whole groups with (see
-        :mod:`expstore.storage.group_claims`)."""
+        :mod:`expstore.storage.group_claims`); ``max_staleness``: the claim's, which holds
+        with the sampler's (the tighter one counts)."""
+        limits = [s for s in (self.max_staleness, max_staleness) if s is not None]
+        staleness = min(limits) if limits else None
 
         def candidates(m: int) -> list[Group]:
             index, ready = self.ready_groups(storage, query_condition)
+            if staleness is not None and staleness != self.max_staleness:
+                current = index.get("current_version")
+                keep = fresh_mask(index["version"][ready], current, staleness)
+                ready = ready if keep is None else ready[keep]
             taken = self.__dict__.setdefault("_taken", set())
             values = index["group"]
             # A few times m at random first: most ready groups are not taken yet; all of
@@ -316,9 +325,9 @@ class GroupSampler(KeySampler):
 
         def fresh(found: list[Any]) -> list[Any]:
             keep = None
-            if self.max_staleness is not None and found:
+            if staleness is not None and found:
                 versions = np.array([np.nan if v is None else v for _, v in found], float)
-                keep = fresh_mask(versions, storage.policy_version(), self.max_staleness)
+                keep = fresh_mask(versions, storage.policy_version(), staleness)
             values = [g for i, (g, _) in enumerate(found) if keep is None or keep[i]]
             self.__dict__.setdefault("_taken", set()).difference_update(values)
             return values

@@ -49,9 +49,9 @@ from ..errors import (
 )
 from .base import QueryCondition
 from .claim_reports import Lineage, QueueStats, queue_stats, row_lineage
-from .handle import BufferHandle
+from .handle import BufferHandle, retried
 from .key_index import condition_key
-from .schema import checkpoints, consumers, consumption, oldest_first, rows
+from .schema import buffers, checkpoints, consumers, consumption, oldest_first, rows
 from .versions import fresh_clause
 
 __all__ = [
@@ -146,14 +146,24 @@ class Scope(NamedTuple):
         return f"{condition_key(self.condition)}|{self.max_staleness}"
 
 
+class _Floor(NamedTuple):
+    """Where a FIFO claim of a scope starts looking, as a handle saw it last."""
+
+    #: Below it every row in scope has a committed consumption entry.
+    key: int
+    #: The oldest fresh version when it was set (scopes with max_staleness): rows below
+    #: the floor come back into scope if the version is forced back below it.
+    oldest: int | None
+
+
 class ClaimQueue:
     """The claims of one buffer, as one handle sees them."""
 
     def __init__(self, handle: BufferHandle) -> None:
         self._handle = handle
-        #: Per condition: a key below which every matching row has a committed
-        #: consumption entry.
-        self._floors: dict[str, int] = {}
+        #: Per scope: where a FIFO claim starts (see :class:`_Floor`); set once a claim
+        #: has committed.
+        self._floors: dict[str, _Floor] = {}
 
     def clear(self) -> None:
         self._floors.clear()
@@ -174,23 +184,32 @@ class ClaimQueue:
         handle = self._handle
         claim_id = uuid.uuid4().hex
         now = handle.dialect.now()  # evaluated by each statement: no round trip of its own
-        with handle.errors("claim rows"), handle.write() as conn:
-            entry = {
-                "buffer_id": handle.buffer_id,
-                "claim_id": claim_id,
-                "consumer": consumer,
-                "claimed_at": now,
-                "lease_until": now + lease_s,
-                "times_claimed": 1,
-            }
-            stamps: list[float] = []  # when the entries were written, by the database
-            if groups is not None:
-                keys = groups(self, conn, n, now, entry, stamps)
-            elif candidates is None:
-                keys = self._claim_oldest(conn, n, scope, now, entry, stamps)
-            else:
-                keys = self._claim_drawn(conn, n, scope, now, entry, stamps, candidates)
-            at = stamps[0] if stamps else float(conn.execute(select(now)).scalar_one())
+        floors: dict[str, _Floor] = {}  # the FIFO floor this claim moves, once committed
+
+        def write() -> tuple[list[int], float]:
+            floors.clear()
+            with handle.errors("claim rows"), handle.write() as conn:
+                entry = {
+                    "buffer_id": handle.buffer_id,
+                    "claim_id": claim_id,
+                    "consumer": consumer,
+                    "claimed_at": now,
+                    "lease_until": now + lease_s,
+                    "times_claimed": 1,
+                }
+                stamps: list[float] = []  # when the entries were written, by the database
+                if groups is not None:
+                    keys = groups(self, conn, n, now, entry, stamps)
+                elif candidates is None:
+                    keys = self._claim_oldest(conn, n, scope, now, entry, stamps, floors)
+                else:
+                    keys = self._claim_drawn(conn, n, scope, now, entry, stamps, candidates)
+                at = stamps[0] if stamps else float(conn.execute(select(now)).scalar_one())
+            return keys, at
+
+        # A deadlock with an ack or another claim (Postgres) rolls it back: claim again.
+        keys, at = retried(write)
+        self._floors.update(floors)
         return Claimed(claim_id, consumer, np.asarray(keys, dtype=np.int64), at, at + lease_s)
 
     def _take(
@@ -276,11 +295,13 @@ class ClaimQueue:
         now: Now,
         entry: dict[str, Any],
         stamps: list[float],
+        floors: dict[str, _Floor],
     ) -> list[int]:
         handle = self._handle
         where = scope.where(handle)
         floor_key = scope.key
-        start = self._start(conn, scope, now)
+        oldest = self._oldest(conn, scope)
+        start = self._start(conn, scope, now, oldest)
         taken: list[int] = []
         floor: int | None = None
         scan_from = start
@@ -302,16 +323,29 @@ class ClaimQueue:
                 scan_from = found[-1] + 1
             if len(found) < want:
                 break
-        self._floors[floor_key] = scan_from if floor is None else floor
+        floors[floor_key] = _Floor(scan_from if floor is None else floor, oldest)
         return taken
 
-    def _start(self, conn: Connection, scope: Scope, now: Now) -> int:
+    def _oldest(self, conn: Connection, scope: Scope) -> int | None:
+        """The oldest fresh version of a scope with max_staleness now (-1 while the buffer
+        has no version: every row fresh); None without max_staleness."""
+        if scope.max_staleness is None:
+            return None
+        this = buffers.c.id == self._handle.buffer_id
+        current = conn.execute(select(buffers.c.policy_version).where(this)).scalar_one()
+        return -1 if current is None else int(current) - scope.max_staleness
+
+    def _start(self, conn: Connection, scope: Scope, now: Now, oldest: int | None) -> int:
         """Where a FIFO scan for the condition starts: this handle's floor for it, or lower
-        where a matching row below it became claimable again (released, lease ran out)."""
+        where a row below it became claimable again (released, lease ran out) or came
+        back into scope (the version forced back below where it was)."""
         handle = self._handle
-        start = self._floors.get(scope.key, 0)
-        if not start:
+        floor = self._floors.get(scope.key)
+        if floor is None or not floor.key:
             return 0
+        if oldest is not None and (floor.oldest is None or oldest < floor.oldest):
+            return 0
+        start = floor.key
         # The few unacked entries below the floor, through the (buffer_id, acked_at,
         # lease_until) index; then which of their rows match the condition.
         reopened = select(_C.key).where(
@@ -375,7 +409,8 @@ class ClaimQueue:
         finish any more."""
         handle = self._handle
         mine = select(_C.key, _C.consumer, _C.acked_at).where(_C.claim_id == claim.claim_id)
-        held = list(conn.execute(handle.dialect.locked(mine)).all())
+        # Locked in key order, as claims lock them (else the two can deadlock on Postgres).
+        held = list(conn.execute(handle.dialect.locked(mine.order_by(_C.key))).all())
         if any(e.consumer != claim.consumer for e in held):
             raise ClaimOwnerError(
                 f"claim {claim.claim_id} belongs to consumer {held[0].consumer!r}, not "
@@ -410,16 +445,21 @@ class ClaimQueue:
         """Check the claim is the consumer's to ``action``, then set ``values`` (and what
         ``more`` adds, in the same transaction) on its entries; returns how many."""
         handle = self._handle
-        with handle.errors(f"{action} a claim"), handle.write() as conn:
-            held = self._own_entries(conn, claim, action)
-            extra = more(conn) if more is not None else {}
-            if held:
-                conn.execute(
-                    update(consumption)
-                    .where(_C.claim_id == claim.claim_id)
-                    .values(**values, **extra)
-                )
-        return len(held)
+
+        def write() -> int:
+            with handle.errors(f"{action} a claim"), handle.write() as conn:
+                held = self._own_entries(conn, claim, action)
+                extra = more(conn) if more is not None else {}
+                if held:
+                    conn.execute(
+                        update(consumption)
+                        .where(_C.claim_id == claim.claim_id)
+                        .values(**values, **extra)
+                    )
+            return len(held)
+
+        # A deadlock with a claim taking the rows over (Postgres) rolls it back: again.
+        return retried(write)
 
     def ack(self, claim: Claimed, checkpoint: Any = None, *, with_checkpoint: bool) -> int:
         """Mark the claim's rows consumed, storing ``checkpoint`` for its consumer in the
@@ -447,10 +487,10 @@ class ClaimQueue:
         def lease(conn: Connection) -> dict[str, Any]:
             now = float(conn.execute(select(self._handle.dialect.now())).scalar_one())
             until.append(now + lease_s)
-            return {"lease_until": until[0]}
+            return {"lease_until": until[-1]}
 
         self._finish(claim, "renew", {}, lease)
-        return until[0]
+        return until[-1]
 
     def _store_checkpoint(self, conn: Connection, consumer: str, state: str, now: Now) -> int:
         handle = self._handle
@@ -504,7 +544,7 @@ class ClaimQueue:
             some = select(rows.c.key).where(*scope.where(handle)).limit(upto)
             if claimable:
                 now = float(conn.execute(select(handle.dialect.now())).scalar_one())
-                start = self._start(conn, scope, now)
+                start = self._start(conn, scope, now, self._oldest(conn, scope))
                 some = some.where(rows.c.key >= start, unblocked(now))
             counted = select(func.count()).select_from(some.subquery())
             return int(conn.execute(counted).scalar_one())

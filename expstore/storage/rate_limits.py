@@ -88,10 +88,9 @@ class RateLimits:
                     f"{capacity} rows. Lower min_size or raise the capacity"
                 )
             stored = conn.execute(select(rate_limits).where(this)).first()
-            if stored is not None and RateLimiter.from_settings(stored).settings() == (
-                limiter.settings()
-            ):
-                return
+            wanted = limiter.settings()
+            if stored is not None and {k: getattr(stored, k) for k in wanted} == wanted:
+                return  # the same limit, as stored (not rebuilt from floats): keep counting
             present = conn.execute(
                 select(func.count()).select_from(rows).where(rows.c.buffer_id == handle.buffer_id)
             ).scalar_one()

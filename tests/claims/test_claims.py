@@ -281,3 +281,15 @@ def test_threads_sharing_one_handle_claim_disjoint_rows(buf: ReplayBuffer) -> No
     every = [row_id for ids in taken for row_id in ids]
     assert len(every) == len(set(every)) == 36
     assert buf.queue_stats().consumed == 36
+
+
+def test_a_claim_of_no_rows_is_finished_only_by_its_consumer(buf: ReplayBuffer) -> None:
+    """Found by review: with no entries to check, an ack as another consumer went through
+    and overwrote that consumer's checkpoint."""
+    buf.claim(40, consumer="a").ack(checkpoint={"step": 7})
+    empty = buf.claim(5, consumer="b")
+    assert len(empty) == 0
+    with pytest.raises(ClaimOwnerError, match="belongs to consumer 'b'"):
+        empty.ack(consumer="a", checkpoint={"step": 0})
+    assert buf.checkpoint("a") == {"step": 7}
+    assert empty.ack(consumer="b") == 0

@@ -210,3 +210,32 @@ def test_an_empty_limited_buffer_waits_instead_of_raising_empty(buf: ReplayBuffe
     buf.set_rate_limiter(RateLimiter(min_size=2, timeout=30))
     assert len(buf.sample(batch_size=2)) == 2
     writer.join()
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"min_size": 2, "samples_per_insert": 0.2},
+        {"min_size": 3, "samples_per_insert": 0.1},
+        {"min_size": 1, "samples_per_insert": 1.1, "error_buffer": 3.3},
+        {"min_size": 7, "samples_per_insert": 0.3, "error_buffer": 2.1},
+        {"min_size": 5, "samples_per_insert": 2.5},
+    ],
+)
+def test_a_limit_read_back_is_the_one_set(buf: ReplayBuffer, kwargs) -> None:  # noqa: ANN001
+    """Limits are stored as bounds in floats; read back, the error buffer must not come out
+    an ulp below its floor (found by review: every read of 0.2 x 2 raised
+    InvalidArgumentError, and a buffer stayed so until its limit was removed), and setting
+    the same limit again must keep the counters."""
+    limiter = RateLimiter(**kwargs, timeout=0.05)
+    buf.set_rate_limiter(limiter)
+    back = buf.rate_limiter()
+    assert back is not None and back.settings() == pytest.approx(limiter.settings())
+    buf.store_batch(make_rows(20))
+    buf.sample(batch_size=1)
+    stats = buf.rate_limit_stats()
+    assert stats is not None and stats.sampled == 1
+    buf.set_rate_limiter(RateLimiter(**kwargs, timeout=0.05))  # the same limit again
+    again = buf.rate_limit_stats()
+    assert again is not None and (again.inserted, again.sampled) == (20, 1)
+    buf.set_rate_limiter(RateLimiter(min_size=1))  # another limit can replace it

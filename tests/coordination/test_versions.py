@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from expstore import (
+    GroupSampler,
     PolicyVersionError,
     PrioritizedSampler,
     QueryBuilder,
@@ -262,3 +263,35 @@ def test_task_samplers_leave_out_tasks_with_stale_rows(buf: ReplayBuffer) -> Non
     buf.set_policy_version(9)
     with pytest.raises(EmptyBufferError, match="every matching task"):
         buf.sample(sampler, batch_size=2)
+
+
+def test_a_claim_after_the_version_was_forced_back_takes_rows_fresh_again(
+    buf: ReplayBuffer,
+) -> None:
+    """A FIFO claim's floor moved past rows that were stale; forced back, the version
+    makes them fresh, and the same handle claims them (found by review: only a new
+    handle did)."""
+    versioned(buf, [0, 0, 10], per=4)
+    buf.set_policy_version(10)
+    fresh = buf.claim(5, consumer="x", max_staleness=2)
+    assert {r.exp_meta.policy_version for r in fresh.batch} == {10}
+    buf.set_policy_version(1, force=True)  # a restored checkpoint: version 0 is fresh again
+    assert buf.wait_for(1, claimable=True, max_staleness=2, timeout=0) == 1
+    again = buf.claim(20, consumer="x", max_staleness=2)
+    assert [r.exp_meta.policy_version for r in again.batch] == [0] * 8
+
+
+def test_a_group_claim_keeps_to_the_claims_max_staleness(buf: ReplayBuffer) -> None:
+    """max_staleness given to claim() holds for whole groups too (found by review: only
+    the sampler's own was applied)."""
+    for version, prompt in ((0, "old"), (10, "new")):
+        buf.store_batch(
+            [make_row(prompt, f"c{i}", 0, reward=float(i), version=version) for i in range(4)]
+        )
+    buf.set_policy_version(10)
+    claim = buf.claim(8, consumer="g", order=GroupSampler(group_size=4), max_staleness=2)
+    assert {r.exp_meta.task_id for r in claim.batch} == {"new"}
+    stale = buf.claim(4, consumer="g", order=GroupSampler(group_size=4), max_staleness=2)
+    assert len(stale) == 0
+    looser = GroupSampler(group_size=4, max_staleness=20)  # the tighter of the two counts
+    assert len(buf.claim(4, consumer="g", order=looser, max_staleness=2)) == 0
