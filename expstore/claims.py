@@ -235,9 +235,16 @@ def claim_rows(
                     f"no row became claimable within {wait_s} s; check that actors are "
                     "writing (and match the condition), or wait longer"
                 ) from None
-    counted, _ = storage.acquire_samples(n)  # the buffer's rate limit, if any
+    want = n
+    if storage.sampling_limited():
+        # Counted against the rate limit before the claim, so only as many rows as are
+        # claimable now: a learner polling an empty queue must not count samples that a
+        # writer held by block_writers could pass against.
+        unit = order.group_size if isinstance(order, GroupSampler) else 1
+        want = queue.count(scope, n, claimable=True) // unit * unit
+    counted = storage.acquire_samples(want)[0] if want else 0
     try:
-        claimed = queue.claim(n, scope, consumer, lease, candidates, groups)
+        claimed = queue.claim(want, scope, consumer, lease, candidates, groups)
     except BaseException:
         storage.refund_samples(counted)
         raise

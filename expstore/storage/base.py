@@ -294,6 +294,10 @@ class Storage(ABC):
         """Give back ``n`` counted samples that were not drawn."""
         return None
 
+    def sampling_limited(self) -> bool:
+        """Whether the buffer has a rate limit that counts samples (a read)."""
+        return False
+
     def groups(self, query_condition: QueryCondition, spec: GroupSpec) -> dict[str, Any]:
         """Summaries of the groups of matching rows (see :mod:`expstore.storage.groups`)."""
         raise UnsupportedTypeError(

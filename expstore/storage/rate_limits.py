@@ -129,18 +129,22 @@ class RateLimits:
         )
 
     # -- samplers ------------------------------------------------------------------------
-    def acquire(self, n: int, since: float | None = None) -> int:
-        """Count ``n`` samples against the budget, waiting while it is spent; returns ``n``
-        counted (0 when the buffer has no limit). ``since``: a monotonic time after which
-        a key index read told whether the buffer has a limit (saves a round trip)."""
+    def limited(self, since: float | None = None) -> bool:
+        """Whether the buffer has a limit: as a key index read after ``since`` (a monotonic
+        time) told, else read now (no write lock)."""
         seen = self.seen
         if since is None or seen is None or seen[0] < since:
-            # Not told by a key index read during this call: ask (a read, no write lock).
             with self.handle.errors("read the rate limit"), self.handle.read() as conn:
                 limited = bool(conn.execute(select(limited_flag(self.handle.buffer_id))).scalar())
             self.observe(limited)
             seen = self.seen
-        if seen is None or not seen[1]:
+        return seen is not None and bool(seen[1])
+
+    def acquire(self, n: int, since: float | None = None) -> int:
+        """Count ``n`` samples against the budget, waiting while it is spent; returns ``n``
+        counted (0 when the buffer has no limit). ``since``: a monotonic time after which
+        a key index read told whether the buffer has a limit (saves a round trip)."""
+        if not self.limited(since):
             return 0
         handle = self.handle
         this = _R.buffer_id == handle.buffer_id

@@ -181,6 +181,9 @@ class SqlStorage(Storage):
     def refund_samples(self, n: int) -> None:
         self._limits.refund(n)
 
+    def sampling_limited(self) -> bool:
+        return self._limits.limited()
+
     @property
     def group_index(self) -> GroupIndex:
         """The cached group summaries (see :mod:`expstore.storage.groups`)."""

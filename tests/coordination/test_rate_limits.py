@@ -10,6 +10,7 @@ import pytest
 
 from expstore import (
     GroupSampler,
+    QueryBuilder,
     RateLimitedError,
     RateLimiter,
     ReplayBuffer,
@@ -70,19 +71,17 @@ def test_short_batches_give_back_what_they_did_not_draw(buf: ReplayBuffer) -> No
 
 
 def test_claims_count_against_the_budget_too(buf: ReplayBuffer) -> None:
-    buf.store_batch(make_rows(6))
-    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, timeout=0.05))
-    assert len(buf.claim(4, consumer="c")) == 4
-    with pytest.raises(RateLimitedError):  # budget 2 left: a claim of 4 waits, then raises
+    buf.store_batch(make_rows(12))
+    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=0.5, timeout=0.05))
+    assert len(buf.claim(4, consumer="c")) == 4  # a budget of 6 samples
+    with pytest.raises(RateLimitedError):  # 8 claimable, 2 left: a claim of 4 waits, raises
         buf.claim(4, consumer="c")
     assert len(buf.claim(2, consumer="c")) == 2
     assert buf.rate_limit_stats().sampled == 6  # type: ignore[union-attr]
-    # A claim that finds fewer rows than it asked for gives the rest back.
-    buf.store_batch(make_rows(4))
-    assert len(buf.claim(4, consumer="c", query_condition=None)) == 4
-    buf.store_batch(make_rows(3))
-    assert len(buf.claim(3, consumer="c")) == 3
-    assert buf.rate_limit_stats().sampled == 13  # type: ignore[union-attr]
+    # A claim counts only the rows it can claim: 6 claimable, 4 more samples of budget.
+    buf.store_batch(make_rows(8))
+    assert len(buf.claim(4, consumer="c")) == 4
+    assert buf.rate_limit_stats().sampled == 10  # type: ignore[union-attr]
 
 
 def test_blocked_writers_wait_for_samplers(buf: ReplayBuffer) -> None:
@@ -239,3 +238,28 @@ def test_a_limit_read_back_is_the_one_set(buf: ReplayBuffer, kwargs) -> None:  #
     again = buf.rate_limit_stats()
     assert again is not None and (again.inserted, again.sampled) == (20, 1)
     buf.set_rate_limiter(RateLimiter(min_size=1))  # another limit can replace it
+
+
+def test_a_claim_counts_no_more_samples_than_rows_it_can_claim(
+    buf: ReplayBuffer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim counts its samples before it claims; counting the n asked for let writers
+    held by block_writers pass against samples that never happened while a learner polled
+    an empty queue (found by review: 26 rows stored where 11 were allowed)."""
+    buf.set_rate_limiter(
+        RateLimiter(1, samples_per_insert=1.0, error_buffer=10, block_writers=True, timeout=0.05)
+    )
+    buf.store_batch(make_rows(3))
+    acquire, asked = buf.storage.acquire_samples, []
+
+    def counting(n, since=None):  # noqa: ANN001, ANN202
+        asked.append(n)
+        return acquire(n, since=since)
+
+    monkeypatch.setattr(buf.storage, "acquire_samples", counting)
+    nothing = QueryBuilder().eq("exp_meta.task_id", "never").build()
+    assert len(buf.claim(5, nothing, consumer="learner")) == 0
+    assert asked == []  # not even for a moment
+    assert len(buf.claim(5, consumer="learner")) == 3 and asked == [3]
+    stats = buf.rate_limit_stats()
+    assert stats is not None and stats.sampled == 3
