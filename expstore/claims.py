@@ -226,13 +226,29 @@ def claim_rows(
         candidates, groups = None, order.claim_taker(storage, query_condition, scope.max_staleness)
     else:
         candidates, groups = _candidates(storage, order, query_condition), None
+    if isinstance(order, GroupSampler):  # whole groups, not rows, must be claimable
+        size = order.group_size
+
+        def claimable(upto: int) -> int:
+            groups_now = order.claimable_groups(
+                storage, query_condition, scope.max_staleness, -(-upto // size)
+            )
+            return groups_now * size
+
+        what = f"whole group of {size} rows"
+    else:
+
+        def claimable(upto: int) -> int:
+            return queue.count(scope, upto, claimable=True)
+
+        what = "row"
     if wait_s is not None:
         try:
-            wait_until(lambda: queue.count(scope, n, claimable=True) >= n, wait_s)
+            wait_until(lambda: claimable(n) >= n, wait_s)
         except WaitTimeoutError:
-            if not queue.count(scope, 1, claimable=True):
+            if not claimable(1):
                 raise WaitTimeoutError(
-                    f"no row became claimable within {wait_s} s; check that actors are "
+                    f"no {what} became claimable within {wait_s} s; check that actors are "
                     "writing (and match the condition), or wait longer"
                 ) from None
     want = n
@@ -240,8 +256,7 @@ def claim_rows(
         # Counted against the rate limit before the claim, so only as many rows as are
         # claimable now: a learner polling an empty queue must not count samples that a
         # writer held by block_writers could pass against.
-        unit = order.group_size if isinstance(order, GroupSampler) else 1
-        want = queue.count(scope, n, claimable=True) // unit * unit
+        want = min(n, claimable(n))
     counted = storage.acquire_samples(want)[0] if want else 0
     try:
         claimed = queue.claim(want, scope, consumer, lease, candidates, groups)

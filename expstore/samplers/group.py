@@ -5,6 +5,7 @@ do not vary, evaluated in the database for every process alike."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -17,7 +18,7 @@ from ..query.groups import GroupCondition, GroupStat
 from ..sampling import Choice
 from ..storage.base import QueryCondition, Storage
 from ..storage.claims import GroupTaker
-from ..storage.group_claims import Group, group_taker
+from ..storage.group_claims import Group, claimable_groups, group_taker
 from ..storage.groups import GroupSpec
 from ..storage.key_space import KeySpace
 from ..storage.versions import fresh_mask
@@ -300,8 +301,7 @@ class GroupSampler(KeySampler):
         """What ``buffer.claim(n, order=this sampler)`` takes whole groups with (see
         :mod:`expstore.storage.group_claims`); ``max_staleness``: the claim's, which holds
         with the sampler's (the tighter one counts)."""
-        limits = [s for s in (self.max_staleness, max_staleness) if s is not None]
-        staleness = min(limits) if limits else None
+        staleness = self._claim_staleness(max_staleness)
 
         def candidates(m: int) -> list[Group]:
             index, ready = self.ready_groups(storage, query_condition)
@@ -323,6 +323,33 @@ class GroupSampler(KeySampler):
         def learn(values: list[Any]) -> None:
             self.__dict__.setdefault("_taken", set()).update(values)
 
+        fresh = self._fresh_groups(storage, staleness)
+        return group_taker(
+            storage.group_index, query_condition, self.spec, candidates, learn, fresh
+        )
+
+    def claimable_groups(
+        self,
+        storage: Storage,
+        query_condition: QueryCondition,
+        max_staleness: int | None,
+        upto: int,
+    ) -> int:
+        """How many whole groups a claim with this order could take now (up to ``upto``):
+        what ``claim(..., wait=s)`` waits for, and counts against a rate limit."""
+        fresh = self._fresh_groups(storage, self._claim_staleness(max_staleness))
+        return claimable_groups(storage.group_index, query_condition, self.spec, fresh, upto)
+
+    def _claim_staleness(self, max_staleness: int | None) -> int | None:
+        limits = [s for s in (self.max_staleness, max_staleness) if s is not None]
+        return min(limits) if limits else None
+
+    def _fresh_groups(
+        self, storage: Storage, staleness: int | None
+    ) -> Callable[[list[Any]], list[Any]]:
+        """Which of the (group value, oldest version) rows found claimable are fresh enough
+        to take (forgetting that this sampler saw them taken)."""
+
         def fresh(found: list[Any]) -> list[Any]:
             keep = None
             if staleness is not None and found:
@@ -332,9 +359,7 @@ class GroupSampler(KeySampler):
             self.__dict__.setdefault("_taken", set()).difference_update(values)
             return values
 
-        return group_taker(
-            storage.group_index, query_condition, self.spec, candidates, learn, fresh
-        )
+        return fresh
 
     def sample_keys(
         self, index: dict[str, Any], batch_size: int, rng: np.random.Generator

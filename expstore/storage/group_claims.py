@@ -23,7 +23,7 @@ from .base import QueryCondition
 from .claims import ClaimQueue, GroupTaker, unblocked
 from .groups import GroupIndex, GroupSpec
 
-__all__ = ["group_taker"]
+__all__ = ["claimable_groups", "group_taker"]
 
 #: Rounds of candidate groups drawn before asking the database for claimable ones.
 _ROUNDS = 4
@@ -101,3 +101,19 @@ def _take_whole(
 
 def _flat(groups: list[Group]) -> list[int]:
     return [int(k) for _, keys in groups for k in keys]
+
+
+def claimable_groups(
+    index: GroupIndex,
+    query_condition: QueryCondition,
+    spec: GroupSpec,
+    fresh: Callable[[list[Any]], list[Any]],
+    upto: int,
+) -> int:
+    """How many complete groups of ``spec`` could be claimed whole now, up to ``upto``
+    (those ``fresh`` keeps of the ones the database finds claimable)."""
+    handle = index.handle
+    with handle.errors("count claimable groups"), handle.read() as conn:
+        now = handle.dialect.now()
+        found = index.claimable(conn, query_condition, spec, unblocked(now), 4 * upto)
+    return min(len(fresh(found)), upto)

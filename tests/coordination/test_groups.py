@@ -3,6 +3,7 @@ claims consume whole groups once; GroupAdvantageConverter normalises within grou
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 
 import numpy as np
@@ -21,6 +22,7 @@ from expstore.errors import (
     InvalidArgumentError,
     QueryError,
     UnsupportedTypeError,
+    WaitTimeoutError,
 )
 from tests.helpers import make_row
 from tests.samplers.stats import chi_square_p
@@ -419,3 +421,17 @@ def test_groups_much_longer_than_the_group_size(buf: ReplayBuffer) -> None:
         rows = buf.sample(sampler, batch_size=8)
         assert [r.exp_meta.step for r in rows] == [0, 1, 2, 3] * 2
         assert len(set(prompts_of(rows))) == 2
+
+
+def test_a_group_claim_with_wait_waits_for_whole_groups(buf: ReplayBuffer) -> None:
+    """Found by review: the wait counted claimable rows, so with only incomplete groups a
+    claim with wait returned an empty claim at once."""
+    buf.store_batch(group("p0", [0.0, 1.0]))  # 2 of 4 rows
+    sampler = GroupSampler(group_size=4)
+    with pytest.raises(WaitTimeoutError, match="no whole group of 4 rows"):
+        buf.claim(4, consumer="c", order=sampler, wait=0.3)
+    completes = threading.Timer(0.2, lambda: buf.store_batch(group("p0", [1.0, 0.0])))
+    completes.start()
+    claim = buf.claim(4, consumer="c", order=sampler, wait=10)
+    completes.join()
+    assert prompts_of(claim.batch) == ["p0"] * 4
