@@ -142,18 +142,29 @@ class RateLimiter:
         """The limiter a row of ``expstore_rate_limits`` holds."""
         if row.min_diff <= -UNBOUNDED / 2:
             return cls(int(row.min_size), timeout=row.timeout_s)
-        ratio = float(row.samples_per_insert)
-        # max_diff = ratio * min_size + error_buffer, in floats: the subtraction can leave
-        # the error buffer an ulp off what was given (0.9999999999999999 for 1.0, below
-        # its floor); 12 significant digits give it back.
-        error_buffer = float(f"{float(row.max_diff) - ratio * int(row.min_size):.12g}")
+        ratio, min_size, max_diff = float(row.samples_per_insert), int(row.min_size), row.max_diff
         return cls(
-            int(row.min_size),
+            min_size,
             ratio,
-            error_buffer,
+            _error_buffer(ratio, min_size, float(max_diff)),
             block_writers=bool(row.block_writers),
             timeout=row.timeout_s,
         )
+
+
+def _error_buffer(ratio: float, min_size: int, max_diff: float) -> float:
+    """The error buffer that gave ``max_diff = ratio * min_size + error_buffer``. The
+    subtraction can leave it an ulp off what was given (0.9999999999999999 for 1.0, below
+    its floor of max(1, ratio)): of the difference rounded to 12 significant digits and the
+    difference itself, the first that gives ``max_diff`` back and is not below the floor;
+    else the difference, raised to the floor when within rounding of it."""
+    base = ratio * min_size
+    raw = max_diff - base
+    floor = max(1.0, ratio)
+    for value in (float(f"{raw:.12g}"), raw):
+        if value >= floor and base + value == max_diff:
+            return value
+    return floor if floor > raw >= floor * (1 - 1e-9) else raw
 
 
 class RateLimitStats(NamedTuple):

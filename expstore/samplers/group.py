@@ -324,8 +324,12 @@ class GroupSampler(KeySampler):
             self.__dict__.setdefault("_taken", set()).update(values)
 
         fresh = self._fresh_groups(storage, staleness)
+
+        def oldest() -> int | None:
+            return _oldest(storage, staleness)
+
         return group_taker(
-            storage.group_index, query_condition, self.spec, candidates, learn, fresh
+            storage.group_index, query_condition, self.spec, candidates, learn, fresh, oldest
         )
 
     def claimable_groups(
@@ -337,8 +341,12 @@ class GroupSampler(KeySampler):
     ) -> int:
         """How many whole groups a claim with this order could take now (up to ``upto``):
         what ``claim(..., wait=s)`` waits for, and counts against a rate limit."""
-        fresh = self._fresh_groups(storage, self._claim_staleness(max_staleness))
-        return claimable_groups(storage.group_index, query_condition, self.spec, fresh, upto)
+        staleness = self._claim_staleness(max_staleness)
+        fresh = self._fresh_groups(storage, staleness)
+        oldest = _oldest(storage, staleness)
+        return claimable_groups(
+            storage.group_index, query_condition, self.spec, fresh, oldest, upto
+        )
 
     def _claim_staleness(self, max_staleness: int | None) -> int | None:
         limits = [s for s in (self.max_staleness, max_staleness) if s is not None]
@@ -365,3 +373,11 @@ class GroupSampler(KeySampler):
         self, index: dict[str, Any], batch_size: int, rng: np.random.Generator
     ) -> np.ndarray:
         raise UnsupportedTypeError("GroupSampler chooses whole groups through choose()")
+
+
+def _oldest(storage: Storage, staleness: int | None) -> int | None:
+    """The oldest fresh version under ``staleness`` now (None: every row is fresh)."""
+    if staleness is None:
+        return None
+    current = storage.policy_version()
+    return None if current is None else current - staleness

@@ -40,12 +40,15 @@ def group_taker(
     candidates: Callable[[int], list[Group]],
     learn: Callable[[list[Any]], None],
     fresh: Callable[[list[Any]], list[Any]],
+    oldest: Callable[[], int | None],
 ) -> GroupTaker:
     """A :data:`~expstore.storage.claims.GroupTaker` for groups of ``spec``.
 
     ``candidates(m)``: up to m ready groups the sampler has not seen taken; ``learn(values)``:
     these groups are taken now (by this claim or another); ``fresh(rows)``: which of the
-    (group value, oldest version) rows the database found claimable may be drawn."""
+    (group value, oldest version) rows the database found claimable may be drawn;
+    ``oldest()``: the oldest fresh version now (None: no limit), which the database
+    applies first."""
     size = spec.size
 
     def take(
@@ -69,7 +72,8 @@ def group_taker(
             learn([value for value, _ in drawn])
         need = want - len(taken)
         if need > 0:
-            found = index.claimable(conn, query_condition, spec, unblocked(now), 4 * need)
+            since = oldest()
+            found = index.claimable(conn, query_condition, spec, unblocked(now), 4 * need, since)
             values = fresh(found)[: 2 * need]
             keys = index.keys(query_condition, spec, values, conn=conn)
             groups = [(v, k) for v, k in zip(values, keys, strict=True) if len(k) == size]
@@ -108,12 +112,14 @@ def claimable_groups(
     query_condition: QueryCondition,
     spec: GroupSpec,
     fresh: Callable[[list[Any]], list[Any]],
+    oldest: int | None,
     upto: int,
 ) -> int:
     """How many complete groups of ``spec`` could be claimed whole now, up to ``upto``
-    (those ``fresh`` keeps of the ones the database finds claimable)."""
+    (those ``fresh`` keeps of the ones the database finds claimable, of version ``oldest``
+    or newer)."""
     handle = index.handle
     with handle.errors("count claimable groups"), handle.read() as conn:
         now = handle.dialect.now()
-        found = index.claimable(conn, query_condition, spec, unblocked(now), 4 * upto)
+        found = index.claimable(conn, query_condition, spec, unblocked(now), 4 * upto, oldest)
     return min(len(fresh(found)), upto)

@@ -178,12 +178,17 @@ class GroupIndex:
         spec: GroupSpec,
         free: ColumnElement[bool],
         limit: int,
+        oldest: int | None = None,
     ) -> list[Any]:
         """Up to ``limit`` complete groups, oldest first, whose rows all satisfy ``free``
-        (claimable now) and that pass the spec's condition: (group value, oldest version)."""
+        (claimable now), that pass the spec's condition and, with ``oldest``, whose oldest
+        version is that or newer (or none): (group value, oldest version)."""
         ranked = _ranked(self.handle, query_condition, spec, extra_columns=[free.label("free")])
         held: Any = ranked.c.free
         conditions = [func.count() == spec.size, func.min(case((held, 1), else_=0)) == 1]
+        if oldest is not None:  # stale groups must not crowd out the fresh ones in limit
+            version = func.min(ranked.c.policy_version)
+            conditions.append(or_(version.is_(None), version >= oldest))
         if spec.having is not None:
             conditions.append(spec.having.to_sql({c.name: c for c in ranked.c}))
         stmt = (

@@ -219,6 +219,9 @@ def test_an_empty_limited_buffer_waits_instead_of_raising_empty(buf: ReplayBuffe
         {"min_size": 1, "samples_per_insert": 1.1, "error_buffer": 3.3},
         {"min_size": 7, "samples_per_insert": 0.3, "error_buffer": 2.1},
         {"min_size": 5, "samples_per_insert": 2.5},
+        {"min_size": 1, "samples_per_insert": 4 / 3},
+        {"min_size": 3, "samples_per_insert": 4 / 3, "error_buffer": 4 / 3},
+        {"min_size": 2, "samples_per_insert": 0.7, "error_buffer": 1 / 3 + 1},
     ],
 )
 def test_a_limit_read_back_is_the_one_set(buf: ReplayBuffer, kwargs) -> None:  # noqa: ANN001

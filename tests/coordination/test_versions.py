@@ -13,6 +13,7 @@ from expstore import (
     PolicyVersionError,
     PrioritizedSampler,
     QueryBuilder,
+    RateLimiter,
     ReplayBuffer,
     SliceSampler,
     StratifiedSampler,
@@ -295,3 +296,23 @@ def test_a_group_claim_keeps_to_the_claims_max_staleness(buf: ReplayBuffer) -> N
     assert len(stale) == 0
     looser = GroupSampler(group_size=4, max_staleness=20)  # the tighter of the two counts
     assert len(buf.claim(4, consumer="g", order=looser, max_staleness=2)) == 0
+
+
+def test_a_group_claim_finds_a_fresh_group_behind_many_stale_ones(buf: ReplayBuffer) -> None:
+    """The database's claimable groups come oldest first; stale ones must not crowd out the
+    fresh one (found by review: the wait timed out and a rate-limited claim came back
+    empty)."""
+    for p in range(10):
+        buf.store_batch(
+            [make_row(f"old{p}", f"c{i}", 0, reward=float(i), version=0) for i in range(2)]
+        )
+    buf.store_batch([make_row("new", f"c{i}", 0, reward=float(i), version=10) for i in range(2)])
+    buf.set_policy_version(10)
+    sampler = GroupSampler(group_size=2)
+    assert sampler.claimable_groups(buf.storage, None, 2, 1) == 1
+    claim = buf.claim(2, consumer="g", order=sampler, max_staleness=2, wait=5)
+    assert {r.exp_meta.task_id for r in claim.batch} == {"new"}
+    claim.release()
+    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, timeout=0.05))
+    again = buf.claim(2, consumer="g", order=GroupSampler(group_size=2), max_staleness=2)
+    assert {r.exp_meta.task_id for r in again.batch} == {"new"}
