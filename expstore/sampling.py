@@ -128,8 +128,8 @@ def draw(
                     # Chosen again after a rate limit's wait: no more rows than were
                     # counted (counting more could wait again, and the rows' draws are
                     # counted already).
-                    size = batch_size if not counted else min(batch_size, counted)
-                    choice = _choose_consuming(storage, sampler, size, query_condition, owed)
+                    wanted = batch_size if not counted else min(batch_size, counted)
+                    choice = _choose_consuming(storage, sampler, wanted, query_condition, owed)
                 else:
                     choice = sampler.choose(storage, batch_size, query_condition)
             except ConnectionLostError:
@@ -169,9 +169,7 @@ def draw(
                 continue
             if len(fetched.ids) == len(choice.keys):
                 break
-            if owed:  # the counted rows still stored stay owed
-                owed[:] = [carried(sampler, choice, _stored(storage, choice.keys))]
-            deleted += 1
+            deleted += 1  # chosen again: the owed rows still stored stay (_choose_consuming)
             if deleted == FETCH_ATTEMPTS:
                 if sampler.weighs_rows or sampler.whole_units:
                     raise StorageError(
@@ -267,15 +265,10 @@ def carried(sampler: Sampler, choice: Choice, keys: np.ndarray) -> Choice:
     _, first = np.unique(choice.keys, return_index=True)
     at = np.sort(first[np.isin(choice.keys[first], keys)])
     part = choice.keys[at]
-    weights = sampler.weights_of(choice) if sampler.weighs_rows else None
+    weights = sampler.weights_of(choice)
     if weights is None:
         return Choice(part, choice.key_index)
     return Choice(part, {"key": part, "drawn_weights": weights[at]})
-
-
-def _stored(storage: Storage, keys: np.ndarray) -> np.ndarray:
-    """Those of ``keys`` whose rows are still stored."""
-    return _probed(storage, keys, None, None)
 
 
 def _matching(
@@ -283,15 +276,9 @@ def _matching(
 ) -> np.ndarray:
     """Those of ``choice``'s keys whose rows are still stored and match the condition and
     the sampler's ``max_staleness`` (their draws are counted: ``consume_after`` aside)."""
-    return _probed(storage, choice.keys, query_condition, getattr(sampler, "max_staleness", None))
+    keys = choice.keys
+    max_staleness = getattr(sampler, "max_staleness", None)
 
-
-def _probed(
-    storage: Storage,
-    keys: np.ndarray,
-    query_condition: QueryCondition,
-    max_staleness: int | None,
-) -> np.ndarray:
     def probe(space: KeySpace) -> np.ndarray:
         found = space.probe(keys)["key"]
         assert found is not None

@@ -5,7 +5,6 @@ do not vary, evaluated in the database for every process alike."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -21,7 +20,7 @@ from ..storage.claims import GroupTaker
 from ..storage.group_claims import Group, claimable_groups, group_taker
 from ..storage.groups import GroupSpec
 from ..storage.key_space import KeySpace
-from ..storage.versions import fresh_mask
+from ..storage.versions import fresh_mask, oldest_fresh
 from .base import KeySampler, SamplerOptions, empty_error
 from .flat import MIN_KEPT, PROBE_BUDGET
 
@@ -323,13 +322,11 @@ class GroupSampler(KeySampler):
         def learn(values: list[Any]) -> None:
             self.__dict__.setdefault("_taken", set()).update(values)
 
-        fresh = self._fresh_groups(storage, staleness)
-
         def oldest() -> int | None:
             return _oldest(storage, staleness)
 
         return group_taker(
-            storage.group_index, query_condition, self.spec, candidates, learn, fresh, oldest
+            storage.group_index, query_condition, self.spec, candidates, learn, self._freed, oldest
         )
 
     def claimable_groups(
@@ -341,33 +338,22 @@ class GroupSampler(KeySampler):
     ) -> int:
         """How many whole groups a claim with this order could take now (up to ``upto``):
         what ``claim(..., wait=s)`` waits for, and counts against a rate limit."""
-        staleness = self._claim_staleness(max_staleness)
-        fresh = self._fresh_groups(storage, staleness)
-        oldest = _oldest(storage, staleness)
+        oldest = _oldest(storage, self._claim_staleness(max_staleness))
         return claimable_groups(
-            storage.group_index, query_condition, self.spec, fresh, oldest, upto
+            storage.group_index, query_condition, self.spec, self._freed, oldest, upto
         )
 
     def _claim_staleness(self, max_staleness: int | None) -> int | None:
         limits = [s for s in (self.max_staleness, max_staleness) if s is not None]
         return min(limits) if limits else None
 
-    def _fresh_groups(
-        self, storage: Storage, staleness: int | None
-    ) -> Callable[[list[Any]], list[Any]]:
-        """Which of the (group value, oldest version) rows found claimable are fresh enough
-        to take (forgetting that this sampler saw them taken)."""
-
-        def fresh(found: list[Any]) -> list[Any]:
-            keep = None
-            if staleness is not None and found:
-                versions = np.array([np.nan if v is None else v for _, v in found], float)
-                keep = fresh_mask(versions, storage.policy_version(), staleness)
-            values = [g for i, (g, _) in enumerate(found) if keep is None or keep[i]]
-            self.__dict__.setdefault("_taken", set()).difference_update(values)
-            return values
-
-        return fresh
+    def _freed(self, found: list[Any]) -> list[Any]:
+        """The values of the groups the database found claimable (fresh enough: see
+        ``oldest`` of :func:`~expstore.storage.group_claims.group_taker`), which this
+        sampler no longer takes for taken."""
+        values = [group for group, _ in found]
+        self.__dict__.setdefault("_taken", set()).difference_update(values)
+        return values
 
     def sample_keys(
         self, index: dict[str, Any], batch_size: int, rng: np.random.Generator
@@ -377,7 +363,4 @@ class GroupSampler(KeySampler):
 
 def _oldest(storage: Storage, staleness: int | None) -> int | None:
     """The oldest fresh version under ``staleness`` now (None: every row is fresh)."""
-    if staleness is None:
-        return None
-    current = storage.policy_version()
-    return None if current is None else current - staleness
+    return None if staleness is None else oldest_fresh(storage.policy_version(), staleness)

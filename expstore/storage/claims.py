@@ -52,7 +52,7 @@ from .claim_reports import Lineage, QueueStats, queue_stats, row_lineage
 from .handle import BufferHandle, retried
 from .key_index import condition_key
 from .schema import buffers, checkpoints, consumers, consumption, oldest_first, rows
-from .versions import fresh_clause
+from .versions import fresh_clause, oldest_fresh
 
 __all__ = [
     "ClaimQueue",
@@ -333,7 +333,8 @@ class ClaimQueue:
             return None
         this = buffers.c.id == self._handle.buffer_id
         current = conn.execute(select(buffers.c.policy_version).where(this)).scalar_one()
-        return -1 if current is None else int(current) - scope.max_staleness
+        oldest = oldest_fresh(None if current is None else int(current), scope.max_staleness)
+        return -1 if oldest is None else oldest
 
     def _start(self, conn: Connection, scope: Scope, now: Now, oldest: int | None) -> int:
         """Where a FIFO scan for the condition starts: this handle's floor for it, or lower

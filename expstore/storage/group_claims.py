@@ -39,16 +39,16 @@ def group_taker(
     spec: GroupSpec,
     candidates: Callable[[int], list[Group]],
     learn: Callable[[list[Any]], None],
-    fresh: Callable[[list[Any]], list[Any]],
+    freed: Callable[[list[Any]], list[Any]],
     oldest: Callable[[], int | None],
 ) -> GroupTaker:
     """A :data:`~expstore.storage.claims.GroupTaker` for groups of ``spec``.
 
     ``candidates(m)``: up to m ready groups the sampler has not seen taken; ``learn(values)``:
-    these groups are taken now (by this claim or another); ``fresh(rows)``: which of the
-    (group value, oldest version) rows the database found claimable may be drawn;
-    ``oldest()``: the oldest fresh version now (None: no limit), which the database
-    applies first."""
+    these groups are taken now (by this claim or another); ``freed(rows)``: the values of
+    the (group value, oldest version) rows the database found claimable, which the
+    sampler no longer takes for taken; ``oldest()``: the oldest fresh version now (None:
+    no limit), which the database applies."""
     size = spec.size
 
     def take(
@@ -74,7 +74,7 @@ def group_taker(
         if need > 0:
             since = oldest()
             found = index.claimable(conn, query_condition, spec, unblocked(now), 4 * need, since)
-            values = fresh(found)[: 2 * need]
+            values = freed(found)[: 2 * need]
             keys = index.keys(query_condition, spec, values, conn=conn)
             groups = [(v, k) for v, k in zip(values, keys, strict=True) if len(k) == size]
             taken += _take_whole(queue, conn, groups, need, entry, stamps)
@@ -111,15 +111,14 @@ def claimable_groups(
     index: GroupIndex,
     query_condition: QueryCondition,
     spec: GroupSpec,
-    fresh: Callable[[list[Any]], list[Any]],
+    freed: Callable[[list[Any]], list[Any]],
     oldest: int | None,
     upto: int,
 ) -> int:
-    """How many complete groups of ``spec`` could be claimed whole now, up to ``upto``
-    (those ``fresh`` keeps of the ones the database finds claimable, of version ``oldest``
-    or newer)."""
+    """How many complete groups of ``spec`` of version ``oldest`` or newer could be
+    claimed whole now, up to ``upto`` (``freed``: told which, see :func:`group_taker`)."""
     handle = index.handle
     with handle.errors("count claimable groups"), handle.read() as conn:
         now = handle.dialect.now()
         found = index.claimable(conn, query_condition, spec, unblocked(now), 4 * upto, oldest)
-    return min(len(fresh(found)), upto)
+    return min(len(freed(found)), upto)

@@ -187,8 +187,7 @@ class GroupIndex:
         held: Any = ranked.c.free
         conditions = [func.count() == spec.size, func.min(case((held, 1), else_=0)) == 1]
         if oldest is not None:  # stale groups must not crowd out the fresh ones in limit
-            version = func.min(ranked.c.policy_version)
-            conditions.append(or_(version.is_(None), version >= oldest))
+            conditions.append(_fresh_group(func.min(ranked.c.policy_version), oldest))
         if spec.having is not None:
             conditions.append(spec.having.to_sql({c.name: c for c in ranked.c}))
         stmt = (
@@ -325,9 +324,7 @@ def count_groups(
     summary = _summaries_of(handle, query_condition, spec, keys=False).subquery("summary")
     complete = summary.c.n == spec.size
     passing = and_(complete, summary.c.passes)
-    fresh = passing
-    if oldest is not None:  # groups without a version are never stale
-        fresh = and_(passing, or_(summary.c.version.is_(None), summary.c.version >= oldest))
+    fresh = passing if oldest is None else and_(passing, _fresh_group(summary.c.version, oldest))
 
     def total(condition: Any) -> Any:
         return func.coalesce(func.sum(case((condition, 1), else_=0)), 0)
@@ -340,6 +337,12 @@ def count_groups(
     )
     ready, waiting, filtered, stale = conn.execute(stmt).one()
     return int(ready), int(waiting), int(filtered), int(stale)
+
+
+def _fresh_group(version: Any, oldest: int) -> ColumnElement[bool]:
+    """A group whose oldest version is ``version`` is fresh: one of ``oldest`` or newer, or
+    none (a group without versions is never stale)."""
+    return or_(version.is_(None), version >= oldest)
 
 
 def groups_first_at(

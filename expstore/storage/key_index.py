@@ -127,8 +127,8 @@ class KeyIndex:
         #: Candidate keys probed by draws over the key space so far (see
         #: :mod:`expstore.storage.key_space`), to see what a draw costs.
         self.keys_probed = 0
-        #: The first fresh row's key by oldest fresh version, kept across draws (see
-        #: :attr:`expstore.storage.key_space.KeySpace.low`).
+        #: Where fresh and stale rows lie, by server and oldest fresh version, kept across
+        #: draws (see :class:`expstore.storage.versions.FreshBounds`).
         self.fresh_bounds = FreshBounds()
         #: Told at each freshness check whether the buffer has a rate limit (read in the
         #: same round trip; see :mod:`expstore.storage.rate_limits`).

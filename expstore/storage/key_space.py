@@ -36,7 +36,7 @@ from .groups import GroupSpec, count_groups, groups_first_at
 from .handle import BufferHandle
 from .key_index import Arrays, _column, _to_arrays, condition_key
 from .schema import loose_scan, priorities, rows
-from .versions import FreshBounds, fresh_clause
+from .versions import FreshBounds, fresh_clause, oldest_fresh
 
 #: A plan line of SQLite seeking an index on the condition with each candidate key (not
 #: the (buffer_id, key) index, which turns no candidate down).
@@ -125,9 +125,7 @@ class KeySpace:
     @property
     def _oldest(self) -> int | None:
         """The oldest fresh version under ``max_staleness`` (None: every row is fresh)."""
-        if self.max_staleness is None or self.current_version is None:
-            return None
-        return self.current_version - self.max_staleness
+        return oldest_fresh(self.current_version, self.max_staleness)
 
     @property
     def every_key_matches(self) -> bool:
@@ -137,13 +135,18 @@ class KeySpace:
         buffer of an asynchronous run, its versions growing with its keys; see
         :class:`~expstore.storage.versions.FreshBounds`)."""
         if self._every_key is None:
-            self._every_key = self.dense and not self.filtered
-            if self.dense and self.query_condition is None and self.consume_after is None:
-                oldest = self._oldest
-                low = self.low
-                self._every_key = oldest is None or not self._fresh_bounds.stale_from(
-                    self.handle, self.conn, oldest, low, self.max_key
+            oldest = self._oldest
+            self._every_key = (
+                self.dense
+                and self.query_condition is None
+                and self.consume_after is None
+                and (
+                    oldest is None
+                    or not self._fresh_bounds.stale_from(
+                        self.handle, self.conn, oldest, self.low, self.max_key
+                    )
                 )
+            )
         return self._every_key
 
     @property

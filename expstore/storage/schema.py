@@ -199,17 +199,19 @@ def newest_first(stmt: Select[Any], buffer_id: int) -> Select[Any]:
     )
 
 
-def loose_scan(column: Any, *where: Any, start: Any = None) -> Select[Any]:
+def loose_scan(column: Any, *where: Any, start: Any = None, below: Any = None) -> Select[Any]:
     """The distinct values of ``column`` among the rows matching ``where`` (NULLs left
-    out), in order, from ``start`` on if given: a recursive query that probes an index
-    leading with ``where``'s columns and ``column`` once per value (a loose index scan),
-    instead of reading every row. (``start`` bounds the first probe alone: in every
-    probe, SQLite would seek it and filter the rest of the way to the next value.)"""
-    first = select(func.min(column).label("v")).where(*where)
-    if start is not None:
-        first = first.where(column >= start)
+    out), in order, from ``start`` on if given, or with ``below`` those under it, largest
+    first: a recursive query that probes an index leading with ``where``'s columns and
+    ``column`` once per value (a loose index scan), instead of reading every row.
+    (``start`` or ``below`` bounds the first probe alone: in every probe, SQLite would seek
+    it and filter the rest of the way to the next value.)"""
+    pick: Any = func.min if below is None else func.max
+    bound = [column < below] if below is not None else [] if start is None else [column >= start]
+    first = select(pick(column).label("v")).where(*where, *bound)
     found = first.cte("expstore_distinct", recursive=True)
-    after = select(func.min(column)).where(*where, column > found.c.v).scalar_subquery()
+    beyond = column > found.c.v if below is None else column < found.c.v
+    after = select(pick(column)).where(*where, beyond).scalar_subquery()
     found = found.union_all(select(after).where(found.c.v.is_not(None)))
     return select(found.c.v).where(found.c.v.is_not(None))
 

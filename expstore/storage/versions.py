@@ -43,6 +43,7 @@ __all__ = [
     "last_stale_key",
     "fresh_clause",
     "fresh_mask",
+    "oldest_fresh",
     "set_version",
 ]
 
@@ -100,6 +101,14 @@ def fresh_clause(buffer_id: int, max_staleness: int) -> ColumnElement[bool]:
     )
 
 
+def oldest_fresh(current: int | None, max_staleness: int | None) -> int | None:
+    """The oldest version a fresh row may have, ``current - max_staleness``; None when
+    every row is fresh (no limit, or no current version)."""
+    if max_staleness is None or current is None:
+        return None
+    return current - max_staleness
+
+
 #: Where fresh rows lie is worked out over at most this many policy versions (one index
 #: probe each); beyond it a draw does without (see :class:`FreshBounds`).
 FRESH_VERSIONS = 1024
@@ -155,11 +164,7 @@ def last_stale_key(
         return True, None if found is None else int(found)
 
     def build() -> Any:
-        first = select(func.max(version).label("v")).where(mine, version < bindparam("oldest"))
-        found = first.cte("expstore_stale", recursive=True)
-        older = select(func.max(version)).where(mine, version < found.c.v).scalar_subquery()
-        found = found.union_all(select(older).where(found.c.v.is_not(None)))
-        stale = select(found.c.v).where(found.c.v.is_not(None))
+        stale = loose_scan(version, mine, below=bindparam("oldest"))
         versions = stale.limit(FRESH_VERSIONS + 1).subquery()
         last = select(rows.c.key).where(mine, version == versions.c.v)
         last_of = last.order_by(rows.c.key.desc()).limit(1).scalar_subquery()
