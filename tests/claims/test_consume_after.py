@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 from collections import Counter
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -21,6 +22,18 @@ from expstore import (
     UniformSampler,
 )
 from tests.helpers import make_rows
+
+Handles = tuple[ReplayBuffer, ReplayBuffer]
+
+
+@pytest.fixture
+def handles(db_url: str, buffer_name: str) -> Iterator[Handles]:
+    """Two handles on one buffer, as two processes have."""
+    with (
+        ReplayBuffer(db_url, name=buffer_name) as one,
+        ReplayBuffer(db_url, name=buffer_name) as two,
+    ):
+        yield one, two
 
 
 def drawn(buffer: ReplayBuffer, sampler, batch: int, cond=None) -> list[int]:
@@ -44,29 +57,24 @@ def test_each_row_is_drawn_at_most_k_times_then_the_sampler_runs_dry(
         assert {r.times_sampled for r in buffer.lineage(ids).values()} == {2}
 
 
-def test_counts_are_shared_by_every_sampler_and_handle_of_the_buffer(
-    db_url: str, buffer_name: str
-) -> None:
-    with (
-        ReplayBuffer(db_url, name=buffer_name) as one,
-        ReplayBuffer(db_url, name=buffer_name) as two,
-    ):
-        one.store_batch(make_rows(20))
-        first = drawn(one, UniformSampler(replacement=False, seed=1, consume_after=1), 12)
-        assert len(set(first)) == 12
-        rest: list[int] = []
-        prioritized = PrioritizedSampler(seed=2, consume_after=1)
-        with pytest.raises(EmptyBufferError):
-            for _ in range(100):
-                batch = drawn(two, prioritized, 8)
-                assert len(batch) == len(set(batch))  # each row once per batch
-                assert len(prioritized.last_info.weights) == len(batch)
-                rest += batch
-        assert sorted(first + rest) == list(range(20))  # no row twice across the handles
-        with pytest.raises(EmptyBufferError):
-            drawn(two, UniformSampler(seed=3, consume_after=1), 1)
-        # Without consume_after the rows are drawn as ever.
-        assert len(drawn(two, UniformSampler(seed=4), 50)) == 50
+def test_counts_are_shared_by_every_sampler_and_handle_of_the_buffer(handles: Handles) -> None:
+    one, two = handles
+    one.store_batch(make_rows(20))
+    first = drawn(one, UniformSampler(replacement=False, seed=1, consume_after=1), 12)
+    assert len(set(first)) == 12
+    rest: list[int] = []
+    prioritized = PrioritizedSampler(seed=2, consume_after=1)
+    with pytest.raises(EmptyBufferError):
+        for _ in range(100):
+            batch = drawn(two, prioritized, 8)
+            assert len(batch) == len(set(batch))  # each row once per batch
+            assert len(prioritized.last_info.weights) == len(batch)
+            rest += batch
+    assert sorted(first + rest) == list(range(20))  # no row twice across the handles
+    with pytest.raises(EmptyBufferError):
+        drawn(two, UniformSampler(seed=3, consume_after=1), 1)
+    # Without consume_after the rows are drawn as ever.
+    assert len(drawn(two, UniformSampler(seed=4), 50)) == 50
 
 
 def test_consume_after_composes_with_conditions(db_url: str, buffer_name: str) -> None:
@@ -110,55 +118,47 @@ def test_processes_drawing_at_once_never_exceed_the_count(db_url: str, buffer_na
     assert sorted(every) == list(range(600))  # each row exactly once across the processes
 
 
-def test_draws_over_the_key_space_leave_spent_rows_out(db_url: str, buffer_name: str) -> None:
+def test_draws_over_the_key_space_leave_spent_rows_out(handles: Handles) -> None:
     """Flat draws probe the counts with the rows: a row another process spent is never a
     candidate (the database refuses none), and no key index is read."""
-    with (
-        ReplayBuffer(db_url, name=buffer_name) as one,
-        ReplayBuffer(db_url, name=buffer_name) as two,
-    ):
-        one.store_batch(make_rows(50))
-        first = drawn(one, UniformSampler(replacement=False, seed=5, consume_after=1), 20)
-        with_replacement = UniformSampler(seed=6, consume_after=1)
-        second = [i for _ in range(5) for i in drawn(two, with_replacement, 2)]
-        epochs = UniformSampler(replacement=False, seed=7, consume_after=1)
-        rest = drawn(two, epochs, 30)
-        assert len(second) == 10 and len(rest) == 20
-        assert sorted(first + second + rest) == list(range(50))
-        assert epochs._flat_epoch is not None and epochs._epoch is None
-        for sampler in (with_replacement, epochs):
-            assert not len(sampler._spent)  # nothing was refused: nothing spent was drawn
-        assert not one.storage.index.entries and not two.storage.index.entries
-        with pytest.raises(EmptyBufferError, match="consume_after=1"):
-            drawn(two, epochs, 1)
+    one, two = handles
+    one.store_batch(make_rows(50))
+    first = drawn(one, UniformSampler(replacement=False, seed=5, consume_after=1), 20)
+    with_replacement = UniformSampler(seed=6, consume_after=1)
+    second = [i for _ in range(5) for i in drawn(two, with_replacement, 2)]
+    epochs = UniformSampler(replacement=False, seed=7, consume_after=1)
+    rest = drawn(two, epochs, 30)
+    assert len(second) == 10 and len(rest) == 20
+    assert sorted(first + second + rest) == list(range(50))
+    assert epochs._flat_epoch is not None and epochs._epoch is None
+    for sampler in (with_replacement, epochs):
+        assert not len(sampler._spent)  # nothing was refused: nothing spent was drawn
+    assert not one.storage.index.entries and not two.storage.index.entries
+    with pytest.raises(EmptyBufferError, match="consume_after=1"):
+        drawn(two, epochs, 1)
 
 
-def test_rows_spent_by_another_process_are_learned_not_refused_one_by_one(
-    db_url: str, buffer_name: str
-) -> None:
+def test_rows_spent_by_another_process_are_learned_not_refused_one_by_one(handles: Handles) -> None:
     """A sampler choosing over its key index learns the rows other processes spent once a
     draw is refused: its batches stay full while unspent rows remain, then it runs dry
     (found by review: it returned 2, 2, then 0 rows with 6 unspent)."""
-    with (
-        ReplayBuffer(db_url, name=buffer_name) as one,
-        ReplayBuffer(db_url, name=buffer_name) as two,
-    ):
-        one.store_batch(make_rows(200))
-        mine = PrioritizedSampler(seed=0, consume_after=1)
-        got = drawn(one, mine, 4)
-        spender = UniformSampler(replacement=False, seed=1, consume_after=1)
-        spent = [i for _ in range(19) for i in drawn(two, spender, 10)]  # 190 of 200 rows
-        assert len(set(spent)) == 190
-        sizes = []
-        with pytest.raises(EmptyBufferError, match="consume_after=1"):
-            for _ in range(10):
-                batch = drawn(one, mine, 4)
-                sizes.append(len(batch))
-                got += batch
-        assert sum(sizes) == 200 - 190 - 4 + len(set(got[:4]) & set(spent))
-        assert all(size == 4 for size in sizes[:-1])
-        assert sorted(set(got) | set(spent)) == list(range(200))
-        assert len(got) == len(set(got)) and not set(got[4:]) & set(spent)
+    one, two = handles
+    one.store_batch(make_rows(200))
+    mine = PrioritizedSampler(seed=0, consume_after=1)
+    got = drawn(one, mine, 4)
+    spender = UniformSampler(replacement=False, seed=1, consume_after=1)
+    spent = [i for _ in range(19) for i in drawn(two, spender, 10)]  # 190 of 200 rows
+    assert len(set(spent)) == 190
+    sizes = []
+    with pytest.raises(EmptyBufferError, match="consume_after=1"):
+        for _ in range(10):
+            batch = drawn(one, mine, 4)
+            sizes.append(len(batch))
+            got += batch
+    assert sum(sizes) == 200 - 190 - 4 + len(set(got[:4]) & set(spent))
+    assert all(size == 4 for size in sizes[:-1])
+    assert sorted(set(got) | set(spent)) == list(range(200))
+    assert len(got) == len(set(got)) and not set(got[4:]) & set(spent)
 
 
 def test_a_condition_nothing_matches_says_so_after_rows_were_spent(
@@ -176,31 +176,28 @@ def test_a_condition_nothing_matches_says_so_after_rows_were_spent(
 
 
 def test_a_chosen_row_deleted_before_its_draw_is_counted(
-    db_url: str, buffer_name: str, monkeypatch: pytest.MonkeyPatch
+    handles: Handles, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Another process evicts a chosen row between the choice and the count: the count
     leaves it out (before, the counts' foreign key refused the whole batch, found by
     review)."""
-    with (
-        ReplayBuffer(db_url, name=buffer_name) as buffer,
-        ReplayBuffer(db_url, name=buffer_name) as other,
-    ):
-        buffer.store_batch(make_rows(40))
-        storage = buffer.storage
-        count = storage.count_draws
-        gone: list[int] = []
+    buffer, other = handles
+    buffer.store_batch(make_rows(40))
+    storage = buffer.storage
+    count = storage.count_draws
+    gone: list[int] = []
 
-        def count_after_a_delete(keys, limit):  # noqa: ANN001, ANN202
-            if not gone:
-                victim = next(iter(other.query())).exp_data.state["i"]
-                other.delete(QueryBuilder().eq("exp_data.state.i", victim).build())
-                gone.append(victim)
-            return count(keys, limit)
+    def count_after_a_delete(keys, limit):  # noqa: ANN001, ANN202
+        if not gone:
+            victim = next(iter(other.query())).exp_data.state["i"]
+            other.delete(QueryBuilder().eq("exp_data.state.i", victim).build())
+            gone.append(victim)
+        return count(keys, limit)
 
-        monkeypatch.setattr(storage, "count_draws", count_after_a_delete)
-        got = drawn(buffer, UniformSampler(replacement=False, seed=0, consume_after=1), 40)
-        assert gone and gone[0] not in got
-        assert sorted(got) == sorted(set(range(40)) - set(gone))
+    monkeypatch.setattr(storage, "count_draws", count_after_a_delete)
+    got = drawn(buffer, UniformSampler(replacement=False, seed=0, consume_after=1), 40)
+    assert gone and gone[0] not in got
+    assert sorted(got) == sorted(set(range(40)) - set(gone))
 
 
 @pytest.mark.parametrize(
@@ -236,96 +233,87 @@ def test_a_batch_chosen_again_keeps_the_rows_it_counted(
 
 
 def test_rows_deleted_before_the_fetch_leave_the_others_owed(
-    db_url: str, buffer_name: str, monkeypatch: pytest.MonkeyPatch
+    handles: Handles, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with (
-        ReplayBuffer(db_url, name=buffer_name) as buffer,
-        ReplayBuffer(db_url, name=buffer_name) as other,
-    ):
-        buffer.store_batch(make_rows(40))
-        storage = buffer.storage
-        fetch = storage.fetch
-        gone: list[int] = []
+    buffer, other = handles
+    buffer.store_batch(make_rows(40))
+    storage = buffer.storage
+    fetch = storage.fetch
+    gone: list[int] = []
 
-        def fetch_after_a_delete(keys, paths=None, **kw):  # noqa: ANN001, ANN202
-            if not gone:  # another process deletes the first chosen row
-                row = other.storage.fetch_keys(keys[:1])[0]
-                gone.append(row.exp_data.state["i"])
-                other.delete(QueryBuilder().eq("id", row.id).build())
-            return fetch(keys, paths, **kw)
+    def fetch_after_a_delete(keys, paths=None, **kw):  # noqa: ANN001, ANN202
+        if not gone:  # another process deletes the first chosen row
+            row = other.storage.fetch_keys(keys[:1])[0]
+            gone.append(row.exp_data.state["i"])
+            other.delete(QueryBuilder().eq("id", row.id).build())
+        return fetch(keys, paths, **kw)
 
-        monkeypatch.setattr(storage, "fetch", fetch_after_a_delete)
-        sampler, got = UniformSampler(seed=1, consume_after=1), []
-        with pytest.raises(EmptyBufferError):
-            for _ in range(100):
-                got += drawn(buffer, sampler, 8)
-        assert sorted(got) == sorted(set(range(40)) - set(gone))
+    monkeypatch.setattr(storage, "fetch", fetch_after_a_delete)
+    sampler, got = UniformSampler(seed=1, consume_after=1), []
+    with pytest.raises(EmptyBufferError):
+        for _ in range(100):
+            got += drawn(buffer, sampler, 8)
+    assert sorted(got) == sorted(set(range(40)) - set(gone))
 
 
-def test_weights_of_a_batch_pieced_together_after_refusals(db_url: str, buffer_name: str) -> None:
+def test_weights_of_a_batch_pieced_together_after_refusals(handles: Handles) -> None:
     """Rows refused (spent by another process since) are chosen again; each row of the
     batch keeps its own importance weight (before: another row's, or an IndexError)."""
-    with (
-        ReplayBuffer(db_url, name=buffer_name) as one,
-        ReplayBuffer(db_url, name=buffer_name) as two,
-    ):
-        one.store_batch(make_rows(200))
-        ids = [r.id for r in one.query()]
-        priority = {row_id: float(k + 1) for k, row_id in enumerate(ids)}
-        one.update_priorities(list(priority), list(priority.values()))
-        sampler = PrioritizedSampler(seed=0, consume_after=1, alpha=1.0, beta=1.0)
-        spender = UniformSampler(seed=1, consume_after=1)
-        not_the_least = QueryBuilder().gt("exp_data.state.i", 0).build()  # min stays
-        batches = 0
-        with pytest.raises(EmptyBufferError):
-            for _ in range(40):
-                drawn(one, sampler, 8)
-                info = sampler.last_info
-                # (p_i / p_min) ** -beta: weight x priority is the same for every row
-                scaled = info.weights * np.array([priority[i] for i in info.ids])
-                np.testing.assert_allclose(scaled, scaled[0], rtol=1e-4)
-                batches += 1
-                try:
-                    drawn(two, spender, 30, not_the_least)
-                except EmptyBufferError:
-                    pass
-        assert batches > 3
+    one, two = handles
+    one.store_batch(make_rows(200))
+    ids = [r.id for r in one.query()]
+    priority = {row_id: float(k + 1) for k, row_id in enumerate(ids)}
+    one.update_priorities(list(priority), list(priority.values()))
+    sampler = PrioritizedSampler(seed=0, consume_after=1, alpha=1.0, beta=1.0)
+    spender = UniformSampler(seed=1, consume_after=1)
+    not_the_least = QueryBuilder().gt("exp_data.state.i", 0).build()  # min stays
+    batches = 0
+    with pytest.raises(EmptyBufferError):
+        for _ in range(40):
+            drawn(one, sampler, 8)
+            info = sampler.last_info
+            # (p_i / p_min) ** -beta: weight x priority is the same for every row
+            scaled = info.weights * np.array([priority[i] for i in info.ids])
+            np.testing.assert_allclose(scaled, scaled[0], rtol=1e-4)
+            batches += 1
+            try:
+                drawn(two, spender, 30, not_the_least)
+            except EmptyBufferError:
+                pass
+    assert batches > 3
 
 
 def test_a_connection_lost_after_some_rows_were_counted_loses_none(
-    db_url: str, buffer_name: str, monkeypatch: pytest.MonkeyPatch
+    handles: Handles, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A second attempt of a consume_after choice (rows refused) loses its connection:
     the rows the first attempt counted stay owed (found by review: spent, never
     returned)."""
-    with (
-        ReplayBuffer(db_url, name=buffer_name) as one,
-        ReplayBuffer(db_url, name=buffer_name) as two,
-    ):
-        one.store_batch(make_rows(100))
-        mine, theirs = (
-            UniformSampler(seed=1, consume_after=1),
-            UniformSampler(seed=2, consume_after=1),
-        )
-        mine.flat = theirs.flat = False  # refusals: a key index that learns late
-        got = drawn(one, mine, 10)
-        got += drawn(two, theirs, 40)  # spent where mine does not know yet
-        choose, calls = mine.choose, []
+    one, two = handles
+    one.store_batch(make_rows(100))
+    mine, theirs = (
+        UniformSampler(seed=1, consume_after=1),
+        UniformSampler(seed=2, consume_after=1),
+    )
+    mine.flat = theirs.flat = False  # refusals: a key index that learns late
+    got = drawn(one, mine, 10)
+    got += drawn(two, theirs, 40)  # spent where mine does not know yet
+    choose, calls = mine.choose, []
 
-        def flaky(storage, batch_size, query_condition=None):  # noqa: ANN001, ANN202
-            calls.append(batch_size)
-            if len(calls) == 2:
-                raise ConnectionLostError("the replica went away")
-            return choose(storage, batch_size, query_condition)
+    def flaky(storage, batch_size, query_condition=None):  # noqa: ANN001, ANN202
+        calls.append(batch_size)
+        if len(calls) == 2:
+            raise ConnectionLostError("the replica went away")
+        return choose(storage, batch_size, query_condition)
 
-        monkeypatch.setattr(mine, "choose", flaky)
-        got += drawn(one, mine, 30)
-        assert len(calls) >= 3  # refused, lost, chosen again
-        monkeypatch.setattr(mine, "choose", choose)
-        with pytest.raises(EmptyBufferError):
-            for _ in range(20):
-                got += drawn(one, mine, 30)
-        assert sorted(got) == list(range(100))
+    monkeypatch.setattr(mine, "choose", flaky)
+    got += drawn(one, mine, 30)
+    assert len(calls) >= 3  # refused, lost, chosen again
+    monkeypatch.setattr(mine, "choose", choose)
+    with pytest.raises(EmptyBufferError):
+        for _ in range(20):
+            got += drawn(one, mine, 30)
+    assert sorted(got) == list(range(100))
 
 
 def test_a_batch_that_waited_returns_no_more_rows_than_were_counted(
