@@ -17,10 +17,11 @@ its freshness round trip, so unlimited buffers pay nothing per sample.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
-from sqlalchemy import Connection, delete, func, literal, select, update
+from sqlalchemy import Connection, case, delete, func, literal, select, update
 
 from ..errors import InvalidArgumentError, RateLimitedError
 from ..rate_limit import RateLimiter, RateLimitStats
@@ -62,6 +63,9 @@ class RateLimits:
         #: Samples that had to wait, and seconds waited, by this handle.
         self.waits = 0
         self.waited_s = 0.0
+        #: Per thread: the limit (its ``created_at``) this thread's last samples were
+        #: counted under, which alone a refund gives back to.
+        self._counted_under = threading.local()
 
     def observe(self, limited: bool) -> None:
         self.seen = (time.monotonic(), limited)
@@ -158,13 +162,16 @@ class RateLimits:
                 handle.dialect.commit_without_flush(),
             )
             .values(samples=_R.samples + n)
+            .returning(_R.created_at)
         )
         started = time.monotonic()
         pause = _FIRST_PAUSE
         attempts = 0
         while True:
             with handle.errors("count samples"), handle.single() as conn:
-                if conn.execute(take).rowcount:
+                under = conn.execute(take).scalar()
+                if under is not None:
+                    self._counted_under.created_at = under
                     if attempts:
                         self.waits += 1
                         self.waited_s += time.monotonic() - started
@@ -188,11 +195,16 @@ class RateLimits:
             attempts += 1
 
     def refund(self, n: int) -> None:
-        """Give back ``n`` counted samples that were not drawn (a short batch)."""
-        if n > 0:
+        """Give back ``n`` counted samples that were not drawn (a short batch), to the limit
+        they were counted under: a limit set since (``set_rate_limiter``, which starts
+        counting afresh) is left as it is, and no count goes below zero."""
+        under = getattr(self._counted_under, "created_at", None)
+        if n > 0 and under is not None:
             this = _R.buffer_id == self.handle.buffer_id
+            back = update(rate_limits).where(this, _R.created_at == under)
+            left = case((_R.samples >= n, _R.samples - n), else_=0)
             with self.handle.errors("count samples"), self.handle.single() as conn:
-                conn.execute(update(rate_limits).where(this).values(samples=_R.samples - n))
+                conn.execute(back.values(samples=left))
 
     # -- writers -------------------------------------------------------------------------
     def check_write(self, conn: Connection, n: int) -> None:

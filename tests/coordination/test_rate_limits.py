@@ -16,7 +16,7 @@ from expstore import (
     ReplayBuffer,
     UniformSampler,
 )
-from expstore.errors import InvalidArgumentError
+from expstore.errors import InvalidArgumentError, StorageError
 from tests.helpers import make_row, make_rows
 
 
@@ -264,5 +264,36 @@ def test_a_claim_counts_no_more_samples_than_rows_it_can_claim(
     assert len(buf.claim(5, nothing, consumer="learner")) == 0
     assert asked == []  # not even for a moment
     assert len(buf.claim(5, consumer="learner")) == 3 and asked == [3]
+    stats = buf.rate_limit_stats()
+    assert stats is not None and stats.sampled == 3
+
+
+def test_a_refund_goes_only_to_the_limit_its_samples_were_counted_under(
+    buf: ReplayBuffer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sample that fails after counting gives its count back; when set_rate_limiter set
+    another limit (counting afresh) in between, the refund is not taken from the new
+    limit's count (found by review: the count went below zero)."""
+    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=4.0, timeout=0.05))
+    buf.store_batch(make_rows(4))
+    acquire = buf.storage.acquire_samples
+
+    def acquire_then_reset(n, since=None):  # noqa: ANN001, ANN202
+        counted = acquire(n, since=since)
+        # another process sets a new limit meanwhile
+        buf.set_rate_limiter(RateLimiter(min_size=2, samples_per_insert=4.0, timeout=0.05))
+        return counted
+
+    def fetch_fails(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise StorageError("the connection broke")
+
+    monkeypatch.setattr(buf.storage, "acquire_samples", acquire_then_reset)
+    monkeypatch.setattr(buf.storage, "fetch", fetch_fails)
+    with pytest.raises(StorageError, match="broke"):
+        buf.sample(batch_size=3)
+    monkeypatch.undo()
+    stats = buf.rate_limit_stats()
+    assert stats is not None and stats.limiter.min_size == 2 and stats.sampled == 0
+    assert len(buf.sample(batch_size=3)) == 3  # the new limit counts from zero
     stats = buf.rate_limit_stats()
     assert stats is not None and stats.sampled == 3
