@@ -302,7 +302,7 @@ class GroupSampler(KeySampler):
         with the sampler's (the tighter one counts)."""
         staleness = self._claim_staleness(max_staleness)
 
-        def candidates(m: int) -> list[Group]:
+        def candidates(m: int, skip: set[Any]) -> list[Group]:
             index, ready = self.ready_groups(storage, query_condition)
             if staleness is not None and staleness != self.max_staleness:
                 current = index.get("current_version")
@@ -310,12 +310,16 @@ class GroupSampler(KeySampler):
                 ready = ready if keep is None else ready[keep]
             taken = self.__dict__.setdefault("_taken", set())
             values = index["group"]
+
+            def open_group(p: int) -> bool:
+                return values[p] not in taken and values[p] not in skip
+
             # A few times m at random first: most ready groups are not taken yet; all of
             # them only when those were.
             picks = ready[self.rng.choice(len(ready), min(len(ready), 4 * m), replace=False)]
-            chosen = [p for p in picks.tolist() if values[p] not in taken][:m]
+            chosen = [p for p in picks.tolist() if open_group(p)][:m]
             if len(chosen) < m and len(picks) < len(ready):
-                open_ = [p for p in ready.tolist() if values[p] not in taken]
+                open_ = [p for p in ready.tolist() if open_group(p)]
                 chosen = [open_[i] for i in self.rng.permutation(len(open_))[:m]]
             return [(values[p], index["keys"][p]) for p in chosen]
 

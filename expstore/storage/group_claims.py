@@ -37,15 +37,16 @@ def group_taker(
     index: GroupIndex,
     query_condition: QueryCondition,
     spec: GroupSpec,
-    candidates: Callable[[int], list[Group]],
+    candidates: Callable[[int, set[Any]], list[Group]],
     learn: Callable[[list[Any]], None],
     freed: Callable[[list[Any]], list[Any]],
     oldest: Callable[[], int | None],
 ) -> GroupTaker:
     """A :data:`~expstore.storage.claims.GroupTaker` for groups of ``spec``.
 
-    ``candidates(m)``: up to m ready groups the sampler has not seen taken; ``learn(values)``:
-    these groups are taken now (by this claim or another); ``freed(rows)``: the values of
+    ``candidates(m, skip)``: up to m ready groups the sampler has not seen taken, none of
+    ``skip``; ``learn(values)``: these groups are taken now (by this claim or another), told
+    once an attempt got through; ``freed(rows)``: the values of
     the (group value, oldest version) rows the database found claimable, which the
     sampler no longer takes for taken; ``oldest()``: the oldest fresh version now (None:
     no limit), which the database applies."""
@@ -61,15 +62,18 @@ def group_taker(
     ) -> list[int]:
         want = n // size
         taken: list[Group] = []
+        # The groups this attempt saw taken (by it or by others), told to the sampler only
+        # when the attempt gets through: an attempt rolled back (a deadlock, then retried)
+        # took none of them, and its draws must not leave them out of the next.
+        seen: set[Any] = set()
         for _ in range(_ROUNDS):
             need = want - len(taken)
             if need <= 0:
-                return _flat(taken)
-            drawn = [g for g in candidates(2 * need) if len(g[1]) == size]
+                break
+            drawn = [g for g in candidates(2 * need, seen) if len(g[1]) == size]
             if not drawn:
                 break
-            taken += _take_whole(queue, conn, drawn, need, entry, stamps)
-            learn([value for value, _ in drawn])
+            seen.update(_take_whole(queue, conn, drawn, need, entry, stamps, taken))
         need = want - len(taken)
         if need > 0:
             since = oldest()
@@ -77,8 +81,8 @@ def group_taker(
             values = freed(found)[: 2 * need]
             keys = index.keys(query_condition, spec, values, conn=conn)
             groups = [(v, k) for v, k in zip(values, keys, strict=True) if len(k) == size]
-            taken += _take_whole(queue, conn, groups, need, entry, stamps)
-            learn([value for value, _ in groups])
+            seen.update(_take_whole(queue, conn, groups, need, entry, stamps, taken))
+        learn(list(seen))
         return _flat(taken)
 
     return take
@@ -91,8 +95,11 @@ def _take_whole(
     need: int,
     entry: dict[str, Any],
     stamps: list[float],
-) -> list[Group]:
-    """Claim up to ``need`` of ``groups`` whole; returns those taken."""
+    taken: list[Group],
+) -> list[Any]:
+    """Claim up to ``need`` of ``groups`` whole, adding them to ``taken``; returns the
+    values of the groups now taken, by this claim or another (free groups beyond ``need``
+    left out: they are still there to be drawn)."""
     free = set(queue.lock_free(conn, _flat(groups), entry["claimed_at"]))
     whole = [g for g in groups if free.issuperset(g[1].tolist())][:need]
     entered = set(queue.enter(conn, _flat(whole), entry, stamps))
@@ -100,7 +107,9 @@ def _take_whole(
     done = {id(g) for g in complete}
     partial = [k for g in whole if id(g) not in done for k in g[1].tolist() if k in entered]
     queue.give_back(conn, partial, entry["claim_id"])
-    return complete
+    taken += complete
+    tried = {id(g) for g in whole}
+    return [g[0] for g in groups if id(g) in tried or not free.issuperset(g[1].tolist())]
 
 
 def _flat(groups: list[Group]) -> list[int]:

@@ -8,6 +8,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from sqlalchemy.exc import OperationalError
 
 from expstore import (
     GroupAdvantageConverter,
@@ -21,6 +22,7 @@ from expstore.errors import (
     EmptyBufferError,
     InvalidArgumentError,
     QueryError,
+    StorageError,
     UnsupportedTypeError,
     WaitTimeoutError,
 )
@@ -435,3 +437,36 @@ def test_a_group_claim_with_wait_waits_for_whole_groups(buf: ReplayBuffer) -> No
     claim = buf.claim(4, consumer="c", order=sampler, wait=10)
     completes.join()
     assert prompts_of(claim.batch) == ["p0"] * 4
+
+
+def test_a_group_claimer_remembers_as_taken_only_the_groups_that_are(
+    buf: ReplayBuffer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group claim draws twice the groups it needs; those it left free, and those an
+    attempt rolled back (a deadlock, then retried) saw, are not remembered as taken, or the
+    sampler's random draws would skip free groups and fall back to the oldest ones (found
+    by review)."""
+    from expstore.storage.claims import ClaimQueue
+
+    for p in range(10):
+        buf.store_batch(group(f"p{p}", [0.0, 1.0]))
+    enter, deadlocks = ClaimQueue.enter, [1]
+
+    def enter_after_a_deadlock(self, conn, free, entry, stamps):  # noqa: ANN001, ANN202
+        if deadlocks:
+            deadlocks.pop()
+            cause = OperationalError("UPDATE", {}, _Deadlock())
+            raise StorageError("claim rows: deadlock detected") from cause
+        return enter(self, conn, free, entry, stamps)
+
+    monkeypatch.setattr(ClaimQueue, "enter", enter_after_a_deadlock)
+    sampler = GroupSampler(group_size=2, seed=0)
+    first = buf.claim(4, consumer="c", order=sampler)  # two groups, after one retry
+    assert not deadlocks and len(first) == 4
+    assert sampler._taken == set(prompts_of(first.batch))
+    second = buf.claim(4, consumer="c", order=sampler)
+    assert sampler._taken == set(prompts_of(first.batch)) | set(prompts_of(second.batch))
+
+
+class _Deadlock(Exception):
+    sqlstate = "40P01"
