@@ -69,6 +69,9 @@ SAMPLERS = (
     "consume",
     "fresh_half",
     "fresh_5pct",
+    "prioritized_by_agent",
+    "prioritized_by_json_path",
+    "prioritized_fresh",
 )
 
 
@@ -94,7 +97,7 @@ def _sampler(name: str, flat: bool) -> tuple[Any, Any]:
     condition = None
     if name.endswith("by_agent"):
         condition = QueryBuilder().eq("exp_meta.agent_id", "agent3").build()
-    elif name == "by_json_path":
+    elif name.endswith("by_json_path"):
         condition = QueryBuilder().eq("exp_data.state.difficulty", 3).build()
     sampler = {
         "recency": lambda: RecencySampler(power=1.0, seed=0),
@@ -114,6 +117,12 @@ def _sampler(name: str, flat: bool) -> tuple[Any, Any]:
         # data sets' versions 0-99 grow with insertion: half / 5% of the rows fresh)
         "fresh_half": lambda: UniformSampler(seed=0, max_staleness=49),
         "fresh_5pct": lambda: UniformSampler(seed=0, max_staleness=4),
+        # prioritized under a condition and under max_staleness (5% fresh), over the
+        # priorities the data set holds (every tenth key's, one agent's) and those the
+        # prioritized measurement set
+        "prioritized_by_agent": lambda: PrioritizedSampler(seed=0),
+        "prioritized_by_json_path": lambda: PrioritizedSampler(seed=0),
+        "prioritized_fresh": lambda: PrioritizedSampler(seed=0, max_staleness=4),
     }.get(name, lambda: UniformSampler(seed=0))()
     sampler.flat = flat
     if name == "groups" and flat:

@@ -92,7 +92,7 @@ class PrioritizedSampler(KeySampler):
         return {**index, "max_priority": largest}
 
     def can_draw_flat(self, query_condition: QueryCondition) -> bool:
-        return not self.narrowed(query_condition)
+        return True
 
     # The envelope comes from the priority bounds; the probes must see the same priorities.
     flat_snapshot = True
@@ -100,13 +100,19 @@ class PrioritizedSampler(KeySampler):
     def choose_flat(
         self, space: KeySpace, batch_size: int, query_condition: QueryCondition
     ) -> Choice | None:
-        # Under a condition the weights' normaliser is the least likely matching row's,
-        # which the index bounds do not give: the key index serves.
-        if space.filtered:
-            return None
+        # Rejection under the envelope of the buffer's largest priority (an upper bound of
+        # the matching rows' too). The weights' normaliser is the least likely matching
+        # row's: under a condition, max_staleness or consume_after, the least priority
+        # among the matching rows, found at the low end of the priority index; when the
+        # rows there are not matching ones, the key index serves.
         bounds = space.priority_bounds()
         largest = 1.0 if bounds.largest is None else bounds.largest
         smallest = largest if bounds.smallest is None else bounds.smallest
+        if space.filtered and bounds.smallest is not None:
+            least = _least_matching(space)
+            if least is None:
+                return None
+            smallest = min(least, largest)  # inf: no matching row holds a priority
         top = (largest + self.eps) ** self.alpha
         low = (smallest + self.eps) ** self.alpha
         if not (low > 0 and math.isfinite(top)):
@@ -181,6 +187,22 @@ class PrioritizedSampler(KeySampler):
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_drawn": None}
+
+
+#: Entries of the priority index walked upward for the least matching priority: a first
+#: short walk, which finds it unless matching rows are rare among the lowest priorities,
+#: then a longer one before the key index serves.
+_LEAST_WALKS = (64, 4096)
+
+
+def _least_matching(space: KeySpace) -> float | None:
+    """The least stored priority among the rows ``space`` draws from (inf: none holds one),
+    or None when the walks of :data:`_LEAST_WALKS` did not reach a matching row."""
+    for walk in _LEAST_WALKS:
+        least = space.least_priority(walk)
+        if least is not None:
+            return least
+    return None
 
 
 def _largest(priority: np.ndarray) -> float:

@@ -19,12 +19,13 @@ after its probe is chosen again by the sampling loop, as with a key index.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
-from sqlalchemy import Connection, and_, func, or_, select
+from sqlalchemy import Connection, and_, bindparam, case, func, or_, select
 
 from ..errors import InvalidArgumentError
 from ..layout import COLUMNS_BY_NAME, ColumnSpec
@@ -364,6 +365,35 @@ class KeySpace:
             None if smallest is None else float(smallest),
             None if largest is None else float(largest),
         )
+
+    def least_priority(self, walk: int) -> float | None:
+        """The smallest stored priority among the matching rows, found by walking the
+        ``(buffer_id, priority)`` index upward through at most ``walk`` entries and
+        checking each one's row: ``inf`` when the walk went through every entry and no
+        matching row holds a priority, None when the first ``walk`` entries hold no
+        matching row (the least may lie anywhere beyond)."""
+        handle = self.handle
+        narrowed = (self.max_staleness, self.consume_after)
+
+        def build() -> Any:
+            mine = priorities.c.buffer_id == handle.buffer_id
+            entries = (
+                select(priorities.c.key, priorities.c.priority)
+                .where(mine)
+                .order_by(priorities.c.priority)
+                .limit(bindparam("walk"))
+                .subquery()
+            )
+            on = and_(rows.c.key == entries.c.key, rows.c.buffer_id == handle.buffer_id)
+            matched = case((rows.c.key.is_not(None), entries.c.priority))
+            joined = entries.outerjoin(rows, and_(on, *self._matching()))
+            return select(func.min(matched), func.count()).select_from(joined)
+
+        key = ("least priority", condition_key(self.query_condition), narrowed)
+        ((least, walked),) = handle.statement(key, build).run(self.conn, walk=walk)
+        if least is not None:
+            return float(least)
+        return math.inf if walked < walk else None
 
 
 def _indexed_column(name: str) -> ColumnSpec | None:

@@ -145,6 +145,7 @@ def test_rows_spent_by_another_process_are_learned_not_refused_one_by_one(handle
     one, two = handles
     one.store_batch(make_rows(200))
     mine = PrioritizedSampler(seed=0, consume_after=1)
+    mine.flat = False  # over its key index (a draw over the key space probes the counts)
     got = drawn(one, mine, 4)
     spender = UniformSampler(replacement=False, seed=1, consume_after=1)
     spent = [i for _ in range(19) for i in drawn(two, spender, 10)]  # 190 of 200 rows

@@ -129,6 +129,85 @@ def test_prioritized_draws_in_proportion_and_weighs_as_the_key_index_does(
     np.testing.assert_allclose(flat.last_weights, expected, rtol=1e-6)
 
 
+def _prioritized_narrowed(buffer: ReplayBuffer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """60 rows of agents 0-2 and policy versions 0-3 (current 3), 45 holding a priority:
+    agent0's and the oldest rows' the lowest, so the least matching one lies beyond them
+    in the priority index. Returns (keys, agents, versions, priorities with unset rows at
+    the largest stored one)."""
+    rows = make_rows(60, agents=3)
+    for i, row in enumerate(rows):
+        row.exp_meta.policy_version = i // 15
+    buffer.store_batch(rows)
+    buffer.set_policy_version(3)
+    keys = _keys(buffer)
+    stored = buffer.storage.fetch_keys(keys)
+    agents = np.array([int(r.exp_meta.agent_id[-1]) for r in stored])
+    versions = np.array([r.exp_meta.policy_version for r in stored])
+    given = {
+        r.id: (0.01 * i if agents[i] == 0 or versions[i] == 0 else 0.5 + (i % 7))
+        for i, r in enumerate(stored[:45])
+    }
+    buffer.update_priorities(list(given), list(given.values()))
+    priority = np.array([given.get(r.id, max(given.values())) for r in stored])
+    return keys, agents, versions, priority
+
+
+@pytest.mark.parametrize("narrowed", ["condition", "max_staleness", "consume_after"])
+def test_prioritized_under_a_condition_or_staleness_draws_over_the_key_space(
+    buffer: ReplayBuffer, narrowed: str
+) -> None:
+    """The least likely matching row (the weights' normaliser) is found at the low end of
+    the priority index, past rows that do not match; draws and weights are those of the
+    key index, and no key index is read."""
+    keys, agents, versions, priority = _prioritized_narrowed(buffer)
+    cond, options, matching = None, {}, np.ones(len(keys), dtype=bool)
+    if narrowed == "condition":
+        cond = QueryBuilder().ne("exp_meta.agent_id", "agent0").build()
+        matching = agents != 0
+    elif narrowed == "max_staleness":
+        options, matching = {"max_staleness": 2}, versions >= 1
+    else:
+        options = {"consume_after": 1}
+        spent = keys[agents != 0][:10]  # drawn once already: spent
+        buffer.storage.count_draws(spent, 1)
+        matching = ~np.isin(keys, spent)
+    buffer.storage.index.clear()
+    weight = (priority + 1e-6) ** 0.8
+    least = weight[matching].min()
+    sampler = PrioritizedSampler(alpha=0.8, beta=0.5, seed=6, **options)
+    for _ in range(3 if narrowed == "consume_after" else 200):
+        sampler.sample(buffer.storage, 8, cond)
+        at = np.searchsorted(keys, sampler.last_keys)
+        assert matching[at].all()
+        np.testing.assert_allclose(sampler.last_weights, (weight[at] / least) ** -0.5, rtol=1e-6)
+    assert _holds_no_index(buffer)
+    if narrowed != "consume_after":
+        drawn = _draw(buffer, sampler, 200, 20, cond)
+        counts = np.array([(drawn == k).sum() for k in keys[matching]])
+        assert chi_square_p(counts, weight[matching]) > P_MIN
+
+
+def test_prioritized_reads_the_key_index_when_the_lowest_priorities_match_nothing(
+    buffer: ReplayBuffer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from expstore.samplers import prioritized
+
+    keys, agents, versions, priority = _prioritized_narrowed(buffer)
+    # The 25 lowest priorities are agent0's or version 0's, matching neither.
+    monkeypatch.setattr(prioritized, "_LEAST_WALKS", (2, 4))
+    buffer.storage.index.clear()
+    cond = QueryBuilder().ne("exp_meta.agent_id", "agent0").build()
+    sampler = PrioritizedSampler(alpha=0.8, beta=0.5, seed=7, max_staleness=2)
+    sampler.sample(buffer.storage, 8, cond)
+    assert not _holds_no_index(buffer)
+    weight = (priority + 1e-6) ** 0.8
+    at = np.searchsorted(keys, sampler.last_keys)
+    matching = (agents != 0) & (versions >= 1)
+    assert matching[at].all()
+    least = weight[matching].min()
+    np.testing.assert_allclose(sampler.last_weights, (weight[at] / least) ** -0.5, rtol=1e-6)
+
+
 @pytest.mark.parametrize("power", [2.0, 0.5, -0.5])
 def test_ranks_follow_rank_plus_one_to_the_power(power: float) -> None:
     rng = np.random.default_rng(6)
