@@ -83,7 +83,13 @@ class PrioritizedSampler(KeySampler):
         """The matching rows' priorities and, under a condition, the buffer's largest
         stored priority (``"max_priority"``), which rows without one count as."""
         if query_condition is None:
-            return super().read_index(storage, query_condition)
+            index = super().read_index(storage, query_condition)
+            if not self.narrowed(None):
+                return index
+            # max_staleness / consume_after leave rows out of the index after this read:
+            # the largest is the whole buffer's, taken before.
+            whole = index["priority"]
+            return {**index, "max_priority": self.derived("max", (whole,), lambda: _largest(whole))}
         index, everything = storage.key_indexes(
             [(query_condition, self.columns_read()), (None, ("priority",))]
         )

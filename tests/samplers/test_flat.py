@@ -187,6 +187,37 @@ def test_prioritized_under_a_condition_or_staleness_draws_over_the_key_space(
         assert chi_square_p(counts, weight[matching]) > P_MIN
 
 
+@pytest.mark.parametrize("narrowed", ["max_staleness", "consume_after"])
+@pytest.mark.parametrize("flat", [True, False], ids=["key space", "key index"])
+def test_prioritized_rows_without_a_priority_count_as_the_buffers_largest(
+    buffer: ReplayBuffer, narrowed: str, flat: bool
+) -> None:
+    """Rows left out by max_staleness or consume_after still hold the buffer's largest
+    priority, which rows without one count as, on both paths (found by review: over the
+    key index they counted as the largest among the rows left in)."""
+    rows = make_rows(20)
+    for i, row in enumerate(rows):
+        row.exp_meta.policy_version = 0 if i < 10 else 1
+    buffer.store_batch(rows)
+    buffer.set_policy_version(1)
+    keys = _keys(buffer)
+    ids = [r.id for r in buffer.storage.fetch_keys(keys)]
+    buffer.update_priorities(ids[:15], [10.0] * 10 + [1.0] * 5)  # the last 5: none
+    if narrowed == "max_staleness":
+        options: dict[str, int] = {"max_staleness": 0}
+    else:
+        options = {"consume_after": 1}
+        buffer.storage.count_draws(keys[:10], 1)  # the rows of priority 10: spent
+    buffer.storage.index.clear()
+    sampler = PrioritizedSampler(alpha=1.0, beta=1.0, eps=0.0, seed=0, **options)
+    sampler.flat = flat
+    sampler.sample(buffer.storage, 8)
+    at = np.searchsorted(keys, sampler.last_keys)
+    assert (at >= 10).all()
+    # priority 1 against the largest, 10: weights (P / P_min) ** -1 of 1.0 and 0.1
+    np.testing.assert_allclose(sampler.last_weights, np.where(at < 15, 1.0, 0.1), rtol=1e-6)
+
+
 def test_prioritized_reads_the_key_index_when_the_lowest_priorities_match_nothing(
     buffer: ReplayBuffer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
