@@ -72,6 +72,8 @@ SAMPLERS = (
     "prioritized_by_agent",
     "prioritized_by_json_path",
     "prioritized_fresh",
+    "stratified_by_json_path",
+    "stratified_fresh",
 )
 
 
@@ -123,6 +125,11 @@ def _sampler(name: str, flat: bool) -> tuple[Any, Any]:
         "prioritized_by_agent": lambda: PrioritizedSampler(seed=0),
         "prioritized_by_json_path": lambda: PrioritizedSampler(seed=0),
         "prioritized_fresh": lambda: PrioritizedSampler(seed=0, max_staleness=4),
+        # stratified by agent under a condition and under max_staleness (5% fresh)
+        "stratified_by_json_path": lambda: StratifiedSampler(by="exp_meta.agent_id", seed=0),
+        "stratified_fresh": lambda: StratifiedSampler(
+            by="exp_meta.agent_id", seed=0, max_staleness=4
+        ),
     }.get(name, lambda: UniformSampler(seed=0))()
     sampler.flat = flat
     if name == "groups" and flat:

@@ -20,6 +20,9 @@ __all__ = ["StratifiedSampler"]
 #: Groups beyond which stratified draws choose over the key index: a group's share of the
 #: key range is then too small for rejection to pay.
 MAX_FLAT_GROUPS = 64
+#: Rows of a group checked against a condition, max_staleness or consume_after for one
+#: that matches before the key index serves (see KeySpace.matching_values).
+MATCHING_WALK = 1024
 
 
 def _group_key(value: Any) -> Any:
@@ -82,16 +85,22 @@ class StratifiedSampler(KeySampler):
         return self.derived("groups", (values,), compute)
 
     def can_draw_flat(self, query_condition: QueryCondition) -> bool:
-        return not self.narrowed(query_condition) and not self._payload
+        return not self._payload
 
     def choose_flat(
         self, space: KeySpace, batch_size: int, query_condition: QueryCondition
     ) -> Choice | None:
-        if space.filtered or self._payload:
+        if self._payload:
             return None
         values = space.distinct(self.column)
         if not values or len(values) > MAX_FLAT_GROUPS:
             return None
+        if space.filtered:
+            # The groups are the values the matching rows hold (a value every row of which
+            # is stale, spent or filtered out gets no share).
+            values = space.matching_values(self.column, values, MATCHING_WALK)
+            if not values:
+                return None  # not known (or none: the key index says so)
         rng = self.rng
         remaining = self._shares(len(values), batch_size, rng).tolist()
         code = {v: i for i, v in enumerate(values)}

@@ -250,6 +250,45 @@ class KeySpace:
         ]
         return None if len(values) > DISTINCT_LIMIT else values
 
+    def matching_values(self, name: str, values: Sequence[Any], walk: int) -> list[Any] | None:
+        """Those of ``values`` (of the indexed column ``name``) that a matching row holds:
+        for each, its first ``walk`` rows from :attr:`low` on, in key order (an index
+        range), checked against the condition, ``max_staleness`` and ``consume_after``.
+        None when some value's first ``walk`` rows hold no matching row and it has more
+        (whether one holds it is then not known)."""
+        handle = self.handle
+        column = rows.c[name]
+
+        def build() -> Any:
+            first = (
+                select(rows.c.key)
+                .where(
+                    rows.c.buffer_id == handle.buffer_id,
+                    column == bindparam("value"),
+                    rows.c.key >= bindparam("low"),
+                )
+                .order_by(rows.c.key)
+                .limit(bindparam("walk"))
+                .subquery()
+            )
+            on = and_(rows.c.key == first.c.key, *self._matching())
+            return select(func.count(rows.c.key), func.count()).select_from(
+                first.outerjoin(rows, on)
+            )
+
+        narrowed = (self.max_staleness, self.consume_after)
+        key = ("matching values", name, condition_key(self.query_condition), narrowed)
+        statement = handle.statement(key, build)
+        held = []
+        for value in values:
+            ((matched, walked),) = statement.run(self.conn, value=value, low=self.low, walk=walk)
+            self.probed += int(walked)
+            if matched:
+                held.append(value)
+            elif walked >= walk:
+                return None
+        return held
+
     def groups_first_at(self, spec: GroupSpec, keys: np.ndarray) -> Arrays | None:
         """The summaries of the groups (of the matching rows, by ``spec``) whose first row
         is one of the candidate ``keys``, as

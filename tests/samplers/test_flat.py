@@ -3,6 +3,8 @@ index, without holding the buffer's keys, on both backends."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 
@@ -309,6 +311,65 @@ def test_stratified_gives_each_group_its_share_uniformly_within(
         mine = keys[[a == agent for a in agents]]
         counts = np.array([(drawn_all == k).sum() for k in mine])
         assert chi_square_p(counts, np.ones(len(mine))) > P_MIN
+
+
+@pytest.mark.parametrize("narrowed", ["condition", "max_staleness", "consume_after"])
+def test_stratified_under_a_condition_or_staleness_draws_over_the_key_space(
+    buffer: ReplayBuffer, narrowed: str
+) -> None:
+    """The groups are the values the matching rows hold: agent 3's rows are all left out
+    (filtered, stale or spent), so it gets no share; the others an equal one each, uniform
+    within, and no key index is read."""
+    rows = make_rows(80, agents=4)
+    for i, row in enumerate(rows):
+        row.exp_meta.policy_version = 0 if i % 4 == 3 or i < 16 else 1
+    buffer.store_batch(rows)
+    buffer.set_policy_version(1)
+    index = buffer.storage.key_index(None, ("agent_id", "policy_version"))
+    keys, agents = np.array(index["key"]), np.array(index["agent_id"].tolist())
+    versions = np.array(index["policy_version"])
+    cond, options = None, {}
+    matching = agents != "agent3"
+    if narrowed == "condition":
+        cond = QueryBuilder().ne("exp_meta.agent_id", "agent3").build()
+    elif narrowed == "max_staleness":
+        options, matching = {"max_staleness": 0}, versions == 1
+    else:
+        options = {"consume_after": 1}
+        buffer.storage.count_draws(keys[agents == "agent3"], 1)
+    buffer.storage.index.clear()
+    sampler = StratifiedSampler(by="exp_meta.agent_id", seed=9, **options)
+    drawn = []
+    for _ in range(1 if narrowed == "consume_after" else 150):
+        sampler.sample(buffer.storage, 6, cond)  # 3 groups: 2 each
+        at = np.searchsorted(keys, sampler.last_keys)
+        assert matching[at].all()
+        assert sorted(Counter(agents[at].tolist()).values()) == [2, 2, 2]
+        drawn.append(sampler.last_keys)
+    assert _holds_no_index(buffer)
+    if narrowed != "consume_after":
+        drawn_all = np.concatenate(drawn)
+        for agent in ("agent0", "agent1", "agent2"):
+            mine = keys[(agents == agent) & matching]
+            counts = np.array([(drawn_all == k).sum() for k in mine])
+            assert chi_square_p(counts, np.ones(len(mine))) > P_MIN
+
+
+def test_stratified_reads_the_key_index_when_a_groups_first_rows_match_nothing(
+    buffer: ReplayBuffer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from expstore.samplers import stratified
+
+    buffer.store_batch(make_rows(40, agents=2))
+    monkeypatch.setattr(stratified, "MATCHING_WALK", 3)
+    buffer.storage.index.clear()
+    late = QueryBuilder().gte("exp_data.state.i", 30).build()  # no index: the walk decides
+    sampler = StratifiedSampler(by="exp_meta.agent_id", seed=10)
+    sampler.sample(buffer.storage, 4, late)
+    assert not _holds_no_index(buffer)  # each agent's first 3 rows are older: not known
+    drawn = buffer.storage.fetch_keys(sampler.last_keys)
+    assert all(r.exp_data.state["i"] >= 30 for r in drawn)
+    assert sorted(r.exp_meta.agent_id for r in drawn) == ["agent0", "agent0", "agent1", "agent1"]
 
 
 def test_the_same_seed_gives_the_same_batches_over_the_key_space(buffer: ReplayBuffer) -> None:
