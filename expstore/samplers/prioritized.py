@@ -15,6 +15,7 @@ from ..storage.base import QueryCondition, Storage
 from ..storage.key_space import KeySpace
 from .base import KeySampler, SamplerOptions
 from .flat import draw_uniform
+from .least_priority import LeastPriorities
 
 __all__ = ["PrioritizedSampler"]
 
@@ -109,15 +110,13 @@ class PrioritizedSampler(KeySampler):
         # Rejection under the envelope of the buffer's largest priority (an upper bound of
         # the matching rows' too). The weights' normaliser is the least likely matching
         # row's: under a condition, max_staleness or consume_after, the least priority
-        # among the matching rows, found at the low end of the priority index; when the
-        # rows there are not matching ones, the key index serves.
+        # among the matching rows, found at the low end of the priority index and kept up
+        # to date from draw to draw (see least_priority).
         bounds = space.priority_bounds()
         largest = 1.0 if bounds.largest is None else bounds.largest
         smallest = largest if bounds.smallest is None else bounds.smallest
         if space.filtered and bounds.smallest is not None:
-            least = _least_matching(space)
-            if least is None:
-                return None
+            least = self.__dict__.setdefault("_least", LeastPriorities()).find(space)
             smallest = min(least, largest)  # inf: no matching row holds a priority
         top = (largest + self.eps) ** self.alpha
         low = (smallest + self.eps) ** self.alpha
@@ -192,23 +191,9 @@ class PrioritizedSampler(KeySampler):
         )
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_drawn": None}
-
-
-#: Entries of the priority index walked upward for the least matching priority: a first
-#: short walk, which finds it unless matching rows are rare among the lowest priorities,
-#: then a longer one before the key index serves.
-_LEAST_WALKS = (64, 4096)
-
-
-def _least_matching(space: KeySpace) -> float | None:
-    """The least stored priority among the rows ``space`` draws from (inf: none holds one),
-    or None when the walks of :data:`_LEAST_WALKS` did not reach a matching row."""
-    for walk in _LEAST_WALKS:
-        least = space.least_priority(walk)
-        if least is not None:
-            return least
-    return None
+        state = {**self.__dict__, "_drawn": None}
+        state.pop("_least", None)  # found again by each process
+        return state
 
 
 def _largest(priority: np.ndarray) -> float:

@@ -41,7 +41,7 @@ from .versions import FreshBounds
 if TYPE_CHECKING:
     from .key_space import KeySpace
 
-__all__ = ["KeyIndex", "Signature"]
+__all__ = ["KeyIndex", "Signature", "moved_on"]
 
 _T = TypeVar("_T")
 
@@ -163,23 +163,21 @@ class KeyIndex:
         read now (range, row count and policy version in this class's one round trip);
         ``snapshot``: all of its statements on one snapshot (a transaction's cost)."""
 
-        def state(conn: Connection) -> tuple[int, int, int, int | None]:
-            signature, version, count = self.state(conn)
-            return signature.min_key, signature.max_key, count, version
-
         from .key_space import KeySpace  # it builds on this module
 
         with self.handle.errors("draw keys"), self.handle.read() as conn:
             if snapshot:  # e.g. priority bounds and probes: a priority updated meanwhile
                 self.handle.dialect.snapshot(conn)  # cannot leave the bounds' envelope
+            signature, version, count = self.state(conn)
             space = KeySpace(
                 self.handle,
                 conn,
                 query_condition,
-                state(conn),
+                (signature.min_key, signature.max_key, count, version),
                 max_staleness,
                 consume_after,
                 self.fresh_bounds,
+                signature,
             )
             try:
                 return use(space)
@@ -262,7 +260,7 @@ class KeyIndex:
             if cached.signature == signature:
                 return cached.arrays
         since, kept = None, None
-        if cached is not None and _moved_on(cached.signature, signature):
+        if cached is not None and moved_on(cached.signature, signature):
             # The same version: since then rows were only added (keys above the cached
             # max key) or evicted oldest first (every key below the buffer's min key).
             since, kept = cached.signature.max_key, cached.arrays
@@ -312,7 +310,7 @@ class KeyIndex:
                 self.entries[cache_key] = Entry(moved, with_priorities(arrays, keys, values))
 
 
-def _moved_on(cached: Signature, now: Signature) -> bool:
+def moved_on(cached: Signature, now: Signature) -> bool:
     """Whether ``now`` is ``cached``'s buffer later on by inserts, FIFO eviction and
     priority updates only (what an index can follow). A read that sees an older state
     (a replica further behind than the last one read) is not: the index is read again."""

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
-from sqlalchemy import Connection, and_, bindparam, case, func, or_, select
+from sqlalchemy import Connection, and_, bindparam, func, or_, select
 
 from ..errors import InvalidArgumentError
 from ..layout import COLUMNS_BY_NAME, ColumnSpec
@@ -35,7 +35,8 @@ from .compiled import CompiledSelect
 from .draw_counts import unspent_clause
 from .groups import GroupSpec, count_groups, groups_first_at
 from .handle import BufferHandle
-from .key_index import Arrays, _column, _to_arrays, condition_key
+from .key_index import Arrays, Signature, _column, _to_arrays, condition_key
+from .priorities import logged_priorities
 from .schema import loose_scan, priorities, rows
 from .versions import FreshBounds, fresh_clause, oldest_fresh
 
@@ -76,8 +77,11 @@ class KeySpace:
         max_staleness: int | None = None,
         consume_after: int | None = None,
         fresh_bounds: FreshBounds | None = None,
+        signature: Signature | None = None,
     ) -> None:
         self.handle = handle
+        #: The buffer's signature as this space's freshness check read it.
+        self.signature = signature
         self.conn = conn
         self.query_condition = query_condition
         self.max_staleness = max_staleness
@@ -116,15 +120,20 @@ class KeySpace:
         may exceed ``max_key`` when no row can match."""
         if self._low is None:
             self._low = self.min_key
-            oldest = self._oldest
+            oldest = self.oldest
             if oldest is not None and self.rows:
                 bound = self._fresh_bounds.first(self.handle, self.conn, oldest)
                 if bound is not None:
                     self._low = max(self.min_key, bound)
         return self._low
 
+    def condition_key(self) -> tuple[Any, ...]:
+        """What the draws of this space take: its condition, ``max_staleness`` and
+        ``consume_after``, as a hashable key."""
+        return (condition_key(self.query_condition), self.max_staleness, self.consume_after)
+
     @property
-    def _oldest(self) -> int | None:
+    def oldest(self) -> int | None:
         """The oldest fresh version under ``max_staleness`` (None: every row is fresh)."""
         return oldest_fresh(self.current_version, self.max_staleness)
 
@@ -136,7 +145,7 @@ class KeySpace:
         buffer of an asynchronous run, its versions growing with its keys; see
         :class:`~expstore.storage.versions.FreshBounds`)."""
         if self._every_key is None:
-            oldest = self._oldest
+            oldest = self.oldest
             self._every_key = (
                 self.dense
                 and self.query_condition is None
@@ -252,15 +261,15 @@ class KeySpace:
 
     def matching_values(self, name: str, values: Sequence[Any], walk: int) -> list[Any] | None:
         """Those of ``values`` (of the indexed column ``name``) that a matching row holds:
-        for each, its first ``walk`` rows from :attr:`low` on, in key order (an index
-        range), checked against the condition, ``max_staleness`` and ``consume_after``.
-        None when some value's first ``walk`` rows hold no matching row and it has more
-        (whether one holds it is then not known)."""
+        for each, its rows from :attr:`low` on, in key order (an index range), checked
+        against the condition, ``max_staleness`` and ``consume_after`` up to the first
+        that matches. None when some value's first ``walk`` rows hold no matching row and
+        it has more (whether one holds it is then not known)."""
         handle = self.handle
         column = rows.c[name]
 
-        def build() -> Any:
-            first = (
+        def first() -> Any:  # the value's first `walk` rows from `low` on
+            return (
                 select(rows.c.key)
                 .where(
                     rows.c.buffer_id == handle.buffer_id,
@@ -271,21 +280,26 @@ class KeySpace:
                 .limit(bindparam("walk"))
                 .subquery()
             )
-            on = and_(rows.c.key == first.c.key, *self._matching())
-            return select(func.count(rows.c.key), func.count()).select_from(
-                first.outerjoin(rows, on)
-            )
 
-        narrowed = (self.max_staleness, self.consume_after)
-        key = ("matching values", name, condition_key(self.query_condition), narrowed)
-        statement = handle.statement(key, build)
+        def build() -> Any:
+            walked = first()
+            on = and_(rows.c.key == walked.c.key, *self._matching())
+            return select(walked.c.key).select_from(walked.join(rows, on)).limit(1)
+
+        key = ("matching values", name, self.condition_key())
+        held_by = handle.statement(key, build)
+        counted = handle.statement(
+            ("rows of a value", name), lambda: select(func.count()).select_from(first())
+        )
         held = []
         for value in values:
-            ((matched, walked),) = statement.run(self.conn, value=value, low=self.low, walk=walk)
-            self.probed += int(walked)
-            if matched:
+            params = {"value": value, "low": self.low, "walk": walk}
+            if held_by.run(self.conn, **params):
                 held.append(value)
-            elif walked >= walk:
+                continue
+            ((walked,),) = counted.run(self.conn, **params)
+            self.probed += int(walked)
+            if walked >= walk:
                 return None
         return held
 
@@ -307,7 +321,7 @@ class KeySpace:
         """How many groups (of the matching rows, by ``spec``) are ready, waiting, filtered
         and stale under this space's ``max_staleness`` (see
         :func:`~expstore.storage.groups.count_groups`)."""
-        return count_groups(self.handle, self.conn, self.query_condition, spec, self._oldest)
+        return count_groups(self.handle, self.conn, self.query_condition, spec, self.oldest)
 
     def task_counts(self, task_ids: Sequence[str]) -> dict[str, int]:
         """How many rows of each of these tasks match (through the ``(buffer_id, task_id,
@@ -405,34 +419,62 @@ class KeySpace:
             None if largest is None else float(largest),
         )
 
-    def least_priority(self, walk: int) -> float | None:
-        """The smallest stored priority among the matching rows, found by walking the
-        ``(buffer_id, priority)`` index upward through at most ``walk`` entries and
-        checking each one's row: ``inf`` when the walk went through every entry and no
-        matching row holds a priority, None when the first ``walk`` entries hold no
-        matching row (the least may lie anywhere beyond)."""
+    def least_priority(self, walk: int | None) -> LeastPriority | None:
+        """The smallest stored priority among the matching rows and a row that holds it,
+        found by walking the ``(buffer_id, priority)`` index upward and checking each
+        entry's row: through at most ``walk`` entries (None: as far as it takes). ``(inf,
+        None)`` when no matching row holds a priority; None when the first ``walk``
+        entries hold no matching row and there are more (the least lies beyond)."""
         handle = self.handle
+        mine = priorities.c.buffer_id == handle.buffer_id
         narrowed = (self.max_staleness, self.consume_after)
+        key = ("least priority", condition_key(self.query_condition), narrowed, walk is None)
+
+        def lowest() -> Any:  # the first `walk` entries of the priority index
+            entries = select(priorities.c.key, priorities.c.priority).where(mine)
+            return entries.order_by(priorities.c.priority).limit(bindparam("walk")).subquery()
 
         def build() -> Any:
-            mine = priorities.c.buffer_id == handle.buffer_id
-            entries = (
-                select(priorities.c.key, priorities.c.priority)
-                .where(mine)
-                .order_by(priorities.c.priority)
-                .limit(bindparam("walk"))
-                .subquery()
+            entries = priorities if walk is None else lowest()
+            on = and_(
+                rows.c.key == entries.c.key,
+                rows.c.buffer_id == handle.buffer_id,
+                *self._matching(),
             )
-            on = and_(rows.c.key == entries.c.key, rows.c.buffer_id == handle.buffer_id)
-            matched = case((rows.c.key.is_not(None), entries.c.priority))
-            joined = entries.outerjoin(rows, and_(on, *self._matching()))
-            return select(func.min(matched), func.count()).select_from(joined)
+            found = select(entries.c.priority, entries.c.key).select_from(entries.join(rows, on))
+            if walk is None:
+                found = found.where(mine)
+            return found.order_by(entries.c.priority).limit(1)
 
-        key = ("least priority", condition_key(self.query_condition), narrowed)
-        ((least, walked),) = handle.statement(key, build).run(self.conn, walk=walk)
-        if least is not None:
-            return float(least)
-        return math.inf if walked < walk else None
+        if walk is None:
+            first = handle.statement(key, build).run(self.conn)
+        else:
+            first = handle.statement(key, build).run(self.conn, walk=walk)
+        if first:
+            return LeastPriority(float(first[0][0]), int(first[0][1]))
+        if walk is not None:
+            counted = handle.statement(
+                ("lowest priorities",), lambda: select(func.count()).select_from(lowest())
+            )
+            ((entries,),) = counted.run(self.conn, walk=walk)
+            if entries >= walk:
+                return None
+        return LeastPriority(math.inf, None)
+
+    def logged_priorities(self, after: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(keys, priorities) set by priority updates since the buffer's priority version
+        ``after``, up to this space's; None when the log no longer reaches back that far
+        (see :func:`~expstore.storage.priorities.logged_priorities`)."""
+        upto = self.signature.priority_version if self.signature is not None else after
+        return logged_priorities(self.handle, self.conn, after, upto)
+
+
+class LeastPriority(NamedTuple):
+    """The least stored priority among a draw's matching rows and a row holding it (``inf``
+    and None when none holds one)."""
+
+    priority: float
+    key: int | None
 
 
 def _indexed_column(name: str) -> ColumnSpec | None:

@@ -220,25 +220,56 @@ def test_prioritized_rows_without_a_priority_count_as_the_buffers_largest(
     np.testing.assert_allclose(sampler.last_weights, np.where(at < 15, 1.0, 0.1), rtol=1e-6)
 
 
-def test_prioritized_reads_the_key_index_when_the_lowest_priorities_match_nothing(
+def test_prioritized_keeps_the_least_matching_priority_up_to_date(
     buffer: ReplayBuffer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from expstore.samplers import prioritized
+    """The least matching priority is found past the lowest entries when they match
+    nothing (walks too short: then as far as it takes), then kept from draw to draw as
+    priorities are updated, its row goes stale and the policy version is set back; the
+    weights stay the key index's all along, and no key index is read."""
+    from expstore.samplers import least_priority
 
     keys, agents, versions, priority = _prioritized_narrowed(buffer)
+    ids = [r.id for r in buffer.storage.fetch_keys(keys)]
     # The 25 lowest priorities are agent0's or version 0's, matching neither.
-    monkeypatch.setattr(prioritized, "_LEAST_WALKS", (2, 4))
+    monkeypatch.setattr(least_priority, "WALKS", (2, 4, None))
     buffer.storage.index.clear()
     cond = QueryBuilder().ne("exp_meta.agent_id", "agent0").build()
     sampler = PrioritizedSampler(alpha=0.8, beta=0.5, seed=7, max_staleness=2)
-    sampler.sample(buffer.storage, 8, cond)
-    assert not _holds_no_index(buffer)
-    weight = (priority + 1e-6) ** 0.8
-    at = np.searchsorted(keys, sampler.last_keys)
+    current = 3
+    stored = np.where(np.arange(len(keys)) < 45, priority, np.nan)  # the last 15: none
+
+    def check() -> None:
+        matching = (agents != 0) & (versions >= current - 2)
+        weight = (np.where(np.isnan(stored), np.nanmax(stored), stored) + 1e-6) ** 0.8
+        for _ in range(3):
+            sampler.sample(buffer.storage, 8, cond)
+            at = np.searchsorted(keys, sampler.last_keys)
+            assert matching[at].all()
+            least = weight[matching].min()
+            np.testing.assert_allclose(sampler.last_weights, (weight[at] / least) ** -0.5, 1e-6)
+
+    def set_priority(i: int, value: float) -> None:
+        buffer.update_priorities([ids[i]], [value])
+        stored[i] = value
+
+    check()
     matching = (agents != 0) & (versions >= 1)
-    assert matching[at].all()
-    least = weight[matching].min()
-    np.testing.assert_allclose(sampler.last_weights, (weight[at] / least) ** -0.5, rtol=1e-6)
+    lowest = int(np.flatnonzero(matching)[np.argmin(priority[matching])])
+    set_priority(int(np.flatnonzero(matching)[-1]), 0.002)  # a new least, by the log
+    check()
+    set_priority(int(np.flatnonzero(matching)[-1]), 9.0)  # the least's row raised
+    check()
+    set_priority(lowest, 0.004)  # another
+    check()
+    buffer.set_policy_version(4)  # version 1 goes stale: the least's row among them
+    current = 4
+    assert versions[lowest] == 1  # the least's row among them
+    check()
+    buffer.set_policy_version(3, force=True)  # set back: version 1 is fresh again
+    current = 3
+    check()
+    assert _holds_no_index(buffer)
 
 
 @pytest.mark.parametrize("power", [2.0, 0.5, -0.5])

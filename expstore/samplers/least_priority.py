@@ -1,0 +1,105 @@
+"""The least priority among a prioritized draw's matching rows, kept from draw to draw.
+
+A :class:`~expstore.samplers.prioritized.PrioritizedSampler` narrowed by a condition,
+``max_staleness`` or ``consume_after`` draws over the key space with importance weights
+normalised by its least likely matching row: the least stored priority among the rows it
+draws from (rows without one count as the buffer's largest). Finding it again for every
+draw would cost a walk of the priority index, and where the lowest priorities belong to
+rows that do not match (old rows trained on, under ``max_staleness``), a pass over the
+buffer's priorities. So it is found once (:meth:`KeySpace.least_priority
+<expstore.storage.key_space.KeySpace.least_priority>`: a short walk of the index, a longer
+one, then as far as it takes) and then kept up to date, as a key index is, from what
+changed since:
+
+- priority updates, from the priority log: an updated matching row below the least is the
+  new least (one probe of the updated keys); when the row that held the least was
+  updated, it is found again;
+- the row holding it: still stored and matching (one probe of its key), or it is found
+  again; rows only ever leave the matching ones (eviction, spent draws, older versions
+  going stale), and new rows hold no priority, so while it stays the least stays;
+- anything else (deletes, a policy version set back, a log that no longer reaches back)
+  finds it again.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..storage.key_index import Signature, moved_on
+from ..storage.key_space import KeySpace, LeastPriority
+
+__all__ = ["LeastPriorities"]
+
+#: Entries of the priority index walked for the least matching priority before the walk
+#: goes as far as it takes: it finds it early unless matching rows are rare among the
+#: lowest priorities.
+WALKS: tuple[int | None, ...] = (64, 4096, None)
+
+
+class _Kept(NamedTuple):
+    least: LeastPriority
+    signature: Signature
+    oldest: int | None  # the oldest fresh version it was found under (None: every row)
+
+
+class LeastPriorities:
+    """The least matching priority of each (buffer, condition) a sampler draws from."""
+
+    def __init__(self) -> None:
+        self._kept: dict[Any, _Kept] = {}
+
+    def find(self, space: KeySpace) -> float:
+        """The least stored priority among ``space``'s matching rows (``inf`` when none
+        holds one)."""
+        signature = space.signature
+        assert signature is not None  # a space read by a key index's freshness check
+        target = (str(space.handle.url), space.handle.buffer_id, space.condition_key())
+        oldest = space.oldest
+        kept = self._kept.get(target)
+        least = None if kept is None else _brought_up_to_date(space, kept, oldest)
+        if least is None:
+            for walk in WALKS:
+                least = space.least_priority(walk)
+                if least is not None:
+                    break
+        assert least is not None  # the last walk goes as far as it takes
+        self._kept[target] = _Kept(least, signature, oldest)
+        return least.priority
+
+    def clear(self) -> None:
+        self._kept.clear()
+
+
+def _brought_up_to_date(space: KeySpace, kept: _Kept, oldest: int | None) -> LeastPriority | None:
+    """``kept``'s least as it is now, or None when it must be found again."""
+    signature = space.signature
+    assert signature is not None
+    if not moved_on(kept.signature, signature) or not _shrunk(kept.oldest, oldest):
+        return None
+    least = kept.least
+    if signature.priority_version != kept.signature.priority_version:
+        logged = space.logged_priorities(kept.signature.priority_version)
+        if logged is None:
+            return None
+        keys, values = logged
+        if least.key is not None and least.key in keys:
+            return None  # its row's priority changed: it may no longer be the least
+        lower = keys[values < least.priority]
+        if len(lower):
+            found = space.probe(lower, ("priority",))
+            if len(found["key"]):
+                at = int(np.argmin(found["priority"]))
+                least = LeastPriority(float(found["priority"][at]), int(found["key"][at]))
+    if least.key is not None and least is kept.least:
+        still = space.probe(np.array([least.key], dtype=np.int64))
+        if not len(still["key"]):
+            return None  # evicted, deleted, stale or spent since
+    return least
+
+
+def _shrunk(before: int | None, now: int | None) -> bool:
+    """Whether the fresh rows under the oldest fresh version ``now`` are among those under
+    ``before`` (None: every row fresh)."""
+    return now is None and before is None or (now is not None and (before is None or now >= before))
