@@ -15,7 +15,6 @@ from ..storage.base import QueryCondition, Storage
 from ..storage.key_space import KeySpace
 from .base import KeySampler, SamplerOptions
 from .flat import draw_uniform
-from .least_priority import LeastPriorities
 
 __all__ = ["PrioritizedSampler"]
 
@@ -111,12 +110,12 @@ class PrioritizedSampler(KeySampler):
         # the matching rows' too). The weights' normaliser is the least likely matching
         # row's: under a condition, max_staleness or consume_after, the least priority
         # among the matching rows, found at the low end of the priority index and kept up
-        # to date from draw to draw (see least_priority).
+        # to date from draw to draw by the handle (see storage.least_priority).
         bounds = space.priority_bounds()
         largest = 1.0 if bounds.largest is None else bounds.largest
         smallest = largest if bounds.smallest is None else bounds.smallest
         if space.filtered and bounds.smallest is not None:
-            least = self.__dict__.setdefault("_least", LeastPriorities()).find(space)
+            least = space.least_matching_priority()
             smallest = min(least, largest)  # inf: no matching row holds a priority
         top = (largest + self.eps) ** self.alpha
         low = (smallest + self.eps) ** self.alpha
@@ -191,9 +190,7 @@ class PrioritizedSampler(KeySampler):
         )
 
     def __getstate__(self) -> dict[str, Any]:
-        state = {**self.__dict__, "_drawn": None}
-        state.pop("_least", None)  # found again by each process
-        return state
+        return {**self.__dict__, "_drawn": None}
 
 
 def _largest(priority: np.ndarray) -> float:

@@ -36,6 +36,7 @@ from .draw_counts import unspent_clause
 from .groups import GroupSpec, count_groups, groups_first_at
 from .handle import BufferHandle
 from .key_index import Arrays, Signature, _column, _to_arrays, condition_key
+from .least_priority import LeastPriorities, LeastPriority
 from .priorities import logged_priorities
 from .schema import loose_scan, priorities, rows
 from .versions import FreshBounds, fresh_clause, oldest_fresh
@@ -78,8 +79,10 @@ class KeySpace:
         consume_after: int | None = None,
         fresh_bounds: FreshBounds | None = None,
         signature: Signature | None = None,
+        least_priorities: LeastPriorities | None = None,
     ) -> None:
         self.handle = handle
+        self._least = LeastPriorities() if least_priorities is None else least_priorities
         #: The buffer's signature as this space's freshness check read it.
         self.signature = signature
         self.conn = conn
@@ -461,20 +464,18 @@ class KeySpace:
                 return None
         return LeastPriority(math.inf, None)
 
+    def least_matching_priority(self) -> float:
+        """The least stored priority among the matching rows (``inf`` when none holds
+        one), as kept by the handle from draw to draw (see
+        :mod:`expstore.storage.least_priority`)."""
+        return self._least.find(self)
+
     def logged_priorities(self, after: int) -> tuple[np.ndarray, np.ndarray] | None:
         """(keys, priorities) set by priority updates since the buffer's priority version
         ``after``, up to this space's; None when the log no longer reaches back that far
         (see :func:`~expstore.storage.priorities.logged_priorities`)."""
         upto = self.signature.priority_version if self.signature is not None else after
         return logged_priorities(self.handle, self.conn, after, upto)
-
-
-class LeastPriority(NamedTuple):
-    """The least stored priority among a draw's matching rows and a row holding it (``inf``
-    and None when none holds one)."""
-
-    priority: float
-    key: int | None
 
 
 def _indexed_column(name: str) -> ColumnSpec | None:

@@ -227,7 +227,7 @@ def test_prioritized_keeps_the_least_matching_priority_up_to_date(
     nothing (walks too short: then as far as it takes), then kept from draw to draw as
     priorities are updated, its row goes stale and the policy version is set back; the
     weights stay the key index's all along, and no key index is read."""
-    from expstore.samplers import least_priority
+    from expstore.storage import least_priority
 
     keys, agents, versions, priority = _prioritized_narrowed(buffer)
     ids = [r.id for r in buffer.storage.fetch_keys(keys)]
@@ -270,6 +270,26 @@ def test_prioritized_keeps_the_least_matching_priority_up_to_date(
     current = 3
     check()
     assert _holds_no_index(buffer)
+
+
+def test_a_prioritized_sampler_moved_to_another_buffer_finds_its_least_again() -> None:
+    """Two in-memory buffers share a URL and a buffer id; the least matching priority one
+    gave is not the other's (found by review: the second got the first's weights)."""
+    cond = QueryBuilder().ne("exp_meta.agent_id", "agent0").build()
+
+    def filled(least: float) -> ReplayBuffer:
+        buffer = ReplayBuffer()
+        buffer.store_batch(make_rows(40))
+        ids = [r.id for r in buffer.query(cond)]
+        buffer.update_priorities(ids, [least] + [1.0] * (len(ids) - 1))
+        return buffer
+
+    first, second = filled(0.01), filled(1.0)
+    sampler = PrioritizedSampler(alpha=1.0, beta=1.0, eps=0.0, seed=0)
+    sampler.sample(first.storage, 4, cond)
+    sampler.sample(second.storage, 4, cond)
+    assert _holds_no_index(second)
+    np.testing.assert_allclose(sampler.last_weights, 1.0)
 
 
 @pytest.mark.parametrize("power", [2.0, 0.5, -0.5])

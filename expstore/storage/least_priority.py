@@ -1,4 +1,5 @@
-"""The least priority among a prioritized draw's matching rows, kept from draw to draw.
+"""The least priority among a prioritized draw's matching rows, kept from draw to draw by
+each handle (its key index), for every sampler of the process.
 
 A :class:`~expstore.samplers.prioritized.PrioritizedSampler` narrowed by a condition,
 ``max_staleness`` or ``consume_after`` draws over the key space with importance weights
@@ -23,19 +24,34 @@ changed since:
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from ..storage.key_index import Signature, moved_on
-from ..storage.key_space import KeySpace, LeastPriority
+from .key_index import Signature, moved_on
 
-__all__ = ["LeastPriorities"]
+if TYPE_CHECKING:
+    from .key_space import KeySpace
+
+__all__ = ["LeastPriorities", "LeastPriority"]
 
 #: Entries of the priority index walked for the least matching priority before the walk
 #: goes as far as it takes: it finds it early unless matching rows are rare among the
 #: lowest priorities.
 WALKS: tuple[int | None, ...] = (64, 4096, None)
+
+
+#: Draw targets (condition, max_staleness, consume_after) whose least a handle keeps.
+KEPT = 64
+
+
+class LeastPriority(NamedTuple):
+    """The least stored priority among a draw's matching rows and a row holding it (``inf``
+    and None when none holds one)."""
+
+    priority: float
+    key: int | None
 
 
 class _Kept(NamedTuple):
@@ -45,17 +61,18 @@ class _Kept(NamedTuple):
 
 
 class LeastPriorities:
-    """The least matching priority of each (buffer, condition) a sampler draws from."""
+    """The least matching priority of each draw target of one handle's buffer (the
+    :data:`KEPT` used last)."""
 
     def __init__(self) -> None:
-        self._kept: dict[Any, _Kept] = {}
+        self._kept: OrderedDict[Any, _Kept] = OrderedDict()
 
     def find(self, space: KeySpace) -> float:
         """The least stored priority among ``space``'s matching rows (``inf`` when none
         holds one)."""
         signature = space.signature
         assert signature is not None  # a space read by a key index's freshness check
-        target = (str(space.handle.url), space.handle.buffer_id, space.condition_key())
+        target = space.condition_key()
         oldest = space.oldest
         kept = self._kept.get(target)
         least = None if kept is None else _brought_up_to_date(space, kept, oldest)
@@ -66,6 +83,9 @@ class LeastPriorities:
                     break
         assert least is not None  # the last walk goes as far as it takes
         self._kept[target] = _Kept(least, signature, oldest)
+        self._kept.move_to_end(target)
+        while len(self._kept) > KEPT:
+            self._kept.popitem(last=False)
         return least.priority
 
     def clear(self) -> None:
