@@ -80,8 +80,9 @@ class PrioritizedSampler(KeySampler):
         return info.weights
 
     def read_index(self, storage: Storage, query_condition: QueryCondition) -> dict[str, Any]:
-        """The matching rows' priorities and, under a condition, the buffer's largest
-        stored priority (``"max_priority"``), which rows without one count as."""
+        """The matching rows' priorities and, under a condition, ``max_staleness`` or
+        ``consume_after``, the buffer's largest stored priority (``"max_priority"``), which
+        rows without one count as."""
         if query_condition is None:
             index = super().read_index(storage, query_condition)
             if not self.narrowed(None):
@@ -89,11 +90,11 @@ class PrioritizedSampler(KeySampler):
             # max_staleness / consume_after leave rows out of the index after this read:
             # the largest is the whole buffer's, taken before.
             whole = index["priority"]
-            return {**index, "max_priority": self.derived("max", (whole,), lambda: _largest(whole))}
-        index, everything = storage.key_indexes(
-            [(query_condition, self.columns_read()), (None, ("priority",))]
-        )
-        whole = everything["priority"]
+        else:
+            index, everything = storage.key_indexes(
+                [(query_condition, self.columns_read()), (None, ("priority",))]
+            )
+            whole = everything["priority"]
         largest = self.derived("max", (whole,), lambda: _largest(whole))
         return {**index, "max_priority": largest}
 

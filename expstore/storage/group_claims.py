@@ -73,7 +73,9 @@ def group_taker(
             drawn = [g for g in candidates(2 * need, seen) if len(g[1]) == size]
             if not drawn:
                 break
-            seen.update(_take_whole(queue, conn, drawn, need, entry, stamps, taken))
+            complete, gone = _take_whole(queue, conn, drawn, need, entry, stamps)
+            taken += complete
+            seen.update(gone)
         need = want - len(taken)
         if need > 0:
             since = oldest()
@@ -81,7 +83,9 @@ def group_taker(
             values = freed(found)[: 2 * need]
             keys = index.keys(query_condition, spec, values, conn=conn)
             groups = [(v, k) for v, k in zip(values, keys, strict=True) if len(k) == size]
-            seen.update(_take_whole(queue, conn, groups, need, entry, stamps, taken))
+            complete, gone = _take_whole(queue, conn, groups, need, entry, stamps)
+            taken += complete
+            seen.update(gone)
         learn(list(seen))
         return _flat(taken)
 
@@ -95,11 +99,10 @@ def _take_whole(
     need: int,
     entry: dict[str, Any],
     stamps: list[float],
-    taken: list[Group],
-) -> list[Any]:
-    """Claim up to ``need`` of ``groups`` whole, adding them to ``taken``; returns the
-    values of the groups now taken, by this claim or another (free groups beyond ``need``
-    left out: they are still there to be drawn)."""
+) -> tuple[list[Group], list[Any]]:
+    """Claim up to ``need`` of ``groups`` whole; returns those taken, and the values of
+    the groups now taken, by this claim or another (free groups beyond ``need`` left out:
+    they are still there to be drawn)."""
     free = set(queue.lock_free(conn, _flat(groups), entry["claimed_at"]))
     whole = [g for g in groups if free.issuperset(g[1].tolist())][:need]
     entered = set(queue.enter(conn, _flat(whole), entry, stamps))
@@ -107,9 +110,9 @@ def _take_whole(
     done = {id(g) for g in complete}
     partial = [k for g in whole if id(g) not in done for k in g[1].tolist() if k in entered]
     queue.give_back(conn, partial, entry["claim_id"])
-    taken += complete
     tried = {id(g) for g in whole}
-    return [g[0] for g in groups if id(g) in tried or not free.issuperset(g[1].tolist())]
+    gone = [g[0] for g in groups if id(g) in tried or not free.issuperset(g[1].tolist())]
+    return complete, gone
 
 
 def _flat(groups: list[Group]) -> list[int]:

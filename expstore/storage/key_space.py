@@ -430,8 +430,7 @@ class KeySpace:
         entries hold no matching row and there are more (the least lies beyond)."""
         handle = self.handle
         mine = priorities.c.buffer_id == handle.buffer_id
-        narrowed = (self.max_staleness, self.consume_after)
-        key = ("least priority", condition_key(self.query_condition), narrowed, walk is None)
+        key = ("least priority", self.condition_key(), walk is None)
 
         def lowest() -> Any:  # the first `walk` entries of the priority index
             entries = select(priorities.c.key, priorities.c.priority).where(mine)
@@ -449,10 +448,8 @@ class KeySpace:
                 found = found.where(mine)
             return found.order_by(entries.c.priority).limit(1)
 
-        if walk is None:
-            first = handle.statement(key, build).run(self.conn)
-        else:
-            first = handle.statement(key, build).run(self.conn, walk=walk)
+        params = {} if walk is None else {"walk": walk}
+        first = handle.statement(key, build).run(self.conn, **params)
         if first:
             return LeastPriority(float(first[0][0]), int(first[0][1]))
         if walk is not None:

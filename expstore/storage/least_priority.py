@@ -122,4 +122,6 @@ def _brought_up_to_date(space: KeySpace, kept: _Kept, oldest: int | None) -> Lea
 def _shrunk(before: int | None, now: int | None) -> bool:
     """Whether the fresh rows under the oldest fresh version ``now`` are among those under
     ``before`` (None: every row fresh)."""
-    return now is None and before is None or (now is not None and (before is None or now >= before))
+    if now is None:
+        return before is None
+    return before is None or now >= before
