@@ -237,6 +237,10 @@ def _sample_section(
     )
     uniform = UniformSampler(seed=seed)
     stratified = StratifiedSampler(by="exp_meta.agent_id", seed=seed)
+    # A buffer of hundreds of rows: over the key index, faster warm than over the key
+    # space, and the r-th row of an agent is the same row however the writers'
+    # episodes interleaved, so the training that follows learns the same on every run.
+    stratified.flat = False
     for sampler in (uniform, stratified):
         rows = buffer.sample(sampler, successful, batch_size=512)
         agents_in = [r.exp_meta.agent_id for r in rows]
