@@ -427,10 +427,17 @@ class KeySpace:
         found by walking the ``(buffer_id, priority)`` index upward and checking each
         entry's row: through at most ``walk`` entries (None: as far as it takes). ``(inf,
         None)`` when no matching row holds a priority; None when the first ``walk``
-        entries hold no matching row and there are more (the least lies beyond)."""
+        entries hold no matching row and there are more (the least lies beyond).
+
+        As far as it takes, under ``max_staleness`` with stale rows below the first fresh
+        one (:attr:`low` above ``min_key``), reads instead the priorities of the keys from
+        :attr:`low` on, by the priorities' primary key: those of the fresh part alone,
+        where the walk would go through every stale row's priority first (rows trained on
+        and left with low priorities, while the fresh ones have none yet)."""
         handle = self.handle
         mine = priorities.c.buffer_id == handle.buffer_id
-        key = ("least priority", self.condition_key(), walk is None)
+        fresh_range = walk is None and self.low > self.min_key
+        key = ("least priority", self.condition_key(), walk is None, fresh_range)
 
         def lowest() -> Any:  # the first `walk` entries of the priority index
             entries = select(priorities.c.key, priorities.c.priority).where(mine)
@@ -444,11 +451,17 @@ class KeySpace:
                 *self._matching(),
             )
             found = select(entries.c.priority, entries.c.key).select_from(entries.join(rows, on))
+            if fresh_range:
+                # By key alone (the joined row is the buffer's): with the buffer or the
+                # priority's order ("+ 0" hides it) the planner would go through the
+                # priority index, every stale row's entry first.
+                found = found.where(entries.c.key >= bindparam("low"))
+                return found.order_by(entries.c.priority + 0).limit(1)
             if walk is None:
                 found = found.where(mine)
             return found.order_by(entries.c.priority).limit(1)
 
-        params = {} if walk is None else {"walk": walk}
+        params = {"low": self.low} if fresh_range else {} if walk is None else {"walk": walk}
         first = handle.statement(key, build).run(self.conn, **params)
         if first:
             return LeastPriority(float(first[0][0]), int(first[0][1]))

@@ -272,6 +272,45 @@ def test_prioritized_keeps_the_least_matching_priority_up_to_date(
     assert _holds_no_index(buffer)
 
 
+def test_the_least_fresh_priority_is_read_from_the_fresh_keys_alone(
+    buffer: ReplayBuffer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under max_staleness, past the short walks, the least priority is read from the
+    priorities of the keys from the first fresh row on, not by walking the stale rows'
+    entries; a stale row written late among the fresh keys, with the lowest priority of
+    all, is still left out."""
+    from expstore.storage import least_priority
+
+    rows = make_rows(30)
+    for i, row in enumerate(rows):
+        row.exp_meta.policy_version = 0 if i < 20 else 1
+    buffer.store_batch(rows)
+    late = make_rows(1)
+    late[0].exp_meta.policy_version = 0  # a late rollout of the old policy
+    buffer.store_batch(late)
+    buffer.set_policy_version(1)
+    keys = _keys(buffer)
+    ids = [r.id for r in buffer.storage.fetch_keys(keys)]
+    given = {ids[i]: 0.01 * (i + 1) for i in range(20)}  # stale: the lowest
+    given.update({ids[i]: 2.0 + i for i in range(20, 25)})
+    given[ids[25]] = 1.5  # the least fresh one; 26-29 hold none (the largest, 26.0)
+    given[ids[30]] = 0.001  # the late stale row
+    buffer.update_priorities(list(given), list(given.values()))
+    monkeypatch.setattr(least_priority, "WALKS", (2, 4, None))
+    buffer.storage.index.clear()
+    sampler = PrioritizedSampler(alpha=1.0, beta=1.0, eps=0.0, seed=3, max_staleness=0)
+    weight = np.array([given.get(i, 26.0) for i in ids])
+    for _ in range(3):
+        sampler.sample(buffer.storage, 6)
+        at = np.searchsorted(keys, sampler.last_keys)
+        assert ((at >= 20) & (at < 30)).all()
+        np.testing.assert_allclose(sampler.last_weights, 1.5 / weight[at], rtol=1e-6)
+    cached = buffer.storage._handle._statements  # type: ignore[attr-defined]
+    # the form reading the fresh keys (a walk that went as far as it takes, key range)
+    assert any(k[0] == "least priority" and k[-2:] == (True, True) for k in cached)
+    assert _holds_no_index(buffer)
+
+
 def test_a_prioritized_sampler_moved_to_another_buffer_finds_its_least_again() -> None:
     """Two in-memory buffers share a URL and a buffer id; the least matching priority one
     gave is not the other's (found by review: the second got the first's weights)."""
