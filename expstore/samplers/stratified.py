@@ -20,9 +20,6 @@ __all__ = ["StratifiedSampler"]
 #: Groups beyond which stratified draws choose over the key index: a group's share of the
 #: key range is then too small for rejection to pay.
 MAX_FLAT_GROUPS = 64
-#: Rows of a group checked against a condition, max_staleness or consume_after for one
-#: that matches before the key index serves (see KeySpace.matching_values).
-MATCHING_WALK = 1024
 
 
 def _group_key(value: Any) -> Any:
@@ -98,9 +95,9 @@ class StratifiedSampler(KeySampler):
         if space.filtered:
             # The groups are the values the matching rows hold (a value every row of which
             # is stale, spent or filtered out gets no share).
-            values = space.matching_values(self.column, values, MATCHING_WALK)
+            values = space.matching_values(self.column, values)
             if not values:
-                return None  # not known (or none: the key index says so)
+                return None  # none: the key index says so
         rng = self.rng
         remaining = self._shares(len(values), batch_size, rng).tolist()
         code = {v: i for i, v in enumerate(values)}

@@ -130,11 +130,11 @@ class KeyIndex:
         #: Where fresh and stale rows lie, by server and oldest fresh version, kept across
         #: draws (see :class:`expstore.storage.versions.FreshBounds`).
         self.fresh_bounds = FreshBounds()
-        from .least_priority import LeastPriorities  # it builds on this module
+        from .kept import Kept  # it builds on this module
 
-        #: The least priority among the matching rows of each prioritized draw target,
-        #: kept across draws (see :mod:`expstore.storage.least_priority`).
-        self.least_priorities = LeastPriorities()
+        #: What draws over the key space found about their matching rows (the least
+        #: priority, the values held), kept across draws (see :mod:`expstore.storage.kept`).
+        self.kept = Kept()
         #: Told at each freshness check whether the buffer has a rate limit (read in the
         #: same round trip; see :mod:`expstore.storage.rate_limits`).
         self.on_limit: Callable[[bool], None] | None = None
@@ -143,13 +143,13 @@ class KeyIndex:
         return {
             **self.__dict__,
             "entries": OrderedDict(),
-            "least_priorities": type(self.least_priorities)(),
+            "kept": type(self.kept)(),
         }
 
     def clear(self) -> None:
         self.entries.clear()
         self.fresh_bounds.clear()
-        self.least_priorities.clear()
+        self.kept.clear()
 
     def signature(self, conn: Connection) -> Signature:
         """The buffer's signature now."""
@@ -188,7 +188,7 @@ class KeyIndex:
                 consume_after,
                 self.fresh_bounds,
                 signature,
-                self.least_priorities,
+                self.kept,
             )
             try:
                 return use(space)

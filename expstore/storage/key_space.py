@@ -35,8 +35,10 @@ from .compiled import CompiledSelect
 from .draw_counts import unspent_clause
 from .groups import GroupSpec, count_groups, groups_first_at
 from .handle import BufferHandle
+from .kept import Kept
 from .key_index import Arrays, Signature, _column, _to_arrays, condition_key
-from .least_priority import LeastPriorities, LeastPriority
+from .least_priority import LeastPriority, least_matching_priority
+from .matching_values import values_held
 from .priorities import logged_priorities
 from .schema import loose_scan, priorities, rows
 from .versions import FreshBounds, fresh_clause, oldest_fresh
@@ -79,10 +81,12 @@ class KeySpace:
         consume_after: int | None = None,
         fresh_bounds: FreshBounds | None = None,
         signature: Signature | None = None,
-        least_priorities: LeastPriorities | None = None,
+        kept: Kept | None = None,
     ) -> None:
         self.handle = handle
-        self._least = LeastPriorities() if least_priorities is None else least_priorities
+        #: What draws found about their matching rows, kept by the handle from draw to
+        #: draw (see :mod:`expstore.storage.kept`).
+        self.kept = Kept() if kept is None else kept
         #: The buffer's signature as this space's freshness check read it.
         self.signature = signature
         self.conn = conn
@@ -262,49 +266,35 @@ class KeySpace:
         ]
         return None if len(values) > DISTINCT_LIMIT else values
 
-    def matching_values(self, name: str, values: Sequence[Any], walk: int) -> list[Any] | None:
-        """Those of ``values`` (of the indexed column ``name``) that a matching row holds:
-        for each, its rows from :attr:`low` on, in key order (an index range), checked
-        against the condition, ``max_staleness`` and ``consume_after`` up to the first
-        that matches. None when some value's first ``walk`` rows hold no matching row and
-        it has more (whether one holds it is then not known)."""
-        handle = self.handle
-        column = rows.c[name]
+    def matching_values(self, name: str, values: Sequence[Any]) -> list[Any]:
+        """Those of ``values`` (of the indexed column ``name``) that a matching row holds,
+        as kept by the handle from draw to draw (see
+        :mod:`expstore.storage.matching_values`)."""
+        return values_held(self, name, list(values))
 
-        def first() -> Any:  # the value's first `walk` rows from `low` on
+    def first_matching(self, name: str, value: Any, start: int) -> int | None:
+        """The key of the first matching row holding ``value`` in the indexed column
+        ``name`` from key ``start`` on, by the column's index in key order, each row
+        checked against the condition, ``max_staleness`` and ``consume_after`` (as far as
+        it takes); None when there is none."""
+        handle = self.handle
+
+        def build() -> Any:
             return (
                 select(rows.c.key)
                 .where(
                     rows.c.buffer_id == handle.buffer_id,
-                    column == bindparam("value"),
-                    rows.c.key >= bindparam("low"),
+                    rows.c[name] == bindparam("value"),
+                    rows.c.key >= bindparam("start"),
+                    *self._matching(),
                 )
                 .order_by(rows.c.key)
-                .limit(bindparam("walk"))
-                .subquery()
+                .limit(1)
             )
 
-        def build() -> Any:
-            walked = first()
-            on = and_(rows.c.key == walked.c.key, *self._matching())
-            return select(walked.c.key).select_from(walked.join(rows, on)).limit(1)
-
-        key = ("matching values", name, self.condition_key())
-        held_by = handle.statement(key, build)
-        counted = handle.statement(
-            ("rows of a value", name), lambda: select(func.count()).select_from(first())
-        )
-        held = []
-        for value in values:
-            params = {"value": value, "low": self.low, "walk": walk}
-            if held_by.run(self.conn, **params):
-                held.append(value)
-                continue
-            ((walked,),) = counted.run(self.conn, **params)
-            self.probed += int(walked)
-            if walked >= walk:
-                return None
-        return held
+        statement = handle.statement(("first matching", name, self.condition_key()), build)
+        found = statement.run(self.conn, value=value, start=start)
+        return int(found[0][0]) if found else None
 
     def groups_first_at(self, spec: GroupSpec, keys: np.ndarray) -> Arrays | None:
         """The summaries of the groups (of the matching rows, by ``spec``) whose first row
@@ -478,7 +468,7 @@ class KeySpace:
         """The least stored priority among the matching rows (``inf`` when none holds
         one), as kept by the handle from draw to draw (see
         :mod:`expstore.storage.least_priority`)."""
-        return self._least.find(self)
+        return least_matching_priority(self)
 
     def logged_priorities(self, after: int) -> tuple[np.ndarray, np.ndarray] | None:
         """(keys, priorities) set by priority updates since the buffer's priority version

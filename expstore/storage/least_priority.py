@@ -1,5 +1,5 @@
 """The least priority among a prioritized draw's matching rows, kept from draw to draw by
-each handle (its key index), for every sampler of the process.
+each handle (see :mod:`expstore.storage.kept`), for every sampler of the process.
 
 A :class:`~expstore.samplers.prioritized.PrioritizedSampler` narrowed by a condition,
 ``max_staleness`` or ``consume_after`` draws over the key space with importance weights
@@ -7,7 +7,7 @@ normalised by its least likely matching row: the least stored priority among the
 draws from (rows without one count as the buffer's largest). Finding it again for every
 draw would cost a walk of the priority index, and where the lowest priorities belong to
 rows that do not match (old rows trained on, under ``max_staleness``), a pass over the
-buffer's priorities. So it is found once (:meth:`KeySpace.least_priority
+buffer's priorities (or the fresh rows' ones). So it is found once (:meth:`KeySpace.least_priority
 <expstore.storage.key_space.KeySpace.least_priority>`: a short walk of the index, a longer
 one, then as far as it takes) and then kept up to date, as a key index is, from what
 changed since:
@@ -24,26 +24,21 @@ changed since:
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from .key_index import Signature, moved_on
-
 if TYPE_CHECKING:
+    from .key_index import Signature
     from .key_space import KeySpace
 
-__all__ = ["LeastPriorities", "LeastPriority"]
+__all__ = ["LeastPriority", "least_matching_priority"]
 
 #: Entries of the priority index walked for the least matching priority before the walk
 #: goes as far as it takes: it finds it early unless matching rows are rare among the
 #: lowest priorities.
 WALKS: tuple[int | None, ...] = (64, 4096, None)
-
-
-#: Draw targets (condition, max_staleness, consume_after) whose least a handle keeps.
-KEPT = 64
+_WHAT = ("least priority",)
 
 
 class LeastPriority(NamedTuple):
@@ -54,53 +49,30 @@ class LeastPriority(NamedTuple):
     key: int | None
 
 
-class _Kept(NamedTuple):
-    least: LeastPriority
-    signature: Signature
-    oldest: int | None  # the oldest fresh version it was found under (None: every row)
+def least_matching_priority(space: KeySpace) -> float:
+    """The least stored priority among ``space``'s matching rows (``inf`` when none holds
+    one), kept by ``space.kept``."""
+    since = space.kept.get(space, _WHAT)
+    least = None if since is None else _brought_up_to_date(space, since.found, since.signature)
+    if least is None:
+        for walk in WALKS:
+            least = space.least_priority(walk)
+            if least is not None:
+                break
+    assert least is not None  # the last walk goes as far as it takes
+    space.kept.put(space, _WHAT, least)
+    return least.priority
 
 
-class LeastPriorities:
-    """The least matching priority of each draw target of one handle's buffer (the
-    :data:`KEPT` used last)."""
-
-    def __init__(self) -> None:
-        self._kept: OrderedDict[Any, _Kept] = OrderedDict()
-
-    def find(self, space: KeySpace) -> float:
-        """The least stored priority among ``space``'s matching rows (``inf`` when none
-        holds one)."""
-        signature = space.signature
-        assert signature is not None  # a space read by a key index's freshness check
-        target = space.condition_key()
-        oldest = space.oldest
-        kept = self._kept.get(target)
-        least = None if kept is None else _brought_up_to_date(space, kept, oldest)
-        if least is None:
-            for walk in WALKS:
-                least = space.least_priority(walk)
-                if least is not None:
-                    break
-        assert least is not None  # the last walk goes as far as it takes
-        self._kept[target] = _Kept(least, signature, oldest)
-        self._kept.move_to_end(target)
-        while len(self._kept) > KEPT:
-            self._kept.popitem(last=False)
-        return least.priority
-
-    def clear(self) -> None:
-        self._kept.clear()
-
-
-def _brought_up_to_date(space: KeySpace, kept: _Kept, oldest: int | None) -> LeastPriority | None:
-    """``kept``'s least as it is now, or None when it must be found again."""
+def _brought_up_to_date(
+    space: KeySpace, kept: LeastPriority, found_at: Signature
+) -> LeastPriority | None:
+    """The least ``kept`` as it is now, or None when it must be found again."""
     signature = space.signature
     assert signature is not None
-    if not moved_on(kept.signature, signature) or not _shrunk(kept.oldest, oldest):
-        return None
-    least = kept.least
-    if signature.priority_version != kept.signature.priority_version:
-        logged = space.logged_priorities(kept.signature.priority_version)
+    least = kept
+    if signature.priority_version != found_at.priority_version:
+        logged = space.logged_priorities(found_at.priority_version)
         if logged is None:
             return None
         keys, values = logged
@@ -112,16 +84,8 @@ def _brought_up_to_date(space: KeySpace, kept: _Kept, oldest: int | None) -> Lea
             if len(found["key"]):
                 at = int(np.argmin(found["priority"]))
                 least = LeastPriority(float(found["priority"][at]), int(found["key"][at]))
-    if least.key is not None and least is kept.least:
+    if least.key is not None and least is kept:
         still = space.probe(np.array([least.key], dtype=np.int64))
         if not len(still["key"]):
             return None  # evicted, deleted, stale or spent since
     return least
-
-
-def _shrunk(before: int | None, now: int | None) -> bool:
-    """Whether the fresh rows under the oldest fresh version ``now`` are among those under
-    ``before`` (None: every row fresh)."""
-    if now is None:
-        return before is None
-    return before is None or now >= before

@@ -157,7 +157,8 @@ def test_with_a_warm_index_sampling_only_checks_freshness_and_reads_by_key(
     # candidate keys, by key too, after reading the envelope's bound by its index (tasks:
     # their row counts and rows, by the task index; windows: their rows by task and step;
     # priorities: their bounds, and the least matching one, by the priority index;
-    # strata: the values, by a loose scan, and which a matching row holds, by their index).
+    # strata: the values, by a loose scan, and which a matching row holds: those found
+    # before by key, the others among the rows written since by their index).
     by_index = [
         q
         for q in queries[1:]
@@ -165,7 +166,8 @@ def test_with_a_warm_index_sampling_only_checks_freshness_and_reads_by_key(
             r"max\(expstore_rows\.reward_t\)|expstore_rows\.task_id IN"
             r"|expstore_rows\.task_id = \S+ AND expstore_rows\.step >="
             r"|FROM expstore_priorities WHERE expstore_priorities\.buffer_id"
-            r"|WITH RECURSIVE expstore_distinct|AND expstore_rows\.\"?key\"? >= \S+ ORDER BY",
+            r"|WITH RECURSIVE expstore_distinct"
+            r"|AND expstore_rows\.\"?key\"? >= \S+ (AND .+ )?ORDER BY",
             q,
         )
         # a draw over the key space that gives up checks freshness again for the key index

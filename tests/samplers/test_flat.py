@@ -4,6 +4,7 @@ index, without holding the buffer's keys, on both backends."""
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import numpy as np
 import pytest
@@ -445,21 +446,73 @@ def test_stratified_under_a_condition_or_staleness_draws_over_the_key_space(
             assert chi_square_p(counts, np.ones(len(mine))) > P_MIN
 
 
-def test_stratified_reads_the_key_index_when_a_groups_first_rows_match_nothing(
-    buffer: ReplayBuffer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from expstore.samplers import stratified
-
+def test_stratified_finds_a_groups_matching_rows_past_its_first_rows(buffer: ReplayBuffer) -> None:
+    """Each agent's first rows match nothing (a condition no index covers): the values
+    held are found as far as it takes, without a key index."""
     buffer.store_batch(make_rows(40, agents=2))
-    monkeypatch.setattr(stratified, "MATCHING_WALK", 3)
     buffer.storage.index.clear()
-    late = QueryBuilder().gte("exp_data.state.i", 30).build()  # no index: the walk decides
+    late = QueryBuilder().gte("exp_data.state.i", 30).build()
     sampler = StratifiedSampler(by="exp_meta.agent_id", seed=10)
     sampler.sample(buffer.storage, 4, late)
-    assert not _holds_no_index(buffer)  # each agent's first 3 rows are older: not known
+    assert _holds_no_index(buffer)
     drawn = buffer.storage.fetch_keys(sampler.last_keys)
     assert all(r.exp_data.state["i"] >= 30 for r in drawn)
     assert sorted(r.exp_meta.agent_id for r in drawn) == ["agent0", "agent0", "agent1", "agent1"]
+
+
+def test_stratified_keeps_the_values_held_up_to_date(
+    buffer: ReplayBuffer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The values the matching rows hold are kept from draw to draw: a value whose rows
+    all went stale loses its share, and gains it again from a row written since; values
+    whose rows still match are not looked for again."""
+    from expstore.storage.key_space import KeySpace
+
+    looked: list[tuple[str, int]] = []
+    first_matching = KeySpace.first_matching
+
+    def counted(space: KeySpace, name: str, value: Any, start: int) -> int | None:
+        looked.append((value, start))
+        return first_matching(space, name, value, start)
+
+    monkeypatch.setattr(KeySpace, "first_matching", counted)
+    rows = make_rows(40, agents=2)
+    for i, row in enumerate(rows):
+        row.exp_meta.policy_version = 0 if i < 20 else 1
+        if i < 20 and i % 3 == 2:
+            row.exp_meta.agent_id = "agent2"  # agent2: version 0 alone
+    buffer.store_batch(rows)
+    buffer.set_policy_version(1)
+    last = int(_keys(buffer)[-1])
+    buffer.storage.index.clear()
+    cond = QueryBuilder().gte("exp_data.state.i", 10).build()
+    sampler = StratifiedSampler(by="exp_meta.agent_id", seed=4, max_staleness=1)
+
+    def shares() -> dict[str, int]:
+        sampler.sample(buffer.storage, 6, cond)
+        drawn = buffer.storage.fetch_keys(sampler.last_keys)
+        current = buffer.policy_version()
+        assert all(r.exp_data.state["i"] >= 10 for r in drawn)
+        assert all(r.exp_meta.policy_version >= current - 1 for r in drawn)
+        return dict(Counter(r.exp_meta.agent_id for r in drawn))
+
+    assert shares() == {"agent0": 2, "agent1": 2, "agent2": 2}
+    assert len(looked) == 3
+    looked.clear()
+    assert shares() == {"agent0": 2, "agent1": 2, "agent2": 2}  # from what was found
+    assert looked == []
+    buffer.set_policy_version(2)  # version 0 goes stale: agent2's rows with it
+    assert shares() == {"agent0": 3, "agent1": 3}
+    assert {v for v, _ in looked} == {"agent0", "agent1", "agent2"}  # their rows went stale
+    looked.clear()
+    new = make_rows(1)
+    new[0].exp_meta.agent_id, new[0].exp_meta.policy_version = "agent2", 2
+    new[0].exp_data.state["i"] = 50
+    buffer.store_batch(new)
+    assert shares() == {"agent0": 2, "agent1": 2, "agent2": 2}
+    assert [v for v, _ in looked] == ["agent2"]  # among the row written since alone
+    assert looked[0][1] > last
+    assert _holds_no_index(buffer)
 
 
 def test_the_same_seed_gives_the_same_batches_over_the_key_space(buffer: ReplayBuffer) -> None:
