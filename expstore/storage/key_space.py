@@ -278,19 +278,22 @@ class KeySpace:
         checked against the condition, ``max_staleness`` and ``consume_after`` (as far as
         it takes); None when there is none."""
         handle = self.handle
+        column = rows.c[name]
 
         def build() -> Any:
-            return (
-                select(rows.c.key)
-                .where(
-                    rows.c.buffer_id == handle.buffer_id,
-                    rows.c[name] == bindparam("value"),
-                    rows.c.key >= bindparam("start"),
-                    *self._matching(),
-                )
-                .order_by(rows.c.key)
-                .limit(1)
-            )
+            value: Any = bindparam("value")
+            if handle.dialect.name != "postgresql":
+                held, order = [column == value], [rows.c.key]
+            else:
+                # The value as a range and the order by the whole index: with "= value"
+                # the order is the key's alone, which Postgres takes from the primary key,
+                # walking every row of the buffer when the value's rows match nothing.
+                held, order = [column >= value, column <= value], [rows.c.buffer_id, column]
+                order.append(rows.c.key)
+            mine = rows.c.buffer_id == handle.buffer_id
+            after = rows.c.key >= bindparam("start")
+            found = select(rows.c.key).where(mine, *held, after, *self._matching())
+            return found.order_by(*order).limit(1)
 
         statement = handle.statement(("first matching", name, self.condition_key()), build)
         found = statement.run(self.conn, value=value, start=start)
