@@ -116,9 +116,12 @@ def _held_entry(now: Now) -> ColumnElement[bool]:
     return and_(_C.acked_at.is_(None), or_(_C.lease_until.is_(None), _C.lease_until < now))
 
 
-#: Takes whole groups for a claim: (queue, conn, n rows, now, entry, stamps) -> keys taken
-#: (see :mod:`expstore.storage.group_claims`).
-GroupTaker = Callable[["ClaimQueue", Connection, int, Any, dict[str, Any], list[float]], list[int]]
+#: Takes whole groups for a claim: (queue, conn, n rows, now, entry, stamps) -> (keys taken,
+#: what to do once the claim has committed) (see :mod:`expstore.storage.group_claims`).
+GroupTaker = Callable[
+    ["ClaimQueue", Connection, int, Any, dict[str, Any], list[float]],
+    tuple[list[int], Callable[[], None]],
+]
 
 
 class Scope(NamedTuple):
@@ -185,9 +188,11 @@ class ClaimQueue:
         claim_id = uuid.uuid4().hex
         now = handle.dialect.now()  # evaluated by each statement: no round trip of its own
         floors: dict[str, _Floor] = {}  # the FIFO floor this claim moves, once committed
+        committed: list[Callable[[], None]] = []  # what a group taker does then
 
         def write() -> tuple[list[int], float]:
             floors.clear()
+            committed.clear()
             with handle.errors("claim rows"), handle.write() as conn:
                 entry = {
                     "buffer_id": handle.buffer_id,
@@ -199,7 +204,8 @@ class ClaimQueue:
                 }
                 stamps: list[float] = []  # when the entries were written, by the database
                 if groups is not None:
-                    keys = groups(self, conn, n, now, entry, stamps)
+                    keys, then = groups(self, conn, n, now, entry, stamps)
+                    committed.append(then)
                 elif candidates is None:
                     keys = self._claim_oldest(conn, n, scope, now, entry, stamps, floors)
                 else:
@@ -210,6 +216,8 @@ class ClaimQueue:
         # A deadlock with an ack or another claim (Postgres) rolls it back: claim again.
         keys, at = retried(write)
         self._floors.update(floors)
+        for then in committed:
+            then()
         return Claimed(claim_id, consumer, np.asarray(keys, dtype=np.int64), at, at + lease_s)
 
     def _take(

@@ -46,7 +46,7 @@ def group_taker(
 
     ``candidates(m, skip)``: up to m ready groups the sampler has not seen taken, none of
     ``skip``; ``learn(values)``: these groups are taken now (by this claim or another), told
-    once an attempt got through; ``freed(rows)``: the values of
+    once the claim has committed; ``freed(rows)``: the values of
     the (group value, oldest version) rows the database found claimable, which the
     sampler no longer takes for taken; ``oldest()``: the oldest fresh version now (None:
     no limit), which the database applies."""
@@ -59,12 +59,12 @@ def group_taker(
         now: Any,
         entry: dict[str, Any],
         stamps: list[float],
-    ) -> list[int]:
+    ) -> tuple[list[int], Callable[[], None]]:
         want = n // size
         taken: list[Group] = []
         # The groups this attempt saw taken (by it or by others), told to the sampler only
-        # when the attempt gets through: an attempt rolled back (a deadlock, then retried)
-        # took none of them, and its draws must not leave them out of the next.
+        # once the claim has committed: an attempt rolled back (a deadlock, then retried)
+        # or whose commit failed took none of them, and draws must not leave them out.
         seen: set[Any] = set()
         for _ in range(_ROUNDS):
             need = want - len(taken)
@@ -86,8 +86,7 @@ def group_taker(
             complete, gone = _take_whole(queue, conn, groups, need, entry, stamps)
             taken += complete
             seen.update(gone)
-        learn(list(seen))
-        return _flat(taken)
+        return _flat(taken), lambda: learn(list(seen))
 
     return take
 

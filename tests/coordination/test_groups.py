@@ -468,5 +468,36 @@ def test_a_group_claimer_remembers_as_taken_only_the_groups_that_are(
     assert sampler._taken == set(prompts_of(first.batch)) | set(prompts_of(second.batch))
 
 
+def test_a_group_claim_whose_commit_fails_tells_the_sampler_nothing(
+    buf: ReplayBuffer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The groups a claim took are remembered as taken only once it has committed: a
+    commit that fails took none of them, and they stay claimable."""
+    from sqlalchemy import event
+
+    for p in range(4):
+        buf.store_batch(group(f"p{p}", [0.0, 1.0]))
+    engine = buf.storage._handle.connections.engine  # type: ignore[attr-defined]
+    fails = [1]
+
+    def fail_once(conn: object) -> None:
+        if fails:
+            fails.pop()
+            raise OperationalError("COMMIT", {}, Exception("disk I/O error"))
+
+    event.listen(engine, "commit", fail_once)
+    sampler = GroupSampler(group_size=2, seed=0)
+    try:
+        with pytest.raises(StorageError):
+            buf.claim(4, consumer="c", order=sampler)
+    finally:
+        event.remove(engine, "commit", fail_once)
+    assert not fails
+    assert sampler._taken == set()
+    claim = buf.claim(8, consumer="c", order=sampler)  # all four groups are still there
+    assert sorted(set(prompts_of(claim.batch))) == ["p0", "p1", "p2", "p3"]
+    assert sampler._taken == {"p0", "p1", "p2", "p3"}
+
+
 class _Deadlock(Exception):
     sqlstate = "40P01"
