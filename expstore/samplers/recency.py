@@ -14,6 +14,10 @@ from .flat import draw_ranks
 
 __all__ = ["RecencySampler"]
 
+#: Stale rows among the fresh ones (under ``max_staleness``) a draw by rank leaves out, at
+#: most; beyond, it draws over the key index.
+LATE_KEYS = 4096
+
 
 class RecencySampler(KeySampler):
     """Weight ``(rank + 1) ** power`` by insertion order among the matching rows, without
@@ -40,14 +44,27 @@ class RecencySampler(KeySampler):
     def choose_flat(
         self, space: KeySpace, batch_size: int, query_condition: QueryCondition
     ) -> Choice | None:
-        # Ranks are keys' distances from the smallest matching one only when every key
-        # of the range is a matching row (a dense buffer; under max_staleness, one whose
-        # stale rows are all older than its fresh ones: see KeySpace.every_key_matches).
-        if not space.every_key_matches:
+        # Ranks are keys' distances from the smallest matching one when every key of the
+        # range is a matching row (a dense buffer; under max_staleness, one whose stale rows
+        # are all older than its fresh ones: see KeySpace.every_key_matches); with a few
+        # late stale rows among the fresh ones, less the late keys before them.
+        if space.every_key_matches:
+            late = np.empty(0, dtype=np.int64)
+        elif space.dense and self.max_staleness is not None:
+            found = space.late_stale_keys(LATE_KEYS)
+            if found is None:
+                return None
+            late = found[found <= space.max_key]  # (not rows written since the range)
+        else:
             return None
-        count = space.max_key - space.low + 1
+        count = space.max_key - space.low + 1 - len(late)
         ranks = draw_ranks(count, batch_size, self.power, self.rng)
-        return None if ranks is None else Choice(space.low + ranks)
+        if ranks is None:
+            return None
+        # The r-th matching key is low + r + the late keys before it: those whose key, less
+        # low and the late keys before them, is at most r.
+        before = late - space.low - np.arange(len(late))
+        return Choice(space.low + ranks + np.searchsorted(before, ranks, side="right"))
 
     def sample_keys(
         self, index: dict[str, np.ndarray], batch_size: int, rng: np.random.Generator

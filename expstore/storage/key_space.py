@@ -41,7 +41,7 @@ from .least_priority import LeastPriority, least_matching_priority
 from .matching_values import values_held
 from .priorities import logged_priorities
 from .schema import loose_scan, priorities, rows
-from .versions import FreshBounds, fresh_clause, oldest_fresh
+from .versions import FreshBounds, fresh_clause, oldest_fresh, stale_keys
 
 #: A plan line of SQLite seeking an index on the condition with each candidate key (not
 #: the (buffer_id, key) index, which turns no candidate down).
@@ -165,6 +165,15 @@ class KeySpace:
                 )
             )
         return self._every_key
+
+    def late_stale_keys(self, limit: int) -> np.ndarray | None:
+        """The keys from :attr:`low` on of stale rows (late rollouts of older policies
+        among the fresh ones), sorted; None when there are more than ``limit`` (see
+        :func:`~expstore.storage.versions.stale_keys`). Empty without ``max_staleness``."""
+        oldest = self.oldest
+        if oldest is None or not self.rows:
+            return np.empty(0, dtype=np.int64)
+        return stale_keys(self.handle, self.conn, oldest, self.low, limit)
 
     @property
     def candidates(self) -> tuple[int, int]:

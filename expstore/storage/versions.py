@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
-from sqlalchemy import Connection, bindparam, func, or_, select, update
+from sqlalchemy import Connection, bindparam, func, or_, select, true, update
 from sqlalchemy.sql.elements import ColumnElement
 
 from .._args import check_int
@@ -174,6 +174,38 @@ def last_stale_key(
     if count > FRESH_VERSIONS:
         return False, None
     return True, None if last is None else int(last)
+
+
+def stale_keys(
+    handle: BufferHandle, conn: Connection, oldest: int, low: int, limit: int
+) -> np.ndarray | None:
+    """The keys from ``low`` on of the buffer's rows stale when ``oldest`` is the oldest
+    fresh version (late rollouts of older policies among the fresh rows), sorted; None when
+    there are more than ``limit`` or more than :data:`FRESH_VERSIONS` stale versions. One
+    index range per stale version, from ``low`` on."""
+    mine = rows.c.buffer_id == handle.buffer_id
+    version = rows.c.policy_version
+
+    def build() -> Any:
+        stale = loose_scan(version, mine, below=bindparam("oldest"))
+        versions = stale.limit(FRESH_VERSIONS + 1).subquery()
+        counted = select(func.count().label("n")).select_from(versions).subquery()
+        late = (
+            select(rows.c.key)
+            .where(mine, version.in_(select(versions.c.v)), rows.c.key >= bindparam("low"))
+            .limit(bindparam("limit"))
+            .subquery()
+        )
+        # (one row at least: the count, with no key when no stale row lies there)
+        return select(counted.c.n, late.c.key).select_from(counted.outerjoin(late, true()))
+
+    found = handle.statement(("stale keys",), build).run(
+        conn, oldest=int(oldest), low=int(low), limit=int(limit) + 1
+    )
+    keys = [k for _, k in found if k is not None]
+    if found[0][0] > FRESH_VERSIONS or len(keys) > limit:
+        return None
+    return np.sort(np.array(keys, dtype=np.int64))
 
 
 class _Stale(NamedTuple):

@@ -372,6 +372,44 @@ def test_recency_over_dense_keys_draws_by_rank(buffer: ReplayBuffer) -> None:
     assert chi_square_p(counts, np.arange(1, 61, dtype=float)) > P_MIN
 
 
+def test_recency_leaves_out_late_stale_rows_among_the_fresh(
+    buffer: ReplayBuffer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under max_staleness, rows of an old version written among the fresh ones (late
+    rollouts) are left out of the ranks, which stay those among the fresh rows; with more
+    of them than a draw leaves out, the key index serves."""
+    from expstore.samplers import recency
+
+    rows = make_rows(60)
+    for i, row in enumerate(rows):
+        row.exp_meta.policy_version = 0 if i < 20 or 35 <= i < 45 else 1  # 35-44: late
+        if i == 50:
+            row.exp_meta.policy_version = None  # no version: fresh
+    buffer.store_batch(rows)
+    buffer.set_policy_version(1)
+    keys = _keys(buffer)
+    versions = [r.exp_meta.policy_version for r in buffer.storage.fetch_keys(keys)]
+    fresh = keys[[v is None or v >= 1 for v in versions]]
+    buffer.storage.index.clear()
+    sampler = RecencySampler(power=1.0, seed=3, max_staleness=0)
+    firsts = []
+    for _ in range(2000):
+        sampler.sample(buffer.storage, 3)
+        assert np.isin(sampler.last_keys, fresh).all()
+        assert len(set(sampler.last_keys.tolist())) == 3
+        firsts.append(int(sampler.last_keys[0]))
+    assert _holds_no_index(buffer)
+    counts = np.array([firsts.count(k) for k in fresh.tolist()])
+    assert chi_square_p(counts, np.arange(1, len(fresh) + 1, dtype=float)) > P_MIN
+    # the test notices ranks counted over the keys, the late rows among them
+    by_key = (fresh - fresh[0] + 1).astype(float)
+    assert chi_square_p(counts, by_key) < P_MIN
+    monkeypatch.setattr(recency, "LATE_KEYS", 3)  # 10 late rows: more than it leaves out
+    sampler.sample(buffer.storage, 3)
+    assert np.isin(sampler.last_keys, fresh).all()
+    assert not _holds_no_index(buffer)
+
+
 def test_recency_with_gaps_uses_the_key_index(buffer: ReplayBuffer) -> None:
     buffer.store_batch(make_rows(60))
     buffer.delete(QueryBuilder().eq("exp_meta.step", 3).build())
