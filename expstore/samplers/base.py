@@ -59,7 +59,7 @@ from ..storage.base import QueryCondition, Storage
 from ..storage.key_space import KeySpace
 from ..storage.versions import check_staleness, fresh_mask
 from .consuming import SpentKeys
-from .derived import DerivedArrays, masked
+from .derived import DerivedArrays, masked, whole_index
 
 __all__ = [
     "Choice",
@@ -297,7 +297,7 @@ class KeySampler(SpentKeys, Sampler):
         self.max_staleness = check_staleness(options.get("max_staleness"))
         # Keys known to have had their consume_after draws, and the index without them.
         self._spent = np.empty(0, dtype=np.int64)
-        self._unspent: tuple[Any, int, dict[str, Any]] | None = None
+        self._unspent: tuple[str, tuple[Any, ...], dict[str, Any]] | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -351,15 +351,15 @@ class KeySampler(SpentKeys, Sampler):
         if k is None or not len(index["key"]):
             return index
         current = with_current_version(storage, index)["current_version"]
-        versions = index["policy_version"]
 
         def compute() -> dict[str, Any]:
-            keep = fresh_mask(versions, current, k)
+            keep = fresh_mask(index["policy_version"], current, k)
             if keep is None:
                 return index
             return masked(index, keep)
 
-        return self.derived(f"fresh:{current}:{k}", (index["key"], versions), compute)
+        others, arrays = whole_index(index)
+        return self.derived(f"fresh:{current}:{k}:{others}", arrays, compute)
 
     @abstractmethod
     def sample_keys(
@@ -439,6 +439,9 @@ class KeySampler(SpentKeys, Sampler):
         whole = self._learn_spent(storage, self.read_index(storage, query_condition))
         matching = self._without_spent(whole)
         index = self._fresh(storage, matching)
+        while len(index["key"]) and self.newly_spent(storage, index):
+            matching = self._without_spent(whole)
+            index = self._fresh(storage, matching)
         if not len(index["key"]):
             if len(matching["key"]):
                 raise empty_error(

@@ -10,7 +10,7 @@ from typing import Any, cast
 import numpy as np
 
 from ..storage.base import Storage
-from .derived import masked
+from .derived import masked, whole_index
 
 __all__ = ["SpentKeys"]
 
@@ -20,7 +20,7 @@ class SpentKeys:
 
     consume_after: int | None
     _spent: np.ndarray
-    _unspent: tuple[Any, int, dict[str, Any]] | None
+    _unspent: tuple[str, tuple[Any, ...], dict[str, Any]] | None
     _spent_read: bool
 
     def spend(self, keys: np.ndarray) -> None:
@@ -44,9 +44,24 @@ class SpentKeys:
         spent = self.__dict__.get("_spent")
         if spent is None or not len(spent):
             return index
+        # Kept while the spent keys and the index's arrays are these very arrays.
+        others, arrays = whole_index(index)
+        sources = (spent, *arrays)
         cached = self.__dict__.get("_unspent")
-        if cached is not None and cached[0] is index["key"] and cached[1] == len(spent):
+        if cached is not None and cached[0] == others and _same(cached[1], sources):
             return cast("dict[str, Any]", cached[2])
         unspent = masked(index, ~np.isin(index["key"], spent, assume_unique=True))
-        self._unspent = (index["key"], len(spent), unspent)
+        self._unspent = (others, sources, unspent)
         return unspent
+
+    def newly_spent(self, storage: Storage, index: dict[str, Any]) -> bool:
+        """Whether rows of ``index`` that matter to this sampler's draw have been spent by
+        other processes since it last read the spent rows; if so, they are left out (and
+        the index is made again). Rows drawn from it are counted (and spent ones
+        refused) anyway; a sampler whose draw depends on more than the rows drawn (the
+        normaliser of prioritized weights) checks those here."""
+        return False
+
+
+def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-__all__ = ["DerivedArrays", "masked"]
+__all__ = ["DerivedArrays", "masked", "whole_index"]
 
 _T = TypeVar("_T")
 #: Derived values a sampler keeps (one per condition in use, most recent first).
@@ -42,6 +42,15 @@ class DerivedArrays:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"_entries": []}
+
+
+def whole_index(index: dict[str, Any]) -> tuple[str, tuple[np.ndarray, ...]]:
+    """What a value derived from all of ``index`` depends on, for :meth:`DerivedArrays.get`:
+    its other values (their text, for the name) and its arrays (the sources). A priority
+    update gives a new ``priority`` array and the same keys: a value derived from the keys
+    alone would keep the old priorities."""
+    others = sorted((name, repr(v)) for name, v in index.items() if not isinstance(v, np.ndarray))
+    return repr(others), tuple(v for v in index.values() if isinstance(v, np.ndarray))
 
 
 def masked(index: dict[str, Any], keep: np.ndarray) -> dict[str, Any]:

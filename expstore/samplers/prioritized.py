@@ -18,6 +18,10 @@ from .flat import draw_uniform
 
 __all__ = ["PrioritizedSampler"]
 
+#: Least likely rows of a key index checked against the draw counts per round (see
+#: :meth:`PrioritizedSampler.newly_spent`): one unspent among them settles the normaliser.
+_LEAST_CHECKED = 64
+
 
 class PrioritizedSampler(KeySampler):
     """Prioritized experience replay (Schaul et al. 2016), proportional variant.
@@ -162,6 +166,21 @@ class PrioritizedSampler(KeySampler):
 
         key = f"dist:{self.alpha!r}:{self.eps!r}:{largest!r}"
         return self.derived(key, (priority,), compute)
+
+    def newly_spent(self, storage: Storage, index: dict[str, Any]) -> bool:
+        """With ``consume_after``, the weights' normaliser must be an unspent row's: the
+        least likely rows of ``index`` (some of them) are checked against the draw counts
+        (by key), and left out when every one checked was spent by others since."""
+        limit = self.consume_after
+        if limit is None:
+            return False
+        dist = self._distribution(index)
+        least = index["key"][np.flatnonzero(dist.weights == dist.smallest)[:_LEAST_CHECKED]]
+        spent = storage.spent_keys(limit, among=least)
+        if len(spent) < len(least):
+            return False
+        self.spend(spent)
+        return True
 
     def sample_keys(
         self, index: dict[str, np.ndarray], batch_size: int, rng: np.random.Generator

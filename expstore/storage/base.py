@@ -272,9 +272,10 @@ class Storage(ABC):
             f"{type(self).__name__} does not count draws (consume_after); use SqlStorage"
         )
 
-    def spent_keys(self, limit: int) -> np.ndarray:
+    def spent_keys(self, limit: int, among: np.ndarray | None = None) -> np.ndarray:
         """The keys of rows drawn ``limit`` times or more by samplers with
-        ``consume_after`` (none for a storage that does not count draws)."""
+        ``consume_after``, sorted; of ``among`` only if given (none for a storage that
+        does not count draws)."""
         return np.empty(0, dtype=np.int64)
 
     @property

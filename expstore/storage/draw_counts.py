@@ -60,14 +60,19 @@ def count_draws(handle: BufferHandle, keys: np.ndarray, limit: int) -> np.ndarra
     return keys[np.isin(keys, counted)]
 
 
-def spent_keys(handle: BufferHandle, limit: int) -> np.ndarray:
-    """The keys of the buffer's rows drawn ``limit`` times or more, sorted (a read of the
-    buffer's counts, for a key index about to be drawn from)."""
-    stmt = select(_COUNT.key).where(
-        _COUNT.buffer_id == handle.buffer_id, _COUNT.times_sampled >= limit
-    )
+def spent_keys(handle: BufferHandle, limit: int, among: np.ndarray | None = None) -> np.ndarray:
+    """The keys of the buffer's rows drawn ``limit`` times or more, sorted: a read of the
+    buffer's counts, for a key index about to be drawn from; of ``among`` alone if given
+    (by their keys)."""
+    spent = [_COUNT.buffer_id == handle.buffer_id, _COUNT.times_sampled >= limit]
+    params = {}
+    if among is not None:
+        spent.append(handle.dialect.key_in(_COUNT.key))
+        params["keys"] = handle.dialect.key_set(np.unique(among).tolist())
     with handle.errors("read draw counts"), handle.read() as conn:
-        found = np.fromiter(conn.execute(stmt).scalars(), np.int64)
+        found = np.fromiter(
+            conn.execute(select(_COUNT.key).where(*spent), params).scalars(), np.int64
+        )
     return np.sort(found)
 
 

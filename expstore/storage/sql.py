@@ -164,8 +164,8 @@ class SqlStorage(Storage):
     def count_draws(self, keys: np.ndarray, limit: int) -> np.ndarray:
         return draw_counts.count_draws(self._handle, keys, limit)
 
-    def spent_keys(self, limit: int) -> np.ndarray:
-        return draw_counts.spent_keys(self._handle, limit)
+    def spent_keys(self, limit: int, among: np.ndarray | None = None) -> np.ndarray:
+        return draw_counts.spent_keys(self._handle, limit, among)
 
     @property
     def rate_limits(self) -> RateLimits:

@@ -213,3 +213,62 @@ def test_blocked_cdf_search_equals_searchsorted(n: int) -> None:
     targets = np.concatenate([rng.random(500) * cdf[-1], cdf[: min(n, 50)], [0.0, cdf[-1]]])
     expected = np.minimum(np.searchsorted(cdf, targets, side="right"), n - 1)
     assert np.array_equal(blocked.search(targets), expected)
+
+
+# Over the key index (flat = False), the arrays a sampler derives from it after leaving out
+# stale or spent rows follow priority updates and rows spent elsewhere (found by review:
+# the weights and odds kept the priorities from before an update, and the normaliser
+# could be a row another process had spent).
+
+
+def _keyed(
+    buffer: ReplayBuffer, n: int, version: int | None = None
+) -> tuple[list[str], np.ndarray]:
+    rows = make_rows(n)
+    for row in rows:
+        row.exp_meta.policy_version = version
+    buffer.store_batch(rows)
+    ids = [r.id for r in buffer.query()]
+    return ids, buffer.storage.key_index(None, ())["key"]
+
+
+def test_over_the_key_index_fresh_rows_follow_priority_updates(buffer: ReplayBuffer) -> None:
+    ids, keys = _keyed(buffer, 4, version=0)
+    buffer.set_policy_version(0)
+    buffer.update_priorities(ids, [1.0] * 4)
+    sampler = PrioritizedSampler(alpha=1.0, beta=1.0, eps=0.0, seed=0, max_staleness=0)
+    sampler.flat = False
+    sampler.sample(buffer.storage, 8)
+    np.testing.assert_allclose(sampler.last_weights, 1.0)
+    buffer.update_priorities([ids[0]], [0.1])
+    sampler.sample(buffer.storage, 64)
+    at = np.searchsorted(keys, sampler.last_keys)
+    np.testing.assert_allclose(sampler.last_weights, np.where(at == 0, 1.0, 0.1), rtol=1e-6)
+    assert (at == 0).sum() < 16  # odds 1 in 31
+
+
+def test_over_the_key_index_unspent_rows_follow_priority_updates(buffer: ReplayBuffer) -> None:
+    ids, keys = _keyed(buffer, 6)
+    buffer.update_priorities(ids, [1.0] * 6)
+    buffer.storage.count_draws(keys[:2], 1)  # spent before the sampler starts
+    sampler = PrioritizedSampler(alpha=1.0, beta=1.0, eps=0.0, seed=0, consume_after=1)
+    sampler.flat = False
+    sampler.sample(buffer.storage, 1)
+    buffer.update_priorities(ids[3:], [0.1] * 3)
+    sampler.sample(buffer.storage, 3)
+    at = np.searchsorted(keys, sampler.last_keys)
+    assert (at >= 2).all()
+    np.testing.assert_allclose(sampler.last_weights, np.where(at >= 3, 1.0, 0.1), rtol=1e-6)
+
+
+def test_over_the_key_index_the_normaliser_is_an_unspent_rows(buffer: ReplayBuffer) -> None:
+    ids, keys = _keyed(buffer, 4)
+    buffer.update_priorities(ids, [0.01, 1.0, 1.0, 1.0])
+    sampler = PrioritizedSampler(alpha=1.0, beta=1.0, eps=0.0, seed=1, consume_after=5)
+    sampler.flat = False
+    sampler.sample(buffer.storage, 1)
+    for _ in range(5):  # another process spends the least likely row
+        buffer.storage.count_draws(keys[:1], 5)
+    sampler.sample(buffer.storage, 2)
+    assert not np.isin(sampler.last_keys, keys[:1]).any()
+    np.testing.assert_allclose(sampler.last_weights, 1.0)
