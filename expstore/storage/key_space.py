@@ -19,7 +19,6 @@ after its probe is chosen again by the sampling loop, as with a key index.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -37,7 +36,7 @@ from .groups import GroupSpec, count_groups, groups_first_at
 from .handle import BufferHandle
 from .kept import Kept
 from .key_index import Arrays, Signature, _column, _to_arrays, condition_key
-from .least_priority import LeastPriority, least_matching_priority
+from .least_priority import least_matching_priority
 from .matching_values import values_held
 from .priorities import logged_priorities
 from .schema import loose_scan, priorities, rows
@@ -190,7 +189,7 @@ class KeySpace:
         evicted oldest first."""
         return self.rows > 0 and self.rows == self.span
 
-    def _matching(self) -> list[Any]:
+    def matching(self) -> list[Any]:
         """The WHERE clauses of the condition, max_staleness and consume_after (the buffer
         aside)."""
         clauses = self.handle.matching(self.query_condition)
@@ -209,7 +208,7 @@ class KeySpace:
         selected = [_column(n, handle.dialect) for n in names]
 
         def build(covering: bool = False) -> Any:  # only when not compiled yet
-            clauses = self._matching()
+            clauses = self.matching()
             if covering:
                 clauses.insert(0, rows.c.buffer_id == handle.buffer_id)
             chosen = select(rows.c.key, *(c.selected for c in selected), rows.c.buffer_id)
@@ -301,7 +300,7 @@ class KeySpace:
                 order.append(rows.c.key)
             mine = rows.c.buffer_id == handle.buffer_id
             after = rows.c.key >= bindparam("start")
-            found = select(rows.c.key).where(mine, *held, after, *self._matching())
+            found = select(rows.c.key).where(mine, *held, after, *self.matching())
             return found.order_by(*order).limit(1)
 
         statement = handle.statement(("first matching", name, self.condition_key()), build)
@@ -331,7 +330,7 @@ class KeySpace:
     def task_counts(self, task_ids: Sequence[str]) -> dict[str, int]:
         """How many rows of each of these tasks match (through the ``(buffer_id, task_id,
         step)`` index; tasks without a matching row left out)."""
-        clauses = [rows.c.buffer_id == self.handle.buffer_id, *self._matching()]
+        clauses = [rows.c.buffer_id == self.handle.buffer_id, *self.matching()]
         found: dict[str, int] = {}
         for chunk in _chunks(task_ids):  # bound parameters per statement stay few
             stmt = (
@@ -370,7 +369,7 @@ class KeySpace:
         if any(column is None for column in names):
             raise InvalidArgumentError(f"steps_of() needs columns, got {list(columns)!r}")
         picked = [rows.c[column.name] for column in names if column is not None]
-        mine = [rows.c.buffer_id == self.handle.buffer_id, *self._matching()]
+        mine = [rows.c.buffer_id == self.handle.buffer_id, *self.matching()]
         found: list[tuple[Any, ...]] = []
         unique = list(dict.fromkeys(spans))
         for start in range(0, len(unique), _SPAN_CHUNK):
@@ -423,58 +422,6 @@ class KeySpace:
             None if smallest is None else float(smallest),
             None if largest is None else float(largest),
         )
-
-    def least_priority(self, walk: int | None) -> LeastPriority | None:
-        """The smallest stored priority among the matching rows and a row that holds it,
-        found by walking the ``(buffer_id, priority)`` index upward and checking each
-        entry's row: through at most ``walk`` entries (None: as far as it takes). ``(inf,
-        None)`` when no matching row holds a priority; None when the first ``walk``
-        entries hold no matching row and there are more (the least lies beyond).
-
-        As far as it takes, under ``max_staleness`` with stale rows below the first fresh
-        one (:attr:`low` above ``min_key``), reads instead the priorities of the keys from
-        :attr:`low` on, by the priorities' primary key: those of the fresh part alone,
-        where the walk would go through every stale row's priority first (rows trained on
-        and left with low priorities, while the fresh ones have none yet)."""
-        handle = self.handle
-        mine = priorities.c.buffer_id == handle.buffer_id
-        fresh_range = walk is None and self.low > self.min_key
-        key = ("least priority", self.condition_key(), walk is None, fresh_range)
-
-        def lowest() -> Any:  # the first `walk` entries of the priority index
-            entries = select(priorities.c.key, priorities.c.priority).where(mine)
-            return entries.order_by(priorities.c.priority).limit(bindparam("walk")).subquery()
-
-        def build() -> Any:
-            entries = priorities if walk is None else lowest()
-            on = and_(
-                rows.c.key == entries.c.key,
-                rows.c.buffer_id == handle.buffer_id,
-                *self._matching(),
-            )
-            found = select(entries.c.priority, entries.c.key).select_from(entries.join(rows, on))
-            if fresh_range:
-                # By key alone (the joined row is the buffer's): with the buffer or the
-                # priority's order ("+ 0" hides it) the planner would go through the
-                # priority index, every stale row's entry first.
-                found = found.where(entries.c.key >= bindparam("low"))
-                return found.order_by(entries.c.priority + 0).limit(1)
-            if walk is None:
-                found = found.where(mine)
-            return found.order_by(entries.c.priority).limit(1)
-
-        params = {"low": self.low} if fresh_range else {} if walk is None else {"walk": walk}
-        first = handle.statement(key, build).run(self.conn, **params)
-        if first:
-            return LeastPriority(float(first[0][0]), int(first[0][1]))
-        if walk is not None:
-            counted = handle.statement(
-                ("lowest priorities",), lambda: select(func.count()).select_from(lowest())
-            )
-            ((entries,),) = counted.run(self.conn, walk=walk)
-            if entries >= walk:
-                return None
-        return LeastPriority(math.inf, None)
 
     def least_matching_priority(self) -> float:
         """The least stored priority among the matching rows (``inf`` when none holds

@@ -308,7 +308,42 @@ def test_the_least_fresh_priority_is_read_from_the_fresh_keys_alone(
         np.testing.assert_allclose(sampler.last_weights, 1.5 / weight[at], rtol=1e-6)
     cached = buffer.storage._handle._statements  # type: ignore[attr-defined]
     # the form reading the fresh keys (a walk that went as far as it takes, key range)
-    assert any(k[0] == "least priority" and k[-2:] == (True, True) for k in cached)
+    assert any(k[0] == "least priority" and k[-2:] == (True, "fresh keys") for k in cached)
+    assert _holds_no_index(buffer)
+
+
+@pytest.mark.parametrize("held", [True, False], ids=["held", "none held"])
+def test_the_least_priority_past_the_walks_under_a_condition(
+    buffer: ReplayBuffer, db_url: str, monkeypatch: pytest.MonkeyPatch, held: bool
+) -> None:
+    """Past the short walks, under a condition alone: the least matching priority (none:
+    the unset rows' largest) is found by walking on (SQLite) or as the least of all the
+    matching priorities (Postgres)."""
+    from expstore.storage import least_priority
+
+    buffer.store_batch(make_rows(30, agents=3))
+    keys = _keys(buffer)
+    stored = buffer.storage.fetch_keys(keys)
+    agents = np.array([int(r.exp_meta.agent_id[-1]) for r in stored])
+    given = {r.id: 0.01 * (i + 1) for i, r in enumerate(stored) if agents[i] != 1}
+    if held:
+        given[stored[28].id] = 0.5  # agent1's only priority
+    buffer.update_priorities(list(given), list(given.values()))
+    monkeypatch.setattr(least_priority, "WALKS", (2, 4, None))
+    buffer.storage.index.clear()
+    cond = QueryBuilder().eq("exp_meta.agent_id", "agent1").build()
+    sampler = PrioritizedSampler(alpha=1.0, beta=1.0, eps=0.0, seed=5)
+    largest = max(given.values())
+    weight = np.array([given.get(r.id, largest) for r in stored])
+    least = 0.5 if held else largest
+    for _ in range(3):
+        sampler.sample(buffer.storage, 6, cond)
+        at = np.searchsorted(keys, sampler.last_keys)
+        assert (agents[at] == 1).all()
+        np.testing.assert_allclose(sampler.last_weights, least / weight[at], rtol=1e-6)
+    form = "least of all" if db_url.startswith("postgresql") else "walk"
+    cached = buffer.storage._handle._statements  # type: ignore[attr-defined]
+    assert any(k[0] == "least priority" and k[2:4] == (True, form) for k in cached)
     assert _holds_no_index(buffer)
 
 
