@@ -206,6 +206,24 @@ class KeySpace:
         handle = self.handle
         names = tuple(columns)
         selected = [_column(n, handle.dialect) for n in names]
+        statement, _ = self._probe_statement(names)
+        wanted = np.unique(np.asarray(keys, dtype=np.int64)).tolist()
+        self.probed += len(wanted)
+        buffer_id = handle.buffer_id
+        found: list[Any] = []
+        # The buffer is checked here: in the WHERE clause it would lead SQLite through the
+        # (buffer_id, key) index and then the table instead of the table alone.
+        for start in range(0, len(wanted), _PROBE_CHUNK):
+            chunk = handle.dialect.key_set(wanted[start : start + _PROBE_CHUNK])
+            found += [r[:-1] for r in statement.run(self.conn, keys=chunk) if r[-1] == buffer_id]
+        found.sort(key=lambda r: r[0])
+        return _to_arrays(found, selected)
+
+    def _probe_statement(self, names: tuple[str, ...]) -> tuple[CompiledSelect, bool]:
+        """The statement probing candidate keys (reading ``names`` too), and whether
+        SQLite answers it by an index on the condition (see :meth:`_covers`)."""
+        handle = self.handle
+        selected = [_column(n, handle.dialect) for n in names]
 
         def build(covering: bool = False) -> Any:  # only when not compiled yet
             clauses = self.matching()
@@ -221,24 +239,18 @@ class KeySpace:
             # condition an index (buffer_id, column, key) on its column, answers the probe
             # alone (an index-only scan; see schema._column_indexes); without it, Postgres
             # reads each candidate's table row (a random page of a large table).
-            statement = handle.statement((*key, "covering"), lambda: build(True))
-        else:
-            statement = handle.statement(key, build)
-            if self.query_condition is not None:
-                covering = handle.statement((*key, "covering"), lambda: build(True))
-                if self._covers(key, covering):
-                    statement = covering
-        wanted = np.unique(np.asarray(keys, dtype=np.int64)).tolist()
-        self.probed += len(wanted)
-        buffer_id = handle.buffer_id
-        found: list[Any] = []
-        # The buffer is checked here: in the WHERE clause it would lead SQLite through the
-        # (buffer_id, key) index and then the table instead of the table alone.
-        for start in range(0, len(wanted), _PROBE_CHUNK):
-            chunk = handle.dialect.key_set(wanted[start : start + _PROBE_CHUNK])
-            found += [r[:-1] for r in statement.run(self.conn, keys=chunk) if r[-1] == buffer_id]
-        found.sort(key=lambda r: r[0])
-        return _to_arrays(found, selected)
+            return handle.statement((*key, "covering"), lambda: build(True)), False
+        statement = handle.statement(key, build)
+        if self.query_condition is not None:
+            covering = handle.statement((*key, "covering"), lambda: build(True))
+            if self._covers(key, covering):
+                return covering, True
+        return statement, False
+
+    def condition_indexed(self) -> bool:
+        """Whether SQLite finds the rows of the condition by an index on it (a condition
+        on an indexed column or expression; see :meth:`_covers`)."""
+        return self._probe_statement(())[1]
 
     def _covers(self, key: tuple[Any, ...], statement: CompiledSelect) -> bool:
         """Whether SQLite would probe ``statement`` (its condition, the buffer and the

@@ -108,15 +108,20 @@ def lowest_matching(space: KeySpace, walk: int | None) -> LeastPriority | None:
       primary key: those of the fresh part alone, where the walk would go through every
       stale row's priority first (rows trained on and left with low priorities, while
       the fresh ones have none yet);
-    - on Postgres, the least of all matching priorities, by joining the priorities with
-      the matching rows (a hash join; the walk reads each entry's row from the table,
-      4.4 s for 1M priorities none of which matches), then a row holding it, by the
-      priority index."""
+    - on Postgres, and on SQLite under a condition it finds by an index, the least of
+      all matching priorities, by joining the priorities with the matching rows (on
+      Postgres a hash join, where the walk read each entry's row from the table: 4.4 s
+      for 1M priorities none of which matches, now 0.47 s; on SQLite through the
+      condition's index in key order: 1.1 s, now 0.15-0.24 s), then a row holding it, by
+      the priority index. (Under a condition SQLite checks row by row, the walk stays:
+      it stops at the first match.)"""
     handle = space.handle
     mine = priorities.c.buffer_id == handle.buffer_id
-    if walk is None and space.low > space.min_key:
+    if walk is not None:
+        form = "walk"
+    elif space.low > space.min_key:
         form = "fresh keys"
-    elif walk is None and handle.dialect.name == "postgresql":
+    elif handle.dialect.name == "postgresql" or space.condition_indexed():
         form = "least of all"
     else:
         form = "walk"
@@ -147,8 +152,15 @@ def lowest_matching(space: KeySpace, walk: int | None) -> LeastPriority | None:
 
     params: dict[str, Any] = {}
     if form == "least of all":
+        # SQLite: "+ 0", not through the priority index (it would walk it, reading each
+        # entry's row) but from the matching rows, by the condition's index. (Postgres
+        # would misjudge the rows "+ 0" leaves and loop over them instead of hashing.)
+        hidden = mine
+        if handle.dialect.name != "postgresql":
+            hidden = (priorities.c.buffer_id + 0) == handle.buffer_id
         least = handle.statement(
-            (*key, "value"), lambda: joined(priorities, func.min(priorities.c.priority)).where(mine)
+            (*key, "value"),
+            lambda: joined(priorities, func.min(priorities.c.priority)).where(hidden),
         )
         ((params["least"],),) = least.run(space.conn)
         if params["least"] is None:

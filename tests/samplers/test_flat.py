@@ -312,16 +312,20 @@ def test_the_least_fresh_priority_is_read_from_the_fresh_keys_alone(
     assert _holds_no_index(buffer)
 
 
+@pytest.mark.parametrize("on", ["exp_meta.agent_id", "exp_data.state.agent"])
 @pytest.mark.parametrize("held", [True, False], ids=["held", "none held"])
 def test_the_least_priority_past_the_walks_under_a_condition(
-    buffer: ReplayBuffer, db_url: str, monkeypatch: pytest.MonkeyPatch, held: bool
+    buffer: ReplayBuffer, db_url: str, monkeypatch: pytest.MonkeyPatch, held: bool, on: str
 ) -> None:
     """Past the short walks, under a condition alone: the least matching priority (none:
-    the unset rows' largest) is found by walking on (SQLite) or as the least of all the
-    matching priorities (Postgres)."""
+    the unset rows' largest) is the least of all the matching priorities (the condition
+    on an indexed column), or found by walking on (SQLite, a condition on the payload)."""
     from expstore.storage import least_priority
 
-    buffer.store_batch(make_rows(30, agents=3))
+    rows = make_rows(30, agents=3)
+    for row in rows:
+        row.exp_data.state["agent"] = row.exp_meta.agent_id
+    buffer.store_batch(rows)
     keys = _keys(buffer)
     stored = buffer.storage.fetch_keys(keys)
     agents = np.array([int(r.exp_meta.agent_id[-1]) for r in stored])
@@ -331,7 +335,7 @@ def test_the_least_priority_past_the_walks_under_a_condition(
     buffer.update_priorities(list(given), list(given.values()))
     monkeypatch.setattr(least_priority, "WALKS", (2, 4, None))
     buffer.storage.index.clear()
-    cond = QueryBuilder().eq("exp_meta.agent_id", "agent1").build()
+    cond = QueryBuilder().eq(on, "agent1").build()
     sampler = PrioritizedSampler(alpha=1.0, beta=1.0, eps=0.0, seed=5)
     largest = max(given.values())
     weight = np.array([given.get(r.id, largest) for r in stored])
@@ -341,7 +345,8 @@ def test_the_least_priority_past_the_walks_under_a_condition(
         at = np.searchsorted(keys, sampler.last_keys)
         assert (agents[at] == 1).all()
         np.testing.assert_allclose(sampler.last_weights, least / weight[at], rtol=1e-6)
-    form = "least of all" if db_url.startswith("postgresql") else "walk"
+    indexed = db_url.startswith("postgresql") or on.startswith("exp_meta")
+    form = "least of all" if indexed else "walk"
     cached = buffer.storage._handle._statements  # type: ignore[attr-defined]
     assert any(k[0] == "least priority" and k[2:4] == (True, form) for k in cached)
     assert _holds_no_index(buffer)
