@@ -84,6 +84,10 @@ class StratifiedSampler(KeySampler):
     def can_draw_flat(self, query_condition: QueryCondition) -> bool:
         return not self._payload
 
+    # The values held are kept from draw to draw as found under the policy version the
+    # draw read first (storage.kept): the statements finding them must see that version.
+    flat_snapshot = True
+
     def choose_flat(
         self, space: KeySpace, batch_size: int, query_condition: QueryCondition
     ) -> Choice | None:

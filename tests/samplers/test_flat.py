@@ -19,7 +19,7 @@ from expstore.samplers import (
 )
 from expstore.samplers.flat import draw_ranks
 from expstore.storage.key_index import condition_key
-from tests.helpers import make_rows
+from tests.helpers import make_row, make_rows
 from tests.samplers.stats import chi_square_p
 
 P_MIN = 1e-4  # a correct sampler fails one of these tests about once in 10,000 runs
@@ -591,6 +591,38 @@ def test_stratified_keeps_the_values_held_up_to_date(
     assert [v for v, _ in looked] == ["agent2"]  # among the row written since alone
     assert looked[0][1] > last
     assert _holds_no_index(buffer)
+
+
+def test_the_values_held_are_found_under_the_version_the_draw_read(
+    buffer: ReplayBuffer, db_url: str, buffer_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process moves the policy version on during a draw, then sets it back: what
+    the draw found is kept under the version it read first, so it must have been found
+    under that version (one snapshot), or a value would lose its share for good (found
+    by review)."""
+    from expstore.storage.key_space import KeySpace
+
+    buffer.store_batch([make_row("t", "agent0", i, version=5) for i in range(10)])
+    buffer.store_batch([make_row("t", "agent1", i, version=8) for i in range(10)])
+    buffer.set_policy_version(5)
+    first_matching = KeySpace.first_matching
+    with ReplayBuffer(db_url, name=buffer_name) as other:
+        moves = [lambda: other.set_policy_version(8)]
+
+        def moved(space: KeySpace, name: str, value: Any, start: int) -> int | None:
+            if moves:
+                moves.pop()()
+            return first_matching(space, name, value, start)
+
+        monkeypatch.setattr(KeySpace, "first_matching", moved)
+        sampler = StratifiedSampler(by="exp_meta.agent_id", seed=0, max_staleness=1)
+        sampler.sample(buffer.storage, 4)
+        assert not moves
+        other.set_policy_version(5, force=True)
+    for _ in range(3):
+        sampler.sample(buffer.storage, 4)
+        drawn = buffer.storage.fetch_keys(sampler.last_keys)
+        assert Counter(r.exp_meta.agent_id for r in drawn) == {"agent0": 2, "agent1": 2}
 
 
 def test_the_same_seed_gives_the_same_batches_over_the_key_space(buffer: ReplayBuffer) -> None:
