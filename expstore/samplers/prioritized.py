@@ -18,8 +18,8 @@ from .flat import draw_uniform
 
 __all__ = ["PrioritizedSampler"]
 
-#: Least likely rows of a key index checked against the draw counts per round (see
-#: :meth:`PrioritizedSampler.newly_spent`): one unspent among them settles the normaliser.
+#: Least likely rows of a key index checked against the draw counts before a draw (see
+#: :meth:`PrioritizedSampler.newly_spent`).
 _LEAST_CHECKED = 64
 
 
@@ -169,17 +169,23 @@ class PrioritizedSampler(KeySampler):
 
     def newly_spent(self, storage: Storage, index: dict[str, Any]) -> bool:
         """With ``consume_after``, the weights' normaliser must be an unspent row's: the
-        least likely rows of ``index`` (some of them) are checked against the draw counts
-        (by key), and left out when every one checked was spent by others since."""
+        :data:`_LEAST_CHECKED` least likely rows of ``index`` are checked against the draw
+        counts (by key). When some were spent by others since, every spent row is read
+        again and left out (rows spent by the least likely first, as learners that lower
+        the priorities of what they drew spend them, would otherwise take a round each)."""
         limit = self.consume_after
         if limit is None:
             return False
-        dist = self._distribution(index)
-        least = index["key"][np.flatnonzero(dist.weights == dist.smallest)[:_LEAST_CHECKED]]
-        spent = storage.spent_keys(limit, among=least)
-        if len(spent) < len(least):
+        weights = self._distribution(index).weights
+        drawable = np.flatnonzero(weights > 0)
+        if len(drawable) > _LEAST_CHECKED:
+            lowest = np.argpartition(weights[drawable], _LEAST_CHECKED)[:_LEAST_CHECKED]
+            drawable = drawable[lowest]
+        spent = storage.spent_keys(limit, among=index["key"][drawable])
+        if not len(spent):
             return False
-        self.spend(spent)
+        self.spend(np.union1d(spent, storage.spent_keys(limit)))
+        self._spent_read = True
         return True
 
     def sample_keys(

@@ -272,3 +272,30 @@ def test_over_the_key_index_the_normaliser_is_an_unspent_rows(buffer: ReplayBuff
     sampler.sample(buffer.storage, 2)
     assert not np.isin(sampler.last_keys, keys[:1]).any()
     np.testing.assert_allclose(sampler.last_weights, 1.0)
+
+
+def test_over_the_key_index_rows_spent_elsewhere_are_left_out_at_once(
+    buffer: ReplayBuffer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The least likely rows spent by others (as learners that lower what they drew spend
+    them) are all left out before one draw, in a round or two, not one round per row
+    (found by review: 6,400 rounds and 17 s for one draw)."""
+    ids, keys = _keyed(buffer, 300)
+    buffer.update_priorities(ids, [0.01 * (i + 1) for i in range(300)])
+    sampler = PrioritizedSampler(alpha=1.0, beta=1.0, eps=0.0, seed=2, consume_after=1)
+    sampler.flat = False
+    sampler.sample(buffer.storage, 1)
+    buffer.storage.count_draws(keys[:200], 1)  # the 200 least likely, spent elsewhere
+    reads: list[bool] = []
+    spent_keys = type(buffer.storage).spent_keys
+
+    def counted(storage, limit, among=None):  # noqa: ANN001, ANN202
+        reads.append(among is not None)
+        return spent_keys(storage, limit, among)
+
+    monkeypatch.setattr(type(buffer.storage), "spent_keys", counted)
+    sampler.sample(buffer.storage, 4)
+    assert len(reads) <= 4
+    at = np.searchsorted(keys, sampler.last_keys)
+    assert (at >= 200).all()
+    np.testing.assert_allclose(sampler.last_weights, 2.01 / ((at + 1) * 0.01), rtol=1e-5)
