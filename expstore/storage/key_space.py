@@ -40,7 +40,7 @@ from .least_priority import least_matching_priority
 from .matching_values import values_held
 from .priorities import logged_priorities
 from .schema import loose_scan, priorities, rows
-from .versions import FreshBounds, fresh_clause, oldest_fresh, stale_keys
+from .versions import FreshBounds, fresh_clause, oldest_fresh
 
 #: A plan line of SQLite seeking an index on the condition with each candidate key (not
 #: the (buffer_id, key) index, which turns no candidate down).
@@ -167,12 +167,15 @@ class KeySpace:
 
     def late_stale_keys(self, limit: int) -> np.ndarray | None:
         """The keys from :attr:`low` on of stale rows (late rollouts of older policies
-        among the fresh ones), sorted; None when there are more than ``limit`` (see
-        :func:`~expstore.storage.versions.stale_keys`). Empty without ``max_staleness``."""
+        among the fresh ones), sorted; None when there are more than ``limit`` (kept by
+        the storage, see :meth:`~expstore.storage.versions.FreshBounds.late`). Empty
+        without ``max_staleness``."""
         oldest = self.oldest
         if oldest is None or not self.rows:
             return np.empty(0, dtype=np.int64)
-        return stale_keys(self.handle, self.conn, oldest, self.low, limit)
+        return self._fresh_bounds.late(
+            self.handle, self.conn, oldest, self.low, self.max_key, limit
+        )
 
     @property
     def candidates(self) -> tuple[int, int]:

@@ -112,7 +112,7 @@ def lowest_matching(space: KeySpace, walk: int | None) -> LeastPriority | None:
       all matching priorities, by joining the priorities with the matching rows (on
       Postgres a hash join, where the walk read each entry's row from the table: 4.4 s
       for 1M priorities none of which matches, now 0.47 s; on SQLite through the
-      condition's index in key order: 1.1 s, now 0.15-0.24 s), then a row holding it, by
+      condition's index in key order: 1.1 s, now 0.21-0.23 s), then a row holding it, by
       the priority index. (Under a condition SQLite checks row by row, the walk stays:
       it stops at the first match.)"""
     handle = space.handle

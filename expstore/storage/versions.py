@@ -177,35 +177,50 @@ def last_stale_key(
 
 
 def stale_keys(
-    handle: BufferHandle, conn: Connection, oldest: int, low: int, limit: int
+    handle: BufferHandle, conn: Connection, oldest: int, start: int, stop: int, limit: int
 ) -> np.ndarray | None:
-    """The keys from ``low`` on of the buffer's rows stale when ``oldest`` is the oldest
-    fresh version (late rollouts of older policies among the fresh rows), sorted; None when
-    there are more than ``limit`` or more than :data:`FRESH_VERSIONS` stale versions. One
-    index range per stale version, from ``low`` on."""
+    """The keys from ``start`` to ``stop`` of the buffer's rows stale when ``oldest`` is
+    the oldest fresh version (late rollouts of older policies among the fresh rows),
+    sorted; None when there are more than ``limit``. On SQLite with at most
+    :data:`FRESH_VERSIONS` stale versions, one index range per stale version; otherwise
+    (and on Postgres, which would hash the fresh rows against the versions anyway) a read
+    of the key range."""
     mine = rows.c.buffer_id == handle.buffer_id
     version = rows.c.policy_version
+    within = rows.c.key.between(bindparam("start"), bindparam("stop"))
+    params = {"oldest": int(oldest), "start": int(start), "stop": int(stop), "limit": limit + 1}
 
-    def build() -> Any:
+    def by_version() -> Any:
         stale = loose_scan(version, mine, below=bindparam("oldest"))
         versions = stale.limit(FRESH_VERSIONS + 1).subquery()
         counted = select(func.count().label("n")).select_from(versions).subquery()
         late = (
             select(rows.c.key)
-            .where(mine, version.in_(select(versions.c.v)), rows.c.key >= bindparam("low"))
+            .where(mine, version.in_(select(versions.c.v)), within)
             .limit(bindparam("limit"))
             .subquery()
         )
         # (one row at least: the count, with no key when no stale row lies there)
         return select(counted.c.n, late.c.key).select_from(counted.outerjoin(late, true()))
 
-    found = handle.statement(("stale keys",), build).run(
-        conn, oldest=int(oldest), low=int(low), limit=int(limit) + 1
-    )
-    keys = [k for _, k in found if k is not None]
-    if found[0][0] > FRESH_VERSIONS or len(keys) > limit:
-        return None
-    return np.sort(np.array(keys, dtype=np.int64))
+    def by_range() -> Any:
+        # "+ 0": through the key range; the version's index would read every stale row
+        stale = (version + 0) < bindparam("oldest")
+        return select(rows.c.key).where(mine, within, stale).limit(bindparam("limit"))
+
+    if handle.dialect.name != "postgresql":
+        found = handle.statement(("stale keys by version",), by_version).run(conn, **params)
+        if found[0][0] <= FRESH_VERSIONS:
+            keys = [k for _, k in found if k is not None]
+            return None if len(keys) > limit else np.sort(np.array(keys, dtype=np.int64))
+    keys = [k for (k,) in handle.statement(("stale keys by range",), by_range).run(conn, **params)]
+    return None if len(keys) > limit else np.sort(np.array(keys, dtype=np.int64))
+
+
+class _Late(NamedTuple):
+    keys: np.ndarray | None  # None: more than the limit
+    low: int  # read from this key on
+    seen: int  # up to this one
 
 
 class _Stale(NamedTuple):
@@ -233,10 +248,12 @@ class FreshBounds:
     def __init__(self) -> None:
         self._first: dict[tuple[str, int], int] = {}
         self._stale: dict[tuple[str, int], _Stale] = {}
+        self._late: dict[tuple[str, int], _Late] = {}
 
     def clear(self) -> None:
         self._first.clear()
         self._stale.clear()
+        self._late.clear()
 
     def first(self, handle: BufferHandle, conn: Connection, oldest: int) -> int | None:
         """A lower bound of the keys of the rows fresh at ``oldest`` (None: none known)."""
@@ -264,6 +281,34 @@ class FreshBounds:
             known = _Stale(True, last, max_key)
         _remember(self._stale, at, known, self.KEEP)
         return not known.known or (known.last is not None and known.last >= low)
+
+    def late(
+        self,
+        handle: BufferHandle,
+        conn: Connection,
+        oldest: int,
+        low: int,
+        max_key: int,
+        limit: int,
+    ) -> np.ndarray | None:
+        """The keys from ``low`` to ``max_key`` of rows stale at ``oldest`` (see
+        :func:`stale_keys`), sorted; None when more than ``limit``. Read once per oldest
+        fresh version and server, then among the rows stored since alone."""
+        at = (_server(conn), oldest)
+        known = self._late.get(at)
+        if known is None or low < known.low or max_key < known.seen:
+            keys = stale_keys(handle, conn, oldest, low, max_key, limit)
+        elif max_key > known.seen and known.keys is not None:
+            newer = stale_keys(handle, conn, oldest, known.seen + 1, max_key, limit)
+            keys = None if newer is None else np.union1d(known.keys, newer)
+        else:
+            keys = known.keys
+        if keys is not None:
+            keys = keys[keys >= low]
+            if len(keys) > limit:
+                keys = None
+        _remember(self._late, at, _Late(keys, low, max_key), self.KEEP)
+        return keys
 
 
 def _server(conn: Connection) -> str:
