@@ -36,9 +36,13 @@ class SpentKeys:
         of the buffer's draw counts.)"""
         limit = self.__dict__.get("consume_after")
         if limit is not None and not self.__dict__.get("_spent_read"):
-            self.spend(storage.spent_keys(limit))
-            self._spent_read = True
+            self._read_spent(storage, limit)
         return index
+
+    def _read_spent(self, storage: Storage, limit: int) -> None:
+        """Leave out every row the buffer's draw counts say is spent (a read of them)."""
+        self.spend(storage.spent_keys(limit))
+        self._spent_read = True
 
     def _without_spent(self, index: dict[str, Any]) -> dict[str, Any]:
         spent = self.__dict__.get("_spent")

@@ -181,11 +181,9 @@ class PrioritizedSampler(KeySampler):
         if len(drawable) > _LEAST_CHECKED:
             lowest = np.argpartition(weights[drawable], _LEAST_CHECKED)[:_LEAST_CHECKED]
             drawable = drawable[lowest]
-        spent = storage.spent_keys(limit, among=index["key"][drawable])
-        if not len(spent):
+        if not len(storage.spent_keys(limit, among=index["key"][drawable])):
             return False
-        self.spend(np.union1d(spent, storage.spent_keys(limit)))
-        self._spent_read = True
+        self._read_spent(storage, limit)
         return True
 
     def sample_keys(

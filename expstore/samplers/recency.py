@@ -51,10 +51,10 @@ class RecencySampler(KeySampler):
         if space.every_key_matches:
             late = np.empty(0, dtype=np.int64)
         elif space.dense and self.max_staleness is not None:
-            found = space.late_stale_keys(LATE_KEYS)
+            found = space.late_stale_keys(LATE_KEYS)  # those from low to max_key
             if found is None:
                 return None
-            late = found[found <= space.max_key]  # (not rows written since the range)
+            late = found
         else:
             return None
         count = space.max_key - space.low + 1 - len(late)

@@ -154,9 +154,8 @@ def last_stale_key(
     if after is not None:
 
         def since() -> Any:
-            # "+ 0": through the key range; the version's index would read every stale row
-            stale = (version + 0) < bindparam("oldest")
-            return select(func.max(rows.c.key)).where(mine, rows.c.key > bindparam("after"), stale)
+            newer = rows.c.key > bindparam("after")
+            return select(func.max(rows.c.key)).where(mine, newer, _stale_row_by_row())
 
         ((found,),) = handle.statement(("last stale key since",), since).run(
             conn, oldest=int(oldest), after=int(after)
@@ -164,8 +163,7 @@ def last_stale_key(
         return True, None if found is None else int(found)
 
     def build() -> Any:
-        stale = loose_scan(version, mine, below=bindparam("oldest"))
-        versions = stale.limit(FRESH_VERSIONS + 1).subquery()
+        versions = _stale_versions(mine)
         last = select(rows.c.key).where(mine, version == versions.c.v)
         last_of = last.order_by(rows.c.key.desc()).limit(1).scalar_subquery()
         return select(func.count(), func.max(last_of)).select_from(versions)
@@ -191,8 +189,7 @@ def stale_keys(
     params = {"oldest": int(oldest), "start": int(start), "stop": int(stop), "limit": limit + 1}
 
     def by_version() -> Any:
-        stale = loose_scan(version, mine, below=bindparam("oldest"))
-        versions = stale.limit(FRESH_VERSIONS + 1).subquery()
+        versions = _stale_versions(mine)
         counted = select(func.count().label("n")).select_from(versions).subquery()
         late = (
             select(rows.c.key)
@@ -204,17 +201,32 @@ def stale_keys(
         return select(counted.c.n, late.c.key).select_from(counted.outerjoin(late, true()))
 
     def by_range() -> Any:
-        # "+ 0": through the key range; the version's index would read every stale row
-        stale = (version + 0) < bindparam("oldest")
+        stale = _stale_row_by_row()
         return select(rows.c.key).where(mine, within, stale).limit(bindparam("limit"))
 
+    keys = None
     if handle.dialect.name != "postgresql":
         found = handle.statement(("stale keys by version",), by_version).run(conn, **params)
         if found[0][0] <= FRESH_VERSIONS:
             keys = [k for _, k in found if k is not None]
-            return None if len(keys) > limit else np.sort(np.array(keys, dtype=np.int64))
-    keys = [k for (k,) in handle.statement(("stale keys by range",), by_range).run(conn, **params)]
+    if keys is None:
+        ranged = handle.statement(("stale keys by range",), by_range).run(conn, **params)
+        keys = [k for (k,) in ranged]
     return None if len(keys) > limit else np.sort(np.array(keys, dtype=np.int64))
+
+
+def _stale_versions(mine: ColumnElement[bool]) -> Any:
+    """The buffer's versions older than the bound ``oldest``, newest first, one index
+    probe each (a loose scan), at most :data:`FRESH_VERSIONS` + 1 of them."""
+    stale = loose_scan(rows.c.policy_version, mine, below=bindparam("oldest"))
+    return stale.limit(FRESH_VERSIONS + 1).subquery()
+
+
+def _stale_row_by_row() -> ColumnElement[bool]:
+    """A row older than the bound ``oldest``, for a statement reading a key range: "+ 0"
+    keeps the planner on that range, where the version's index would read every stale
+    row."""
+    return (rows.c.policy_version + 0) < bindparam("oldest")
 
 
 class _Late(NamedTuple):
