@@ -217,6 +217,8 @@ def claim_rows(
     scope = Scope(query_condition, check_staleness(max_staleness))
     queue = storage.claims
     builder = as_converter(DefaultConverter() if converter is None else converter)
+    if isinstance(order, KeySampler):
+        order.on_buffer(storage)
     if isinstance(order, GroupSampler):
         if n % order.group_size:
             raise InvalidArgumentError(

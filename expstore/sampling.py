@@ -107,6 +107,7 @@ def draw(
     not returned are given back.
     """
     batch_size = check_batch_size(batch_size)
+    sampler.on_buffer(storage)
     deleted = lost = 0
     started = time.monotonic()
     counted: int | None = None

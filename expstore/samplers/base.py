@@ -156,6 +156,21 @@ class Sampler(ABC):
         AWorld way); KeySampler and TaskSampler choose keys instead."""
         return Choice(_NO_KEYS, rows=self.sample(storage, batch_size, query_condition))
 
+    def on_buffer(self, storage: Storage) -> None:
+        """Called before each draw: forget what this sampler holds of the buffer it drew
+        from last (:meth:`forget_buffer`) when ``storage`` reads another one, or the same
+        one made anew (see :attr:`Storage.identity`)."""
+        now = storage.identity
+        seen = self.__dict__.get("_buffer")
+        if seen is not None and not _same_buffer(seen, now):
+            self.forget_buffer()
+        self._buffer = now
+
+    def forget_buffer(self) -> None:  # noqa: B027 - a hook samplers with state fill
+        """Forget what this sampler holds of the buffer it drew from (an epoch's progress,
+        rows known spent, groups seen taken): it draws from another one now. The random
+        stream goes on."""
+
     def mark(self) -> Any:
         """What choosing a batch again must start from (a sampler whose choices move it
         along, such as an epoch, returns where it stands; others None)."""
@@ -205,6 +220,14 @@ class Sampler(ABC):
 
 
 _NO_KEYS = np.empty(0, dtype=np.int64)
+
+
+def _same_buffer(seen: tuple[Any, ...], now: tuple[Any, ...]) -> bool:
+    """Whether two :attr:`Storage.identity` values name one buffer (an incarnation not
+    known on either side counts as the same)."""
+    if seen[:-1] != now[:-1]:
+        return False
+    return seen[-1] is None or now[-1] is None or seen[-1] == now[-1]
 
 
 class _ForeignSampler(Sampler):
@@ -296,8 +319,7 @@ class KeySampler(SpentKeys, Sampler):
         #: not drawn (None: no limit); see :mod:`expstore.storage.versions`.
         self.max_staleness = check_staleness(options.get("max_staleness"))
         # Keys known to have had their consume_after draws, and the index without them.
-        self._spent = np.empty(0, dtype=np.int64)
-        self._unspent: tuple[str, tuple[Any, ...], dict[str, Any]] | None = None
+        self.forget_spent()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -315,6 +337,11 @@ class KeySampler(SpentKeys, Sampler):
     def reseed(self, seed: Any) -> None:
         super().reseed(seed)  # generators a subclass holds
         self._rng = np.random.default_rng(seed)
+
+    def forget_buffer(self) -> None:
+        self.forget_spent()
+        self.__dict__.pop("_flat_skips", None)
+        self.__dict__.pop("_kept", None)
 
     def derived(self, name: str, sources: tuple[np.ndarray, ...], compute: Callable[[], _T]) -> _T:
         """``compute()``, remembered while ``sources`` are the same array objects.

@@ -23,6 +23,12 @@ class SpentKeys:
     _unspent: tuple[str, tuple[Any, ...], dict[str, Any]] | None
     _spent_read: bool
 
+    def forget_spent(self) -> None:
+        """Forget the spent keys learned (of a buffer this sampler no longer draws from)."""
+        self._spent = np.empty(0, dtype=np.int64)
+        self._unspent = None
+        self._spent_read = False
+
     def spend(self, keys: np.ndarray) -> None:
         """Leave out ``keys``: the database refused them another draw (consume_after)."""
         self._spent = np.union1d(self.__dict__.get("_spent", self._spent), keys)

@@ -122,6 +122,11 @@ class GroupSampler(KeySampler):
         super().reseed(seed)
         self._taken = set()
 
+    def forget_buffer(self) -> None:
+        super().forget_buffer()
+        self._taken = set()
+        self._counts = self._counts_of = None
+
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_counts_of": None}
 

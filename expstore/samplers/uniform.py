@@ -61,6 +61,14 @@ class UniformSampler(KeySampler):
 
     def reseed(self, seed: Any) -> None:
         super().reseed(seed)
+        self._new_epoch()
+
+    def forget_buffer(self) -> None:
+        super().forget_buffer()
+        self._new_epoch()
+
+    def _new_epoch(self) -> None:
+        """Begin a new epoch at the next draw."""
         self._epoch = None
         self._position = 0
         self._flat_epoch = None
@@ -70,9 +78,7 @@ class UniformSampler(KeySampler):
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
     ) -> Choice:
         if not self.replacement and not _same_condition(self._epoch_condition, query_condition):
-            self._epoch = None
-            self._flat_epoch = None
-            self._handover = None
+            self._new_epoch()
             self._epoch_condition = query_condition
         return super().choose(storage, batch_size, query_condition)
 

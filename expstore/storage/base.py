@@ -68,6 +68,15 @@ class Storage(ABC):
     def url(self) -> Any:
         """Where the rows live (a SQLAlchemy URL for SQL storages)."""
 
+    @property
+    def identity(self) -> tuple[Any, ...]:
+        """Which buffer this handle reads, as it last saw it: samplers forget what they
+        hold of a buffer (an epoch's progress, the rows known spent) when they are next
+        used with another (see :meth:`~expstore.samplers.base.KeySampler.forget_buffer`).
+        The last item tells one incarnation of a buffer from another (a database made
+        anew); None where a storage cannot tell."""
+        return (str(self.url), getattr(self, "name", None), None)
+
     # -- writing -------------------------------------------------------------------------
     @abstractmethod
     def store_batch(self, rows: Sequence[DataRow], *, dedup: Dedup = None) -> int:

@@ -67,6 +67,9 @@ class BufferHandle:
         self.connections = Connections(url)
         self.dialect: Dialect = dialect_for(self.connections.engine.dialect.name)
         self.buffer_id = 0
+        #: The buffer's ``created_at`` as last read (at open, then at each draw's state
+        #: read): another value when its database was made anew under this handle.
+        self.created_at: float | None = None
         self._statements: dict[tuple[Any, ...], CompiledSelect] = {}
         #: Choices made once per statement from the database's plan (see key_space).
         self.plans: dict[tuple[Any, ...], bool] = {}
@@ -101,6 +104,16 @@ class BufferHandle:
 
     def single(self) -> AbstractContextManager[Connection]:
         return self.connections.single()
+
+    def recreated(self, found: str | None) -> StorageError:
+        """The error for a buffer row that no longer is this handle's buffer (``found``:
+        the name the row holds now, None when it is gone)."""
+        now = "is gone" if found is None else f"now holds buffer {found!r}"
+        return StorageError(
+            f"buffer {self.name!r} is no longer in the database as this handle opened it "
+            f"(its row {now}): the database was made anew or restored, or the buffer "
+            f"removed, since; open it again (ReplayBuffer(url, name={self.name!r}))"
+        )
 
     def errors(self, action: str) -> AbstractContextManager[None]:
         """Turns driver errors raised inside into StorageError saying what to do."""

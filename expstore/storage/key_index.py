@@ -55,6 +55,7 @@ class Signature(NamedTuple):
     version: int  # bumped by any change other than inserts, FIFO eviction and priorities
     min_key: int  # raised by FIFO eviction
     priority_version: int  # bumped by every priority update
+    created_at: float  # the buffer's creation: another when its database was made anew
 
 
 class Entry(NamedTuple):
@@ -210,18 +211,39 @@ class KeyIndex:
             policy_version = select(buffers.c.policy_version).where(this).scalar_subquery()
             limited = limited_flag(buffer_id)
             count = select(buffers.c.row_count).where(this).scalar_subquery()
+            name = select(buffers.c.name).where(this).scalar_subquery()
+            created = select(buffers.c.created_at).where(this).scalar_subquery()
             return select(
-                max_key, version, min_key, priority_version, policy_version, limited, count
+                max_key,
+                version,
+                min_key,
+                priority_version,
+                policy_version,
+                limited,
+                count,
+                name,
+                created,
             )
 
-        ((key, version, smallest, priority_version, policy_version, limited, count),) = (
+        ((key, version, smallest, priority_version, policy_version, limited, count, name, at),) = (
             self.handle.statement(("signature",), build).run(conn)
         )
+        if name != self.handle.name:
+            raise self.handle.recreated(name)
         if self.on_limit is not None:
             self.on_limit(bool(limited))
         signature = Signature(
-            int(key or 0), int(version or 0), int(smallest or 0), int(priority_version or 0)
+            int(key or 0),
+            int(version or 0),
+            int(smallest or 0),
+            int(priority_version or 0),
+            float(at),
         )
+        if signature.created_at != self.handle.created_at:
+            # The database was made anew under this handle (dropped and created again,
+            # restored): keys and counters may repeat, so nothing found before holds.
+            self.clear()
+            self.handle.created_at = signature.created_at
         current = None if policy_version is None else int(policy_version)
         return signature, current, int(count or 0)
 
@@ -327,6 +349,7 @@ def moved_on(cached: Signature, now: Signature) -> bool:
     (a replica further behind than the last one read) is not: the index is read again."""
     return (
         cached.version == now.version
+        and cached.created_at == now.created_at
         and now.max_key >= cached.max_key
         and now.min_key >= cached.min_key
         and now.priority_version >= cached.priority_version

@@ -48,16 +48,18 @@ def check_retention(capacity: Any, eviction: Any) -> None:
 
 
 def open_buffer(handle: BufferHandle) -> int:
-    """The id of the handle's buffer, adding its row if it has none yet."""
-    find = select(buffers.c.id).where(buffers.c.name == handle.name)
+    """The id of the handle's buffer, adding its row if it has none yet (its
+    ``created_at`` goes to the handle)."""
+    find = select(buffers.c.id, buffers.c.created_at).where(buffers.c.name == handle.name)
     with handle.read() as conn:
-        found = conn.execute(find).scalar()
+        found = conn.execute(find).first()
     if found is None:
         with handle.write() as conn:
-            if conn.execute(find).scalar() is None:
+            if conn.execute(find).first() is None:
                 handle.dialect.create_buffer(conn, handle.name)
-            found = conn.execute(find).scalar_one()
-    return int(found)
+            found = conn.execute(find).one()
+    handle.created_at = float(found[1])
+    return int(found[0])
 
 
 def settle_retention(
@@ -101,8 +103,11 @@ def settle_retention(
 
 def lock_buffer(handle: BufferHandle, conn: Connection, *columns: Any) -> tuple[Any, ...]:
     """``columns`` of the buffer's row, locked until the transaction ends."""
-    stmt = select(*columns).where(buffers.c.id == handle.buffer_id)
-    return tuple(conn.execute(handle.dialect.locked(stmt)).one())
+    stmt = select(buffers.c.name, *columns).where(buffers.c.id == handle.buffer_id)
+    found = conn.execute(handle.dialect.locked(stmt)).first()
+    if found is None or found[0] != handle.name:
+        raise handle.recreated(None if found is None else found[0])
+    return tuple(found[1:])
 
 
 def bump_version(handle: BufferHandle, conn: Connection, counter: Any = buffers.c.version) -> int:

@@ -7,8 +7,9 @@ keys (:meth:`BufferHandle.remember_keys`, fed by every fetch of whole rows or fi
 call by id soon after, such as a priority update of the batch just drawn, first checks
 those keys by primary key, on pages the fetch has just read. Keys are never handed out
 twice (Postgres takes them from a sequence; SQLite from ``expstore_counters``), so a
-remembered key names its row or none: an id whose remembered key is gone is looked up by
-id again (the row may have been stored anew under a new key).
+remembered key names its row or none (its id is checked anyway: a database made anew
+under a running process hands keys out again): an id whose remembered key is gone is
+looked up by id again (the row may have been stored anew under a new key).
 """
 
 from __future__ import annotations
@@ -44,5 +45,6 @@ def _remembered(handle: BufferHandle, conn: Connection, ids: list[str]) -> dict[
     if not guessed:
         return {}
     keys = list(set(guessed.values()))
-    present = {r[0] for r in by_keys(handle, conn, keys, [rows.c.key])}
-    return {i: k for i, k in guessed.items() if k in present}
+    # The id is checked too: keys repeat when the database was made anew under this handle.
+    present = {(r[0], r[1]) for r in by_keys(handle, conn, keys, [rows.c.key, rows.c.id])}
+    return {i: k for i, k in guessed.items() if (k, i) in present}

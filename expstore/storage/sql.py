@@ -148,6 +148,10 @@ class SqlStorage(Storage):
         return self._handle.url
 
     @property
+    def identity(self) -> tuple[Any, ...]:
+        return (str(self._handle.url), self.name, self._handle.created_at)
+
+    @property
     def dialect(self) -> str:
         """``sqlite`` or ``postgresql``."""
         return self._handle.dialect.name
