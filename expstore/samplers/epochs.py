@@ -18,8 +18,10 @@ stale, spent by other processes, deleted) so far that a call probes its budget w
 filling the batch, the epoch goes on over the key index: the matching keys the walk has
 not reached yet (:func:`rest_of_epoch`, by the permutation's inverse), so no row comes
 twice or is left out. Under ``max_staleness`` the range begins at the first fresh row
-(:attr:`~expstore.storage.key_space.KeySpace.low`); rows that become fresh again during
-the epoch because the version was forced back join the next epoch.
+(:attr:`~expstore.storage.key_space.KeySpace.low`); a row of the range that becomes
+fresh again during the epoch (the version forced back) comes in it if the walk has not
+passed it yet, else in the next epoch (over the key index: in the next epoch); no row
+comes twice in an epoch either way.
 
 The permutation is a balanced Feistel network over the smallest even power of two that
 holds the range, with cycle-walking back into it: a bijection for any round function, so

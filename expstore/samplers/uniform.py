@@ -192,13 +192,18 @@ class UniformSampler(KeySampler):
                     self._epoch = keys[rng.permutation(len(keys))]
                 self._position = 0
                 self._flat_epoch = None  # an epoch over the key space, if one ran, is over
-            chosen = self._epoch[self._position : self._position + batch_size]
-            self._position += len(chosen)
-            # Keys deleted since the epoch began are skipped (keys is sorted).
-            found = np.searchsorted(keys, chosen).clip(max=len(keys) - 1)
-            chosen = chosen[keys[found] == chosen]
-            if len(chosen):
-                return cast("np.ndarray", chosen)
+            # Keys deleted since the epoch began are skipped (keys is sorted), and their
+            # places taken by the epoch's next keys: a batch is short only at its end.
+            parts: list[np.ndarray] = []
+            wanted = batch_size
+            while wanted and self._position < len(self._epoch):
+                chosen = self._epoch[self._position : self._position + wanted]
+                self._position += len(chosen)
+                found = np.searchsorted(keys, chosen).clip(max=len(keys) - 1)
+                parts.append(chosen[keys[found] == chosen])
+                wanted -= len(parts[-1])
+            if parts and (batch := np.concatenate(parts)).size:
+                return cast("np.ndarray", batch)
 
 
 def _same_condition(a: Any, b: Any) -> bool:

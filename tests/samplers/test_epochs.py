@@ -327,3 +327,19 @@ def test_a_hand_over_chosen_again_finishes_the_same_epoch(
     while len(rest) < len(owed):
         rest += _ids(sampler.sample(storage, 2))
     assert waits and len(rest) == len(set(rest)) and set(rest) == owed
+
+
+@pytest.mark.parametrize("flat", [True, False])
+def test_rows_deleted_mid_epoch_leave_no_short_batch_before_its_end(
+    buffer: ReplayBuffer, flat: bool
+) -> None:
+    buffer.store_batch(make_rows(20))
+    sampler = UniformSampler(replacement=False, seed=2)
+    sampler.flat = flat
+    seen = _ids(sampler.sample(buffer.storage, 5))
+    pending = [i for i in _ids(buffer.query()) if i not in seen][:4]
+    buffer.delete(QueryBuilder().in_("id", pending).build())
+    # 11 rows of the epoch are left: two full batches, then the short last one
+    sizes = [len(sampler.sample(buffer.storage, 5)) for _ in range(3)]
+    assert sizes == [5, 5, 1]
+    assert len(sampler.sample(buffer.storage, 5)) == 5  # a new epoch
