@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 from typing_extensions import Unpack
@@ -203,7 +203,7 @@ class UniformSampler(KeySampler):
                 parts.append(chosen[keys[found] == chosen])
                 wanted -= len(parts[-1])
             if parts and (batch := np.concatenate(parts)).size:
-                return cast("np.ndarray", batch)
+                return batch
 
 
 def _same_condition(a: Any, b: Any) -> bool:
