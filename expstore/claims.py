@@ -189,10 +189,14 @@ def _candidates(
     sampler = order
 
     def draw(m: int) -> np.ndarray:
-        try:
-            return sampler.choose(storage, m, query_condition).keys
-        except EmptyBufferError:
-            return np.empty(0, dtype=np.int64)
+        for _ in range(2):  # again if the choice found the database made anew
+            try:
+                keys = sampler.choose(storage, m, query_condition).keys
+            except EmptyBufferError:
+                keys = np.empty(0, dtype=np.int64)
+            if not sampler.on_buffer(storage):
+                break
+        return keys
 
     return draw
 

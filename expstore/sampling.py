@@ -108,7 +108,7 @@ def draw(
     """
     batch_size = check_batch_size(batch_size)
     sampler.on_buffer(storage)
-    deleted = lost = 0
+    deleted = lost = remade = 0
     started = time.monotonic()
     counted: int | None = None
     # A batch chosen again (rows deleted before the fetch, a rate limit's wait, a lost
@@ -139,6 +139,11 @@ def draw(
                     raise
                 continue
             except EmptyBufferError:
+                # Made anew: chosen by what the sampler held of the old buffer.
+                if sampler.on_buffer(storage) and remade < REPLICA_ATTEMPTS:
+                    remade += 1
+                    mark, chosen_before = sampler.mark(), False
+                    continue
                 if counted is not None:
                     raise
                 # Under a rate limit an empty buffer is one below its min_size: wait for
@@ -147,6 +152,14 @@ def draw(
                 if waited:
                     continue
                 raise
+            if sampler.on_buffer(storage) and remade < REPLICA_ATTEMPTS:
+                # The choice found the database made anew, and the sampler chose by what
+                # it held of the old one (an epoch, rows known spent): choose again (a few
+                # times: servers that take turns between the old and the new database
+                # would otherwise keep it choosing).
+                remade += 1
+                mark, chosen_before = sampler.mark(), False
+                continue
             size = len(choice.keys) if choice.rows is None else len(choice.rows)
             if counted is None or 0 < counted < size:
                 # The buffer's rate limit (if any) counts the batch before it is fetched (a

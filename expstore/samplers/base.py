@@ -156,15 +156,18 @@ class Sampler(ABC):
         AWorld way); KeySampler and TaskSampler choose keys instead."""
         return Choice(_NO_KEYS, rows=self.sample(storage, batch_size, query_condition))
 
-    def on_buffer(self, storage: Storage) -> None:
-        """Called before each draw: forget what this sampler holds of the buffer it drew
-        from last (:meth:`forget_buffer`) when ``storage`` reads another one, or the same
-        one made anew (see :attr:`Storage.identity`)."""
+    def on_buffer(self, storage: Storage) -> bool:
+        """Called before each draw and after its choice: forget what this sampler holds
+        of the buffer it drew from last (:meth:`forget_buffer`) when ``storage`` reads
+        another one, or the same one made anew (see :attr:`Storage.identity`); whether
+        it did."""
         now = storage.identity
-        seen = self.__dict__.get("_buffer")
-        if seen is not None and not _same_buffer(seen, now):
-            self.forget_buffer()
-        self._buffer = now
+        seen = self.__dict__.get("_expstore_buffer")
+        self._expstore_buffer = now
+        if seen is None or _same_buffer(seen, now):
+            return False
+        self.forget_buffer()
+        return True
 
     def forget_buffer(self) -> None:  # noqa: B027 - a hook samplers with state fill
         """Forget what this sampler holds of the buffer it drew from (an epoch's progress,
@@ -341,7 +344,7 @@ class KeySampler(SpentKeys, Sampler):
     def forget_buffer(self) -> None:
         self.forget_spent()
         self.__dict__.pop("_flat_skips", None)
-        self.__dict__.pop("_kept", None)
+        self.__dict__.pop("_kept_hints", None)
 
     def derived(self, name: str, sources: tuple[np.ndarray, ...], compute: Callable[[], _T]) -> _T:
         """``compute()``, remembered while ``sources`` are the same array objects.
@@ -451,7 +454,7 @@ class KeySampler(SpentKeys, Sampler):
     def kept_hint(self, query_condition: QueryCondition, kept: float | None = None) -> float:
         """The share of candidate keys the last flat draw under this condition kept (1.0
         at first), remembered when ``kept`` is given; it sizes the next first round."""
-        hints = self.__dict__.setdefault("_kept", {})
+        hints = self.__dict__.setdefault("_kept_hints", {})
         key = describe_condition(query_condition)
         if kept is not None:
             hints[key] = kept

@@ -313,6 +313,7 @@ class GroupSampler(KeySampler):
                 current = index.get("current_version")
                 keep = fresh_mask(index["version"][ready], current, staleness)
                 ready = ready if keep is None else ready[keep]
+            self.on_buffer(storage)  # groups seen taken in a database since made anew
             taken = self.__dict__.setdefault("_taken", set())
             values = index["group"]
 

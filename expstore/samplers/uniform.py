@@ -23,6 +23,8 @@ _SPARSE = 8
 _SPARSE_MATCHING = 64
 #: Random candidates probed to measure the matching share when an epoch begins.
 _SHARE_PROBES = 1024
+#: The most keys of a key-index epoch a batch looks at in one pass.
+_EPOCH_CHUNK = 16384
 
 
 class UniformSampler(KeySampler):
@@ -195,13 +197,22 @@ class UniformSampler(KeySampler):
             # Keys deleted since the epoch began are skipped (keys is sorted), and their
             # places taken by the epoch's next keys: a batch is short only at its end.
             parts: list[np.ndarray] = []
-            wanted = batch_size
+            wanted, span = batch_size, max(batch_size, 1024)
             while wanted and self._position < len(self._epoch):
-                chosen = self._epoch[self._position : self._position + wanted]
-                self._position += len(chosen)
-                found = np.searchsorted(keys, chosen).clip(max=len(keys) - 1)
-                parts.append(chosen[keys[found] == chosen])
-                wanted -= len(parts[-1])
+                chunk = self._epoch[self._position : self._position + span]
+                found = np.searchsorted(keys, chunk).clip(max=len(keys) - 1)
+                alive = np.flatnonzero(keys[found] == chunk)
+                hits = len(alive)
+                alive = alive[:wanted]
+                # The epoch goes on just past the last key taken (all of the chunk if
+                # it held too few).
+                self._position += int(alive[-1]) + 1 if len(alive) == wanted else len(chunk)
+                parts.append(chunk[alive])
+                wanted -= len(alive)
+                # Few keys of the epoch left: look as far as the rest likely needs (in
+                # chunks small enough for the CPU's caches).
+                span = 2 * span if not hits else 2 * wanted * len(chunk) // hits
+                span = min(max(span, 1024), _EPOCH_CHUNK)
             if parts and (batch := np.concatenate(parts)).size:
                 return batch
 

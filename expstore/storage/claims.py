@@ -51,6 +51,7 @@ from .base import QueryCondition
 from .claim_reports import Lineage, QueueStats, queue_stats, row_lineage
 from .handle import BufferHandle, retried
 from .key_index import condition_key
+from .registry import buffer_row
 from .schema import buffers, checkpoints, consumers, consumption, oldest_first, rows
 from .versions import fresh_clause, oldest_fresh
 
@@ -194,6 +195,7 @@ class ClaimQueue:
             floors.clear()
             committed.clear()
             with handle.errors("claim rows"), handle.write() as conn:
+                buffer_row(handle, conn)  # still the handle's buffer
                 entry = {
                     "buffer_id": handle.buffer_id,
                     "claim_id": claim_id,
@@ -457,6 +459,7 @@ class ClaimQueue:
 
         def write() -> int:
             with handle.errors(f"{action} a claim"), handle.write() as conn:
+                buffer_row(handle, conn)  # still the handle's buffer
                 held = self._own_entries(conn, claim, action)
                 extra = more(conn) if more is not None else {}
                 if held:

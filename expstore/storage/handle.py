@@ -76,6 +76,22 @@ class BufferHandle:
         #: The keys of rows read lately, by id (see remember_keys).
         self.recent_keys: dict[str, int] = {}
         self._recent_lock = threading.Lock()
+        #: How to forget what the storage's parts cache of the buffer: run in a forked
+        #: child, and when the database turns out to have been made anew.
+        self.caches: list[Callable[[], None]] = []
+
+    def forget_caches(self) -> None:
+        """Forget everything cached of the buffer (see :attr:`caches`)."""
+        for forget in self.caches:
+            forget()
+
+    def check_created_at(self, created_at: float) -> None:
+        """Take the buffer's ``created_at`` just read: another than the handle knows means
+        the database was made anew under it (dropped and created again, restored), where
+        keys and counters may repeat, so nothing cached of the buffer holds."""
+        if created_at != self.created_at:
+            self.forget_caches()
+            self.created_at = created_at
 
     def remember_keys(self, fetched: Sequence[Sequence[Any]], at_id: int) -> None:
         """Keep the keys (first) and ids (at ``at_id``) of rows just fetched, so that a
@@ -110,9 +126,10 @@ class BufferHandle:
         the name the row holds now, None when it is gone)."""
         now = "is gone" if found is None else f"now holds buffer {found!r}"
         return StorageError(
-            f"buffer {self.name!r} is no longer in the database as this handle opened it "
-            f"(its row {now}): the database was made anew or restored, or the buffer "
-            f"removed, since; open it again (ReplayBuffer(url, name={self.name!r}))"
+            f"buffer {self.name!r} of {self.url.render_as_string()} is not where this handle "
+            f"found it when it opened (its row {now}): the database was made anew or "
+            "restored since; open the buffer again (a new ReplayBuffer or storage) to use "
+            "it as it is now"
         )
 
     def errors(self, action: str) -> AbstractContextManager[None]:

@@ -240,10 +240,8 @@ class KeyIndex:
             float(at),
         )
         if signature.created_at != self.handle.created_at:
-            # The database was made anew under this handle (dropped and created again,
-            # restored): keys and counters may repeat, so nothing found before holds.
-            self.clear()
-            self.handle.created_at = signature.created_at
+            self.clear()  # (a key index alone, in tests, has no caches on its handle)
+            self.handle.check_created_at(signature.created_at)
         current = None if policy_version is None else int(policy_version)
         return signature, current, int(count or 0)
 

@@ -27,6 +27,7 @@ from ..layout import COLUMNS, META_COLUMNS, ORDERABLE, PAYLOAD_FIELDS, SCALAR_CO
 from ..models import DataRow, Experience, ExpMeta, trusted_many
 from .base import QueryCondition
 from .handle import BufferHandle
+from .registry import buffer_row
 from .schema import buffers, rows
 
 __all__ = ["CHUNK", "RowReader", "key_list"]
@@ -237,12 +238,12 @@ class RowReader:
 
     def count(self, query_condition: QueryCondition = None) -> int:
         """The matching rows; every row of the buffer by its row count, not counted."""
-        if query_condition is None:
-            stmt = select(buffers.c.row_count).where(buffers.c.id == self.handle.buffer_id)
-        else:
-            stmt = select(func.count()).select_from(rows).where(*self.handle.where(query_condition))
         with self.handle.errors("count rows"), self.handle.read() as conn:
-            return int(conn.execute(stmt).scalar_one())
+            if query_condition is None:
+                return int(buffer_row(self.handle, conn, buffers.c.row_count)[0])
+            where = self.handle.where(query_condition)
+            counted = select(func.count()).select_from(rows).where(*where)
+            return int(conn.execute(counted).scalar_one())
 
     def query(
         self, query_condition: QueryCondition, *, limit: int | None, order_by: str
@@ -285,6 +286,8 @@ class RowReader:
                     cursor < tuple_(*position) if descending else cursor > tuple_(*position)
                 )
             with self.handle.errors("query rows"), self.handle.read() as conn:
+                if position is None:
+                    buffer_row(self.handle, conn)  # still the handle's buffer
                 chunk = conn.execute(stmt).all()
             yield from decode_rows(chunk, self.documents)
             if len(chunk) < size:

@@ -102,12 +102,23 @@ def settle_retention(
 
 
 def lock_buffer(handle: BufferHandle, conn: Connection, *columns: Any) -> tuple[Any, ...]:
-    """``columns`` of the buffer's row, locked until the transaction ends."""
-    stmt = select(buffers.c.name, *columns).where(buffers.c.id == handle.buffer_id)
-    found = conn.execute(handle.dialect.locked(stmt)).first()
+    """``columns`` of the buffer's row, locked until the transaction ends (StorageError if
+    the row no longer is the handle's buffer: see :meth:`BufferHandle.recreated`)."""
+    return buffer_row(handle, conn, *columns, locked=True)
+
+
+def buffer_row(
+    handle: BufferHandle, conn: Connection, *columns: Any, locked: bool = False
+) -> tuple[Any, ...]:
+    """``columns`` of the buffer's row (``locked``: until the transaction ends); StorageError
+    if the row no longer is the handle's buffer (the database made anew since it opened)."""
+    stmt = select(buffers.c.name, buffers.c.created_at, *columns)
+    stmt = stmt.where(buffers.c.id == handle.buffer_id)
+    found = conn.execute(handle.dialect.locked(stmt) if locked else stmt).first()
     if found is None or found[0] != handle.name:
         raise handle.recreated(None if found is None else found[0])
-    return tuple(found[1:])
+    handle.check_created_at(float(found[1]))
+    return tuple(found[2:])
 
 
 def bump_version(handle: BufferHandle, conn: Connection, counter: Any = buffers.c.version) -> int:

@@ -30,6 +30,7 @@ keeps a capacity exact.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -56,7 +57,7 @@ from .base import QueryCondition, Storage, Values
 from .claims import ClaimQueue
 from .column_rows import encoded_columns
 from .dedup import Dedup
-from .engine import create_sql_engine, normalise_url
+from .engine import create_sql_engine, is_memory, normalise_url
 from .eviction import Eviction
 from .fetch import FieldFetcher
 from .groups import GroupIndex, GroupSpec
@@ -120,9 +121,8 @@ class SqlStorage(Storage):
         self._groups = GroupIndex(handle, self._index)
         self._limits = RateLimits(handle)
         self._index.on_limit = self._limits.observe
-        handle.connections.on_fork.append(self._index.clear)
-        handle.connections.on_fork.append(self._groups.clear)
-        handle.connections.on_fork.append(self._claims.clear)
+        handle.caches += [self._index.clear, self._groups.clear, self._claims.clear]
+        handle.connections.on_fork.append(handle.forget_caches)
         with handle.errors("open"):
             connections = handle.connections
             migrate.ensure_schema(connections.engine, connections.write_engine, upgrade=upgrade)
@@ -149,7 +149,14 @@ class SqlStorage(Storage):
 
     @property
     def identity(self) -> tuple[Any, ...]:
-        return (str(self._handle.url), self.name, self._handle.created_at)
+        where = self.__dict__.get("_where")
+        if where is None:  # once: the URL, a SQLite file's path however it is spelt
+            url = self._handle.url
+            path = url.database or ""
+            if url.get_backend_name() == "sqlite" and not is_memory(url) and "file:" not in path:
+                url = url.set(database=os.path.realpath(path))
+            where = self._where = url.render_as_string()
+        return (where, self.name, self._handle.created_at)
 
     @property
     def dialect(self) -> str:

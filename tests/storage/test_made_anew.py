@@ -8,6 +8,8 @@ into the handle's (a restore); on Postgres by dropping and creating the database
 
 from __future__ import annotations
 
+import itertools
+import signal
 import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,7 +22,13 @@ from sqlalchemy.engine import make_url
 from expstore import DataRow, Experience, ExpMeta, ReplayBuffer
 from expstore.errors import EmptyBufferError, StorageError
 from expstore.query import QueryBuilder
-from expstore.samplers import PrioritizedSampler, RecencySampler, UniformSampler
+from expstore.samplers import (
+    GroupSampler,
+    PrioritizedSampler,
+    RecencySampler,
+    SliceSampler,
+    UniformSampler,
+)
 from expstore.storage.schema import priorities
 
 Fill = Callable[[str], None]
@@ -35,6 +43,19 @@ def _rows(agent: str, count: int, version: int, start: int = 0) -> list[DataRow]
             exp_data=Experience(state={"i": start + i}),
         )
         for i in range(count)
+    ]
+
+
+def _pairs(prefix: str) -> list[DataRow]:
+    """20 rows of 10 tasks, two rows each (whole groups of two)."""
+    return [
+        DataRow(
+            exp_meta=ExpMeta(
+                task_id=f"{prefix}{i // 2}", agent_id="a0", step=i % 2, policy_version=20
+            ),
+            exp_data=Experience(reward_t=float(i)),
+        )
+        for i in range(20)
     ]
 
 
@@ -83,6 +104,7 @@ def reader(anew: tuple[str, Callable[[Fill], None]]) -> Iterator[ReplayBuffer]:
     with ReplayBuffer(url, name="b") as writer:
         writer.set_policy_version(20)
         writer.store_batch(_rows("a0", 50, 20) + _rows("a1", 50, 20, start=50))
+        writer.store_batch(_pairs("old"))
         ids = [row.id for row in writer.sample(UniformSampler(seed=0), batch_size=100)]
         writer.update_priorities(ids[:1], [0.01])  # the least priority: one row's
     with ReplayBuffer(url, name="b") as buffer:
@@ -109,10 +131,21 @@ def test_draws_after_the_database_was_made_anew_follow_the_new_one(
         with ReplayBuffer(url, name="b") as writer:
             writer.set_policy_version(20)
             writer.store_batch(_rows("a0", 50, 20) + _rows("a2", 50, 5, start=50))
-            ids = [r.id for r in writer.sample(UniformSampler(replacement=False), batch_size=100)]
+            writer.store_batch(_pairs("new"))
+            everyone = writer.sample(UniformSampler(replacement=False), batch_size=1000)
+            ids = [r.id for r in everyone]
             writer.update_priorities(ids, np.ones(len(ids)))
 
+    epochs = UniformSampler(replacement=False, seed=0)
+    once = UniformSampler(consume_after=1, seed=0)
+    reader.sample(epochs, batch_size=75)  # 75 of the 120 old rows
+    with pytest.raises(EmptyBufferError):  # every old row spent, and known so
+        for _ in range(100):
+            reader.sample(once, batch_size=50)
     make_anew(fill)
+    # The first draw after already starts afresh: a new epoch, no old row known spent.
+    assert [len(reader.sample(epochs, batch_size=50)) for _ in range(3)] == [50, 50, 20]
+    assert len(reader.sample(once, batch_size=10)) > 0
     for sampler in (fresh, recency):
         for _ in range(10):
             drawn = reader.sample(sampler, batch_size=10)
@@ -156,10 +189,15 @@ def test_a_handle_whose_buffer_row_holds_another_buffer_now_says_so(
             writer.store_batch(_rows("a0", 10, 1))
 
     make_anew(fill)
-    with pytest.raises(StorageError, match="open it again"):
-        reader.sample(UniformSampler(seed=0), batch_size=10)
-    with pytest.raises(StorageError, match="open it again"):
-        reader.store_batch(_rows("a9", 5, 1))
+    for use in (
+        lambda: reader.sample(UniformSampler(seed=0), batch_size=10),
+        lambda: reader.store_batch(_rows("a9", 5, 1)),
+        lambda: len(reader),
+        lambda: list(reader.query()),
+        lambda: reader.claim(3, consumer="learner"),
+    ):
+        with pytest.raises(StorageError, match="open the buffer again"):
+            use()
     with ReplayBuffer(url, name="other") as other:
         assert len(other) == 10  # nothing written into the buffer that took the row
     with ReplayBuffer(url, name="b") as again:
@@ -192,3 +230,81 @@ def test_one_sampler_used_with_two_buffers_starts_afresh_on_each(
             for _ in range(100):
                 drawn.update(r.id for r in second.sample(once, batch_size=10))
         assert len(drawn) == 100  # every row of the second buffer, once
+
+    with (
+        ReplayBuffer(db_url, name=buffer_name + "_c") as third,
+        ReplayBuffer(db_url, name=buffer_name + "_d") as fourth,
+    ):
+        third.store_batch(_pairs("c"))
+        fourth.store_batch(_pairs("d"))
+        windows = SliceSampler(2, seed=0)
+        for buffer, prefix in ((third, "c"), (fourth, "d"), (third, "c")):
+            tasks = {r.exp_meta.task_id[0] for r in buffer.sample(windows, batch_size=4)}
+            assert tasks == {prefix}
+
+
+def test_an_epoch_goes_on_over_two_handles_of_one_file_however_spelt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with (
+        ReplayBuffer("sqlite:///one.db", name="b") as relative,
+        ReplayBuffer(f"sqlite:///{tmp_path / 'one.db'}", name="b") as absolute,
+    ):
+        relative.store_batch(_rows("a0", 40, 1))
+        epochs = UniformSampler(replacement=False, seed=0)
+        seen = [r.id for b in (relative, absolute) * 2 for r in b.sample(epochs, batch_size=10)]
+        assert len(set(seen)) == 40
+
+
+def test_group_summaries_and_claim_floors_after_the_database_was_made_anew(
+    anew: tuple[str, Callable[[Fill], None]],
+) -> None:
+    url, make_anew = anew
+
+    def groups_of_four(prefix: str, shift: int) -> list[DataRow]:
+        return [
+            DataRow(
+                exp_meta=ExpMeta(task_id=f"{prefix}{(i + shift) // 4}", agent_id="a0", step=i),
+                exp_data=Experience(state={"i": i}),
+            )
+            for i in range(40)
+        ]
+
+    with ReplayBuffer(url, name="b") as writer:
+        writer.store_batch(groups_of_four("old", 0))
+    with ReplayBuffer(url, name="b") as reader:
+        grouped = GroupSampler("task_id", 4, seed=0)
+        reader.sample(grouped, batch_size=8)
+        reader.claim(40, consumer="learner").ack()  # the FIFO floor: past every key
+
+        def fill(url: str) -> None:  # the same keys, the groups two keys further on
+            with ReplayBuffer(url, name="b") as writer:
+                writer.store_batch(groups_of_four("new", 2))
+
+        make_anew(fill)
+        assert len(reader.claim(5, consumer="learner").ids) == 5  # before any draw
+        for _ in range(3):
+            tasks = [r.exp_meta.task_id for r in reader.sample(grouped, batch_size=8)]
+            assert len(set(tasks[:4])) == 1 and len(set(tasks[4:])) == 1
+            assert all(t.startswith("new") for t in tasks)
+
+
+def test_a_draw_whose_buffer_seems_made_anew_at_every_read_still_ends(
+    db_url: str, buffer_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Servers taking turns between an old and a new database (a pooler in front of a
+    # primary made anew and a lagging replica): the draw chooses again a few times only.
+    from expstore.storage.sql import SqlStorage
+
+    turns = itertools.count()
+    monkeypatch.setattr(SqlStorage, "identity", property(lambda self: ("x", "b", next(turns))))
+    signal.signal(signal.SIGALRM, signal.default_int_handler)
+    signal.alarm(60)  # a loop that never ends fails the test rather than hang the run
+    try:
+        with ReplayBuffer(db_url, name=buffer_name) as buffer:
+            buffer.store_batch(_rows("a0", 20, 1))
+            assert len(buffer.sample(UniformSampler(seed=0), batch_size=4)) == 4
+            assert len(buffer.sample(UniformSampler(consume_after=1), batch_size=4)) > 0
+    finally:
+        signal.alarm(0)
