@@ -58,6 +58,7 @@ from ..sampling import Choice, SampleInfo, check_batch_size, draw
 from ..storage.base import QueryCondition, Storage
 from ..storage.key_space import KeySpace
 from ..storage.versions import check_staleness, fresh_mask
+from .buffer_bound import BufferBound
 from .consuming import SpentKeys
 from .derived import DerivedArrays, masked, whole_index
 
@@ -117,7 +118,7 @@ def empty_error(storage: Storage, query_condition: QueryCondition, what: str) ->
     )
 
 
-class Sampler(ABC):
+class Sampler(BufferBound, ABC):
     """Chooses rows from a storage (AWorld's interface).
 
     Implement :meth:`sample`, or, to take part in the sampling loop, :meth:`choose`
@@ -155,24 +156,6 @@ class Sampler(ABC):
         """What to fetch for a batch. By default the rows :meth:`sample` returns (the
         AWorld way); KeySampler and TaskSampler choose keys instead."""
         return Choice(_NO_KEYS, rows=self.sample(storage, batch_size, query_condition))
-
-    def on_buffer(self, storage: Storage) -> bool:
-        """Called before each draw and after its choice: forget what this sampler holds
-        of the buffer it drew from last (:meth:`forget_buffer`) when ``storage`` reads
-        another one, or the same one made anew (see :attr:`Storage.identity`); whether
-        it did."""
-        now = storage.identity
-        seen = self.__dict__.get("_expstore_buffer")
-        self._expstore_buffer = now
-        if seen is None or _same_buffer(seen, now):
-            return False
-        self.forget_buffer()
-        return True
-
-    def forget_buffer(self) -> None:  # noqa: B027 - a hook samplers with state fill
-        """Forget what this sampler holds of the buffer it drew from (an epoch's progress,
-        rows known spent, groups seen taken): it draws from another one now. The random
-        stream goes on."""
 
     def mark(self) -> Any:
         """What choosing a batch again must start from (a sampler whose choices move it
@@ -223,14 +206,6 @@ class Sampler(ABC):
 
 
 _NO_KEYS = np.empty(0, dtype=np.int64)
-
-
-def _same_buffer(seen: tuple[Any, ...], now: tuple[Any, ...]) -> bool:
-    """Whether two :attr:`Storage.identity` values name one buffer (an incarnation not
-    known on either side counts as the same)."""
-    if seen[:-1] != now[:-1]:
-        return False
-    return seen[-1] is None or now[-1] is None or seen[-1] == now[-1]
 
 
 class _ForeignSampler(Sampler):
