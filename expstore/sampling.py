@@ -124,6 +124,7 @@ def draw(
             if chosen_before and not owed:
                 sampler.rewind(mark)
             chosen_before = True
+            empty: EmptyBufferError | None = None
             try:
                 if consuming:
                     # Chosen again after a rate limit's wait: no more rows than were
@@ -138,28 +139,25 @@ def draw(
                 if lost > REPLICA_ATTEMPTS:
                     raise
                 continue
-            except EmptyBufferError:
-                # Made anew: chosen by what the sampler held of the old buffer.
-                if sampler.on_buffer(storage) and remade < REPLICA_ATTEMPTS:
-                    remade += 1
-                    mark, chosen_before = sampler.mark(), False
-                    continue
+            except EmptyBufferError as exc:
+                empty = exc
+            if sampler.on_buffer(storage) and remade < REPLICA_ATTEMPTS:
+                # The choice found the database made anew, and the sampler chose (or found
+                # nothing) by what it held of the old one (an epoch, rows known spent):
+                # choose again (a few times: servers that take turns between the old and
+                # the new database would otherwise keep it choosing).
+                remade += 1
+                mark, chosen_before = sampler.mark(), False
+                continue
+            if empty is not None:
                 if counted is not None:
-                    raise
+                    raise empty
                 # Under a rate limit an empty buffer is one below its min_size: wait for
                 # the budget as Reverb does, then choose again.
                 counted, waited = storage.acquire_samples(batch_size, since=started)
                 if waited:
                     continue
-                raise
-            if sampler.on_buffer(storage) and remade < REPLICA_ATTEMPTS:
-                # The choice found the database made anew, and the sampler chose by what
-                # it held of the old one (an epoch, rows known spent): choose again (a few
-                # times: servers that take turns between the old and the new database
-                # would otherwise keep it choosing).
-                remade += 1
-                mark, chosen_before = sampler.mark(), False
-                continue
+                raise empty
             size = len(choice.keys) if choice.rows is None else len(choice.rows)
             if counted is None or 0 < counted < size:
                 # The buffer's rate limit (if any) counts the batch before it is fetched (a

@@ -85,10 +85,14 @@ class BufferHandle:
         for forget in self.caches:
             forget()
 
-    def check_created_at(self, created_at: float) -> None:
-        """Take the buffer's ``created_at`` just read: another than the handle knows means
-        the database was made anew under it (dropped and created again, restored), where
-        keys and counters may repeat, so nothing cached of the buffer holds."""
+    def check_row(self, name: str | None, created_at: float | None) -> None:
+        """Take the ``name`` and ``created_at`` just read from the buffer's row (None: no
+        row): StorageError if it no longer is this handle's buffer (:meth:`recreated`);
+        another ``created_at`` than the handle knows means the database was made anew
+        under it (dropped and created again, restored), where keys and counters may
+        repeat, so nothing cached of the buffer holds."""
+        if name != self.name:
+            raise self.recreated(name)
         if created_at != self.created_at:
             self.forget_caches()
             self.created_at = created_at

@@ -228,8 +228,7 @@ class KeyIndex:
         ((key, version, smallest, priority_version, policy_version, limited, count, name, at),) = (
             self.handle.statement(("signature",), build).run(conn)
         )
-        if name != self.handle.name:
-            raise self.handle.recreated(name)
+        self.handle.check_row(name, None if at is None else float(at))
         if self.on_limit is not None:
             self.on_limit(bool(limited))
         signature = Signature(
@@ -239,9 +238,6 @@ class KeyIndex:
             int(priority_version or 0),
             float(at),
         )
-        if signature.created_at != self.handle.created_at:
-            self.clear()  # (a key index alone, in tests, has no caches on its handle)
-            self.handle.check_created_at(signature.created_at)
         current = None if policy_version is None else int(policy_version)
         return signature, current, int(count or 0)
 

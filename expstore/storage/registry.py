@@ -115,9 +115,9 @@ def buffer_row(
     stmt = select(buffers.c.name, buffers.c.created_at, *columns)
     stmt = stmt.where(buffers.c.id == handle.buffer_id)
     found = conn.execute(handle.dialect.locked(stmt) if locked else stmt).first()
-    if found is None or found[0] != handle.name:
-        raise handle.recreated(None if found is None else found[0])
-    handle.check_created_at(float(found[1]))
+    if found is None:
+        raise handle.recreated(None)
+    handle.check_row(found[0], float(found[1]))
     return tuple(found[2:])
 
 
