@@ -17,6 +17,8 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from tests.helpers import drop_pg_database
+
 PG_ENV = "EXPSTORE_TEST_PG_URL"
 REQUIRE_PG = os.environ.get("EXPSTORE_REQUIRE_PG") == "1"
 
@@ -55,14 +57,7 @@ def _fresh_pg_database(pg_server_url: str) -> Iterator[str]:
         yield url
     finally:
         with admin.connect() as conn:
-            conn.execute(
-                text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE datname = :name AND pid <> pg_backend_pid()"
-                ),
-                {"name": name},
-            )
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+            drop_pg_database(conn, name)
         admin.dispose()
 
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from sqlalchemy import text
 
 from expstore import DataRow, Experience, ExpMeta
 
@@ -59,3 +60,16 @@ def in_threads(work: Callable[[int], None], count: int) -> None:
         thread.join()
     if errors:
         raise errors[0]
+
+
+def drop_pg_database(conn: Any, name: str) -> None:
+    """Drop Postgres database ``name`` (if it exists), ending its sessions first, on an
+    AUTOCOMMIT connection to another database of the server."""
+    conn.execute(
+        text(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = :name AND pid <> pg_backend_pid()"
+        ),
+        {"name": name},
+    )
+    conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))

@@ -30,6 +30,7 @@ from expstore.samplers import (
     UniformSampler,
 )
 from expstore.storage.schema import priorities
+from tests.helpers import drop_pg_database
 
 Fill = Callable[[str], None]
 
@@ -83,14 +84,7 @@ def anew(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Callable[
     def recreate(fill: Fill) -> None:
         admin = create_engine(make_url(url).set(database="postgres"), isolation_level="AUTOCOMMIT")
         with admin.connect() as conn:
-            conn.execute(
-                text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE datname = :name AND pid <> pg_backend_pid()"
-                ),
-                {"name": name},
-            )
-            conn.execute(text(f'DROP DATABASE "{name}"'))
+            drop_pg_database(conn, name)
             conn.execute(text(f'CREATE DATABASE "{name}"'))
         admin.dispose()
         fill(url)
