@@ -39,9 +39,9 @@ from bench_store import DEFAULT_PG, drop_pg, encoded, fresh_pg, pg_floor, sqlite
 from sqlalchemy.engine import make_url  # noqa: E402
 
 from expstore import DataRow, Experience, ExpMeta, ReplayBuffer  # noqa: E402
-from expstore.columnar import parse_columns  # noqa: E402
+from expstore.db.dialects import WRITE_COLUMNS, PostgresDialect  # noqa: E402
+from expstore.model.columnar import parse_columns  # noqa: E402
 from expstore.storage.column_rows import encoded_columns  # noqa: E402
-from expstore.storage.dialects import WRITE_COLUMNS, PostgresDialect  # noqa: E402
 
 
 def columns(n: int, seed: int) -> dict:

@@ -31,8 +31,8 @@ from typing import Any
 from sqlalchemy import Connection, Engine, create_engine, func, insert, select, text
 
 from expstore import ReplayBuffer
+from expstore.db.schema import buffers, rows
 from expstore.query import Condition, QueryBuilder, to_sql
-from expstore.storage.schema import buffers, rows
 
 BUFFER = "bench_query"
 REPEAT = [5]  # timed runs per query, from --repeat

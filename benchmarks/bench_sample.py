@@ -38,10 +38,10 @@ from sqlalchemy import func, select
 from expstore import DataRow, Experience, ExpMeta, ReplayBuffer
 from expstore.codec import HEADER_SIZE
 from expstore.converters import TensorConverter
+from expstore.db.schema import rows as rows_table
 from expstore.query import QueryBuilder
 from expstore.samplers import PrioritizedSampler, UniformSampler
 from expstore.storage import create_sql_engine
-from expstore.storage.schema import rows as rows_table
 
 DIM = 1024
 BATCH = 256

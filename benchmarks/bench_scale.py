@@ -183,7 +183,7 @@ def _forget_draws(buffer: Any) -> None:
     """Remove the draw counts a consume_after measurement left in the data set."""
     from sqlalchemy import delete
 
-    from expstore.storage.schema import sample_counts
+    from expstore.db.schema import sample_counts
 
     handle = buffer.storage._handle
     with handle.write() as conn:
@@ -231,7 +231,7 @@ def ensure_priorities(url: str) -> None:
     """Give 10% of the rows a priority (every tenth key, values 0-9.99), once."""
     from sqlalchemy import create_engine, insert, select, update
 
-    from expstore.storage.schema import buffers, priorities, rows
+    from expstore.db.schema import buffers, priorities, rows
 
     engine = create_engine(url)
     with engine.begin() as conn:

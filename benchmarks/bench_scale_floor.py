@@ -49,7 +49,7 @@ class Floor:
     """The work of each case on a raw DB-API connection to the same database."""
 
     def __init__(self, url: str, buffer_id: int) -> None:
-        from expstore.storage.engine import create_sql_engine
+        from expstore.db.engine import create_sql_engine
 
         engine = create_sql_engine(url)
         self.sqlite = engine.dialect.name == "sqlite"

@@ -24,7 +24,7 @@ from sqlalchemy.engine import make_url
 
 from expstore import DataRow, Experience, ExpMeta, ReplayBuffer
 from expstore.codec import encode_payload
-from expstore.layout import PAYLOAD_FIELDS
+from expstore.model.layout import PAYLOAD_FIELDS
 
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
@@ -109,7 +109,7 @@ def pg_floor(url: str, data: list[tuple]) -> float:
     import psycopg
     from psycopg.types.json import Jsonb
 
-    from expstore.storage.dialects import WRITE_COLUMNS, PostgresDialect
+    from expstore.db.dialects import WRITE_COLUMNS, PostgresDialect
 
     ReplayBuffer(url, name="floor").close()
     u = make_url(url)

@@ -22,7 +22,7 @@ from sqlalchemy import create_engine, func, insert, literal, select, text, updat
 from sqlalchemy.engine import make_url
 
 from expstore import DataRow, Experience, ExpMeta, ReplayBuffer
-from expstore.storage.schema import buffers, rows
+from expstore.db.schema import buffers, rows
 
 __all__ = ["AGENTS", "BUFFER", "VERSIONS", "built", "dataset_url"]
 

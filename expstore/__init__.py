@@ -41,11 +41,11 @@ from .errors import (
     UnsupportedTypeError,
     WaitTimeoutError,
 )
+from .features.rate_limiter import RateLimiter, RateLimitStats
 from .io import export_rows, import_rows
-from .models import DataRow, Experience, ExpMeta
+from .model.rows import DataRow, Experience, ExpMeta
 from .query import Condition, QueryBuilder
 from .query.groups import GroupCondition, GroupStat
-from .rate_limit import RateLimiter, RateLimitStats
 from .samplers import (
     GroupSampler,
     KeySampler,
@@ -62,7 +62,7 @@ from .samplers import (
     TaskSampler,
     UniformSampler,
 )
-from .sampling import SampleInfo
+from .samplers.base import SampleInfo
 from .storage import SqlStorage, Storage
 
 if _typing.TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """``python -m expstore``: the same as the ``expstore`` command."""
 
-from expstore.cli import main
+from .cli import main
 
 if __name__ == "__main__":
     main()

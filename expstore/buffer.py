@@ -21,16 +21,17 @@ from .claims import DEFAULT_LEASE_S, Claim, check_consumer, claim_rows, wait_for
 from .converters.base import BatchT, Converter, as_converter
 from .converters.default import DefaultConverter
 from .errors import InvalidArgumentError, UnknownConsumerError, UnsupportedTypeError
-from .models import DataRow
-from .rate_limit import RateLimiter, RateLimitStats
-from .samplers.base import Sampler, TaskSampler, as_sampler
+from .features.claims.queue import Lineage, QueueStats
+from .features.dedup import Dedup
+from .features.eviction import Eviction
+from .features.rate_limiter import RateLimiter, RateLimitStats
+from .io import to_arrow
+from .model.rows import DataRow
+from .query import QueryCondition
+from .samplers.base import Sampler, TaskSampler, as_sampler, draw
 from .samplers.random_task import RandomTaskSampler
 from .samplers.uniform import UniformSampler
-from .sampling import draw
-from .storage.base import QueryCondition, Storage
-from .storage.claims import Lineage, QueueStats
-from .storage.dedup import Dedup
-from .storage.eviction import Eviction
+from .storage.base import Storage
 from .storage.sql import SqlStorage
 
 __all__ = ["ReplayBuffer"]
@@ -56,7 +57,7 @@ class ReplayBuffer:
       queries, stats, export) go to, writes staying on the primary; ``read_your_writes``
       makes a read after this handle's write wait until the replica has replayed it;
       ``max_lag_s`` leaves a replica further behind for the primary. See
-      :mod:`expstore.storage.replicas`.
+      :mod:`expstore.db.replicas`.
     """
 
     def __init__(
@@ -125,7 +126,7 @@ class ReplayBuffer:
         those (per-row dicts), or one plain value for every row; ``task_id``, ``agent_id``
         and ``step`` are required, ``id`` optional. Checked like ``store_batch`` (a bad value
         names its column and row), with the same retention, ``dedup`` and rate limit; returns
-        how many rows were stored. See :mod:`expstore.columnar`."""
+        how many rows were stored. See :mod:`expstore.model.columnar`."""
         return self.storage.extend(columns, dedup=dedup)
 
     def delete(self, query_condition: QueryCondition) -> int:
@@ -175,7 +176,7 @@ class ReplayBuffer:
         a column, so conditions on it (equality, ``in``, number comparisons) are index
         ranges instead of scans; returns the index's name. Safe to call again (nothing
         happens); Postgres builds it without stopping writers. Kept across upgrades, and
-        serves every buffer of the database (see :mod:`expstore.storage.path_indexes`)."""
+        serves every buffer of the database (see :mod:`expstore.db.path_indexes`)."""
         return self.storage.create_index(path)
 
     def drop_index(self, path: str) -> bool:
@@ -195,7 +196,7 @@ class ReplayBuffer:
         step summarised). A long task (over 1,000 rows) whose extremes a delete took is
         read from its rows by stats until this is called again, which summarises it anew.
         Kept with the buffer for every process; safe to call again (a build cut short
-        goes on). See :mod:`expstore.storage.task_stats`."""
+        goes on). See :mod:`expstore.features.stats.task_stats`."""
         self.storage.create_summary(step=step, progress=progress)
 
     def drop_summary(self) -> bool:
@@ -206,8 +207,8 @@ class ReplayBuffer:
         """The matching rows as a ``pyarrow.Table`` (``pip install 'expstore[parquet]'``):
         the export's columns (every bit in ``data`` and ``tensors``, see docs/format.md),
         each array or tensor path as a fixed-size-list column ``tensor.<path>``, and
-        ``execute_time_us`` (microseconds since the epoch, int64). See :mod:`expstore.arrow`."""
-        from .io import to_arrow  # io builds on this module
+        ``execute_time_us`` (microseconds since the epoch, int64). See
+        :mod:`expstore.model.arrow`."""
 
         return to_arrow(self, query_condition)
 
@@ -235,7 +236,7 @@ class ReplayBuffer:
         ``capacity``). Returns how many rows went."""
         return self.storage.set_retention(capacity, eviction, max_staleness=max_staleness)
 
-    # -- policy versions (expstore.storage.versions) -------------------------------------
+    # -- policy versions (expstore.features.versions) -------------------------------------
     def set_policy_version(self, version: int, *, force: bool = False) -> int:
         """Publish the trainer's current policy version to every process sharing the
         buffer. Rows stamped with ``ExpMeta.policy_version`` older than ``version - k`` are
@@ -286,7 +287,7 @@ class ReplayBuffer:
     ) -> Any:
         """A batch: ``sampler`` chooses up to ``batch_size`` matching rows, the storage
         fetches what ``converter`` reads (whole rows, or only its fields), and ``converter``
-        builds the batch (see :mod:`expstore.sampling`).
+        builds the batch (see :mod:`expstore.samplers.base`).
 
         Defaults: ``UniformSampler()`` (with replacement) and ``DefaultConverter()`` (the
         rows as a list). When the sampler weighs rows and the converter builds a dict, the
@@ -303,7 +304,7 @@ class ReplayBuffer:
         """
         chooser = as_sampler(UniformSampler() if sampler is None else sampler)
         builder = as_converter(DefaultConverter() if converter is None else converter)
-        # The one loop (see expstore.sampling): choose, fetch what the converter reads,
+        # The one loop (see expstore.samplers.base): choose, fetch what the converter reads,
         # choose again for rows deleted meanwhile, describe; then build and attach.
         fetched, info = draw(
             self.storage,
@@ -415,7 +416,7 @@ class ReplayBuffer:
         per consumer."""
         return self.storage.claims.stats(query_condition)
 
-    # -- rate limits (expstore.rate_limit) -----------------------------------------------
+    # -- rate limits (expstore.features.rate_limiter) ----------------------------------------
     def set_rate_limiter(self, limiter: RateLimiter | None) -> None:
         """Limit sampling (and, with ``block_writers``, writing) of this buffer for every
         process, as Reverb's rate limiters: ``RateLimiter(min_size=..., samples_per_insert=

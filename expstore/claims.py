@@ -13,7 +13,7 @@ consumed, ``release`` gives them back, and rows of a claim whose lease ran out (
 died) are claimed again by whoever asks next: at-least-once delivery, exactly-once by the
 acked record. An ack after the lease ran out still succeeds if nobody claimed the rows
 meanwhile; otherwise it raises :class:`~expstore.errors.LeaseExpiredError` and changes
-nothing. The storage side is :mod:`expstore.storage.claims`.
+nothing. The storage side is :mod:`expstore.features.claims.queue`.
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ from .errors import (
     UnsupportedTypeError,
     WaitTimeoutError,
 )
-from .samplers.base import KeySampler
+from .features.claims.queue import Claimed, ClaimQueue, Scope, check_lease
+from .features.versions import check_staleness
+from .query import QueryCondition
+from .samplers.base import KeySampler, SampleInfo
 from .samplers.group import GroupSampler
 from .samplers.uniform import UniformSampler
-from .sampling import SampleInfo
-from .storage.base import QueryCondition, Storage
-from .storage.claims import Claimed, ClaimQueue, Scope, check_lease
-from .storage.versions import check_staleness
+from .storage.base import Storage
 
 __all__ = ["Claim", "check_consumer", "claim_rows", "wait_for_rows", "wait_until"]
 

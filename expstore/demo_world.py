@@ -17,7 +17,7 @@ import numpy as np
 
 from .buffer import ReplayBuffer
 from .errors import ExpstoreError
-from .models import DataRow, Experience, ExpMeta
+from .model.rows import DataRow, Experience, ExpMeta
 
 __all__ = ["ACTIONS", "GRID", "AgentSpec", "play_episode", "run_agents"]
 

@@ -17,7 +17,7 @@ torch-vs-numpy included. Nothing is pickled.
 
 Usage::
 
-    from expstore.io import export_rows, import_rows
+    from .io import export_rows, import_rows
 
     export_rows(buffer, "good.parquet", query_condition=successful)   # -> rows written
     import_rows(other_buffer, "good.parquet", skip_existing=True)     # -> rows stored
@@ -32,24 +32,23 @@ import binascii
 import json
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from pydantic import ValidationError
 
 from ._optional import require
 from ._version import __version__
-from .arrow import TensorColumn, tensor_columns, tensor_fields, tensor_table
-from .buffer import ReplayBuffer
 from .codec import decode_payload, encode_payload
 from .errors import CodecError, ExpstoreError, InvalidArgumentError
-from .layout import COLUMNS as LAYOUT
-from .layout import META_COLUMNS, PAYLOAD_FIELDS, SCALAR_COLUMNS
-from .models import DataRow, Experience, ExpMeta
-from .query import Comparison, as_condition
-from .storage.base import QueryCondition
+from .model.arrow import TensorColumn, tensor_columns, tensor_fields, tensor_table
+from .model.layout import COLUMNS as LAYOUT
+from .model.layout import META_COLUMNS, PAYLOAD_FIELDS, SCALAR_COLUMNS
+from .model.rows import DataRow, Experience, ExpMeta
+from .query import Comparison, QueryCondition, as_condition
+from .storage.base import Storage
 
 __all__ = [
     "to_arrow",
@@ -63,10 +62,25 @@ __all__ = [
     "row_to_record",
 ]
 
+
+class Rows(Protocol):
+    """What export and import use of a buffer: a :class:`~expstore.ReplayBuffer` is one."""
+
+    @property
+    def storage(self) -> Storage:
+        """Where the rows live (its name goes into a Parquet file's metadata)."""
+
+    def query(self, query_condition: QueryCondition = None) -> Iterator[DataRow]:
+        """The matching rows in insertion order."""
+
+    def store_batch(self, rows: Sequence[DataRow]) -> int:
+        """Store every row, or none of them."""
+
+
 #: The file formats export and import understand.
 FORMATS = ("jsonl", "parquet")
 #: The columns of every exported record, in order: the id, the row layout's typed columns
-#: (see :mod:`expstore.layout`), the document and the blob.
+#: (see :mod:`expstore.model.layout`), the document and the blob.
 COLUMNS = ("id", *(c.name for c in LAYOUT), "data", "tensors")
 _META = META_COLUMNS
 _SCALARS = SCALAR_COLUMNS
@@ -190,7 +204,7 @@ def record_to_row(record: dict[str, Any], where: str = "record") -> DataRow:
 
 
 def export_rows(
-    buffer: ReplayBuffer,
+    buffer: Rows,
     path: str | os.PathLike[str],
     format: str | None = None,
     query_condition: QueryCondition = None,
@@ -258,7 +272,7 @@ def _arrow_schema(pa: Any) -> Any:
 def _export_parquet(
     rows: Iterable[DataRow],
     path: str | os.PathLike[str],
-    buffer: ReplayBuffer,
+    buffer: Rows,
     query_condition: QueryCondition,
     progress: Progress | None,
 ) -> int:
@@ -304,7 +318,7 @@ def _schema(pa: Any, tensors: list[TensorColumn], about: dict[str, Any]) -> Any:
 
 def arrow_chunks(pa: Any, rows: Iterable[DataRow], about: dict[str, Any]) -> Iterator[Any]:
     """Arrow tables of ``rows``, :data:`CHUNK` at a time, all with one schema: the export's
-    columns and the array columns the first chunk agrees on (see :mod:`expstore.arrow`)."""
+    columns and the array columns the first chunk agrees on (see :mod:`expstore.model.arrow`)."""
     schema = None
     tensors: list[TensorColumn] = []
     for chunk in chunks(rows, CHUNK):
@@ -321,8 +335,8 @@ def arrow_chunks(pa: Any, rows: Iterable[DataRow], about: dict[str, Any]) -> Ite
         yield pa.Table.from_pydict(columns, schema=schema)
 
 
-def to_arrow(buffer: ReplayBuffer, query_condition: QueryCondition = None) -> Any:
-    """The matching rows as one Arrow table (see :mod:`expstore.arrow`)."""
+def to_arrow(buffer: Rows, query_condition: QueryCondition = None) -> Any:
+    """The matching rows as one Arrow table (see :mod:`expstore.model.arrow`)."""
     pa = require("pyarrow", "to_arrow()")
     about = {"format": "expstore-rows", "version": 1, "expstore": __version__}
     tables = list(arrow_chunks(pa, buffer.query(query_condition), about))
@@ -417,7 +431,7 @@ def _stopped(exc: ExpstoreError, stored: int) -> ExpstoreError:
 
 
 def import_rows(
-    buffer: ReplayBuffer,
+    buffer: Rows,
     path: str | os.PathLike[str],
     format: str | None = None,
     *,

@@ -2,7 +2,7 @@
 or Parquet, for looking back at which learner trained on what, when, and from which
 checkpoint::
 
-    from expstore.lineage_io import export_lineage
+    from .lineage_io import export_lineage
     export_lineage(buffer, "lineage.parquet")   # one record per matching row
 
 Each record: the row's ``id``, ``task_id``, ``agent_id`` and ``step``, then ``state``
@@ -22,9 +22,9 @@ from typing import Any
 from ._optional import require
 from .buffer import ReplayBuffer
 from .errors import InvalidArgumentError
+from .features.claims.queue import Lineage
 from .io import CHUNK, Progress, chunks, detect_format, replacing
-from .storage.base import QueryCondition
-from .storage.claims import Lineage
+from .query import QueryCondition
 
 __all__ = ["LINEAGE_FIELDS", "export_lineage", "lineage_records"]
 

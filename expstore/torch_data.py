@@ -27,10 +27,10 @@ from .buffer import ReplayBuffer
 from .converters.base import Converter
 from .converters.default import DefaultConverter
 from .errors import OutOfRangeError, StorageError, UnsupportedTypeError
-from .models import DataRow
+from .model.rows import DataRow
+from .query import QueryCondition
 from .samplers.base import Sampler, check_batch_size
 from .samplers.uniform import UniformSampler
-from .storage.base import QueryCondition
 
 torch = require("torch", "expstore.torch_data")
 from torch.utils.data import (  # noqa: E402 - after the friendly import check

@@ -1,6 +1,6 @@
 """Alembic environment for expstore.
 
-expstore runs migrations through :mod:`expstore.migrate`, which passes an open connection in
+expstore runs migrations through :mod:`expstore.db.migrate`, which passes an open connection in
 ``config.attributes["connection"]`` (inside a transaction that holds a lock, so concurrent
 openers never race). Running ``alembic`` by hand with ``sqlalchemy.url`` set also works.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
-from expstore.storage.schema import VERSION_TABLE, compared, metadata
+from expstore.db.schema import VERSION_TABLE, compared, metadata
 
 config = context.config
 target_metadata = metadata

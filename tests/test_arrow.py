@@ -1,5 +1,5 @@
 """Rows as Arrow, pandas, polars and Parquet: array columns readers use directly, timestamps
-without loss, and the export's round trip unchanged (expstore.arrow)."""
+without loss, and the export's round trip unchanged (expstore.model.arrow)."""
 
 from __future__ import annotations
 

@@ -106,7 +106,7 @@ def test_parquet_has_plain_columns_other_tools_can_read(tmp_path: Path) -> None:
         buffer, tmp_path / "rows.parquet", query_condition={"field": "step", "value": 0, "op": "eq"}
     )
     table = pq.read_table(tmp_path / "rows.parquet")
-    # the row's columns, then the derived ones (expstore.arrow): arrays and a timestamp
+    # the row's columns, then the derived ones (expstore.model.arrow): arrays and a timestamp
     assert table.column_names[: len(COLUMNS)] == list(COLUMNS)
     assert table.column_names[len(COLUMNS) :] == ["tensor.state.obs", "execute_time_us"]
     assert str(table.schema.field("tensors").type) == "binary"

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from expstore import NumpyConverter, QueryBuilder, QueryError, ReplayBuffer
-from expstore.paths import MISSING, parse_path, read_path
+from expstore.model.paths import MISSING, parse_path, read_path
 from tests.helpers import make_row
 
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import typer
 
-from .. import migrate
 from .._version import __version__
+from ..db import migrate
 from . import buffers, demo, manage, rows, schema, stats, transfer
 from ._common import ExpstoreGroup
 

@@ -32,16 +32,16 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from typer.core import TyperGroup
 
-from .. import migrate
 from .._optional import loaded_torch
 from ..buffer import ReplayBuffer
+from ..db import migrate
+from ..db.schema import buffers
 from ..errors import ExpstoreError, QueryError, SchemaVersionError, StorageError
-from ..layout import META_COLUMNS, PAYLOAD_FIELDS, SCALAR_COLUMNS
-from ..models import DataRow
+from ..model.layout import META_COLUMNS, PAYLOAD_FIELDS, SCALAR_COLUMNS
+from ..model.rows import DataRow
 from ..query import Condition
 from ..query.conditions import And, Comparison, Or
 from ..storage import create_sql_engine
-from ..storage.schema import buffers
 
 DEFAULT_URL = "sqlite:///expstore.db"
 URL_ENV = "EXPSTORE_URL"

@@ -8,8 +8,8 @@ from typing import Any
 import typer
 from sqlalchemy import func, select
 
-from ..storage.engine import create_sql_engine
-from ..storage.schema import buffers, rows
+from ..db.engine import create_sql_engine
+from ..db.schema import buffers, rows
 from ._common import (
     DEFAULT_URL,
     DatabaseArgument,

@@ -9,7 +9,7 @@ from typing import Annotated, cast
 
 import typer
 
-from ..storage.eviction import Eviction
+from ..features.eviction import Eviction
 from ._common import (
     DEFAULT_URL,
     BufferOption,

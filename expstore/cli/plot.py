@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..buffer import ReplayBuffer
-from ..storage.base import QueryCondition
+from ..query import QueryCondition
 
 __all__ = ["episodes", "plot_stats"]
 

@@ -10,8 +10,8 @@ from typing import Annotated, Any
 
 import typer
 
-from ..layout import ORDERABLE
-from ..models import DataRow
+from ..model.layout import ORDERABLE
+from ..model.rows import DataRow
 from ..samplers import (
     KeySampler,
     LatestSampler,

@@ -8,9 +8,9 @@ from typing import Annotated, Any
 import typer
 from sqlalchemy.exc import SQLAlchemyError
 
-from .. import migrate
 from .._version import __version__
 from ..buffer import ReplayBuffer
+from ..db import migrate
 from ..errors import SchemaVersionError, StorageError
 from ..storage import create_sql_engine
 from ._common import (

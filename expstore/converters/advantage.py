@@ -19,9 +19,9 @@ import numpy as np
 from .._args import check_int, check_number
 from .._optional import loaded_torch
 from ..errors import InvalidArgumentError, UnsupportedTypeError
-from ..models import DataRow
-from ..paths import MISSING, parse_path, read_path
-from ..sampling import SampleInfo
+from ..model.paths import MISSING, parse_path, read_path
+from ..model.rows import DataRow
+from ..samplers.base import SampleInfo
 from ..storage.base import Fetched
 from .base import Converter, as_converter
 from .default import DefaultConverter

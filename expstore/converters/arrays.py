@@ -9,7 +9,7 @@ import numpy as np
 
 from .._optional import loaded_torch
 from ..errors import InvalidArgumentError
-from ..models import DataRow
+from ..model.rows import DataRow
 from ..storage.base import Fetched
 from .base import MISSING, Converter, FieldSpec, parse_path, read_path
 

@@ -6,7 +6,7 @@ that the storage fetches only those), builds the batch from what was fetched
 (:meth:`Converter.build`), and a dict batch takes the sampler's per-row extras (a
 prioritized batch's ``"weights"`` and ``"ids"``) through :meth:`Converter.attach_info`.
 
-Field paths name a value inside a row by the grammar of :mod:`expstore.paths` (the same as
+Field paths name a value inside a row by the grammar of :mod:`expstore.model.paths` (the same as
 queries'): ``"id"``, ``"exp_meta.step"``, ``"exp_data.reward_t"``,
 ``"exp_data.state.image_features"``, ``"exp_data.actions.0"`` (ASCII digits index a list).
 Bare names (``"step"``, ``"reward_t"``, ``"state.url"``) work too.
@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
 from ..errors import InvalidArgumentError, UnsupportedTypeError
-from ..models import DataRow
-from ..paths import MISSING, parse_path, read_path
-from ..sampling import SampleInfo
+from ..model.paths import MISSING, parse_path, read_path
+from ..model.rows import DataRow
+from ..samplers.base import SampleInfo
 from ..storage.base import Fetched
 
 __all__ = ["MISSING", "BatchT", "Converter", "FieldSpec", "as_converter", "parse_path", "read_path"]

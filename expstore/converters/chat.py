@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import InvalidArgumentError
-from ..models import DataRow
+from ..model.rows import DataRow
 from .base import Converter
 
 __all__ = ["ChatConverter"]

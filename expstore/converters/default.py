@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..models import DataRow
+from ..model.rows import DataRow
 from .base import Converter
 
 __all__ = ["DefaultConverter"]

@@ -9,7 +9,7 @@ import numpy as np
 
 from .._args import check_number
 from ..errors import InvalidArgumentError
-from ..models import DataRow
+from ..model.rows import DataRow
 from .base import Converter
 
 __all__ = ["TrajectoryConverter"]

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import InvalidArgumentError
-from ..models import DataRow
+from ..model.rows import DataRow
 from ..storage.base import Fetched
 from .arrays import NumpyConverter
 from .base import Converter, FieldSpec

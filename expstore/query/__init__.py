@@ -14,8 +14,16 @@ from __future__ import annotations
 
 from .builder import QueryBuilder
 from .compiler import to_sql
-from .conditions import And, Comparison, Condition, Or, as_condition
-from .where import parse_where
+from .conditions import (
+    And,
+    Comparison,
+    Condition,
+    Or,
+    QueryCondition,
+    as_condition,
+    condition_key,
+    parse_where,
+)
 
 __all__ = [
     "And",
@@ -23,7 +31,9 @@ __all__ = [
     "Condition",
     "Or",
     "QueryBuilder",
+    "QueryCondition",
     "as_condition",
+    "condition_key",
     "parse_where",
     "to_sql",
 ]

@@ -59,8 +59,8 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
 
 from ..errors import QueryError
-from ..layout import Kind
-from ..paths import FieldPath
+from ..model.layout import Kind
+from ..model.paths import FieldPath
 from ._like import ESCAPE, like_to_glob
 from .conditions import And, Comparison, Condition, Or, as_condition
 
@@ -81,10 +81,10 @@ def to_sql(
 ) -> ColumnElement[bool] | None:
     """The WHERE expression for ``condition`` over ``table``'s columns, or None for None.
 
-    ``table`` has the columns of ``expstore.storage.schema.rows``; ``dialect_name`` is
+    ``table`` has the columns of ``expstore.db.schema.rows``; ``dialect_name`` is
     ``"sqlite"`` or ``"postgresql"``.
 
-    >>> from expstore.storage.schema import rows
+    >>> from expstore.db.schema import rows
     >>> print(to_sql({"field": "task_id", "value": "t1", "op": "eq"}, rows, "sqlite"))
     expstore_rows.task_id = :param_1
     """
@@ -102,7 +102,7 @@ def to_sql(
 def json_value(field: FieldPath, table: Table, dialect_name: str) -> ColumnElement[Any]:
     """The expression that equality and number comparisons at ``field``'s payload path
     compare (a jsonb node on Postgres, ``json_extract(data, '$.path')`` on SQLite): an index
-    on it serves them (see :mod:`expstore.storage.path_indexes`)."""
+    on it serves them (see :mod:`expstore.db.path_indexes`)."""
     return _COMPILERS[dialect_name](table).json_value(field)
 
 
@@ -375,7 +375,7 @@ class _SqliteCompiler(_Compiler):
         """The path, once; twice (escaped and raw) when a key is not ASCII. Paths are
         rendered into the SQL as literals (by SQLAlchemy, escaped) when the statement runs:
         SQLite uses an index on ``json_extract(data, '$.path')`` (see
-        :mod:`expstore.storage.path_indexes`) only for the same literal path, never for a
+        :mod:`expstore.db.path_indexes`) only for the same literal path, never for a
         bound one."""
         escaped = sqlite_json_path(str(target.top), target.steps)
         raw = sqlite_json_path(str(target.top), target.steps, ensure_ascii=False)

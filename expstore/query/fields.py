@@ -1,6 +1,6 @@
-"""Fields in conditions: a field path (see :mod:`expstore.paths`) that SQL can compare.
+"""Fields in conditions: a field path (see :mod:`expstore.model.paths`) that SQL can compare.
 
-Conditions read fields with the one path grammar of :func:`expstore.paths.parse_path`. One
+Conditions read fields with the one path grammar of :func:`expstore.model.paths.parse_path`. One
 more rule holds for them: a dict key holding a ``"`` cannot be compared on, since SQLite
 before 3.45 ends a JSON path label at the first ``"``, escaped or not (converters and
 fetches read such keys in Python).
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from ..codec import text_problem
 from ..errors import QueryError
-from ..layout import Kind
-from ..paths import FieldPath, parse_path
+from ..model.layout import Kind
+from ..model.paths import FieldPath, parse_path
 
 __all__ = ["FieldPath", "Kind", "check_text", "resolve_field"]
 

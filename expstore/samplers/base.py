@@ -1,5 +1,5 @@
 """The sampler interfaces: a sampler chooses rows; the storage fetches them and a converter
-builds the batch, in the one loop of :mod:`expstore.sampling`.
+builds the batch, in the one loop, :func:`draw` (below).
 
 - :class:`KeySampler` is what every built-in sampler is. It asks the storage for the
   matching rows' integer keys and a few columns as numpy arrays (``storage.key_index``,
@@ -9,8 +9,8 @@ builds the batch, in the one loop of :mod:`expstore.sampling`.
   ``sample_keys`` (and says which columns it reads in ``columns``)::
 
       import numpy as np
-      from expstore import EmptyBufferError
-      from expstore.samplers import KeySampler
+      from .. import EmptyBufferError
+      from . import KeySampler
 
       class HighRewardSampler(KeySampler):
           \"\"\"Uniform over the rows whose reward is at least ``threshold``.\"\"\"
@@ -32,7 +32,7 @@ builds the batch, in the one loop of :mod:`expstore.sampling`.
   A sampler that weighs its rows (importance weights) also overrides :meth:`KeySampler.weights`.
 - :class:`TaskSampler` chooses whole tasks (trajectories), as AWorld's ``TaskSampler``.
 - :class:`Sampler` is AWorld's interface: ``sample(storage, batch_size, query_condition=None)``
-  returns a list of :class:`~expstore.models.DataRow`. A subclass that implements only
+  returns a list of :class:`~expstore.model.rows.DataRow`. A subclass that implements only
   ``sample`` (and any object with such a method, as AWorld's own samplers) works in
   :meth:`ReplayBuffer.sample <expstore.ReplayBuffer.sample>` too: its rows go to the converter.
 
@@ -43,21 +43,21 @@ the same seed over the same data gives the same batches.
 from __future__ import annotations
 
 import random
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, TypedDict, TypeVar, cast
+from typing import Any, ClassVar, NamedTuple, TypedDict, TypeVar, cast
 
 import numpy as np
 from typing_extensions import Unpack
 
-from .._args import check_int, seeded_rng
-from ..errors import EmptyBufferError, UnsupportedTypeError
-from ..models import DataRow
-from ..query import as_condition
-from ..sampling import Choice, SampleInfo, check_batch_size, draw
-from ..storage.base import QueryCondition, Storage
+from .._args import MAX_BATCH, check_int, seeded_rng
+from ..errors import ConnectionLostError, EmptyBufferError, StorageError, UnsupportedTypeError
+from ..features.versions import check_staleness, fresh_mask
+from ..model.rows import DataRow
+from ..query import QueryCondition, as_condition
+from ..storage.base import Fetched, Storage
 from ..storage.key_space import KeySpace
-from ..storage.versions import check_staleness, fresh_mask
 from .buffer_bound import BufferBound
 from .consuming import SpentKeys
 from .derived import DerivedArrays, masked, whole_index
@@ -263,10 +263,10 @@ class KeySampler(SpentKeys, Sampler):
 
     Every key sampler takes the :class:`SamplerOptions`: ``seed=``; ``consume_after=k``,
     with which a row leaves the sampler once it has been drawn k times, counted in the
-    database across every process (see :func:`expstore.sampling.draw`); and
+    database across every process (see :func:`draw`); and
     ``max_staleness=k``, with which rows whose ``policy_version`` is more than k behind the
     buffer's current version (:meth:`~expstore.ReplayBuffer.set_policy_version`) are not
-    drawn; rows without a version always are (see :mod:`expstore.storage.versions`).
+    drawn; rows without a version always are (see :mod:`expstore.features.versions`).
     """
 
     #: The key_index columns :meth:`sample_keys` reads, besides ``"key"``.
@@ -289,12 +289,12 @@ class KeySampler(SpentKeys, Sampler):
         self.seed = seed
         self._rng = seeded_rng(seed)
         #: Draws after which a row leaves this sampler, counted in the database across
-        #: every process (None: rows are drawn forever). See :func:`expstore.sampling.draw`.
+        #: every process (None: rows are drawn forever). See :func:`draw`.
         self.consume_after = check_int(
             "consume_after", options.get("consume_after"), minimum=1, optional=True
         )
         #: Rows more than this many policy versions behind the buffer's current version are
-        #: not drawn (None: no limit); see :mod:`expstore.storage.versions`.
+        #: not drawn (None: no limit); see :mod:`expstore.features.versions`.
         self.max_staleness = check_staleness(options.get("max_staleness"))
         # Keys known to have had their consume_after draws, and the index without them.
         self.forget_spent()
@@ -574,3 +574,291 @@ class TaskSampler(Sampler):
     ) -> list[DataRow]:
         """Every row of up to ``batch_size`` chosen tasks, task by task."""
         return self.sample_with_info(storage, batch_size, query_condition)[0]
+
+
+# -- the sampling loop -----------------------------------------------------------------------
+# The sampling loop, one straight line, as TorchRL's ``ReplayBuffer._sample``:
+#
+# 1. the sampler chooses keys over the storage's cached key index (:meth:`Sampler.choose`);
+# 2. the storage fetches what the converter reads (:meth:`Storage.fetch`: whole rows, or only
+#    the fields at the converter's paths);
+# 3. keys whose rows were deleted in between (by an evicting writer, say) are chosen again;
+# 4. the sampler describes the batch (:class:`SampleInfo`: keys, ids, importance weights);
+# 5. the converter builds the batch and the extras are attached to it.
+#
+# A sampler only chooses and a converter only builds; the loop is the same whatever either
+# is, so every sampler behaves the same with every converter. An AWorld-style sampler that
+# returns rows from its own ``sample()`` brings its rows in step 1 instead of keys.
+#: How many times a sampler chooses again when rows it chose were deleted by another writer
+#: before they could be fetched.
+FETCH_ATTEMPTS = 5
+#: How many times a batch is chosen again after its connection (to a read replica or the
+#: primary) was lost in the middle of it (see :mod:`expstore.db.replicas`).
+REPLICA_ATTEMPTS = 3
+#: How many times a sampler with ``consume_after`` chooses again for the places of rows the
+#: database refused (drawn ``consume_after`` times already); each time it learns them.
+CONSUME_ATTEMPTS = 50
+
+_NO_KEYS = np.empty(0, dtype=np.int64)
+_NO_KEYS.flags.writeable = False
+
+
+class Choice(NamedTuple):
+    """What a sampler chose: keys to fetch (with the index they were chosen from), or, for
+    an AWorld-style sampler whose ``sample()`` returns rows, those rows."""
+
+    keys: np.ndarray
+    key_index: dict[str, Any] | None = None
+    rows: list[DataRow] | None = None
+
+
+class SampleInfo(NamedTuple):
+    """What the sampler says about a batch beside its rows, aligned with them."""
+
+    #: The chosen keys, in batch order (empty for a sampler that returned rows itself).
+    keys: np.ndarray
+    #: The ids of the rows in the batch, in batch order (for ``update_priorities``).
+    ids: list[str]
+    #: Importance-sampling weights (float32), from samplers that weigh rows; else None.
+    weights: np.ndarray | None = None
+
+    def extras(self) -> dict[str, Any]:
+        """What a dict batch gains: ``weights`` and ``ids`` from a sampler that weighs
+        rows (:class:`~expstore.PrioritizedSampler`), nothing otherwise."""
+        if self.weights is None:
+            return {}
+        return {"weights": self.weights, "ids": list(self.ids)}
+
+
+def check_batch_size(batch_size: Any) -> int:
+    """``batch_size`` as an int from 1 to :data:`~expstore._args.MAX_BATCH`, or
+    InvalidArgumentError saying what arrived."""
+    return check_int("batch_size", batch_size, minimum=1, maximum=MAX_BATCH)
+
+
+def draw(
+    storage: Storage,
+    sampler: Sampler,
+    batch_size: int,
+    query_condition: QueryCondition = None,
+    paths: list[str] | None = None,
+    *,
+    writable: bool = True,
+) -> tuple[Fetched, SampleInfo]:
+    """Up to ``batch_size`` rows chosen by ``sampler`` among those matching the condition,
+    fetched whole or at ``paths``, and what the sampler says about them.
+
+    A row deleted between choosing and fetching is chosen again from the fresh index, up
+    to :data:`FETCH_ATTEMPTS` times; after that a sampler that weighs rows (whose weights
+    must stay aligned) or draws whole units (windows, groups, whose layout must hold)
+    raises StorageError and any other returns the rows it could fetch.
+
+    A sampler with ``consume_after=k`` chooses through :func:`_choose_consuming`: no row is
+    ever returned more than k times in all, by every process together. Rows it counted are
+    owed to this batch: a batch chosen again (a rate limit's wait, a lost connection, even
+    in the middle of the choice, rows deleted before the fetch) keeps those still stored
+    and matching (the version may have moved) and chooses only the rest, after a rate
+    limit's wait no more rows than the limit counted.
+
+    Under a rate limit (:mod:`expstore.features.rate_limiter`) the batch is counted before it is
+    fetched, waiting while the budget is spent (RateLimitedError after the limiter's
+    timeout); a batch chosen again larger than counted counts the rest; rows chosen but
+    not returned are given back.
+    """
+    batch_size = check_batch_size(batch_size)
+    sampler.on_buffer(storage)
+    deleted = lost = remade = 0
+    started = time.monotonic()
+    counted: int | None = None
+    # A batch chosen again (rows deleted before the fetch, a rate limit's wait, a lost
+    # connection) starts from where the first choice did: an epoch loses no rows to it.
+    mark = sampler.mark()
+    chosen_before = False
+    consuming = getattr(sampler, "consume_after", None) is not None
+    #: A consume_after batch's rows counted so far, owed to this batch, in parts as they
+    #: were chosen (the sampler is not rewound past them: an epoch gave them already).
+    owed: list[Choice] = []
+    try:
+        while True:
+            if chosen_before and not owed:
+                sampler.rewind(mark)
+            chosen_before = True
+            empty: EmptyBufferError | None = None
+            try:
+                if consuming:
+                    # Chosen again after a rate limit's wait: no more rows than were
+                    # counted (counting more could wait again, and the rows' draws are
+                    # counted already).
+                    wanted = batch_size if not counted else min(batch_size, counted)
+                    choice = _choose_consuming(storage, sampler, wanted, query_condition, owed)
+                else:
+                    choice = sampler.choose(storage, batch_size, query_condition)
+            except ConnectionLostError:
+                lost += 1
+                if lost > REPLICA_ATTEMPTS:
+                    raise
+                continue
+            except EmptyBufferError as exc:
+                empty = exc
+            if sampler.on_buffer(storage) and remade < REPLICA_ATTEMPTS:
+                # The choice found the database made anew, and the sampler chose (or found
+                # nothing) by what it held of the old one (an epoch, rows known spent):
+                # choose again (a few times: servers that take turns between the old and
+                # the new database would otherwise keep it choosing).
+                remade += 1
+                mark, chosen_before = sampler.mark(), False
+                continue
+            if empty is not None:
+                if counted is not None:
+                    raise empty
+                # Under a rate limit an empty buffer is one below its min_size: wait for
+                # the budget as Reverb does, then choose again.
+                counted, waited = storage.acquire_samples(batch_size, since=started)
+                if waited:
+                    continue
+                raise empty
+            size = len(choice.keys) if choice.rows is None else len(choice.rows)
+            if counted is None or 0 < counted < size:
+                # The buffer's rate limit (if any) counts the batch before it is fetched (a
+                # batch chosen again larger than counted, the rest); a batch that had to
+                # wait is chosen again, from the buffer as it is now.
+                more, waited = storage.acquire_samples(size - (counted or 0), since=started)
+                counted = (counted or 0) + more
+                if waited:
+                    continue
+            if choice.rows is not None:
+                fetched = Fetched([row.id for row in choice.rows], rows=choice.rows)
+                break
+            try:
+                fetched = storage.fetch(choice.keys, paths, writable=writable)
+            except ConnectionLostError:
+                # The connection went away mid-read (a replica is then left for a while,
+                # so the next attempt reads from another replica or the primary).
+                lost += 1
+                if lost > REPLICA_ATTEMPTS:
+                    raise
+                continue
+            if len(fetched.ids) == len(choice.keys):
+                break
+            deleted += 1  # chosen again: the owed rows still stored stay (_choose_consuming)
+            if deleted == FETCH_ATTEMPTS:
+                if sampler.weighs_rows or sampler.whole_units:
+                    raise StorageError(
+                        f"{type(sampler).__name__}: rows chosen from the index kept being deleted "
+                        f"before they could be fetched ({FETCH_ATTEMPTS} attempts); another "
+                        "process is deleting or evicting faster than this sampler reads. Retry "
+                        "the call"
+                    )
+                break
+
+    except BaseException:
+        if counted:  # nothing drawn: the count goes back
+            storage.refund_samples(counted)
+        raise
+    if counted:
+        storage.refund_samples(counted - len(fetched.ids))
+    return fetched, sampler.describe(choice, fetched.ids)
+
+
+def _choose_consuming(
+    storage: Storage,
+    sampler: Sampler,
+    batch_size: int,
+    query_condition: QueryCondition,
+    owed: list[Choice],
+) -> Choice:
+    """The sampler's choice with each row's draw counted in the database first
+    (:meth:`Storage.count_draws`): rows drawn ``consume_after`` times already, by any
+    process, are refused, left out by the sampler from then on, and their places chosen
+    again. A batch holds each row once (a sampler drawing with replacement gives a shorter
+    batch when it drew a row twice); EmptyBufferError once every matching row is spent.
+
+    ``owed``: the rows counted for this batch so far (see :func:`draw`), in parts as they
+    were chosen; each part counted here is added to it at once, so an error after it
+    (a lost connection) loses no counted row. A batch chosen again begins with those still
+    matching. A sampler that weighs rows gives each row the weight of the choice that
+    drew it."""
+    limit = sampler.consume_after  # type: ignore[attr-defined]
+    if owed:  # chosen again: the rows owed that still match (the version may have moved)
+        joined = _joined(sampler, owed)
+        owed[:] = [carried(sampler, joined, _matching(storage, sampler, query_condition, joined))]
+    taken = _taken(owed)
+    for _ in range(CONSUME_ATTEMPTS):
+        if len(taken) >= batch_size:
+            break
+        try:
+            choice = sampler.choose(storage, batch_size - len(taken), query_condition)
+        except EmptyBufferError:
+            if len(taken):
+                break
+            raise
+        if choice.rows is not None:
+            return choice
+        _, first = np.unique(choice.keys, return_index=True)
+        drawn = choice.keys[np.sort(first)]
+        drawn = drawn[~np.isin(drawn, taken)]
+        # Rows refused before are not counted again (a draw over the key space read on a
+        # replica behind the primary may still offer them).
+        known = sampler.__dict__.get("_spent")
+        asked = drawn if known is None or not len(known) else drawn[~np.isin(drawn, known)]
+        counted = storage.count_draws(asked, limit)
+        sampler.spend(np.setdiff1d(asked, counted))  # type: ignore[attr-defined]
+        owed.append(carried(sampler, choice, counted))
+        taken = _taken(owed)
+        if len(counted) == len(drawn):
+            break  # nothing refused: the batch is as the sampler chose it
+    if not len(taken):  # every row chosen, again and again, was spent
+        raise empty_error(
+            storage,
+            query_condition,
+            f"every matching row has been drawn consume_after={limit} times",
+        )
+    return _joined(sampler, owed)
+
+
+def _joined(sampler: Sampler, parts: list[Choice]) -> Choice:
+    """One choice of ``parts`` in order, each row with its part's weight."""
+    if len(parts) == 1:
+        return parts[0]
+    taken = _taken(parts)
+    if not sampler.weighs_rows:
+        return Choice(taken, parts[-1].key_index)
+    weights = np.concatenate([part.key_index["drawn_weights"] for part in parts])  # type: ignore[index]
+    return Choice(taken, {"key": taken, "drawn_weights": weights})
+
+
+def carried(sampler: Sampler, choice: Choice, keys: np.ndarray) -> Choice:
+    """The part of ``choice`` at ``keys`` (some of its keys, each once, in their order in
+    the choice), with their importance weights if the sampler weighs rows (as
+    ``key_index["drawn_weights"]``, which :meth:`Sampler.describe` gives for them)."""
+    _, first = np.unique(choice.keys, return_index=True)
+    at = np.sort(first[np.isin(choice.keys[first], keys)])
+    part = choice.keys[at]
+    weights = sampler.weights_of(choice)
+    if weights is None:
+        return Choice(part, choice.key_index)
+    return Choice(part, {"key": part, "drawn_weights": weights[at]})
+
+
+def _matching(
+    storage: Storage, sampler: Sampler, query_condition: QueryCondition, choice: Choice
+) -> np.ndarray:
+    """Those of ``choice``'s keys whose rows are still stored and match the condition and
+    the sampler's ``max_staleness`` (their draws are counted: ``consume_after`` aside)."""
+    keys = choice.keys
+    max_staleness = getattr(sampler, "max_staleness", None)
+
+    def probe(space: KeySpace) -> np.ndarray:
+        found = space.probe(keys)["key"]
+        assert found is not None
+        return found
+
+    found = storage.key_space(query_condition, probe, max_staleness=max_staleness)
+    if found is None:  # a storage without a key space: through its key index
+        index = storage.key_index(query_condition)
+        found = np.intersect1d(keys, index["key"])
+    return found
+
+
+def _taken(parts: list[Choice]) -> np.ndarray:
+    return np.concatenate([part.keys for part in parts]) if parts else _NO_KEYS

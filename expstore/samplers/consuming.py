@@ -1,7 +1,7 @@
 """``consume_after``: what a key sampler knows of the rows every process together has
 spent (drawn ``consume_after`` times), so that it leaves them out of its key index rather
 than have the database refuse them one by one (the counting itself is
-:func:`expstore.sampling.draw`'s, see :mod:`expstore.storage.draw_counts`)."""
+:func:`expstore.samplers.base.draw`'s, see :mod:`expstore.features.draw_counts`)."""
 
 from __future__ import annotations
 

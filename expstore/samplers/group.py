@@ -12,16 +12,16 @@ from typing_extensions import Unpack
 
 from .._args import check_int
 from ..errors import InvalidArgumentError, UnsupportedTypeError
+from ..features.claims.groups import Group, claimable_groups, group_taker
+from ..features.claims.queue import GroupTaker
+from ..features.groups import GroupSpec
+from ..features.versions import fresh_mask, oldest_fresh
+from ..query import QueryCondition
 from ..query.fields import resolve_field
 from ..query.groups import GroupCondition, GroupStat
-from ..sampling import Choice
-from ..storage.base import QueryCondition, Storage
-from ..storage.claims import GroupTaker
-from ..storage.group_claims import Group, claimable_groups, group_taker
-from ..storage.groups import GroupSpec
+from ..storage.base import Storage
 from ..storage.key_space import KeySpace
-from ..storage.versions import fresh_mask, oldest_fresh
-from .base import KeySampler, SamplerOptions, empty_error
+from .base import Choice, KeySampler, SamplerOptions, empty_error
 from .flat import MIN_KEPT, PROBE_BUDGET
 
 __all__ = ["GroupCounts", "GroupSampler"]
@@ -303,7 +303,7 @@ class GroupSampler(KeySampler):
         self, storage: Storage, query_condition: QueryCondition, max_staleness: int | None = None
     ) -> GroupTaker:
         """What ``buffer.claim(n, order=this sampler)`` takes whole groups with (see
-        :mod:`expstore.storage.group_claims`); ``max_staleness``: the claim's, which holds
+        :mod:`expstore.features.claims.groups`); ``max_staleness``: the claim's, which holds
         with the sampler's (the tighter one counts)."""
         staleness = self._claim_staleness(max_staleness)
 
@@ -359,7 +359,7 @@ class GroupSampler(KeySampler):
 
     def _freed(self, found: list[Any]) -> list[Any]:
         """The values of the groups the database found claimable (fresh enough: see
-        ``oldest`` of :func:`~expstore.storage.group_claims.group_taker`), which this
+        ``oldest`` of :func:`~expstore.features.claims.groups.group_taker`), which this
         sampler no longer takes for taken."""
         values = [group for group, _ in found]
         self.__dict__.setdefault("_taken", set()).difference_update(values)

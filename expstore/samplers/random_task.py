@@ -8,11 +8,12 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .._args import seeded_rng
-from ..sampling import Choice
-from ..storage.base import QueryCondition, Storage
+from ..features.versions import check_staleness, fresh_mask
+from ..query import QueryCondition
+from ..storage.base import Storage
 from ..storage.key_space import KeySpace
-from ..storage.versions import check_staleness, fresh_mask
 from .base import (
+    Choice,
     DerivedArrays,
     TaskSampler,
     check_batch_size,

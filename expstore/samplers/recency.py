@@ -6,10 +6,9 @@ import numpy as np
 from typing_extensions import Unpack
 
 from .._args import check_number
-from ..sampling import Choice
-from ..storage.base import QueryCondition
+from ..query import QueryCondition
 from ..storage.key_space import KeySpace
-from .base import KeySampler, SamplerOptions
+from .base import Choice, KeySampler, SamplerOptions
 from .flat import draw_ranks
 
 __all__ = ["RecencySampler"]

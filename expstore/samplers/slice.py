@@ -12,11 +12,10 @@ from typing_extensions import Unpack
 
 from .._args import check_int
 from ..errors import EmptyBufferError, InvalidArgumentError
+from ..query import QueryCondition
 from ..query.fields import resolve_field
-from ..sampling import Choice
-from ..storage.base import QueryCondition
 from ..storage.key_space import KeySpace
-from .base import KeySampler, SamplerOptions, value_codes
+from .base import Choice, KeySampler, SamplerOptions, value_codes
 from .flat import MIN_KEPT, PROBE_BUDGET, Drawn, draw_uniform
 
 __all__ = ["SliceSampler"]

@@ -9,7 +9,8 @@ import numpy as np
 from typing_extensions import Unpack
 
 from .._args import check_number
-from ..storage.base import QueryCondition, Storage
+from ..query import QueryCondition
+from ..storage.base import Storage
 from .base import KeySampler, SamplerOptions, with_current_version
 
 __all__ = ["StalenessAwareSampler"]

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 from typing_extensions import Unpack
 
+from ..query import QueryCondition
 from ..query.fields import resolve_field
-from ..sampling import Choice
-from ..storage.base import QueryCondition
 from ..storage.key_space import KeySpace
-from .base import KeySampler, SamplerOptions, value_codes
+from .base import Choice, KeySampler, SamplerOptions, value_codes
 from .flat import draw_uniform
 
 __all__ = ["StratifiedSampler"]
@@ -99,7 +98,7 @@ class StratifiedSampler(KeySampler):
         if space.filtered:
             # The groups are the values the matching rows hold (a value every row of which
             # is stale, spent or filtered out gets no share).
-            values = space.matching_values(self.column, values)
+            values = values_held(space, self.column, list(values))
             if not values:
                 return None  # none: the key index says so
         rng = self.rng
@@ -145,3 +144,52 @@ class StratifiedSampler(KeySampler):
         offsets = np.floor(rng.random(batch_size) * counts[group_of_row]).astype(np.int64)
         positions = order[starts[group_of_row] + offsets]
         return cast("np.ndarray", index["key"][positions[rng.permutation(batch_size)]])
+
+
+# -- the values the matching rows hold -------------------------------------------------------
+# Which values of a column the matching rows of a draw hold, kept from draw to draw by
+# each handle (see :mod:`expstore.storage.kept`).
+#
+# A :class:`~expstore.samplers.stratified.StratifiedSampler` narrowed by a condition,
+# ``max_staleness`` or ``consume_after`` gives a share of the batch to each value a matching
+# row holds. For each value of the column (its distinct values, a loose index scan), the
+# first matching row of the value from the first fresh key on is looked for through the
+# column's index (:meth:`KeySpace.first_matching
+# <expstore.storage.key_space.KeySpace.first_matching>`), as far as it takes: a value whose
+# rows match nothing is a pass over its rows once. What was found is then kept, one key per
+# value, and brought up to date:
+#
+# - a value held by a matching row (its witness) still is while that row matches (one
+#   probe of all witnesses); otherwise its next matching row is looked for after the
+#   witness, since the rows before it did not match and rows only leave the matching ones;
+# - a value no matching row held up to the largest key then is looked for among the rows
+#   written since alone.
+class _Witnesses(NamedTuple):
+    """For each value, the key of a matching row holding it (None: none up to
+    ``max_key``)."""
+
+    keys: dict[Any, int | None]
+    max_key: int
+
+
+def values_held(space: KeySpace, name: str, values: list[Any]) -> list[Any]:
+    """Those of ``values`` (of the indexed column ``name``) that a matching row of
+    ``space`` holds, in the order given."""
+    what = ("matching values", name)
+    since = space.kept.get(space, what)
+    known: dict[Any, int | None] = {} if since is None else since.found.keys
+    checked_to = space.low - 1 if since is None else since.found.max_key
+    witnesses = [known.get(v, -1) for v in values]  # -1: not looked for yet
+    kept = np.array([w for w in witnesses if w is not None and w >= 0], dtype=np.int64)
+    still = set(space.probe(kept)["key"].tolist()) if len(kept) else set()
+    low = space.low
+    for i, (value, witness) in enumerate(zip(values, witnesses, strict=True)):
+        if witness is None:  # none then: among the rows written since
+            witnesses[i] = space.first_matching(name, value, max(low, checked_to + 1))
+        elif witness < 0:
+            witnesses[i] = space.first_matching(name, value, low)
+        elif witness not in still:  # gone, stale or spent: the next one after it
+            witnesses[i] = space.first_matching(name, value, max(low, witness + 1))
+    found = _Witnesses(dict(zip(values, witnesses, strict=True)), space.max_key)
+    space.kept.put(space, what, found)
+    return [v for v, w in zip(values, witnesses, strict=True) if w is not None]

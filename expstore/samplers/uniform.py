@@ -7,10 +7,10 @@ from typing import Any
 import numpy as np
 from typing_extensions import Unpack
 
-from ..sampling import Choice
-from ..storage.base import QueryCondition, Storage
+from ..query import QueryCondition
+from ..storage.base import Storage
 from ..storage.key_space import KeySpace
-from .base import KeySampler, SamplerOptions
+from .base import Choice, KeySampler, SamplerOptions
 from .epochs import EpochState, KeyPermutation, next_in_epoch, rest_of_epoch
 from .flat import PROBE_BUDGET, draw_uniform
 

@@ -18,21 +18,18 @@ import numpy as np
 
 from .._args import check_int
 from ..errors import InvalidArgumentError, UnsupportedTypeError
-from ..models import DataRow
+from ..model.rows import DataRow
+from ..query import QueryCondition
 
 if TYPE_CHECKING:
-    from ..query import Condition
-    from .claims import ClaimQueue
-    from .dedup import Dedup
-    from .eviction import Eviction
-    from .groups import GroupIndex, GroupSpec
+    from ..features.claims.queue import ClaimQueue
+    from ..features.dedup import Dedup
+    from ..features.eviction import Eviction
+    from ..features.groups import GroupIndex, GroupSpec
+    from ..features.rate_limits import RateLimits
+    from ..features.stats.task_stats import SummaryState
     from .key_space import KeySpace
-    from .rate_limits import RateLimits
-    from .task_stats import SummaryState
 
-    QueryCondition = Condition | dict[str, Any] | None
-else:
-    QueryCondition = Any
 
 __all__ = ["Fetched", "QueryCondition", "Storage", "Values"]
 
@@ -91,10 +88,10 @@ class Storage(ABC):
 
     def extend(self, columns: Mapping[str, Any], *, dedup: Dedup = None) -> int:
         """Store the rows a dict of columns holds, in one transaction (see
-        :mod:`expstore.columnar`); returns how many were stored. This default builds a
+        :mod:`expstore.model.columnar`); returns how many were stored. This default builds a
         DataRow per row; a SQL storage hands the columns' rows to its writer directly."""
-        from ..columnar import rows_from_columns
-        from ..models import Experience, ExpMeta
+        from ..model.columnar import rows_from_columns
+        from ..model.rows import Experience, ExpMeta
 
         rows = [
             DataRow(
@@ -133,7 +130,7 @@ class Storage(ABC):
 
     def policy_version(self) -> int | None:
         """The buffer's current policy version (None: never set); see
-        :mod:`expstore.storage.versions`."""
+        :mod:`expstore.features.versions`."""
         raise UnsupportedTypeError(
             f"{type(self).__name__} does not keep policy versions; use SqlStorage"
         )
@@ -243,7 +240,7 @@ class Storage(ABC):
         self, query_condition: QueryCondition, success_above: float
     ) -> dict[str, Any] | None:
         """The figures of ``expstore stats`` over the matching rows, computed where the rows
-        are (see :mod:`expstore.storage.summary`), or None from a storage that cannot,
+        are (see :mod:`expstore.features.stats.summary`), or None from a storage that cannot,
         whose figures are then computed from :meth:`key_index`."""
         return None
 
@@ -276,7 +273,7 @@ class Storage(ABC):
     def count_draws(self, keys: np.ndarray, limit: int) -> np.ndarray:
         """For samplers with ``consume_after=limit``: count one draw of each of ``keys``
         (distinct) whose row has had fewer than ``limit``, and return those keys (see
-        :mod:`expstore.storage.draw_counts`)."""
+        :mod:`expstore.features.draw_counts`)."""
         raise UnsupportedTypeError(
             f"{type(self).__name__} does not count draws (consume_after); use SqlStorage"
         )
@@ -289,7 +286,7 @@ class Storage(ABC):
 
     @property
     def rate_limits(self) -> RateLimits:
-        """The buffer's rate limit (see :mod:`expstore.rate_limit`)."""
+        """The buffer's rate limit (see :mod:`expstore.features.rate_limiter`)."""
         raise UnsupportedTypeError(
             f"{type(self).__name__} does not keep rate limits; use SqlStorage"
         )
@@ -297,7 +294,7 @@ class Storage(ABC):
     def acquire_samples(self, n: int, since: float | None = None) -> tuple[int, bool]:
         """Count ``n`` samples against the buffer's rate limit, waiting while it is spent;
         returns (samples counted, whether it waited). A storage without rate limits counts
-        nothing (see :mod:`expstore.rate_limit`)."""
+        nothing (see :mod:`expstore.features.rate_limiter`)."""
         return 0, False
 
     def refund_samples(self, n: int) -> None:
@@ -309,7 +306,7 @@ class Storage(ABC):
         return False
 
     def groups(self, query_condition: QueryCondition, spec: GroupSpec) -> dict[str, Any]:
-        """Summaries of the groups of matching rows (see :mod:`expstore.storage.groups`)."""
+        """Summaries of the groups of matching rows (see :mod:`expstore.features.groups`)."""
         raise UnsupportedTypeError(
             f"{type(self).__name__} does not summarise groups; use SqlStorage"
         )
@@ -317,7 +314,7 @@ class Storage(ABC):
     def group_keys(
         self, query_condition: QueryCondition, spec: GroupSpec, groups: Sequence[Any]
     ) -> list[np.ndarray]:
-        """The keys of each group's rows (see :mod:`expstore.storage.groups`)."""
+        """The keys of each group's rows (see :mod:`expstore.features.groups`)."""
         raise UnsupportedTypeError(
             f"{type(self).__name__} does not summarise groups; use SqlStorage"
         )

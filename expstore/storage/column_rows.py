@@ -1,6 +1,6 @@
 """A batch of columns encoded column by column for the writer (``buffer.extend``).
 
-The row path (:meth:`expstore.columnar.Columns.rows`) cuts columns into N rows that the
+The row path (:meth:`expstore.model.columnar.Columns.rows`) cuts columns into N rows that the
 writer encodes one by one; here the typed columns are checked whole
 (:func:`~expstore.storage.writer.column_ok`), the payloads come from a document template
 and a block of tensor bytes (:mod:`expstore.codec.columns`), and each row's content digest
@@ -16,9 +16,9 @@ from itertools import repeat
 from typing import Any
 
 from ..codec.columns import ColumnPayloads, Listed, Same, plan_payloads
-from ..columnar import ColumnRow, Columns, field_defaults
-from ..layout import COLUMNS_BY_NAME, ID_COLUMN, META_COLUMNS, PAYLOAD_FIELDS, SCALAR_COLUMNS
-from ..models import Experience, ExpMeta
+from ..model.columnar import ColumnRow, Columns, field_defaults
+from ..model.layout import COLUMNS_BY_NAME, ID_COLUMN, META_COLUMNS, PAYLOAD_FIELDS, SCALAR_COLUMNS
+from ..model.rows import Experience, ExpMeta
 from .writer import RowSource, column_ok, content_digest, encode_chunk
 
 __all__ = ["EncodedColumns", "encoded_columns"]

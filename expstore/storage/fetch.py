@@ -23,13 +23,13 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from ..codec import RESERVED_KEYS, BatchDecoder
 from ..codec.format import MALFORMED
+from ..db.dialects import Dialect
+from ..db.schema import rows
 from ..errors import CodecError, StorageError
-from ..layout import COLUMNS_BY_NAME
-from ..paths import FieldPath, parse_path, walk
+from ..model.layout import COLUMNS_BY_NAME
+from ..model.paths import FieldPath, parse_path, walk
 from .base import Values
-from .dialects import Dialect
 from .reader import RowReader, key_list
-from .schema import rows
 
 __all__ = ["FieldFetcher", "FieldPlan"]
 

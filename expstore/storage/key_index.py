@@ -11,7 +11,7 @@ another eviction policy, a clear) bumps the version. So a cached index
 - after inserts fetches only the rows above its largest key;
 - after FIFO eviction drops its front;
 - after priority updates by any process patches its priorities from the priority log
-  (:mod:`expstore.storage.priorities`), or reloads when the log does not reach back;
+  (:mod:`expstore.features.priorities`), or reloads when the log does not reach back;
 - after any other change reloads.
 """
 
@@ -20,42 +20,25 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 import numpy as np
 from sqlalchemy import BigInteger, Boolean, Connection, Double, Integer, Row, select
 from sqlalchemy.sql.elements import ColumnElement
 
 from ..codec import PartDecoder
+from ..db.dialects import Dialect
+from ..db.handle import BufferHandle
+from ..db.schema import priorities, rows
 from ..errors import CodecError
-from ..query import as_condition
+from ..features.priorities import logged_priorities
+from ..features.state import Signature, moved_on, read_state
+from ..query import QueryCondition, condition_key
 from ..query.fields import resolve_field
-from .base import QueryCondition
-from .dialects import Dialect
-from .handle import BufferHandle
-from .priorities import logged_priorities
-from .rate_limits import limited_flag
-from .schema import buffers, newest_first, oldest_first, priorities, rows
-from .versions import FreshBounds
 
-if TYPE_CHECKING:
-    from .key_space import KeySpace
-
-__all__ = ["KeyIndex", "Signature", "moved_on"]
-
-_T = TypeVar("_T")
+__all__ = ["KeyIndex", "with_priorities"]
 
 Arrays = dict[str, np.ndarray]
-
-
-class Signature(NamedTuple):
-    """What a buffer looks like to a reader, read in one round trip."""
-
-    max_key: int  # raised by inserts
-    version: int  # bumped by any change other than inserts, FIFO eviction and priorities
-    min_key: int  # raised by FIFO eviction
-    priority_version: int  # bumped by every priority update
-    created_at: float  # the buffer's creation: another when its database was made anew
 
 
 class Entry(NamedTuple):
@@ -91,7 +74,7 @@ class _Column(NamedTuple):
 
 def _column(name: str, dialect: Dialect) -> _Column:
     """A requested column: ``priority``, a column by its bare or full name, or the JSON text
-    at a payload path (by the path grammar of :mod:`expstore.paths`)."""
+    at a payload path (by the path grammar of :mod:`expstore.model.paths`)."""
     if name == "priority":  # the row's entry in the narrow table, NULL when it has none
         stored = select(priorities.c.priority).where(priorities.c.key == rows.c.key)
         return _Column(name, stored.scalar_subquery(), np.float64)
@@ -100,14 +83,6 @@ def _column(name: str, dialect: Dialect) -> _Column:
         column = rows.c[path.column.name]
         return _Column(name, column, _DTYPES[column.name])
     return _Column(name, dialect.json_text(path), None)
-
-
-def condition_key(query_condition: QueryCondition) -> str:
-    """A text that is equal for equal conditions, to cache by."""
-    condition = as_condition(query_condition)
-    if condition is None:
-        return ""
-    return json.dumps(condition.to_dict(), sort_keys=True, default=repr)
 
 
 class KeyIndex:
@@ -125,32 +100,18 @@ class KeyIndex:
         self.entries: OrderedDict[tuple[str, tuple[str, ...]], Entry] = OrderedDict()
         #: Rows fetched from the database so far, to see what refreshing costs.
         self.rows_read = 0
-        #: Candidate keys probed by draws over the key space so far (see
-        #: :mod:`expstore.storage.key_space`), to see what a draw costs.
-        self.keys_probed = 0
-        #: Where fresh and stale rows lie, by server and oldest fresh version, kept across
-        #: draws (see :class:`expstore.storage.versions.FreshBounds`).
-        self.fresh_bounds = FreshBounds()
-        from .kept import Kept  # it builds on this module
-
-        #: What draws over the key space found about their matching rows (the least
-        #: priority, the values held), kept across draws (see :mod:`expstore.storage.kept`).
-        self.kept = Kept()
         #: Told at each freshness check whether the buffer has a rate limit (read in the
-        #: same round trip; see :mod:`expstore.storage.rate_limits`).
+        #: same round trip; see :mod:`expstore.features.rate_limits`).
         self.on_limit: Callable[[bool], None] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {
             **self.__dict__,
             "entries": OrderedDict(),
-            "kept": type(self.kept)(),
         }
 
     def clear(self) -> None:
         self.entries.clear()
-        self.fresh_bounds.clear()
-        self.kept.clear()
 
     def signature(self, conn: Connection) -> Signature:
         """The buffer's signature now."""
@@ -161,85 +122,11 @@ class KeyIndex:
         with self.handle.errors("read the buffer's state"), self.handle.read() as conn:
             return self.state(conn)
 
-    def space(
-        self,
-        query_condition: QueryCondition,
-        use: Callable[[KeySpace], _T],
-        *,
-        max_staleness: int | None = None,
-        consume_after: int | None = None,
-        snapshot: bool = False,
-    ) -> _T:
-        """``use(space)`` over the buffer's :class:`~expstore.storage.key_space.KeySpace`
-        read now (range, row count and policy version in this class's one round trip);
-        ``snapshot``: all of its statements on one snapshot (a transaction's cost)."""
-
-        from .key_space import KeySpace  # it builds on this module
-
-        with self.handle.errors("draw keys"), self.handle.read() as conn:
-            if snapshot:  # e.g. priority bounds and probes: a priority updated meanwhile
-                self.handle.dialect.snapshot(conn)  # cannot leave the bounds' envelope
-            signature, version, count = self.state(conn)
-            space = KeySpace(
-                self.handle,
-                conn,
-                query_condition,
-                (signature.min_key, signature.max_key, count, version),
-                max_staleness,
-                consume_after,
-                self.fresh_bounds,
-                signature,
-                self.kept,
-            )
-            try:
-                return use(space)
-            finally:
-                self.keys_probed += space.probed
-
     def state(self, conn: Connection) -> tuple[Signature, int | None, int]:
         """The buffer's signature, its current policy version and its row count, in one
-        round trip."""
-        buffer_id = self.handle.buffer_id
-
-        def build() -> Any:
-            key = select(rows.c.key)
-            max_key = newest_first(key, buffer_id).limit(1).scalar_subquery()
-            min_key = oldest_first(key, buffer_id).limit(1).scalar_subquery()
-            this = buffers.c.id == buffer_id
-            version = select(buffers.c.version).where(this).scalar_subquery()
-            priority_version = select(buffers.c.priority_version).where(this).scalar_subquery()
-            policy_version = select(buffers.c.policy_version).where(this).scalar_subquery()
-            limited = limited_flag(buffer_id)
-            count = select(buffers.c.row_count).where(this).scalar_subquery()
-            name = select(buffers.c.name).where(this).scalar_subquery()
-            created = select(buffers.c.created_at).where(this).scalar_subquery()
-            return select(
-                max_key,
-                version,
-                min_key,
-                priority_version,
-                policy_version,
-                limited,
-                count,
-                name,
-                created,
-            )
-
-        ((key, version, smallest, priority_version, policy_version, limited, count, name, at),) = (
-            self.handle.statement(("signature",), build).run(conn)
-        )
-        self.handle.check_row(name, None if at is None else float(at))
-        if self.on_limit is not None:
-            self.on_limit(bool(limited))
-        signature = Signature(
-            int(key or 0),
-            int(version or 0),
-            int(smallest or 0),
-            int(priority_version or 0),
-            float(at),
-        )
-        current = None if policy_version is None else int(policy_version)
-        return signature, current, int(count or 0)
+        round trip (:func:`~expstore.features.state.read_state`), telling
+        :attr:`on_limit` whether the buffer has a rate limit."""
+        return read_state(self.handle, conn, self.on_limit)
 
     def get(self, requests: Sequence[tuple[QueryCondition, Sequence[str]]]) -> list[dict[str, Any]]:
         """The index for each ``(condition, columns)``, all at one signature, read in one
@@ -335,19 +222,6 @@ class KeyIndex:
             if signature.priority_version == seq - 1:
                 moved = signature._replace(priority_version=seq)
                 self.entries[cache_key] = Entry(moved, with_priorities(arrays, keys, values))
-
-
-def moved_on(cached: Signature, now: Signature) -> bool:
-    """Whether ``now`` is ``cached``'s buffer later on by inserts, FIFO eviction and
-    priority updates only (what an index can follow). A read that sees an older state
-    (a replica further behind than the last one read) is not: the index is read again."""
-    return (
-        cached.version == now.version
-        and cached.created_at == now.created_at
-        and now.max_key >= cached.max_key
-        and now.min_key >= cached.min_key
-        and now.priority_version >= cached.priority_version
-    )
 
 
 def with_priorities(arrays: Arrays, keys: np.ndarray, values: np.ndarray) -> Arrays:

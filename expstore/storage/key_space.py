@@ -5,7 +5,7 @@ which costs time and memory in proportion to the buffer. A :class:`KeySpace` hol
 numbers instead, read in one round trip with the buffer's signature: the range its keys lie
 in (``min_key`` .. ``max_key``: writers hand keys out in commit order and FIFO eviction
 removes the oldest) and how many rows it holds (``rows``, kept by every write, see
-:mod:`expstore.storage.registry`). A sampler draws candidate keys in that range and asks
+:mod:`expstore.features.registry`). A sampler draws candidate keys in that range and asks
 :meth:`KeySpace.probe` which of them are rows of the buffer matching the condition (one
 indexed lookup per candidate); the ones that are, drawn uniformly, are a uniform draw among
 the matching rows (rejection sampling, :mod:`expstore.samplers.flat`). So the cost of a
@@ -15,32 +15,43 @@ size.
 Everything a space reads is read on one connection, at one moment of the buffer as far as
 the database's isolation gives: the range and counts first, then each probe. A row deleted
 after its probe is chosen again by the sampling loop, as with a key index.
+
+What draws find about their matching rows is kept by each handle (:class:`KeySpaces`) from
+draw to draw, for every sampler of the process, while the buffer changes only in ways it
+can follow (:class:`Kept`). A draw target is a condition, ``max_staleness`` and
+``consume_after`` (:meth:`KeySpace.condition_key`). Between two draws of a target, rows
+only leave its matching rows, or new ones arrive with higher keys, as long as the buffer
+moved on by inserts, FIFO eviction, priority updates and draws counted
+(:func:`~expstore.features.state.moved_on`), and the oldest fresh version did not go back:
+evicted, spent and stale rows leave, nothing else changes. What was found then stays true
+but for those two changes, which the finder checks (the prioritized sampler's least
+priority, the stratified sampler's values held); anything else (deletes, updates, a
+policy version set back) finds it again.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from typing import Any, NamedTuple
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 from sqlalchemy import Connection, and_, bindparam, func, or_, select
 
+from ..db.compiled import CompiledSelect
+from ..db.handle import BufferHandle
+from ..db.schema import loose_scan, priorities, rows
 from ..errors import InvalidArgumentError
-from ..layout import COLUMNS_BY_NAME, ColumnSpec
+from ..features.draw_counts import unspent_clause
+from ..features.groups import GroupSpec, count_groups, groups_first_at
+from ..features.priorities import logged_priorities
+from ..features.state import Signature, moved_on
+from ..features.versions import FreshBounds, fresh_clause, oldest_fresh
+from ..model.layout import COLUMNS_BY_NAME, ColumnSpec
+from ..query import QueryCondition, condition_key
 from ..query.fields import resolve_field
-from .base import QueryCondition
-from .compiled import CompiledSelect
-from .draw_counts import unspent_clause
-from .groups import GroupSpec, count_groups, groups_first_at
-from .handle import BufferHandle
-from .kept import Kept
-from .key_index import Arrays, Signature, _column, _to_arrays, condition_key
-from .least_priority import least_matching_priority
-from .matching_values import values_held
-from .priorities import logged_priorities
-from .schema import loose_scan, priorities, rows
-from .versions import FreshBounds, fresh_clause, oldest_fresh
+from .key_index import Arrays, _column, _to_arrays
 
 #: A plan line of SQLite seeking an index on the condition with each candidate key (not
 #: the (buffer_id, key) index, which turns no candidate down).
@@ -48,7 +59,9 @@ _INDEX_PROBE = re.compile(
     r"USING (COVERING )?INDEX \S+ \(buffer_id=\? AND (?!key=\? AND rowid).+ AND rowid=\?\)"
 )
 
-__all__ = ["DISTINCT_LIMIT", "KeySpace", "PriorityBounds"]
+__all__ = ["DISTINCT_LIMIT", "KeySpace", "KeySpaces", "Kept", "PriorityBounds", "Since"]
+
+_T = TypeVar("_T")
 
 #: Keys per probing statement.
 _PROBE_CHUNK = 5000
@@ -56,6 +69,119 @@ _PROBE_CHUNK = 5000
 _SPAN_CHUNK = 256
 #: :meth:`KeySpace.distinct` gives up beyond this many values.
 DISTINCT_LIMIT = 1024
+
+
+class KeySpaces:
+    """What one handle's draws over its key space keep from draw to draw (where fresh
+    rows lie, what draws found about their matching rows), and how they read a space."""
+
+    def __init__(
+        self,
+        handle: BufferHandle,
+        state: Callable[[Connection], tuple[Signature, int | None, int]],
+    ) -> None:
+        self.handle = handle
+        #: Reads the buffer's state (the key index's read, which also tells the rate limit
+        #: whether the buffer has one; see :func:`expstore.features.state.read_state`).
+        self.state = state
+        #: Candidate keys probed by draws over the key space so far, to see what a draw
+        #: costs.
+        self.keys_probed = 0
+        #: Where fresh and stale rows lie, by server and oldest fresh version, kept across
+        #: draws (see :class:`expstore.features.versions.FreshBounds`).
+        self.fresh_bounds = FreshBounds()
+        #: What draws over the key space found about their matching rows (the least
+        #: priority, the values held), kept across draws.
+        self.kept = Kept()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "kept": Kept()}
+
+    def clear(self) -> None:
+        self.fresh_bounds.clear()
+        self.kept.clear()
+
+    def draw(
+        self,
+        query_condition: QueryCondition,
+        use: Callable[[KeySpace], _T],
+        *,
+        max_staleness: int | None = None,
+        consume_after: int | None = None,
+        snapshot: bool = False,
+    ) -> _T:
+        """``use(space)`` over the buffer's :class:`KeySpace` read now (range, row count and
+        policy version in the state's one round trip); ``snapshot``: all of its statements
+        on one snapshot (a transaction's cost)."""
+        with self.handle.errors("draw keys"), self.handle.read() as conn:
+            if snapshot:  # e.g. priority bounds and probes: a priority updated meanwhile
+                self.handle.dialect.snapshot(conn)  # cannot leave the bounds' envelope
+            signature, version, count = self.state(conn)
+            space = KeySpace(
+                self.handle,
+                conn,
+                query_condition,
+                (signature.min_key, signature.max_key, count, version),
+                max_staleness,
+                consume_after,
+                self.fresh_bounds,
+                signature,
+                self.kept,
+            )
+            try:
+                return use(space)
+            finally:
+                self.keys_probed += space.probed
+
+
+#: Findings a handle keeps (the ones used last).
+KEPT = 128
+
+
+class Since(NamedTuple):
+    """A finding and the buffer it was found in."""
+
+    found: Any
+    signature: Signature
+    oldest: int | None  # the oldest fresh version then (None: every row)
+
+
+class Kept:
+    """The findings of one handle's draws, by what was found and the draw target (the
+    :data:`KEPT` used last)."""
+
+    def __init__(self) -> None:
+        self._kept: OrderedDict[Any, Since] = OrderedDict()
+
+    def get(self, space: KeySpace, what: tuple[Any, ...]) -> Since | None:
+        """What was found as ``what`` for ``space``'s target, if the buffer changed since
+        only in ways the finder can follow; None when it must be found again."""
+        since = self._kept.get((what, space.condition_key()))
+        signature = space.signature
+        assert signature is not None  # a space read by a key index's freshness check
+        if since is None or not moved_on(since.signature, signature):
+            return None
+        return since if _shrunk(since.oldest, space.oldest) else None
+
+    def put(self, space: KeySpace, what: tuple[Any, ...], found: Any) -> None:
+        """Keep ``found`` as ``what`` for ``space``'s target, as of ``space``."""
+        assert space.signature is not None
+        target = (what, space.condition_key())
+        self._kept[target] = Since(found, space.signature, space.oldest)
+        self._kept.move_to_end(target)
+        while len(self._kept) > KEPT:
+            self._kept.popitem(last=False)
+
+    def clear(self) -> None:
+        self._kept.clear()
+
+
+def _shrunk(before: int | None, now: int | None) -> bool:
+    """Whether the fresh rows under the oldest fresh version ``now`` are among those under
+    ``before`` (None: every row fresh)."""
+    if now is None:
+        return before is None
+    return before is None or now >= before
 
 
 class PriorityBounds(NamedTuple):
@@ -84,7 +210,7 @@ class KeySpace:
     ) -> None:
         self.handle = handle
         #: What draws found about their matching rows, kept by the handle from draw to
-        #: draw (see :mod:`expstore.storage.kept`).
+        #: draw (see :class:`Kept`).
         self.kept = Kept() if kept is None else kept
         #: The buffer's signature as this space's freshness check read it.
         self.signature = signature
@@ -120,7 +246,7 @@ class KeySpace:
     def low(self) -> int:
         """The smallest key a matching row can have: ``min_key``, raised under
         ``max_staleness`` to the first fresh row's key
-        (:func:`~expstore.storage.versions.first_fresh_key`), so that draws in a buffer
+        (:func:`~expstore.features.versions.first_fresh_key`), so that draws in a buffer
         whose older versions went stale look for rows in its fresh part alone. Found once
         per oldest fresh version and kept by the storage (a bound it stays, see there);
         may exceed ``max_key`` when no row can match."""
@@ -149,7 +275,7 @@ class KeySpace:
         needs no probe: a dense buffer without a condition or ``consume_after``, whose
         stale rows (under ``max_staleness``) all lie below its first fresh row (the usual
         buffer of an asynchronous run, its versions growing with its keys; see
-        :class:`~expstore.storage.versions.FreshBounds`)."""
+        :class:`~expstore.features.versions.FreshBounds`)."""
         if self._every_key is None:
             oldest = self.oldest
             self._every_key = (
@@ -168,7 +294,7 @@ class KeySpace:
     def late_stale_keys(self, limit: int) -> np.ndarray | None:
         """The keys from :attr:`low` on of stale rows (late rollouts of older policies
         among the fresh ones), sorted; None when there are more than ``limit`` (kept by
-        the storage, see :meth:`~expstore.storage.versions.FreshBounds.late`). Empty
+        the storage, see :meth:`~expstore.features.versions.FreshBounds.late`). Empty
         without ``max_staleness``."""
         oldest = self.oldest
         if oldest is None or not self.rows:
@@ -289,12 +415,6 @@ class KeySpace:
         ]
         return None if len(values) > DISTINCT_LIMIT else values
 
-    def matching_values(self, name: str, values: Sequence[Any]) -> list[Any]:
-        """Those of ``values`` (of the indexed column ``name``) that a matching row holds,
-        as kept by the handle from draw to draw (see
-        :mod:`expstore.storage.matching_values`)."""
-        return values_held(self, name, list(values))
-
     def first_matching(self, name: str, value: Any, start: int) -> int | None:
         """The key of the first matching row holding ``value`` in the indexed column
         ``name`` from key ``start`` on, by the column's index in key order, each row
@@ -325,7 +445,7 @@ class KeySpace:
     def groups_first_at(self, spec: GroupSpec, keys: np.ndarray) -> Arrays | None:
         """The summaries of the groups (of the matching rows, by ``spec``) whose first row
         is one of the candidate ``keys``, as
-        :meth:`~expstore.storage.groups.GroupIndex.get` gives them; None when the group
+        :meth:`~expstore.features.groups.GroupIndex.get` gives them; None when the group
         column has no index to find a group's rows by (a payload path, a column without
         one), so that each group would be a scan."""
         if _indexed_column(spec.group_by) is None:
@@ -339,7 +459,7 @@ class KeySpace:
     def group_counts(self, spec: GroupSpec) -> tuple[int, int, int, int]:
         """How many groups (of the matching rows, by ``spec``) are ready, waiting, filtered
         and stale under this space's ``max_staleness`` (see
-        :func:`~expstore.storage.groups.count_groups`)."""
+        :func:`~expstore.features.groups.count_groups`)."""
         return count_groups(self.handle, self.conn, self.query_condition, spec, self.oldest)
 
     def task_counts(self, task_ids: Sequence[str]) -> dict[str, int]:
@@ -438,16 +558,10 @@ class KeySpace:
             None if largest is None else float(largest),
         )
 
-    def least_matching_priority(self) -> float:
-        """The least stored priority among the matching rows (``inf`` when none holds
-        one), as kept by the handle from draw to draw (see
-        :mod:`expstore.storage.least_priority`)."""
-        return least_matching_priority(self)
-
     def logged_priorities(self, after: int) -> tuple[np.ndarray, np.ndarray] | None:
         """(keys, priorities) set by priority updates since the buffer's priority version
         ``after``, up to this space's; None when the log no longer reaches back that far
-        (see :func:`~expstore.storage.priorities.logged_priorities`)."""
+        (see :func:`~expstore.features.priorities.logged_priorities`)."""
         upto = self.signature.priority_version if self.signature is not None else after
         return logged_priorities(self.handle, self.conn, after, upto)
 

@@ -15,20 +15,21 @@ from operator import itemgetter
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, Row, Select, Text, cast, func, select, tuple_
+from sqlalchemy import Row, Select, Text, cast, func, select, tuple_
 from sqlalchemy.sql.elements import ColumnElement
 
 from .._args import check_int
 from ..codec import decode_payload
 from ..codec.documents import DocumentDecoder
 from ..codec.format import MALFORMED
+from ..db.handle import BufferHandle
+from ..db.row_ids import by_keys
+from ..db.schema import buffers, rows
 from ..errors import CodecError, InvalidArgumentError, UnsupportedTypeError
-from ..layout import COLUMNS, META_COLUMNS, ORDERABLE, PAYLOAD_FIELDS, SCALAR_COLUMNS
-from ..models import DataRow, Experience, ExpMeta, trusted_many
-from .base import QueryCondition
-from .handle import BufferHandle
-from .registry import buffer_row
-from .schema import buffers, rows
+from ..features.registry import buffer_row
+from ..model.layout import COLUMNS, META_COLUMNS, ORDERABLE, PAYLOAD_FIELDS, SCALAR_COLUMNS
+from ..model.rows import DataRow, Experience, ExpMeta, trusted_many
+from ..query import QueryCondition
 
 __all__ = ["CHUNK", "RowReader", "key_list"]
 
@@ -74,7 +75,7 @@ def decode_rows(
     """:func:`decode_row` of many rows, done over the batch rather than row by row: the
     typed columns checked column by column, the rows of each learned document text decoded
     together (:meth:`DocumentDecoder.decode_many`), each model's objects made at once
-    (:func:`~expstore.models.trusted_many`), and Python's cyclic garbage collector paused
+    (:func:`~expstore.model.rows.trusted_many`), and Python's cyclic garbage collector paused
     meanwhile (the rows hold no cycles; a batch of 256 rows otherwise triggers several
     collections)."""
     checked = all(
@@ -159,27 +160,6 @@ def _values(
     return values
 
 
-def by_keys(
-    handle: BufferHandle, conn: Connection, keys: list[int], columns: Sequence[Any]
-) -> list[Any]:
-    """``columns`` (``columns[0]`` the key) and then ``buffer_id`` of the buffer's rows
-    among the distinct ``keys``, in no particular order, 5,000 keys per statement, on
-    ``conn``."""
-    # Keys are unique across buffers. The buffer is checked here rather than in the WHERE
-    # clause, where it would lead SQLite to look each key up through the (buffer_id, key)
-    # index and then the table, instead of the table alone.
-    statement = handle.statement(
-        ("by keys", *columns),
-        lambda: select(*columns, rows.c.buffer_id).where(handle.dialect.key_in()),
-    )
-    buffer_id = handle.buffer_id
-    fetched: list[Any] = []
-    for start in range(0, len(keys), 5000):
-        chunk = handle.dialect.key_set(keys[start : start + 5000])
-        fetched += [r for r in statement.run(conn, keys=chunk) if r[-1] == buffer_id]
-    return fetched
-
-
 class RowReader:
     """Whole rows of one buffer."""
 
@@ -249,7 +229,7 @@ class RowReader:
         self, query_condition: QueryCondition, *, limit: int | None, order_by: str
     ) -> Iterator[DataRow]:
         """Stream matching rows, ``CHUNK`` at a time, in ``order_by`` order (a column of
-        :data:`~expstore.layout.ORDERABLE`, ``key`` being insertion order, with a leading
+        :data:`~expstore.model.layout.ORDERABLE`, ``key`` being insertion order, with a leading
         ``-`` for descending). Each chunk is fetched in its own short read by keyset
         pagination, so the table is never loaded whole and no connection is held between
         chunks: the loop body may write to the buffer."""

@@ -2,23 +2,23 @@
 
 The storage is a thin front over one module per role, which a reader can find by name:
 
-- :mod:`~expstore.storage.engine`: engines and fork-aware connections;
-- :mod:`~expstore.storage.dialects`: what SQLite and Postgres each do their own way;
-- :mod:`~expstore.storage.handle`: which buffer, its statements, error translation;
-- :mod:`~expstore.storage.registry`: the buffer's row, its retention and version counters;
-- :mod:`~expstore.storage.eviction`: the retention policies;
+- :mod:`~expstore.db.engine`: engines and fork-aware connections;
+- :mod:`~expstore.db.dialects`: what SQLite and Postgres each do their own way;
+- :mod:`~expstore.db.handle`: which buffer, its statements, error translation;
+- :mod:`~expstore.features.registry`: the buffer's row, its retention and version counters;
+- :mod:`~expstore.features.eviction`: the retention policies;
 - :mod:`~expstore.storage.writer`: checking, encoding and inserting a batch, duplicates;
 - :mod:`~expstore.storage.reader`: whole rows by id, key, condition, page and task;
 - :mod:`~expstore.storage.fetch`: a few fields of chosen rows;
-- :mod:`~expstore.storage.priorities`: stored priorities and their log;
-- :mod:`~expstore.storage.versions`: the current policy version and what is stale;
-- :mod:`~expstore.storage.rate_limits`: rate limits and their counters;
+- :mod:`~expstore.features.priorities`: stored priorities and their log;
+- :mod:`~expstore.features.versions`: the current policy version and what is stale;
+- :mod:`~expstore.features.rate_limits`: rate limits and their counters;
 - :mod:`~expstore.storage.key_index`: the cached key arrays samplers choose from;
-- :mod:`~expstore.storage.groups`: group summaries (GRPO groups), and
-  :mod:`~expstore.storage.group_claims`: claiming whole groups;
-- :mod:`~expstore.storage.summary`: stats as SQL aggregates;
-  :mod:`~expstore.storage.task_stats`: per-task summaries kept by writers, and
-  :mod:`~expstore.storage.summary_build`: creating, building and dropping them.
+- :mod:`~expstore.features.groups`: group summaries (GRPO groups), and
+  :mod:`~expstore.features.claims.groups`: claiming whole groups;
+- :mod:`~expstore.features.stats.summary`: stats as SQL aggregates;
+  :mod:`~expstore.features.stats.task_stats`: per-task summaries kept by writers, and
+  :mod:`~expstore.features.stats.summary_build`: creating, building and dropping them.
 
 Writes run in one transaction each: the insert and any eviction inside it, so a batch is
 stored whole or not at all. On SQLite, write transactions begin with ``BEGIN IMMEDIATE``
@@ -38,37 +38,31 @@ import numpy as np
 from sqlalchemy import delete
 from sqlalchemy.engine import URL
 
-from .. import migrate
 from .._args import check_text
-from ..columnar import column_error, parse_columns
+from ..db import migrate, path_indexes
+from ..db.engine import create_sql_engine, is_memory, normalise_url
+from ..db.handle import BufferHandle
+from ..db.replicas import ReadRouter
+from ..db.schema import buffers, rows
 from ..errors import InvalidArgumentError, RowValidationError, StorageError, UnsupportedTypeError
-from ..models import DataRow
-from . import (
-    draw_counts,
-    path_indexes,
-    priorities,
-    registry,
-    summary_build,
-    task_stats,
-    versions,
-    writer,
-)
-from .base import QueryCondition, Storage, Values
-from .claims import ClaimQueue
+from ..features import draw_counts, priorities, registry, versions
+from ..features.claims.queue import ClaimQueue
+from ..features.dedup import Dedup
+from ..features.eviction import Eviction
+from ..features.groups import GroupIndex, GroupSpec
+from ..features.rate_limits import RateLimits
+from ..features.stats import summary_build, task_stats
+from ..features.stats.summary import summarise
+from ..model.columnar import column_error, parse_columns
+from ..model.rows import DataRow
+from ..query import QueryCondition
+from . import writer
+from .base import Storage, Values
 from .column_rows import encoded_columns
-from .dedup import Dedup
-from .engine import create_sql_engine, is_memory, normalise_url
-from .eviction import Eviction
 from .fetch import FieldFetcher
-from .groups import GroupIndex, GroupSpec
-from .handle import BufferHandle
 from .key_index import KeyIndex
-from .key_space import KeySpace
-from .rate_limits import RateLimits
+from .key_space import KeySpace, KeySpaces
 from .reader import RowReader
-from .replicas import ReadRouter
-from .schema import buffers, rows
-from .summary import summarise
 
 _T = TypeVar("_T")
 
@@ -85,7 +79,7 @@ class SqlStorage(Storage):
     - ``name``: one database holds many buffers, isolated from each other.
     - ``capacity``: at most this many rows remain after every write; ``eviction`` chooses
       which go (``fifo``, the default, ``max_reward``, ``task_fifo``; see
-      :mod:`expstore.storage.eviction`). Both are kept with the buffer in the database, so
+      :mod:`expstore.features.eviction`). Both are kept with the buffer in the database, so
       every handle and process that writes evicts alike: the first handle to give them
       sets them, a handle that gives neither uses them, and one that asks for others
       raises :class:`~expstore.errors.RetentionConflictError` (a ValueError).
@@ -118,10 +112,16 @@ class SqlStorage(Storage):
         self._fields = FieldFetcher(self._reader)
         self._index = KeyIndex(handle)
         self._claims = ClaimQueue(handle)
-        self._groups = GroupIndex(handle, self._index)
+        self._spaces = KeySpaces(handle, self._index.state)
+        self._groups = GroupIndex(handle, self._index.state)
         self._limits = RateLimits(handle)
         self._index.on_limit = self._limits.observe
-        handle.caches += [self._index.clear, self._groups.clear, self._claims.clear]
+        handle.caches += [
+            self._index.clear,
+            self._spaces.clear,
+            self._groups.clear,
+            self._claims.clear,
+        ]
         handle.connections.on_fork.append(handle.forget_caches)
         with handle.errors("open"):
             connections = handle.connections
@@ -172,6 +172,12 @@ class SqlStorage(Storage):
         """The cached key indexes (see :mod:`expstore.storage.key_index`)."""
         return self._index
 
+    @property
+    def spaces(self) -> KeySpaces:
+        """What draws over the key space keep from draw to draw (see
+        :class:`~expstore.storage.key_space.KeySpaces`)."""
+        return self._spaces
+
     def count_draws(self, keys: np.ndarray, limit: int) -> np.ndarray:
         return draw_counts.count_draws(self._handle, keys, limit)
 
@@ -180,7 +186,7 @@ class SqlStorage(Storage):
 
     @property
     def rate_limits(self) -> RateLimits:
-        """The buffer's rate limit (see :mod:`expstore.storage.rate_limits`)."""
+        """The buffer's rate limit (see :mod:`expstore.features.rate_limits`)."""
         return self._limits
 
     def acquire_samples(self, n: int, since: float | None = None) -> tuple[int, bool]:
@@ -197,7 +203,7 @@ class SqlStorage(Storage):
 
     @property
     def group_index(self) -> GroupIndex:
-        """The cached group summaries (see :mod:`expstore.storage.groups`)."""
+        """The cached group summaries (see :mod:`expstore.features.groups`)."""
         return self._groups
 
     def groups(self, query_condition: QueryCondition, spec: GroupSpec) -> dict[str, Any]:
@@ -210,7 +216,7 @@ class SqlStorage(Storage):
 
     @property
     def claims(self) -> ClaimQueue:
-        """The buffer's claims (see :mod:`expstore.storage.claims`)."""
+        """The buffer's claims (see :mod:`expstore.features.claims.queue`)."""
         return self._claims
 
     @property
@@ -224,14 +230,14 @@ class SqlStorage(Storage):
 
         Rows are checked, encoded and written in chunks inside that transaction, so memory
         stays small; any failure (a value the codec or the model refuses, a duplicate id)
-        rolls it all back. ``dedup``: see :mod:`expstore.storage.dedup`.
+        rolls it all back. ``dedup``: see :mod:`expstore.features.dedup`.
         """
         self.capacity, self.eviction, stored = writer.store_batch(self._handle, rows_, dedup)
         return stored
 
     def extend(self, columns: Mapping[str, Any], *, dedup: Dedup = None) -> int:
         """Store the rows a dict of columns holds in one transaction, or none (see
-        :mod:`expstore.columnar`); returns how many were stored."""
+        :mod:`expstore.model.columnar`); returns how many were stored."""
         parsed = parse_columns(columns)
         encoded = encoded_columns(parsed)
         if encoded is not None:  # checked whole: no row of it can fail its model
@@ -305,7 +311,7 @@ class SqlStorage(Storage):
         Ids no longer in the buffer (evicted since they were sampled, say) are skipped; for
         an id given twice the last priority wins. This process's cached key index is
         patched in place, and the update is logged so that other processes patch theirs
-        too (see :mod:`expstore.storage.priorities`).
+        too (see :mod:`expstore.features.priorities`).
         """
         done = priorities.update_priorities(self._handle, ids, priorities_)
         if done is None:
@@ -376,7 +382,7 @@ class SqlStorage(Storage):
     ) -> _T:
         """``use(space)`` over the buffer's key space read now, on one connection (see
         :mod:`expstore.storage.key_space`); ``snapshot``: all on one snapshot."""
-        return self._index.space(
+        return self._spaces.draw(
             query_condition,
             use,
             max_staleness=max_staleness,
@@ -386,7 +392,7 @@ class SqlStorage(Storage):
 
     def create_index(self, path: str) -> str:
         """Index the rows on ``path`` (a payload path or a column) so conditions on it are
-        index ranges; returns the index's name (see :mod:`expstore.storage.path_indexes`)."""
+        index ranges; returns the index's name (see :mod:`expstore.db.path_indexes`)."""
         return path_indexes.create_path_index(self._handle, path)
 
     def drop_index(self, path: str) -> bool:
@@ -399,7 +405,7 @@ class SqlStorage(Storage):
         step: int = task_stats.BUILD_STEP,
         progress: Callable[[int], object] | None = None,
     ) -> None:
-        """Keep per-task summaries (see :mod:`expstore.storage.task_stats`), building them
+        """Keep per-task summaries (see :mod:`expstore.features.stats.task_stats`), building them
         for the rows present ``step`` rows per transaction (``progress`` is told how many
         rows each step summarised)."""
         summary_build.create(self._handle, step, progress)
@@ -438,6 +444,7 @@ class SqlStorage(Storage):
         """Close every pooled connection. The storage can't be used afterwards."""
         self._handle.connections.close()
         self._index.clear()
+        self._spaces.clear()
         self._groups.clear()
 
     def __reduce__(self) -> Any:

@@ -25,6 +25,10 @@ from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 
 from ..codec import HEADER_SIZE, PayloadWriter
+from ..db.dialects import WRITE_COLUMNS
+from ..db.handle import BufferHandle, retried
+from ..db.row_ids import ids_to_keys
+from ..db.schema import buffers
 from ..errors import (
     CodecError,
     DuplicateIdError,
@@ -32,7 +36,11 @@ from ..errors import (
     RowValidationError,
     UnsupportedTypeError,
 )
-from ..layout import (
+from ..features.dedup import check_dedup, without_duplicates
+from ..features.rate_limits import RateLimits, WriteBlocked, limited_flag
+from ..features.registry import count_inserted, evict_beyond, lock_buffer
+from ..features.stats import task_stats
+from ..model.layout import (
     COLUMNS,
     ID_COLUMN,
     META_COLUMNS,
@@ -41,15 +49,7 @@ from ..layout import (
     SCALAR_COLUMNS,
     ColumnSpec,
 )
-from ..models import DataRow
-from . import task_stats
-from .dedup import check_dedup, without_duplicates
-from .dialects import WRITE_COLUMNS
-from .handle import BufferHandle, retried
-from .rate_limits import RateLimits, WriteBlocked, limited_flag
-from .registry import count_inserted, evict_beyond, lock_buffer
-from .row_ids import ids_to_keys
-from .schema import buffers
+from ..model.rows import DataRow
 
 __all__ = [
     "WRITE_CHUNK",
@@ -96,7 +96,7 @@ _present = partial(is_not, None)
 
 class RowSource(ABC):
     """Rows the writer encodes a chunk at a time: DataRows (or anything read as they
-    are), or a batch of columns encoded column by column (:mod:`expstore.columnar`)."""
+    are), or a batch of columns encoded column by column (:mod:`expstore.model.columnar`)."""
 
     @property
     @abstractmethod
@@ -174,7 +174,7 @@ def store_batch(
 ) -> tuple[int | None, str, int]:
     """Store every row in one transaction, or none; returns the buffer's retention as the
     write found it (capacity, eviction) and how many rows were stored (see
-    :mod:`expstore.storage.dedup` for ``dedup``)."""
+    :mod:`expstore.features.dedup` for ``dedup``)."""
     check_dedup(dedup)
     return store_rows(handle, prepare(rows), dedup)
 

@@ -92,7 +92,7 @@ def test_export_into_a_closed_pipe_is_not_an_error(tmp_path: Path) -> None:
 
 
 def test_upgrade_sql_starts_from_the_database_revision(invoke: Any, tmp_path: Path) -> None:
-    from expstore.storage.engine import create_sql_engine
+    from expstore.db.engine import create_sql_engine
 
     url = f"sqlite:///{tmp_path / 'old.db'}"
     with ReplayBuffer(url):

@@ -446,7 +446,7 @@ def test_a_group_claimer_remembers_as_taken_only_the_groups_that_are(
     attempt rolled back (a deadlock, then retried) saw, are not remembered as taken, or the
     sampler's random draws would skip free groups and fall back to the oldest ones (found
     by review)."""
-    from expstore.storage.claims import ClaimQueue
+    from expstore.features.claims.queue import ClaimQueue
 
     for p in range(10):
         buf.store_batch(group(f"p{p}", [0.0, 1.0]))

@@ -167,7 +167,7 @@ def test_read_urls_that_are_not_replicas_of_the_primary_are_refused(
     primary = cluster.url(0)
     with pytest.raises(ReplicaError, match="is a primary, not a replica"):
         ReplayBuffer(primary, name=name, read_urls=[primary])
-    from expstore.storage import replicas
+    from expstore.db import replicas
 
     ids = iter([1, 2])  # the primary's system identifier, then the replica's
     monkeypatch.setattr(replicas, "_system_id", lambda conn: next(ids))
@@ -293,7 +293,7 @@ def _until(done, processes, timeout: float = 120.0) -> None:  # noqa: ANN001
 
 
 def _inserted(buffer: ReplayBuffer) -> int:
-    from expstore.storage.schema import buffers
+    from expstore.db.schema import buffers
 
     handle = buffer.storage.index.handle
     with handle.write() as conn:
@@ -330,7 +330,7 @@ def test_max_staleness_draws_on_a_replica_return_only_fresh_rows(
             time.sleep(0.05)
         assert _port(buffer) == cluster.port(1)
         sampler = UniformSampler(seed=0, max_staleness=1)
-        index = buffer.storage.index
+        index = buffer.storage.spaces
         probed = index.keys_probed
         drawn = {
             row.exp_meta.policy_version

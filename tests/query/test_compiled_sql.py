@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from sqlalchemy.dialects import postgresql, sqlite
 
+from expstore.db.schema import rows
 from expstore.errors import QueryError
 from expstore.query import QueryBuilder, to_sql
-from expstore.storage.schema import rows
 
 DIALECTS = {"postgresql": postgresql.dialect(), "sqlite": sqlite.dialect()}
 

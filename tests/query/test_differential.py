@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from expstore import DataRow, Experience, ExpMeta, ReplayBuffer
-from expstore.layout import COLUMNS
-from expstore.paths import parse_path
+from expstore.model.layout import COLUMNS
+from expstore.model.paths import parse_path
 from expstore.query import And, Comparison, Condition, Or
 
 TRICKY_STRINGS = [

@@ -16,8 +16,8 @@ import pytest
 from sqlalchemy import Connection, create_engine, func, select, text
 
 from expstore import DataRow, Experience, ExpMeta, ReplayBuffer
+from expstore.db.schema import buffers, rows
 from expstore.query import QueryBuilder, to_sql
-from expstore.storage.schema import buffers, rows
 
 TASK_INDEX = "ix_expstore_rows_buffer_id_task_id_step"
 AGENT_INDEX = "ix_expstore_rows_buffer_id_agent_id"
@@ -121,7 +121,7 @@ def test_postgres_can_serve_the_query_from_the_index_alone(
 
 
 def _id_lookup_plan(url: str, buffer: ReplayBuffer, ids: list[str]) -> str:
-    from expstore.storage.dialects import PostgresDialect
+    from expstore.db.dialects import PostgresDialect
 
     stmt = PostgresDialect().ids_statement(buffer.storage.buffer_id, ids)  # type: ignore[attr-defined]
     engine = create_engine(url)
@@ -195,7 +195,7 @@ def test_postgres_sessions_plan_every_statement_for_its_values_without_jit(pg_ur
     """Every connection a buffer opens turns JIT off and never prepares statements: a
     generic plan made for one buffer's size ran the FIFO trim 25-60x slower on another's,
     and JIT compiled the trim's DELETE for longer than it ran."""
-    from expstore.storage.engine import create_sql_engine
+    from expstore.db.engine import create_sql_engine
 
     engine = create_sql_engine(pg_url)
     try:

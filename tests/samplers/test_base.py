@@ -10,8 +10,9 @@ import pytest
 
 from expstore import DataRow, EmptyBufferError, ReplayBuffer
 from expstore.converters import Converter, DefaultConverter
+from expstore.query import QueryCondition
 from expstore.samplers import KeySampler, Sampler, TaskSampler, UniformSampler
-from expstore.storage.base import QueryCondition, Storage
+from expstore.storage.base import Storage
 from tests.helpers import make_rows
 
 

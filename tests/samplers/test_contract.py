@@ -11,7 +11,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
 from expstore import EmptyBufferError, ExpstoreError, ReplayBuffer
-from expstore.query import QueryBuilder
+from expstore.query import QueryBuilder, QueryCondition
 from expstore.samplers import (
     LatestSampler,
     PrioritizedSampler,
@@ -24,7 +24,6 @@ from expstore.samplers import (
     StratifiedSampler,
     UniformSampler,
 )
-from expstore.storage.base import QueryCondition
 from tests.helpers import make_rows
 
 SAMPLERS: dict[str, Callable[[int | None], Sampler]] = {
@@ -119,8 +118,8 @@ def test_batch_size_must_be_a_positive_int(
 @pytest.fixture
 def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """Every statement sent: through SQLAlchemy's execution, and the ones compiled once and
-    run on the driver's cursor (expstore.storage.compiled)."""
-    from expstore.storage.compiled import CompiledSelect
+    run on the driver's cursor (expstore.db.compiled)."""
+    from expstore.db.compiled import CompiledSelect
 
     seen: list[str] = []
 

@@ -283,7 +283,7 @@ def test_an_epoch_whose_rows_go_stale_goes_on_over_the_key_index(
     fresh = {rows[i].id for i in later}
     owed = fresh - set(before)
     rest: list[str] = []
-    index = buffer.storage.index
+    index = buffer.storage.spaces
     while len(rest) < len(owed):
         probed = index.keys_probed
         rest += _ids(sampler.sample(buffer.storage, 2))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from expstore import EmptyBufferError, ReplayBuffer
-from expstore.query import QueryBuilder
+from expstore.query import QueryBuilder, condition_key
 from expstore.samplers import (
     PrioritizedSampler,
     RecencySampler,
@@ -18,7 +18,6 @@ from expstore.samplers import (
     UniformSampler,
 )
 from expstore.samplers.flat import draw_ranks
-from expstore.storage.key_index import condition_key
 from tests.helpers import make_row, make_rows
 from tests.samplers.stats import chi_square_p
 
@@ -228,7 +227,7 @@ def test_prioritized_keeps_the_least_matching_priority_up_to_date(
     nothing (walks too short: then as far as it takes), then kept from draw to draw as
     priorities are updated, its row goes stale and the policy version is set back; the
     weights stay the key index's all along, and no key index is read."""
-    from expstore.storage import least_priority
+    from expstore.samplers import prioritized as least_priority
 
     keys, agents, versions, priority = _prioritized_narrowed(buffer)
     ids = [r.id for r in buffer.storage.fetch_keys(keys)]
@@ -280,7 +279,7 @@ def test_the_least_fresh_priority_is_read_from_the_fresh_keys_alone(
     priorities of the keys from the first fresh row on, not by walking the stale rows'
     entries; a stale row written late among the fresh keys, with the lowest priority of
     all, is still left out."""
-    from expstore.storage import least_priority
+    from expstore.samplers import prioritized as least_priority
 
     rows = make_rows(30)
     for i, row in enumerate(rows):
@@ -320,7 +319,7 @@ def test_the_least_priority_past_the_walks_under_a_condition(
     """Past the short walks, under a condition alone: the least matching priority (none:
     the unset rows' largest) is the least of all the matching priorities (the condition
     on an indexed column), or found by walking on (SQLite, a condition on the payload)."""
-    from expstore.storage import least_priority
+    from expstore.samplers import prioritized as least_priority
 
     rows = make_rows(30, agents=3)
     for row in rows:
@@ -457,7 +456,7 @@ def test_recency_follows_late_rows_written_since(
     """The late rows are read once per oldest fresh version, then among the rows written
     since: a late row stored between draws is left out too, whether they are read by
     stale version or (more stale versions than that: a long run) by key range."""
-    from expstore.storage import versions as versions_module
+    from expstore.features import versions as versions_module
 
     monkeypatch.setattr(versions_module, "FRESH_VERSIONS", versions)
     rows = make_rows(60)

@@ -85,8 +85,8 @@ def test_postgres_writers_of_a_buffer_take_turns(pg_url: str, buffer_name: str) 
 
     from sqlalchemy import select
 
+    from expstore.db.schema import buffers
     from expstore.storage import create_sql_engine
-    from expstore.storage.schema import buffers
 
     other = create_sql_engine(pg_url)
     with ReplayBuffer(pg_url, name=buffer_name) as buf:
@@ -116,7 +116,7 @@ def test_update_priorities_and_an_evicting_writer_never_deadlock(
     import threading
     import time
 
-    from expstore.storage import priorities
+    from expstore.features import priorities
     from expstore.storage.sql import SqlStorage
     from tests.helpers import make_rows
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from expstore import ReplayBuffer, StorageError
-from expstore.storage import handle, writer
+from expstore.db import handle
+from expstore.storage import writer
 from tests.helpers import make_rows
 
 

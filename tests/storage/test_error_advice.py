@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy.exc import DataError, OperationalError
 
 from expstore import QueryBuilder, ReplayBuffer, StorageError, UniformSampler
-from expstore.storage.handle import advice_for
+from expstore.db.handle import advice_for
 from tests.helpers import make_rows
 
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from expstore import DataRow, Experience, ExpMeta, InvalidArgumentError, ReplayBuffer
-from expstore.columnar import fresh_ids, parse_columns
+from expstore.model.columnar import fresh_ids, parse_columns
 from expstore.storage.column_rows import encoded_columns
 from expstore.storage.writer import encode_chunk
 

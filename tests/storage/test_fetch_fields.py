@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from expstore import DataRow, Experience, ExpMeta, ReplayBuffer
 from expstore.codec import deep_equal
-from expstore.paths import MISSING, read_path
+from expstore.model.paths import MISSING, read_path
 
 KEYS = [
     "a", "b", "0", "1", "01", "-1", "+1", "__tensor__", "__float__", "__escaped__",
@@ -147,8 +147,8 @@ def test_a_damaged_blob_read_by_fields_names_the_row(tmp_path) -> None:
     from sqlalchemy import update
 
     from expstore import CodecError
+    from expstore.db.schema import rows as table
     from expstore.storage import create_sql_engine
-    from expstore.storage.schema import rows as table
 
     row = DataRow(
         exp_meta=ExpMeta(task_id="t", agent_id="a", step=0),
@@ -193,8 +193,8 @@ def test_one_damaged_blob_in_a_batch_names_its_row(tmp_path) -> None:
     from sqlalchemy import select, update
 
     from expstore import CodecError, TensorConverter
+    from expstore.db.schema import rows as table
     from expstore.storage import create_sql_engine
-    from expstore.storage.schema import rows as table
 
     rows = [
         DataRow(

@@ -20,6 +20,7 @@ from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import make_url
 
 from expstore import DataRow, Experience, ExpMeta, ReplayBuffer
+from expstore.db.schema import priorities
 from expstore.errors import EmptyBufferError, StorageError
 from expstore.query import QueryBuilder
 from expstore.samplers import (
@@ -29,7 +30,6 @@ from expstore.samplers import (
     SliceSampler,
     UniformSampler,
 )
-from expstore.storage.schema import priorities
 from tests.helpers import drop_pg_database
 
 Fill = Callable[[str], None]

@@ -8,7 +8,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 
 from expstore import QueryBuilder, ReplayBuffer, SchemaVersionError, migrate
-from expstore.storage.schema import VERSION_TABLE, compared, metadata
+from expstore.db.schema import VERSION_TABLE, compared, metadata
 from expstore.storage.sql import create_sql_engine
 from tests.helpers import make_rows
 

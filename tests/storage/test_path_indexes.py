@@ -9,9 +9,9 @@ import pytest
 from sqlalchemy import event, select, text
 
 from expstore import InvalidArgumentError, ReplayBuffer
+from expstore.db.schema import rows
 from expstore.query import QueryBuilder, to_sql
 from expstore.storage import create_sql_engine
-from expstore.storage.schema import rows
 from tests.helpers import make_rows
 
 

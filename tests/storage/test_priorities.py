@@ -8,9 +8,9 @@ import pytest
 from sqlalchemy import func, select
 
 from expstore import QueryBuilder, ReplayBuffer
+from expstore.db import handle as handle_module
+from expstore.db.schema import priorities
 from expstore.samplers import PrioritizedSampler, UniformSampler
-from expstore.storage import handle as handle_module
-from expstore.storage.schema import priorities
 from tests.helpers import make_row, make_rows
 
 

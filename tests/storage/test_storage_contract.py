@@ -479,7 +479,7 @@ def test_priority_updates_from_another_handle_are_patched_from_the_log(
     every row again, and always equal a fresh index; a handle further behind than the log
     keeps reloads instead."""
     from expstore import QueryBuilder
-    from expstore.storage import schema
+    from expstore.db import schema
 
     rows = make_rows(60)
     conditions = [None, QueryBuilder().eq("exp_meta.agent_id", "agent1").build()]

@@ -16,8 +16,8 @@ from sqlalchemy import select
 
 from expstore import QueryBuilder, ReplayBuffer
 from expstore.errors import InvalidArgumentError
-from expstore.storage import summary_build, task_stats
-from expstore.storage.summary import summarise
+from expstore.features.stats import summary_build, task_stats
+from expstore.features.stats.summary import summarise
 from tests.helpers import in_threads, make_row
 
 #: A condition every row matches: the figures computed from the rows, never the summaries.

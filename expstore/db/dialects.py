@@ -1,0 +1,436 @@
+"""Where SQLite and PostgreSQL differ, one class each, as SQLAlchemy keeps dialect
+differences in dialect classes: how chosen keys are bound, how rows are inserted in bulk,
+how ids become keys, how a buffer's row is locked and how it is first created.
+
+The query compiler keeps the JSON-path differences in one place of its own
+(:mod:`expstore.query.compiler`); migrations keep theirs (:mod:`expstore.db.migrate`).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from typing import Any
+from typing import cast as as_type
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Connection,
+    Double,
+    Engine,
+    Integer,
+    LargeBinary,
+    Select,
+    String,
+    Text,
+    bindparam,
+    cast,
+    column,
+    func,
+    insert,
+    literal,
+    literal_column,
+    select,
+    text,
+    true,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.sql.elements import ColumnElement
+
+from ..errors import UnsupportedTypeError
+from ..model.paths import FieldPath
+from ..query.compiler import json_text
+from .schema import ROW_KEY, buffers, counters, rows
+
+__all__ = ["Dialect", "PostgresDialect", "SqliteDialect", "WRITE_COLUMNS", "dialect_for"]
+
+#: The columns a write fills, in the order of the encoded tuples (see writer.py).
+WRITE_COLUMNS: tuple[str, ...] = tuple(c.name for c in rows.c if c.name not in ("key", "priority"))
+_COLUMN_LIST = ", ".join(f'"{c}"' for c in WRITE_COLUMNS)
+
+#: Encoded rows, one tuple per row in WRITE_COLUMNS order, a chunk at a time.
+Chunks = Iterator[list[tuple[Any, ...]]]
+#: The largest row key ever handed out (kept by SQLite writers, see SqliteDialect).
+_ISSUED = select(counters.c.value).where(counters.c.name == ROW_KEY)
+
+
+class Dialect(ABC):
+    """What one backend does its own way."""
+
+    name: str
+    #: Whether encoding the next chunk in a thread overlaps the insert of the current one.
+    encodes_in_thread: bool = False
+    #: Whether the database extracts a part of a JSON document as text by its path (``->``),
+    #: so a fetch reads only the parts a converter needs.
+    extracts_json: bool = True
+
+    def json_text(self, path: FieldPath) -> ColumnElement[Any]:
+        """The JSON text of the value at a payload path of the rows' document (NULL where
+        there is none), as conditions read it (:func:`expstore.query.compiler.json_text`)."""
+        return json_text(path, rows, self.name, sqlite_arrow=self.extracts_json)
+
+    @abstractmethod
+    def key_in(self, column: Any = rows.c.key) -> ColumnElement[bool]:
+        """``column`` (the rows' ``key`` by default) is in the set bound as ``keys``: one
+        statement whatever the number of keys, so it is compiled once."""
+
+    @abstractmethod
+    def key_set(self, keys: list[int]) -> Any:
+        """The ``keys`` parameter of :meth:`key_in`."""
+
+    @abstractmethod
+    def bound_keys(self) -> Any:
+        """The keys bound as ``keys`` (see :meth:`key_set`) as a subquery of one column,
+        ``key``."""
+
+    @abstractmethod
+    def bound_key_values(self) -> Any:
+        """Keys and a number for each, bound by :meth:`key_value_params`, as a subquery of
+        two columns, ``key`` and ``value``."""
+
+    @abstractmethod
+    def key_value_params(self, keys: Sequence[int], values: Sequence[float]) -> dict[str, Any]:
+        """The parameters of :meth:`bound_key_values` for these keys and their values
+        (finite numbers), one value per key."""
+
+    def insert_per_key(
+        self, table: Any, values: dict[str, Any], given: Any = None, where: Any = None
+    ) -> Any:
+        """``INSERT INTO table`` one row per key of ``given`` (by default :meth:`bound_keys`;
+        or :meth:`bound_key_values`, whose ``value`` column ``values`` may use), with
+        ``values`` (plain values or SQL expressions) for its other columns, for the keys
+        ``where`` (a condition on ``given``) holds: one statement whatever the number of
+        keys. It is an upsert statement (``on_conflict_do_...``) of this database."""
+        given = self.bound_keys() if given is None else given
+        columns = {
+            name: value if isinstance(value, ColumnElement) else literal(value)
+            for name, value in values.items()
+        }
+        # WHERE true: SQLite reads "INSERT ... SELECT ... FROM t ON CONFLICT" as a join.
+        chosen = select(given.c.key, *columns.values()).where(true() if where is None else where)
+        return self.upsert(table).from_select(["key", *columns], chosen)
+
+    @abstractmethod
+    def insert_rows(self, conn: Connection, chunks: Chunks) -> None:
+        """Insert encoded rows, chunk by chunk as the encoder hands them over."""
+
+    @abstractmethod
+    def ids_statement(self, buffer_id: int, ids: list[str]) -> Select[Any]:
+        """``SELECT id, key`` of a buffer's rows with these ids."""
+
+    def locked(self, stmt: Select[Any]) -> Select[Any]:
+        """``stmt`` locking the rows it reads until the transaction ends."""
+        return stmt
+
+    def skip_locked(self, stmt: Select[Any]) -> Select[Any]:
+        """``stmt`` locking the rows it reads, passing over rows another transaction holds
+        (claims: concurrent claimers never wait on each other)."""
+        return stmt
+
+    @abstractmethod
+    def snapshot(self, conn: Connection) -> None:
+        """Make every statement ``conn`` runs from now on (a fresh read connection) read one
+        snapshot of the database, so that several statements of one draw agree."""
+
+    @abstractmethod
+    def now(self) -> ColumnElement[float]:
+        """The database's clock in seconds since the epoch, the one clock leases are
+        measured by whatever host a process runs on."""
+
+    @abstractmethod
+    def keys_text(self, column: Any) -> ColumnElement[str]:
+        """An aggregate: the group's ``column`` values (integer keys) as one comma-separated
+        text, in any order."""
+
+    def commit_without_flush(self) -> ColumnElement[bool]:
+        """A true condition that, evaluated by a statement, lets its transaction commit
+        without waiting for the log to reach disk (for counters whose loss in a crash only
+        loosens a budget: the row lock is then held for the statement, not for a flush)."""
+        return true()
+
+    @abstractmethod
+    def upsert(self, table: Any) -> Any:
+        """``INSERT INTO table`` with ``on_conflict_do_update`` / ``do_nothing``."""
+
+    def wrote(self, engine: Engine, buffer_id: int, rows_written: int) -> None:
+        """Called after a write of ``rows_written`` rows to a buffer commits; the dialect
+        may refresh what its planner knows of the table."""
+        return None
+
+    @abstractmethod
+    def create_buffer(self, conn: Connection, name: str) -> None:
+        """Add the buffer's row unless another process just added it."""
+
+
+class SqliteDialect(Dialect):
+    name = "sqlite"
+    # SQLite's -> operator (JSON text of a part, NULL where there is none) came in 3.38.
+    extracts_json = sqlite3.sqlite_version_info >= (3, 38, 0)
+
+    def __init__(self) -> None:
+        marks = ", ".join("?" * len(WRITE_COLUMNS))
+        # A constant statement over our own column names; every value is a bound parameter.
+        self._insert = f"INSERT INTO {rows.name} ({_COLUMN_LIST}) VALUES ({marks})"
+        self._insert_keyed = f'INSERT INTO {rows.name} ("key", {_COLUMN_LIST}) VALUES (?, {marks})'
+
+    def key_in(self, column: Any = rows.c.key) -> ColumnElement[bool]:
+        keys = func.json_each(bindparam("keys"))
+        each: Select[Any] = select(literal_column("value")).select_from(keys)
+        return as_type("ColumnElement[bool]", column.in_(each.scalar_subquery()))
+
+    def key_set(self, keys: list[int]) -> Any:
+        return "[" + ",".join(map(str, keys)) + "]"
+
+    def keys_text(self, column: Any) -> ColumnElement[str]:
+        return func.group_concat(column)
+
+    def bound_keys(self) -> Any:
+        each = func.json_each(bindparam("keys"))
+        return select(literal_column("value").label("key")).select_from(each).subquery()
+
+    def bound_key_values(self) -> Any:
+        # One JSON array of [key, value] pairs, read in one pass (two arrays joined by
+        # position would be read once per pair).
+        pairs = func.json_each(bindparam("pairs")).table_valued("value").alias("pairs")
+        key = cast(func.json_extract(pairs.c.value, "$[0]"), BigInteger).label("key")
+        value = cast(func.json_extract(pairs.c.value, "$[1]"), Double).label("value")
+        return select(key, value).select_from(pairs).subquery()
+
+    def key_value_params(self, keys: Sequence[int], values: Sequence[float]) -> dict[str, Any]:
+        pairs = ",".join(f"[{int(k)},{float(v)!r}]" for k, v in zip(keys, values, strict=True))
+        return {"pairs": f"[{pairs}]"}
+
+    def insert_rows(self, conn: Connection, chunks: Chunks) -> None:
+        # The DB-API's executemany directly: the values are already in column order.
+        # SQLite gives a new row the table's largest key + 1, which is the key of a deleted
+        # row when the newest rows were deleted: then the keys are given here, above the
+        # largest ever handed out (expstore_counters.row_key; writers take turns on SQLite).
+        largest = conn.execute(select(func.max(rows.c.key))).scalar()
+        issued = conn.execute(_ISSUED).scalar()
+        next_key = None if issued is None or (largest or 0) >= issued else issued + 1
+        for params in chunks:
+            if next_key is None:
+                conn.exec_driver_sql(self._insert, params)
+                continue
+            keyed = [(key, *p) for key, p in enumerate(params, next_key)]
+            conn.exec_driver_sql(self._insert_keyed, keyed)
+            next_key += len(params)
+        conn.execute(
+            sqlite_insert(counters)
+            .values(name=ROW_KEY, value=select(func.max(rows.c.key)).scalar_subquery())
+            .on_conflict_do_update(
+                index_elements=["name"], set_={"value": literal_column("excluded.value")}
+            )
+        )
+
+    def ids_statement(self, buffer_id: int, ids: list[str]) -> Select[Any]:
+        return select(rows.c.id, rows.c.key).where(
+            rows.c.buffer_id == buffer_id, rows.c.id.in_(ids)
+        )
+
+    # SQLite's BEGIN IMMEDIATE already lets one writer in at a time: no row locks.
+
+    def snapshot(self, conn: Connection) -> None:
+        # A read transaction (BEGIN, from the engine's begin event): in WAL mode its
+        # snapshot is taken at the first read and kept to its end. Statements run on the
+        # driver's cursor otherwise commit one by one.
+        conn.begin()
+
+    def now(self) -> ColumnElement[float]:
+        # julianday('now') has millisecond resolution; day 2440587.5 is the Unix epoch.
+        return (func.julianday("now") - 2440587.5) * 86400.0
+
+    def upsert(self, table: Any) -> Any:
+        return sqlite_insert(table)
+
+    def create_buffer(self, conn: Connection, name: str) -> None:
+        conn.execute(insert(buffers).values(name=name, created_at=time.time()))
+
+
+#: The planner's estimate of a buffer's rows, as EXPLAIN reports it.
+_ESTIMATE = text(f"EXPLAIN (FORMAT JSON) SELECT key FROM {rows.name} WHERE buffer_id = :buffer_id")
+
+
+def _copy_type(sql_type: Any) -> str:
+    """The binary COPY type name of a column type of the rows table."""
+    sql_type = getattr(sql_type, "_variant_mapping", {}).get("postgresql", sql_type)
+    for kind, name in (
+        (Boolean, "bool"),
+        (BigInteger, "int8"),
+        (Integer, "int4"),
+        (Double, "float8"),
+        ((String, Text), "text"),
+        (JSONB, "jsonb"),
+        (LargeBinary, "bytea"),
+    ):
+        if isinstance(sql_type, kind):
+            return name
+    raise UnsupportedTypeError(f"no COPY type for {sql_type!r}")  # pragma: no cover
+
+
+def _as_is(text: str) -> str:
+    """psycopg's JSON dumps for a document the codec already serialised."""
+    return text
+
+
+class PostgresDialect(Dialect):
+    name = "postgresql"
+    # psycopg releases the GIL while it waits on the server.
+    encodes_in_thread = True
+
+    def __init__(self) -> None:
+        self.copy_types = [_copy_type(rows.c[name].type) for name in WRITE_COLUMNS]
+        self._copy = f"COPY {rows.name} ({_COLUMN_LIST}) FROM STDIN (FORMAT BINARY)"
+        self._data_at = WRITE_COLUMNS.index("data")
+        self._unchecked = 0
+        self._written = 0
+        self._may_analyze = True
+
+    def key_in(self, column: Any = rows.c.key) -> ColumnElement[bool]:
+        return as_type("ColumnElement[bool]", column == func.any(bindparam("keys")))
+
+    def key_set(self, keys: list[int]) -> Any:
+        return keys
+
+    def keys_text(self, column: Any) -> ColumnElement[str]:
+        return func.string_agg(cast(column, Text), literal(","))
+
+    def bound_keys(self) -> Any:
+        keys = bindparam("keys", type_=ARRAY(BigInteger))
+        return select(func.unnest(keys).label("key")).subquery()
+
+    def bound_key_values(self) -> Any:
+        keys = bindparam("keys", type_=ARRAY(BigInteger))
+        values = bindparam("values", type_=ARRAY(Double))
+        pairs = (
+            func.unnest(keys, values)
+            .table_valued(column("key", BigInteger), column("value", Double))
+            .render_derived(name="given")
+        )
+        return select(pairs.c.key, pairs.c.value).subquery()
+
+    def key_value_params(self, keys: Sequence[int], values: Sequence[float]) -> dict[str, Any]:
+        return {"keys": [int(k) for k in keys], "values": [float(v) for v in values]}
+
+    def insert_rows(self, conn: Connection, chunks: Chunks) -> None:
+        import psycopg
+        from psycopg.copy import QueuedLibpqWriter
+        from psycopg.types.json import Jsonb
+
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        data_at = self._data_at
+        try:
+            # The queued writer sends to the server from a thread of its own, so encoding
+            # the next rows overlaps the network and the server's work.
+            with (
+                raw.cursor() as cursor,
+                cursor.copy(self._copy, writer=QueuedLibpqWriter(cursor)) as copy,
+            ):
+                copy.set_types(self.copy_types)
+                for params in chunks:  # one COPY for the whole batch: no stall per chunk
+                    for p in params:
+                        document = Jsonb(p[data_at], dumps=_as_is)
+                        copy.write_row(p[:data_at] + (document,) + p[data_at + 1 :])
+        except psycopg.errors.IntegrityError as exc:  # surface as SQLAlchemy's errors do
+            raise IntegrityError(self._copy, None, exc) from exc
+        except psycopg.DataError as exc:
+            raise DataError(self._copy, None, exc) from exc
+        except psycopg.Error as exc:
+            raise OperationalError(self._copy, None, exc) from exc
+
+    def ids_statement(self, buffer_id: int, ids: list[str]) -> Select[Any]:
+        # Each id's key by a subquery on the (buffer_id, id) unique index, which Postgres
+        # uses whatever its statistics say. With "id IN (...)", or a join, and no
+        # statistics yet (a freshly loaded table, autovacuum off) it may scan the buffer.
+        wanted = (
+            func.unnest(bindparam("ids", ids, type_=ARRAY(Text)))
+            .table_valued("id")
+            .render_derived(name="wanted")
+        )
+        key = (
+            select(rows.c.key)
+            .where(rows.c.buffer_id == buffer_id, rows.c.id == wanted.c.id)
+            .scalar_subquery()
+        )
+        found = select(wanted.c.id, key.label("key")).subquery()
+        return select(found.c.id, found.c.key).where(found.c.key.is_not(None))
+
+    def locked(self, stmt: Select[Any]) -> Select[Any]:
+        return stmt.with_for_update()
+
+    def skip_locked(self, stmt: Select[Any]) -> Select[Any]:
+        # NO KEY UPDATE: other claimers skip the row, while inserting its consumption entry
+        # (a foreign key check, FOR KEY SHARE) does not wait.
+        return stmt.with_for_update(key_share=True, skip_locked=True, of=rows)
+
+    def commit_without_flush(self) -> ColumnElement[bool]:
+        # set_config(..., is_local => true): synchronous_commit off for this transaction
+        # only, set by the statement itself (no round trip of its own).
+        return func.set_config("synchronous_commit", "off", True).is_not(None)
+
+    def snapshot(self, conn: Connection) -> None:
+        # READ COMMITTED gives each statement its own snapshot; REPEATABLE READ one for the
+        # transaction (on a hot standby too). psycopg sends it with the BEGIN.
+        conn.execution_options(isolation_level="REPEATABLE READ")
+
+    def now(self) -> ColumnElement[float]:
+        # The transaction's start: one instant for every row a claim or an ack writes.
+        return cast(func.extract("epoch", func.now()), Double)
+
+    def upsert(self, table: Any) -> Any:
+        return pg_insert(table)
+
+    #: Rows a handle writes between two looks at what the planner expects of its buffer.
+    STATISTICS_EVERY = 5000
+
+    def wrote(self, engine: Engine, buffer_id: int, rows_written: int) -> None:
+        """ANALYZE the rows table when the planner expects this buffer to hold fewer than
+        half the rows this handle alone has written to it.
+
+        The planner's picture of the table decides how a buffer's rows are found: with
+        statistics taken before a new buffer was bulk-loaded (autovacuum off, or not yet
+        round), Postgres estimates that buffer at one row and may look each id up through
+        any (buffer_id, ...) index, filtering every row of the buffer per id (measured:
+        over 20 minutes for update_priorities of 10,000 ids after loading 1M rows into a
+        second buffer). Autovacuum does the same when it runs; this does it at once, from
+        the writer that made the change, looking (one EXPLAIN) at most every
+        STATISTICS_EVERY rows it writes.
+        """
+        self._written += rows_written
+        self._unchecked += rows_written
+        if self._unchecked < self.STATISTICS_EVERY or not self._may_analyze:
+            return
+        self._unchecked = 0
+        with engine.connect() as conn:
+            (plan,) = conn.execute(_ESTIMATE, {"buffer_id": buffer_id}).scalar_one()
+            if plan["Plan"]["Plan Rows"] * 2 >= self._written:
+                return
+            try:
+                conn.execute(text(f"ANALYZE {rows.name}"))  # our own table's constant name
+                conn.commit()
+            except DBAPIError:  # not the table's owner: autovacuum's job, then
+                conn.rollback()
+                self._may_analyze = False
+
+    def create_buffer(self, conn: Connection, name: str) -> None:
+        conn.execute(
+            pg_insert(buffers).values(name=name, created_at=time.time()).on_conflict_do_nothing()
+        )
+
+
+def dialect_for(name: str) -> Dialect:
+    """The Dialect of a SQLAlchemy dialect name (``sqlite`` or ``postgresql``)."""
+    return PostgresDialect() if name == "postgresql" else SqliteDialect()
+
+
+def chunked(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    """``items`` in slices of ``size``."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]

@@ -1,0 +1,253 @@
+"""What every role of a SQL storage shares: which buffer, its connections, its dialect, the
+statements compiled for it, and the one place where driver errors become StorageError."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from itertools import islice
+from typing import Any, NamedTuple, TypeVar
+
+from sqlalchemy import Connection, Select
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
+from sqlalchemy.sql.elements import ColumnElement
+
+from ..errors import StorageError
+from ..query import QueryCondition, to_sql
+from .compiled import CompiledSelect
+from .dialects import Dialect, dialect_for
+from .engine import Connections
+from .schema import rows
+
+__all__ = ["CONFLICT_RETRIES", "BufferHandle", "retried"]
+
+_T = TypeVar("_T")
+
+#: How many times a write that failed on a serialisation failure or a deadlock is retried.
+CONFLICT_RETRIES = 5
+#: SQLSTATEs of a transaction the server rolled back for a conflict with another.
+_CONFLICTS = frozenset({"40001", "40P01"})
+
+
+def retried(write: Callable[[], _T], also: frozenset[str] = frozenset()) -> _T:
+    """``write()``, called again (after a growing pause, up to :data:`CONFLICT_RETRIES`
+    times) when the server rolled its transaction back for a serialisation failure or a
+    deadlock, or with one of the SQLSTATEs in ``also``; any other failure is raised."""
+    attempt = 0
+    while True:
+        try:
+            return write()
+        except StorageError as exc:
+            attempt += 1
+            state = getattr(getattr(exc.__cause__, "orig", None), "sqlstate", None)
+            if attempt > CONFLICT_RETRIES or not (state in _CONFLICTS or state in also):
+                raise
+            time.sleep(0.005 * 2**attempt)
+
+
+#: Statements a handle keeps compiled before it starts afresh.
+_STATEMENTS = 64
+#: Ids of rows read lately whose keys a handle keeps (see remember_keys).
+_RECENT_KEYS = 16384
+
+
+class BufferHandle:
+    """One named buffer of one database, as the storage's parts see it.
+
+    ``buffer_id`` is set when the storage opens (see :mod:`expstore.features.registry`).
+    """
+
+    def __init__(self, url: URL, name: str) -> None:
+        self.url = url
+        self.name = name
+        self.connections = Connections(url)
+        self.dialect: Dialect = dialect_for(self.connections.engine.dialect.name)
+        self.buffer_id = 0
+        #: The buffer's ``created_at`` as last read (at open, then at each draw's state
+        #: read): another value when its database was made anew under this handle.
+        self.created_at: float | None = None
+        self._statements: dict[tuple[Any, ...], CompiledSelect] = {}
+        #: Choices made once per statement from the database's plan (see key_space).
+        self.plans: dict[tuple[Any, ...], bool] = {}
+        #: The keys of rows read lately, by id (see remember_keys).
+        self.recent_keys: dict[str, int] = {}
+        self._recent_lock = threading.Lock()
+        #: How to forget what the storage's parts cache of the buffer: run in a forked
+        #: child, and when the database turns out to have been made anew.
+        self.caches: list[Callable[[], None]] = []
+
+    def forget_caches(self) -> None:
+        """Forget everything cached of the buffer (see :attr:`caches`)."""
+        for forget in self.caches:
+            forget()
+
+    def check_row(self, name: str | None, created_at: float | None) -> None:
+        """Take the ``name`` and ``created_at`` just read from the buffer's row (None: no
+        row): StorageError if it no longer is this handle's buffer (:meth:`recreated`);
+        another ``created_at`` than the handle knows means the database was made anew
+        under it (dropped and created again, restored), where keys and counters may
+        repeat, so nothing cached of the buffer holds."""
+        if name != self.name:
+            raise self.recreated(name)
+        if created_at != self.created_at:
+            self.forget_caches()
+            self.created_at = created_at
+
+    def remember_keys(self, fetched: Sequence[Sequence[Any]], at_id: int) -> None:
+        """Keep the keys (first) and ids (at ``at_id``) of rows just fetched, so that a
+        call by id soon after finds them by key (see :mod:`expstore.db.row_ids`); the
+        last few thousand."""
+        with self._recent_lock:  # threads share a storage
+            recent = self.recent_keys
+            for r in fetched[-_RECENT_KEYS:]:  # a row read again moves to the newest end
+                recent.pop(r[at_id], None)
+                recent[r[at_id]] = r[0]
+            if len(recent) > _RECENT_KEYS:
+                for stale in list(islice(recent, len(recent) - _RECENT_KEYS // 2)):
+                    del recent[stale]
+
+    def remembered_keys(self, ids: Sequence[str]) -> dict[str, int]:
+        """The keys remembered for those of ``ids`` read lately."""
+        with self._recent_lock:
+            recent = self.recent_keys
+            return {i: recent[i] for i in ids if i in recent}
+
+    def read(self) -> AbstractContextManager[Connection]:
+        return self.connections.read()
+
+    def write(self) -> AbstractContextManager[Connection]:
+        return self.connections.write()
+
+    def single(self) -> AbstractContextManager[Connection]:
+        return self.connections.single()
+
+    def recreated(self, found: str | None) -> StorageError:
+        """The error for a buffer row that no longer is this handle's buffer (``found``:
+        the name the row holds now, None when it is gone)."""
+        now = "is gone" if found is None else f"now holds buffer {found!r}"
+        return StorageError(
+            f"buffer {self.name!r} of {self.url.render_as_string()} is not where this handle "
+            f"found it when it opened (its row {now}): the database was made anew or "
+            "restored since; open the buffer again (a new ReplayBuffer or storage) to use "
+            "it as it is now"
+        )
+
+    def errors(self, action: str) -> AbstractContextManager[None]:
+        """Turns driver errors raised inside into StorageError saying what to do."""
+        return _TranslateErrors(self, action)
+
+    def where(self, query_condition: QueryCondition) -> list[ColumnElement[bool]]:
+        """The WHERE clauses for this buffer's rows matching ``query_condition``."""
+        return [rows.c.buffer_id == self.buffer_id, *self.matching(query_condition)]
+
+    def matching(self, query_condition: QueryCondition) -> list[ColumnElement[bool]]:
+        """The WHERE clauses of ``query_condition`` alone (none for None), for rows already
+        known to be the buffer's."""
+        compiled = to_sql(query_condition, rows, self.dialect.name)
+        return [] if compiled is None else [compiled]
+
+    def statement(self, key: tuple[Any, ...], build: Callable[[], Select[Any]]) -> CompiledSelect:
+        """The statement ``build()`` makes, compiled once for this database and kept."""
+        compiled = self._statements.get(key)
+        if compiled is None:
+            if len(self._statements) >= _STATEMENTS:
+                self._statements.clear()
+            compiled = CompiledSelect(build(), self.connections.engine.dialect)
+            self._statements[key] = compiled
+        return compiled
+
+    def shown_url(self) -> str:
+        return self.url.render_as_string(hide_password=True)
+
+
+class _TranslateErrors:
+    """Turns driver errors into StorageError with what to do; lets expstore errors through."""
+
+    def __init__(self, handle: BufferHandle, action: str) -> None:
+        self.handle = handle
+        self.action = action
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is None or not isinstance(exc, DBAPIError):
+            return
+        reason = str(exc.orig).strip() or str(exc)
+        advice = advice_for(exc, reason)
+        raise StorageError(
+            f"could not {self.action} in {self.handle.shown_url()} (buffer "
+            f"{self.handle.name!r}): {reason}. Nothing was changed; {advice}"
+        ) from exc
+
+
+class _Cause(NamedTuple):
+    """A kind of database failure: its SQLSTATE codes or classes (Postgres), the words the
+    database uses for it (SQLite, drivers), and what to do about it."""
+
+    states: tuple[str, ...]
+    words: tuple[str, ...]
+    advice: str
+
+
+#: Causes in order; the first that matches gives the advice.
+_CAUSES = (
+    _Cause(
+        ("55P03",),
+        ("database is locked", "database table is locked", "lock timeout"),
+        "another process held the database's lock longer than the wait allows; retry, and "
+        "keep other processes' transactions short",
+    ),
+    _Cause(
+        ("25006", "42501"),
+        ("readonly database", "read-only", "permission denied"),
+        "the database (or its file or folder) is read-only here: write to a writable path "
+        "or server (a primary, not a standby), or only read",
+    ),
+    _Cause(("53100",), ("disk is full", "no space left"), "the disk is full: free space and retry"),
+    _Cause(
+        ("54",),
+        ("too large", "too many sql variables", "too many terms"),
+        "the statement is larger than the database accepts: split the condition or the "
+        "batch into smaller ones",
+    ),
+    _Cause(
+        ("40001", "40P01"),
+        ("could not serialize", "deadlock detected"),
+        "the database aborted the transaction to settle a conflict with another one; retry",
+    ),
+    _Cause(
+        ("57014",),
+        ("canceling statement",),
+        "the statement ran past the server's statement timeout; raise it or narrow the query",
+    ),
+    _Cause(
+        ("08", "57P01", "57P02", "57P03"),
+        (
+            "server closed the connection",
+            "connection refused",
+            "could not connect",
+            "connection is closed",
+            "terminating connection",
+        ),
+        "the connection to the database was lost or refused: check that the server is up "
+        "and reachable, then retry",
+    ),
+)
+
+
+def advice_for(exc: DBAPIError, reason: str) -> str:
+    """What to do about a driver error, by its cause (SQLSTATE first, then its words)."""
+    state = str(getattr(exc.orig, "sqlstate", None) or "")
+    said = reason.lower()
+    for cause in _CAUSES:
+        if any(state.startswith(s) for s in cause.states if state) or any(
+            w in said for w in cause.words
+        ):
+            return cause.advice
+    if isinstance(exc, DataError | IntegrityError):
+        return "the database refused the data; fix the value it names"
+    return "check that the database is reachable and writable"

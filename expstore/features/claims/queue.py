@@ -1,0 +1,582 @@
+"""Claims: a consume-once work queue over a buffer's rows, kept in the database.
+
+A claim takes rows no other consumer gets while its lease holds; ``ack`` marks them
+consumed (with the consumer's checkpoint, in the same transaction), ``release`` returns
+them, and a lease that runs out without an ack (the consumer died) returns them by itself.
+Claim state lives in ``expstore_consumption`` (see :mod:`expstore.db.schema`), one
+narrow row per experience row ever claimed, so claiming never rewrites a payload.
+
+How concurrent claimers stay apart:
+
+- Postgres: candidates are read without locks, then locked with ``FOR NO KEY UPDATE SKIP
+  LOCKED`` (claimers pass over each other's rows instead of waiting), and the consumption
+  entry is written with an upsert whose ``WHERE`` says the row is still claimable, evaluated
+  on the newest committed entry. A row whose claim committed between the read and the lock
+  is therefore never taken twice.
+- SQLite: the whole claim is one ``BEGIN IMMEDIATE`` transaction (one writer at a time).
+
+Leases are measured by the database's clock, the same for every host.
+
+FIFO claims do not walk the consumed part of the buffer again on every call: each handle
+keeps, per condition, a key below which every matching row has a committed consumption
+entry. It may stay there because of the buffer's write order: every write to a buffer locks
+the buffer's row first (see :mod:`expstore.features.registry`), so a buffer's rows commit in
+key order and a row committed later always has a greater key (a key is never handed out
+twice, on SQLite too: see :class:`~expstore.db.dialects.SqliteDialect`). Rows below
+that key that become claimable again (released, or their lease ran out) are found through the
+(buffer_id, acked_at, lease_until) index, which holds only a few unacked entries.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+from sqlalchemy import Connection, and_, func, or_, select, true, update
+from sqlalchemy.sql.elements import ColumnElement
+
+from ...db.handle import BufferHandle, retried
+from ...db.schema import buffers, checkpoints, consumers, consumption, oldest_first, rows
+from ...errors import (
+    ClaimFinishedError,
+    ClaimOwnerError,
+    InvalidArgumentError,
+    LeaseExpiredError,
+    UnknownConsumerError,
+    UnsupportedTypeError,
+)
+from ...query import QueryCondition, condition_key
+from ..registry import buffer_row
+from ..versions import fresh_clause, oldest_fresh
+from .reports import Lineage, QueueStats, queue_stats, row_lineage
+
+__all__ = [
+    "ClaimQueue",
+    "Claimed",
+    "GroupTaker",
+    "Lineage",
+    "QueueStats",
+    "Scope",
+    "check_checkpoint",
+]
+
+_C = consumption.c
+#: A released entry: no claim holds the row, which is claimable again.
+_RELEASED: dict[str, Any] = {"claim_id": None, "consumer": None, "lease_until": None}
+#: Rounds a sampler-ordered claim draws candidates before it takes claimable rows at random.
+_DRAW_ROUNDS = 4
+
+
+class Claimed(NamedTuple):
+    """What one claim took: its id, its consumer, the rows' keys in claim order, and when
+    it was taken and its lease ends (database clock, seconds since the epoch)."""
+
+    claim_id: str
+    consumer: str
+    keys: np.ndarray
+    claimed_at: float
+    lease_until: float
+
+
+def check_checkpoint(checkpoint: Any) -> str:
+    """The checkpoint as JSON text, or the error that says why it cannot be stored."""
+    try:
+        return json.dumps(checkpoint, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise UnsupportedTypeError(
+            "a checkpoint must be JSON (dicts, lists, strings, finite numbers, bools, None): "
+            f"{exc}; convert it (for example to a dict of ints and strings) and ack again. "
+            "Nothing was acked"
+        ) from None
+
+
+#: The database's clock, as a float (a bound value) or as SQL evaluated by the statement.
+Now = float | ColumnElement[float]
+
+
+def unblocked(now: Now) -> ColumnElement[bool]:
+    """The row of ``expstore_rows`` has no entry that keeps it from being claimed, looked up
+    by key for each row the scan passes (a scalar subquery, which neither planner turns
+    into a join): walking the buffer in key order, the scan stops after the rows it needs.
+    As an outer or anti join, Postgres read every entry of the table first."""
+    blocked = (
+        select(or_(_C.acked_at.is_not(None), _C.lease_until >= now))
+        .where(_C.key == rows.c.key)
+        .scalar_subquery()
+    )
+    return blocked.is_not(true())
+
+
+def _held_entry(now: Now) -> ColumnElement[bool]:
+    """An existing entry that leaves its row claimable: released, or its lease ran out."""
+    return and_(_C.acked_at.is_(None), or_(_C.lease_until.is_(None), _C.lease_until < now))
+
+
+#: Takes whole groups for a claim: (queue, conn, n rows, now, entry, stamps) -> (keys taken,
+#: what to do once the claim has committed) (see :mod:`expstore.features.claims.groups`).
+GroupTaker = Callable[
+    ["ClaimQueue", Connection, int, Any, dict[str, Any], list[float]],
+    tuple[list[int], Callable[[], None]],
+]
+
+
+class Scope(NamedTuple):
+    """Which rows a claim or a count is about: those matching ``condition`` and, with
+    ``max_staleness``, no more than that many policy versions behind the buffer's current
+    one (evaluated by each statement, see :mod:`expstore.features.versions`)."""
+
+    condition: QueryCondition = None
+    max_staleness: int | None = None
+
+    def matching(self, handle: BufferHandle) -> list[ColumnElement[bool]]:
+        """The clauses for rows known to be the buffer's."""
+        clauses = handle.matching(self.condition)
+        if self.max_staleness is not None:
+            clauses.append(fresh_clause(handle.buffer_id, self.max_staleness))
+        return clauses
+
+    def where(self, handle: BufferHandle) -> list[ColumnElement[bool]]:
+        """The clauses for the buffer's rows in scope."""
+        return [rows.c.buffer_id == handle.buffer_id, *self.matching(handle)]
+
+    @property
+    def key(self) -> str:
+        """Equal for equal scopes, to keep floors by."""
+        return f"{condition_key(self.condition)}|{self.max_staleness}"
+
+
+class _Floor(NamedTuple):
+    """Where a FIFO claim of a scope starts looking, as a handle saw it last."""
+
+    #: Below it every row in scope has a committed consumption entry.
+    key: int
+    #: The oldest fresh version when it was set (scopes with max_staleness): rows below
+    #: the floor come back into scope if the version is forced back below it.
+    oldest: int | None
+
+
+class ClaimQueue:
+    """The claims of one buffer, as one handle sees them."""
+
+    def __init__(self, handle: BufferHandle) -> None:
+        self._handle = handle
+        #: Per scope: where a FIFO claim starts (see :class:`_Floor`); set once a claim
+        #: has committed.
+        self._floors: dict[str, _Floor] = {}
+
+    def clear(self) -> None:
+        self._floors.clear()
+
+    # -- claiming ------------------------------------------------------------------------
+    def claim(
+        self,
+        n: int,
+        scope: Scope,
+        consumer: str,
+        lease_s: float,
+        candidates: Callable[[int], np.ndarray] | None = None,
+        groups: GroupTaker | None = None,
+    ) -> Claimed:
+        """Claim up to ``n`` claimable rows matching the condition: oldest first, or, with
+        ``candidates`` (a function giving up to that many keys chosen by a sampler), among
+        the keys it chooses."""
+        handle = self._handle
+        claim_id = uuid.uuid4().hex
+        now = handle.dialect.now()  # evaluated by each statement: no round trip of its own
+        floors: dict[str, _Floor] = {}  # the FIFO floor this claim moves, once committed
+        committed: list[Callable[[], None]] = []  # what a group taker does then
+
+        def write() -> tuple[list[int], float]:
+            floors.clear()
+            committed.clear()
+            with handle.errors("claim rows"), handle.write() as conn:
+                buffer_row(handle, conn)  # still the handle's buffer
+                entry = {
+                    "buffer_id": handle.buffer_id,
+                    "claim_id": claim_id,
+                    "consumer": consumer,
+                    "claimed_at": now,
+                    "lease_until": now + lease_s,
+                    "times_claimed": 1,
+                }
+                stamps: list[float] = []  # when the entries were written, by the database
+                if groups is not None:
+                    keys, then = groups(self, conn, n, now, entry, stamps)
+                    committed.append(then)
+                elif candidates is None:
+                    keys = self._claim_oldest(conn, n, scope, now, entry, stamps, floors)
+                else:
+                    keys = self._claim_drawn(conn, n, scope, now, entry, stamps, candidates)
+                at = stamps[0] if stamps else float(conn.execute(select(now)).scalar_one())
+            return keys, at
+
+        # A deadlock with an ack or another claim (Postgres) rolls it back: claim again.
+        keys, at = retried(write)
+        self._floors.update(floors)
+        for then in committed:
+            then()
+        return Claimed(claim_id, consumer, np.asarray(keys, dtype=np.int64), at, at + lease_s)
+
+    def _take(
+        self,
+        conn: Connection,
+        keys: list[int],
+        now: Now,
+        entry: dict[str, Any],
+        stamps: list[float],
+    ) -> list[int]:
+        """Lock the rows of ``keys`` no other transaction holds and write this claim's
+        entries for those still claimable; returns the keys taken, in the given order."""
+        taken = set(self.enter(conn, self.lock_free(conn, keys, now), entry, stamps))
+        return [k for k in keys if k in taken]
+
+    def lock_free(self, conn: Connection, keys: list[int], now: Now) -> list[int]:
+        """Lock the rows of ``keys`` that no other transaction holds and that are claimable
+        by this statement's snapshot; returns their keys."""
+        if not keys:
+            return []
+        dialect = self._handle.dialect
+        # Still claimable by this statement's snapshot: a claim that committed since the
+        # candidates were read is passed over here, not met in the upsert (which would lock
+        # its entries and make its ack wait for this transaction).
+        locked = dialect.skip_locked(select(rows.c.key).where(dialect.key_in(), unblocked(now)))
+        bound = {"keys": dialect.key_set(keys)}
+        return [int(k) for k in conn.execute(locked, bound).scalars()]
+
+    def enter(
+        self, conn: Connection, free: list[int], entry: dict[str, Any], stamps: list[float]
+    ) -> list[int]:
+        """Write this claim's entries for the locked rows ``free`` still claimable; returns
+        the keys entered."""
+        if not free:
+            return []
+        dialect = self._handle.dialect
+        now = entry["claimed_at"]
+        # Rows never claimed get an entry; DO NOTHING leaves an existing entry unlocked
+        # (DO UPDATE would lock it even where its WHERE fails, making its ack wait).
+        new = (
+            dialect.insert_per_key(consumption, entry)
+            .on_conflict_do_nothing(index_elements=[_C.key])
+            .returning(_C.key, _C.claimed_at)
+        )
+        returned = list(conn.execute(new, {"keys": dialect.key_set(free)}).all())
+        entered = {int(r.key) for r in returned}
+        again = [k for k in free if k not in entered]
+        if again:  # rows released, or whose lease ran out: their entry changes hands
+            reclaim = (
+                update(consumption)
+                .where(dialect.key_in(_C.key), _held_entry(now))
+                .values(
+                    claim_id=entry["claim_id"],
+                    consumer=entry["consumer"],
+                    claimed_at=entry["claimed_at"],
+                    lease_until=entry["lease_until"],
+                    times_claimed=_C.times_claimed + 1,
+                )
+                .returning(_C.key, _C.claimed_at)
+            )
+            returned += conn.execute(reclaim, {"keys": dialect.key_set(again)}).all()
+        if returned:
+            stamps.append(float(returned[0].claimed_at))
+        return [int(r.key) for r in returned]
+
+    def give_back(self, conn: Connection, keys: list[int], claim_id: str) -> None:
+        """Release this claim's entries of ``keys`` inside its own transaction (a group
+        that could only be claimed in part)."""
+        if keys:
+            dialect = self._handle.dialect
+            conn.execute(
+                update(consumption)
+                .where(dialect.key_in(_C.key), _C.claim_id == claim_id)
+                .values(**_RELEASED),
+                {"keys": dialect.key_set(keys)},
+            )
+
+    def _claim_oldest(
+        self,
+        conn: Connection,
+        n: int,
+        scope: Scope,
+        now: Now,
+        entry: dict[str, Any],
+        stamps: list[float],
+        floors: dict[str, _Floor],
+    ) -> list[int]:
+        handle = self._handle
+        where = scope.where(handle)
+        floor_key = scope.key
+        oldest = self._oldest(conn, scope)
+        start = self._start(conn, scope, now, oldest)
+        taken: list[int] = []
+        floor: int | None = None
+        scan_from = start
+        while len(taken) < n:
+            want = n - len(taken)
+            scan = (
+                oldest_first(select(rows.c.key), handle.buffer_id)
+                .where(*where, rows.c.key >= scan_from, unblocked(now))
+                .limit(want)
+            )
+            found = [int(k) for k in conn.execute(scan).scalars()]
+            got = self._take(conn, found, now, entry, stamps)
+            taken.extend(got)
+            if floor is None and len(got) < len(found):
+                # Held by a claimer still in its transaction (or taken since our read):
+                # the floor stays below it until its entry commits.
+                floor = min(set(found) - set(got))
+            if found:
+                scan_from = found[-1] + 1
+            if len(found) < want:
+                break
+        floors[floor_key] = _Floor(scan_from if floor is None else floor, oldest)
+        return taken
+
+    def _oldest(self, conn: Connection, scope: Scope) -> int | None:
+        """The oldest fresh version of a scope with max_staleness now (-1 while the buffer
+        has no version: every row fresh); None without max_staleness."""
+        if scope.max_staleness is None:
+            return None
+        this = buffers.c.id == self._handle.buffer_id
+        current = conn.execute(select(buffers.c.policy_version).where(this)).scalar_one()
+        oldest = oldest_fresh(None if current is None else int(current), scope.max_staleness)
+        return -1 if oldest is None else oldest
+
+    def _start(self, conn: Connection, scope: Scope, now: Now, oldest: int | None) -> int:
+        """Where a FIFO scan for the condition starts: this handle's floor for it, or lower
+        where a row below it became claimable again (released, lease ran out) or came
+        back into scope (the version forced back below where it was)."""
+        handle = self._handle
+        floor = self._floors.get(scope.key)
+        if floor is None or not floor.key:
+            return 0
+        if oldest is not None and (floor.oldest is None or oldest < floor.oldest):
+            return 0
+        start = floor.key
+        # The few unacked entries below the floor, through the (buffer_id, acked_at,
+        # lease_until) index; then which of their rows match the condition.
+        reopened = select(_C.key).where(
+            _C.buffer_id == handle.buffer_id, _held_entry(now), _C.key < start
+        )
+        keys = [int(k) for k in conn.execute(reopened).scalars()]
+        if not keys:
+            return start
+        # By key alone (the keys are the buffer's): with buffer_id too, Postgres walks the
+        # buffer's (buffer_id, key) index filtering by the key list.
+        matching = select(rows.c.key).where(*scope.matching(handle), handle.dialect.key_in())
+        found = list(conn.execute(matching, {"keys": handle.dialect.key_set(keys)}).scalars())
+        return int(min([start, *found]))
+
+    def _claim_drawn(
+        self,
+        conn: Connection,
+        n: int,
+        scope: Scope,
+        now: Now,
+        entry: dict[str, Any],
+        stamps: list[float],
+        candidates: Callable[[int], np.ndarray],
+    ) -> list[int]:
+        handle = self._handle
+        where = scope.where(handle)
+        taken: list[int] = []
+        seen: set[int] = set()
+        for _ in range(_DRAW_ROUNDS):
+            want = n - len(taken)
+            if want <= 0:
+                break
+            fresh = dict.fromkeys(int(k) for k in candidates(2 * want))
+            drawn = [k for k in fresh if k not in seen]
+            seen.update(drawn)
+            if not drawn:
+                continue
+            open_ = set(
+                conn.execute(
+                    select(rows.c.key).where(*where, rows.c.key.in_(drawn), unblocked(now))
+                ).scalars()
+            )
+            open_drawn = [k for k in drawn if k in open_][:want]
+            taken.extend(self._take(conn, open_drawn, now, entry, stamps))
+        if len(taken) < n:
+            # Few claimable rows left among those the sampler draws: the rest at random
+            # among every claimable row.
+            rest = (
+                select(rows.c.key)
+                .where(*where, unblocked(now), rows.c.key.not_in(taken or [-1]))
+                .order_by(func.random())
+                .limit(n - len(taken))
+            )
+            chosen = [int(k) for k in conn.execute(rest).scalars()]
+            taken.extend(self._take(conn, chosen, now, entry, stamps))
+        return taken
+
+    # -- finishing -----------------------------------------------------------------------
+    def _own_entries(self, conn: Connection, claim: Claimed, action: str) -> list[Any]:
+        """The claim's entries, locked; the typed error when they are not the claim's to
+        finish any more."""
+        handle = self._handle
+        mine = select(_C.key, _C.consumer, _C.acked_at).where(_C.claim_id == claim.claim_id)
+        # Locked in key order, as claims lock them (else the two can deadlock on Postgres).
+        held = list(conn.execute(handle.dialect.locked(mine.order_by(_C.key))).all())
+        if any(e.consumer != claim.consumer for e in held):
+            raise ClaimOwnerError(
+                f"claim {claim.claim_id} belongs to consumer {held[0].consumer!r}, not "
+                f"{claim.consumer!r}; {action} it as that consumer. Nothing was changed"
+            )
+        if any(e.acked_at is not None for e in held):
+            raise ClaimFinishedError(
+                f"claim {claim.claim_id} was already acked; nothing was changed"
+            )
+        missing = sorted(set(claim.keys.tolist()) - {int(e.key) for e in held})
+        reclaimed = 0
+        if missing:
+            others = select(func.count()).where(handle.dialect.key_in(_C.key))
+            bound = {"keys": handle.dialect.key_set(missing)}
+            reclaimed = int(conn.execute(others, bound).scalar_one())
+        if reclaimed:
+            raise LeaseExpiredError(
+                f"claim {claim.claim_id}'s lease ran out and {reclaimed} of its "
+                f"{len(claim.keys)} rows were claimed again (or released) since; another "
+                f"consumer has them now. Nothing was changed; {action} a new claim, and use "
+                "a longer lease_s (or claim.renew()) for work that takes longer"
+            )
+        return held
+
+    def _finish(
+        self,
+        claim: Claimed,
+        action: str,
+        values: dict[str, Any],
+        more: Callable[[Connection], dict[str, Any]] | None = None,
+    ) -> int:
+        """Check the claim is the consumer's to ``action``, then set ``values`` (and what
+        ``more`` adds, in the same transaction) on its entries; returns how many."""
+        handle = self._handle
+
+        def write() -> int:
+            with handle.errors(f"{action} a claim"), handle.write() as conn:
+                buffer_row(handle, conn)  # still the handle's buffer
+                held = self._own_entries(conn, claim, action)
+                extra = more(conn) if more is not None else {}
+                if held:
+                    conn.execute(
+                        update(consumption)
+                        .where(_C.claim_id == claim.claim_id)
+                        .values(**values, **extra)
+                    )
+            return len(held)
+
+        # A deadlock with a claim taking the rows over (Postgres) rolls it back: again.
+        return retried(write)
+
+    def ack(self, claim: Claimed, checkpoint: Any = None, *, with_checkpoint: bool) -> int:
+        """Mark the claim's rows consumed, storing ``checkpoint`` for its consumer in the
+        same transaction; returns how many rows were acked (rows deleted meanwhile, by an
+        evicting writer say, are not counted)."""
+        state = check_checkpoint(checkpoint) if with_checkpoint else None
+        now = self._handle.dialect.now()
+
+        def store_checkpoint(conn: Connection) -> dict[str, Any]:
+            if state is None:
+                return {}
+            return {"checkpoint_seq": self._store_checkpoint(conn, claim.consumer, state, now)}
+
+        done = {"acked_at": now, "lease_until": None}
+        return self._finish(claim, "ack", done, store_checkpoint)
+
+    def release(self, claim: Claimed) -> int:
+        """Return the claim's rows to the queue; returns how many."""
+        return self._finish(claim, "release", _RELEASED)
+
+    def renew(self, claim: Claimed, lease_s: float) -> float:
+        """Extend the claim's lease to ``lease_s`` from now; returns when it ends."""
+        until: list[float] = []
+
+        def lease(conn: Connection) -> dict[str, Any]:
+            now = float(conn.execute(select(self._handle.dialect.now())).scalar_one())
+            until.append(now + lease_s)
+            return {"lease_until": until[-1]}
+
+        self._finish(claim, "renew", {}, lease)
+        return until[-1]
+
+    def _store_checkpoint(self, conn: Connection, consumer: str, state: str, now: Now) -> int:
+        handle = self._handle
+        insert = handle.dialect.upsert(consumers)
+        seq = conn.execute(
+            insert.values(buffer_id=handle.buffer_id, consumer=consumer, last_seq=1)
+            .on_conflict_do_update(
+                index_elements=[consumers.c.buffer_id, consumers.c.consumer],
+                set_={"last_seq": consumers.c.last_seq + 1},
+            )
+            .returning(consumers.c.last_seq)
+        ).scalar_one()
+        conn.execute(
+            checkpoints.insert().values(
+                buffer_id=handle.buffer_id,
+                consumer=consumer,
+                seq=seq,
+                state=json.loads(state),
+                created_at=now,
+            )
+        )
+        return int(seq)
+
+    # -- reading -------------------------------------------------------------------------
+    def checkpoint(self, consumer: str) -> tuple[int, Any]:
+        """``(seq, state)`` of the consumer's last checkpoint; UnknownConsumerError if it
+        has none."""
+        handle = self._handle
+        stmt = (
+            select(checkpoints.c.seq, checkpoints.c.state)
+            .where(checkpoints.c.buffer_id == handle.buffer_id, checkpoints.c.consumer == consumer)
+            .order_by(checkpoints.c.seq.desc())
+            .limit(1)
+        )
+        with handle.errors("read a checkpoint"), handle.read() as conn:
+            found = conn.execute(stmt).first()
+        if found is None:
+            raise UnknownConsumerError(
+                f"consumer {consumer!r} has no checkpoint in buffer {handle.name!r}: it has "
+                "never acked with checkpoint=... . Start it from scratch, or pass default= "
+                "to get a starting state instead of this error"
+            )
+        return int(found.seq), found.state
+
+    def count(self, scope: Scope, upto: int, *, claimable: bool) -> int:
+        """How many matching rows there are (``claimable``: that can be claimed now),
+        counting no further than ``upto``, so a poll costs the same whatever the buffer's
+        size."""
+        handle = self._handle
+        with handle.errors("count rows"), handle.read() as conn:
+            some = select(rows.c.key).where(*scope.where(handle)).limit(upto)
+            if claimable:
+                now = float(conn.execute(select(handle.dialect.now())).scalar_one())
+                start = self._start(conn, scope, now, self._oldest(conn, scope))
+                some = some.where(rows.c.key >= start, unblocked(now))
+            counted = select(func.count()).select_from(some.subquery())
+            return int(conn.execute(counted).scalar_one())
+
+    def stats(self, query_condition: QueryCondition) -> QueueStats:
+        """Queue depth: matching rows by claim state, and per consumer."""
+        return queue_stats(self._handle, query_condition)
+
+    def lineage(self, ids: Sequence[str]) -> dict[str, Lineage]:
+        """The consumption record of each stored row of ``ids`` (rows never claimed:
+        ``unclaimed``; ids not stored are left out)."""
+        return row_lineage(self._handle, ids)
+
+
+def check_lease(lease_s: Any) -> float:
+    """``lease_s`` as a float > 0, or the error that says what arrived."""
+    if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)):
+        raise UnsupportedTypeError(f"lease_s must be a number of seconds, got {lease_s!r}")
+    if not math.isfinite(lease_s) or lease_s <= 0:
+        raise InvalidArgumentError(
+            f"lease_s must be a finite number of seconds > 0, got {lease_s!r}: how long a "
+            "consumer may hold the rows before they go back to the queue"
+        )
+    return float(lease_s)

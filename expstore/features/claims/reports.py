@@ -1,0 +1,142 @@
+"""Reports on claims: queue depth by claim state, and each row's consumption record.
+
+Read-only views over ``expstore_consumption`` (see :mod:`expstore.features.claims.queue`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from sqlalchemy import and_, case, func, select
+from sqlalchemy.sql.elements import ColumnElement
+
+from ..._args import check_text
+from ...db.handle import BufferHandle
+from ...db.row_ids import ids_to_keys
+from ...db.schema import buffers, checkpoints, consumption, rows
+from ...errors import UnsupportedTypeError
+from ...query import QueryCondition
+from ..draw_counts import times_sampled
+
+__all__ = ["Lineage", "QueueStats", "claim_state", "queue_stats", "row_lineage"]
+
+_C = consumption.c
+
+
+class Lineage(NamedTuple):
+    """The consumption record of one row."""
+
+    #: ``unclaimed``, ``leased``, ``expired`` (lease ran out, not acked) or ``consumed``.
+    state: str
+    consumer: str | None
+    claimed_at: float | None
+    lease_until: float | None
+    acked_at: float | None
+    #: The checkpoint its consumer acked it with (None without one).
+    checkpoint: Any
+    checkpoint_seq: int | None
+    times_claimed: int
+    #: Draws counted for samplers with ``consume_after``.
+    times_sampled: int = 0
+
+
+class QueueStats(NamedTuple):
+    """How many matching rows are unclaimed, leased, expired (waiting to be claimed again)
+    and consumed, and per consumer how many it holds and has consumed."""
+
+    total: int
+    unclaimed: int
+    leased: int
+    expired: int
+    consumed: int
+    per_consumer: dict[str, dict[str, int]]
+
+
+def claim_state(now: Any) -> ColumnElement[str]:
+    """A row's claim state from its entry (outer-joined, so NULL for a row never claimed):
+    ``unclaimed`` (also after a release), ``consumed``, ``expired`` or ``leased``."""
+    return case(
+        (_C.key.is_(None), "unclaimed"),
+        (_C.acked_at.is_not(None), "consumed"),
+        (_C.lease_until.is_(None), "unclaimed"),
+        (_C.lease_until < now, "expired"),
+        else_="leased",
+    )
+
+
+def queue_stats(handle: BufferHandle, query_condition: QueryCondition) -> QueueStats:
+    """Queue depth: matching rows by claim state, and per consumer."""
+    state = claim_state(handle.dialect.now()).label("state")
+    with handle.errors("read queue statistics"), handle.read() as conn:
+        if query_condition is None:
+            # Every row of the buffer: the claimed ones are its consumption entries (which
+            # go with their rows), the rest unclaimed, by the buffer's row count; no pass
+            # over the rows.
+            held = select(buffers.c.row_count).where(buffers.c.id == handle.buffer_id)
+            stmt = (
+                select(state, _C.consumer, func.count())
+                .where(_C.buffer_id == handle.buffer_id)
+                .group_by(state, _C.consumer)
+            )
+            claimed = conn.execute(stmt).all()
+            unclaimed = int(conn.execute(held).scalar_one()) - sum(int(c) for *_, c in claimed)
+            grouped: Sequence[Any] = [*claimed, ("unclaimed", None, unclaimed)]
+        else:
+            stmt = (
+                select(state, _C.consumer, func.count())
+                .select_from(rows.outerjoin(consumption, _C.key == rows.c.key))
+                .where(*handle.where(query_condition))
+                .group_by(state, _C.consumer)
+            )
+            grouped = conn.execute(stmt).all()
+    totals = dict.fromkeys(("unclaimed", "leased", "expired", "consumed"), 0)
+    per: dict[str, dict[str, int]] = {}
+    for name, consumer, count in grouped:
+        totals[name] += int(count)
+        if consumer is not None and name != "unclaimed":
+            per.setdefault(consumer, {"leased": 0, "expired": 0, "consumed": 0})[name] += int(count)
+    return QueueStats(sum(totals.values()), **totals, per_consumer=per)
+
+
+def row_lineage(handle: BufferHandle, ids: Sequence[str]) -> dict[str, Lineage]:
+    """The consumption record of each stored row of ``ids`` (rows never claimed:
+    ``unclaimed``; ids not stored are left out)."""
+    if isinstance(ids, str):
+        raise UnsupportedTypeError("lineage() needs a list of ids, got one string")
+    ids = [check_text("id", i) for i in ids]
+    cp = checkpoints.c
+    with_checkpoint = consumption.outerjoin(
+        checkpoints,
+        and_(
+            cp.buffer_id == _C.buffer_id,
+            cp.consumer == _C.consumer,
+            cp.seq == _C.checkpoint_seq,
+        ),
+    )
+    stmt = (
+        select(
+            _C.key,
+            claim_state(handle.dialect.now()),
+            _C.consumer,
+            _C.claimed_at,
+            _C.lease_until,
+            _C.acked_at,
+            cp.state,
+            _C.checkpoint_seq,
+            _C.times_claimed,
+        )
+        .select_from(with_checkpoint)
+        .where(handle.dialect.key_in(_C.key))
+    )
+    with handle.errors("read lineage"), handle.read() as conn:
+        key_of = ids_to_keys(handle, conn, list(ids))
+        keys = list(key_of.values())
+        bound = {"keys": handle.dialect.key_set(keys)}
+        found = {int(key): Lineage(*record) for key, *record in conn.execute(stmt, bound)}
+    never = Lineage("unclaimed", None, None, None, None, None, None, 0)
+    drawn = times_sampled(handle, keys) if keys else {}
+    return {
+        row_id: found.get(key, never)._replace(times_sampled=drawn.get(key, 0))
+        for row_id, key in key_of.items()
+    }

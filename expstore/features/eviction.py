@@ -1,0 +1,131 @@
+"""Retention policies: which rows go when a buffer holds more than its capacity.
+
+Each policy is one SQL DELETE run in the same transaction as the write it follows, so a
+committed write never leaves more than ``capacity`` rows.
+
+- ``fifo``: the oldest rows by insertion order go first.
+- ``max_reward``: keep the rows with the highest ``reward_t`` (torchgfn's prioritized
+  capacity); rows without a reward go first, ties are broken by recency (newer rows stay).
+- ``task_fifo``: evict whole tasks (AWorld's FIFO), so no stored trajectory is left half:
+  the task written least recently (by its newest row) goes first, so a task still being
+  written step by step is never evicted in favour of a finished one. A single task larger
+  than the capacity is evicted whole too. (A task whose later steps arrive after it was
+  evicted starts again from those steps.)
+- ``stale``: rows more than ``k`` policy versions older than the buffer's current version
+  go (``set_retention(capacity, "stale", max_staleness=k)``; see
+  :mod:`expstore.features.versions`), at every write and when the version moves; rows without
+  a version stay. Beyond ``capacity`` (if set), the oldest of the rest go, as ``fifo``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, get_args
+
+from sqlalchemy import Connection, func, select
+from sqlalchemy.sql.elements import ColumnElement
+
+from ..db.schema import buffers, oldest_first, rows
+
+__all__ = [
+    "EVERY_WRITE_POLICIES",
+    "Eviction",
+    "EVICTION_POLICIES",
+    "OLDEST_FIRST_POLICIES",
+    "Remove",
+    "evict",
+]
+
+#: Deletes the buffer's rows matching some WHERE clauses and returns how many went (the
+#: registry's, which also keeps the buffer's row count and task summaries).
+Remove = Callable[[Sequence[ColumnElement[bool]]], int]
+
+
+def _fifo(conn: Connection, buffer_id: int, capacity: int, remove: Remove) -> int:
+    # The buffer's row count (kept in this transaction by every write and delete, ``remove``
+    # included, see expstore.features.registry) says how many of the oldest rows go: the
+    # first key to keep is found by an offset of that excess from the oldest end, so a
+    # write costs the same whatever the capacity.
+    held = select(buffers.c.row_count).where(buffers.c.id == buffer_id)
+    excess = int(conn.execute(held).scalar_one()) - capacity
+    if excess <= 0:
+        return 0
+    threshold = oldest_first(select(rows.c.key), buffer_id).limit(1).offset(excess)
+    return remove([rows.c.key < threshold.scalar_subquery()])
+
+
+def _keep_ranked(
+    conn: Connection, buffer_id: int, capacity: int, remove: Remove, *order: Any
+) -> int:
+    keep = select(rows.c.key).where(rows.c.buffer_id == buffer_id).order_by(*order).limit(capacity)
+    count = conn.execute(
+        select(func.count()).select_from(rows).where(rows.c.buffer_id == buffer_id)
+    ).scalar_one()
+    if count <= capacity:
+        return 0
+    return remove([rows.c.key.not_in(keep)])
+
+
+def _max_reward(conn: Connection, buffer_id: int, capacity: int, remove: Remove) -> int:
+    return _keep_ranked(
+        conn, buffer_id, capacity, remove, rows.c.reward_t.desc().nulls_last(), rows.c.key.desc()
+    )
+
+
+def _task_fifo(conn: Connection, buffer_id: int, capacity: int, remove: Remove) -> int:
+    tasks = (
+        select(
+            rows.c.task_id,
+            func.count().label("n"),
+            func.max(rows.c.key).label("last_key"),
+        )
+        .where(rows.c.buffer_id == buffer_id)
+        .group_by(rows.c.task_id)
+        .subquery()
+    )
+    # Rows held by this task and every task written more recently.
+    running = (
+        select(
+            tasks.c.task_id,
+            func.sum(tasks.c.n)
+            .over(order_by=tasks.c.last_key.desc(), rows=(None, 0))
+            .label("held"),
+        )
+    ).subquery()
+    doomed = select(running.c.task_id).where(running.c.held > capacity)
+    return remove([rows.c.task_id.in_(doomed)])
+
+
+def _stale(conn: Connection, buffer_id: int, capacity: int, remove: Remove) -> int:
+    this = buffers.c.id == buffer_id
+    oldest = select(buffers.c.policy_version - buffers.c.stale_after).where(this)
+    evicted = remove([rows.c.policy_version < oldest.scalar_subquery()])
+    return evicted + (_fifo(conn, buffer_id, capacity, remove) if capacity else 0)
+
+
+#: Policies that only ever delete a buffer's oldest rows (every key below some key), which
+#: readers' cached key indexes follow from the buffer's smallest key, with no reload.
+OLDEST_FIRST_POLICIES = frozenset({"fifo"})
+
+EVICTION_POLICIES: dict[str, Callable[[Connection, int, int, Remove], int]] = {
+    "fifo": _fifo,
+    "max_reward": _max_reward,
+    "task_fifo": _task_fifo,
+    "stale": _stale,
+}
+#: The eviction policies, as a type: ``ReplayBuffer(..., eviction="fifo")`` is checked.
+Eviction = Literal["fifo", "max_reward", "task_fifo", "stale"]
+assert set(get_args(Eviction)) == set(EVICTION_POLICIES)
+
+#: Policies that delete rows at every write even without a capacity.
+EVERY_WRITE_POLICIES = frozenset({"stale"})
+
+
+def evict(
+    conn: Connection, buffer_id: int, capacity: int | None, policy: str, remove: Remove
+) -> int:
+    """Delete rows of ``buffer_id`` beyond ``capacity`` (None: unlimited, for policies that
+    evict without one) by ``policy``, through ``remove``; returns how many went."""
+    if capacity is None and policy not in EVERY_WRITE_POLICIES:
+        return 0
+    return EVICTION_POLICIES[policy](conn, buffer_id, capacity or 0, remove)

@@ -1,0 +1,124 @@
+"""Priorities: stored per row (for prioritized replay) in ``expstore_priorities``, a
+narrow table beside the rows, updated by id, and logged so that other processes bring
+their cached priorities up to date without reading every row again.
+
+An update writes one narrow entry per row (inserted the first time, updated after), never
+a new version of the wide row; the entry goes with its row (ON DELETE CASCADE).
+
+Every update bumps the buffer's ``priority_version`` and writes the keys and priorities it
+set to ``expstore_priority_log`` under that number; the log keeps the last
+:data:`~expstore.db.schema.PRIORITY_LOG_KEEP` updates of each buffer. A reader whose
+cached index is at version ``v`` patches it with the entries ``v + 1 ..`` (see
+:mod:`expstore.storage.key_index`), or reloads when the log no longer reaches back that far.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from sqlalchemy import Connection, delete, select
+
+from .._args import check_text
+from ..db import schema
+from ..db.handle import BufferHandle
+from ..db.row_ids import ids_to_keys
+from ..db.schema import buffers, priority_log
+from ..errors import InvalidArgumentError, UnsupportedTypeError
+from .registry import bump_version, lock_buffer
+
+__all__ = ["Update", "logged_priorities", "update_priorities"]
+
+#: (priority version after the update, the keys it set, their priorities), each key once.
+Update = tuple[int, np.ndarray, np.ndarray]
+
+
+def check_priorities(
+    ids: Sequence[str], priorities: Sequence[float] | np.ndarray
+) -> tuple[list[str], np.ndarray]:
+    """``(ids, priorities as float64)``, or the error that says what is wrong with them."""
+    if isinstance(ids, str):
+        raise UnsupportedTypeError("update_priorities() needs a list of ids, got one string")
+    ids = [check_text("id", i) for i in ids]
+    try:
+        values = np.asarray(priorities, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        raise UnsupportedTypeError(
+            f"priorities must be numbers (a list or an array), got {type(priorities).__name__}; "
+            "nothing was updated"
+        ) from None
+    if len(ids) != len(values):
+        raise InvalidArgumentError(
+            f"update_priorities() needs one priority per id, got {len(ids)} ids and "
+            f"{len(values)} priorities; nothing was updated"
+        )
+    if not np.all(np.isfinite(values)) or np.any(values < 0):
+        raise InvalidArgumentError("priorities must be finite numbers >= 0; nothing was updated")
+    return ids, values
+
+
+def update_priorities(
+    handle: BufferHandle, ids: Sequence[str], priorities: Sequence[float] | np.ndarray
+) -> Update | None:
+    """Set the stored priority of rows by id, logging the update; None when no id is
+    stored. Ids no longer in the buffer are skipped; for an id given twice the last
+    priority wins."""
+    ids, values = check_priorities(ids, priorities)
+    if not ids:
+        return None
+    with handle.errors("update priorities"), handle.write() as conn:
+        # The buffer's row first, as store_batch takes it: locking rows and then the
+        # buffer would deadlock with a writer evicting those rows.
+        lock_buffer(handle, conn, buffers.c.id)
+        key_of = ids_to_keys(handle, conn, ids)
+        # By key, the last priority given for it winning (as the UPDATEs in order would).
+        latest = {key_of[i]: float(p) for i, p in zip(ids, values, strict=True) if i in key_of}
+        if not latest:
+            return None
+        dialect = handle.dialect
+        bound = dialect.key_value_params(list(latest), list(latest.values()))
+        # One statement each, whatever the number of keys: an entry per key (the first
+        # time inserted, after that updated), then the log of this update.
+        given = dialect.bound_key_values()
+        new = dialect.insert_per_key(
+            schema.priorities, {"buffer_id": handle.buffer_id, "priority": given.c.value}, given
+        )
+        conn.execute(
+            new.on_conflict_do_update(
+                index_elements=["key"], set_={"priority": new.excluded.priority}
+            ),
+            bound,
+        )
+        seq = bump_version(handle, conn, buffers.c.priority_version)
+        entries = {"buffer_id": handle.buffer_id, "seq": seq, "priority": given.c.value}
+        conn.execute(dialect.insert_per_key(priority_log, entries, given), bound)
+        conn.execute(
+            delete(priority_log).where(
+                priority_log.c.buffer_id == handle.buffer_id,
+                priority_log.c.seq <= seq - schema.PRIORITY_LOG_KEEP,
+            )
+        )
+    keys = np.fromiter(latest, dtype=np.int64, count=len(latest))
+    new = np.fromiter(latest.values(), dtype=np.float64, count=len(latest))
+    return seq, keys, new
+
+
+def logged_priorities(
+    handle: BufferHandle, conn: Connection, after: int, upto: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(keys, priorities) set by the buffer's priority updates ``after + 1 .. upto``, each
+    key's latest; None if the log no longer reaches back that far."""
+    log = priority_log.c
+    stmt = (
+        select(log.seq, log.key, log.priority)
+        .where(log.buffer_id == handle.buffer_id, log.seq > after, log.seq <= upto)
+        .order_by(log.seq)
+    )
+    entries = conn.execute(stmt).all()
+    if not entries or entries[0][0] != after + 1:
+        return None
+    latest = {key: priority for _, key, priority in entries}
+    return (
+        np.fromiter(latest, dtype=np.int64, count=len(latest)),
+        np.fromiter(latest.values(), dtype=np.float64, count=len(latest)),
+    )

@@ -1,0 +1,264 @@
+"""A buffer's rate limit in the database: its settings and the samples counted under it.
+
+One row of ``expstore_rate_limits`` per limited buffer. Inserts are counted by writers in
+``expstore_buffers.inserted``, on the buffer row every write locks anyway, so counting
+costs writers no new lock. Samples are counted on the rate-limit row by one conditional
+``UPDATE ... SET samples = samples + n WHERE <the budget allows n>``, a statement of its
+own that commits at once (autocommit: one round trip). The row is locked only for that
+statement, never across a sample's fetch, so samplers do not queue behind each other's
+work (nor behind writers, whose transactions hold the buffer row, not this one), and the
+budget is exact (concurrent updates of the row re-check the condition on the newest
+count). On Postgres that commit does not wait for the log to reach disk
+(``synchronous_commit`` off for it alone), so the row is held for microseconds, not for a
+flush: a crash may forget the last counts, which only loosens the budget by what was
+sampled just before it. Whether a buffer has a limit at all is read by the key index in
+its freshness round trip, so unlimited buffers pay nothing per sample.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from sqlalchemy import Connection, case, delete, func, literal, select, update
+
+from ..db.handle import BufferHandle
+from ..db.schema import buffers, rate_limits, rows
+from ..errors import InvalidArgumentError, RateLimitedError
+from .rate_limiter import RateLimiter, RateLimitStats
+from .registry import lock_buffer
+
+__all__ = ["RateLimits", "WriteBlocked", "limited_flag"]
+
+_R = rate_limits.c
+#: Polling back-off while a call waits for budget: first pause, growth, longest pause.
+_FIRST_PAUSE, _GROWTH, _LONGEST_PAUSE = 0.002, 1.5, 0.25
+
+
+class WriteBlocked(Exception):
+    """Internal: a write must wait for samplers (rolled back, retried by the writer)."""
+
+
+def limited_flag(buffer_id: int) -> Any:
+    """A scalar subquery: whether the buffer has a rate limit (for one-round-trip reads)."""
+    return (
+        select(func.count()).select_from(rate_limits).where(_R.buffer_id == buffer_id)
+    ).scalar_subquery()
+
+
+def _counted(buffer_id: int) -> Any:
+    """Rows inserted under the limit: the buffer's insert count less the limit's base."""
+    inserted = select(buffers.c.inserted).where(buffers.c.id == buffer_id).scalar_subquery()
+    return inserted - _R.inserted_base
+
+
+class RateLimits:
+    """The rate limit of one buffer, as one handle uses it."""
+
+    def __init__(self, handle: BufferHandle) -> None:
+        self.handle = handle
+        #: (monotonic time, whether the buffer had a limit) as last seen by a key index read.
+        self.seen: tuple[float, bool] | None = None
+        #: Samples that had to wait, and seconds waited, by this handle.
+        self.waits = 0
+        self.waited_s = 0.0
+        #: Per thread: the limit (its ``created_at``) this thread's last samples were
+        #: counted under, which alone a refund gives back to.
+        self._counted_under = threading.local()
+
+    def observe(self, limited: bool) -> None:
+        self.seen = (time.monotonic(), limited)
+
+    # -- settings ------------------------------------------------------------------------
+    def set(self, limiter: RateLimiter | None) -> None:
+        """Limit the buffer with ``limiter`` (None: no limit) for every process. Setting the
+        limit the buffer already has keeps its counters (a trainer that restarts and sets
+        it again resumes its budget); another one starts counting from now."""
+        handle = self.handle
+        this = _R.buffer_id == handle.buffer_id
+        if limiter is not None and not isinstance(limiter, RateLimiter):
+            raise InvalidArgumentError(
+                f"set_rate_limiter() takes a RateLimiter or None, got {type(limiter).__name__}"
+            )
+        with handle.errors("set the rate limit"), handle.write() as conn:
+            inserted, capacity = lock_buffer(handle, conn, buffers.c.inserted, buffers.c.capacity)
+            if limiter is None:
+                conn.execute(delete(rate_limits).where(this))
+                return
+            if capacity is not None and limiter.min_size > capacity:
+                raise InvalidArgumentError(
+                    f"min_size={limiter.min_size} can never be met: the buffer keeps at most "
+                    f"{capacity} rows. Lower min_size or raise the capacity"
+                )
+            stored = conn.execute(select(rate_limits).where(this)).first()
+            wanted = limiter.settings()
+            if stored is not None and {k: getattr(stored, k) for k in wanted} == wanted:
+                return  # the same limit, as stored (not rebuilt from floats): keep counting
+            present = conn.execute(
+                select(func.count()).select_from(rows).where(rows.c.buffer_id == handle.buffer_id)
+            ).scalar_one()
+            values = {
+                **limiter.settings(),
+                "inserted_base": int(inserted) - int(present),
+                "samples": 0,
+                "created_at": time.time(),
+            }
+            conn.execute(delete(rate_limits).where(this))
+            conn.execute(rate_limits.insert().values(buffer_id=handle.buffer_id, **values))
+
+    def _row(self, conn: Connection) -> Any:
+        counted = _counted(self.handle.buffer_id).label("counted")
+        stmt = select(rate_limits, counted).where(_R.buffer_id == self.handle.buffer_id)
+        return conn.execute(stmt).first()
+
+    def limiter(self) -> RateLimiter | None:
+        with self.handle.errors("read the rate limit"), self.handle.read() as conn:
+            row = self._row(conn)
+        return None if row is None else RateLimiter.from_settings(row)
+
+    def stats(self) -> RateLimitStats | None:
+        with self.handle.errors("read the rate limit"), self.handle.read() as conn:
+            row = self._row(conn)
+        if row is None:
+            return None
+        limiter = RateLimiter.from_settings(row)
+        inserted, sampled = int(row.counted), int(row.samples)
+        return RateLimitStats(
+            limiter,
+            inserted,
+            sampled,
+            can_sample=_may_sample(row, inserted, 1),
+            can_insert=not limiter.block_writers or _may_insert(row, inserted, 1),
+        )
+
+    # -- samplers ------------------------------------------------------------------------
+    def limited(self, since: float | None = None) -> bool:
+        """Whether the buffer has a limit: as a key index read after ``since`` (a monotonic
+        time) told, else read now (no write lock)."""
+        seen = self.seen
+        if since is None or seen is None or seen[0] < since:
+            with self.handle.errors("read the rate limit"), self.handle.read() as conn:
+                limited = bool(conn.execute(select(limited_flag(self.handle.buffer_id))).scalar())
+            self.observe(limited)
+            seen = self.seen
+        return seen is not None and bool(seen[1])
+
+    def acquire(self, n: int, since: float | None = None) -> int:
+        """Count ``n`` samples against the budget, waiting while it is spent; returns ``n``
+        counted (0 when the buffer has no limit). ``since``: a monotonic time after which
+        a key index read told whether the buffer has a limit (saves a round trip)."""
+        if not self.limited(since):
+            return 0
+        handle = self.handle
+        this = _R.buffer_id == handle.buffer_id
+        counted = _counted(handle.buffer_id)
+        take = (
+            update(rate_limits)
+            .where(
+                this,
+                counted >= _R.min_size,
+                counted * _R.samples_per_insert - _R.samples - literal(n) >= _R.min_diff,
+                handle.dialect.commit_without_flush(),
+            )
+            .values(samples=_R.samples + n)
+            .returning(_R.created_at)
+        )
+        started = time.monotonic()
+        pause = _FIRST_PAUSE
+        attempts = 0
+        while True:
+            with handle.errors("count samples"), handle.single() as conn:
+                under = conn.execute(take).scalar()
+                if under is not None:
+                    self._counted_under.created_at = under
+                    if attempts:
+                        self.waits += 1
+                        self.waited_s += time.monotonic() - started
+                    return n
+                row = self._row(conn)
+            if row is None:
+                self.observe(False)
+                return 0
+            limiter = RateLimiter.from_settings(row)
+            limiter.check_sample(n)
+            left = _left(limiter, started)
+            if left <= 0:
+                raise RateLimitedError(
+                    f"waited {limiter.timeout} s to sample {n} rows of buffer {handle.name!r} "
+                    f"under its rate limit ({_describe(row)}); actors must insert more rows "
+                    "first. Raise the limiter's timeout, sample less often, or loosen "
+                    "samples_per_insert / min_size"
+                )
+            time.sleep(min(pause, left))
+            pause = min(pause * _GROWTH, _LONGEST_PAUSE)
+            attempts += 1
+
+    def refund(self, n: int) -> None:
+        """Give back ``n`` counted samples that were not drawn (a short batch), to the limit
+        they were counted under: a limit set since (``set_rate_limiter``, which starts
+        counting afresh) is left as it is, and no count goes below zero."""
+        under = getattr(self._counted_under, "created_at", None)
+        if n > 0 and under is not None:
+            this = _R.buffer_id == self.handle.buffer_id
+            back = update(rate_limits).where(this, _R.created_at == under)
+            left = case((_R.samples >= n, _R.samples - n), else_=0)
+            with self.handle.errors("count samples"), self.handle.single() as conn:
+                conn.execute(back.values(samples=left))
+
+    # -- writers -------------------------------------------------------------------------
+    def check_write(self, conn: Connection, n: int) -> None:
+        """Inside a write holding the buffer row: WriteBlocked if the limit holds writers
+        and ``n`` more rows would run too far ahead of the samplers."""
+        row = self._row(conn)
+        if row is None or not row.block_writers:
+            return
+        RateLimiter.from_settings(row).check_insert(n)
+        if not _may_insert(row, int(row.counted), n):
+            raise WriteBlocked(_describe(row))
+
+    def wait_to_write(self, blocked: WriteBlocked, started: float, pause: float) -> float:
+        """Sleep before a blocked write retries; RateLimitedError past the timeout. Returns
+        the next pause."""
+        limiter = self.limiter()
+        if limiter is None:
+            return pause
+        left = _left(limiter, started)
+        if left <= 0:
+            raise RateLimitedError(
+                f"waited {limiter.timeout} s to store rows into buffer {self.handle.name!r} "
+                f"under its rate limit ({blocked}): learners are not sampling. Nothing was "
+                "stored; start learners, or set block_writers=False"
+            )
+        time.sleep(min(pause, left))
+        return min(pause * _GROWTH, _LONGEST_PAUSE)
+
+
+def _left(limiter: RateLimiter, started: float) -> float:
+    if limiter.timeout is None:
+        return float("inf")
+    return limiter.timeout - (time.monotonic() - started)
+
+
+def _may_sample(row: Any, inserted: int, n: int) -> bool:
+    return bool(
+        inserted >= row.min_size
+        and inserted * row.samples_per_insert - (row.samples + n) >= row.min_diff
+    )
+
+
+def _may_insert(row: Any, inserted: int, n: int) -> bool:
+    if inserted + n <= row.min_size:
+        return True
+    return bool((inserted + n) * row.samples_per_insert - row.samples <= row.max_diff)
+
+
+def _describe(row: Any) -> str:
+    limiter = RateLimiter.from_settings(row)
+    ratio = (
+        f", samples_per_insert={limiter.samples_per_insert:g}"
+        if limiter.samples_per_insert is not None
+        else ""
+    )
+    counted = f"{int(row.counted)} rows inserted, {int(row.samples)} sampled"
+    return f"{counted}; min_size={row.min_size}{ratio}"

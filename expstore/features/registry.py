@@ -1,0 +1,218 @@
+"""The buffer registry: each named buffer's row in ``expstore_buffers``, with its retention
+(capacity and eviction policy, the same for every handle and process that writes) and the
+counters readers use to tell whether their cached key indexes are still current.
+
+Every change to a buffer takes its row first (:func:`lock_buffer`), so changes take turns
+in one order: on Postgres by ``FOR UPDATE``; SQLite's ``BEGIN IMMEDIATE`` already lets one
+writer in at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+from sqlalchemy import Connection, delete, select, update
+from sqlalchemy.sql.elements import ColumnElement
+
+from .._args import check_int
+from ..db.handle import BufferHandle
+from ..db.schema import buffers, rows
+from ..errors import InvalidArgumentError, RetentionConflictError
+from .eviction import EVICTION_POLICIES, OLDEST_FIRST_POLICIES, evict
+from .stats import task_stats
+
+__all__ = [
+    "bump_version",
+    "check_retention",
+    "count_inserted",
+    "count_removed",
+    "evict_beyond",
+    "lock_buffer",
+    "open_buffer",
+    "remove",
+    "set_retention",
+    "settle_retention",
+]
+
+
+def check_retention(capacity: Any, eviction: Any) -> None:
+    """ValueError unless ``capacity`` is None or an int >= 1 and ``eviction`` None or a
+    known policy."""
+    check_int("capacity", capacity, minimum=1, optional=True)
+    if eviction is not None and eviction not in EVICTION_POLICIES:
+        raise InvalidArgumentError(
+            f"eviction must be one of {sorted(EVICTION_POLICIES)}, got {eviction!r}"
+        )
+
+
+def open_buffer(handle: BufferHandle) -> int:
+    """The id of the handle's buffer, adding its row if it has none yet (its
+    ``created_at`` goes to the handle)."""
+    find = select(buffers.c.id, buffers.c.created_at).where(buffers.c.name == handle.name)
+    with handle.read() as conn:
+        found = conn.execute(find).first()
+    if found is None:
+        with handle.write() as conn:
+            if conn.execute(find).first() is None:
+                handle.dialect.create_buffer(conn, handle.name)
+            found = conn.execute(find).one()
+    handle.created_at = float(found[1])
+    return int(found[0])
+
+
+def settle_retention(
+    handle: BufferHandle, capacity: int | None, eviction: str | None
+) -> tuple[int | None, str]:
+    """The buffer's retention, set first if it has none and this handle asks for one;
+    ValueError if the handle asks for another than the buffer keeps."""
+    where = buffers.c.id == handle.buffer_id
+    kept = select(buffers.c.capacity, buffers.c.eviction).where(where)
+    with handle.read() as conn:
+        stored = conn.execute(kept).one()
+    if eviction == "stale" and stored[1] != "stale":
+        raise InvalidArgumentError(
+            'eviction="stale" needs its max_staleness; set it for every writer with '
+            'buffer.set_retention(capacity, "stale", max_staleness=k), then open handles '
+            "without eviction="
+        )
+    if (capacity, eviction) != (None, None) and tuple(stored) == (None, None):
+        with handle.write() as conn:  # only if nobody set it meanwhile
+            conn.execute(
+                update(buffers)
+                .where(where, buffers.c.capacity.is_(None), buffers.c.eviction.is_(None))
+                .values(capacity=capacity, eviction=eviction or "fifo")
+            )
+            stored = conn.execute(kept).one()
+    stored_capacity, stored_eviction = stored[0], stored[1] or "fifo"
+    if (capacity is not None and capacity != stored_capacity) or (
+        eviction is not None and eviction != stored_eviction
+    ):
+        asked = ", ".join(
+            f"{k}={v!r}" for k, v in (("capacity", capacity), ("eviction", eviction)) if v
+        )
+        raise RetentionConflictError(
+            f"buffer {handle.name!r} keeps capacity={stored_capacity!r} with "
+            f"eviction={stored_eviction!r}, which every writer uses; this handle asked for "
+            f"{asked}. Open it without capacity=/eviction= to use the buffer's, or change "
+            "it for every writer with buffer.set_retention(capacity, eviction)"
+        )
+    return (None if stored_capacity is None else int(stored_capacity)), stored_eviction
+
+
+def lock_buffer(handle: BufferHandle, conn: Connection, *columns: Any) -> tuple[Any, ...]:
+    """``columns`` of the buffer's row, locked until the transaction ends (StorageError if
+    the row no longer is the handle's buffer: see :meth:`BufferHandle.recreated`)."""
+    return buffer_row(handle, conn, *columns, locked=True)
+
+
+def buffer_row(
+    handle: BufferHandle, conn: Connection, *columns: Any, locked: bool = False
+) -> tuple[Any, ...]:
+    """``columns`` of the buffer's row (``locked``: until the transaction ends); StorageError
+    if the row no longer is the handle's buffer (the database made anew since it opened)."""
+    stmt = select(buffers.c.name, buffers.c.created_at, *columns)
+    stmt = stmt.where(buffers.c.id == handle.buffer_id)
+    found = conn.execute(handle.dialect.locked(stmt) if locked else stmt).first()
+    if found is None:
+        raise handle.recreated(None)
+    handle.check_row(found[0], float(found[1]))
+    return tuple(found[2:])
+
+
+def bump_version(handle: BufferHandle, conn: Connection, counter: Any = buffers.c.version) -> int:
+    """Mark a change other than an insert (``counter``: ``version``, or
+    ``priority_version`` for a priority update); returns its new value (the row is locked
+    until the transaction ends, so it is exact)."""
+    this = buffers.c.id == handle.buffer_id
+    conn.execute(update(buffers).where(this).values({counter: counter + 1}))
+    return int(conn.execute(select(counter).where(this)).scalar_one())
+
+
+def count_inserted(handle: BufferHandle, conn: Connection, n: int) -> None:
+    """Count ``n`` rows stored into the buffer (the caller holds its row)."""
+    this = buffers.c.id == handle.buffer_id
+    conn.execute(
+        update(buffers)
+        .where(this)
+        .values(inserted=buffers.c.inserted + n, row_count=buffers.c.row_count + n)
+    )
+
+
+def count_removed(handle: BufferHandle, conn: Connection, n: int) -> None:
+    """Count ``n`` rows deleted from the buffer in the caller's transaction (which holds
+    the buffer's row)."""
+    if n:
+        this = buffers.c.id == handle.buffer_id
+        conn.execute(update(buffers).where(this).values(row_count=buffers.c.row_count - n))
+
+
+def remove(
+    handle: BufferHandle,
+    conn: Connection,
+    kept: task_stats.SummaryState | None,
+    where: Sequence[ColumnElement[bool]],
+) -> int:
+    """Delete the buffer's rows matching ``where`` in the caller's transaction (which holds
+    the buffer's row), keeping its row count and, where it keeps them (``kept``, its
+    summary state as the transaction read it), the summaries of the tasks those rows
+    belonged to; returns how many went."""
+    mine = [rows.c.buffer_id == handle.buffer_id, *where]
+    removal = None if kept is None else task_stats.before_delete(handle, conn, kept, where)
+    gone = int(conn.execute(delete(rows).where(*mine)).rowcount)
+    if gone and kept is not None and removal is not None:
+        task_stats.after_delete(handle, conn, kept, removal)
+    count_removed(handle, conn, gone)
+    return gone
+
+
+def evict_beyond(
+    handle: BufferHandle,
+    conn: Connection,
+    capacity: int | None,
+    policy: str,
+    kept: task_stats.SummaryState | None,
+) -> int:
+    """Evict rows beyond ``capacity`` (None: unlimited) by ``policy`` inside the caller's
+    transaction (``kept``: the buffer's summary state, see :func:`remove`); readers see
+    FIFO eviction by the buffer's smallest key, any other by a new version."""
+    limit = None if capacity is None else int(capacity)
+    evicted = evict(conn, handle.buffer_id, limit, policy, partial(remove, handle, conn, kept))
+    if evicted and policy not in OLDEST_FIRST_POLICIES:
+        bump_version(handle, conn)
+    return evicted
+
+
+def set_retention(
+    handle: BufferHandle,
+    capacity: int | None,
+    eviction: str | None,
+    max_staleness: int | None = None,
+) -> tuple[int, str]:
+    """Change the buffer's capacity and policy (None: keep the current one) for every
+    writer; rows beyond the new capacity go in the same transaction. ``max_staleness`` is
+    the ``"stale"`` policy's k (kept with the buffer; None: keep the one stored). Returns
+    (how many rows went, the policy now in force)."""
+    check_retention(capacity, eviction)
+    check_int("max_staleness", max_staleness, minimum=0, optional=True)
+    with handle.errors("change the retention"), handle.write() as conn:
+        current, stale_after = lock_buffer(handle, conn, buffers.c.eviction, buffers.c.stale_after)
+        policy = eviction or current or "fifo"
+        if max_staleness is not None:
+            stale_after = max_staleness
+        if policy == "stale" and stale_after is None:
+            raise InvalidArgumentError(
+                'eviction="stale" drops rows more than max_staleness versions behind the '
+                'current policy version; give it: buffer.set_retention(capacity, "stale", '
+                "max_staleness=k). Nothing was changed"
+            )
+        conn.execute(
+            update(buffers)
+            .where(buffers.c.id == handle.buffer_id)
+            .values(capacity=capacity, eviction=policy, stale_after=stale_after)
+        )
+        evicted = evict_beyond(
+            handle, conn, capacity, policy, task_stats.state(conn, handle.buffer_id)
+        )
+    return int(evicted), policy
