@@ -98,7 +98,7 @@ def test_wheel_carries_migrations_and_creates_a_database(tmp_path: Path) -> None
     db = tmp_path / "fresh.db"
     code = (
         "import expstore, sys\n"
-        "from expstore import migrate\n"
+        "from expstore.db import migrate\n"
         f"assert expstore.__file__.startswith({str(site_dir)!r}), expstore.__file__\n"
         "assert migrate.script_location().name == '_migrations', migrate.script_location()\n"
         f"b = expstore.ReplayBuffer('sqlite:///{db}')\n"

@@ -10,7 +10,8 @@ import pytest
 from sqlalchemy import create_engine, text
 from typer.testing import Result
 
-from expstore import ReplayBuffer, UniformSampler, migrate
+from expstore import ReplayBuffer, UniformSampler
+from expstore.db import migrate
 from expstore.storage import create_sql_engine
 from tests.cli.conftest import Invoke
 

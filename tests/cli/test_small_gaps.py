@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from expstore import ReplayBuffer, migrate
+from expstore import ReplayBuffer
 from expstore._version import __version__
+from expstore.db import migrate
 from tests.helpers import make_rows
 
 ROOT = Path(__file__).resolve().parents[2]

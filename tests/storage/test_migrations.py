@@ -7,7 +7,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 
-from expstore import QueryBuilder, ReplayBuffer, SchemaVersionError, migrate
+from expstore import QueryBuilder, ReplayBuffer, SchemaVersionError
+from expstore.db import migrate
 from expstore.db.schema import VERSION_TABLE, compared, metadata
 from expstore.storage.sql import create_sql_engine
 from tests.helpers import make_rows
