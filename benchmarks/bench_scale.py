@@ -148,7 +148,8 @@ def child_sample(url: str, name: str, flat: bool) -> dict[str, Any]:
         first = time.perf_counter() - started
         times = []
         index = buffer.storage.index  # type: ignore[attr-defined]
-        probed, read = index.keys_probed, index.rows_read
+        spaces = buffer.storage.spaces  # type: ignore[attr-defined]
+        probed, read = spaces.keys_probed, index.rows_read
         for _ in range(REPEATS):
             t0 = time.perf_counter()
             rows = buffer.sample(sampler, condition, batch_size=BATCH)
@@ -161,7 +162,7 @@ def child_sample(url: str, name: str, flat: bool) -> dict[str, Any]:
             "rss": _rss_mib() - before,
             # rows the database looks at per warm sample: candidate keys probed, key-index
             # rows read, and the batch fetched
-            "touched": (index.keys_probed - probed + index.rows_read - read) / REPEATS + BATCH,
+            "touched": (spaces.keys_probed - probed + index.rows_read - read) / REPEATS + BATCH,
         }
         if name == "prioritized" and flat:
             # A training loop: each step a new batch, then new priorities for its rows.

@@ -150,16 +150,16 @@ def child(url: str, repeats: int) -> dict[str, float]:
     with ReplayBuffer(url, name="scale") as buffer:
         uniform, by_agent = UniformSampler(seed=0), UniformSampler(seed=1)
         prioritized = PrioritizedSampler(seed=0)
-        index = buffer.storage.index  # type: ignore[attr-defined]
+        spaces = buffer.storage.spaces  # type: ignore[attr-defined]
         floor = Floor(url, buffer.storage._handle.buffer_id)  # type: ignore[attr-defined]
         # warm both sides, and learn how many candidates expstore probes per filtered draw
         for _ in range(3):
             buffer.sample(uniform, batch_size=BATCH)
             buffer.sample(by_agent, agent3, batch_size=BATCH)
-        probed = index.keys_probed
+        probed = spaces.keys_probed
         for _ in range(10):
             buffer.sample(by_agent, agent3, batch_size=BATCH)
-        candidates = max(BATCH, (index.keys_probed - probed) // 10)
+        candidates = max(BATCH, (spaces.keys_probed - probed) // 10)
 
         def update() -> None:
             buffer.sample(prioritized, batch_size=BATCH)

@@ -46,6 +46,7 @@ import random
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple, TypedDict, TypeVar, cast
 
 import numpy as np
@@ -58,9 +59,6 @@ from ..model.rows import DataRow
 from ..query import QueryCondition, as_condition
 from ..storage.base import Fetched, Storage
 from ..storage.key_space import KeySpace
-from .buffer_bound import BufferBound
-from .consuming import SpentKeys
-from .derived import DerivedArrays, masked, whole_index
 
 __all__ = [
     "Choice",
@@ -84,6 +82,9 @@ _T = TypeVar("_T")
 #: Calls under a condition that go straight to the key index after a flat draw gave up.
 _FLAT_SKIPS = 64
 
+_NO_KEYS = np.empty(0, dtype=np.int64)
+_NO_KEYS.flags.writeable = False
+
 
 def numbering(values: Sequence[Any]) -> dict[Any, int]:
     """Each distinct value's number, in order of first appearance. ``dict.fromkeys`` runs
@@ -97,6 +98,63 @@ def value_codes(values: Sequence[Any]) -> np.ndarray:
     appearance (see :func:`numbering`)."""
     codes = numbering(values)
     return np.fromiter(map(codes.__getitem__, values), dtype=np.int64, count=len(values))
+
+
+# -- values derived from a key index, kept while its arrays are unchanged ---------------
+#: Derived values a sampler keeps (one per condition in use, most recent first).
+_DERIVED_ENTRIES = 4
+
+
+class DerivedArrays:
+    """Values computed from key-index arrays, kept while those arrays are unchanged.
+
+    The storage hands back the very same read-only array objects until the buffer changes,
+    so identity tells whether a derived value is still valid. A few entries are kept (one
+    per condition in use, most recent first). Pickling drops them: they are rebuilt where
+    the sampler lands (e.g. in a DataLoader worker).
+    """
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[str, tuple[np.ndarray, ...], Any]] = []
+
+    def get(self, name: str, sources: tuple[np.ndarray, ...], compute: Callable[[], _T]) -> _T:
+        """``compute()``, or the value remembered for ``name`` over these very arrays."""
+        for i, (entry_name, entry_sources, value) in enumerate(self._entries):
+            if entry_name == name and len(entry_sources) == len(sources):
+                if all(a is b for a, b in zip(entry_sources, sources, strict=True)):
+                    if i:
+                        self._entries.insert(0, self._entries.pop(i))
+                    return value  # type: ignore[no-any-return]
+        value = compute()
+        self._entries.insert(0, (name, sources, value))
+        del self._entries[_DERIVED_ENTRIES:]
+        return value
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_entries": []}
+
+
+def whole_index(index: dict[str, Any]) -> tuple[str, tuple[np.ndarray, ...]]:
+    """What a value derived from all of ``index`` depends on, for :meth:`DerivedArrays.get`:
+    its other values (their text, for the name) and its arrays (the sources). A priority
+    update gives a new ``priority`` array and the same keys: a value derived from the keys
+    alone would keep the old priorities."""
+    others = sorted((name, repr(v)) for name, v in index.items() if not isinstance(v, np.ndarray))
+    return repr(others), tuple(v for v in index.values() if isinstance(v, np.ndarray))
+
+
+def masked(index: dict[str, Any], keep: np.ndarray) -> dict[str, Any]:
+    """The rows of ``index`` where ``keep`` is true (read-only arrays; other values as they
+    are)."""
+    size = len(keep)
+    masked = {
+        name: value[keep] if isinstance(value, np.ndarray) and len(value) == size else value
+        for name, value in index.items()
+    }
+    for value in masked.values():
+        if isinstance(value, np.ndarray):
+            value.flags.writeable = False
+    return masked
 
 
 def describe_condition(query_condition: QueryCondition) -> str:
@@ -118,7 +176,7 @@ def empty_error(storage: Storage, query_condition: QueryCondition, what: str) ->
     )
 
 
-class Sampler(BufferBound, ABC):
+class Sampler(ABC):
     """Chooses rows from a storage (AWorld's interface).
 
     Implement :meth:`sample`, or, to take part in the sampling loop, :meth:`choose`
@@ -133,12 +191,51 @@ class Sampler(BufferBound, ABC):
     whole_units: ClassVar[bool] = False
     #: What the last batch drawn through the loop was (keys, ids, weights).
     last_info: SampleInfo | None = None
+    #: Draws after which a row leaves this sampler, counted in the database across every
+    #: process (None: rows are drawn forever). Key samplers take it as an option
+    #: (:class:`SamplerOptions`); the loop counts the draws (:func:`draw`).
+    consume_after: int | None = None
+    #: Which buffer this sampler last drew from (:attr:`Storage.identity`; see
+    #: :meth:`on_buffer`).
+    _buffer_seen: tuple[Any, ...] | None = None
 
     @abstractmethod
     def sample(
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
     ) -> list[DataRow]:
         """Up to ``batch_size`` rows among those matching ``query_condition``."""
+
+    # -- the buffer a sampler's state belongs to ------------------------------------------
+    # A sampler holds things of the buffer it draws from (an epoch's progress, the rows it
+    # knows spent, the groups it saw taken) and forgets them when it is next used with
+    # another buffer, or with its buffer made anew (see :attr:`Storage.identity`).
+    def on_buffer(self, storage: Storage) -> bool:
+        """Called before each draw and after its choice: forget what this sampler holds
+        of the buffer it drew from last (:meth:`forget_buffer`) when ``storage`` reads
+        another one, or the same one made anew (see :attr:`Storage.identity`); whether
+        it did."""
+        now = storage.identity
+        seen = self._buffer_seen
+        self._buffer_seen = now
+        if seen is None or _same_buffer(seen, now):
+            return False
+        self.forget_buffer()
+        return True
+
+    def forget_buffer(self) -> None:  # noqa: B027 - a hook samplers with state fill
+        """Forget what this sampler holds of the buffer it drew from (an epoch's progress,
+        rows known spent, groups seen taken): it draws from another one now. The random
+        stream goes on."""
+
+    # -- consume_after: the loop's calls ---------------------------------------------------
+    def spent_keys(self) -> np.ndarray:
+        """The keys this sampler knows spent (drawn ``consume_after`` times by every
+        process together), sorted; the loop does not ask the database to count them again.
+        None known here; :class:`KeySampler` keeps them."""
+        return _NO_KEYS
+
+    def spend(self, keys: np.ndarray) -> None:  # noqa: B027 - key samplers keep them
+        """Leave out ``keys``: the database refused them another draw (consume_after)."""
 
     @property
     def last_keys(self) -> np.ndarray:
@@ -205,7 +302,12 @@ class Sampler(BufferBound, ABC):
                 value.seed(int(sequence.spawn(1)[0].generate_state(1, np.uint64)[0]))
 
 
-_NO_KEYS = np.empty(0, dtype=np.int64)
+def _same_buffer(seen: tuple[Any, ...], now: tuple[Any, ...]) -> bool:
+    """Whether two :attr:`Storage.identity` values name one buffer (an incarnation not
+    known on either side counts as the same)."""
+    if seen[:-1] != now[:-1]:
+        return False
+    return seen[-1] is None or now[-1] is None or seen[-1] == now[-1]
 
 
 class _ForeignSampler(Sampler):
@@ -250,7 +352,28 @@ class SamplerOptions(TypedDict, total=False):
     max_staleness: int | None
 
 
-class KeySampler(SpentKeys, Sampler):
+@dataclass
+class KeyState:
+    """What a key sampler holds of the buffer it draws from, between draws: forgotten
+    whole when it is next used with another buffer (:meth:`Sampler.forget_buffer`)."""
+
+    #: Keys of rows every process together has drawn ``consume_after`` times, learned from
+    #: the database's refusals and reads of the draw counts; sorted.
+    spent: np.ndarray = field(default_factory=lambda: _NO_KEYS)
+    #: Whether every spent row was read since the last refusal (see
+    #: :meth:`KeySampler.newly_spent`).
+    spent_read: bool = False
+    #: The last key index without the spent rows: (its other values, the arrays it was
+    #: made from, the index), kept while those are the very same arrays.
+    unspent: tuple[str, tuple[Any, ...], dict[str, Any]] | None = None
+    #: Calls left, per condition, that go straight to the key index after a flat draw
+    #: gave up under it.
+    flat_skips: dict[str, int] = field(default_factory=dict)
+    #: The share of candidate keys the last flat draw under each condition kept.
+    kept_hints: dict[str, float] = field(default_factory=dict)
+
+
+class KeySampler(Sampler):
     """A sampler that chooses integer keys over the storage's cached key index.
 
     Subclasses implement :meth:`sample_keys` and list the index columns they read in
@@ -278,6 +401,16 @@ class KeySampler(SpentKeys, Sampler):
     #: draw whose first statements bound what later ones find (priority bounds, probes).
     flat_snapshot: ClassVar[bool] = False
 
+    # Set in __init__; declared here too, so a subclass that forgot to call
+    # ``super().__init__`` still draws (with no options and a random stream of its own).
+    seed: Any = None
+    #: Rows more than this many policy versions behind the buffer's current version are
+    #: not drawn (None: no limit); see :mod:`expstore.features.versions`.
+    max_staleness: int | None = None
+    _rng: np.random.Generator | None = None
+    _derived: DerivedArrays | None = None
+    _key_state: KeyState | None = None
+
     def __init__(self, **options: Unpack[SamplerOptions]) -> None:
         unknown = set(options) - set(SamplerOptions.__annotations__)
         if unknown:
@@ -293,11 +426,9 @@ class KeySampler(SpentKeys, Sampler):
         self.consume_after = check_int(
             "consume_after", options.get("consume_after"), minimum=1, optional=True
         )
-        #: Rows more than this many policy versions behind the buffer's current version are
-        #: not drawn (None: no limit); see :mod:`expstore.features.versions`.
         self.max_staleness = check_staleness(options.get("max_staleness"))
-        # Keys known to have had their consume_after draws, and the index without them.
-        self.forget_spent()
+        self._derived = DerivedArrays()
+        self._key_state = KeyState()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -307,19 +438,81 @@ class KeySampler(SpentKeys, Sampler):
     def rng(self) -> np.random.Generator:
         """The random stream all draws come from (created on first use if a subclass
         forgot to call ``super().__init__``)."""
-        rng = self.__dict__.get("_rng")
+        rng = self._rng
         if rng is None:
-            rng = self._rng = np.random.default_rng(getattr(self, "seed", None))
+            rng = self._rng = np.random.default_rng(self.seed)
         return rng
 
     def reseed(self, seed: Any) -> None:
         super().reseed(seed)  # generators a subclass holds
         self._rng = np.random.default_rng(seed)
 
+    @property
+    def key_state(self) -> KeyState:
+        """What this sampler holds of the buffer it draws from (see :class:`KeyState`)."""
+        state = self._key_state
+        if state is None:
+            state = self._key_state = KeyState()
+        return state
+
     def forget_buffer(self) -> None:
-        self.forget_spent()
-        self.__dict__.pop("_flat_skips", None)
-        self.__dict__.pop("_kept_hints", None)
+        self._key_state = KeyState()
+
+    # -- consume_after: the rows every process together has spent -------------------------
+    # What a key sampler knows of them, so that it leaves them out of its key index rather
+    # than have the database refuse them one by one (the counting itself is :func:`draw`'s,
+    # see :mod:`expstore.features.draw_counts`).
+    def forget_spent(self) -> None:
+        """Forget the spent keys learned (of a buffer this sampler no longer draws from)."""
+        state = self.key_state
+        state.spent, state.unspent, state.spent_read = _NO_KEYS, None, False
+
+    def spent_keys(self) -> np.ndarray:
+        return self.key_state.spent
+
+    def spend(self, keys: np.ndarray) -> None:
+        state = self.key_state
+        state.spent = np.union1d(state.spent, keys)
+        if len(keys):  # others spent rows too, maybe: read them before the next choice
+            state.spent_read = False
+
+    def _learn_spent(self, storage: Storage, index: dict[str, Any]) -> dict[str, Any]:
+        """``index``, after learning which rows every process together has spent
+        (consume_after), at the first choice over a key index and after each refusal:
+        rows spent elsewhere are then left out rather than refused one by one. (A read
+        of the buffer's draw counts.)"""
+        limit = self.consume_after
+        if limit is not None and not self.key_state.spent_read:
+            self._read_spent(storage, limit)
+        return index
+
+    def _read_spent(self, storage: Storage, limit: int) -> None:
+        """Leave out every row the buffer's draw counts say is spent (a read of them)."""
+        self.spend(storage.spent_keys(limit))
+        self.key_state.spent_read = True
+
+    def _without_spent(self, index: dict[str, Any]) -> dict[str, Any]:
+        state = self.key_state
+        spent = state.spent
+        if not len(spent):
+            return index
+        # Kept while the spent keys and the index's arrays are these very arrays.
+        others, arrays = whole_index(index)
+        sources = (spent, *arrays)
+        cached = state.unspent
+        if cached is not None and cached[0] == others and _same(cached[1], sources):
+            return cached[2]
+        unspent = masked(index, ~np.isin(index["key"], spent, assume_unique=True))
+        state.unspent = (others, sources, unspent)
+        return unspent
+
+    def newly_spent(self, storage: Storage, index: dict[str, Any]) -> bool:
+        """Whether rows of ``index`` that matter to this sampler's draw have been spent by
+        other processes since it last read the spent rows; if so, they are left out (and
+        the index is made again). Rows drawn from it are counted (and spent ones
+        refused) anyway; a sampler whose draw depends on more than the rows drawn (the
+        normaliser of prioritized weights) checks those here."""
+        return False
 
     def derived(self, name: str, sources: tuple[np.ndarray, ...], compute: Callable[[], _T]) -> _T:
         """``compute()``, remembered while ``sources`` are the same array objects.
@@ -327,7 +520,7 @@ class KeySampler(SpentKeys, Sampler):
         See :class:`DerivedArrays`; use it for work over the whole index (a cumulative sum,
         a grouping) so it happens once per change of the buffer, not once per batch.
         """
-        cache = self.__dict__.get("_derived")
+        cache = self._derived
         if cache is None:
             cache = self._derived = DerivedArrays()
         return cache.get(name, sources, compute)
@@ -339,7 +532,7 @@ class KeySampler(SpentKeys, Sampler):
     def columns_read(self) -> tuple[str, ...]:
         """:meth:`index_columns`, and ``policy_version`` for ``max_staleness``."""
         columns = self.index_columns()
-        if self.__dict__.get("max_staleness") is not None and "policy_version" not in columns:
+        if self.max_staleness is not None and "policy_version" not in columns:
             columns += ("policy_version",)
         return columns
 
@@ -352,7 +545,7 @@ class KeySampler(SpentKeys, Sampler):
     def _fresh(self, storage: Storage, index: dict[str, Any]) -> dict[str, Any]:
         """``index`` without the rows ``max_staleness`` leaves out at the buffer's current
         policy version (read now; the filtered arrays are kept while it stays)."""
-        k = self.__dict__.get("max_staleness")
+        k = self.max_staleness
         if k is None or not len(index["key"]):
             return index
         current = with_current_version(storage, index)["current_version"]
@@ -392,8 +585,8 @@ class KeySampler(SpentKeys, Sampler):
         ``max_staleness`` or ``consume_after``."""
         return (
             query_condition is not None
-            or self.__dict__.get("max_staleness") is not None
-            or self.__dict__.get("consume_after") is not None
+            or self.max_staleness is not None
+            or self.consume_after is not None
         )
 
     def choose_flat(
@@ -411,15 +604,15 @@ class KeySampler(SpentKeys, Sampler):
         if not self.flat or not self.can_draw_flat(query_condition):
             return None
         key = describe_condition(query_condition)
-        skips = self.__dict__.setdefault("_flat_skips", {})
+        skips = self.key_state.flat_skips
         if skips.get(key, 0) > 0:  # it gave up lately under this condition
             skips[key] -= 1
             return None
         choice = storage.key_space(
             query_condition,
             lambda space: self.choose_flat(space, batch_size, query_condition),
-            max_staleness=self.__dict__.get("max_staleness"),
-            consume_after=self.__dict__.get("consume_after"),
+            max_staleness=self.max_staleness,
+            consume_after=self.consume_after,
             snapshot=self.flat_snapshot,
         )
         if choice is None:
@@ -429,7 +622,7 @@ class KeySampler(SpentKeys, Sampler):
     def kept_hint(self, query_condition: QueryCondition, kept: float | None = None) -> float:
         """The share of candidate keys the last flat draw under this condition kept (1.0
         at first), remembered when ``kept`` is given; it sizes the next first round."""
-        hints = self.__dict__.setdefault("_kept_hints", {})
+        hints = self.key_state.kept_hints
         key = describe_condition(query_condition)
         if kept is not None:
             hints[key] = kept
@@ -555,8 +748,10 @@ class TaskSampler(Sampler):
         sources = (index["key"], index["task_id"], index["step"], index["execute_time"])
         return self._derived_arrays().get("tasks", sources, compute)
 
+    _derived: DerivedArrays | None = None
+
     def _derived_arrays(self) -> DerivedArrays:
-        cache = self.__dict__.get("_derived")
+        cache = self._derived
         if cache is None:
             cache = self._derived = DerivedArrays()
         return cache
@@ -598,9 +793,6 @@ REPLICA_ATTEMPTS = 3
 #: How many times a sampler with ``consume_after`` chooses again for the places of rows the
 #: database refused (drawn ``consume_after`` times already); each time it learns them.
 CONSUME_ATTEMPTS = 50
-
-_NO_KEYS = np.empty(0, dtype=np.int64)
-_NO_KEYS.flags.writeable = False
 
 
 class Choice(NamedTuple):
@@ -674,7 +866,7 @@ def draw(
     # connection) starts from where the first choice did: an epoch loses no rows to it.
     mark = sampler.mark()
     chosen_before = False
-    consuming = getattr(sampler, "consume_after", None) is not None
+    consuming = sampler.consume_after is not None
     #: A consume_after batch's rows counted so far, owed to this batch, in parts as they
     #: were chosen (the sampler is not rewound past them: an epoch gave them already).
     owed: list[Choice] = []
@@ -778,7 +970,8 @@ def _choose_consuming(
     (a lost connection) loses no counted row. A batch chosen again begins with those still
     matching. A sampler that weighs rows gives each row the weight of the choice that
     drew it."""
-    limit = sampler.consume_after  # type: ignore[attr-defined]
+    limit = sampler.consume_after
+    assert limit is not None  # draw() chooses through here only then
     if owed:  # chosen again: the rows owed that still match (the version may have moved)
         joined = _joined(sampler, owed)
         owed[:] = [carried(sampler, joined, _matching(storage, sampler, query_condition, joined))]
@@ -799,10 +992,10 @@ def _choose_consuming(
         drawn = drawn[~np.isin(drawn, taken)]
         # Rows refused before are not counted again (a draw over the key space read on a
         # replica behind the primary may still offer them).
-        known = sampler.__dict__.get("_spent")
-        asked = drawn if known is None or not len(known) else drawn[~np.isin(drawn, known)]
+        known = sampler.spent_keys()
+        asked = drawn if not len(known) else drawn[~np.isin(drawn, known)]
         counted = storage.count_draws(asked, limit)
-        sampler.spend(np.setdiff1d(asked, counted))  # type: ignore[attr-defined]
+        sampler.spend(np.setdiff1d(asked, counted))
         owed.append(carried(sampler, choice, counted))
         taken = _taken(owed)
         if len(counted) == len(drawn):
@@ -862,3 +1055,7 @@ def _matching(
 
 def _taken(parts: list[Choice]) -> np.ndarray:
     return np.concatenate([part.keys for part in parts]) if parts else _NO_KEYS
+
+
+def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))

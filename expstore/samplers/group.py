@@ -135,7 +135,7 @@ class GroupSampler(KeySampler):
         """How many groups were ready, waiting, filtered or stale at the last draw. A draw
         over the key space does not count them: the database counts them when first asked
         for after it (a pass over the matching rows, holding nothing per group here)."""
-        counts_of = self.__dict__.get("_counts_of")
+        counts_of = self._counts_of
         if counts_of is not None:
             self._counts_of = None
             storage, query_condition = counts_of
@@ -148,7 +148,7 @@ class GroupSampler(KeySampler):
                 self.ready_groups(storage, query_condition)
             else:
                 self._counts = GroupCounts(*counts)
-        return self.__dict__.get("_counts")
+        return self._counts
 
     @property
     def spec(self) -> GroupSpec:
@@ -314,7 +314,7 @@ class GroupSampler(KeySampler):
                 keep = fresh_mask(index["version"][ready], current, staleness)
                 ready = ready if keep is None else ready[keep]
             self.on_buffer(storage)  # groups seen taken in a database since made anew
-            taken = self.__dict__.setdefault("_taken", set())
+            taken = self._taken
             values = index["group"]
 
             def open_group(p: int) -> bool:
@@ -330,7 +330,7 @@ class GroupSampler(KeySampler):
             return [(values[p], index["keys"][p]) for p in chosen]
 
         def learn(values: list[Any]) -> None:
-            self.__dict__.setdefault("_taken", set()).update(values)
+            self._taken.update(values)
 
         def oldest() -> int | None:
             return _oldest(storage, staleness)
@@ -362,7 +362,7 @@ class GroupSampler(KeySampler):
         ``oldest`` of :func:`~expstore.features.claims.groups.group_taker`), which this
         sampler no longer takes for taken."""
         values = [group for group, _ in found]
-        self.__dict__.setdefault("_taken", set()).difference_update(values)
+        self._taken.difference_update(values)
         return values
 
     def sample_keys(

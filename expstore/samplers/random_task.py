@@ -151,7 +151,7 @@ class RandomTaskSampler(TaskSampler):
             raise empty_error(storage, query_condition, "no rows match")
         task_ids = index["task_id"]
         # Distinct tasks in order of first insertion, computed once per change of the buffer.
-        tasks = self._derived.get(
+        tasks = self._derived_arrays().get(
             "tasks",
             (task_ids,),
             lambda: np.array(list(dict.fromkeys(task_ids.tolist())), dtype=object),
@@ -183,7 +183,7 @@ class RandomTaskSampler(TaskSampler):
             return tasks if keep is None else tasks[keep]
 
         sources = (index["task_id"], index["policy_version"])
-        return self._derived.get(f"fresh:{current}:{k}", sources, compute)
+        return self._derived_arrays().get(f"fresh:{current}:{k}", sources, compute)
 
 
 #: AWorld's name for RandomTaskSampler.

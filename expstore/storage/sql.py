@@ -107,6 +107,8 @@ class SqlStorage(Storage):
         registry.check_retention(capacity, eviction)
         self.name = name
         self._upgrade = upgrade
+        #: The URL as :attr:`identity` gives it (made on first use).
+        self._where: str | None = None
         self._handle = handle = BufferHandle(normalise_url(url), name)
         self._reader = RowReader(handle)
         self._fields = FieldFetcher(self._reader)
@@ -149,7 +151,7 @@ class SqlStorage(Storage):
 
     @property
     def identity(self) -> tuple[Any, ...]:
-        where = self.__dict__.get("_where")
+        where = self._where
         if where is None:  # once: the URL, a SQLite file's path however it is spelt
             url = self._handle.url
             path = url.database or ""

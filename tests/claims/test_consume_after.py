@@ -132,7 +132,7 @@ def test_draws_over_the_key_space_leave_spent_rows_out(handles: Handles) -> None
     assert sorted(first + second + rest) == list(range(50))
     assert epochs._flat_epoch is not None and epochs._epoch is None
     for sampler in (with_replacement, epochs):
-        assert not len(sampler._spent)  # nothing was refused: nothing spent was drawn
+        assert not len(sampler.spent_keys())  # nothing was refused: nothing spent was drawn
     assert not one.storage.index.entries and not two.storage.index.entries
     with pytest.raises(EmptyBufferError, match="consume_after=1"):
         drawn(two, epochs, 1)

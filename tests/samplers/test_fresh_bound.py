@@ -83,7 +83,7 @@ def test_a_draw_looks_only_among_the_fresh_rows(buffer: ReplayBuffer) -> None:
     buffer.set_policy_version(49)
     fresh = _fresh(buffer, 47)  # 120 rows: 5.8% of the buffer
     sampler = UniformSampler(seed=1, max_staleness=2)
-    before = buffer.storage.index.keys_probed
+    before = buffer.storage.spaces.keys_probed
     drawn = _draw(buffer, sampler, 200, 32)
     assert not buffer.storage.index.entries  # over the key space, no key index
     assert set(drawn.tolist()) == fresh
@@ -92,7 +92,7 @@ def test_a_draw_looks_only_among_the_fresh_rows(buffer: ReplayBuffer) -> None:
     assert chi_square_p(counts, np.ones(len(keys))) > P_MIN
     # Candidates come from the fresh part of the range: 130 keys, 120 of them fresh. Over
     # the whole range (5.8% kept) a batch would probe ~17 candidates per row.
-    probed = buffer.storage.index.keys_probed - before
+    probed = buffer.storage.spaces.keys_probed - before
     assert probed < 2 * len(drawn)
 
 
@@ -140,7 +140,7 @@ def test_an_epoch_with_max_staleness_walks_the_fresh_part(buffer: ReplayBuffer) 
     buffer.set_policy_version(49)
     fresh = _fresh(buffer, 47)
     sampler = UniformSampler(replacement=False, seed=5, max_staleness=2)
-    before = buffer.storage.index.keys_probed
+    before = buffer.storage.spaces.keys_probed
     for _ in range(2):
         epoch: list[int] = []
         while len(epoch) < len(fresh):
@@ -148,7 +148,7 @@ def test_an_epoch_with_max_staleness_walks_the_fresh_part(buffer: ReplayBuffer) 
             epoch += sampler.last_keys.tolist()
         assert sorted(epoch) == sorted(fresh)  # each fresh row once
     assert sampler._epoch is None  # walked over the key space, not a key index
-    assert buffer.storage.index.keys_probed - before < 4 * 2 * len(fresh)
+    assert buffer.storage.spaces.keys_probed - before < 4 * 2 * len(fresh)
 
 
 def test_groups_over_the_key_space_come_from_the_fresh_part(buffer: ReplayBuffer) -> None:
@@ -157,17 +157,17 @@ def test_groups_over_the_key_space_come_from_the_fresh_part(buffer: ReplayBuffer
     sampler = GroupSampler("task_id", 4, seed=6, max_staleness=2)
     sampler.summaries_up_to = 0  # over the key space
     fresh = _fresh(buffer, 47)
-    before = buffer.storage.index.keys_probed
+    before = buffer.storage.spaces.keys_probed
     drawn = _draw(buffer, sampler, 30, 8)
     assert set(drawn.tolist()) <= fresh
     assert len(set(drawn.tolist())) == 3 * 4 * 4  # every ready group: 3 versions x 4 tasks
-    assert buffer.storage.index.keys_probed - before < 50 * len(drawn)
+    assert buffer.storage.spaces.keys_probed - before < 50 * len(drawn)
 
 
 def _probes(buffer: ReplayBuffer, sampler, calls: int, batch: int) -> tuple[set[int], int]:
-    before = buffer.storage.index.keys_probed
+    before = buffer.storage.spaces.keys_probed
     drawn = _draw(buffer, sampler, calls, batch)
-    return set(drawn.tolist()), buffer.storage.index.keys_probed - before
+    return set(drawn.tolist()), buffer.storage.spaces.keys_probed - before
 
 
 def test_when_the_stale_rows_are_the_oldest_a_draw_probes_nothing(buffer: ReplayBuffer) -> None:
