@@ -174,6 +174,13 @@ class SqlStorage(Storage):
         """The cached key indexes (see :mod:`expstore.storage.key_index`)."""
         return self._index
 
+    def forget_caches(self) -> None:
+        """Forget everything this handle cached of the buffer (key indexes, what draws over
+        the key space found, group summaries, claims' floors): the next reads read it
+        anew. Never needed for correctness (caches follow the buffer's changes by
+        themselves); for tests and measurements that must start cold."""
+        self._handle.forget_caches()
+
     @property
     def spaces(self) -> KeySpaces:
         """What draws over the key space keep from draw to draw (see

@@ -60,7 +60,7 @@ def test_uniform_over_matching_rows_skips_gaps_other_buffers_and_deleted_rows(
     _gappy(buffer, db_url, buffer_name)
     cond = QueryBuilder().eq("exp_meta.agent_id", "agent1").build()
     matching = np.array(buffer.storage.key_index(cond)["key"])
-    buffer.storage.index.clear()
+    buffer.storage.forget_caches()
     sampler = UniformSampler(seed=1)
     drawn = _draw(buffer, sampler, 150, 40, cond)
     assert _holds_no_index(buffer)  # drawn over the key space
@@ -72,7 +72,7 @@ def test_uniform_over_matching_rows_skips_gaps_other_buffers_and_deleted_rows(
 def test_uniform_without_a_condition_on_dense_keys_never_probes(buffer: ReplayBuffer) -> None:
     buffer.store_batch(make_rows(50))
     keys = _keys(buffer)
-    buffer.storage.index.clear()
+    buffer.storage.forget_caches()
     drawn = _draw(buffer, UniformSampler(seed=2), 100, 50)
     assert _holds_no_index(buffer)
     counts = np.array([(drawn == k).sum() for k in keys])
@@ -87,7 +87,7 @@ def test_uniform_with_max_staleness_draws_only_fresh_rows(buffer: ReplayBuffer) 
     buffer.set_policy_version(3)
     at_least_2 = QueryBuilder().gte("exp_meta.policy_version", 2).build()
     fresh = set(buffer.storage.key_index(at_least_2)["key"].tolist())
-    buffer.storage.index.clear()
+    buffer.storage.forget_caches()
     drawn = _draw(buffer, UniformSampler(seed=3, max_staleness=1), 40, 20)
     assert _holds_no_index(buffer)
     assert set(drawn.tolist()) == fresh
@@ -97,7 +97,7 @@ def test_a_condition_few_rows_meet_falls_back_to_the_key_index(buffer: ReplayBuf
     buffer.store_batch(make_rows(400, agents=200))  # one agent holds 2 rows: 0.5%
     cond = QueryBuilder().eq("exp_meta.agent_id", "agent7").build()
     wanted = set(buffer.storage.key_index(cond)["key"].tolist())
-    buffer.storage.index.clear()
+    buffer.storage.forget_caches()
     sampler = UniformSampler(seed=4)
     drawn = _draw(buffer, sampler, 20, 8, cond)
     assert set(drawn.tolist()) == wanted
@@ -117,7 +117,7 @@ def test_prioritized_draws_in_proportion_and_weighs_as_the_key_index_does(
     keys = _keys(buffer)
     priority = np.array(buffer.storage.key_index(None, ("priority",))["priority"])
     priority = np.where(np.isnan(priority), np.nanmax(priority), priority)
-    buffer.storage.index.clear()
+    buffer.storage.forget_caches()
     flat = PrioritizedSampler(alpha=0.8, beta=0.5, seed=5)
     drawn = _draw(buffer, flat, 200, 30)
     assert _holds_no_index(buffer)
@@ -173,7 +173,7 @@ def test_prioritized_under_a_condition_or_staleness_draws_over_the_key_space(
         spent = keys[agents != 0][:10]  # drawn once already: spent
         buffer.storage.count_draws(spent, 1)
         matching = ~np.isin(keys, spent)
-    buffer.storage.index.clear()
+    buffer.storage.forget_caches()
     weight = (priority + 1e-6) ** 0.8
     least = weight[matching].min()
     sampler = PrioritizedSampler(alpha=0.8, beta=0.5, seed=6, **options)
@@ -210,7 +210,7 @@ def test_prioritized_rows_without_a_priority_count_as_the_buffers_largest(
     else:
         options = {"consume_after": 1}
         buffer.storage.count_draws(keys[:10], 1)  # the rows of priority 10: spent
-    buffer.storage.index.clear()
+    buffer.storage.forget_caches()
     sampler = PrioritizedSampler(alpha=1.0, beta=1.0, eps=0.0, seed=0, **options)
     sampler.flat = flat
     sampler.sample(buffer.storage, 8)
@@ -233,7 +233,7 @@ def test_prioritized_keeps_the_least_matching_priority_up_to_date(
     ids = [r.id for r in buffer.storage.fetch_keys(keys)]
     # The 25 lowest priorities are agent0's or version 0's, matching neither.
     monkeypatch.setattr(least_priority, "WALKS", (2, 4, None))
-    buffer.storage.index.clear()
+    buffer.storage.forget_caches()
     cond = QueryBuilder().ne("exp_meta.agent_id", "agent0").build()
     sampler = PrioritizedSampler(alpha=0.8, beta=0.5, seed=7, max_staleness=2)
     current = 3
@@ -297,7 +297,7 @@ def test_the_least_fresh_priority_is_read_from_the_fresh_keys_alone(
     given[ids[30]] = 0.001  # the late stale row
     buffer.update_priorities(list(given), list(given.values()))
     monkeypatch.setattr(least_priority, "WALKS", (2, 4, None))
-    buffer.storage.index.clear()
+    buffer.storage.forget_caches()
     sampler = PrioritizedSampler(alpha=1.0, beta=1.0, eps=0.0, seed=3, max_staleness=0)
     weight = np.array([given.get(i, 26.0) for i in ids])
     for _ in range(3):
@@ -333,7 +333,7 @@ def test_the_least_priority_past_the_walks_under_a_condition(
         given[stored[28].id] = 0.5  # agent1's only priority
     buffer.update_priorities(list(given), list(given.values()))
     monkeypatch.setattr(least_priority, "WALKS", (2, 4, None))
-    buffer.storage.index.clear()
+    buffer.storage.forget_caches()
     cond = QueryBuilder().eq(on, "agent1").build()
     sampler = PrioritizedSampler(alpha=1.0, beta=1.0, eps=0.0, seed=5)
     largest = max(given.values())
@@ -399,7 +399,7 @@ def test_ranks_decline_what_rejection_cannot_do_well() -> None:
 def test_recency_over_dense_keys_draws_by_rank(buffer: ReplayBuffer) -> None:
     buffer.store_batch(make_rows(60))
     keys = _keys(buffer)
-    buffer.storage.index.clear()
+    buffer.storage.forget_caches()
     sampler = RecencySampler(power=1.0, seed=7)
     firsts = []
     for _ in range(1500):
@@ -429,7 +429,7 @@ def test_recency_leaves_out_late_stale_rows_among_the_fresh(
     keys = _keys(buffer)
     versions = [r.exp_meta.policy_version for r in buffer.storage.fetch_keys(keys)]
     fresh = keys[[v is None or v >= 1 for v in versions]]
-    buffer.storage.index.clear()
+    buffer.storage.forget_caches()
     sampler = RecencySampler(power=1.0, seed=3, max_staleness=0)
     firsts = []
     for _ in range(2000):
@@ -464,7 +464,7 @@ def test_recency_follows_late_rows_written_since(
         row.exp_meta.policy_version = i // 10 if i < 20 else (0 if i == 35 else 3)
     buffer.store_batch(rows)
     buffer.set_policy_version(3)
-    buffer.storage.index.clear()
+    buffer.storage.forget_caches()
     sampler = RecencySampler(power=0.0, seed=4, max_staleness=0)
 
     def drawn_versions() -> set[int]:
@@ -488,7 +488,7 @@ def test_recency_follows_late_rows_written_since(
 def test_recency_with_gaps_uses_the_key_index(buffer: ReplayBuffer) -> None:
     buffer.store_batch(make_rows(60))
     buffer.delete(QueryBuilder().eq("exp_meta.step", 3).build())
-    buffer.storage.index.clear()
+    buffer.storage.forget_caches()
     RecencySampler(seed=0).sample(buffer.storage, 3)
     assert not _holds_no_index(buffer)  # ranks are not key offsets: the index serves
 
@@ -499,7 +499,7 @@ def test_stratified_gives_each_group_its_share_uniformly_within(
     _gappy(buffer, db_url, buffer_name)
     index = buffer.storage.key_index(None, ("agent_id",))
     keys, agents = np.array(index["key"]), index["agent_id"].tolist()
-    buffer.storage.index.clear()
+    buffer.storage.forget_caches()
     sampler = StratifiedSampler(by="exp_meta.agent_id", seed=8)
     drawn = []
     for _ in range(200):
@@ -541,7 +541,7 @@ def test_stratified_under_a_condition_or_staleness_draws_over_the_key_space(
     else:
         options = {"consume_after": 1}
         buffer.storage.count_draws(keys[agents == "agent3"], 1)
-    buffer.storage.index.clear()
+    buffer.storage.forget_caches()
     sampler = StratifiedSampler(by="exp_meta.agent_id", seed=9, **options)
     drawn = []
     for _ in range(1 if narrowed == "consume_after" else 150):
@@ -563,7 +563,7 @@ def test_stratified_finds_a_groups_matching_rows_past_its_first_rows(buffer: Rep
     """Each agent's first rows match nothing (a condition no index covers): the values
     held are found as far as it takes, without a key index."""
     buffer.store_batch(make_rows(40, agents=2))
-    buffer.storage.index.clear()
+    buffer.storage.forget_caches()
     late = QueryBuilder().gte("exp_data.state.i", 30).build()
     sampler = StratifiedSampler(by="exp_meta.agent_id", seed=10)
     sampler.sample(buffer.storage, 4, late)
@@ -597,7 +597,7 @@ def test_stratified_keeps_the_values_held_up_to_date(
     buffer.store_batch(rows)
     buffer.set_policy_version(1)
     last = int(_keys(buffer)[-1])
-    buffer.storage.index.clear()
+    buffer.storage.forget_caches()
     cond = QueryBuilder().gte("exp_data.state.i", 10).build()
     sampler = StratifiedSampler(by="exp_meta.agent_id", seed=4, max_staleness=1)
 
@@ -720,7 +720,7 @@ def test_sqlite_probes_through_an_index_on_the_condition_where_the_planner_has_o
     cases = [(by_agent, True), (by_path, False)]
     for condition, covered in cases:
         matching = np.array(buffer.storage.key_index(condition)["key"])
-        buffer.storage.index.clear()
+        buffer.storage.forget_caches()
         drawn = _draw(buffer, UniformSampler(seed=2), 120, 20, condition)
         assert _holds_no_index(buffer) and set(drawn.tolist()) <= set(matching.tolist())
         assert (
@@ -752,7 +752,7 @@ def test_postgres_probes_a_condition_on_an_indexed_column_from_the_index_alone(
             conn.exec_driver_sql("VACUUM ANALYZE expstore_rows")
         by_agent = QueryBuilder().eq("exp_meta.agent_id", "agent1").build()
         matching = np.array(buffer.storage.key_index(by_agent)["key"])
-        buffer.storage.index.clear()
+        buffer.storage.forget_caches()
         drawn = _draw(buffer, UniformSampler(seed=4), 40, 50, by_agent)
         assert _holds_no_index(buffer) and set(drawn.tolist()) <= set(matching.tolist())
         counts = np.array([(drawn == k).sum() for k in matching])
@@ -791,7 +791,7 @@ def test_slice_windows_over_the_key_space_are_uniform_over_every_window(
     cond = QueryBuilder().gte("exp_data.reward_t", 0).build()
     index = SliceSampler(length, traj_key=("task_id", "agent_id"), seed=0)
     every = {tuple(w) for w in _windows(index, buffer, cond)}
-    buffer.storage.index.clear()
+    buffer.storage.forget_caches()
     sampler = SliceSampler(length, traj_key=("task_id", "agent_id"), seed=1)
     drawn = _draw(buffer, sampler, 120, 10 * length, cond).reshape(-1, length).tolist()
     drawn = [tuple(w) for w in drawn]

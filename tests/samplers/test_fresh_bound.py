@@ -38,7 +38,7 @@ def _fresh(buffer: ReplayBuffer, oldest: int) -> set[int]:
     found = set(buffer.storage.key_index(cond)["key"].tolist())
     unversioned = QueryBuilder().is_null("exp_meta.policy_version").build()
     found |= set(buffer.storage.key_index(unversioned)["key"].tolist())
-    buffer.storage.index.clear()
+    buffer.storage.forget_caches()
     return found
 
 

@@ -320,7 +320,7 @@ def test_update_priorities_patches_the_cached_index_like_a_reload(buffer: Replay
     patched = storage.key_index(columns=("priority", "step"))
     assert patched is not before and not patched["priority"].flags.writeable
     assert patched["step"] is before["step"]  # only the priorities were rebuilt
-    storage.index.clear()
+    storage.forget_caches()
     reloaded = storage.key_index(columns=("priority", "step"))
     np.testing.assert_array_equal(patched["priority"], reloaded["priority"])
     assert patched["priority"][3] == 4.0 and patched["priority"][10] == 2.5
