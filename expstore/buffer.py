@@ -97,6 +97,23 @@ class ReplayBuffer:
             )
         self.storage: Storage = storage
 
+    @property
+    def sql(self) -> SqlStorage:
+        """The buffer's :class:`SqlStorage`, with what only a SQL database keeps beside the
+        rows: the claims queue (``sql.claims``), the rate limit's settings
+        (``sql.rate_limits``), path indexes, task summaries and the figures
+        ``expstore stats`` computes in the database (``sql.summary``). The methods of this
+        buffer that use them come here; a buffer over another :class:`Storage` raises
+        UnsupportedTypeError, saying which storage it has."""
+        storage = self.storage
+        if not isinstance(storage, SqlStorage):
+            raise UnsupportedTypeError(
+                f"this needs a SQL storage (ReplayBuffer(url) or ReplayBuffer(SqlStorage("
+                f"...))); this buffer's storage is a {type(storage).__name__}, which keeps "
+                "only rows, priorities, policy versions and draw counts"
+            )
+        return storage
+
     # -- writing -------------------------------------------------------------------------
     def store(self, row: DataRow, *, dedup: Dedup = None) -> int:
         """Store one row; returns 1 (0 when ``dedup="skip"`` found its content stored)."""
@@ -177,11 +194,11 @@ class ReplayBuffer:
         ranges instead of scans; returns the index's name. Safe to call again (nothing
         happens); Postgres builds it without stopping writers. Kept across upgrades, and
         serves every buffer of the database (see :mod:`expstore.db.path_indexes`)."""
-        return self.storage.create_index(path)
+        return self.sql.create_index(path)
 
     def drop_index(self, path: str) -> bool:
         """Drop the index :meth:`create_index` made on ``path``; whether there was one."""
-        return self.storage.drop_index(path)
+        return self.sql.drop_index(path)
 
     def create_summary(
         self, *, step: int = 200_000, progress: Callable[[int], object] | None = None
@@ -197,11 +214,11 @@ class ReplayBuffer:
         read from its rows by stats until this is called again, which summarises it anew.
         Kept with the buffer for every process; safe to call again (a build cut short
         goes on). See :mod:`expstore.features.stats.task_stats`."""
-        self.storage.create_summary(step=step, progress=progress)
+        self.sql.create_summary(step=step, progress=progress)
 
     def drop_summary(self) -> bool:
         """Stop keeping task summaries (:meth:`create_summary`); whether there were any."""
-        return self.storage.drop_summary()
+        return self.sql.drop_summary()
 
     def to_arrow(self, query_condition: QueryCondition = None) -> Any:
         """The matching rows as a ``pyarrow.Table`` (``pip install 'expstore[parquet]'``):
@@ -362,7 +379,7 @@ class ReplayBuffer:
         own statements.
         """
         return claim_rows(
-            self.storage,
+            self.sql,
             n,
             query_condition,
             consumer=consumer,
@@ -378,7 +395,7 @@ class ReplayBuffer:
         ``default``: UnknownConsumerError)."""
         check_consumer(consumer)
         try:
-            return self.storage.claims.checkpoint(consumer)[1]
+            return self.sql.claims.checkpoint(consumer)[1]
         except UnknownConsumerError:
             if default is ...:
                 raise
@@ -397,7 +414,7 @@ class ReplayBuffer:
         now), polling with back-off (5 ms growing to 0.5 s); returns how many were seen
         (counting stops at ``min_rows``). WaitTimeoutError after ``timeout`` seconds."""
         return wait_for_rows(
-            self.storage,
+            self.sql,
             min_rows,
             query_condition,
             timeout=timeout,
@@ -409,12 +426,12 @@ class ReplayBuffer:
         """Each row's consumption record: state (unclaimed, leased, expired, consumed),
         consumer, when claimed and acked, the checkpoint it was acked with, how many times
         it was claimed. Ids not stored are left out."""
-        return self.storage.claims.lineage(ids)
+        return self.sql.claims.lineage(ids)
 
     def queue_stats(self, query_condition: QueryCondition = None) -> QueueStats:
         """Queue depth over the matching rows: unclaimed, leased, expired, consumed, and
         per consumer."""
-        return self.storage.claims.stats(query_condition)
+        return self.sql.claims.stats(query_condition)
 
     # -- rate limits (expstore.features.rate_limiter) ----------------------------------------
     def set_rate_limiter(self, limiter: RateLimiter | None) -> None:
@@ -422,16 +439,16 @@ class ReplayBuffer:
         process, as Reverb's rate limiters: ``RateLimiter(min_size=..., samples_per_insert=
         ..., error_buffer=...)``; None removes the limit. Setting the limit the buffer
         already has keeps its counters, so a restarted trainer resumes its budget."""
-        self.storage.rate_limits.set(limiter)
+        self.sql.rate_limits.set(limiter)
 
     def rate_limiter(self) -> RateLimiter | None:
         """The buffer's rate limit (None: none)."""
-        return self.storage.rate_limits.limiter()
+        return self.sql.rate_limits.limiter()
 
     def rate_limit_stats(self) -> RateLimitStats | None:
         """What the rate limit counted (inserted, sampled) and whether a sample or a write
         could go now; None without a limit."""
-        return self.storage.rate_limits.stats()
+        return self.sql.rate_limits.stats()
 
     # -- lifecycle -----------------------------------------------------------------------
     def close(self) -> None:

@@ -44,6 +44,7 @@ from .samplers.base import KeySampler, SampleInfo
 from .samplers.group import GroupSampler
 from .samplers.uniform import UniformSampler
 from .storage.base import Storage
+from .storage.sql import SqlStorage
 
 __all__ = ["Claim", "check_consumer", "claim_rows", "wait_for_rows", "wait_until"]
 
@@ -202,7 +203,7 @@ def _candidates(
 
 
 def claim_rows(
-    storage: Storage,
+    sql: SqlStorage,
     n: int,
     query_condition: QueryCondition = None,
     *,
@@ -219,25 +220,25 @@ def claim_rows(
     lease = check_lease(lease_s)
     wait_s = _check_timeout("wait", wait, optional=True)
     scope = Scope(query_condition, check_staleness(max_staleness))
-    queue = storage.claims
+    queue = sql.claims
     builder = as_converter(DefaultConverter() if converter is None else converter)
     if isinstance(order, KeySampler):
-        order.on_buffer(storage)
+        order.on_buffer(sql)
     if isinstance(order, GroupSampler):
         if n % order.group_size:
             raise InvalidArgumentError(
                 f"a claim of whole groups of {order.group_size} rows takes n that is a "
                 f"multiple of {order.group_size}; got n={n}"
             )
-        candidates, groups = None, order.claim_taker(storage, query_condition, scope.max_staleness)
+        candidates, groups = None, order.claim_taker(sql, query_condition, scope.max_staleness)
     else:
-        candidates, groups = _candidates(storage, order, query_condition), None
+        candidates, groups = _candidates(sql, order, query_condition), None
     if isinstance(order, GroupSampler):  # whole groups, not rows, must be claimable
         size = order.group_size
 
         def claimable(upto: int) -> int:
             groups_now = order.claimable_groups(
-                storage, query_condition, scope.max_staleness, -(-upto // size)
+                sql, query_condition, scope.max_staleness, -(-upto // size)
             )
             return groups_now * size
 
@@ -258,20 +259,20 @@ def claim_rows(
                     "writing (and match the condition), or wait longer"
                 ) from None
     want = n
-    if storage.sampling_limited():
+    if sql.sampling_limited():
         # Counted against the rate limit before the claim, so only as many rows as are
         # claimable now: a learner polling an empty queue must not count samples that a
         # writer held by block_writers could pass against.
         want = min(n, claimable(n))
-    counted = storage.acquire_samples(want)[0] if want else 0
+    counted = sql.acquire_samples(want)[0] if want else 0
     try:
         claimed = queue.claim(want, scope, consumer, lease, candidates, groups)
     except BaseException:
-        storage.refund_samples(counted)
+        sql.refund_samples(counted)
         raise
     if counted:
-        storage.refund_samples(counted - len(claimed.keys))
-    fetched = storage.fetch(claimed.keys, builder.paths, writable=not builder.copies_arrays)
+        sql.refund_samples(counted - len(claimed.keys))
+    fetched = sql.fetch(claimed.keys, builder.paths, writable=not builder.copies_arrays)
     info = SampleInfo(claimed.keys, list(fetched.ids))
     batch = builder.attach_info(builder.build(fetched), info)
     return Claim(queue, claimed, list(fetched.ids), batch)
@@ -291,7 +292,7 @@ def wait_until(ready: Callable[[], bool], timeout: float | None) -> None:
 
 
 def wait_for_rows(
-    storage: Storage,
+    sql: SqlStorage,
     min_rows: int,
     query_condition: QueryCondition,
     *,
@@ -306,7 +307,7 @@ def wait_for_rows(
     seen = [0]
 
     def ready() -> bool:
-        seen[0] = storage.claims.count(scope, min_rows, claimable=claimable)
+        seen[0] = sql.claims.count(scope, min_rows, claimable=claimable)
         return seen[0] >= min_rows
 
     try:

@@ -27,7 +27,6 @@ from pydantic import ValidationError
 from rich.cells import cell_len, set_cell_size
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from sqlalchemy import select
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from typer.core import TyperGroup
@@ -35,13 +34,13 @@ from typer.core import TyperGroup
 from .._optional import loaded_torch
 from ..buffer import ReplayBuffer
 from ..db import migrate
-from ..db.schema import buffers
 from ..errors import ExpstoreError, QueryError, SchemaVersionError, StorageError
+from ..features.registry import BufferInfo
 from ..model.layout import META_COLUMNS, PAYLOAD_FIELDS, SCALAR_COLUMNS
 from ..model.rows import DataRow
 from ..query import Condition
 from ..query.conditions import And, Comparison, Or
-from ..storage import create_sql_engine
+from ..storage import describe_database
 
 DEFAULT_URL = "sqlite:///expstore.db"
 URL_ENV = "EXPSTORE_URL"
@@ -246,6 +245,16 @@ def check_revision(revision: str | None, shown: str, *, allow_older: bool = Fals
         )
 
 
+def read_database(
+    url: URL, *, count_rows: bool = True
+) -> tuple[str | None, list[BufferInfo] | None]:
+    """:func:`expstore.storage.describe_database`, its errors told as the CLI tells them."""
+    try:
+        return describe_database(url, count_rows=count_rows)
+    except SQLAlchemyError as exc:
+        raise StorageError(f"cannot read {show_url(url)}: {describe_error(exc)}") from None
+
+
 def inspect_database(url: URL) -> tuple[str, list[str]]:
     """Check that ``url`` holds an expstore schema; its revision and buffer names.
 
@@ -258,22 +267,14 @@ def inspect_database(url: URL) -> tuple[str, list[str]]:
             f"there is no database at {path}; create one with `expstore init --db "
             f"{show_url(url)}`, or point --db (or {URL_ENV}) at an existing one"
         )
-    engine = create_sql_engine(url)
-    try:
-        with engine.connect() as conn:
-            revision = migrate.current_revision(conn)
-            if revision is None:
-                raise CliError(
-                    f"{show_url(url)} has no expstore tables; create them with "
-                    f"`expstore init --db {show_url(url)}`"
-                )
-            check_revision(revision, show_url(url))
-            names = list(conn.execute(select(buffers.c.name).order_by(buffers.c.id)).scalars())
-    except SQLAlchemyError as exc:
-        raise StorageError(f"cannot read {show_url(url)}: {describe_error(exc)}") from None
-    finally:
-        engine.dispose()
-    return revision, names
+    revision, found = read_database(url, count_rows=False)
+    if revision is None:
+        raise CliError(
+            f"{show_url(url)} has no expstore tables; create them with "
+            f"`expstore init --db {show_url(url)}`"
+        )
+    check_revision(revision, show_url(url))
+    return revision, [info.name for info in found or []]
 
 
 def open_buffer(db: str, name: str, *, create: bool = False) -> ReplayBuffer:

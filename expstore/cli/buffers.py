@@ -6,10 +6,7 @@ import json
 from typing import Any
 
 import typer
-from sqlalchemy import func, select
 
-from ..db.engine import create_sql_engine
-from ..db.schema import buffers, rows
 from ._common import (
     DEFAULT_URL,
     DatabaseArgument,
@@ -17,6 +14,7 @@ from ._common import (
     JsonOption,
     inspect_database,
     parse_url,
+    read_database,
     render_table,
     show_url,
 )
@@ -28,36 +26,8 @@ def list_buffers(db: str) -> list[dict[str, Any]]:
     """Each buffer of the database: name, rows, capacity, eviction, policy version."""
     url = parse_url(db)
     inspect_database(url)  # an expstore database at the current revision, or an error
-    counts = (
-        select(rows.c.buffer_id, func.count().label("rows")).group_by(rows.c.buffer_id).subquery()
-    )
-    stmt = (
-        select(
-            buffers.c.name,
-            func.coalesce(counts.c.rows, 0),
-            buffers.c.capacity,
-            buffers.c.eviction,
-            buffers.c.policy_version,
-        )
-        .select_from(buffers.outerjoin(counts, counts.c.buffer_id == buffers.c.id))
-        .order_by(buffers.c.id)
-    )
-    engine = create_sql_engine(url)
-    try:
-        with engine.connect() as conn:
-            found = conn.execute(stmt).all()
-    finally:
-        engine.dispose()
-    return [
-        {
-            "name": name,
-            "rows": int(count),
-            "capacity": capacity,
-            "eviction": eviction or "fifo",
-            "policy_version": version,
-        }
-        for name, count, capacity, eviction, version in found
-    ]
+    _, found = read_database(url)
+    return [info._asdict() for info in found or []]
 
 
 def buffers_(

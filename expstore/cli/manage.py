@@ -153,7 +153,7 @@ def summary(
     if create and drop:
         raise CliError("give either --create or --drop, not both")
     with open_buffer(db, buffer) as store:
-        storage = store.storage
+        sql = store.sql
         if create:
             with progress(len(store), "summarising tasks") as advance:
                 store.create_summary(progress=advance)
@@ -165,14 +165,14 @@ def summary(
                 else f"buffer {buffer!r} kept no task summaries; nothing to drop"
             )
             return
-        state = storage.summary_state()
+        state = sql.summary_state()
         if state is None:
             typer.echo(
                 f"buffer {buffer!r} keeps no task summaries: `expstore stats` reads every row. "
                 "`expstore summary --create` keeps them"
             )
             return
-        tasks = storage.summary_tasks()
+        tasks = sql.summary_tasks()
         shown = "built" if state.built else "being built (`expstore summary --create` goes on)"
         typer.echo(
             f"buffer {buffer!r} keeps task summaries ({tasks} tasks, {len(store)} rows; "

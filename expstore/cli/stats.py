@@ -88,7 +88,7 @@ def compute_stats(
     Without ``by`` the database computes them (:mod:`expstore.features.stats.summary`); with a
     per-agent or per-task table, from the matching rows' columns."""
     if by is None:
-        summary = buffer.storage.summary(query_condition, success_above)
+        summary = buffer.sql.summary(query_condition, success_above)
         if summary is not None:
             return {
                 "rows": summary["rows"],
@@ -386,12 +386,7 @@ def stats(
             buf, condition, by=by.value if by else None, success_above=success_above
         )
         took = time.monotonic() - started
-        if (
-            took > SLOW_S
-            and condition is None
-            and by is None
-            and buf.storage.summary_state() is None
-        ):
+        if took > SLOW_S and condition is None and by is None and buf.sql.summary_state() is None:
             echo_err(
                 f"(read every row of {result['rows']} in {took:.0f} s; `expstore summary "
                 "--create` keeps a row per task, which stats read instead)"

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, delete, select, update
+from sqlalchemy import Connection, delete, func, select, update
 from sqlalchemy.sql.elements import ColumnElement
 
 from .._args import check_int
@@ -24,6 +24,8 @@ from .eviction import EVICTION_POLICIES, OLDEST_FIRST_POLICIES, evict
 from .stats import task_stats
 
 __all__ = [
+    "BufferInfo",
+    "list_buffers",
     "bump_version",
     "check_retention",
     "count_inserted",
@@ -216,3 +218,38 @@ def set_retention(
             handle, conn, capacity, policy, task_stats.state(conn, handle.buffer_id)
         )
     return int(evicted), policy
+
+
+class BufferInfo(NamedTuple):
+    """One buffer of a database, as ``expstore buffers`` lists it."""
+
+    name: str
+    #: Its rows (None when not counted).
+    rows: int | None
+    capacity: int | None
+    eviction: str
+    policy_version: int | None
+
+
+def list_buffers(conn: Connection, *, count_rows: bool = True) -> list[BufferInfo]:
+    """Every buffer of the database on ``conn``, in order of creation; ``count_rows``:
+    count each one's rows too (a pass over the rows table's buffer index)."""
+    if count_rows:
+        counts = (
+            select(rows.c.buffer_id, func.count().label("rows"))
+            .group_by(rows.c.buffer_id)
+            .subquery()
+        )
+        found: Any = func.coalesce(counts.c.rows, 0)
+        table: Any = buffers.outerjoin(counts, counts.c.buffer_id == buffers.c.id)
+    else:
+        found, table = None, buffers
+    stmt = select(
+        buffers.c.name, found, buffers.c.capacity, buffers.c.eviction, buffers.c.policy_version
+    ).select_from(table)
+    return [
+        BufferInfo(
+            name, None if count is None else int(count), capacity, eviction or "fifo", version
+        )
+        for name, count, capacity, eviction, version in conn.execute(stmt.order_by(buffers.c.id))
+    ]

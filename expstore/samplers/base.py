@@ -57,8 +57,7 @@ from ..errors import ConnectionLostError, EmptyBufferError, StorageError, Unsupp
 from ..features.versions import check_staleness, fresh_mask
 from ..model.rows import DataRow
 from ..query import QueryCondition, as_condition
-from ..storage.base import Fetched, Storage
-from ..storage.key_space import KeySpace
+from ..storage.base import Fetched, KeySpace, Storage
 
 __all__ = [
     "Choice",

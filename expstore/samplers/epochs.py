@@ -38,7 +38,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import InvalidArgumentError
-from ..storage.key_space import KeySpace
+from ..storage.base import KeySpace
 
 __all__ = ["EpochState", "KeyPermutation", "next_in_epoch", "rest_of_epoch"]
 

@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..storage.key_space import KeySpace
+from ..storage.base import KeySpace
 
 __all__ = ["MIN_KEPT", "PROBE_BUDGET", "Drawn", "draw_ranks", "draw_uniform"]
 

@@ -19,8 +19,8 @@ from ..features.versions import fresh_mask, oldest_fresh
 from ..query import QueryCondition
 from ..query.fields import resolve_field
 from ..query.groups import GroupCondition, GroupStat
-from ..storage.base import Storage
-from ..storage.key_space import KeySpace
+from ..storage.base import KeySpace, Storage
+from ..storage.sql import SqlStorage
 from .base import Choice, KeySampler, SamplerOptions, empty_error
 from .flat import MIN_KEPT, PROBE_BUDGET
 
@@ -258,7 +258,7 @@ class GroupSampler(KeySampler):
             tried += size
             # No probe first: a candidate that is its group's first matching row is a
             # matching row of the buffer.
-            groups = space.groups_first_at(spec, candidates)
+            groups = space.group_summaries(spec, candidates)
             if groups is None:
                 return None  # no index to find a group's rows by
             ready = self._ready(groups, space.current_version)
@@ -300,7 +300,7 @@ class GroupSampler(KeySampler):
         )
 
     def claim_taker(
-        self, storage: Storage, query_condition: QueryCondition, max_staleness: int | None = None
+        self, sql: SqlStorage, query_condition: QueryCondition, max_staleness: int | None = None
     ) -> GroupTaker:
         """What ``buffer.claim(n, order=this sampler)`` takes whole groups with (see
         :mod:`expstore.features.claims.groups`); ``max_staleness``: the claim's, which holds
@@ -308,12 +308,12 @@ class GroupSampler(KeySampler):
         staleness = self._claim_staleness(max_staleness)
 
         def candidates(m: int, skip: set[Any]) -> list[Group]:
-            index, ready = self.ready_groups(storage, query_condition)
+            index, ready = self.ready_groups(sql, query_condition)
             if staleness is not None and staleness != self.max_staleness:
                 current = index.get("current_version")
                 keep = fresh_mask(index["version"][ready], current, staleness)
                 ready = ready if keep is None else ready[keep]
-            self.on_buffer(storage)  # groups seen taken in a database since made anew
+            self.on_buffer(sql)  # groups seen taken in a database since made anew
             taken = self._taken
             values = index["group"]
 
@@ -333,24 +333,24 @@ class GroupSampler(KeySampler):
             self._taken.update(values)
 
         def oldest() -> int | None:
-            return _oldest(storage, staleness)
+            return _oldest(sql, staleness)
 
         return group_taker(
-            storage.group_index, query_condition, self.spec, candidates, learn, self._freed, oldest
+            sql.group_index, query_condition, self.spec, candidates, learn, self._freed, oldest
         )
 
     def claimable_groups(
         self,
-        storage: Storage,
+        sql: SqlStorage,
         query_condition: QueryCondition,
         max_staleness: int | None,
         upto: int,
     ) -> int:
         """How many whole groups a claim with this order could take now (up to ``upto``):
         what ``claim(..., wait=s)`` waits for, and counts against a rate limit."""
-        oldest = _oldest(storage, self._claim_staleness(max_staleness))
+        oldest = _oldest(sql, self._claim_staleness(max_staleness))
         return claimable_groups(
-            storage.group_index, query_condition, self.spec, self._freed, oldest, upto
+            sql.group_index, query_condition, self.spec, self._freed, oldest, upto
         )
 
     def _claim_staleness(self, max_staleness: int | None) -> int | None:

@@ -10,8 +10,7 @@ import numpy as np
 from .._args import seeded_rng
 from ..features.versions import check_staleness, fresh_mask
 from ..query import QueryCondition
-from ..storage.base import Storage
-from ..storage.key_space import KeySpace
+from ..storage.base import KeySpace, Storage
 from .base import (
     Choice,
     DerivedArrays,
@@ -26,6 +25,8 @@ from .flat import draw_uniform
 __all__ = ["RandomTaskSample", "RandomTaskSampler"]
 
 _T = TypeVar("_T")
+#: How a task's rows are ordered (then by insertion), as TaskSampler orders them.
+_TASK_ORDER = ("step", "execute_time")
 
 
 class RandomTaskSampler(TaskSampler):
@@ -77,7 +78,10 @@ class RandomTaskSampler(TaskSampler):
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
     ) -> Choice:
         choice = self._over_key_space(
-            storage, batch_size, query_condition, lambda space, ids: Choice(space.task_rows(ids))
+            storage,
+            batch_size,
+            query_condition,
+            lambda space, ids: Choice(space.rows_of("task_id", ids, _TASK_ORDER)),
         )
         if choice is not None:
             return choice
@@ -118,7 +122,7 @@ class RandomTaskSampler(TaskSampler):
 
         def accept(columns: dict[str, np.ndarray]) -> np.ndarray:
             tasks = columns["task_id"].tolist()
-            counts.update(space.task_counts([t for t in set(tasks) if t not in counts]))
+            counts.update(space.count_by("task_id", [t for t in set(tasks) if t not in counts]))
             return np.array([1.0 / counts.get(t, 1) for t in tasks])
 
         chosen: dict[str, None] = {}

@@ -7,7 +7,7 @@ from typing_extensions import Unpack
 
 from .._args import check_number
 from ..query import QueryCondition
-from ..storage.key_space import KeySpace
+from ..storage.base import KeySpace
 from .base import Choice, KeySampler, SamplerOptions
 from .flat import draw_ranks
 

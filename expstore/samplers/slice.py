@@ -14,7 +14,7 @@ from .._args import check_int
 from ..errors import EmptyBufferError, InvalidArgumentError
 from ..query import QueryCondition
 from ..query.fields import resolve_field
-from ..storage.key_space import KeySpace
+from ..storage.base import KeySpace
 from .base import Choice, KeySampler, SamplerOptions, value_codes
 from .flat import MIN_KEPT, PROBE_BUDGET, Drawn, draw_uniform
 
@@ -139,7 +139,7 @@ class SliceSampler(KeySampler):
         # (a window's last step never passes the largest step a row can have)
         spans = [(t, step, min(step + length - 1, _TOP_STEP)) for t, step, _ in starts]
         runs: dict[tuple[Any, ...], list[int]] = {}
-        for *place, key in space.steps_of(self.traj_key, spans):
+        for *place, key in space.in_ranges(self.traj_key, "step", spans):
             runs.setdefault(tuple(place), []).append(key)
         return [_window(runs, trajectory, step, key, length) for trajectory, step, key in starts]
 

@@ -10,7 +10,7 @@ from typing_extensions import Unpack
 
 from ..query import QueryCondition
 from ..query.fields import resolve_field
-from ..storage.key_space import KeySpace
+from ..storage.base import KeySpace
 from .base import Choice, KeySampler, SamplerOptions, value_codes
 from .flat import draw_uniform
 

@@ -8,8 +8,7 @@ import numpy as np
 from typing_extensions import Unpack
 
 from ..query import QueryCondition
-from ..storage.base import Storage
-from ..storage.key_space import KeySpace
+from ..storage.base import KeySpace, Storage
 from .base import Choice, KeySampler, SamplerOptions
 from .epochs import EpochState, KeyPermutation, next_in_epoch, rest_of_epoch
 from .flat import PROBE_BUDGET, draw_uniform

@@ -1,6 +1,6 @@
 """Storage: where rows live (see :class:`SqlStorage`) and the interface it implements."""
 
 from .base import Storage
-from .sql import SqlStorage, create_sql_engine
+from .sql import SqlStorage, create_sql_engine, describe_database
 
-__all__ = ["SqlStorage", "Storage", "create_sql_engine"]
+__all__ = ["SqlStorage", "Storage", "create_sql_engine", "describe_database"]

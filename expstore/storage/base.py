@@ -1,5 +1,20 @@
-"""The Storage interface: where rows live and how they come back. It declares everything the
-buffer, the samplers, the CLI and the torch datasets call on a storage.
+"""The storage interfaces: what a backend must do.
+
+- :class:`Storage`: where rows live and how they come back (store, get, count, query, page,
+  fetch), and what the sampling loop needs of the buffer beside its rows: its policy
+  version (``max_staleness``), its draw counts (``consume_after``), its rate limit's
+  sample counts, its priorities, its retention and its group summaries.
+- :class:`KeySpace`: the key primitives a draw over the buffer's keys uses without holding
+  them (the key range and counts, probes of candidate keys, distinct values, the first
+  matching row of a value, aggregates, the rows of given values or ranges), on which every
+  sampler builds its choice (see :mod:`expstore.samplers.flat`).
+- :class:`Kept`: what draws find about their matching rows, kept from draw to draw.
+
+:class:`~expstore.storage.sql.SqlStorage` and its
+:class:`~expstore.storage.key_space.SqlKeySpace` implement them over SQLite and Postgres;
+what only a SQL database keeps (claims, rate-limit settings, path indexes, task summaries,
+policy versions set for every process) is :class:`~expstore.storage.sql.SqlStorage`'s own,
+and the buffer reaches it there (see :class:`expstore.ReplayBuffer`).
 
 Method names follow AWorld's ``Storage`` (``add``, ``add_batch``, ``size``, ``get_paginated``,
 ``get_all``, ``get_by_task_id``, ``get_bacth_by_task_ids``) so code written against AWorld runs
@@ -11,32 +26,43 @@ chosen rows, whole or only the fields a converter reads).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import numpy as np
 
 from .._args import check_int
-from ..errors import InvalidArgumentError, UnsupportedTypeError
+from ..errors import InvalidArgumentError
+from ..features.state import Signature, moved_on
+from ..features.versions import oldest_fresh
 from ..model.rows import DataRow
-from ..query import QueryCondition
+from ..query import QueryCondition, condition_key
 
 if TYPE_CHECKING:
-    from ..features.claims.queue import ClaimQueue
     from ..features.dedup import Dedup
     from ..features.eviction import Eviction
-    from ..features.groups import GroupIndex, GroupSpec
-    from ..features.rate_limits import RateLimits
-    from ..features.stats.task_stats import SummaryState
-    from .key_space import KeySpace
+    from ..features.groups import GroupSpec
 
 
-__all__ = ["Fetched", "QueryCondition", "Storage", "Values"]
+__all__ = [
+    "Arrays",
+    "Fetched",
+    "KeySpace",
+    "Kept",
+    "PriorityBounds",
+    "QueryCondition",
+    "Since",
+    "Storage",
+    "Values",
+]
 
 _T = TypeVar("_T")
 
 #: One path's values over a batch of rows: a list, or an array whose first axis is the rows.
 Values = list[Any] | np.ndarray
+#: Rows as a key index gives them: ``"key"`` (int64, ascending) and columns, aligned.
+Arrays = dict[str, np.ndarray]
 
 
 class Fetched(NamedTuple):
@@ -128,18 +154,15 @@ class Storage(ABC):
         """Change the buffer's capacity and eviction policy for every writer; returns how
         many rows went at once."""
 
+    @abstractmethod
     def policy_version(self) -> int | None:
-        """The buffer's current policy version (None: never set); see
-        :mod:`expstore.features.versions`."""
-        raise UnsupportedTypeError(
-            f"{type(self).__name__} does not keep policy versions; use SqlStorage"
-        )
+        """The buffer's current policy version (None: never set), which samplers with
+        ``max_staleness`` measure rows against; see :mod:`expstore.features.versions`."""
 
+    @abstractmethod
     def set_policy_version(self, version: int, *, force: bool = False) -> int:
-        """Publish ``version`` for every process; returns rows the "stale" policy evicted."""
-        raise UnsupportedTypeError(
-            f"{type(self).__name__} does not keep policy versions; use SqlStorage"
-        )
+        """Publish ``version`` for every process; returns rows the "stale" eviction
+        policy removed."""
 
     # -- reading -------------------------------------------------------------------------
     @abstractmethod
@@ -189,6 +212,7 @@ class Storage(ABC):
     ) -> list[dict[str, np.ndarray]]:
         """:meth:`key_index` for each ``(condition, columns)``, all at one moment."""
 
+    @abstractmethod
     def key_space(
         self,
         query_condition: QueryCondition,
@@ -198,51 +222,12 @@ class Storage(ABC):
         consume_after: int | None = None,
         snapshot: bool = False,
     ) -> _T | None:
-        """``use(space)`` over the buffer's key space read now (its key range and row
-        count, probed for candidate keys; see :mod:`expstore.storage.key_space`), or None
-        from a storage without one, whose samplers then choose over :meth:`key_index`.
+        """``use(space)`` over the buffer's :class:`KeySpace` read now, or None from a
+        storage that cannot give one, whose samplers then choose over :meth:`key_index`.
         ``max_staleness``, ``consume_after``: the sampler's options of those names narrow
         the matching rows as the condition does. ``snapshot``: every statement of the draw
         reads one snapshot (for a draw whose statements must agree, e.g. priority bounds
         and probes)."""
-        return None
-
-    def create_index(self, path: str) -> str:
-        """Index the rows on ``path`` so conditions on it are index ranges; returns the
-        index's name. A storage without indexes raises UnsupportedTypeError."""
-        raise UnsupportedTypeError(f"{type(self).__name__} cannot index paths")
-
-    def drop_index(self, path: str) -> bool:
-        """Drop the index :meth:`create_index` made on ``path``; whether there was one."""
-        raise UnsupportedTypeError(f"{type(self).__name__} cannot index paths")
-
-    def create_summary(
-        self, *, step: int = 200_000, progress: Callable[[int], object] | None = None
-    ) -> None:
-        """Keep per-task summaries that whole-buffer stats read instead of every row. A
-        storage without them raises UnsupportedTypeError."""
-        raise UnsupportedTypeError(f"{type(self).__name__} cannot keep task summaries")
-
-    def drop_summary(self) -> bool:
-        """Stop keeping per-task summaries; whether there were any."""
-        raise UnsupportedTypeError(f"{type(self).__name__} cannot keep task summaries")
-
-    def summary_state(self) -> SummaryState | None:
-        """Whether the buffer keeps task summaries and how far they are built (None: it
-        keeps none)."""
-        return None
-
-    def summary_tasks(self) -> int:
-        """How many tasks the buffer's task summaries hold (0 without summaries)."""
-        return 0
-
-    def summary(
-        self, query_condition: QueryCondition, success_above: float
-    ) -> dict[str, Any] | None:
-        """The figures of ``expstore stats`` over the matching rows, computed where the rows
-        are (see :mod:`expstore.features.stats.summary`), or None from a storage that cannot,
-        whose figures are then computed from :meth:`key_index`."""
-        return None
 
     @abstractmethod
     def fetch_keys(self, keys: Sequence[int] | np.ndarray) -> list[DataRow]:
@@ -270,69 +255,36 @@ class Storage(ABC):
         ids, columns = self.fetch_columns(keys, paths, writable=writable)
         return Fetched(ids, columns=columns)
 
+    # -- what the sampling loop needs of the buffer beside its rows ----------------------
+    @abstractmethod
     def count_draws(self, keys: np.ndarray, limit: int) -> np.ndarray:
         """For samplers with ``consume_after=limit``: count one draw of each of ``keys``
-        (distinct) whose row has had fewer than ``limit``, and return those keys (see
-        :mod:`expstore.features.draw_counts`)."""
-        raise UnsupportedTypeError(
-            f"{type(self).__name__} does not count draws (consume_after); use SqlStorage"
-        )
+        (distinct) whose row has had fewer than ``limit``, for every process together, and
+        return those keys (see :mod:`expstore.features.draw_counts`)."""
 
+    @abstractmethod
     def spent_keys(self, limit: int, among: np.ndarray | None = None) -> np.ndarray:
         """The keys of rows drawn ``limit`` times or more by samplers with
-        ``consume_after``, sorted; of ``among`` only if given (none for a storage that
-        does not count draws)."""
-        return np.empty(0, dtype=np.int64)
+        ``consume_after``, sorted; of ``among`` only if given."""
 
-    @property
-    def rate_limits(self) -> RateLimits:
-        """The buffer's rate limit (see :mod:`expstore.features.rate_limiter`)."""
-        raise UnsupportedTypeError(
-            f"{type(self).__name__} does not keep rate limits; use SqlStorage"
-        )
-
+    @abstractmethod
     def acquire_samples(self, n: int, since: float | None = None) -> tuple[int, bool]:
         """Count ``n`` samples against the buffer's rate limit, waiting while it is spent;
-        returns (samples counted, whether it waited). A storage without rate limits counts
-        nothing (see :mod:`expstore.features.rate_limiter`)."""
-        return 0, False
+        returns (samples counted, whether it waited); (0, False) for a buffer without a
+        limit (see :mod:`expstore.features.rate_limiter`)."""
 
+    @abstractmethod
     def refund_samples(self, n: int) -> None:
         """Give back ``n`` counted samples that were not drawn."""
-        return None
 
+    @abstractmethod
     def sampling_limited(self) -> bool:
         """Whether the buffer has a rate limit that counts samples (a read)."""
-        return False
 
+    @abstractmethod
     def groups(self, query_condition: QueryCondition, spec: GroupSpec) -> dict[str, Any]:
-        """Summaries of the groups of matching rows (see :mod:`expstore.features.groups`)."""
-        raise UnsupportedTypeError(
-            f"{type(self).__name__} does not summarise groups; use SqlStorage"
-        )
-
-    def group_keys(
-        self, query_condition: QueryCondition, spec: GroupSpec, groups: Sequence[Any]
-    ) -> list[np.ndarray]:
-        """The keys of each group's rows (see :mod:`expstore.features.groups`)."""
-        raise UnsupportedTypeError(
-            f"{type(self).__name__} does not summarise groups; use SqlStorage"
-        )
-
-    @property
-    def group_index(self) -> GroupIndex:
-        """The cached group summaries (for group claims)."""
-        raise UnsupportedTypeError(
-            f"{type(self).__name__} does not summarise groups; use SqlStorage"
-        )
-
-    @property
-    def claims(self) -> ClaimQueue:
-        """The buffer's claims (consume-once queue, checkpoints, lineage); see
-        :mod:`expstore.claims`. A storage without them raises UnsupportedTypeError."""
-        raise UnsupportedTypeError(
-            f"{type(self).__name__} does not keep claims; use SqlStorage (a database URL)"
-        )
+        """Summaries of the groups of matching rows, as arrays over the groups (see
+        :meth:`expstore.features.groups.GroupIndex.get`)."""
 
     @abstractmethod
     def close(self) -> None:
@@ -369,3 +321,235 @@ class Storage(ABC):
 
     def __len__(self) -> int:
         return self.count()
+
+
+class PriorityBounds(NamedTuple):
+    """The smallest and largest stored priority of the whole buffer (None when none is
+    stored)."""
+
+    smallest: float | None
+    largest: float | None
+
+
+class KeySpace(ABC):
+    """A buffer's keys as a draw sees them without holding them: the range its keys lie in
+    and how many rows it holds, read in one round trip with its state, then probes of
+    candidate keys and a few aggregates, all at one moment of the buffer as far as the
+    backend's isolation gives. A sampler draws candidate keys in the range and asks
+    :meth:`probe` which are rows matching the draw's condition, ``max_staleness`` and
+    ``consume_after`` (rejection sampling, :mod:`expstore.samplers.flat`), so a draw's
+    cost depends on the batch and the share of the range that matches, not on the
+    buffer's size. Made by :meth:`Storage.key_space`."""
+
+    #: The range the buffer's keys lie in (writers hand keys out in commit order and FIFO
+    #: eviction removes the oldest) and how many rows it holds.
+    min_key: int
+    max_key: int
+    rows: int
+    #: The buffer's policy version, read with the range (None: never set).
+    current_version: int | None
+    #: What the draw narrows the rows to.
+    query_condition: QueryCondition
+    max_staleness: int | None
+    consume_after: int | None
+    #: The buffer's signature as this space read it (None: not known).
+    signature: Signature | None
+    #: What draws found about their matching rows, kept by the storage from draw to draw.
+    kept: Kept
+    #: Candidate keys (and rows) read through this space, to see what a draw cost.
+    probed: int
+
+    # -- derived from the range ---------------------------------------------------------
+    @property
+    def span(self) -> int:
+        """How many keys the range holds (0 for an empty buffer)."""
+        return self.max_key - self.min_key + 1 if self.rows else 0
+
+    @property
+    def dense(self) -> bool:
+        """Whether every key of the range is a row of the buffer (so a key's rank is its
+        distance from ``min_key``); true of a buffer filled by its own writers alone and
+        evicted oldest first."""
+        return self.rows > 0 and self.rows == self.span
+
+    @property
+    def filtered(self) -> bool:
+        """Whether only some of the buffer's rows match (a condition, max_staleness or
+        consume_after)."""
+        return (
+            self.query_condition is not None
+            or self.max_staleness is not None
+            or self.consume_after is not None
+        )
+
+    @property
+    def oldest(self) -> int | None:
+        """The oldest fresh version under ``max_staleness`` (None: every row is fresh)."""
+        return oldest_fresh(self.current_version, self.max_staleness)
+
+    def condition_key(self) -> tuple[Any, ...]:
+        """What the draws of this space take: its condition, ``max_staleness`` and
+        ``consume_after``, as a hashable key."""
+        return (condition_key(self.query_condition), self.max_staleness, self.consume_after)
+
+    @property
+    def candidates(self) -> tuple[int, int]:
+        """The range candidate keys are drawn from, :attr:`low` included, ``high`` not
+        (empty when no row can match)."""
+        low = self.low
+        high = max(low, self.max_key + 1) if self.rows else low
+        return low, high
+
+    # -- freshness -----------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def low(self) -> int:
+        """The smallest key a matching row can have: ``min_key``, raised under
+        ``max_staleness`` to the first fresh row's key, so that draws in a buffer whose
+        older versions went stale look among its fresh rows alone; may exceed
+        ``max_key`` when no row can match."""
+
+    @property
+    @abstractmethod
+    def every_key_matches(self) -> bool:
+        """Whether every key from :attr:`low` to ``max_key`` is a matching row, so a draw
+        needs no probe."""
+
+    @abstractmethod
+    def late_stale_keys(self, limit: int) -> np.ndarray | None:
+        """The keys from :attr:`low` on of stale rows (late rollouts of older policies
+        among the fresh ones), sorted; None when there are more than ``limit``. Empty
+        without ``max_staleness``."""
+
+    # -- probes --------------------------------------------------------------------------
+    @abstractmethod
+    def probe(self, keys: np.ndarray, columns: Sequence[str] = ()) -> Arrays:
+        """Of the candidate ``keys``, those that are rows of the buffer matching the draw
+        (``"key"``, ascending, each once) and their ``columns``, as the key index gives
+        them."""
+
+    @abstractmethod
+    def distinct(self, name: str) -> list[Any] | None:
+        """The distinct values of the indexed column ``name`` among the buffer's rows;
+        None when they cannot be listed cheaply (no index leads with it, it may be NULL, or
+        it holds too many)."""
+
+    @abstractmethod
+    def first_matching(self, name: str, value: Any, start: int) -> int | None:
+        """The key of the first matching row holding ``value`` in the indexed column
+        ``name`` from key ``start`` on; None when there is none."""
+
+    @abstractmethod
+    def count_by(self, name: str, values: Sequence[Any]) -> dict[Any, int]:
+        """How many matching rows hold each of ``values`` in the indexed column ``name``
+        (values without a matching row left out)."""
+
+    @abstractmethod
+    def rows_of(self, name: str, values: Sequence[Any], order_by: Sequence[str]) -> np.ndarray:
+        """The keys of every row of the buffer (the draw's narrowing aside) holding one of
+        ``values`` in the indexed column ``name``, value by value in the given order, each
+        value's rows ordered by ``order_by`` and then by key."""
+
+    @abstractmethod
+    def in_ranges(
+        self,
+        columns: Sequence[str],
+        ranged: str,
+        spans: Sequence[tuple[tuple[Any, ...], Any, Any]],
+    ) -> list[tuple[Any, ...]]:
+        """The matching rows of these spans, each the values of ``columns`` and a range of
+        the column ``ranged`` (``low`` and ``high`` both included), as ``(*values of
+        columns, value of ranged, key)`` in no particular order."""
+
+    # -- aggregates ----------------------------------------------------------------------
+    @abstractmethod
+    def largest(self, name: str) -> float | None:
+        """The largest value of the buffer's indexed numeric column ``name`` (None when no
+        row has one)."""
+
+    @abstractmethod
+    def priority_bounds(self) -> PriorityBounds:
+        """The buffer's smallest and largest stored priority (None when none is stored)."""
+
+    @abstractmethod
+    def lowest_priority(self, walk: int | None) -> tuple[float, int | None] | None:
+        """The smallest stored priority among the matching rows and the key of a row that
+        holds it, looking through at most ``walk`` of the buffer's lowest priorities
+        (None: as far as it takes); ``(inf, None)`` when no matching row holds one; None
+        when those ``walk`` hold no matching row and there are more."""
+
+    @abstractmethod
+    def logged_priorities(self, after: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The keys and priorities set by the priority updates after number ``after``
+        (the signature's ``priority_version``), in update order; None when they are no
+        longer known."""
+
+    @abstractmethod
+    def group_summaries(self, spec: GroupSpec, keys: np.ndarray) -> Arrays | None:
+        """The summaries of the groups (of the matching rows, by ``spec``) whose first row
+        is one of the candidate ``keys``, as :meth:`Storage.groups` gives them; None when
+        a group's rows cannot be found by an index (each group would be a scan)."""
+
+    @abstractmethod
+    def group_counts(self, spec: GroupSpec) -> tuple[int, int, int, int]:
+        """How many groups (of the matching rows, by ``spec``) are ready, waiting,
+        filtered and stale under this space's ``max_staleness``."""
+
+
+#: Findings a storage keeps (the ones used last).
+KEPT = 128
+
+
+class Since(NamedTuple):
+    """A finding and the buffer it was found in."""
+
+    found: Any
+    signature: Signature
+    oldest: int | None  # the oldest fresh version then (None: every row)
+
+
+class Kept:
+    """What draws over the key space found about their matching rows (a prioritized draw's
+    least priority, a stratified draw's values held), by what was found and the draw
+    target (:meth:`KeySpace.condition_key`): the :data:`KEPT` used last.
+
+    Between two draws of a target, rows only leave its matching rows, or new ones arrive
+    with higher keys, as long as the buffer moved on by inserts, FIFO eviction, priority
+    updates and draws counted (:func:`~expstore.features.state.moved_on`), and the oldest
+    fresh version did not go back: evicted, spent and stale rows leave, nothing else
+    changes. What was found then stays true but for those two changes, which the finder
+    checks; anything else (deletes, updates, a policy version set back) finds it again.
+    """
+
+    def __init__(self) -> None:
+        self._kept: OrderedDict[Any, Since] = OrderedDict()
+
+    def get(self, space: KeySpace, what: tuple[Any, ...]) -> Since | None:
+        """What was found as ``what`` for ``space``'s target, if the buffer changed since
+        only in ways the finder can follow; None when it must be found again."""
+        since = self._kept.get((what, space.condition_key()))
+        signature = space.signature
+        if since is None or signature is None or not moved_on(since.signature, signature):
+            return None
+        return since if _shrunk(since.oldest, space.oldest) else None
+
+    def put(self, space: KeySpace, what: tuple[Any, ...], found: Any) -> None:
+        """Keep ``found`` as ``what`` for ``space``'s target, as of ``space``."""
+        if space.signature is None:  # not known: nothing to tell it is still true by
+            return
+        target = (what, space.condition_key())
+        self._kept[target] = Since(found, space.signature, space.oldest)
+        self._kept.move_to_end(target)
+        while len(self._kept) > KEPT:
+            self._kept.popitem(last=False)
+
+    def clear(self) -> None:
+        self._kept.clear()
+
+
+def _shrunk(before: int | None, now: int | None) -> bool:
+    """Whether the fresh rows under the oldest fresh version ``now`` are among those under
+    ``before`` (None: every row fresh)."""
+    if now is None:
+        return before is None
+    return before is None or now >= before

@@ -31,10 +31,10 @@ policy version set back) finds it again.
 
 from __future__ import annotations
 
+import math
 import re
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 from sqlalchemy import Connection, and_, bindparam, func, or_, select
@@ -46,12 +46,13 @@ from ..errors import InvalidArgumentError
 from ..features.draw_counts import unspent_clause
 from ..features.groups import GroupSpec, count_groups, groups_first_at
 from ..features.priorities import logged_priorities
-from ..features.state import Signature, moved_on
-from ..features.versions import FreshBounds, fresh_clause, oldest_fresh
+from ..features.state import Signature
+from ..features.versions import FreshBounds, fresh_clause
 from ..model.layout import COLUMNS_BY_NAME, ColumnSpec
 from ..query import QueryCondition, condition_key
 from ..query.fields import resolve_field
-from .key_index import Arrays, _column, _to_arrays
+from .base import Arrays, Kept, KeySpace, PriorityBounds
+from .key_index import _column, _to_arrays
 
 #: A plan line of SQLite seeking an index on the condition with each candidate key (not
 #: the (buffer_id, key) index, which turns no candidate down).
@@ -59,7 +60,7 @@ _INDEX_PROBE = re.compile(
     r"USING (COVERING )?INDEX \S+ \(buffer_id=\? AND (?!key=\? AND rowid).+ AND rowid=\?\)"
 )
 
-__all__ = ["DISTINCT_LIMIT", "KeySpace", "KeySpaces", "Kept", "PriorityBounds", "Since"]
+__all__ = ["DISTINCT_LIMIT", "KeySpaces", "SqlKeySpace"]
 
 _T = TypeVar("_T")
 
@@ -104,7 +105,7 @@ class KeySpaces:
     def draw(
         self,
         query_condition: QueryCondition,
-        use: Callable[[KeySpace], _T],
+        use: Callable[[SqlKeySpace], _T],
         *,
         max_staleness: int | None = None,
         consume_after: int | None = None,
@@ -117,7 +118,7 @@ class KeySpaces:
             if snapshot:  # e.g. priority bounds and probes: a priority updated meanwhile
                 self.handle.dialect.snapshot(conn)  # cannot leave the bounds' envelope
             signature, version, count = self.state(conn)
-            space = KeySpace(
+            space = SqlKeySpace(
                 self.handle,
                 conn,
                 query_condition,
@@ -134,65 +135,7 @@ class KeySpaces:
                 self.keys_probed += space.probed
 
 
-#: Findings a handle keeps (the ones used last).
-KEPT = 128
-
-
-class Since(NamedTuple):
-    """A finding and the buffer it was found in."""
-
-    found: Any
-    signature: Signature
-    oldest: int | None  # the oldest fresh version then (None: every row)
-
-
-class Kept:
-    """The findings of one handle's draws, by what was found and the draw target (the
-    :data:`KEPT` used last)."""
-
-    def __init__(self) -> None:
-        self._kept: OrderedDict[Any, Since] = OrderedDict()
-
-    def get(self, space: KeySpace, what: tuple[Any, ...]) -> Since | None:
-        """What was found as ``what`` for ``space``'s target, if the buffer changed since
-        only in ways the finder can follow; None when it must be found again."""
-        since = self._kept.get((what, space.condition_key()))
-        signature = space.signature
-        assert signature is not None  # a space read by a key index's freshness check
-        if since is None or not moved_on(since.signature, signature):
-            return None
-        return since if _shrunk(since.oldest, space.oldest) else None
-
-    def put(self, space: KeySpace, what: tuple[Any, ...], found: Any) -> None:
-        """Keep ``found`` as ``what`` for ``space``'s target, as of ``space``."""
-        assert space.signature is not None
-        target = (what, space.condition_key())
-        self._kept[target] = Since(found, space.signature, space.oldest)
-        self._kept.move_to_end(target)
-        while len(self._kept) > KEPT:
-            self._kept.popitem(last=False)
-
-    def clear(self) -> None:
-        self._kept.clear()
-
-
-def _shrunk(before: int | None, now: int | None) -> bool:
-    """Whether the fresh rows under the oldest fresh version ``now`` are among those under
-    ``before`` (None: every row fresh)."""
-    if now is None:
-        return before is None
-    return before is None or now >= before
-
-
-class PriorityBounds(NamedTuple):
-    """The smallest and largest stored priority of the whole buffer (None when none is
-    stored)."""
-
-    smallest: float | None
-    largest: float | None
-
-
-class KeySpace:
+class SqlKeySpace(KeySpace):
     """One buffer's key range, row count and policy version, and probes of it, on one
     connection (see the module's docstring). Made by ``storage.key_space(...)``."""
 
@@ -228,21 +171,6 @@ class KeySpace:
         self._every_key: bool | None = None
 
     @property
-    def span(self) -> int:
-        """How many keys the range holds (0 for an empty buffer)."""
-        return self.max_key - self.min_key + 1 if self.rows else 0
-
-    @property
-    def filtered(self) -> bool:
-        """Whether only some of the buffer's rows match (a condition, max_staleness or
-        consume_after)."""
-        return (
-            self.query_condition is not None
-            or self.max_staleness is not None
-            or self.consume_after is not None
-        )
-
-    @property
     def low(self) -> int:
         """The smallest key a matching row can have: ``min_key``, raised under
         ``max_staleness`` to the first fresh row's key
@@ -258,16 +186,6 @@ class KeySpace:
                 if bound is not None:
                     self._low = max(self.min_key, bound)
         return self._low
-
-    def condition_key(self) -> tuple[Any, ...]:
-        """What the draws of this space take: its condition, ``max_staleness`` and
-        ``consume_after``, as a hashable key."""
-        return (condition_key(self.query_condition), self.max_staleness, self.consume_after)
-
-    @property
-    def oldest(self) -> int | None:
-        """The oldest fresh version under ``max_staleness`` (None: every row is fresh)."""
-        return oldest_fresh(self.current_version, self.max_staleness)
 
     @property
     def every_key_matches(self) -> bool:
@@ -302,21 +220,6 @@ class KeySpace:
         return self._fresh_bounds.late(
             self.handle, self.conn, oldest, self.low, self.max_key, limit
         )
-
-    @property
-    def candidates(self) -> tuple[int, int]:
-        """The range candidate keys are drawn from, ``low`` included, ``high`` not
-        (empty when no row can match)."""
-        low = self.low
-        high = max(low, self.max_key + 1) if self.rows else low
-        return low, high
-
-    @property
-    def dense(self) -> bool:
-        """Whether every key of the range is a row of the buffer (so a key's rank is its
-        distance from ``min_key``); true of a buffer filled by its own writers alone and
-        evicted oldest first."""
-        return self.rows > 0 and self.rows == self.span
 
     def matching(self) -> list[Any]:
         """The WHERE clauses of the condition, max_staleness and consume_after (the buffer
@@ -442,7 +345,7 @@ class KeySpace:
         found = statement.run(self.conn, value=value, start=start)
         return int(found[0][0]) if found else None
 
-    def groups_first_at(self, spec: GroupSpec, keys: np.ndarray) -> Arrays | None:
+    def group_summaries(self, spec: GroupSpec, keys: np.ndarray) -> Arrays | None:
         """The summaries of the groups (of the matching rows, by ``spec``) whose first row
         is one of the candidate ``keys``, as
         :meth:`~expstore.features.groups.GroupIndex.get` gives them; None when the group
@@ -462,48 +365,44 @@ class KeySpace:
         :func:`~expstore.features.groups.count_groups`)."""
         return count_groups(self.handle, self.conn, self.query_condition, spec, self.oldest)
 
-    def task_counts(self, task_ids: Sequence[str]) -> dict[str, int]:
-        """How many rows of each of these tasks match (through the ``(buffer_id, task_id,
-        step)`` index; tasks without a matching row left out)."""
+    def count_by(self, name: str, values: Sequence[Any]) -> dict[Any, int]:
+        """Through the column's index (for ``task_id``, ``(buffer_id, task_id, step)``),
+        a few hundred values per statement."""
+        column = _column_of(name, "count_by")
         clauses = [rows.c.buffer_id == self.handle.buffer_id, *self.matching()]
-        found: dict[str, int] = {}
-        for chunk in _chunks(task_ids):  # bound parameters per statement stay few
-            stmt = (
-                select(rows.c.task_id, func.count())
-                .where(*clauses, rows.c.task_id.in_(chunk))
-                .group_by(rows.c.task_id)
-            )
-            found.update((task, int(count)) for task, count in self.conn.execute(stmt))
+        found: dict[Any, int] = {}
+        for chunk in _chunks(values):  # bound parameters per statement stay few
+            stmt = select(column, func.count()).where(*clauses, column.in_(chunk)).group_by(column)
+            found.update((value, int(count)) for value, count in self.conn.execute(stmt))
         return found
 
-    def task_rows(self, task_ids: Sequence[str]) -> np.ndarray:
-        """The keys of every row of these tasks (the whole buffer's, the condition aside),
-        task by task in the given order, each by step, execute_time and insertion."""
+    def rows_of(self, name: str, values: Sequence[Any], order_by: Sequence[str]) -> np.ndarray:
+        """Through the column's index, a few hundred values per statement."""
+        column = _column_of(name, "rows_of")
+        order = [_column_of(n, "rows_of") for n in order_by]
         mine = rows.c.buffer_id == self.handle.buffer_id
-        by_task: dict[str, list[int]] = {task: [] for task in task_ids}
-        for chunk in _chunks(task_ids):
+        by_value: dict[Any, list[int]] = {value: [] for value in values}
+        for chunk in _chunks(values):
             stmt = (
-                select(rows.c.task_id, rows.c.key)
-                .where(mine, rows.c.task_id.in_(chunk))
-                .order_by(rows.c.task_id, rows.c.step, rows.c.execute_time, rows.c.key)
+                select(column, rows.c.key)
+                .where(mine, column.in_(chunk))
+                .order_by(column, *order, rows.c.key)
             )
-            for task, key in self.conn.execute(stmt):
-                by_task[task].append(key)
-        self.probed += sum(map(len, by_task.values()))
-        return np.array([key for keys in by_task.values() for key in keys], dtype=np.int64)
+            for value, key in self.conn.execute(stmt):
+                by_value[value].append(key)
+        self.probed += sum(map(len, by_value.values()))
+        return np.array([key for keys in by_value.values() for key in keys], dtype=np.int64)
 
-    def steps_of(
-        self, columns: Sequence[str], spans: Sequence[tuple[tuple[Any, ...], int, int]]
+    def in_ranges(
+        self,
+        columns: Sequence[str],
+        ranged: str,
+        spans: Sequence[tuple[tuple[Any, ...], Any, Any]],
     ) -> list[tuple[Any, ...]]:
-        """The matching rows of these spans, each a trajectory (the values of ``columns``,
-        columns of the rows) and a range of steps (``low``, ``high``, both included), as
-        ``(*trajectory, step, key)`` in no particular order: one index range per span
-        (through the ``(buffer_id, task_id, step)`` index when the trajectory leads with
-        the task), spans in OR of a statement."""
-        names = [resolve_field(name).column for name in columns]
-        if any(column is None for column in names):
-            raise InvalidArgumentError(f"steps_of() needs columns, got {list(columns)!r}")
-        picked = [rows.c[column.name] for column in names if column is not None]
+        """One index range per span (through the ``(buffer_id, task_id, step)`` index for
+        trajectories of a task and ranges of steps), spans in OR of a statement."""
+        picked = [_column_of(name, "in_ranges") for name in columns]
+        within = _column_of(ranged, "in_ranges")
         mine = [rows.c.buffer_id == self.handle.buffer_id, *self.matching()]
         found: list[tuple[Any, ...]] = []
         unique = list(dict.fromkeys(spans))
@@ -515,12 +414,12 @@ class KeySpace:
             each = [
                 and_(
                     *(column == value for column, value in zip(picked, trajectory, strict=True)),
-                    rows.c.step >= low,
-                    rows.c.step <= high,
+                    within >= low,
+                    within <= high,
                 )
                 for trajectory, low, high in chunk
             ]
-            stmt = select(*picked, rows.c.step, rows.c.key).where(*mine, or_(*each))
+            stmt = select(*picked, within, rows.c.key).where(*mine, or_(*each))
             found += [tuple(r) for r in self.conn.execute(stmt)]
         self.probed += len(found)
         return found
@@ -558,6 +457,90 @@ class KeySpace:
             None if largest is None else float(largest),
         )
 
+    def lowest_priority(self, walk: int | None) -> tuple[float, int | None] | None:
+        """Found by walking the ``(buffer_id, priority)`` index upward and checking each
+        entry's row: through at most ``walk`` entries.
+
+        As far as it takes (``walk`` None), it reads instead:
+
+        - under ``max_staleness`` with stale rows below the first fresh one (``self.low``
+          above ``min_key``), the priorities of the keys from ``low`` on, by the priorities'
+          primary key: those of the fresh part alone, where the walk would go through every
+          stale row's priority first (rows trained on and left with low priorities, while
+          the fresh ones have none yet);
+        - on Postgres, and on SQLite under a condition it finds by an index, the least of
+          all matching priorities, by joining the priorities with the matching rows (on
+          Postgres a hash join, where the walk read each entry's row from the table: 4.4 s
+          for 1M priorities none of which matches, now 0.47 s; on SQLite through the
+          condition's index in key order: 1.1 s, now 0.21-0.23 s), then a row holding it, by
+          the priority index. (Under a condition SQLite checks row by row, the walk stays:
+          it stops at the first match.)"""
+        handle = self.handle
+        mine = priorities.c.buffer_id == handle.buffer_id
+        if walk is not None:
+            form = "walk"
+        elif self.low > self.min_key:
+            form = "fresh keys"
+        elif handle.dialect.name == "postgresql" or self.condition_indexed():
+            form = "least of all"
+        else:
+            form = "walk"
+        key = ("least priority", self.condition_key(), walk is None, form)
+
+        def lowest() -> Any:  # the first `walk` entries of the priority index
+            entries = select(priorities.c.key, priorities.c.priority).where(mine)
+            return entries.order_by(priorities.c.priority).limit(bindparam("walk")).subquery()
+
+        def joined(entries: Any, *columns: Any) -> Any:
+            on = and_(rows.c.key == entries.c.key, rows.c.buffer_id == handle.buffer_id)
+            return select(*columns).select_from(entries.join(rows, and_(on, *self.matching())))
+
+        def build() -> Any:
+            entries = priorities if walk is None else lowest()
+            found = joined(entries, entries.c.priority, entries.c.key)
+            if form == "fresh keys":
+                # By key alone (the joined row is the buffer's): with the buffer or the
+                # priority's order ("+ 0" hides it) the planner would go through the
+                # priority index, every stale row's entry first.
+                found = found.where(entries.c.key >= bindparam("low"))
+                return found.order_by(entries.c.priority + 0).limit(1)
+            if walk is None:
+                found = found.where(mine)
+            if form == "least of all":
+                found = found.where(entries.c.priority == bindparam("least"))
+            return found.order_by(entries.c.priority).limit(1)
+
+        params: dict[str, Any] = {}
+        if form == "least of all":
+            # SQLite: "+ 0", not through the priority index (it would walk it, reading each
+            # entry's row) but from the matching rows, by the condition's index. (Postgres
+            # would misjudge the rows "+ 0" leaves and loop over them instead of hashing.)
+            hidden = mine
+            if handle.dialect.name != "postgresql":
+                hidden = (priorities.c.buffer_id + 0) == handle.buffer_id
+            least = handle.statement(
+                (*key, "value"),
+                lambda: joined(priorities, func.min(priorities.c.priority)).where(hidden),
+            )
+            ((params["least"],),) = least.run(self.conn)
+            if params["least"] is None:
+                return (math.inf, None)
+        elif form == "fresh keys":
+            params["low"] = self.low
+        elif walk is not None:
+            params["walk"] = walk
+        first = handle.statement(key, build).run(self.conn, **params)
+        if first:
+            return (float(first[0][0]), int(first[0][1]))
+        if walk is not None:
+            counted = handle.statement(
+                ("lowest priorities",), lambda: select(func.count()).select_from(lowest())
+            )
+            ((entries,),) = counted.run(self.conn, walk=walk)
+            if entries >= walk:
+                return None
+        return (math.inf, None)
+
     def logged_priorities(self, after: int) -> tuple[np.ndarray, np.ndarray] | None:
         """(keys, priorities) set by priority updates since the buffer's priority version
         ``after``, up to this space's; None when the log no longer reaches back that far
@@ -575,7 +558,16 @@ def _indexed_column(name: str) -> ColumnSpec | None:
     return spec if spec is not None and (spec.indexed or spec.name == "task_id") else None
 
 
-def _chunks(values: Sequence[str]) -> list[list[str]]:
+def _column_of(name: str, what: str) -> Any:
+    """The rows table's column a field names (``task_id``, ``exp_meta.step``...);
+    InvalidArgumentError for a payload path, which has no column to find rows by."""
+    column = resolve_field(name).column
+    if column is None:
+        raise InvalidArgumentError(f"{what}() needs a column, got {name!r}")
+    return rows.c[column.name]
+
+
+def _chunks(values: Sequence[Any]) -> list[list[Any]]:
     """``values`` in lists of at most :data:`_PROBE_CHUNK` (drivers cap bound parameters)."""
     values = list(values)
     return [values[i : i + _PROBE_CHUNK] for i in range(0, len(values), _PROBE_CHUNK)]

@@ -51,17 +51,18 @@ from ..features.dedup import Dedup
 from ..features.eviction import Eviction
 from ..features.groups import GroupIndex, GroupSpec
 from ..features.rate_limits import RateLimits
+from ..features.registry import BufferInfo
 from ..features.stats import summary_build, task_stats
 from ..features.stats.summary import summarise
 from ..model.columnar import column_error, parse_columns
 from ..model.rows import DataRow
 from ..query import QueryCondition
 from . import writer
-from .base import Storage, Values
+from .base import KeySpace, Storage, Values
 from .column_rows import encoded_columns
 from .fetch import FieldFetcher
 from .key_index import KeyIndex
-from .key_space import KeySpace, KeySpaces
+from .key_space import KeySpaces
 from .reader import RowReader
 
 _T = TypeVar("_T")
@@ -217,11 +218,6 @@ class SqlStorage(Storage):
 
     def groups(self, query_condition: QueryCondition, spec: GroupSpec) -> dict[str, Any]:
         return self._groups.get(query_condition, spec)
-
-    def group_keys(
-        self, query_condition: QueryCondition, spec: GroupSpec, groups: Sequence[Any]
-    ) -> list[np.ndarray]:
-        return self._groups.keys(query_condition, spec, groups)
 
     @property
     def claims(self) -> ClaimQueue:
@@ -479,3 +475,21 @@ class SqlStorage(Storage):
 def _reopen(url: str, name: str, read: dict[str, Any] | None = None) -> SqlStorage:
     """The storage in another process: the buffer's retention comes from the database."""
     return SqlStorage(url, name=name, **(read or {}))
+
+
+def describe_database(
+    url: str | URL, *, count_rows: bool = True
+) -> tuple[str | None, list[BufferInfo] | None]:
+    """What the database at ``url`` holds, creating nothing: its schema revision (None: no
+    expstore tables) and its buffers (:func:`~expstore.features.registry.list_buffers`;
+    None unless the revision is this expstore's). What ``expstore buffers`` lists and
+    every reading command checks first."""
+    engine = create_sql_engine(normalise_url(url))
+    try:
+        with engine.connect() as conn:
+            revision = migrate.current_revision(conn)
+            if revision is None or revision != migrate.head_revision():
+                return revision, None
+            return revision, registry.list_buffers(conn, count_rows=count_rows)
+    finally:
+        engine.dispose()

@@ -579,7 +579,7 @@ def test_stratified_keeps_the_values_held_up_to_date(
     """The values the matching rows hold are kept from draw to draw: a value whose rows
     all went stale loses its share, and gains it again from a row written since; values
     whose rows still match are not looked for again."""
-    from expstore.storage.key_space import KeySpace
+    from expstore.storage.key_space import SqlKeySpace as KeySpace
 
     looked: list[tuple[str, int]] = []
     first_matching = KeySpace.first_matching
@@ -635,7 +635,7 @@ def test_the_values_held_are_found_under_the_version_the_draw_read(
     the draw found is kept under the version it read first, so it must have been found
     under that version (one snapshot), or a value would lose its share for good (found
     by review)."""
-    from expstore.storage.key_space import KeySpace
+    from expstore.storage.key_space import SqlKeySpace as KeySpace
 
     buffer.store_batch([make_row("t", "agent0", i, version=5) for i in range(10)])
     buffer.store_batch([make_row("t", "agent1", i, version=8) for i in range(10)])
@@ -681,7 +681,7 @@ def test_a_draw_reads_one_snapshot_whatever_is_written_meanwhile(
     """The priority bounds and the probes of one prioritized draw agree even when another
     process lowers every priority in between: the weights (normalised by the smallest
     priority the bounds gave) never exceed 1."""
-    from expstore.storage.key_space import KeySpace
+    from expstore.storage.key_space import SqlKeySpace as KeySpace
 
     buffer.store_batch(make_rows(40))
     ids = [r.id for r in buffer.query()]
