@@ -19,7 +19,6 @@ nothing. The storage side is :mod:`expstore.features.claims.queue`.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ._args import MAX_BATCH, check_int, check_text
+from ._retry import CLAIM_POLL
 from .converters.base import Converter, as_converter
 from .converters.default import DefaultConverter
 from .errors import (
@@ -50,8 +50,6 @@ __all__ = ["Claim", "check_consumer", "claim_rows", "wait_for_rows", "wait_until
 #: The default lease: long enough for a training step, short enough that a dead learner's
 #: rows come back within minutes.
 DEFAULT_LEASE_S = 300.0
-#: Polling back-off while waiting: first pause, growth, longest pause (seconds).
-_FIRST_PAUSE, _GROWTH, _LONGEST_PAUSE = 0.005, 1.5, 0.5
 
 
 def check_consumer(consumer: Any) -> str:
@@ -278,16 +276,12 @@ def claim_rows(
 
 
 def wait_until(ready: Callable[[], bool], timeout: float | None) -> None:
-    """Call ``ready`` with a growing pause (5 ms up to 0.5 s) until it is true;
-    WaitTimeoutError after ``timeout`` seconds (None: no limit)."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    pause = _FIRST_PAUSE
+    """Call ``ready`` with the growing pauses of :data:`~expstore._retry.CLAIM_POLL` until
+    it is true; WaitTimeoutError after ``timeout`` seconds (None: no limit)."""
+    waiting = CLAIM_POLL.start(timeout)
     while not ready():
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
+        if not waiting.sleep():
             raise WaitTimeoutError(f"not ready after {timeout} s")
-        time.sleep(pause if left is None else min(pause, left))
-        pause = min(pause * _GROWTH, _LONGEST_PAUSE)
 
 
 def wait_for_rows(
