@@ -1,17 +1,41 @@
-"""Checks of scalar arguments, written once: each returns the value normalised or raises
-:class:`~expstore.errors.InvalidArgumentError` saying what was expected and what arrived."""
+"""Checks of arguments, written once: each returns the value normalised or raises a typed
+error (:class:`~expstore.errors.InvalidArgumentError`, UnsupportedTypeError, QueryError)
+saying what was expected and what arrived.
+
+Checks that need a higher layer's concept stay with it: ``check_dedup``
+(:mod:`expstore.features.dedup`'s modes), ``check_retention``
+(:mod:`expstore.features.eviction`'s policies), ``check_pattern`` (the LIKE grammar of
+:mod:`expstore.query._like`), ``check_revision`` (the migrations'
+revisions, :mod:`expstore.cli._common`); ``check_value`` is the codec's, below this module."""
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Sequence
 from typing import Any, Literal, overload
 
 import numpy as np
 
 from .codec.checks import text_problem
-from .errors import InvalidArgumentError, UnsupportedTypeError
+from .errors import InvalidArgumentError, QueryError, UnsupportedTypeError
 
-__all__ = ["MAX_BATCH", "MAX_INT64", "check_int", "check_number", "check_text", "seeded_rng"]
+__all__ = [
+    "MAX_BATCH",
+    "MAX_INT64",
+    "check_batch_size",
+    "check_checkpoint",
+    "check_consumer",
+    "check_int",
+    "check_lease",
+    "check_number",
+    "check_priorities",
+    "check_query_text",
+    "check_seconds",
+    "check_staleness",
+    "check_text",
+    "seeded_rng",
+]
 
 #: The largest integer a database column holds (BIGINT), for counts stored there.
 MAX_INT64 = 2**63 - 1
@@ -98,6 +122,95 @@ def check_number(
             bound = "" if minimum is None else f" >= {minimum:g}"
         raise InvalidArgumentError(f"{name} must be a finite number{bound}, got {value!r}")
     return float(value)
+
+
+def check_batch_size(batch_size: Any) -> int:
+    """``batch_size`` as an int from 1 to :data:`~expstore._args.MAX_BATCH`, or
+    InvalidArgumentError saying what arrived."""
+    return check_int("batch_size", batch_size, minimum=1, maximum=MAX_BATCH)
+
+
+def check_staleness(max_staleness: Any) -> int | None:
+    """``max_staleness`` as None or an int >= 0 (0: only rows of the current version)."""
+    return check_int("max_staleness", max_staleness, minimum=0, optional=True)
+
+
+def check_consumer(consumer: Any) -> str:
+    """``consumer`` as a name a claim can record: a non-empty str of at most 255 chars."""
+    if not isinstance(consumer, str) or not consumer or len(consumer) > 255:
+        raise InvalidArgumentError(
+            f"consumer must be a non-empty string of at most 255 chars (a learner's name, "
+            f"the same across its restarts), got {consumer!r}"
+        )
+    return check_text("consumer", consumer)
+
+
+def check_seconds(name: str, value: Any, *, optional: bool) -> float | None:
+    """``value`` as a float of seconds >= 0 (a wait, a timeout); None passes when
+    ``optional``."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UnsupportedTypeError(f"{name} must be a number of seconds, got {value!r}")
+    if math.isnan(value) or value < 0:
+        raise InvalidArgumentError(f"{name} must be a number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def check_lease(lease_s: Any) -> float:
+    """``lease_s`` as a float > 0, or the error that says what arrived."""
+    if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)):
+        raise UnsupportedTypeError(f"lease_s must be a number of seconds, got {lease_s!r}")
+    if not math.isfinite(lease_s) or lease_s <= 0:
+        raise InvalidArgumentError(
+            f"lease_s must be a finite number of seconds > 0, got {lease_s!r}: how long a "
+            "consumer may hold the rows before they go back to the queue"
+        )
+    return float(lease_s)
+
+
+def check_checkpoint(checkpoint: Any) -> str:
+    """The checkpoint as JSON text, or the error that says why it cannot be stored."""
+    try:
+        return json.dumps(checkpoint, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise UnsupportedTypeError(
+            "a checkpoint must be JSON (dicts, lists, strings, finite numbers, bools, None): "
+            f"{exc}; convert it (for example to a dict of ints and strings) and ack again. "
+            "Nothing was acked"
+        ) from None
+
+
+def check_priorities(
+    ids: Sequence[str], priorities: Sequence[float] | np.ndarray
+) -> tuple[list[str], np.ndarray]:
+    """``(ids, priorities as float64)``, or the error that says what is wrong with them."""
+    if isinstance(ids, str):
+        raise UnsupportedTypeError("update_priorities() needs a list of ids, got one string")
+    ids = [check_text("id", i) for i in ids]
+    try:
+        values = np.asarray(priorities, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        raise UnsupportedTypeError(
+            f"priorities must be numbers (a list or an array), got {type(priorities).__name__}; "
+            "nothing was updated"
+        ) from None
+    if len(ids) != len(values):
+        raise InvalidArgumentError(
+            f"update_priorities() needs one priority per id, got {len(ids)} ids and "
+            f"{len(values)} priorities; nothing was updated"
+        )
+    if not np.all(np.isfinite(values)) or np.any(values < 0):
+        raise InvalidArgumentError("priorities must be finite numbers >= 0; nothing was updated")
+    return ids, values
+
+
+def check_query_text(text: str, what: str) -> None:
+    """QueryError for a string in a condition no backend can store or match: NUL
+    characters and lone surrogates."""
+    problem = text_problem(text)
+    if problem:
+        raise QueryError(f"{what} ({text!r}): {problem}")
 
 
 def seeded_rng(seed: Any) -> np.random.Generator:

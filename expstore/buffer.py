@@ -17,7 +17,8 @@ from typing import Any, overload
 import numpy as np
 from sqlalchemy.engine import URL
 
-from .claims import DEFAULT_LEASE_S, Claim, check_consumer, claim_rows, wait_for_rows
+from ._args import check_consumer
+from .claims import DEFAULT_LEASE_S, Claim, claim_rows, wait_for_rows
 from .converters.base import BatchT, Converter, as_converter
 from .converters.default import DefaultConverter
 from .errors import InvalidArgumentError, UnknownConsumerError, UnsupportedTypeError

@@ -18,15 +18,21 @@ nothing. The storage side is :mod:`expstore.features.claims.queue`.
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
 import numpy as np
 
-from ._args import MAX_BATCH, check_int, check_text
+from ._args import (
+    MAX_BATCH,
+    check_consumer,
+    check_int,
+    check_lease,
+    check_seconds,
+    check_staleness,
+)
+from ._retry import CLAIM_POLL
 from .converters.base import Converter, as_converter
 from .converters.default import DefaultConverter
 from .errors import (
@@ -37,8 +43,7 @@ from .errors import (
     UnsupportedTypeError,
     WaitTimeoutError,
 )
-from .features.claims.queue import Claimed, ClaimQueue, Scope, check_lease
-from .features.versions import check_staleness
+from .features.claims.queue import Claimed, ClaimQueue, Scope
 from .query import QueryCondition
 from .samplers.base import KeySampler, SampleInfo
 from .samplers.group import GroupSampler
@@ -46,32 +51,11 @@ from .samplers.uniform import UniformSampler
 from .storage.base import Storage
 from .storage.sql import SqlStorage
 
-__all__ = ["Claim", "check_consumer", "claim_rows", "wait_for_rows", "wait_until"]
+__all__ = ["Claim", "claim_rows", "wait_for_rows", "wait_until"]
 
 #: The default lease: long enough for a training step, short enough that a dead learner's
 #: rows come back within minutes.
 DEFAULT_LEASE_S = 300.0
-#: Polling back-off while waiting: first pause, growth, longest pause (seconds).
-_FIRST_PAUSE, _GROWTH, _LONGEST_PAUSE = 0.005, 1.5, 0.5
-
-
-def check_consumer(consumer: Any) -> str:
-    if not isinstance(consumer, str) or not consumer or len(consumer) > 255:
-        raise InvalidArgumentError(
-            f"consumer must be a non-empty string of at most 255 chars (a learner's name, "
-            f"the same across its restarts), got {consumer!r}"
-        )
-    return check_text("consumer", consumer)
-
-
-def _check_timeout(name: str, value: Any, *, optional: bool) -> float | None:
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise UnsupportedTypeError(f"{name} must be a number of seconds, got {value!r}")
-    if math.isnan(value) or value < 0:
-        raise InvalidArgumentError(f"{name} must be a number of seconds >= 0, got {value!r}")
-    return float(value)
 
 
 class Claim:
@@ -218,7 +202,7 @@ def claim_rows(
     n = check_int("n", n, minimum=1, maximum=MAX_BATCH)
     consumer = check_consumer(consumer)
     lease = check_lease(lease_s)
-    wait_s = _check_timeout("wait", wait, optional=True)
+    wait_s = check_seconds("wait", wait, optional=True)
     scope = Scope(query_condition, check_staleness(max_staleness))
     queue = sql.claims
     builder = as_converter(DefaultConverter() if converter is None else converter)
@@ -279,16 +263,12 @@ def claim_rows(
 
 
 def wait_until(ready: Callable[[], bool], timeout: float | None) -> None:
-    """Call ``ready`` with a growing pause (5 ms up to 0.5 s) until it is true;
-    WaitTimeoutError after ``timeout`` seconds (None: no limit)."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    pause = _FIRST_PAUSE
+    """Call ``ready`` with the growing pauses of :data:`~expstore._retry.CLAIM_POLL` until
+    it is true; WaitTimeoutError after ``timeout`` seconds (None: no limit)."""
+    waiting = CLAIM_POLL.start(timeout)
     while not ready():
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
+        if not waiting.sleep():
             raise WaitTimeoutError(f"not ready after {timeout} s")
-        time.sleep(pause if left is None else min(pause, left))
-        pause = min(pause * _GROWTH, _LONGEST_PAUSE)
 
 
 def wait_for_rows(
@@ -302,7 +282,7 @@ def wait_for_rows(
 ) -> int:
     """See :meth:`expstore.ReplayBuffer.wait_for`."""
     min_rows = check_int("min_rows", min_rows, minimum=1)
-    limit = _check_timeout("timeout", timeout, optional=True)
+    limit = check_seconds("timeout", timeout, optional=True)
     scope = Scope(query_condition, check_staleness(max_staleness))
     seen = [0]
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ._args import check_int
+from ._args import check_batch_size, check_int
 from ._optional import require
 from .buffer import ReplayBuffer
 from .converters.base import Converter
@@ -29,7 +29,7 @@ from .converters.default import DefaultConverter
 from .errors import OutOfRangeError, StorageError, UnsupportedTypeError
 from .model.rows import DataRow
 from .query import QueryCondition
-from .samplers.base import Sampler, check_batch_size
+from .samplers.base import Sampler
 from .samplers.uniform import UniformSampler
 
 torch = require("torch", "expstore.torch_data")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any, Protocol
@@ -22,6 +21,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.pool import StaticPool
 
 from .._optional import require
+from .._retry import SQLITE_BUSY
 from ..errors import ConnectionLostError, StorageError
 
 __all__ = ["Connections", "Router", "create_sql_engine", "is_memory", "normalise_url"]
@@ -191,17 +191,18 @@ def _set_up_sqlite(engine: Engine, *, memory: bool, read_only: bool = False) -> 
 
 def _use_wal(cursor: Any) -> None:
     """Put a SQLite file in WAL mode (it stays so). Switching needs a moment alone with the
-    file, which processes opening a new file together may not get at once: retry then."""
-    deadline = time.monotonic() + _SQLITE_BUSY_MS / 1000
+    file, which processes opening a new file together may not get at once: retry then
+    (with the pauses of :data:`~expstore._retry.SQLITE_BUSY`) for as long as SQLite's own
+    busy timeout."""
+    waiting = SQLITE_BUSY.start(_SQLITE_BUSY_MS / 1000)
     while True:
         try:
             if cursor.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
                 cursor.execute("PRAGMA journal_mode = WAL")
             return
         except sqlite3.OperationalError as exc:
-            if not _busy(exc) or time.monotonic() > deadline:
+            if not _busy(exc) or not waiting.sleep():
                 raise
-            time.sleep(0.05)
 
 
 def _busy(exc: sqlite3.OperationalError) -> bool:

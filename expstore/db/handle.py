@@ -4,7 +4,6 @@ statements compiled for it, and the one place where driver errors become Storage
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from itertools import islice
@@ -15,6 +14,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 
+from .._retry import CONFLICT
 from ..errors import StorageError
 from ..query import QueryCondition, to_sql
 from .compiled import CompiledSelect
@@ -22,30 +22,26 @@ from .dialects import Dialect, dialect_for
 from .engine import Connections
 from .schema import rows
 
-__all__ = ["CONFLICT_RETRIES", "BufferHandle", "retried"]
+__all__ = ["BufferHandle", "retried"]
 
 _T = TypeVar("_T")
 
-#: How many times a write that failed on a serialisation failure or a deadlock is retried.
-CONFLICT_RETRIES = 5
 #: SQLSTATEs of a transaction the server rolled back for a conflict with another.
 _CONFLICTS = frozenset({"40001", "40P01"})
 
 
 def retried(write: Callable[[], _T], also: frozenset[str] = frozenset()) -> _T:
-    """``write()``, called again (after a growing pause, up to :data:`CONFLICT_RETRIES`
-    times) when the server rolled its transaction back for a serialisation failure or a
-    deadlock, or with one of the SQLSTATEs in ``also``; any other failure is raised."""
-    attempt = 0
+    """``write()``, called again (with the pauses of :data:`~expstore._retry.CONFLICT`)
+    when the server rolled its transaction back for a serialisation failure or a deadlock,
+    or with one of the SQLSTATEs in ``also``; any other failure is raised."""
+    waiting = CONFLICT.start()
     while True:
         try:
             return write()
         except StorageError as exc:
-            attempt += 1
             state = getattr(getattr(exc.__cause__, "orig", None), "sqlstate", None)
-            if attempt > CONFLICT_RETRIES or not (state in _CONFLICTS or state in also):
+            if not (state in _CONFLICTS or state in also) or not waiting.sleep():
                 raise
-            time.sleep(0.005 * 2**attempt)
 
 
 #: Statements a handle keeps compiled before it starts afresh.

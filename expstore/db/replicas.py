@@ -39,6 +39,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.types import UserDefinedType
 
+from .._retry import REPLICA_CATCH_UP
 from ..errors import ConnectionLostError, InvalidArgumentError, ReplicaError, ReplicaWarning
 from .engine import create_sql_engine, normalise_url
 
@@ -180,8 +181,7 @@ class ReadRouter:
         pending = self._pending_lsn
         if pending is None or replica.confirmed == pending:
             return True
-        deadline = time.monotonic() + self.wait_s
-        pause = 0.001
+        waiting = REPLICA_CATCH_UP.start(self.wait_s)
         replayed = select(func.pg_last_wal_replay_lsn() >= literal(pending).cast(_PgLsn()))
         while True:
             if conn.execute(replayed).scalar():
@@ -189,7 +189,7 @@ class ReadRouter:
                 replica.confirmed = pending  # per replica: another may be further behind
                 return True
             conn.rollback()
-            if time.monotonic() >= deadline:
+            if not waiting.sleep():
                 warnings.warn(
                     f"replica {replica.shown()} had not replayed this handle's last write "
                     f"after wait_s={self.wait_s} s; reading from the primary for "
@@ -199,8 +199,6 @@ class ReadRouter:
                 )
                 replica.down_until = time.monotonic() + self.retry_s  # do not wait again
                 return False
-            time.sleep(pause)
-            pause = min(pause * 2, 0.05)
 
     def _lag_s(self, conn: Connection) -> float:
         """Seconds since the replica last replayed a transaction, when the primary has

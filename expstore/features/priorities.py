@@ -19,42 +19,17 @@ from collections.abc import Sequence
 import numpy as np
 from sqlalchemy import Connection, delete, select
 
-from .._args import check_text
+from .._args import check_priorities
 from ..db import schema
 from ..db.handle import BufferHandle
 from ..db.row_ids import ids_to_keys
 from ..db.schema import buffers, priority_log
-from ..errors import InvalidArgumentError, UnsupportedTypeError
 from .registry import bump_version, lock_buffer
 
 __all__ = ["Update", "logged_priorities", "update_priorities"]
 
 #: (priority version after the update, the keys it set, their priorities), each key once.
 Update = tuple[int, np.ndarray, np.ndarray]
-
-
-def check_priorities(
-    ids: Sequence[str], priorities: Sequence[float] | np.ndarray
-) -> tuple[list[str], np.ndarray]:
-    """``(ids, priorities as float64)``, or the error that says what is wrong with them."""
-    if isinstance(ids, str):
-        raise UnsupportedTypeError("update_priorities() needs a list of ids, got one string")
-    ids = [check_text("id", i) for i in ids]
-    try:
-        values = np.asarray(priorities, dtype=np.float64).reshape(-1)
-    except (TypeError, ValueError):
-        raise UnsupportedTypeError(
-            f"priorities must be numbers (a list or an array), got {type(priorities).__name__}; "
-            "nothing was updated"
-        ) from None
-    if len(ids) != len(values):
-        raise InvalidArgumentError(
-            f"update_priorities() needs one priority per id, got {len(ids)} ids and "
-            f"{len(values)} priorities; nothing was updated"
-        )
-    if not np.all(np.isfinite(values)) or np.any(values < 0):
-        raise InvalidArgumentError("priorities must be finite numbers >= 0; nothing was updated")
-    return ids, values
 
 
 def update_priorities(

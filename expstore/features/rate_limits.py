@@ -23,6 +23,7 @@ from typing import Any
 
 from sqlalchemy import Connection, case, delete, func, literal, select, update
 
+from .._retry import RATE_LIMIT_WAIT, Waiting
 from ..db.handle import BufferHandle
 from ..db.schema import buffers, rate_limits, rows
 from ..errors import InvalidArgumentError, RateLimitedError
@@ -32,8 +33,6 @@ from .registry import lock_buffer
 __all__ = ["RateLimits", "WriteBlocked", "limited_flag"]
 
 _R = rate_limits.c
-#: Polling back-off while a call waits for budget: first pause, growth, longest pause.
-_FIRST_PAUSE, _GROWTH, _LONGEST_PAUSE = 0.002, 1.5, 0.25
 
 
 class WriteBlocked(Exception):
@@ -164,17 +163,15 @@ class RateLimits:
             .values(samples=_R.samples + n)
             .returning(_R.created_at)
         )
-        started = time.monotonic()
-        pause = _FIRST_PAUSE
-        attempts = 0
+        waiting = RATE_LIMIT_WAIT.start()
         while True:
             with handle.errors("count samples"), handle.single() as conn:
                 under = conn.execute(take).scalar()
                 if under is not None:
                     self._counted_under.created_at = under
-                    if attempts:
+                    if waiting.pauses:
                         self.waits += 1
-                        self.waited_s += time.monotonic() - started
+                        self.waited_s += waiting.elapsed()
                     return n
                 row = self._row(conn)
             if row is None:
@@ -182,17 +179,14 @@ class RateLimits:
                 return 0
             limiter = RateLimiter.from_settings(row)
             limiter.check_sample(n)
-            left = _left(limiter, started)
-            if left <= 0:
+            waiting.timeout_s = limiter.timeout
+            if not waiting.sleep():
                 raise RateLimitedError(
                     f"waited {limiter.timeout} s to sample {n} rows of buffer {handle.name!r} "
                     f"under its rate limit ({_describe(row)}); actors must insert more rows "
                     "first. Raise the limiter's timeout, sample less often, or loosen "
                     "samples_per_insert / min_size"
                 )
-            time.sleep(min(pause, left))
-            pause = min(pause * _GROWTH, _LONGEST_PAUSE)
-            attempts += 1
 
     def refund(self, n: int) -> None:
         """Give back ``n`` counted samples that were not drawn (a short batch), to the limit
@@ -217,27 +211,19 @@ class RateLimits:
         if not _may_insert(row, int(row.counted), n):
             raise WriteBlocked(_describe(row))
 
-    def wait_to_write(self, blocked: WriteBlocked, started: float, pause: float) -> float:
-        """Sleep before a blocked write retries; RateLimitedError past the timeout. Returns
-        the next pause."""
+    def wait_to_write(self, blocked: WriteBlocked, waiting: Waiting) -> None:
+        """Sleep before a blocked write retries (``waiting``: the write's wait, from
+        :data:`~expstore._retry.RATE_LIMIT_WAIT`); RateLimitedError past the timeout."""
         limiter = self.limiter()
         if limiter is None:
-            return pause
-        left = _left(limiter, started)
-        if left <= 0:
+            return
+        waiting.timeout_s = limiter.timeout
+        if not waiting.sleep():
             raise RateLimitedError(
                 f"waited {limiter.timeout} s to store rows into buffer {self.handle.name!r} "
                 f"under its rate limit ({blocked}): learners are not sampling. Nothing was "
                 "stored; start learners, or set block_writers=False"
             )
-        time.sleep(min(pause, left))
-        return min(pause * _GROWTH, _LONGEST_PAUSE)
-
-
-def _left(limiter: RateLimiter, started: float) -> float:
-    if limiter.timeout is None:
-        return float("inf")
-    return limiter.timeout - (time.monotonic() - started)
 
 
 def _may_sample(row: Any, inserted: int, n: int) -> bool:

@@ -37,7 +37,6 @@ _T = TypeVar("_T")
 __all__ = [
     "FRESH_VERSIONS",
     "FreshBounds",
-    "check_staleness",
     "current_version",
     "first_fresh_key",
     "last_stale_key",
@@ -46,11 +45,6 @@ __all__ = [
     "oldest_fresh",
     "set_version",
 ]
-
-
-def check_staleness(max_staleness: Any) -> int | None:
-    """``max_staleness`` as None or an int >= 0 (0: only rows of the current version)."""
-    return check_int("max_staleness", max_staleness, minimum=0, optional=True)
 
 
 def current_version(handle: BufferHandle) -> int | None:

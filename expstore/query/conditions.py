@@ -33,12 +33,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from .._args import check_query_text
 from ..codec import encode_payload
 from ..errors import QueryError
 from ..model.layout import Kind
 from ..model.paths import MISSING, FieldPath, read_path, walk
 from ._like import check_pattern, like_to_regex
-from .fields import check_text, resolve_field
+from .fields import resolve_field
 
 if TYPE_CHECKING:
     from ..model.rows import DataRow
@@ -366,7 +367,7 @@ def _scalar(field_name: str, op: str, value: Any) -> Kind:
             "list, give its path, such as exp_data.state.url or exp_data.actions.0.name"
         )
     if kind == "string":
-        check_text(value, f"the value of {op}() on {field_name!r}")
+        check_query_text(value, f"the value of {op}() on {field_name!r}")
     if kind == "number" and not isinstance(value, float) and abs(value) > _MAX_INT:
         raise QueryError(
             f"{op}() on {field_name!r} got {value}, beyond the 64-bit integer range; "
@@ -432,7 +433,7 @@ def _check_value(field_name: str, op: str, value: Any) -> tuple[Any, Kind | None
                 f"{op}() on {field_name!r} takes a string pattern such as 'web_%'; "
                 f"got {_show(value)} ({type(value).__name__})"
             )
-        check_text(value, f"the pattern of {op}() on {field_name!r}")
+        check_query_text(value, f"the pattern of {op}() on {field_name!r}")
         check_pattern(value)
         return value, "string"
     return value, _scalar(field_name, op, value)

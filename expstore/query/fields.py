@@ -8,19 +8,11 @@ fetches read such keys in Python).
 
 from __future__ import annotations
 
-from ..codec import text_problem
 from ..errors import QueryError
 from ..model.layout import Kind
 from ..model.paths import FieldPath, parse_path
 
-__all__ = ["FieldPath", "Kind", "check_text", "resolve_field"]
-
-
-def check_text(text: str, what: str) -> None:
-    """Reject strings no backend can store or match: NUL characters and lone surrogates."""
-    problem = text_problem(text)
-    if problem:
-        raise QueryError(f"{what} ({text!r}): {problem}")
+__all__ = ["FieldPath", "Kind", "resolve_field"]
 
 
 def resolve_field(field: object) -> FieldPath:

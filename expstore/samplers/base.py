@@ -52,9 +52,9 @@ from typing import Any, ClassVar, NamedTuple, TypedDict, TypeVar, cast
 import numpy as np
 from typing_extensions import Unpack
 
-from .._args import MAX_BATCH, check_int, seeded_rng
+from .._args import check_batch_size, check_int, check_staleness, seeded_rng
 from ..errors import ConnectionLostError, EmptyBufferError, StorageError, UnsupportedTypeError
-from ..features.versions import check_staleness, fresh_mask
+from ..features.versions import fresh_mask
 from ..model.rows import DataRow
 from ..query import QueryCondition, as_condition
 from ..storage.base import Fetched, KeySpace, Storage
@@ -68,7 +68,6 @@ __all__ = [
     "SamplerOptions",
     "TaskSampler",
     "as_sampler",
-    "check_batch_size",
     "describe_condition",
     "empty_error",
     "numbering",
@@ -819,12 +818,6 @@ class SampleInfo(NamedTuple):
         if self.weights is None:
             return {}
         return {"weights": self.weights, "ids": list(self.ids)}
-
-
-def check_batch_size(batch_size: Any) -> int:
-    """``batch_size`` as an int from 1 to :data:`~expstore._args.MAX_BATCH`, or
-    InvalidArgumentError saying what arrived."""
-    return check_int("batch_size", batch_size, minimum=1, maximum=MAX_BATCH)
 
 
 def draw(

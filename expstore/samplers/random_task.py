@@ -7,15 +7,14 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from .._args import seeded_rng
-from ..features.versions import check_staleness, fresh_mask
+from .._args import check_batch_size, check_staleness, seeded_rng
+from ..features.versions import fresh_mask
 from ..query import QueryCondition
 from ..storage.base import KeySpace, Storage
 from .base import (
     Choice,
     DerivedArrays,
     TaskSampler,
-    check_batch_size,
     empty_error,
     value_codes,
     with_current_version,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import re
-import time
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -24,6 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 
+from .._retry import RATE_LIMIT_WAIT
 from ..codec import HEADER_SIZE, PayloadWriter
 from ..db.dialects import WRITE_COLUMNS
 from ..db.handle import BufferHandle, retried
@@ -187,15 +187,14 @@ def store_rows(
     columns it checks the same way, or a :class:`RowSource`."""
     dedup = check_dedup(dedup)
     source = batch if isinstance(batch, RowSource) else _Rows(list(batch))
-    started, pause = time.monotonic(), 0.002
+    waiting = RATE_LIMIT_WAIT.start()
 
     def write() -> tuple[Any, str, int]:
-        nonlocal pause
         while True:
             try:
                 return _write(handle, source, dedup)
             except WriteBlocked as blocked:  # rolled back: wait for samplers, then again
-                pause = RateLimits(handle).wait_to_write(blocked, started, pause)
+                RateLimits(handle).wait_to_write(blocked, waiting)
 
     # A serialisation failure or deadlock rolled the whole write back: try again.
     capacity, policy, stored = retried(write)

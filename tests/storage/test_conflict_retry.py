@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from expstore import ReplayBuffer, StorageError
-from expstore.db import handle
+from expstore._retry import CONFLICT
 from expstore.storage import writer
 from tests.helpers import make_rows
 
@@ -59,7 +59,7 @@ def test_other_failures_and_endless_conflicts_reach_the_caller(
         monkeypatch.setattr(writer, "_write", write)
         with pytest.raises(StorageError):
             buffer.store_batch(make_rows(2))
-        assert calls["n"] == handle.CONFLICT_RETRIES + 1 and len(buffer) == 0
+        assert calls["n"] == CONFLICT.attempts + 1 and len(buffer) == 0
 
 
 @pytest.mark.parametrize("sqlstate", ["40P01", "23503"])

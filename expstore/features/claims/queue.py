@@ -30,7 +30,6 @@ that key that become claimable again (released, or their lease ran out) are foun
 from __future__ import annotations
 
 import json
-import math
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -39,15 +38,14 @@ import numpy as np
 from sqlalchemy import Connection, and_, func, or_, select, true, update
 from sqlalchemy.sql.elements import ColumnElement
 
+from ..._args import check_checkpoint
 from ...db.handle import BufferHandle, retried
 from ...db.schema import buffers, checkpoints, consumers, consumption, oldest_first, rows
 from ...errors import (
     ClaimFinishedError,
     ClaimOwnerError,
-    InvalidArgumentError,
     LeaseExpiredError,
     UnknownConsumerError,
-    UnsupportedTypeError,
 )
 from ...query import QueryCondition, condition_key
 from ..registry import buffer_row
@@ -61,7 +59,6 @@ __all__ = [
     "Lineage",
     "QueueStats",
     "Scope",
-    "check_checkpoint",
 ]
 
 _C = consumption.c
@@ -80,18 +77,6 @@ class Claimed(NamedTuple):
     keys: np.ndarray
     claimed_at: float
     lease_until: float
-
-
-def check_checkpoint(checkpoint: Any) -> str:
-    """The checkpoint as JSON text, or the error that says why it cannot be stored."""
-    try:
-        return json.dumps(checkpoint, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise UnsupportedTypeError(
-            "a checkpoint must be JSON (dicts, lists, strings, finite numbers, bools, None): "
-            f"{exc}; convert it (for example to a dict of ints and strings) and ack again. "
-            "Nothing was acked"
-        ) from None
 
 
 #: The database's clock, as a float (a bound value) or as SQL evaluated by the statement.
@@ -568,15 +553,3 @@ class ClaimQueue:
         """The consumption record of each stored row of ``ids`` (rows never claimed:
         ``unclaimed``; ids not stored are left out)."""
         return row_lineage(self._handle, ids)
-
-
-def check_lease(lease_s: Any) -> float:
-    """``lease_s`` as a float > 0, or the error that says what arrived."""
-    if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)):
-        raise UnsupportedTypeError(f"lease_s must be a number of seconds, got {lease_s!r}")
-    if not math.isfinite(lease_s) or lease_s <= 0:
-        raise InvalidArgumentError(
-            f"lease_s must be a finite number of seconds > 0, got {lease_s!r}: how long a "
-            "consumer may hold the rows before they go back to the queue"
-        )
-    return float(lease_s)
