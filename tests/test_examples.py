@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from expstore import QueryBuilder, ReplayBuffer
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -39,6 +44,7 @@ def test_every_example_has_a_smoke_test() -> None:
         "postgres.py",
         "async_actor_learner.py",
         "async_grpo.py",
+        "long_messages_sampler.py",
     }
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
 
@@ -140,3 +146,57 @@ def test_writers_example_on_postgres(
         cwd=tmp_path,
     )
     assert "2 processes wrote 60 rows (60 expected)" in out
+
+
+def _long_messages() -> Any:
+    """examples/long_messages_sampler.py as a module (it is not a package)."""
+    spec = importlib.util.spec_from_file_location(
+        "long_messages", EXAMPLES / "long_messages_sampler.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_long_messages_sampler_example(tmp_path: Path) -> None:
+    out = run_example("long_messages_sampler.py", "--rows", "2000", cwd=tmp_path)
+    uniform, weighted = (
+        float(line.split("mean messages ")[1].split(" ")[0]) for line in out.splitlines()[:2]
+    )
+    assert uniform < 8.5 < 9.0 < weighted  # 7.5 and 10.0 expected
+
+
+@pytest.mark.parametrize("flat", [True, False])
+def test_a_sampler_written_against_the_public_primitives_alone(
+    db_url: str, buffer_name: str, flat: bool
+) -> None:
+    """The example's sampler draws in proportion to 1 + min(messages, cap) on both
+    backends, over the key space (probing candidates, holding no key index) and over the
+    key index, under a condition too."""
+    example = _long_messages()
+    source = (EXAMPLES / "long_messages_sampler.py").read_text()
+    assert "expstore._" not in source and "expstore.storage" not in source
+    assert "sqlalchemy" not in source
+    with ReplayBuffer(db_url, name=buffer_name) as buffer:
+        buffer.store_batch(example.rows_with_messages(600, seed=1))
+        sampler = example.LongMessagesSampler(cap=7, seed=3)
+        sampler.flat = flat
+        spaces = buffer.sql.spaces
+        probed = spaces.keys_probed
+        agent1 = QueryBuilder().eq("agent_id", "agent1").build()
+        drawn = [r for _ in range(30) for r in buffer.sample(sampler, agent1, batch_size=200)]
+        assert all(r.exp_meta.agent_id == "agent1" for r in drawn)
+        assert (spaces.keys_probed > probed) == flat  # over the key space, or not at all
+        assert (len(buffer.sql.index.entries) > 0) == (not flat)
+        stored = [r for r in buffer.query(agent1)]
+        weight = {r.id: 1 + min(len(r.exp_data.messages or []), 7) for r in stored}
+        total = sum(weight.values())
+        # each row's expected share against what was drawn, summed by length
+        expected: Counter[int] = Counter()
+        for r in stored:
+            expected[min(len(r.exp_data.messages or []), 7)] += weight[r.id] / total
+        seen = Counter(min(len(r.exp_data.messages or []), 7) for r in drawn)
+        for length, share in expected.items():
+            assert abs(seen[length] / len(drawn) - share) < 0.03, (length, seen, expected)

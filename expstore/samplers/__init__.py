@@ -3,9 +3,17 @@
 :class:`Sampler` is the interface (AWorld's), :class:`KeySampler` the fast path every
 built-in sampler takes (choose integer keys over cached numpy arrays, fetch only those
 rows), :class:`TaskSampler` chooses whole tasks.
+
+A sampler of your own subclasses :class:`KeySampler`: its in-memory half chooses keys over
+the key index (``sample_keys``), and its half over the key space (``can_draw_flat``,
+``choose_flat``) draws over a :class:`KeySpace`, the storage's key primitives, with
+:func:`draw_uniform` for rejection sampling; it returns a :class:`Choice`. See
+``examples/long_messages_sampler.py``.
 """
 
-from .base import KeySampler, Sampler, SamplerOptions, TaskSampler
+from ..storage.base import KeySpace
+from .base import Choice, KeySampler, Sampler, SamplerOptions, TaskSampler
+from .flat import Drawn, draw_uniform
 from .group import GroupCounts, GroupSampler
 from .latest import LatestSampler
 from .prioritized import PrioritizedSampler
@@ -18,9 +26,12 @@ from .stratified import StratifiedSampler
 from .uniform import UniformSampler
 
 __all__ = [
+    "Choice",
+    "Drawn",
     "GroupCounts",
     "GroupSampler",
     "KeySampler",
+    "KeySpace",
     "LatestSampler",
     "PrioritizedSampler",
     "RandomTaskSample",
@@ -34,4 +45,5 @@ __all__ = [
     "StratifiedSampler",
     "TaskSampler",
     "UniformSampler",
+    "draw_uniform",
 ]
