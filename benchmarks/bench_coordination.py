@@ -163,7 +163,7 @@ def groups_and_staleness(url: str, name: str, repeat: int) -> None:
         print(f"  UniformSampler(max_staleness=4), 5% fresh        {r:9.2f} ms  ({r / u:.2f}x)")
         print(f"  first max_staleness=4 draw (finds its bound)     {first_recent * 1000:9.1f} ms")
         # After 64 new rows (8 groups): only those groups are summarised again.
-        index = buffer.storage.group_index
+        index = buffer.sql.group_index
         read = index.groups_read
         new = make(64, 10**9, 10**9 + 64, np.random.default_rng(1))
         buffer.store_batch(new)

@@ -97,7 +97,7 @@ def writes(label: str, url_for: Any, repeats: int) -> dict[str, float]:
             wide[kind].extend(columns)
             times[kind].append(time.perf_counter() - started)
     out.update({f"extend 20k, a task per row ({kind})": ms(t) for kind, t in times.items()})
-    stats = {kind: wide[kind].storage.summary(None, 0.0) for kind in wide}
+    stats = {kind: wide[kind].sql.summary(None, 0.0) for kind in wide}
     assert stats["plain"]["tasks"] == stats["summary"]["tasks"] == 100_000
     for buffer in (*steady.values(), *wide.values()):
         buffer.close()
@@ -122,9 +122,9 @@ def child(url: str, what: str) -> dict[str, Any]:
             buffer.drop_summary()
         elif what == "create":
             buffer.create_summary()
-            assert buffer.storage.summary_tasks() > 0
+            assert buffer.sql.summary_tasks() > 0
         else:
-            kept = buffer.storage.summary_state()
+            kept = buffer.sql.summary_state()
             assert (kept is not None) == (what == "stats:summary"), kept
             stats = compute_stats(buffer)
             assert stats["rows"] > 0

@@ -114,14 +114,14 @@ def train(url: str, name: str, args: argparse.Namespace) -> dict[str, int]:
             buffer.set_policy_version(step)  # every rollout worker sees it at once
             totals["steps"] += 1
             totals["groups"] += groups
-        totals["waits"] += buffer.storage.rate_limits.waits
+        totals["waits"] += buffer.sql.rate_limits.waits
         stats = buffer.rate_limit_stats()
         assert stats is not None
         limit = args.samples_per_insert * stats.inserted + stats.limiter.buffer
         print(
             f"rate limit: {stats.sampled} rows sampled for {stats.inserted} inserted "
             f"(at most {args.samples_per_insert:g} per insert); the trainer waited "
-            f"{buffer.storage.rate_limits.waits} times for rollouts",
+            f"{buffer.sql.rate_limits.waits} times for rollouts",
             flush=True,
         )
         assert stats.sampled <= limit
