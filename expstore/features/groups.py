@@ -14,7 +14,7 @@ that lost rows too; after any other change, all.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -26,7 +26,7 @@ from ..db.schema import rows
 from ..query import QueryCondition, condition_key
 from ..query.fields import resolve_field
 from ..query.groups import GroupCondition
-from .state import Signature
+from .state import Signature, StateReader
 
 __all__ = [
     "GroupIndex",
@@ -67,11 +67,10 @@ class GroupIndex:
     def __init__(
         self,
         handle: BufferHandle,
-        state: Callable[[Connection], tuple[Signature, int | None, int]],
+        state: StateReader,
     ) -> None:
         self.handle = handle
-        #: Reads the buffer's state (the storage's key index's read, which also tells the
-        #: rate limit whether the buffer has one; see :func:`expstore.features.state`).
+        #: Reads the buffer's state (see :data:`~expstore.features.state.StateReader`).
         self.state = state
         self.entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         #: Groups summarised so far, to see what refreshing costs.

@@ -22,7 +22,7 @@ from ..db.handle import BufferHandle
 from ..db.schema import buffers, newest_first, oldest_first, rows
 from .rate_limits import limited_flag
 
-__all__ = ["Signature", "moved_on", "read_state"]
+__all__ = ["Signature", "State", "StateReader", "moved_on", "read_state"]
 
 
 class Signature(NamedTuple):
@@ -33,6 +33,13 @@ class Signature(NamedTuple):
     min_key: int  # raised by FIFO eviction
     priority_version: int  # bumped by every priority update
     created_at: float  # the buffer's creation: another when its database was made anew
+
+
+#: The buffer's signature, its current policy version (None: never set) and its row count.
+State = tuple[Signature, int | None, int]
+#: How a cache reads :data:`State` on a connection (the storage's key index's read, which
+#: also tells the rate limit whether the buffer has one).
+StateReader = Callable[[Connection], State]
 
 
 def moved_on(cached: Signature, now: Signature) -> bool:
@@ -50,7 +57,7 @@ def moved_on(cached: Signature, now: Signature) -> bool:
 
 def read_state(
     handle: BufferHandle, conn: Connection, on_limit: Callable[[bool], None] | None = None
-) -> tuple[Signature, int | None, int]:
+) -> State:
     """The buffer's signature, its current policy version and its row count, in one
     round trip; ``on_limit`` is told whether the buffer has a rate limit (read in the same
     round trip; see :mod:`expstore.features.rate_limits`). A buffer row that no longer

@@ -32,7 +32,7 @@ from ..db.handle import BufferHandle
 from ..db.schema import priorities, rows
 from ..errors import CodecError
 from ..features.priorities import logged_priorities
-from ..features.state import Signature, moved_on, read_state
+from ..features.state import Signature, State, moved_on, read_state
 from ..query import QueryCondition, condition_key
 from ..query.fields import resolve_field
 
@@ -117,12 +117,12 @@ class KeyIndex:
         """The buffer's signature now."""
         return self.state(conn)[0]
 
-    def state_now(self) -> tuple[Signature, int | None, int]:
+    def state_now(self) -> State:
         """:meth:`state` on a connection of its own."""
         with self.handle.errors("read the buffer's state"), self.handle.read() as conn:
             return self.state(conn)
 
-    def state(self, conn: Connection) -> tuple[Signature, int | None, int]:
+    def state(self, conn: Connection) -> State:
         """The buffer's signature, its current policy version and its row count, in one
         round trip (:func:`~expstore.features.state.read_state`), telling
         :attr:`on_limit` whether the buffer has a rate limit."""

@@ -46,7 +46,7 @@ from ..errors import InvalidArgumentError
 from ..features.draw_counts import unspent_clause
 from ..features.groups import GroupSpec, count_groups, groups_first_at
 from ..features.priorities import logged_priorities
-from ..features.state import Signature
+from ..features.state import Signature, StateReader
 from ..features.versions import FreshBounds, fresh_clause
 from ..model.layout import COLUMNS_BY_NAME, ColumnSpec
 from ..query import QueryCondition, condition_key
@@ -79,11 +79,10 @@ class KeySpaces:
     def __init__(
         self,
         handle: BufferHandle,
-        state: Callable[[Connection], tuple[Signature, int | None, int]],
+        state: StateReader,
     ) -> None:
         self.handle = handle
-        #: Reads the buffer's state (the key index's read, which also tells the rate limit
-        #: whether the buffer has one; see :func:`expstore.features.state.read_state`).
+        #: Reads the buffer's state (see :data:`~expstore.features.state.StateReader`).
         self.state = state
         #: Candidate keys probed by draws over the key space so far, to see what a draw
         #: costs.
