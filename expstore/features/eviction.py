@@ -97,6 +97,8 @@ def _task_fifo(conn: Connection, buffer_id: int, capacity: int, remove: Remove) 
 
 
 def _stale(conn: Connection, buffer_id: int, capacity: int, remove: Remove) -> int:
+    # The complement of the freshness rule (expstore.features.versions.fresh): rows
+    # without a version are never stale ("< oldest" is NULL for them).
     this = buffers.c.id == buffer_id
     oldest = select(buffers.c.policy_version - buffers.c.stale_after).where(this)
     evicted = remove([rows.c.policy_version < oldest.scalar_subquery()])

@@ -27,6 +27,7 @@ from ..query import QueryCondition, condition_key
 from ..query.fields import resolve_field
 from ..query.groups import GroupCondition
 from .state import Signature, StateReader
+from .versions import fresh
 
 __all__ = [
     "GroupIndex",
@@ -192,7 +193,7 @@ class GroupIndex:
         held: Any = ranked.c.free
         conditions = [func.count() == spec.size, func.min(case((held, 1), else_=0)) == 1]
         if oldest is not None:  # stale groups must not crowd out the fresh ones in limit
-            conditions.append(_fresh_group(func.min(ranked.c.policy_version), oldest))
+            conditions.append(fresh(func.min(ranked.c.policy_version), oldest))
         if spec.having is not None:
             conditions.append(spec.having.to_sql({c.name: c for c in ranked.c}))
         stmt = (
@@ -329,25 +330,19 @@ def count_groups(
     summary = _summaries_of(handle, query_condition, spec, keys=False).subquery("summary")
     complete = summary.c.n == spec.size
     passing = and_(complete, summary.c.passes)
-    fresh = passing if oldest is None else and_(passing, _fresh_group(summary.c.version, oldest))
+    ready = passing if oldest is None else and_(passing, fresh(summary.c.version, oldest))
 
     def total(condition: Any) -> Any:
         return func.coalesce(func.sum(case((condition, 1), else_=0)), 0)
 
     stmt = select(
-        total(fresh),
+        total(ready),
         total(summary.c.n < spec.size),
         total(and_(complete, not_(summary.c.passes))),
-        total(and_(passing, not_(fresh))),
+        total(and_(passing, not_(ready))),
     )
-    ready, waiting, filtered, stale = conn.execute(stmt).one()
-    return int(ready), int(waiting), int(filtered), int(stale)
-
-
-def _fresh_group(version: Any, oldest: int) -> ColumnElement[bool]:
-    """A group whose oldest version is ``version`` is fresh: one of ``oldest`` or newer, or
-    none (a group without versions is never stale)."""
-    return or_(version.is_(None), version >= oldest)
+    ready_n, waiting, filtered, stale = conn.execute(stmt).one()
+    return int(ready_n), int(waiting), int(filtered), int(stale)
 
 
 def groups_first_at(

@@ -35,6 +35,7 @@ from .stats import task_stats
 _T = TypeVar("_T")
 
 __all__ = [
+    "fresh",
     "FRESH_VERSIONS",
     "FreshBounds",
     "current_version",
@@ -84,15 +85,20 @@ def set_version(handle: BufferHandle, version: Any, *, force: bool = False) -> i
         )
 
 
+def fresh(version: Any, oldest: Any) -> ColumnElement[bool]:
+    """The freshness rule in SQL: a row whose ``version`` (a group: its oldest row's) is
+    ``oldest`` or newer, or that has none, is fresh. (:func:`fresh_mask` states it over
+    a key index's arrays; the ``"stale"`` eviction policy deletes its complement, see
+    :mod:`expstore.features.eviction`.)"""
+    return or_(version.is_(None), version >= oldest)
+
+
 def fresh_clause(buffer_id: int, max_staleness: int) -> ColumnElement[bool]:
     """Rows no more than ``max_staleness`` versions behind the buffer's current version,
     read by the statement itself (no round trip of its own, one snapshot with the rest)."""
     this = buffers.c.id == buffer_id
     oldest = select(buffers.c.policy_version - max_staleness).where(this).scalar_subquery()
-    return or_(
-        rows.c.policy_version.is_(None),
-        rows.c.policy_version >= func.coalesce(oldest, -1),
-    )
+    return fresh(rows.c.policy_version, func.coalesce(oldest, -1))
 
 
 def oldest_fresh(current: int | None, max_staleness: int | None) -> int | None:
