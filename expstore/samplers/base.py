@@ -896,9 +896,11 @@ def draw(
                 if counted is not None:
                     raise empty
                 # Under a rate limit an empty buffer is one below its min_size: wait for
-                # the budget as Reverb does, then choose again.
+                # the budget as Reverb does, then choose again. Budget granted at once
+                # means rows arrived since the choice found none: choose again too (once:
+                # an empty choice with samples counted raises above).
                 counted, waited = storage.acquire_samples(batch_size, since=started)
-                if waited:
+                if waited or counted:
                     continue
                 raise empty
             size = len(choice.keys) if choice.rows is None else len(choice.rows)

@@ -297,3 +297,24 @@ def test_a_refund_goes_only_to_the_limit_its_samples_were_counted_under(
     assert len(buf.sample(batch_size=3)) == 3  # the new limit counts from zero
     stats = buf.rate_limit_stats()
     assert stats is not None and stats.sampled == 3
+
+
+def test_rows_written_between_an_empty_choice_and_its_budget_are_drawn(
+    buf: ReplayBuffer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a rate limit, a choice that found the buffer empty asks for budget to wait
+    on; when a writer stored rows in between, the budget comes at once, without a wait,
+    and the sample chooses again instead of raising EmptyBufferError (found by a loaded
+    run of test_concurrent_samplers_never_exceed_the_budget)."""
+    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=4.0, timeout=0.05))
+    acquire = buf.storage.acquire_samples
+
+    def rows_arrive_first(n, since=None):  # noqa: ANN001, ANN202
+        if not len(buf):
+            buf.store_batch(make_rows(2))  # another process's write, meanwhile
+        return acquire(n, since=since)
+
+    monkeypatch.setattr(buf.storage, "acquire_samples", rows_arrive_first)
+    assert len(buf.sample(batch_size=2)) == 2
+    stats = buf.rate_limit_stats()
+    assert stats is not None and stats.sampled == 2 and stats.inserted == 2
