@@ -21,6 +21,7 @@ from ._args import check_consumer
 from .claims import DEFAULT_LEASE_S, Claim, claim_rows, wait_for_rows
 from .converters.base import BatchT, Converter, as_converter
 from .converters.default import DefaultConverter
+from .db.tuning import Tuning
 from .errors import InvalidArgumentError, UnknownConsumerError, UnsupportedTypeError
 from .features.claims.queue import Lineage, QueueStats
 from .features.dedup import Dedup
@@ -59,6 +60,9 @@ class ReplayBuffer:
       makes a read after this handle's write wait until the replica has replayed it;
       ``max_lag_s`` leaves a replica further behind for the primary. See
       :mod:`expstore.db.replicas`.
+    - ``tuning``: a :class:`~expstore.db.tuning.Tuning` for the storage opened at a URL,
+      knobs for tests and measurements (default ``Tuning()``): how much it keeps or reads
+      at a time, never what the buffer holds or the distribution a draw follows.
     """
 
     def __init__(
@@ -72,6 +76,7 @@ class ReplayBuffer:
         read_urls: Sequence[str | URL] | None = None,
         read_your_writes: bool = False,
         max_lag_s: float | None = None,
+        tuning: Tuning | None = None,
     ) -> None:
         if storage is None:
             storage = "sqlite://"
@@ -85,11 +90,13 @@ class ReplayBuffer:
                 read_urls=read_urls,
                 read_your_writes=read_your_writes,
                 max_lag_s=max_lag_s,
+                tuning=tuning,
             )
-        elif read_urls is not None:
+        elif read_urls is not None or tuning is not None:
+            given = "read_urls" if read_urls is not None else "tuning"
             raise InvalidArgumentError(
-                "read_urls is given with a database URL, not with a Storage object: pass "
-                "ReplayBuffer(url, read_urls=[...]) or SqlStorage(url, read_urls=[...])"
+                f"{given} is given with a database URL, not with a Storage object: pass "
+                f"ReplayBuffer(url, {given}=...) or SqlStorage(url, {given}=...)"
             )
         elif not isinstance(storage, Storage):
             raise UnsupportedTypeError(

@@ -21,6 +21,7 @@ from .compiled import CompiledSelect
 from .dialects import Dialect, dialect_for
 from .engine import Connections
 from .schema import rows
+from .tuning import Tuning
 
 __all__ = ["BufferHandle", "retried"]
 
@@ -46,19 +47,19 @@ def retried(write: Callable[[], _T], also: frozenset[str] = frozenset()) -> _T:
 
 #: Statements a handle keeps compiled before it starts afresh.
 _STATEMENTS = 64
-#: Ids of rows read lately whose keys a handle keeps (see remember_keys).
-_RECENT_KEYS = 16384
 
 
 class BufferHandle:
     """One named buffer of one database, as the storage's parts see it.
 
-    ``buffer_id`` is set when the storage opens (see :mod:`expstore.features.registry`).
+    ``buffer_id`` is set when the storage opens (see :mod:`expstore.features.registry`);
+    ``tuning`` holds the storage's knobs (see :class:`~expstore.db.tuning.Tuning`).
     """
 
-    def __init__(self, url: URL, name: str) -> None:
+    def __init__(self, url: URL, name: str, tuning: Tuning | None = None) -> None:
         self.url = url
         self.name = name
+        self.tuning = Tuning() if tuning is None else tuning
         self.connections = Connections(url)
         self.dialect: Dialect = dialect_for(self.connections.engine.dialect.name)
         self.buffer_id = 0
@@ -95,14 +96,15 @@ class BufferHandle:
     def remember_keys(self, fetched: Sequence[Sequence[Any]], at_id: int) -> None:
         """Keep the keys (first) and ids (at ``at_id``) of rows just fetched, so that a
         call by id soon after finds them by key (see :mod:`expstore.db.row_ids`); the
-        last few thousand."""
+        last ``tuning.recent_keys``."""
+        keep = self.tuning.recent_keys
         with self._recent_lock:  # threads share a storage
             recent = self.recent_keys
-            for r in fetched[-_RECENT_KEYS:]:  # a row read again moves to the newest end
+            for r in fetched[-keep:]:  # a row read again moves to the newest end
                 recent.pop(r[at_id], None)
                 recent[r[at_id]] = r[0]
-            if len(recent) > _RECENT_KEYS:
-                for stale in list(islice(recent, len(recent) - _RECENT_KEYS // 2)):
+            if len(recent) > keep:
+                for stale in list(islice(recent, len(recent) - keep // 2)):
                     del recent[stale]
 
     def remembered_keys(self, ids: Sequence[str]) -> dict[str, int]:

@@ -228,7 +228,7 @@ def _buffer_key() -> Column[Any]:
 
 
 #: The priorities set by the last updates of each buffer (``seq`` is the buffer's
-#: ``priority_version`` after the update), kept for PRIORITY_LOG_KEEP updates.
+#: ``priority_version`` after the update), kept for ``Tuning.priority_log_keep`` updates.
 priority_log = Table(
     "expstore_priority_log",
     metadata,
@@ -237,9 +237,6 @@ priority_log = Table(
     Column("key", BigInteger, primary_key=True),
     Column("priority", Double, nullable=False),
 )
-
-#: How many priority updates a buffer's log keeps; a reader further behind reloads.
-PRIORITY_LOG_KEEP = 64
 
 
 def _row_key() -> Column[Any]:

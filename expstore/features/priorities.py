@@ -7,9 +7,10 @@ a new version of the wide row; the entry goes with its row (ON DELETE CASCADE).
 
 Every update bumps the buffer's ``priority_version`` and writes the keys and priorities it
 set to ``expstore_priority_log`` under that number; the log keeps the last
-:data:`~expstore.db.schema.PRIORITY_LOG_KEEP` updates of each buffer. A reader whose
-cached index is at version ``v`` patches it with the entries ``v + 1 ..`` (see
-:mod:`expstore.storage.key_index`), or reloads when the log no longer reaches back that far.
+:attr:`~expstore.db.tuning.Tuning.priority_log_keep` updates of each buffer (the
+updating handle's). A reader whose cached index is at version ``v`` patches it with the
+entries ``v + 1 ..`` (see :mod:`expstore.storage.key_index`), or reloads when the log no
+longer reaches back that far.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def update_priorities(
         conn.execute(
             delete(priority_log).where(
                 priority_log.c.buffer_id == handle.buffer_id,
-                priority_log.c.seq <= seq - schema.PRIORITY_LOG_KEEP,
+                priority_log.c.seq <= seq - handle.tuning.priority_log_keep,
             )
         )
     keys = np.fromiter(latest, dtype=np.int64, count=len(latest))

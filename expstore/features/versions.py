@@ -36,7 +36,6 @@ _T = TypeVar("_T")
 
 __all__ = [
     "fresh",
-    "FRESH_VERSIONS",
     "FreshBounds",
     "current_version",
     "first_fresh_key",
@@ -109,23 +108,19 @@ def oldest_fresh(current: int | None, max_staleness: int | None) -> int | None:
     return current - max_staleness
 
 
-#: Where fresh rows lie is worked out over at most this many policy versions (one index
-#: probe each); beyond it a draw does without (see :class:`FreshBounds`).
-FRESH_VERSIONS = 1024
-
-
 def first_fresh_key(handle: BufferHandle, conn: Connection, oldest: int) -> int | None:
     """The smallest key of a row of the buffer that is fresh when ``oldest`` is the oldest
     fresh version (a version of ``oldest`` or newer, or none), by one index probe per
     fresh version (a loose scan of the ``(buffer_id, policy_version)`` index) and one for
-    the rows without a version; None when no row is fresh, or when more than
-    :data:`FRESH_VERSIONS` versions are (the caller then does without the bound)."""
+    the rows without a version; None when no row is fresh, or when more than the handle's
+    ``tuning.fresh_versions`` versions are (the caller then does without the bound)."""
     mine = rows.c.buffer_id == handle.buffer_id
     version = rows.c.policy_version
+    limit = handle.tuning.fresh_versions
 
-    def build() -> Any:
+    def build() -> Any:  # compiled per handle, with its limit
         fresh = loose_scan(version, mine, start=bindparam("oldest"))
-        versions = fresh.limit(FRESH_VERSIONS + 1).subquery()
+        versions = fresh.limit(limit + 1).subquery()
         first = select(rows.c.key).where(mine, version == versions.c.v)
         first_of = first.order_by(rows.c.key).limit(1).scalar_subquery()
         unversioned = select(rows.c.key).where(mine, version.is_(None))
@@ -135,7 +130,7 @@ def first_fresh_key(handle: BufferHandle, conn: Connection, oldest: int) -> int 
     ((count, versioned, unversioned),) = handle.statement(("first fresh key",), build).run(
         conn, oldest=int(oldest)
     )
-    if count > FRESH_VERSIONS:
+    if count > limit:
         return None
     found = [int(k) for k in (versioned, unversioned) if k is not None]
     return min(found) if found else None
@@ -146,11 +141,12 @@ def last_stale_key(
 ) -> tuple[bool, int | None]:
     """Whether it is known, and the largest key of a row of the buffer that is stale when
     ``oldest`` is the oldest fresh version (None: no stale row). Over the whole buffer by
-    one index probe per stale version, newest first (unknown beyond
-    :data:`FRESH_VERSIONS` of them); with ``after``, among the rows with larger keys only,
-    by their key range (the rows stored since)."""
+    one index probe per stale version, newest first (unknown beyond the handle's
+    ``tuning.fresh_versions`` of them); with ``after``, among the rows with larger keys
+    only, by their key range (the rows stored since)."""
     mine = rows.c.buffer_id == handle.buffer_id
     version = rows.c.policy_version
+    limit = handle.tuning.fresh_versions
     if after is not None:
 
         def since() -> Any:
@@ -163,13 +159,13 @@ def last_stale_key(
         return True, None if found is None else int(found)
 
     def build() -> Any:
-        versions = _stale_versions(mine)
+        versions = _stale_versions(mine, limit)
         last = select(rows.c.key).where(mine, version == versions.c.v)
         last_of = last.order_by(rows.c.key.desc()).limit(1).scalar_subquery()
         return select(func.count(), func.max(last_of)).select_from(versions)
 
     ((count, last),) = handle.statement(("last stale key",), build).run(conn, oldest=int(oldest))
-    if count > FRESH_VERSIONS:
+    if count > limit:
         return False, None
     return True, None if last is None else int(last)
 
@@ -179,17 +175,18 @@ def stale_keys(
 ) -> np.ndarray | None:
     """The keys from ``start`` to ``stop`` of the buffer's rows stale when ``oldest`` is
     the oldest fresh version (late rollouts of older policies among the fresh rows),
-    sorted; None when there are more than ``limit``. On SQLite with at most
-    :data:`FRESH_VERSIONS` stale versions, one index range per stale version; otherwise
+    sorted; None when there are more than ``limit``. On SQLite with at most the handle's
+    ``tuning.fresh_versions`` stale versions, one index range per stale version; otherwise
     (and on Postgres, which would hash the fresh rows against the versions anyway) a read
     of the key range."""
     mine = rows.c.buffer_id == handle.buffer_id
     version = rows.c.policy_version
     within = rows.c.key.between(bindparam("start"), bindparam("stop"))
     params = {"oldest": int(oldest), "start": int(start), "stop": int(stop), "limit": limit + 1}
+    most = handle.tuning.fresh_versions
 
     def by_version() -> Any:
-        versions = _stale_versions(mine)
+        versions = _stale_versions(mine, most)
         counted = select(func.count().label("n")).select_from(versions).subquery()
         late = (
             select(rows.c.key)
@@ -207,7 +204,7 @@ def stale_keys(
     keys = None
     if handle.dialect.name != "postgresql":
         found = handle.statement(("stale keys by version",), by_version).run(conn, **params)
-        if found[0][0] <= FRESH_VERSIONS:
+        if found[0][0] <= most:
             keys = [k for _, k in found if k is not None]
     if keys is None:
         ranged = handle.statement(("stale keys by range",), by_range).run(conn, **params)
@@ -215,11 +212,11 @@ def stale_keys(
     return None if len(keys) > limit else np.sort(np.array(keys, dtype=np.int64))
 
 
-def _stale_versions(mine: ColumnElement[bool]) -> Any:
+def _stale_versions(mine: ColumnElement[bool], limit: int) -> Any:
     """The buffer's versions older than the bound ``oldest``, newest first, one index
-    probe each (a loose scan), at most :data:`FRESH_VERSIONS` + 1 of them."""
+    probe each (a loose scan), at most ``limit`` + 1 of them."""
     stale = loose_scan(rows.c.policy_version, mine, below=bindparam("oldest"))
-    return stale.limit(FRESH_VERSIONS + 1).subquery()
+    return stale.limit(limit + 1).subquery()
 
 
 def _stale_row_by_row() -> ColumnElement[bool]:

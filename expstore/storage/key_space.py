@@ -64,8 +64,6 @@ __all__ = ["DISTINCT_LIMIT", "KeySpaces", "SqlKeySpace"]
 
 _T = TypeVar("_T")
 
-#: Keys per probing statement.
-_PROBE_CHUNK = 5000
 #: Spans of steps per statement (an OR of index ranges; a power of two).
 _SPAN_CHUNK = 256
 #: :meth:`KeySpace.distinct` gives up beyond this many values.
@@ -244,8 +242,8 @@ class SqlKeySpace(KeySpace):
         found: list[Any] = []
         # The buffer is checked here: in the WHERE clause it would lead SQLite through the
         # (buffer_id, key) index and then the table instead of the table alone.
-        for start in range(0, len(wanted), _PROBE_CHUNK):
-            chunk = handle.dialect.key_set(wanted[start : start + _PROBE_CHUNK])
+        for part in _chunks(wanted, handle.tuning.probe_chunk):
+            chunk = handle.dialect.key_set(part)
             found += [r[:-1] for r in statement.run(self.conn, keys=chunk) if r[-1] == buffer_id]
         found.sort(key=lambda r: r[0])
         return _to_arrays(found, selected)
@@ -370,7 +368,8 @@ class SqlKeySpace(KeySpace):
         column = _column_of(name, "count_by")
         clauses = [rows.c.buffer_id == self.handle.buffer_id, *self.matching()]
         found: dict[Any, int] = {}
-        for chunk in _chunks(values):  # bound parameters per statement stay few
+        # bound parameters per statement stay few
+        for chunk in _chunks(values, self.handle.tuning.probe_chunk):
             stmt = select(column, func.count()).where(*clauses, column.in_(chunk)).group_by(column)
             found.update((value, int(count)) for value, count in self.conn.execute(stmt))
         return found
@@ -381,7 +380,7 @@ class SqlKeySpace(KeySpace):
         order = [_column_of(n, "rows_of") for n in order_by]
         mine = rows.c.buffer_id == self.handle.buffer_id
         by_value: dict[Any, list[int]] = {value: [] for value in values}
-        for chunk in _chunks(values):
+        for chunk in _chunks(values, self.handle.tuning.probe_chunk):
             stmt = (
                 select(column, rows.c.key)
                 .where(mine, column.in_(chunk))
@@ -566,7 +565,8 @@ def _column_of(name: str, what: str) -> Any:
     return rows.c[column.name]
 
 
-def _chunks(values: Sequence[Any]) -> list[list[Any]]:
-    """``values`` in lists of at most :data:`_PROBE_CHUNK` (drivers cap bound parameters)."""
+def _chunks(values: Sequence[Any], size: int) -> list[list[Any]]:
+    """``values`` in lists of at most ``size`` (drivers cap bound parameters; the handle's
+    :attr:`~expstore.db.tuning.Tuning.probe_chunk`)."""
     values = list(values)
-    return [values[i : i + _PROBE_CHUNK] for i in range(0, len(values), _PROBE_CHUNK)]
+    return [values[i : i + size] for i in range(0, len(values), size)]

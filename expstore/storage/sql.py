@@ -44,6 +44,7 @@ from ..db.engine import create_sql_engine, is_memory, normalise_url
 from ..db.handle import BufferHandle
 from ..db.replicas import ReadRouter
 from ..db.schema import buffers, rows
+from ..db.tuning import Tuning
 from ..errors import InvalidArgumentError, RowValidationError, StorageError, UnsupportedTypeError
 from ..features import draw_counts, priorities, registry, versions
 from ..features.claims.queue import ClaimQueue
@@ -86,6 +87,9 @@ class SqlStorage(Storage):
       raises :class:`~expstore.errors.RetentionConflictError` (a ValueError).
       :meth:`set_retention` changes them for everyone.
     - ``upgrade``: upgrade an older schema instead of raising SchemaVersionError.
+    - ``tuning``: a :class:`~expstore.db.tuning.Tuning`, knobs for tests and measurements
+      (default ``Tuning()``): how much this storage keeps or reads at a time, never what
+      the buffer holds or the distribution a draw follows.
     """
 
     def __init__(
@@ -99,6 +103,7 @@ class SqlStorage(Storage):
         read_urls: Sequence[str | URL] | None = None,
         read_your_writes: bool = False,
         max_lag_s: float | None = None,
+        tuning: Tuning | None = None,
     ) -> None:
         if not isinstance(name, str) or not name or len(name) > 255:
             raise InvalidArgumentError(
@@ -110,7 +115,9 @@ class SqlStorage(Storage):
         self._upgrade = upgrade
         #: The URL as :attr:`identity` gives it (made on first use).
         self._where: str | None = None
-        self._handle = handle = BufferHandle(normalise_url(url), name)
+        if tuning is not None and not isinstance(tuning, Tuning):
+            raise UnsupportedTypeError(f"tuning must be a Tuning, got {type(tuning).__name__}")
+        self._handle = handle = BufferHandle(normalise_url(url), name, tuning)
         self._reader = RowReader(handle)
         self._fields = FieldFetcher(self._reader)
         self._index = KeyIndex(handle)
@@ -465,16 +472,20 @@ class SqlStorage(Storage):
             read["read_urls"] = [
                 normalise_url(u).render_as_string(hide_password=False) for u in read["read_urls"]
             ]
-        return (_reopen, (self.url.render_as_string(hide_password=False), self.name, read))
+        url = self.url.render_as_string(hide_password=False)
+        return (_reopen, (url, self.name, read, self._handle.tuning))
 
     def __repr__(self) -> str:
         url = self._handle.shown_url()
         return f"SqlStorage({url!r}, name={self.name!r}, capacity={self.capacity!r})"
 
 
-def _reopen(url: str, name: str, read: dict[str, Any] | None = None) -> SqlStorage:
-    """The storage in another process: the buffer's retention comes from the database."""
-    return SqlStorage(url, name=name, **(read or {}))
+def _reopen(
+    url: str, name: str, read: dict[str, Any] | None = None, tuning: Tuning | None = None
+) -> SqlStorage:
+    """The storage in another process: the buffer's retention comes from the database, the
+    handle's tuning along with it."""
+    return SqlStorage(url, name=name, tuning=tuning, **(read or {}))
 
 
 def describe_database(

@@ -451,38 +451,38 @@ def test_recency_leaves_out_late_stale_rows_among_the_fresh(
 
 @pytest.mark.parametrize("versions", [1024, 1], ids=["by version", "by key range"])
 def test_recency_follows_late_rows_written_since(
-    buffer: ReplayBuffer, monkeypatch: pytest.MonkeyPatch, versions: int
+    db_url: str, buffer_name: str, versions: int
 ) -> None:
     """The late rows are read once per oldest fresh version, then among the rows written
     since: a late row stored between draws is left out too, whether they are read by
     stale version or (more stale versions than that: a long run) by key range."""
-    from expstore.features import versions as versions_module
+    from expstore.storage import Tuning
 
-    monkeypatch.setattr(versions_module, "FRESH_VERSIONS", versions)
-    rows = make_rows(60)
-    for i, row in enumerate(rows):
-        row.exp_meta.policy_version = i // 10 if i < 20 else (0 if i == 35 else 3)
-    buffer.store_batch(rows)
-    buffer.set_policy_version(3)
-    buffer.storage.forget_caches()
-    sampler = RecencySampler(power=0.0, seed=4, max_staleness=0)
+    with ReplayBuffer(db_url, name=buffer_name, tuning=Tuning(fresh_versions=versions)) as buffer:
+        rows = make_rows(60)
+        for i, row in enumerate(rows):
+            row.exp_meta.policy_version = i // 10 if i < 20 else (0 if i == 35 else 3)
+        buffer.store_batch(rows)
+        buffer.set_policy_version(3)
+        buffer.storage.forget_caches()
+        sampler = RecencySampler(power=0.0, seed=4, max_staleness=0)
 
-    def drawn_versions() -> set[int]:
-        found: set[int] = set()
-        for _ in range(40):
-            sampler.sample(buffer.storage, 3)
-            found |= {
-                r.exp_meta.policy_version for r in buffer.storage.fetch_keys(sampler.last_keys)
-            }
-        return found
+        def drawn_versions() -> set[int]:
+            found: set[int] = set()
+            for _ in range(40):
+                sampler.sample(buffer.storage, 3)
+                found |= {
+                    r.exp_meta.policy_version for r in buffer.storage.fetch_keys(sampler.last_keys)
+                }
+            return found
 
-    assert drawn_versions() == {3}
-    late = make_rows(4)
-    for i, row in enumerate(late):
-        row.exp_meta.policy_version = 1 if i == 1 else 3
-    buffer.store_batch(late)
-    assert drawn_versions() == {3}
-    assert _holds_no_index(buffer)
+        assert drawn_versions() == {3}
+        late = make_rows(4)
+        for i, row in enumerate(late):
+            row.exp_meta.policy_version = 1 if i == 1 else 3
+        buffer.store_batch(late)
+        assert drawn_versions() == {3}
+        assert _holds_no_index(buffer)
 
 
 def test_recency_with_gaps_uses_the_key_index(buffer: ReplayBuffer) -> None:

@@ -13,6 +13,7 @@ from expstore.features import versions
 from expstore.features.versions import first_fresh_key
 from expstore.query import QueryBuilder
 from expstore.samplers import GroupSampler, RecencySampler, UniformSampler
+from expstore.storage import Tuning
 from tests.helpers import make_rows
 from tests.samplers.stats import chi_square_p
 
@@ -68,13 +69,12 @@ def test_the_first_fresh_key_is_the_smallest_key_of_a_fresh_row(buffer: ReplayBu
 
 
 def test_too_many_fresh_versions_give_no_bound(
-    buffer: ReplayBuffer, monkeypatch: pytest.MonkeyPatch
+    buffer: ReplayBuffer, db_url: str, buffer_name: str
 ) -> None:
     _versions(buffer, 2, 6)
-    monkeypatch.setattr(versions, "FRESH_VERSIONS", 3)
-    buffer.storage._handle._statements.clear()  # compiled with the limit in it
-    assert _first(buffer, 3) is not None  # versions 3, 4, 5
-    assert _first(buffer, 2) is None  # four versions: given up
+    with ReplayBuffer(db_url, name=buffer_name, tuning=Tuning(fresh_versions=3)) as limited:
+        assert _first(limited, 3) is not None  # versions 3, 4, 5
+        assert _first(limited, 2) is None  # four versions: given up
 
 
 def test_a_draw_looks_only_among_the_fresh_rows(buffer: ReplayBuffer) -> None:
@@ -202,16 +202,14 @@ def test_stale_rows_stored_late_are_never_drawn(buffer: ReplayBuffer) -> None:
 
 
 def test_gaps_or_too_many_stale_versions_mean_probes(
-    buffer: ReplayBuffer, monkeypatch: pytest.MonkeyPatch
+    buffer: ReplayBuffer, db_url: str, buffer_name: str
 ) -> None:
     _versions(buffer, 30, 20)
     buffer.set_policy_version(19)
-    monkeypatch.setattr(versions, "FRESH_VERSIONS", 8)  # 17 stale versions: not worked out
-    buffer.storage._handle._statements.clear()
-    drawn, probed = _probes(buffer, UniformSampler(seed=9, max_staleness=2), 60, 16)
-    assert drawn == _fresh(buffer, 17) and probed > 0
-    monkeypatch.undo()
-    buffer.storage._handle._statements.clear()
+    eight = Tuning(fresh_versions=8)  # 17 stale versions: not worked out
+    with ReplayBuffer(db_url, name=buffer_name, tuning=eight) as limited:
+        drawn, probed = _probes(limited, UniformSampler(seed=9, max_staleness=2), 60, 16)
+        assert drawn == _fresh(buffer, 17) and probed > 0
     buffer.delete(QueryBuilder().eq("exp_meta.step", 3).build())  # gaps among fresh rows
     drawn, probed = _probes(buffer, UniformSampler(seed=9, max_staleness=2), 60, 16)
     assert drawn == _fresh(buffer, 17) and probed > 0

@@ -104,15 +104,16 @@ def test_over_the_key_space_the_condition_decides_which_tasks_are_eligible(
 
 
 def test_over_the_key_space_many_tasks_are_counted_and_read_in_chunks(
-    buffer: ReplayBuffer, monkeypatch
-) -> None:  # noqa: ANN001
+    buffer: ReplayBuffer, db_url: str, buffer_name: str
+) -> None:
     """Task lists go to the database in chunks (a driver caps bound parameters; found by
-    review on Postgres past 65,535 tasks): chunks of 7 here give the same draw."""
-    from expstore.storage import key_space
+    review on Postgres past 65,535 tasks): chunks of 4 here give the same draw."""
+    from expstore.storage import Tuning
 
     _many_uneven_tasks(buffer)
     expected = RandomTaskSampler(seed=5).sample(buffer.storage, 6)
-    monkeypatch.setattr(key_space, "_PROBE_CHUNK", 4)
-    rows = RandomTaskSampler(seed=5).sample(buffer.storage, 6)
+    with ReplayBuffer(db_url, name=buffer_name, tuning=Tuning(probe_chunk=4)) as chunked:
+        rows = RandomTaskSampler(seed=5).sample(chunked.storage, 6)
+        assert not chunked.storage.index.entries
     assert [r.id for r in rows] == [r.id for r in expected]
     assert len({r.exp_meta.task_id for r in rows}) == 6 and not buffer.storage.index.entries

@@ -8,9 +8,9 @@ import pytest
 from sqlalchemy import func, select
 
 from expstore import QueryBuilder, ReplayBuffer
-from expstore.db import handle as handle_module
 from expstore.db.schema import priorities
 from expstore.samplers import PrioritizedSampler, UniformSampler
+from expstore.storage import Tuning
 from tests.helpers import make_row, make_rows
 
 
@@ -108,23 +108,21 @@ def test_an_id_stored_again_after_its_row_went_is_found_under_its_new_key(
     assert new_key != old_key and _entries(buffer) == {new_key: 4.0}
 
 
-def test_remembered_keys_stay_bounded(
-    buffer: ReplayBuffer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(handle_module, "_RECENT_KEYS", 64)
-    rows = make_rows(200)
-    buffer.store_batch(rows)
-    handle = buffer.storage._handle  # type: ignore[attr-defined]
-    keys = list(_keys(buffer).values())
-    buffer.storage.fetch_keys(keys[:40])
-    buffer.storage.fetch_keys(keys[:1])  # the first row read again: now the newest
-    buffer.storage.fetch_keys(keys[40:70])  # over 64: the oldest go, down to 32
-    assert rows[0].id in handle.recent_keys and len(handle.recent_keys) == 32
-    for start in range(70, 200, 50):
-        buffer.storage.fetch_keys(keys[start : start + 50])
-        assert len(handle.recent_keys) <= 64
-    assert {r.id for r in rows[-32:]} <= set(handle.recent_keys)  # the last read are kept
-    assert buffer.update_priorities([r.id for r in rows], np.ones(200)) == 200
-    with handle.read() as conn:
-        mine = priorities.c.buffer_id == handle.buffer_id
-        assert conn.execute(select(func.count()).where(mine)).scalar_one() == 200
+def test_remembered_keys_stay_bounded(db_url: str, buffer_name: str) -> None:
+    with ReplayBuffer(db_url, name=buffer_name, tuning=Tuning(recent_keys=64)) as buffer:
+        rows = make_rows(200)
+        buffer.store_batch(rows)
+        handle = buffer.storage._handle  # type: ignore[attr-defined]
+        keys = list(_keys(buffer).values())
+        buffer.storage.fetch_keys(keys[:40])
+        buffer.storage.fetch_keys(keys[:1])  # the first row read again: now the newest
+        buffer.storage.fetch_keys(keys[40:70])  # over 64: the oldest go, down to 32
+        assert rows[0].id in handle.recent_keys and len(handle.recent_keys) == 32
+        for start in range(70, 200, 50):
+            buffer.storage.fetch_keys(keys[start : start + 50])
+            assert len(handle.recent_keys) <= 64
+        assert {r.id for r in rows[-32:]} <= set(handle.recent_keys)  # the last read are kept
+        assert buffer.update_priorities([r.id for r in rows], np.ones(200)) == 200
+        with handle.read() as conn:
+            mine = priorities.c.buffer_id == handle.buffer_id
+            assert conn.execute(select(func.count()).where(mine)).scalar_one() == 200

@@ -472,14 +472,14 @@ def test_other_changes_still_reload_the_key_index(buffer: ReplayBuffer) -> None:
 
 
 def test_priority_updates_from_another_handle_are_patched_from_the_log(
-    db_url: str, buffer_name: str, monkeypatch: pytest.MonkeyPatch
+    db_url: str, buffer_name: str
 ) -> None:
     """A trainer updates priorities while another process (a DataLoader worker, say) samples:
     the other handle's cached priorities follow from the priority log, never by reading
     every row again, and always equal a fresh index; a handle further behind than the log
     keeps reloads instead."""
     from expstore import QueryBuilder
-    from expstore.db import schema
+    from expstore.storage import Tuning
 
     rows = make_rows(60)
     conditions = [None, QueryBuilder().eq("exp_meta.agent_id", "agent1").build()]
@@ -509,9 +509,9 @@ def test_priority_updates_from_another_handle_are_patched_from_the_log(
                     np.testing.assert_array_equal(got[name], expected[name])
             assert max(fetched) <= 4, fetched  # only new rows were read
         # Further behind than the log keeps: the worker reads everything again, correctly.
-        monkeypatch.setattr(schema, "PRIORITY_LOG_KEEP", 2)
-        for _ in range(4):
-            trainer.update_priorities([rows[0].id], [float(_)])
+        with ReplayBuffer(db_url, name=buffer_name, tuning=Tuning(priority_log_keep=2)) as short:
+            for _ in range(4):
+                short.update_priorities([rows[0].id], [float(_)])
         before = index.rows_read
         got = worker.storage.key_index(None, ("priority", "step"))
         assert index.rows_read - before == 60 and got["priority"][0] == 3.0

@@ -18,6 +18,7 @@ from expstore import QueryBuilder, ReplayBuffer
 from expstore.errors import InvalidArgumentError
 from expstore.features.stats import summary_build, task_stats
 from expstore.features.stats.summary import summarise
+from expstore.storage import Tuning
 from tests.helpers import in_threads, make_row
 
 #: A condition every row matches: the figures computed from the rows, never the summaries.
@@ -235,28 +236,30 @@ def test_staleness_of_large_versions_is_exact(buf: ReplayBuffer, base: int) -> N
 
 
 def test_a_long_task_losing_its_extremes_is_read_from_its_rows_until_summarised_again(
-    buf: ReplayBuffer, monkeypatch: pytest.MonkeyPatch
+    db_url: str, buffer_name: str
 ) -> None:
     # One task longer than the recompute limit, evicted oldest first: each eviction takes
     # its earliest execute_time, so the task is marked dirty (not summarised again from
     # all its rows at every write), and stats read its rows meanwhile.
-    monkeypatch.setattr(task_stats, "RECOMPUTE_LIMIT", 5)
-    buf.set_retention(20, "fifo")
-    buf.create_summary()
-    for step in range(30):
-        buf.store(make_row("long", "a", step, reward=float(step), execute_time=1000.0 + step))
-        kept = check(buf)
-    assert kept["rows"] == 20 and kept["time"]["first"] == 1010.0
-    handle = buf.storage._handle
-    dirty = task_stats.task_stats.c.dirty
-    with handle.read() as conn:
-        assert conn.execute(select(dirty).where(task_stats.task_stats.c.task_id == "long")).scalar()
-    buf.create_summary()  # summarises the dirty task again
-    with handle.read() as conn:
-        assert not conn.execute(
-            select(dirty).where(task_stats.task_stats.c.task_id == "long")
-        ).scalar()
-    check(buf)
+    with ReplayBuffer(db_url, name=buffer_name, tuning=Tuning(recompute_limit=5)) as buf:
+        buf.set_retention(20, "fifo")
+        buf.create_summary()
+        for step in range(30):
+            buf.store(make_row("long", "a", step, reward=float(step), execute_time=1000.0 + step))
+            kept = check(buf)
+        assert kept["rows"] == 20 and kept["time"]["first"] == 1010.0
+        handle = buf.storage._handle
+        dirty = task_stats.task_stats.c.dirty
+        with handle.read() as conn:
+            assert conn.execute(
+                select(dirty).where(task_stats.task_stats.c.task_id == "long")
+            ).scalar()
+        buf.create_summary()  # summarises the dirty task again
+        with handle.read() as conn:
+            assert not conn.execute(
+                select(dirty).where(task_stats.task_stats.c.task_id == "long")
+            ).scalar()
+        check(buf)
 
 
 def test_stats_read_one_snapshot_while_another_process_drops_and_creates_summaries(

@@ -16,9 +16,10 @@ Kept exact in the transaction of every change, which holds the buffer's row:
   compare, the last row is the later by (step, key);
 - a delete (an eviction, ``delete()``) takes its rows' counts and sums out of their tasks'
   rows (:func:`before_delete`, read before they go). Only a task whose extremes or last
-  row went with them is summarised again from its rows, or, when it is long
-  (:data:`RECOMPUTE_LIMIT`), marked *dirty*: stats read a dirty task's rows until
-  :func:`create` summarises it again. ``clear()`` drops every task's row.
+  row went with them is summarised again from its rows, or, when it is long (the
+  handle's :attr:`~expstore.db.tuning.Tuning.recompute_limit`), marked *dirty*: stats
+  read a dirty task's rows until :func:`create` summarises it again. ``clear()`` drops
+  every task's row.
 
 The rows present when summaries are created are summarised in steps of
 :data:`BUILD_STEP` rows, each in a transaction of its own (writers wait for one step, not
@@ -64,7 +65,6 @@ __all__ = [
     "BUILD_STEP",
     "COLUMNS",
     "REWARD_BOUND",
-    "RECOMPUTE_LIMIT",
     "Removal",
     "SummaryState",
     "TASK_CHUNK",
@@ -347,11 +347,6 @@ def recompute(
         conn.execute(summarise, {**chunk, **bounds})
 
 
-#: A task left with more rows than this, whose extremes or last row a delete took, is
-#: marked dirty instead of summarised again at once (which reads all its rows).
-RECOMPUTE_LIMIT = 1000
-
-
 class Removal(NamedTuple):
     """What a delete does to the summaries of the tasks it takes rows from (see
     :func:`before_delete`)."""
@@ -392,7 +387,7 @@ def before_delete(
             and (taken[name] <= stored[name] if low else taken[name] >= stored[name])
             for name, low in _EXTREMES
         )
-        if touched and not stored["dirty"] and left <= RECOMPUTE_LIMIT:
+        if touched and not stored["dirty"] and left <= handle.tuning.recompute_limit:
             removal.recomputed.append(task)
             continue
         values = {f"gone_{name}": taken[name] for name in _SUMMED}
