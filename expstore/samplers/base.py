@@ -58,6 +58,7 @@ from ..features.versions import fresh_mask
 from ..model.rows import DataRow
 from ..query import QueryCondition, as_condition
 from ..storage.base import Fetched, KeySpace, Storage
+from .flat import PROBE_BUDGET
 
 __all__ = [
     "Choice",
@@ -398,6 +399,10 @@ class KeySampler(Sampler):
     #: Whether a flat draw's statements must read one snapshot (a transaction's cost): a
     #: draw whose first statements bound what later ones find (priority bounds, probes).
     flat_snapshot: ClassVar[bool] = False
+    #: Candidate keys a draw over the key space probes at most (or so many per row asked,
+    #: if more) before the key index serves instead; a knob for tests and measurements
+    #: (``sampler.probe_budget = 64``).
+    probe_budget: int = PROBE_BUDGET
 
     # Set in __init__; declared here too, so a subclass that forgot to call
     # ``super().__init__`` still draws (with no options and a random stream of its own).

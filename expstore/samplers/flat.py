@@ -9,8 +9,8 @@ divided by the share of the range that is kept, whatever the buffer's size: noth
 memory grows with the buffer.
 
 When too little of the range is kept (a condition few rows meet, a buffer whose keys are
-mixed with other buffers', weights far apart), :func:`draw_uniform` gives up after
-:data:`PROBE_BUDGET` candidates and the sampler chooses over its key index instead (whose
+mixed with other buffers', weights far apart), :func:`draw_uniform` gives up after its
+``budget`` of candidates and the sampler chooses over its key index instead (whose
 matching rows are then few). Giving up depends only on what was drawn, and either way the
 rows come from the same distribution, so the batch's distribution is exact.
 
@@ -32,7 +32,8 @@ from ..storage.base import KeySpace
 __all__ = ["MIN_KEPT", "PROBE_BUDGET", "Drawn", "draw_ranks", "draw_uniform"]
 
 #: Candidate keys probed per batch at most (or 64 per row asked, if more) before a sampler
-#: falls back to its key index.
+#: falls back to its key index: the default of ``draw_uniform(budget=)`` and of
+#: :attr:`KeySampler.probe_budget <expstore.samplers.base.KeySampler.probe_budget>`.
 PROBE_BUDGET = 1 << 15
 #: Below this share of candidates kept (measured after the first round) a sampler falls
 #: back to its key index at once: the matching rows are few enough to hold.
@@ -59,12 +60,14 @@ def draw_uniform(
     accept: Accept | None = None,
     quota: Accept | None = None,
     hint: float = 1.0,
+    budget: int = PROBE_BUDGET,
 ) -> Drawn | None:
     """``n`` independent draws among the matching rows of ``space``: uniform, or, with
     ``accept`` (the probability of keeping each found candidate, from its ``columns``), in
     proportion to it. ``quota(columns)`` may then say which of the kept candidates, in
     order, are still wanted (a mask; stratified draws fill a share per group). None when it
-    does not pay (see the module's docstring)."""
+    does not pay (see the module's docstring): past ``budget`` candidates (or 64 per row
+    asked, if more)."""
     if not space.rows or n <= 0:
         return None
     low, high = space.candidates
@@ -73,7 +76,7 @@ def draw_uniform(
     if accept is None and quota is None and not columns and space.every_key_matches:
         # Every key of the range is a matching row: nothing to probe.
         return Drawn(rng.integers(low, high, size=n), {}, 1.0)
-    budget = max(PROBE_BUDGET, 64 * n)
+    budget = max(budget, 64 * n)
     taken: list[np.ndarray] = []
     taken_columns: dict[str, list[np.ndarray]] = {c: [] for c in columns}
     need, tried, kept = n, 0, 0

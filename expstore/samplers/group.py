@@ -22,7 +22,7 @@ from ..query.groups import GroupCondition, GroupStat
 from ..storage.base import KeySpace, Storage
 from ..storage.sql import SqlStorage
 from .base import Choice, KeySampler, SamplerOptions, empty_error
-from .flat import MIN_KEPT, PROBE_BUDGET
+from .flat import MIN_KEPT
 
 __all__ = ["GroupCounts", "GroupSampler"]
 
@@ -237,7 +237,7 @@ class GroupSampler(KeySampler):
         picked: list[np.ndarray] = []
         seen: set[int] = set()
         spec, rng = self.spec, self.rng
-        budget = max(PROBE_BUDGET, 64 * batch_size)
+        budget = max(self.probe_budget, 64 * batch_size)
         # Rows the group index may read for one draw: groups much longer than group_size
         # (whole trajectories by task) make each candidate read its whole group.
         rows_budget, start = 8 * budget, space.probed

@@ -60,6 +60,11 @@ class PrioritizedSampler(KeySampler):
     """
 
     columns = ("priority",)
+    #: Entries of the priority index walked for the least matching priority before the
+    #: walk goes as far as it takes (None): it finds it early unless matching rows are
+    #: rare among the lowest priorities. A knob for tests and measurements
+    #: (``sampler.walks = (2, 4, None)``); the last must be None.
+    walks: tuple[int | None, ...] = (64, 4096, None)
 
     def __init__(
         self,
@@ -120,7 +125,7 @@ class PrioritizedSampler(KeySampler):
         largest = 1.0 if bounds.largest is None else bounds.largest
         smallest = largest if bounds.smallest is None else bounds.smallest
         if space.filtered and bounds.smallest is not None:
-            least = least_matching_priority(space)
+            least = least_matching_priority(space, self.walks)
             smallest = min(least, largest)  # inf: no matching row holds a priority
         top = (largest + self.eps) ** self.alpha
         low = (smallest + self.eps) ** self.alpha
@@ -138,6 +143,7 @@ class PrioritizedSampler(KeySampler):
             columns=("priority",),
             accept=lambda columns: weight(columns) / top,
             hint=self.kept_hint(query_condition),
+            budget=self.probe_budget,
         )
         if drawn is None:
             return None
@@ -281,10 +287,6 @@ class _Distribution(NamedTuple):
 # - anything else (deletes, a policy version set back, a log that no longer reaches back)
 #   finds it again.
 
-#: Entries of the priority index walked for the least matching priority before the walk
-#: goes as far as it takes: it finds it early unless matching rows are rare among the
-#: lowest priorities.
-WALKS: tuple[int | None, ...] = (64, 4096, None)
 _WHAT = ("least priority",)
 
 
@@ -296,13 +298,14 @@ class LeastPriority(NamedTuple):
     key: int | None
 
 
-def least_matching_priority(space: KeySpace) -> float:
+def least_matching_priority(space: KeySpace, walks: tuple[int | None, ...]) -> float:
     """The least stored priority among ``space``'s matching rows (``inf`` when none holds
-    one), kept by ``space.kept``."""
+    one), kept by ``space.kept``; found by walks of the priority index of ``walks``
+    entries, the last (None) as far as it takes."""
     since = space.kept.get(space, _WHAT)
     least = None if since is None else _brought_up_to_date(space, since.found, since.signature)
     if least is None:
-        for walk in WALKS:
+        for walk in walks:
             found = space.lowest_priority(walk)
             if found is not None:
                 least = LeastPriority(*found)

@@ -13,10 +13,6 @@ from .flat import draw_ranks
 
 __all__ = ["RecencySampler"]
 
-#: Stale rows among the fresh ones (under ``max_staleness``) a draw by rank leaves out, at
-#: most; beyond, it draws over the key index.
-LATE_KEYS = 4096
-
 
 class RecencySampler(KeySampler):
     """Weight ``(rank + 1) ** power`` by insertion order among the matching rows, without
@@ -32,6 +28,11 @@ class RecencySampler(KeySampler):
 
     >>> sampler = RecencySampler(power=2.0, seed=0)
     """
+
+    #: Stale rows among the fresh ones (under ``max_staleness``) a draw by rank leaves out,
+    #: at most; beyond, it draws over the key index. A knob for tests and measurements
+    #: (``sampler.late_keys = 3``).
+    late_keys: int = 4096
 
     def __init__(self, power: float = 1.0, **options: Unpack[SamplerOptions]) -> None:
         super().__init__(**options)
@@ -50,7 +51,7 @@ class RecencySampler(KeySampler):
         if space.every_key_matches:
             late = np.empty(0, dtype=np.int64)
         elif space.dense and self.max_staleness is not None:
-            found = space.late_stale_keys(LATE_KEYS)  # those from low to max_key
+            found = space.late_stale_keys(self.late_keys)  # those from low to max_key
             if found is None:
                 return None
             late = found

@@ -98,6 +98,7 @@ class RewardWeightedSampler(KeySampler):
             columns=("reward_t",),
             accept=accept,
             hint=self.kept_hint(query_condition),
+            budget=self.probe_budget,
         )
         if drawn is None:
             return None

@@ -16,7 +16,7 @@ from ..query import QueryCondition
 from ..query.fields import resolve_field
 from ..storage.base import KeySpace
 from .base import Choice, KeySampler, SamplerOptions, value_codes
-from .flat import MIN_KEPT, PROBE_BUDGET, Drawn, draw_uniform
+from .flat import MIN_KEPT, Drawn, draw_uniform
 
 __all__ = ["SliceSampler"]
 
@@ -103,8 +103,9 @@ class SliceSampler(KeySampler):
         trajectory and step); each window has one start, so the kept ones are uniform
         draws among all windows, as over the key index. None (the key index serves) when
         windows start at too few rows for that to pay."""
+        budget = self.probe_budget
         if batch_size % self.slice_len:  # refused as over the key index: once rows are found
-            if draw_uniform(space, 1, self.rng, hint=self._kept) is None:
+            if draw_uniform(space, 1, self.rng, hint=self._kept, budget=budget) is None:
                 return None
             self._check_batch(batch_size)
         want = batch_size // self.slice_len
@@ -112,9 +113,11 @@ class SliceSampler(KeySampler):
         tried = kept = 0
         while len(chosen) < want:
             rate = max(self._kept_windows, MIN_KEPT)
-            size = min(math.ceil((want - len(chosen)) / rate * 1.2) + 4, PROBE_BUDGET)
+            size = min(math.ceil((want - len(chosen)) / rate * 1.2) + 4, budget)
             columns = (*self.traj_key, "step")
-            drawn = draw_uniform(space, size, self.rng, columns=columns, hint=self._kept)
+            drawn = draw_uniform(
+                space, size, self.rng, columns=columns, hint=self._kept, budget=budget
+            )
             if drawn is None:  # (no matching row, or too few: the key index says which)
                 return None
             self._kept = drawn.kept
@@ -125,7 +128,7 @@ class SliceSampler(KeySampler):
             self._kept_windows = kept / tried
             # Given up on a budget, or once enough draws say windows start too rarely.
             rare = tried >= _MIN_TRIED and self._kept_windows < MIN_KEPT
-            if len(chosen) < want and (tried >= PROBE_BUDGET or rare):
+            if len(chosen) < want and (tried >= budget or rare):
                 return None
         return Choice(np.array([key for window in chosen for key in window], dtype=np.int64))
 

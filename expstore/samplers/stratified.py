@@ -121,6 +121,7 @@ class StratifiedSampler(KeySampler):
             columns=(self.column,),
             quota=wanted,
             hint=self.kept_hint(query_condition),
+            budget=self.probe_budget,
         )
         if drawn is None:
             return None

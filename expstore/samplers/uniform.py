@@ -11,7 +11,7 @@ from ..query import QueryCondition
 from ..storage.base import KeySpace, Storage
 from .base import Choice, KeySampler, SamplerOptions
 from .epochs import EpochState, KeyPermutation, next_in_epoch, rest_of_epoch
-from .flat import PROBE_BUDGET, draw_uniform
+from .flat import draw_uniform
 
 __all__ = ["UniformSampler"]
 
@@ -116,7 +116,8 @@ class UniformSampler(KeySampler):
     ) -> Choice | None:
         if not self.replacement:
             return self._epoch_over_key_space(space, batch_size)
-        drawn = draw_uniform(space, batch_size, self.rng, hint=self.kept_hint(query_condition))
+        hint = self.kept_hint(query_condition)
+        drawn = draw_uniform(space, batch_size, self.rng, hint=hint, budget=self.probe_budget)
         if drawn is None:
             return None
         self.kept_hint(query_condition, drawn.kept)
@@ -136,7 +137,7 @@ class UniformSampler(KeySampler):
                 permutation = KeyPermutation(high - low, self.rng)
                 state = EpochState(low, high - low, permutation, 0, share)
                 self._epoch = None  # the key index's epoch, if one ran, is over
-            budget = max(PROBE_BUDGET, 128 * batch_size)
+            budget = max(self.probe_budget, 128 * batch_size)
             keys, state = next_in_epoch(space, state, batch_size, budget)
             self._flat_epoch = state
             if len(keys) < batch_size and state.position < state.span:

@@ -9,7 +9,7 @@ import pytest
 
 from expstore import ReplayBuffer
 from expstore.query import QueryBuilder
-from expstore.samplers import UniformSampler, uniform
+from expstore.samplers import UniformSampler
 from expstore.samplers.epochs import KeyPermutation
 from tests.helpers import make_row, make_rows
 from tests.samplers.stats import chi_square_p
@@ -259,14 +259,11 @@ def test_the_inverse_permutation_gives_back_the_positions(size: int) -> None:
     np.testing.assert_array_equal(permutation.inverse(permutation(positions)), positions)
 
 
-def test_an_epoch_whose_rows_go_stale_goes_on_over_the_key_index(
-    buffer: ReplayBuffer, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_an_epoch_whose_rows_go_stale_goes_on_over_the_key_index(buffer: ReplayBuffer) -> None:
     """When most of an epoch's range stops matching mid-epoch, a call probes its budget
     and the rest of the epoch goes on over the key index: the rows not reached yet, none
     twice, none left out (found by review: the walk went through the whole rest of the
     range in one call)."""
-    monkeypatch.setattr(uniform, "PROBE_BUDGET", 64)  # with batches of 2: 256 a call
     rows = make_rows(3000, tasks=50)
     rng = np.random.default_rng(9)
     later = set(rng.choice(3000, 20, replace=False).tolist())
@@ -275,6 +272,7 @@ def test_an_epoch_whose_rows_go_stale_goes_on_over_the_key_index(
     buffer.store_batch(rows)
     buffer.set_policy_version(1)
     sampler = UniformSampler(replacement=False, seed=10, max_staleness=0)
+    sampler.probe_budget = 64  # with batches of 2: 256 a call
     before: list[str] = []
     for _ in range(10):
         before += _ids(sampler.sample(buffer.storage, 2))
@@ -300,7 +298,6 @@ def test_a_hand_over_chosen_again_finishes_the_same_epoch(
     """The call that hands an epoch over to the key index is chosen again (a rate limit's
     wait): the sampler goes back to before it and the key index still finishes that epoch
     (found by review: a new epoch began there, rows came twice)."""
-    monkeypatch.setattr(uniform, "PROBE_BUDGET", 64)
     rows = make_rows(3000, tasks=50)
     later = set(np.random.default_rng(11).choice(3000, 20, replace=False).tolist())
     for i, row in enumerate(rows):
@@ -308,6 +305,7 @@ def test_a_hand_over_chosen_again_finishes_the_same_epoch(
     buffer.store_batch(rows)
     buffer.set_policy_version(1)
     sampler = UniformSampler(replacement=False, seed=12, max_staleness=0)
+    sampler.probe_budget = 64
     before = [i for _ in range(15) for i in _ids(sampler.sample(buffer.storage, 100))]
     buffer.set_policy_version(2)
     storage = buffer.storage

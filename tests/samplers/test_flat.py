@@ -220,22 +220,18 @@ def test_prioritized_rows_without_a_priority_count_as_the_buffers_largest(
     np.testing.assert_allclose(sampler.last_weights, np.where(at < 15, 1.0, 0.1), rtol=1e-6)
 
 
-def test_prioritized_keeps_the_least_matching_priority_up_to_date(
-    buffer: ReplayBuffer, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_prioritized_keeps_the_least_matching_priority_up_to_date(buffer: ReplayBuffer) -> None:
     """The least matching priority is found past the lowest entries when they match
     nothing (walks too short: then as far as it takes), then kept from draw to draw as
     priorities are updated, its row goes stale and the policy version is set back; the
     weights stay the key index's all along, and no key index is read."""
-    from expstore.samplers import prioritized as least_priority
-
     keys, agents, versions, priority = _prioritized_narrowed(buffer)
     ids = [r.id for r in buffer.storage.fetch_keys(keys)]
-    # The 25 lowest priorities are agent0's or version 0's, matching neither.
-    monkeypatch.setattr(least_priority, "WALKS", (2, 4, None))
     buffer.storage.forget_caches()
     cond = QueryBuilder().ne("exp_meta.agent_id", "agent0").build()
     sampler = PrioritizedSampler(alpha=0.8, beta=0.5, seed=7, max_staleness=2)
+    # The 25 lowest priorities are agent0's or version 0's, matching neither.
+    sampler.walks = (2, 4, None)
     current = 3
     stored = np.where(np.arange(len(keys)) < 45, priority, np.nan)  # the last 15: none
 
@@ -272,15 +268,11 @@ def test_prioritized_keeps_the_least_matching_priority_up_to_date(
     assert _holds_no_index(buffer)
 
 
-def test_the_least_fresh_priority_is_read_from_the_fresh_keys_alone(
-    buffer: ReplayBuffer, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_least_fresh_priority_is_read_from_the_fresh_keys_alone(buffer: ReplayBuffer) -> None:
     """Under max_staleness, past the short walks, the least priority is read from the
     priorities of the keys from the first fresh row on, not by walking the stale rows'
     entries; a stale row written late among the fresh keys, with the lowest priority of
     all, is still left out."""
-    from expstore.samplers import prioritized as least_priority
-
     rows = make_rows(30)
     for i, row in enumerate(rows):
         row.exp_meta.policy_version = 0 if i < 20 else 1
@@ -296,9 +288,9 @@ def test_the_least_fresh_priority_is_read_from_the_fresh_keys_alone(
     given[ids[25]] = 1.5  # the least fresh one; 26-29 hold none (the largest, 26.0)
     given[ids[30]] = 0.001  # the late stale row
     buffer.update_priorities(list(given), list(given.values()))
-    monkeypatch.setattr(least_priority, "WALKS", (2, 4, None))
     buffer.storage.forget_caches()
     sampler = PrioritizedSampler(alpha=1.0, beta=1.0, eps=0.0, seed=3, max_staleness=0)
+    sampler.walks = (2, 4, None)
     weight = np.array([given.get(i, 26.0) for i in ids])
     for _ in range(3):
         sampler.sample(buffer.storage, 6)
@@ -314,13 +306,11 @@ def test_the_least_fresh_priority_is_read_from_the_fresh_keys_alone(
 @pytest.mark.parametrize("on", ["exp_meta.agent_id", "exp_data.state.agent"])
 @pytest.mark.parametrize("held", [True, False], ids=["held", "none held"])
 def test_the_least_priority_past_the_walks_under_a_condition(
-    buffer: ReplayBuffer, db_url: str, monkeypatch: pytest.MonkeyPatch, held: bool, on: str
+    buffer: ReplayBuffer, db_url: str, held: bool, on: str
 ) -> None:
     """Past the short walks, under a condition alone: the least matching priority (none:
     the unset rows' largest) is the least of all the matching priorities (the condition
     on an indexed column), or found by walking on (SQLite, a condition on the payload)."""
-    from expstore.samplers import prioritized as least_priority
-
     rows = make_rows(30, agents=3)
     for row in rows:
         row.exp_data.state["agent"] = row.exp_meta.agent_id
@@ -332,10 +322,10 @@ def test_the_least_priority_past_the_walks_under_a_condition(
     if held:
         given[stored[28].id] = 0.5  # agent1's only priority
     buffer.update_priorities(list(given), list(given.values()))
-    monkeypatch.setattr(least_priority, "WALKS", (2, 4, None))
     buffer.storage.forget_caches()
     cond = QueryBuilder().eq(on, "agent1").build()
     sampler = PrioritizedSampler(alpha=1.0, beta=1.0, eps=0.0, seed=5)
+    sampler.walks = (2, 4, None)
     largest = max(given.values())
     weight = np.array([given.get(r.id, largest) for r in stored])
     least = 0.5 if held else largest
@@ -411,14 +401,10 @@ def test_recency_over_dense_keys_draws_by_rank(buffer: ReplayBuffer) -> None:
     assert chi_square_p(counts, np.arange(1, 61, dtype=float)) > P_MIN
 
 
-def test_recency_leaves_out_late_stale_rows_among_the_fresh(
-    buffer: ReplayBuffer, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_recency_leaves_out_late_stale_rows_among_the_fresh(buffer: ReplayBuffer) -> None:
     """Under max_staleness, rows of an old version written among the fresh ones (late
     rollouts) are left out of the ranks, which stay those among the fresh rows; with more
     of them than a draw leaves out, the key index serves."""
-    from expstore.samplers import recency
-
     rows = make_rows(60)
     for i, row in enumerate(rows):
         row.exp_meta.policy_version = 0 if i < 20 or 35 <= i < 45 else 1  # 35-44: late
@@ -443,7 +429,7 @@ def test_recency_leaves_out_late_stale_rows_among_the_fresh(
     # the test notices ranks counted over the keys, the late rows among them
     by_key = (fresh - fresh[0] + 1).astype(float)
     assert chi_square_p(counts, by_key) < P_MIN
-    monkeypatch.setattr(recency, "LATE_KEYS", 3)  # 10 late rows: more than it leaves out
+    sampler.late_keys = 3  # 10 late rows: more than it leaves out
     sampler.sample(buffer.storage, 3)
     assert np.isin(sampler.last_keys, fresh).all()
     assert not _holds_no_index(buffer)
