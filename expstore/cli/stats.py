@@ -335,6 +335,20 @@ def _print(stats: dict[str, Any], header: str, by: str | None, limit: int) -> No
         typer.echo(f"({len(groups) - limit} more; raise --limit or use --json)")
 
 
+def slow_read_note(
+    buf: ReplayBuffer, rows: int, took: float, *, slow_s: float = SLOW_S
+) -> str | None:
+    """What whole-buffer stats that read every one of ``rows`` rows in ``took`` seconds say
+    about it: how to make them fast when that was slower than ``slow_s`` seconds and the
+    buffer keeps no task summaries (which stats then read instead); None otherwise."""
+    if took <= slow_s or buf.sql.summary_state() is not None:
+        return None
+    return (
+        f"(read every row of {rows} in {took:.0f} s; `expstore summary --create` keeps a "
+        "row per task, which stats read instead)"
+    )
+
+
 def stats(
     database: DatabaseArgument = None,
     db: DbOption = DEFAULT_URL,
@@ -386,11 +400,10 @@ def stats(
             buf, condition, by=by.value if by else None, success_above=success_above
         )
         took = time.monotonic() - started
-        if took > SLOW_S and condition is None and by is None and buf.sql.summary_state() is None:
-            echo_err(
-                f"(read every row of {result['rows']} in {took:.0f} s; `expstore summary "
-                "--create` keeps a row per task, which stats read instead)"
-            )
+        if condition is None and by is None:
+            note = slow_read_note(buf, result["rows"], took)
+            if note is not None:
+                echo_err(note)
         if plot is not None:
             why_not = plot_stats(buf, condition, plot, success_above=success_above)
             echo_err(f"Wrote {plot}" if why_not is None else f"skipped --plot: {why_not}")

@@ -213,16 +213,15 @@ def test_summary_creates_shows_and_drops_task_summaries(invoke: Any, tmp_path: P
     assert both.exit_code != 0 and "either --create or --drop" in both.output
 
 
-def test_slow_whole_buffer_stats_say_how_to_make_them_fast(
-    invoke: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from expstore.cli import stats as stats_command
+def test_slow_whole_buffer_stats_say_how_to_make_them_fast(invoke: Any, tmp_path: Path) -> None:
+    from expstore.cli.stats import compute_stats, slow_read_note
 
     path = tmp_path / "slow.db"
     with ReplayBuffer(f"sqlite:///{path}") as buffer:
         buffer.store_batch(make_rows(5))
-    monkeypatch.setattr(stats_command, "SLOW_S", -1.0)  # every read counts as slow
-    said = invoke("stats", str(path)).stderr
-    assert "read every row of 5" in said and "`expstore summary --create`" in said
-    invoke("summary", str(path), "--create")
-    assert "expstore summary" not in invoke("stats", str(path)).stderr  # summaries kept
+        rows = compute_stats(buffer)["rows"]
+        said = slow_read_note(buffer, rows, 0.0, slow_s=-1.0) or ""  # every read is slow
+        assert "read every row of 5" in said and "`expstore summary --create`" in said
+        invoke("summary", str(path), "--create")
+        kept = slow_read_note(buffer, rows, 0.0, slow_s=-1.0) or ""
+        assert "expstore summary" not in kept  # summaries kept
