@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from expstore import ReplayBuffer
 from tests.helpers import drop_pg_database
 
 PG_ENV = "EXPSTORE_TEST_PG_URL"
@@ -97,3 +98,10 @@ def db_url(request: pytest.FixtureRequest, tmp_path) -> str:
 def buffer_name() -> str:
     """A buffer name unique to this test, so tests sharing a Postgres database never meet."""
     return f"t_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def buffer(db_url: str, buffer_name: str) -> Iterator[ReplayBuffer]:
+    """A buffer on each backend (a SQLite file, Postgres), private to the test."""
+    with ReplayBuffer(db_url, name=buffer_name) as buf:
+        yield buf

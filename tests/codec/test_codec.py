@@ -540,7 +540,7 @@ def test_importing_the_codec_and_decoding_numpy_does_not_import_torch() -> None:
         "decode_payload(doc, blob, row_id='r')\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     result = subprocess.run(
         [sys.executable, "-c", script], cwd=root, capture_output=True, text=True
     )

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from expstore.codec import PayloadWriter, decode_payload, deep_equal
 from expstore.codec.documents import DocumentDecoder
 from expstore.errors import CodecError
-from tests.test_codec import nested
+from tests.codec.test_codec import nested
 
 
 def _stored(payload: dict[str, Any], row_id: str) -> tuple[str, bytes | None]:

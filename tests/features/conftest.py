@@ -1,4 +1,4 @@
-"""An empty buffer on each backend for the coordination tests."""
+"""An empty buffer on each backend for the tests of expstore.features."""
 
 from __future__ import annotations
 
