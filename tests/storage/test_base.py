@@ -11,9 +11,14 @@ import pytest
 
 import expstore
 from expstore import Converter, KeySampler, Sampler, SqlStorage, Storage, TaskSampler
+from expstore.samplers import KeySpace
+from expstore.storage.base import Storage as StorageInterface
+from expstore.storage.key_space import SqlKeySpace
 
 
-@pytest.mark.parametrize("interface", [Storage, Sampler, KeySampler, TaskSampler, Converter])
+@pytest.mark.parametrize(
+    "interface", [Storage, KeySpace, Sampler, KeySampler, TaskSampler, Converter]
+)
 def test_an_incomplete_implementation_cannot_be_made(interface: type) -> None:
     incomplete = type(f"Half{interface.__name__}", (interface,), {})
     with pytest.raises(TypeError, match="abstract"):
@@ -22,6 +27,32 @@ def test_an_incomplete_implementation_cannot_be_made(interface: type) -> None:
 
 def test_sql_storage_implements_every_storage_method() -> None:
     assert not getattr(SqlStorage, "__abstractmethods__", None)
+    assert not getattr(SqlKeySpace, "__abstractmethods__", None)
+
+
+def test_the_interfaces_import_no_implementation() -> None:
+    """storage/base.py declares what a backend must do; it imports none of the modules
+    that implement it (nor anything above the storage layer), even for type hints."""
+    assert StorageInterface is Storage
+    source = Path(expstore.__file__).parent / "storage" / "base.py"
+    imported = set()
+    for node in ast.walk(ast.parse(source.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            imported.add("." * node.level + (node.module or ""))
+    assert not {m for m in imported if m.startswith(".") and not m.startswith("..")}, imported
+    assert all(
+        m.split(".")[2] in {"_args", "errors", "features", "model", "query"}
+        for m in imported
+        if m.startswith("..")
+    ), imported
+
+
+def test_no_storage_method_is_a_stub() -> None:
+    """No method of the interface raises "use SqlStorage": what a backend must do is
+    abstract, what only SQL keeps is SqlStorage's own."""
+    source = inspect.getsource(Storage)
+    assert "SqlStorage" not in source.split('"""', 2)[2]
+    assert "raise UnsupportedTypeError" not in source
 
 
 def test_nothing_probes_a_storage_for_methods_it_may_lack() -> None:
