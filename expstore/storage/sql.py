@@ -178,6 +178,12 @@ class SqlStorage(Storage):
         return self._handle.buffer_id
 
     @property
+    def handle(self) -> BufferHandle:
+        """The buffer's handle (connections, dialect, compiled statements): what the
+        features of :mod:`expstore.features` take, for tools and tests that call them."""
+        return self._handle
+
+    @property
     def index(self) -> KeyIndex:
         """The cached key indexes (see :mod:`expstore.storage.key_index`)."""
         return self._index

@@ -71,7 +71,7 @@ def test_counting_draws_retries_a_deadlock_or_a_row_deleted_meanwhile(
     with ReplayBuffer(db_url, name=buffer_name) as buffer:
         buffer.store_batch(make_rows(5))
         keys = buffer.storage.key_index(None)["key"]
-        own = buffer.storage._handle
+        own = buffer.sql.handle
         write, calls = _failing(2, sqlstate, own.write)
         monkeypatch.setattr(own, "write", write)
         assert buffer.storage.count_draws(keys, 1).tolist() == keys.tolist()

@@ -477,7 +477,7 @@ def test_a_group_claim_whose_commit_fails_tells_the_sampler_nothing(
 
     for p in range(4):
         buf.store_batch(group(f"p{p}", [0.0, 1.0]))
-    engine = buf.storage._handle.connections.engine  # type: ignore[attr-defined]
+    engine = buf.sql.handle.connections.engine  # type: ignore[attr-defined]
     fails = [1]
 
     def fail_once(conn: object) -> None:

@@ -22,7 +22,7 @@ def buffer(db_url: str, buffer_name: str):
 
 def _entries(buffer: ReplayBuffer) -> dict[int, float]:
     """The buffer's priority entries, by key."""
-    handle = buffer.storage._handle  # type: ignore[attr-defined]
+    handle = buffer.sql.handle  # type: ignore[attr-defined]
     mine = priorities.c.buffer_id == handle.buffer_id
     with handle.read() as conn:
         found = conn.execute(select(priorities.c.key, priorities.c.priority).where(mine))
@@ -81,7 +81,7 @@ def test_ids_just_drawn_are_found_by_their_keys(buffer: ReplayBuffer) -> None:
     buffer.store_batch(make_rows(40))
     sampler = PrioritizedSampler(seed=0)
     buffer.sample(sampler, None, batch_size=16)
-    handle = buffer.storage._handle  # type: ignore[attr-defined]
+    handle = buffer.sql.handle  # type: ignore[attr-defined]
     assert set(sampler.last_ids) <= set(handle.recent_keys)
     ids = list(dict.fromkeys(sampler.last_ids))
     assert buffer.update_priorities(ids, np.full(len(ids), 2.0)) == len(ids)
@@ -95,7 +95,7 @@ def test_an_id_stored_again_after_its_row_went_is_found_under_its_new_key(
     first = make_row("t", step=0)
     buffer.store_batch([first, make_row("t", step=1)])
     buffer.sample(UniformSampler(seed=0), None, batch_size=8)  # reads both: keys remembered
-    handle = buffer.storage._handle  # type: ignore[attr-defined]
+    handle = buffer.sql.handle  # type: ignore[attr-defined]
     old_key = handle.recent_keys[first.id]
     assert buffer.delete(QueryBuilder().eq("id", first.id).build()) == 1
     assert buffer.update_priorities([first.id], [1.0]) == 0  # its remembered key is gone
@@ -112,7 +112,7 @@ def test_remembered_keys_stay_bounded(db_url: str, buffer_name: str) -> None:
     with ReplayBuffer(db_url, name=buffer_name, tuning=Tuning(recent_keys=64)) as buffer:
         rows = make_rows(200)
         buffer.store_batch(rows)
-        handle = buffer.storage._handle  # type: ignore[attr-defined]
+        handle = buffer.sql.handle  # type: ignore[attr-defined]
         keys = list(_keys(buffer).values())
         buffer.storage.fetch_keys(keys[:40])
         buffer.storage.fetch_keys(keys[:1])  # the first row read again: now the newest

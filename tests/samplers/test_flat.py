@@ -297,7 +297,7 @@ def test_the_least_fresh_priority_is_read_from_the_fresh_keys_alone(buffer: Repl
         at = np.searchsorted(keys, sampler.last_keys)
         assert ((at >= 20) & (at < 30)).all()
         np.testing.assert_allclose(sampler.last_weights, 1.5 / weight[at], rtol=1e-6)
-    cached = buffer.storage._handle._statements  # type: ignore[attr-defined]
+    cached = buffer.sql.handle._statements  # type: ignore[attr-defined]
     # the form reading the fresh keys (a walk that went as far as it takes, key range)
     assert any(k[0] == "least priority" and k[-2:] == (True, "fresh keys") for k in cached)
     assert _holds_no_index(buffer)
@@ -336,7 +336,7 @@ def test_the_least_priority_past_the_walks_under_a_condition(
         np.testing.assert_allclose(sampler.last_weights, least / weight[at], rtol=1e-6)
     indexed = db_url.startswith("postgresql") or on.startswith("exp_meta")
     form = "least of all" if indexed else "walk"
-    cached = buffer.storage._handle._statements  # type: ignore[attr-defined]
+    cached = buffer.sql.handle._statements  # type: ignore[attr-defined]
     assert any(k[0] == "least priority" and k[2:4] == (True, form) for k in cached)
     assert _holds_no_index(buffer)
 

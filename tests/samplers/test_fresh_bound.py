@@ -44,7 +44,7 @@ def _fresh(buffer: ReplayBuffer, oldest: int) -> set[int]:
 
 
 def _first(buffer: ReplayBuffer, oldest: int) -> int | None:
-    handle = buffer.storage._handle
+    handle = buffer.sql.handle
     with handle.read() as conn:
         return first_fresh_key(handle, conn, oldest)
 
@@ -251,7 +251,7 @@ def test_what_is_found_is_kept_per_server(tmp_path, monkeypatch: pytest.MonkeyPa
         monkeypatch.setattr(versions, "last_stale_key", counted)
         bounds = versions.FreshBounds()
         for buffer, expected in ((one, 1), (one, 1), (two, 2), (one, 2)):
-            handle = buffer.storage._handle
+            handle = buffer.sql.handle
             with handle.read() as conn:
                 low = bounds.first(handle, conn, 3)
                 assert low is not None

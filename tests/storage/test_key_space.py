@@ -55,7 +55,7 @@ def test_sqlite_probes_through_an_index_on_the_condition_where_the_planner_has_o
     if not db_url.startswith("sqlite"):
         pytest.skip("a SQLite planner choice (Postgres: see the next test)")
     _gappy(buffer, db_url, buffer_name)
-    plans = buffer.storage._handle.plans
+    plans = buffer.sql.handle.plans
     by_agent = QueryBuilder().eq("exp_meta.agent_id", "agent1").build()
     by_path = QueryBuilder().eq("exp_data.state.url", "https://x/3").build()
     cases = [(by_agent, True), (by_path, False)]
@@ -72,7 +72,7 @@ def test_sqlite_probes_through_an_index_on_the_condition_where_the_planner_has_o
             covered
         ]
     buffer.create_index("exp_data.state.url")
-    buffer.storage._handle.plans.clear()
+    buffer.sql.handle.plans.clear()
     drawn = _draw(buffer, UniformSampler(seed=3), 20, 20, by_path)
     assert set(plans.values()) == {True}
     assert set(drawn.tolist()) <= set(np.array(buffer.storage.key_index(by_path)["key"]).tolist())
@@ -87,7 +87,7 @@ def test_postgres_probes_a_condition_on_an_indexed_column_from_the_index_alone(
     by every test, Postgres's statistics may well lead it to the primary key.)"""
     with ReplayBuffer(own_pg_database, name="probes") as buffer:
         buffer.store_batch(make_rows(4000, agents=10))
-        handle = buffer.storage._handle
+        handle = buffer.sql.handle
         engine = handle.connections.engine
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.exec_driver_sql("VACUUM ANALYZE expstore_rows")

@@ -27,7 +27,7 @@ EVERY_ROW = QueryBuilder().gte("step", 0).build()
 
 def figures(buf: ReplayBuffer) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the whole buffer's summary as stats read it, the same computed from every row)."""
-    handle = buf.storage._handle
+    handle = buf.sql.handle
     return summarise(handle, None, 0.5), summarise(handle, EVERY_ROW, 0.5)
 
 
@@ -155,7 +155,7 @@ def test_a_build_interleaved_with_writes_and_deletes_counts_each_row_once(
     rng = random.Random(7)
     buf.store_batch(random_rows(rng, 60))
     buf.set_retention(80, "fifo")
-    handle = buf.storage._handle
+    handle = buf.sql.handle
     with handle.write() as conn:
         state = summary_build.start(handle, conn)
     steps = 0
@@ -248,7 +248,7 @@ def test_a_long_task_losing_its_extremes_is_read_from_its_rows_until_summarised_
             buf.store(make_row("long", "a", step, reward=float(step), execute_time=1000.0 + step))
             kept = check(buf)
         assert kept["rows"] == 20 and kept["time"]["first"] == 1010.0
-        handle = buf.storage._handle
+        handle = buf.sql.handle
         dirty = task_stats.task_stats.c.dirty
         with handle.read() as conn:
             assert conn.execute(
@@ -280,7 +280,7 @@ def test_stats_read_one_snapshot_while_another_process_drops_and_creates_summari
     thread = threading.Thread(target=toggle)
     thread.start()
     try:
-        handle = buf.storage._handle
+        handle = buf.sql.handle
         seen = {summarise(handle, None, 0.5)["rows"] for _ in range(150)}
     finally:
         stop.set()
@@ -291,7 +291,7 @@ def test_stats_read_one_snapshot_while_another_process_drops_and_creates_summari
 def test_sqlite_finds_dirty_tasks_through_their_partial_index(tmp_path: Any) -> None:
     with ReplayBuffer(f"sqlite:///{tmp_path / 'dirty.db'}") as buffer:
         buffer.create_summary()
-        handle = buffer.storage._handle
+        handle = buffer.sql.handle
         compiled = task_stats.dirty_tasks(handle.buffer_id).compile(handle.connections.engine)
         with handle.read() as conn:
             explain = f"EXPLAIN QUERY PLAN {compiled}"
