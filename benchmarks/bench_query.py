@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, func, insert, select, text
+from sqlalchemy import Connection, Engine, create_engine, func, insert, select, text, update
 
 from expstore import ReplayBuffer
 from expstore.db.schema import buffers, rows
@@ -111,10 +111,15 @@ def fill(engine: Engine, buffer_id: int, n: int) -> None:
                 assert raw is not None
                 statement = f"COPY {rows.name} ({', '.join(names)}) FROM STDIN"
                 with raw.cursor() as cursor, cursor.copy(statement) as copy:
-                    for p in chunk:
-                        copy.write_row(tuple(Jsonb(p[c]) if c == "data" else p[c] for c in names))
+                    for p in chunk:  # columns the rows leave out (a version, a digest): NULL
+                        copy.write_row(
+                            tuple(Jsonb(p[c]) if c == "data" else p.get(c) for c in names)
+                        )
             else:
                 conn.execute(insert(rows), chunk)
+        # The buffer's counters, which writers keep (len(), and whether a run refills)
+        this = buffers.c.id == buffer_id
+        conn.execute(update(buffers).where(this).values(inserted=n, row_count=n))
     with engine.connect() as conn:
         conn.execute(text("ANALYZE"))
         conn.commit()
