@@ -16,17 +16,10 @@ Everything a space reads is read on one connection, at one moment of the buffer 
 the database's isolation gives: the range and counts first, then each probe. A row deleted
 after its probe is chosen again by the sampling loop, as with a key index.
 
-What draws find about their matching rows is kept by each handle (:class:`KeySpaces`) from
-draw to draw, for every sampler of the process, while the buffer changes only in ways it
-can follow (:class:`Kept`). A draw target is a condition, ``max_staleness`` and
-``consume_after`` (:meth:`KeySpace.condition_key`). Between two draws of a target, rows
-only leave its matching rows, or new ones arrive with higher keys, as long as the buffer
-moved on by inserts, FIFO eviction, priority updates and draws counted
-(:func:`~expstore.features.state.moved_on`), and the oldest fresh version did not go back:
-evicted, spent and stale rows leave, nothing else changes. What was found then stays true
-but for those two changes, which the finder checks (the prioritized sampler's least
-priority, the stratified sampler's values held); anything else (deletes, updates, a
-policy version set back) finds it again.
+What draws find about their matching rows (a prioritized draw's least priority, a
+stratified draw's values held) is kept by each handle from draw to draw
+(:class:`KeySpaces`, in a :class:`~expstore.storage.base.Kept`, which says when it still
+holds).
 """
 
 from __future__ import annotations

@@ -461,9 +461,7 @@ class SqlStorage(Storage):
     def close(self) -> None:
         """Close every pooled connection. The storage can't be used afterwards."""
         self._handle.connections.close()
-        self._index.clear()
-        self._spaces.clear()
-        self._groups.clear()
+        self._handle.forget_caches()
 
     def __reduce__(self) -> Any:
         # Lets a storage travel to spawned processes (multiprocessing, DataLoader workers)
