@@ -18,12 +18,13 @@ import numpy as np
 from sqlalchemy.engine import URL
 
 from ._args import check_consumer
-from .claims import DEFAULT_LEASE_S, Claim, claim_rows, wait_for_rows
+from .claims import DEFAULT_LEASE_S, Claim, claim_rows, count_ready_groups, wait_for_rows
 from .converters.base import BatchT, Converter, as_converter
 from .converters.default import DefaultConverter
 from .db.tuning import Tuning
 from .errors import InvalidArgumentError, UnknownConsumerError, UnsupportedTypeError
 from .features.claims.queue import Lineage, QueueStats
+from .features.claims.ready_groups import GroupTally
 from .features.dedup import Dedup
 from .features.eviction import Eviction
 from .features.rate_limiter import RateLimiter, RateLimitStats
@@ -31,6 +32,7 @@ from .io import to_arrow
 from .model.rows import DataRow
 from .query import QueryCondition
 from .samplers.base import Sampler, TaskSampler, as_sampler, draw
+from .samplers.group import GroupSampler
 from .samplers.random_task import RandomTaskSampler
 from .samplers.uniform import UniformSampler
 from .storage.base import Storage
@@ -429,6 +431,20 @@ class ReplayBuffer:
             claimable=claimable,
             max_staleness=max_staleness,
         )
+
+    def ready_groups(
+        self,
+        sampler: GroupSampler,
+        query_condition: QueryCondition = None,
+        *,
+        max_staleness: int | None = None,
+    ) -> GroupTally:
+        """How the groups a claim with ``order=sampler`` (and this condition and
+        ``max_staleness``) takes from stand now: ``ready`` (whole groups claimable now),
+        ``held`` (claimed, not acked yet), ``waiting`` (fewer rows than the group size),
+        ``filtered`` and ``stale`` (left out for good). Consumed groups are not counted.
+        Costs what changed since the last claim or count, like a claim."""
+        return count_ready_groups(self.sql, sampler, query_condition, max_staleness)
 
     def lineage(self, ids: Sequence[str]) -> dict[str, Lineage]:
         """Each row's consumption record: state (unclaimed, leased, expired, consumed),

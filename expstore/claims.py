@@ -44,6 +44,7 @@ from .errors import (
     WaitTimeoutError,
 )
 from .features.claims.queue import Claimed, ClaimQueue, Scope
+from .features.claims.ready_groups import GroupTally
 from .query import QueryCondition
 from .samplers.base import KeySampler, SampleInfo
 from .samplers.group import GroupSampler
@@ -51,7 +52,7 @@ from .samplers.uniform import UniformSampler
 from .storage.base import Storage
 from .storage.sql import SqlStorage
 
-__all__ = ["Claim", "claim_rows", "wait_for_rows", "wait_until"]
+__all__ = ["Claim", "claim_rows", "count_ready_groups", "wait_for_rows", "wait_until"]
 
 #: The default lease: long enough for a training step, short enough that a dead learner's
 #: rows come back within minutes.
@@ -260,6 +261,21 @@ def claim_rows(
     info = SampleInfo(claimed.keys, list(fetched.ids))
     batch = builder.attach_info(builder.build(fetched), info)
     return Claim(queue, claimed, list(fetched.ids), batch)
+
+
+def count_ready_groups(
+    sql: SqlStorage,
+    sampler: GroupSampler,
+    query_condition: QueryCondition,
+    max_staleness: int | None,
+) -> GroupTally:
+    """See :meth:`expstore.ReplayBuffer.ready_groups`."""
+    if not isinstance(sampler, GroupSampler):
+        raise UnsupportedTypeError(
+            f"ready_groups takes the GroupSampler a group claim uses, got {sampler!r}"
+        )
+    sampler.on_buffer(sql)
+    return sampler.claim_counts(sql, query_condition, check_staleness(max_staleness))
 
 
 def wait_until(ready: Callable[[], bool], timeout: float | None) -> None:

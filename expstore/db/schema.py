@@ -315,6 +315,55 @@ consumers = Table(
     Column("last_seq", BigInteger, nullable=False, server_default="0"),
 )
 
+#: The ready-group index of group claims (see :mod:`expstore.features.claims.ready_groups`):
+#: one row per (buffer, condition, group spec, staleness) that claims have taken groups by,
+#: with how far the index has followed the buffer (``scanned_to``: every group with a row
+#: at or below that key is summarised; ``seen_version``: the buffer's ``version`` then;
+#: ``oldest``: the oldest fresh version its stale groups were dropped below) and how many
+#: groups it left out for good (``filtered``: complete but failing the group condition;
+#: ``stale``: complete but older than the staleness limit).
+group_specs = Table(
+    "expstore_group_specs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("buffer_id", Integer, nullable=False),  # no foreign key: see consumption
+    Column("digest", String(64), nullable=False),  # sha256 of ``spec``
+    Column("spec", Text, nullable=False),
+    Column("scanned_to", BigInteger, nullable=False, server_default="0"),
+    Column("seen_version", BigInteger, nullable=False, server_default="0"),
+    Column("oldest", BigInteger, nullable=True),
+    Column("filtered", BigInteger, nullable=False, server_default="0"),
+    Column("stale", BigInteger, nullable=False, server_default="0"),
+    UniqueConstraint("buffer_id", "digest"),
+)
+
+#: The groups of each ready-group index that are not consumed: complete ones that pass the
+#: group condition (``ready``) and ones still waiting for rows. An entry goes with its first
+#: row (a foreign key, ON DELETE CASCADE: FIFO eviction and deletes), when a claim of its
+#: rows is acked, or when it goes stale.
+ready_groups = Table(
+    "expstore_ready_groups",
+    metadata,
+    Column("spec_id", Integer, primary_key=True, autoincrement=False),
+    Column(
+        "first_key",
+        KeyType,
+        ForeignKey("expstore_rows.key", ondelete="CASCADE"),
+        primary_key=True,
+        autoincrement=False,
+    ),
+    Column("buffer_id", Integer, nullable=False),
+    # The group's value at group_by, as JSON (a column's value or a payload path's text).
+    Column("value", JSON, nullable=False),
+    Column("size", Integer, nullable=False),  # rows so far, up to the spec's size
+    Column("ready", Boolean, nullable=False),  # complete and passing the group condition
+    Column("version", BigInteger, nullable=True),  # the oldest policy_version among them
+    Column("keys", Text, nullable=False),  # its rows' keys, comma-separated, in order
+    Index(None, "spec_id", "ready", "first_key"),
+    Index(None, "spec_id", "version"),
+    Index(None, "first_key"),
+)
+
 #: How many times each row was drawn by samplers with ``consume_after`` (counted across
 #: every process; a row drawn ``consume_after`` times leaves those samplers). Apart from
 #: claims, so rows only ever sampled do not crowd the index of unacked claims.

@@ -12,10 +12,11 @@ from typing_extensions import Unpack
 
 from .._args import check_int
 from ..errors import InvalidArgumentError, UnsupportedTypeError
-from ..features.claims.groups import Group, claimable_groups, group_taker
+from ..features.claims.groups import claimable_groups, group_taker
 from ..features.claims.queue import GroupTaker
+from ..features.claims.ready_groups import GroupOrder, GroupTally
 from ..features.groups import GroupSpec
-from ..features.versions import fresh_mask, oldest_fresh
+from ..features.versions import fresh_mask
 from ..query import QueryCondition
 from ..query.fields import resolve_field
 from ..query.groups import GroupCondition, GroupStat
@@ -44,7 +45,7 @@ class GroupSampler(KeySampler):
     """Whole groups of ``group_size`` rows that share the value at ``group_by``.
 
     ``GroupSampler(group_by="task_id", group_size=8, *, varied_reward=False, having=None,
-    replacement=False, max_staleness=None, seed=None)``
+    replacement=False, claim_order="oldest", max_staleness=None, seed=None)``
 
     - A group is the matching rows with one value at ``group_by`` (a column such as
       ``task_id``, or a payload path such as ``exp_data.ext_info.prompt_id``); its rows are
@@ -75,6 +76,14 @@ class GroupSampler(KeySampler):
 
     With claims (``buffer.claim(n, order=GroupSampler(...))``) whole groups are claimed
     at once and consumed once: a group is taken only if all its rows are claimable.
+    ``claim_order="oldest"`` (the default) takes the oldest ready groups first (by their
+    first row), so groups are trained in the order they completed and few go stale in the
+    queue; ``"random"`` takes ready groups at random. Claims read a ready-group index the
+    database keeps (see :mod:`expstore.features.claims.ready_groups`), so a claim costs
+    what it takes whatever was consumed before; after a claim, :attr:`last_counts` counts
+    the groups of that index: ``ready`` are the groups claimable now (not the ones held by
+    claims), ``filtered`` and ``stale`` the groups left out for good
+    (consumed ones are not counted).
 
     >>> sampler = GroupSampler("task_id", group_size=8, varied_reward=True, seed=0)
     """
@@ -89,6 +98,7 @@ class GroupSampler(KeySampler):
         varied_reward: bool = False,
         having: GroupCondition | None = None,
         replacement: bool = False,
+        claim_order: GroupOrder = "oldest",
         **options: Unpack[SamplerOptions],
     ) -> None:
         if options.get("consume_after") is not None:
@@ -112,19 +122,17 @@ class GroupSampler(KeySampler):
             having = varied if having is None else varied & having
         self.having = having
         self.replacement = bool(replacement)
+        if claim_order not in ("oldest", "random"):
+            raise InvalidArgumentError(
+                f'claim_order must be "oldest" or "random", got {claim_order!r}'
+            )
+        self.claim_order: GroupOrder = claim_order
         self._counts: GroupCounts | None = None
         # After a draw over the key space: where to count the groups if asked.
         self._counts_of: tuple[Storage, QueryCondition] | None = None
-        # Groups this sampler saw claimed (by its claims or others'), not drawn for claims.
-        self._taken: set[Any] = set()
-
-    def reseed(self, seed: Any) -> None:
-        super().reseed(seed)
-        self._taken = set()
 
     def forget_buffer(self) -> None:
         super().forget_buffer()
-        self._taken = set()
         self._counts = self._counts_of = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -305,38 +313,14 @@ class GroupSampler(KeySampler):
         """What ``buffer.claim(n, order=this sampler)`` takes whole groups with (see
         :mod:`expstore.features.claims.groups`); ``max_staleness``: the claim's, which holds
         with the sampler's (the tighter one counts)."""
-        staleness = self._claim_staleness(max_staleness)
-
-        def candidates(m: int, skip: set[Any]) -> list[Group]:
-            index, ready = self.ready_groups(sql, query_condition)
-            if staleness is not None and staleness != self.max_staleness:
-                current = index.get("current_version")
-                keep = fresh_mask(index["version"][ready], current, staleness)
-                ready = ready if keep is None else ready[keep]
-            self.on_buffer(sql)  # groups seen taken in a database since made anew
-            taken = self._taken
-            values = index["group"]
-
-            def open_group(p: int) -> bool:
-                return values[p] not in taken and values[p] not in skip
-
-            # A few times m at random first: most ready groups are not taken yet; all of
-            # them only when those were.
-            picks = ready[self.rng.choice(len(ready), min(len(ready), 4 * m), replace=False)]
-            chosen = [p for p in picks.tolist() if open_group(p)][:m]
-            if len(chosen) < m and len(picks) < len(ready):
-                open_ = [p for p in ready.tolist() if open_group(p)]
-                chosen = [open_[i] for i in self.rng.permutation(len(open_))[:m]]
-            return [(values[p], index["keys"][p]) for p in chosen]
-
-        def learn(values: list[Any]) -> None:
-            self._taken.update(values)
-
-        def oldest() -> int | None:
-            return _oldest(sql, staleness)
-
         return group_taker(
-            sql.group_index, query_condition, self.spec, candidates, learn, self._freed, oldest
+            sql.ready_groups,
+            query_condition,
+            self.spec,
+            self._claim_staleness(max_staleness),
+            self.claim_order,
+            self._tallied,
+            sql.discard_rows,
         )
 
     def claimable_groups(
@@ -344,33 +328,52 @@ class GroupSampler(KeySampler):
         sql: SqlStorage,
         query_condition: QueryCondition,
         max_staleness: int | None,
-        upto: int,
+        upto: int | None,
     ) -> int:
         """How many whole groups a claim with this order could take now (up to ``upto``):
-        what ``claim(..., wait=s)`` waits for, and counts against a rate limit."""
-        oldest = _oldest(sql, self._claim_staleness(max_staleness))
-        return claimable_groups(
-            sql.group_index, query_condition, self.spec, self._freed, oldest, upto
+        what ``claim(..., wait=s)`` waits for, and counts against a rate limit; sets
+        :attr:`last_counts`."""
+        tally = claimable_groups(
+            sql.ready_groups,
+            query_condition,
+            self.spec,
+            self._claim_staleness(max_staleness),
+            upto,
+            sql.discard_rows,
         )
+        self._tallied(tally)
+        return tally.ready
+
+    def claim_counts(
+        self, sql: SqlStorage, query_condition: QueryCondition, max_staleness: int | None
+    ) -> GroupTally:
+        """How the groups a claim with this order takes from stand now (see
+        ``buffer.ready_groups``); sets :attr:`last_counts`."""
+        tally = claimable_groups(
+            sql.ready_groups,
+            query_condition,
+            self.spec,
+            self._claim_staleness(max_staleness),
+            None,
+            sql.discard_rows,
+        )
+        self._tallied(tally)
+        return tally
+
+    def _tallied(self, tally: GroupTally) -> None:
+        self._counts = GroupCounts(
+            ready=tally.ready,
+            waiting=tally.waiting,
+            filtered=tally.filtered,
+            stale=tally.stale,
+        )
+        self._counts_of = None
 
     def _claim_staleness(self, max_staleness: int | None) -> int | None:
         limits = [s for s in (self.max_staleness, max_staleness) if s is not None]
         return min(limits) if limits else None
 
-    def _freed(self, found: list[Any]) -> list[Any]:
-        """The values of the groups the database found claimable (fresh enough: see
-        ``oldest`` of :func:`~expstore.features.claims.groups.group_taker`), which this
-        sampler no longer takes for taken."""
-        values = [group for group, _ in found]
-        self._taken.difference_update(values)
-        return values
-
     def sample_keys(
         self, index: dict[str, Any], batch_size: int, rng: np.random.Generator
     ) -> np.ndarray:
         raise UnsupportedTypeError("GroupSampler chooses whole groups through choose()")
-
-
-def _oldest(storage: Storage, staleness: int | None) -> int | None:
-    """The oldest fresh version under ``staleness`` now (None: every row is fresh)."""
-    return None if staleness is None else oldest_fresh(storage.policy_version(), staleness)

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
-from sqlalchemy import delete
+from sqlalchemy import Connection, delete
 from sqlalchemy.engine import URL
 
 from .._args import check_text
@@ -48,6 +48,7 @@ from ..db.tuning import Tuning
 from ..errors import InvalidArgumentError, RowValidationError, StorageError, UnsupportedTypeError
 from ..features import draw_counts, priorities, registry, versions
 from ..features.claims.queue import ClaimQueue
+from ..features.claims.ready_groups import ReadyGroups
 from ..features.dedup import Dedup
 from ..features.eviction import Eviction
 from ..features.groups import GroupIndex, GroupSpec
@@ -124,6 +125,7 @@ class SqlStorage(Storage):
         self._claims = ClaimQueue(handle)
         self._spaces = KeySpaces(handle, self._index.state)
         self._groups = GroupIndex(handle, self._index.state)
+        self._ready_groups = ReadyGroups(handle)
         self._limits = RateLimits(handle)
         self._index.on_limit = self._limits.observe
         handle.caches += [
@@ -231,6 +233,16 @@ class SqlStorage(Storage):
 
     def groups(self, query_condition: QueryCondition, spec: GroupSpec) -> dict[str, Any]:
         return self._groups.get(query_condition, spec)
+
+    @property
+    def ready_groups(self) -> ReadyGroups:
+        """The ready-group indexes of group claims (see
+        :mod:`expstore.features.claims.ready_groups`)."""
+        return self._ready_groups
+
+    def discard_rows(self, conn: Connection, n: int) -> None:
+        """Count ``n`` rows that can never be drawn (groups a group claim's index left out
+        for good) as discarded by the rate limit, in ``conn``'s transaction."""
 
     @property
     def claims(self) -> ClaimQueue:

@@ -439,13 +439,11 @@ def test_a_group_claim_with_wait_waits_for_whole_groups(buf: ReplayBuffer) -> No
     assert prompts_of(claim.batch) == ["p0"] * 4
 
 
-def test_a_group_claimer_remembers_as_taken_only_the_groups_that_are(
+def test_a_group_claim_retried_after_a_deadlock_takes_the_oldest_groups_once(
     buf: ReplayBuffer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A group claim draws twice the groups it needs; those it left free, and those an
-    attempt rolled back (a deadlock, then retried) saw, are not remembered as taken, or the
-    sampler's random draws would skip free groups and fall back to the oldest ones (found
-    by review)."""
+    """An attempt rolled back (a deadlock, then retried) leaves the ready-group index as it
+    was: the retry takes the two oldest groups, the next claim the next two."""
     from expstore.features.claims.queue import ClaimQueue
 
     for p in range(10):
@@ -462,17 +460,17 @@ def test_a_group_claimer_remembers_as_taken_only_the_groups_that_are(
     monkeypatch.setattr(ClaimQueue, "enter", enter_after_a_deadlock)
     sampler = GroupSampler(group_size=2, seed=0)
     first = buf.claim(4, consumer="c", order=sampler)  # two groups, after one retry
-    assert not deadlocks and len(first) == 4
-    assert sampler._taken == set(prompts_of(first.batch))
+    assert not deadlocks and prompts_of(first.batch) == ["p0", "p0", "p1", "p1"]
     second = buf.claim(4, consumer="c", order=sampler)
-    assert sampler._taken == set(prompts_of(first.batch)) | set(prompts_of(second.batch))
+    assert prompts_of(second.batch) == ["p2", "p2", "p3", "p3"]
+    assert sampler.last_counts == (6, 0, 0, 0)
 
 
-def test_a_group_claim_whose_commit_fails_tells_the_sampler_nothing(
+def test_a_group_claim_whose_commit_fails_leaves_its_groups_claimable(
     buf: ReplayBuffer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The groups a claim took are remembered as taken only once it has committed: a
-    commit that fails took none of them, and they stay claimable."""
+    """A commit that fails took none of the groups (the ready-group index moved in the
+    same transaction): they stay claimable."""
     from sqlalchemy import event
 
     for p in range(4):
@@ -493,10 +491,9 @@ def test_a_group_claim_whose_commit_fails_tells_the_sampler_nothing(
     finally:
         event.remove(engine, "commit", fail_once)
     assert not fails
-    assert sampler._taken == set()
     claim = buf.claim(8, consumer="c", order=sampler)  # all four groups are still there
     assert sorted(set(prompts_of(claim.batch))) == ["p0", "p1", "p2", "p3"]
-    assert sampler._taken == {"p0", "p1", "p2", "p3"}
+    assert buf.ready_groups(sampler) == (0, 4, 0, 0, 0)
 
 
 class _Deadlock(Exception):

@@ -50,6 +50,7 @@ from ...errors import (
 from ...query import QueryCondition, condition_key
 from ..registry import buffer_row
 from ..versions import fresh_clause, oldest_fresh
+from .ready_groups import forget_consumed
 from .reports import Lineage, QueueStats, queue_stats, row_lineage
 
 __all__ = [
@@ -465,6 +466,7 @@ class ClaimQueue:
         now = self._handle.dialect.now()
 
         def store_checkpoint(conn: Connection) -> dict[str, Any]:
+            forget_consumed(self._handle, conn, claim.keys.tolist())
             if state is None:
                 return {}
             return {"checkpoint_seq": self._store_checkpoint(conn, claim.consumer, state, now)}

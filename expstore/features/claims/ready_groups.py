@@ -1,0 +1,468 @@
+"""The ready-group index: which groups a group claim can take, kept in the database.
+
+A group claim (``buffer.claim(n, order=GroupSampler(...))``) must find complete groups
+whose rows are all claimable. Summarising every group of the buffer for that made a claim
+cost what the whole history costs, consumed groups included. Instead each (buffer,
+condition, group spec, staleness limit) that claims take groups by has an index of its
+own, in two tables (see :mod:`expstore.db.schema`):
+
+- ``expstore_group_specs``: the index's row. ``scanned_to``: every group with a matching
+  row at or below this key has been summarised; ``seen_version``: the buffer's change
+  counter then (a delete or an eviction other than FIFO moves it); ``oldest``: the oldest
+  fresh version when its stale groups were last dropped; ``filtered`` and ``stale``: how
+  many complete groups it left out for good.
+- ``expstore_ready_groups``: its groups not consumed yet: *ready* (complete, passing the
+  group condition, fresh when they completed) and *waiting* (fewer rows than the group
+  size so far), each with its first key, oldest policy version and rows' keys.
+
+Every claim brings the index up to date in its own transaction, under the index row's
+lock (so concurrent claimers of one spec take turns and never summarise a row twice),
+from what changed since:
+
+- rows written since ``scanned_to``: only the groups they belong to are summarised
+  (through the group column's index); a group whose ``size``-th row is among them is
+  complete *now*: it becomes ready, or, failing the group condition or already stale, is
+  counted as left out (its rows can never be drawn by this spec: the rate limit counts
+  them as discarded). Rows keep committing in key order per buffer (every write holds
+  the buffer's row), so no row below ``scanned_to`` can appear later;
+- the version moving on: groups now stale are dropped by the ``(spec_id, version)``
+  index; the version forced back below ``oldest`` rebuilds the index;
+- the buffer's change counter moving (deletes, evictions other than FIFO): the entries
+  that lost a row are summarised again; FIFO eviction and deletes of a group's first row
+  take its entry with them (a foreign key, ON DELETE CASCADE).
+
+An ack removes the entries of the groups it consumed, in its transaction. A group held by
+a live claim keeps its entry, so it comes back by itself when the claim is released or
+its lease runs out. So a claim costs what the rows written since the last one and the
+groups it takes cost, whatever was consumed before; the first claim of a spec over an
+existing buffer builds its index once (about a second per million rows).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+from sqlalchemy import (
+    Connection,
+    and_,
+    bindparam,
+    delete,
+    false,
+    func,
+    or_,
+    select,
+    true,
+    update,
+)
+from sqlalchemy.sql.elements import ColumnElement
+
+from ...db.dialects import chunked
+from ...db.handle import BufferHandle
+from ...db.schema import buffers, consumption, group_specs, newest_first, ready_groups, rows
+from ...query import QueryCondition, condition_key
+from ..groups import GroupSpec, group_column, summarise
+from ..versions import fresh, oldest_fresh
+
+__all__ = ["GroupOrder", "GroupTally", "ReadyGroups", "Synced", "forget_consumed"]
+
+#: The order a group claim takes ready groups in: oldest first (by first row), or at random.
+GroupOrder = Literal["oldest", "random"]
+
+_E = ready_groups.c
+_S = group_specs.c
+_C = consumption.c
+_KEYS = ready_groups.c["keys"]  # not _E.keys, which is the collection's keys()
+#: Group values per statement when summarising the groups new rows touched.
+_CHUNK = 2000
+
+
+class Synced(NamedTuple):
+    """An index brought up to date in a transaction: its id, the oldest fresh version it
+    applies (None: no limit), and how many rows this update left out for good (groups that
+    completed failing the group condition, or stale), which the rate limit discards."""
+
+    spec_id: int
+    oldest: int | None
+    discarded: int
+
+
+class GroupTally(NamedTuple):
+    """The groups of an index now: ready to claim (complete, passing, fresh, no row held),
+    held (ready but claimed and not acked yet), waiting for rows, and left out for good
+    since the index was built (filtered out by the group condition, stale)."""
+
+    ready: int
+    held: int
+    waiting: int
+    filtered: int
+    stale: int
+
+
+def _spec_text(query_condition: QueryCondition, spec: GroupSpec, staleness: int | None) -> str:
+    return f"{condition_key(query_condition)}|{spec.key}|{staleness}"
+
+
+def _first_free(now: Any) -> ColumnElement[bool]:
+    """The entry's first row holds no acked entry and no live lease (its group, claimed
+    whole, is claimable)."""
+    blocked = (
+        select(or_(_C.acked_at.is_not(None), _C.lease_until >= now))
+        .where(_C.key == _E.first_key)
+        .scalar_subquery()
+    )
+    return blocked.is_not(true())
+
+
+def forget_consumed(handle: BufferHandle, conn: Connection, keys: Sequence[int]) -> None:
+    """Remove the ready-group entries whose first row is among ``keys``, acked in this
+    transaction: their groups are consumed (by a group claim, or a row claim that took a
+    group's first row)."""
+    if len(keys):
+        dialect = handle.dialect
+        conn.execute(
+            delete(ready_groups).where(
+                _E.buffer_id == handle.buffer_id, dialect.key_in(_E.first_key)
+            ),
+            {"keys": dialect.key_set([int(k) for k in keys])},
+        )
+
+
+class ReadyGroups:
+    """The ready-group indexes of one buffer, as one handle uses them."""
+
+    def __init__(self, handle: BufferHandle) -> None:
+        self.handle = handle
+        #: Groups summarised so far by this handle's updates, to see what they cost.
+        self.groups_read = 0
+
+    # -- bringing an index up to date ----------------------------------------------------
+    def sync(
+        self,
+        conn: Connection,
+        query_condition: QueryCondition,
+        spec: GroupSpec,
+        staleness: int | None,
+    ) -> Synced:
+        """Bring the index of (condition, spec, staleness) up to date in ``conn``'s write
+        transaction, holding its row until the transaction ends; creates it if new."""
+        handle = self.handle
+        spec_row = self._spec_row(conn, _spec_text(query_condition, spec, staleness))
+        spec_id = int(spec_row.id)
+        this = buffers.c.id == handle.buffer_id
+        version, current = conn.execute(
+            select(buffers.c.version, buffers.c.policy_version).where(this)
+        ).one()
+        max_key = conn.execute(newest_first(select(rows.c.key), handle.buffer_id).limit(1)).scalar()
+        max_key = 0 if max_key is None else int(max_key)
+        oldest = oldest_fresh(None if current is None else int(current), staleness)
+        scanned_to = int(spec_row.scanned_to)
+        changes: dict[str, Any] = {}
+        counts = {"filtered": 0, "stale": 0}
+        discarded = 0
+        went_back = spec_row.oldest is not None and (
+            oldest is None or oldest < int(spec_row.oldest)
+        )
+        if went_back:  # the version forced back: stale groups dropped are fresh again
+            conn.execute(delete(ready_groups).where(_E.spec_id == spec_id))
+            scanned_to = 0
+            changes.update(scanned_to=0, filtered=0, stale=0)
+        elif int(spec_row.seen_version) != int(version) and scanned_to:
+            discarded += self._recheck(
+                conn, query_condition, spec, spec_id, oldest, min(scanned_to, max_key), counts
+            )
+        if oldest is not None and (
+            went_back or spec_row.oldest is None or oldest > spec_row.oldest
+        ):
+            discarded += self._drop_stale(conn, spec_id, oldest, counts)
+        if max_key > scanned_to:
+            discarded += self._catch_up(
+                conn, query_condition, spec, spec_id, oldest, scanned_to, max_key, counts
+            )
+            changes["scanned_to"] = max_key
+        if went_back:
+            discarded = 0  # counted when they were left out the first time
+        changes.update(seen_version=int(version), oldest=oldest)
+        if counts["filtered"]:
+            changes["filtered"] = _S.filtered + counts["filtered"]
+        if counts["stale"]:
+            changes["stale"] = _S.stale + counts["stale"]
+        conn.execute(update(group_specs).where(_S.id == spec_id).values(**changes))
+        return Synced(spec_id, oldest, discarded)
+
+    def _spec_row(self, conn: Connection, text: str) -> Any:
+        handle = self.handle
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        mine = select(group_specs).where(_S.buffer_id == handle.buffer_id, _S.digest == digest)
+        found = conn.execute(handle.dialect.locked(mine)).first()
+        if found is None:
+            conn.execute(
+                handle.dialect.upsert(group_specs)
+                .values(buffer_id=handle.buffer_id, digest=digest, spec=text)
+                .on_conflict_do_nothing(index_elements=[_S.buffer_id, _S.digest])
+            )
+            found = conn.execute(handle.dialect.locked(mine)).one()
+        return found
+
+    def _catch_up(
+        self,
+        conn: Connection,
+        query_condition: QueryCondition,
+        spec: GroupSpec,
+        spec_id: int,
+        oldest: int | None,
+        scanned_to: int,
+        max_key: int,
+        counts: dict[str, int],
+    ) -> int:
+        """Summarise the groups of the matching rows written after ``scanned_to`` (up to
+        ``max_key``); returns the rows of groups left out for good."""
+        handle = self.handle
+        group = group_column(handle, spec)
+        if not scanned_to:  # a new index: every group, in one statement
+            found = summarise(handle, conn, query_condition, spec, rows.c.key <= max_key)
+            return self._enter(conn, spec, spec_id, oldest, found, 0, max_key, counts)
+        touched = (
+            select(group)
+            .distinct()
+            .where(
+                *handle.where(query_condition),
+                group.is_not(None),
+                rows.c.key > scanned_to,
+                rows.c.key <= max_key,
+            )
+        )
+        values = list(conn.execute(touched).scalars())
+        discarded = 0
+        for chunk in chunked(values, _CHUNK):
+            of = group.in_(bindparam("groups", list(chunk), expanding=True))
+            found = summarise(handle, conn, query_condition, spec, of)
+            discarded += self._enter(
+                conn, spec, spec_id, oldest, found, scanned_to, max_key, counts
+            )
+        return discarded
+
+    def _enter(
+        self,
+        conn: Connection,
+        spec: GroupSpec,
+        spec_id: int,
+        oldest: int | None,
+        found: Sequence[Any],
+        scanned_to: int,
+        max_key: int,
+        counts: dict[str, int],
+    ) -> int:
+        """Enter the summaries ``found``: a group whose last row (of its first ``size``) is
+        above ``scanned_to`` changed since the index saw it. Groups with a row past
+        ``max_key`` (committed since this update began) are left to the next one."""
+        self.groups_read += len(found)
+        size = spec.size
+        waiting: list[dict[str, Any]] = []
+        complete: list[tuple[Any, ...]] = []
+        for g, n, version, passes, _first, keys_text in found:
+            keys = sorted(int(k) for k in keys_text.split(","))
+            if keys[-1] > max_key or keys[-1] <= scanned_to:
+                continue
+            if n < size:
+                waiting.append(_entry(spec_id, self.handle.buffer_id, g, keys, version, False))
+            else:
+                complete.append((g, keys, version, bool(passes)))
+        consumed = self._consumed(conn, [keys[0] for _, keys, _, _ in complete])
+        entries = list(waiting)
+        left_out: list[int] = []
+        discarded = 0
+        for g, keys, version, passes in complete:
+            if keys[0] in consumed:
+                continue
+            stale = oldest is not None and version is not None and int(version) < oldest
+            if not passes or stale:
+                counts["filtered" if not passes else "stale"] += 1
+                discarded += size
+                left_out.append(keys[0])
+            else:
+                entries.append(_entry(spec_id, self.handle.buffer_id, g, keys, version, True))
+        self._upsert(conn, entries)
+        if left_out:  # their waiting entries, if any
+            dialect = self.handle.dialect
+            conn.execute(
+                delete(ready_groups).where(_E.spec_id == spec_id, dialect.key_in(_E.first_key)),
+                {"keys": dialect.key_set(left_out)},
+            )
+        return discarded
+
+    def _consumed(self, conn: Connection, firsts: list[int]) -> set[int]:
+        """Which of these first keys have an acked entry (their group was consumed)."""
+        dialect = self.handle.dialect
+        acked: set[int] = set()
+        for chunk in chunked(firsts, _CHUNK):
+            stmt = select(_C.key).where(dialect.key_in(_C.key), _C.acked_at.is_not(None))
+            acked.update(conn.execute(stmt, {"keys": dialect.key_set(list(chunk))}).scalars())
+        return acked
+
+    def _upsert(self, conn: Connection, entries: list[dict[str, Any]]) -> None:
+        if not entries:
+            return
+        insert = self.handle.dialect.upsert(ready_groups)
+        stmt = insert.on_conflict_do_update(
+            index_elements=[_E.spec_id, _E.first_key],
+            set_={
+                name: insert.excluded[name]
+                for name in ("value", "size", "ready", "version", "keys")
+            },
+        )
+        for chunk in chunked(entries, 500):
+            conn.execute(stmt, list(chunk))
+
+    def _drop_stale(
+        self, conn: Connection, spec_id: int, oldest: int, counts: dict[str, int]
+    ) -> int:
+        """Drop the groups older than ``oldest``; returns the rows of the ready ones no
+        claim held (a held group's rows are counted when its claim is acked)."""
+        now = self.handle.dialect.now()
+        stale = and_(_E.spec_id == spec_id, _E.version < oldest)
+        held = select(_E.first_key, _E.size, _E.ready, _first_free(now).label("free")).where(stale)
+        found = list(conn.execute(held).all())
+        if not found:
+            return 0
+        conn.execute(delete(ready_groups).where(stale))
+        ready = [f for f in found if f.ready]
+        counts["stale"] += len(ready)
+        return sum(int(f.size) for f in ready if f.free)
+
+    def _recheck(
+        self,
+        conn: Connection,
+        query_condition: QueryCondition,
+        spec: GroupSpec,
+        spec_id: int,
+        oldest: int | None,
+        max_key: int,
+        counts: dict[str, int],
+    ) -> int:
+        """After deletes: summarise again the entries that lost a row (their groups may
+        have other rows now, or none)."""
+        dialect = self.handle.dialect
+        entries = list(
+            conn.execute(
+                select(_E.first_key, _E.value, _KEYS.label("key_list")).where(_E.spec_id == spec_id)
+            )
+        )
+        if not entries:
+            return 0
+        wanted = {int(k) for e in entries for k in e.key_list.split(",")}
+        present: set[int] = set()
+        for chunk in chunked(sorted(wanted), _CHUNK):
+            stmt = select(rows.c.key).where(dialect.key_in())
+            present.update(conn.execute(stmt, {"keys": dialect.key_set(list(chunk))}).scalars())
+        broken = [e for e in entries if any(int(k) not in present for k in e.key_list.split(","))]
+        if not broken:
+            return 0
+        firsts = [int(e.first_key) for e in broken]
+        conn.execute(
+            delete(ready_groups).where(_E.spec_id == spec_id, dialect.key_in(_E.first_key)),
+            {"keys": dialect.key_set(firsts)},
+        )
+        group = group_column(self.handle, spec)
+        discarded = 0
+        for chunk in chunked([e.value for e in broken], _CHUNK):
+            of = group.in_(bindparam("groups", list(chunk), expanding=True))
+            found = summarise(self.handle, conn, query_condition, spec, of)
+            discarded += self._enter(conn, spec, spec_id, oldest, found, 0, max_key, counts)
+        return discarded
+
+    # -- reading an index ----------------------------------------------------------------
+    def candidates(
+        self,
+        conn: Connection,
+        synced: Synced,
+        now: Any,
+        limit: int,
+        skip: Iterable[int] = (),
+        order: GroupOrder = "oldest",
+    ) -> list[tuple[int, np.ndarray]]:
+        """Up to ``limit`` ready groups whose first row is claimable now, none of those
+        whose first key is in ``skip``, in ``order``: (first key, the group's keys)."""
+        stmt = select(_E.first_key, _KEYS).where(*self._ready(synced, now))
+        skipped = sorted(skip)
+        if skipped:
+            stmt = stmt.where(_E.first_key.not_in(bindparam("skip", skipped, expanding=True)))
+        stmt = stmt.order_by(_E.first_key if order == "oldest" else func.random()).limit(limit)
+        return [
+            (int(first), np.array(keys.split(","), dtype=np.int64))
+            for first, keys in conn.execute(stmt)
+        ]
+
+    def _ready(self, synced: Synced, now: Any) -> list[ColumnElement[bool]]:
+        clauses = [_E.spec_id == synced.spec_id, _E.ready == true(), _first_free(now)]
+        if synced.oldest is not None:
+            clauses.append(fresh(_E.version, synced.oldest))
+        return clauses
+
+    def tally(
+        self, conn: Connection, synced: Synced, now: Any, upto: int | None = None
+    ) -> GroupTally:
+        """How the index's groups stand now (``upto``: count ready groups no further, so a
+        poll costs the same whatever the backlog)."""
+        ready_rows = select(_E.first_key).where(*self._ready(synced, now))
+        if upto is not None:
+            ready_rows = ready_rows.limit(upto)
+        ready = conn.execute(select(func.count()).select_from(ready_rows.subquery())).scalar_one()
+        mine = _E.spec_id == synced.spec_id
+        held, waiting = conn.execute(
+            select(
+                func.count().filter(and_(_E.ready == true(), ~_first_free(now))),
+                func.count().filter(_E.ready == false()),
+            ).where(mine)
+        ).one()
+        filtered, stale = conn.execute(
+            select(_S.filtered, _S.stale).where(_S.id == synced.spec_id)
+        ).one()
+        return GroupTally(int(ready), int(held), int(waiting), int(filtered), int(stale))
+
+    def in_sync(
+        self,
+        conn: Connection,
+        query_condition: QueryCondition,
+        spec: GroupSpec,
+        staleness: int | None,
+    ) -> Synced | None:
+        """The index, if nothing changed since it was last brought up to date (a read: no
+        lock); None when it must be (or does not exist yet)."""
+        handle = self.handle
+        digest = hashlib.sha256(_spec_text(query_condition, spec, staleness).encode()).hexdigest()
+        spec_row = conn.execute(
+            select(group_specs).where(_S.buffer_id == handle.buffer_id, _S.digest == digest)
+        ).first()
+        if spec_row is None:
+            return None
+        this = buffers.c.id == handle.buffer_id
+        version, current = conn.execute(
+            select(buffers.c.version, buffers.c.policy_version).where(this)
+        ).one()
+        max_key = conn.execute(newest_first(select(rows.c.key), handle.buffer_id).limit(1)).scalar()
+        oldest = oldest_fresh(None if current is None else int(current), staleness)
+        if (
+            int(spec_row.scanned_to) < (0 if max_key is None else int(max_key))
+            or int(spec_row.seen_version) != int(version)
+            or spec_row.oldest != oldest
+        ):
+            return None
+        return Synced(int(spec_row.id), oldest, 0)
+
+
+def _entry(
+    spec_id: int, buffer_id: int, value: Any, keys: list[int], version: Any, ready: bool
+) -> dict[str, Any]:
+    return {
+        "spec_id": spec_id,
+        "first_key": keys[0],
+        "buffer_id": buffer_id,
+        "value": value,
+        "size": len(keys),
+        "ready": ready,
+        "version": None if version is None else int(version),
+        "keys": ",".join(str(k) for k in keys),
+    }
