@@ -151,13 +151,8 @@ class ReadyGroups:
         handle = self.handle
         spec_row = self._spec_row(conn, _spec_text(query_condition, spec, staleness))
         spec_id = int(spec_row.id)
-        this = buffers.c.id == handle.buffer_id
-        version, current = conn.execute(
-            select(buffers.c.version, buffers.c.policy_version).where(this)
-        ).one()
-        max_key = conn.execute(newest_first(select(rows.c.key), handle.buffer_id).limit(1)).scalar()
-        max_key = 0 if max_key is None else int(max_key)
-        oldest = oldest_fresh(None if current is None else int(current), staleness)
+        version, current, max_key = _buffer_state(handle, conn)
+        oldest = oldest_fresh(current, staleness)
         scanned_to = int(spec_row.scanned_to)
         changes: dict[str, Any] = {}
         counts = {"filtered": 0, "stale": 0}
@@ -409,18 +404,20 @@ class ReadyGroups:
         ready_rows = select(_E.first_key).where(*self._ready(synced, now))
         if upto is not None:
             ready_rows = ready_rows.limit(upto)
-        ready = conn.execute(select(func.count()).select_from(ready_rows.subquery())).scalar_one()
         mine = _E.spec_id == synced.spec_id
-        held, waiting = conn.execute(
+        held = select(func.count()).where(mine, _E.ready == true(), ~_first_free(now))
+        waiting = select(func.count()).where(mine, _E.ready == false())
+        spec = _S.id == synced.spec_id
+        counts = conn.execute(
             select(
-                func.count().filter(and_(_E.ready == true(), ~_first_free(now))),
-                func.count().filter(_E.ready == false()),
-            ).where(mine)
+                select(func.count()).select_from(ready_rows.subquery()).scalar_subquery(),
+                held.scalar_subquery(),
+                waiting.scalar_subquery(),
+                select(_S.filtered).where(spec).scalar_subquery(),
+                select(_S.stale).where(spec).scalar_subquery(),
+            )
         ).one()
-        filtered, stale = conn.execute(
-            select(_S.filtered, _S.stale).where(_S.id == synced.spec_id)
-        ).one()
-        return GroupTally(int(ready), int(held), int(waiting), int(filtered), int(stale))
+        return GroupTally(*(int(c) for c in counts))
 
     def in_sync(
         self,
@@ -438,19 +435,30 @@ class ReadyGroups:
         ).first()
         if spec_row is None:
             return None
-        this = buffers.c.id == handle.buffer_id
-        version, current = conn.execute(
-            select(buffers.c.version, buffers.c.policy_version).where(this)
-        ).one()
-        max_key = conn.execute(newest_first(select(rows.c.key), handle.buffer_id).limit(1)).scalar()
-        oldest = oldest_fresh(None if current is None else int(current), staleness)
+        version, current, max_key = _buffer_state(handle, conn)
+        oldest = oldest_fresh(current, staleness)
         if (
-            int(spec_row.scanned_to) < (0 if max_key is None else int(max_key))
+            int(spec_row.scanned_to) < max_key
             or int(spec_row.seen_version) != int(version)
             or spec_row.oldest != oldest
         ):
             return None
         return Synced(int(spec_row.id), oldest, 0)
+
+
+def _buffer_state(handle: BufferHandle, conn: Connection) -> tuple[int, int | None, int]:
+    """The buffer's change counter, policy version and largest key (0: no rows), in one
+    round trip."""
+    this = buffers.c.id == handle.buffer_id
+    max_key = newest_first(select(rows.c.key), handle.buffer_id).limit(1).scalar_subquery()
+    version, current, largest = conn.execute(
+        select(
+            select(buffers.c.version).where(this).scalar_subquery(),
+            select(buffers.c.policy_version).where(this).scalar_subquery(),
+            max_key,
+        )
+    ).one()
+    return int(version), None if current is None else int(current), int(largest or 0)
 
 
 def _entry(
