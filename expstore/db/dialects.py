@@ -8,6 +8,7 @@ The query compiler keeps the JSON-path differences in one place of its own
 
 from __future__ import annotations
 
+import random
 import sqlite3
 import time
 from abc import ABC, abstractmethod
@@ -289,8 +290,8 @@ class PostgresDialect(Dialect):
         self._copy = f"COPY {rows.name} ({_COLUMN_LIST}) FROM STDIN (FORMAT BINARY)"
         self._data_at = WRITE_COLUMNS.index("data")
         self._unchecked = 0
-        self._written = 0
         self._may_analyze = True
+        self._chance = random.Random()
 
     def key_in(self, column: Any = rows.c.key) -> ColumnElement[bool]:
         return as_type("ColumnElement[bool]", column == func.any(bindparam("keys")))
@@ -387,12 +388,13 @@ class PostgresDialect(Dialect):
     def upsert(self, table: Any) -> Any:
         return pg_insert(table)
 
-    #: Rows a handle writes between two looks at what the planner expects of its buffer.
-    STATISTICS_EVERY = 5000
+    #: Rows written to a buffer, by every handle together, between two looks at what the
+    #: planner expects of it (on average).
+    STATISTICS_EVERY = 2000
 
     def wrote(self, engine: Engine, buffer_id: int, rows_written: int) -> None:
         """ANALYZE the rows table when the planner expects this buffer to hold fewer than
-        half the rows this handle alone has written to it.
+        half the rows it holds.
 
         The planner's picture of the table decides how a buffer's rows are found: with
         statistics taken before a new buffer was bulk-loaded (autovacuum off, or not yet
@@ -400,17 +402,26 @@ class PostgresDialect(Dialect):
         any (buffer_id, ...) index, filtering every row of the buffer per id (measured:
         over 20 minutes for update_priorities of 10,000 ids after loading 1M rows into a
         second buffer). Autovacuum does the same when it runs; this does it at once, from
-        the writer that made the change, looking (one EXPLAIN) at most every
-        STATISTICS_EVERY rows it writes.
+        the writer that made the change, looking (one EXPLAIN and the buffer's row count)
+        about every STATISTICS_EVERY rows written to the buffer by all its writers: each
+        write looks with a chance proportional to its rows (so many actors each writing a
+        group of 8 rows look as often as one writing them all), and a handle that wrote
+        STATISTICS_EVERY rows since it last looked looks at once.
         """
-        self._written += rows_written
         self._unchecked += rows_written
-        if self._unchecked < self.STATISTICS_EVERY or not self._may_analyze:
+        if not self._may_analyze:
+            return
+        due = self._unchecked >= self.STATISTICS_EVERY
+        if not due and self._chance.random() >= rows_written / self.STATISTICS_EVERY:
             return
         self._unchecked = 0
         with engine.connect() as conn:
             (plan,) = conn.execute(_ESTIMATE, {"buffer_id": buffer_id}).scalar_one()
-            if plan["Plan"]["Plan Rows"] * 2 >= self._written:
+            held = conn.execute(
+                select(buffers.c.row_count).where(buffers.c.id == buffer_id)
+            ).scalar()
+            if held is None or plan["Plan"]["Plan Rows"] * 2 >= held:
+                conn.rollback()
                 return
             try:
                 conn.execute(text(f"ANALYZE {rows.name}"))  # our own table's constant name

@@ -188,6 +188,30 @@ def test_a_bulk_load_into_a_new_buffer_refreshes_statistics_taken_before_it(
     engine.dispose()
 
 
+def test_many_writers_of_small_groups_refresh_statistics_together(fresh_pg_url: str) -> None:
+    """Found by a user: the refresh counted rows per handle, so actors that each wrote a
+    few groups of 8 rows never reached it, and a new buffer's group claims took seconds
+    until a manual ANALYZE. Now each write looks with a chance in proportion to its rows:
+    40 actors writing 8-row groups, 100 rows each, refresh the statistics."""
+    from random import Random
+
+    with ReplayBuffer(fresh_pg_url, name="old") as old:
+        old.store_batch(make_rows(100))
+    engine = create_engine(fresh_pg_url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text("ANALYZE expstore_rows"))
+        analyzed = conn.execute(text(_LAST_ANALYZE)).scalar()
+    for actor in range(40):
+        with ReplayBuffer(fresh_pg_url, name="new") as new:
+            new.sql.handle.dialect._chance = Random(actor)  # type: ignore[attr-defined]
+            rows = make_rows(96)
+            for start in range(0, 96, 8):
+                new.store_batch(rows[start : start + 8])
+    with engine.connect() as conn:
+        assert conn.execute(text(_LAST_ANALYZE)).scalar() > analyzed
+    engine.dispose()
+
+
 _LAST_ANALYZE = "SELECT last_analyze FROM pg_stat_user_tables WHERE relname = 'expstore_rows'"
 
 
