@@ -17,6 +17,11 @@ How concurrent claimers stay apart:
 
 Leases are measured by the database's clock, the same for every host.
 
+Every claim, ack, release and renewal first checks, in its own transaction and holding
+the consumer's row, that it comes from the consumer's current incarnation (see
+:mod:`expstore.features.claims.epochs`: fencing); the consumer's row is always locked
+before the claims' entries.
+
 FIFO claims do not walk the consumed part of the buffer again on every call: each handle
 keeps, per condition, a key below which every matching row has a committed consumption
 entry. It may stay there because of the buffer's write order: every write to a buffer locks
@@ -528,17 +533,25 @@ class ClaimQueue:
     def release_consumer_in(self, conn: Connection, consumer: str) -> int:
         """Release every unacked claim of ``consumer`` in the caller's transaction (which
         holds the consumer's row); returns how many rows came back."""
-        held = (
+        handle = self._handle
+        held = select(_C.key).where(
+            _C.buffer_id == handle.buffer_id,
+            _C.acked_at.is_(None),
+            _C.claim_id.is_not(None),
+            _C.consumer == consumer,
+        )
+        # Locked in key order, as claims lock them (else the two can deadlock on Postgres).
+        keys = [
+            int(k) for k in conn.execute(handle.dialect.locked(held.order_by(_C.key))).scalars()
+        ]
+        if not keys:
+            return 0
+        freed = (
             update(consumption)
-            .where(
-                _C.buffer_id == self._handle.buffer_id,
-                _C.acked_at.is_(None),
-                _C.claim_id.is_not(None),
-                _C.consumer == consumer,
-            )
+            .where(handle.dialect.key_in(_C.key), _C.consumer == consumer, _C.acked_at.is_(None))
             .values(**_RELEASED)
         )
-        return int(conn.execute(held).rowcount)
+        return int(conn.execute(freed, {"keys": handle.dialect.key_set(keys)}).rowcount)
 
     def store_checkpoint(self, conn: Connection, consumer: str, state: str, now: Now) -> int:
         """Store ``state`` (checked JSON text) as ``consumer``'s newest checkpoint in the
