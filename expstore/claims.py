@@ -86,9 +86,12 @@ DEFAULT_LEASE_S = 300.0
 class Claim:
     """Rows claimed by one consumer: ``batch`` (what the converter built; a list of
     DataRows by default), their ``ids`` and ``keys``, ``claim_id``, ``consumer`` and when the
-    lease ends (``lease_until``, database clock). Finish it with :meth:`ack` or
+    lease ends (``lease_until``, database clock), and the ``epoch`` of the consumer's
+    incarnation that made it (0: a plain ``buffer.claim``). Finish it with :meth:`ack` or
     :meth:`release`; used as a context manager it is released if the block raises before
-    either."""
+    either (unless a newer incarnation has fenced this one out: then it is left as it
+    is). Each finishing call raises FencedError, changing nothing, once a newer
+    incarnation of its consumer has opened (see :class:`Consumer`)."""
 
     def __init__(self, queue: ClaimQueue, claimed: Claimed, ids: list[str], batch: Any) -> None:
         self._queue = queue
@@ -181,7 +184,10 @@ class Claim:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if exc is not None and self.state == "held":
-            self.release()
+            try:
+                self.release()
+            except FencedError:
+                pass  # a newer incarnation owns the name: the block's own error matters
 
     def __repr__(self) -> str:
         return (

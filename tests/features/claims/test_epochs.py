@@ -222,3 +222,16 @@ def _wait_for_a_lock_wait(engine, buffer_name: str) -> None:
                 return
         time.sleep(0.005)
     raise AssertionError(f"no session of {buffer_name} came to wait on the consumer's row")
+
+
+def test_a_fenced_claim_used_as_a_context_manager_lets_the_blocks_error_through(
+    buf: ReplayBuffer,
+) -> None:
+    buf.store_batch(make_rows(4))
+    old = buf.consumer("learner")
+    with pytest.raises(RuntimeError, match="trainer crashed"):
+        with old.claim(2) as claim:
+            buf.consumer("learner")
+            raise RuntimeError("trainer crashed")
+    assert claim.state == "held"  # the release was refused: the lease stands
+    assert buf.queue_stats().leased == 2
