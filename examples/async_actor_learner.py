@@ -2,9 +2,11 @@
 
 Actor processes write episodes as they finish them; two learner processes claim batches
 (no row goes to both), train on them and ack each batch together with their checkpoint, in
-one transaction. Halfway through, one learner is killed with SIGKILL and started again:
-it resumes from its checkpoint, the batch it held comes back to the queue when its lease
-runs out, and in the end every row was consumed exactly once.
+one transaction (a training step). Halfway through, one learner is killed with SIGKILL and
+started again: it opens its consumer again with takeover=True, which fences out anything
+the dead incarnation could still send and gives back the batch it held at once (no
+waiting out the lease); it resumes from its checkpoint, and in the end every row was
+consumed exactly once.
 
     python examples/async_actor_learner.py                    # a SQLite file in a temp dir
     python examples/async_actor_learner.py --db postgresql+psycopg://postgres@127.0.0.1/postgres
@@ -24,7 +26,8 @@ import numpy as np
 
 from expstore import DataRow, Experience, ExpMeta, NumpyConverter, ReplayBuffer
 
-#: How long a learner may hold a batch; a dead learner's batch comes back after this.
+#: How long a learner may hold a batch; a dead learner's batch comes back after this (or at
+#: once, when it restarts with takeover=True).
 LEASE_S = 2.0
 
 
@@ -55,19 +58,26 @@ def learner(url: str, name: str, consumer: str, batch_size: int, expected: int) 
     """Claim, train, ack with the checkpoint; resume from the checkpoint after a restart."""
     converter = NumpyConverter({"obs": "exp_data.state.obs", "reward": "exp_data.reward_t"})
     with ReplayBuffer(url, name=name) as buffer:
-        state = buffer.checkpoint(consumer, default={"step": 0, "rows": 0})
+        # A new epoch: an older incarnation's late acks are refused from now on, and the
+        # batch it held is claimable again at once.
+        me = buffer.consumer(consumer, takeover=True)
+        state = me.checkpoint(default={"step": 0, "rows": 0})
         if state["step"]:
-            print(f"{consumer}: resumed from its checkpoint at step {state['step']}", flush=True)
-        while buffer.queue_stats().consumed < expected:
-            claim = buffer.claim(
-                batch_size, consumer=consumer, lease_s=LEASE_S, converter=converter
+            print(
+                f"{consumer}: resumed from its checkpoint at step {state['step']} "
+                f"(epoch {me.epoch}, took back {me.taken_back} rows)",
+                flush=True,
             )
+        while buffer.queue_stats().consumed < expected:
+            claim = me.claim(batch_size, lease_s=LEASE_S, converter=converter)
             if not len(claim):
-                time.sleep(0.05)  # actors still rolling out, or a dead learner's lease
+                time.sleep(0.05)  # actors still rolling out, or the other learner's lease
                 continue
             time.sleep(0.03)  # a training step on claim.batch["obs"], claim.batch["reward"]
             state = {"step": state["step"] + 1, "rows": state["rows"] + len(claim)}
-            claim.ack(checkpoint=state)  # consumed + checkpoint: one transaction
+            with me.step() as step:  # consumed + checkpoint: one transaction
+                step.ack(claim)
+                step.checkpoint(state)
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
 import typing as _typing
 
 from .buffer import ReplayBuffer
-from .claims import Claim
+from .claims import Claim, Consumer, Step
 from .converters import (
     ChatConverter,
     Converter,
@@ -24,6 +24,7 @@ from .errors import (
     DuplicateIdError,
     EmptyBufferError,
     ExpstoreError,
+    FencedError,
     InvalidArgumentError,
     LeaseExpiredError,
     MissingDependencyError,
@@ -79,6 +80,7 @@ __all__ = [
     "CodecError",
     "Condition",
     "ConnectionLostError",
+    "Consumer",
     "Converter",
     "DataRow",
     "DefaultConverter",
@@ -89,6 +91,7 @@ __all__ = [
     "Experience",
     "ExperienceDataset",
     "ExpstoreError",
+    "FencedError",
     "GroupAdvantageConverter",
     "GroupCondition",
     "GroupSampler",
@@ -123,6 +126,7 @@ __all__ = [
     "SliceSampler",
     "SqlStorage",
     "StalenessAwareSampler",
+    "Step",
     "Storage",
     "StorageError",
     "StratifiedSampler",

@@ -18,7 +18,14 @@ import numpy as np
 from sqlalchemy.engine import URL
 
 from ._args import check_consumer
-from .claims import DEFAULT_LEASE_S, Claim, claim_rows, count_ready_groups, wait_for_rows
+from .claims import (
+    DEFAULT_LEASE_S,
+    Claim,
+    Consumer,
+    claim_rows,
+    count_ready_groups,
+    wait_for_rows,
+)
 from .converters.base import BatchT, Converter, as_converter
 from .converters.default import DefaultConverter
 from .db.tuning import Tuning
@@ -386,7 +393,8 @@ class ReplayBuffer:
         a claim neither acked nor released goes back to the queue when its lease runs out.
         ``max_staleness``: only rows no more than that many policy versions behind the
         buffer's current version (see :meth:`set_policy_version`), checked in the claim's
-        own statements.
+        own statements. Once ``consumer`` has been opened with :meth:`consumer` (epochs),
+        a plain claim under its name raises FencedError: claim through the Consumer.
         """
         return claim_rows(
             self.sql,
@@ -399,6 +407,29 @@ class ReplayBuffer:
             wait=wait,
             max_staleness=max_staleness,
         )
+
+    def consumer(self, name: str, *, takeover: bool = False) -> Consumer:
+        """Open a new incarnation of consumer ``name`` (a learner, the same name across its
+        restarts): one transaction bumps the name's epoch and returns a
+        :class:`~expstore.claims.Consumer` holding it. From then on every claim, ack,
+        release, renewal and checkpoint of an older incarnation raises FencedError and
+        changes nothing (ZooKeeper's fencing tokens, Kafka's producer epochs), including
+        plain ``claim(consumer=name)`` calls and their claims. ``takeover=True`` also
+        releases the claims the predecessors still hold, in the same transaction, so their
+        rows (and whole groups) are claimable at once instead of after their lease::
+
+            learner = buffer.consumer("learner-0", takeover=True)
+            claim = learner.claim(256, wait=30)
+            with learner.step() as step:       # acks, checkpoint, version: one commit
+                step.ack(claim)
+                step.checkpoint({"step": 1})
+        """
+        name = check_consumer(name)
+        if not isinstance(takeover, bool):
+            raise UnsupportedTypeError(f"takeover must be True or False, got {takeover!r}")
+        sql = self.sql
+        epoch, taken = sql.claims.open_consumer(name, takeover=takeover)
+        return Consumer(sql, name, epoch, taken)
 
     def checkpoint(self, consumer: str, default: Any = ...) -> Any:
         """The checkpoint ``consumer`` last acked with; ``default`` if it has none (without

@@ -14,11 +14,30 @@ died) are claimed again by whoever asks next: at-least-once delivery, exactly-on
 acked record. An ack after the lease ran out still succeeds if nobody claimed the rows
 meanwhile; otherwise it raises :class:`~expstore.errors.LeaseExpiredError` and changes
 nothing. The storage side is :mod:`expstore.features.claims.queue`.
+
+A learner that may be restarted while its old process still runs (a preempted pod, a
+long GC pause) opens its consumer instead, which fences every older incarnation out, and
+commits each training step in one transaction::
+
+    learner = buffer.consumer("learner-0", takeover=True)   # a new epoch; old leases freed
+    state = learner.checkpoint(default={"step": 0})
+    while training:
+        claim = learner.claim(256, lease_s=120, wait=30)
+        loss, td = train_on(claim.batch)
+        with learner.step() as step:                          # all or nothing, one commit
+            step.ack(claim)
+            step.checkpoint({"step": state["step"] + 1})
+            step.set_policy_version(version)
+            step.update_priorities(claim.ids, td)
+
+See :class:`Consumer` and :class:`Step`; the epochs are
+:mod:`expstore.features.claims.epochs`, the step's transaction
+:mod:`expstore.features.claims.steps`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -26,9 +45,11 @@ import numpy as np
 
 from ._args import (
     MAX_BATCH,
+    check_checkpoint,
     check_consumer,
     check_int,
     check_lease,
+    check_priorities,
     check_seconds,
     check_staleness,
 )
@@ -39,12 +60,16 @@ from .errors import (
     ClaimFinishedError,
     ClaimOwnerError,
     EmptyBufferError,
+    FencedError,
     InvalidArgumentError,
+    UnknownConsumerError,
     UnsupportedTypeError,
     WaitTimeoutError,
 )
 from .features.claims.queue import Claimed, ClaimQueue, Scope
 from .features.claims.ready_groups import GroupTally
+from .features.claims.steps import StepParts, commit_step
+from .features.versions import check_version
 from .query import QueryCondition
 from .samplers.base import KeySampler, SampleInfo
 from .samplers.group import GroupSampler
@@ -52,7 +77,15 @@ from .samplers.uniform import UniformSampler
 from .storage.base import Storage
 from .storage.sql import SqlStorage
 
-__all__ = ["Claim", "claim_rows", "count_ready_groups", "wait_for_rows", "wait_until"]
+__all__ = [
+    "Claim",
+    "Consumer",
+    "Step",
+    "claim_rows",
+    "count_ready_groups",
+    "wait_for_rows",
+    "wait_until",
+]
 
 #: The default lease: long enough for a training step, short enough that a dead learner's
 #: rows come back within minutes.
@@ -62,9 +95,12 @@ DEFAULT_LEASE_S = 300.0
 class Claim:
     """Rows claimed by one consumer: ``batch`` (what the converter built; a list of
     DataRows by default), their ``ids`` and ``keys``, ``claim_id``, ``consumer`` and when the
-    lease ends (``lease_until``, database clock). Finish it with :meth:`ack` or
+    lease ends (``lease_until``, database clock), and the ``epoch`` of the consumer's
+    incarnation that made it (0: a plain ``buffer.claim``). Finish it with :meth:`ack` or
     :meth:`release`; used as a context manager it is released if the block raises before
-    either."""
+    either (unless a newer incarnation has fenced this one out: then it is left as it
+    is). Each finishing call raises FencedError, changing nothing, once a newer
+    incarnation of its consumer has opened (see :class:`Consumer`)."""
 
     def __init__(self, queue: ClaimQueue, claimed: Claimed, ids: list[str], batch: Any) -> None:
         self._queue = queue
@@ -84,6 +120,12 @@ class Claim:
     @property
     def keys(self) -> np.ndarray:
         return self._claimed.keys
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the consumer's incarnation that made the claim (0: a plain
+        ``buffer.claim``; see :class:`Consumer`)."""
+        return self._claimed.epoch
 
     @property
     def claimed_at(self) -> float:
@@ -151,12 +193,227 @@ class Claim:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if exc is not None and self.state == "held":
-            self.release()
+            try:
+                self.release()
+            except FencedError:
+                pass  # a newer incarnation owns the name: the block's own error matters
 
     def __repr__(self) -> str:
         return (
             f"Claim({self.claim_id}, consumer={self.consumer!r}, rows={len(self)}, "
             f"state={self.state!r})"
+        )
+
+
+class Consumer:
+    """One incarnation of a named consumer (a learner), opened by
+    :meth:`expstore.ReplayBuffer.consumer`: it holds the ``epoch`` that opening took, and
+    every claim, ack, release, renewal and checkpoint it makes carries it.
+
+    Fencing, as ZooKeeper's fencing tokens and Kafka's producer epochs: opening the same
+    name again (a restarted learner) takes a higher epoch, and from the moment that
+    commits nothing an older incarnation sends changes anything; its claims, acks,
+    releases, renewals and steps raise :class:`~expstore.errors.FencedError`. The check
+    runs inside the transaction of the write it guards, holding the consumer's row, so a
+    new epoch is either before a write (which is refused) or after it, never in between.
+
+    ``name``, ``epoch``; ``taken_back``: rows of the predecessors' claims that opening
+    with ``takeover=True`` released (0 without)."""
+
+    def __init__(self, sql: SqlStorage, name: str, epoch: int, taken_back: int = 0) -> None:
+        self._sql = sql
+        self.name = name
+        self.epoch = epoch
+        self.taken_back = taken_back
+
+    def claim(
+        self,
+        n: int,
+        query_condition: QueryCondition = None,
+        *,
+        lease_s: float = DEFAULT_LEASE_S,
+        order: Any = "fifo",
+        converter: Converter[Any] | None = None,
+        wait: float | None = None,
+        max_staleness: int | None = None,
+    ) -> Claim:
+        """:meth:`expstore.ReplayBuffer.claim` as this incarnation (the same arguments but
+        ``consumer``); FencedError, claiming nothing, once a newer one has opened."""
+        return claim_rows(
+            self._sql,
+            n,
+            query_condition,
+            consumer=self.name,
+            lease_s=lease_s,
+            order=order,
+            converter=converter,
+            wait=wait,
+            max_staleness=max_staleness,
+            epoch=self.epoch,
+        )
+
+    def checkpoint(self, default: Any = ...) -> Any:
+        """The checkpoint this consumer (any of its incarnations) last stored; ``default``
+        if it has none (without ``default``: UnknownConsumerError)."""
+        try:
+            return self._sql.claims.checkpoint(self.name)[1]
+        except UnknownConsumerError:
+            if default is ...:
+                raise
+            return default
+
+    def step(self) -> Step:
+        """A training step's writes, committed in one transaction when the ``with`` block
+        ends (see :class:`Step`)::
+
+            with learner.step() as step:
+                step.ack(claim)
+                step.checkpoint({"step": n})
+                step.set_policy_version(version)
+        """
+        return Step(self)
+
+    def __repr__(self) -> str:
+        return f"Consumer({self.name!r}, epoch={self.epoch})"
+
+
+class Step:
+    """The writes of one training step, committed all together or not at all.
+
+    Inside ``with consumer.step() as step:`` collect :meth:`ack` (one or more claims),
+    :meth:`checkpoint`, :meth:`set_policy_version` and :meth:`update_priorities`; each is
+    checked when given (a bad argument raises there, adding nothing). When the block ends
+    they run in ONE database transaction, with the consumer's epoch checked in it: the
+    acks, the checkpoint (stored with the acked rows, as ``claim.ack(checkpoint=...)``
+    does), the policy version with the ``"stale"`` eviction it brings (as
+    :meth:`~expstore.ReplayBuffer.set_policy_version`), and the priorities (as
+    :meth:`~expstore.ReplayBuffer.update_priorities`). If any part fails (FencedError,
+    LeaseExpiredError, PolicyVersionError...) nothing of the step is written. If the block
+    raises, nothing is written and the claims stay held (release them, or let their lease
+    run out). A learner killed at any moment finds either the whole step in the database
+    or nothing of it: its checkpoint and the buffer's policy version always agree.
+
+    After the block: ``state`` (``"committed"``), ``acked`` (rows acked), ``evicted``
+    (rows the version's eviction deleted), ``updated`` (rows whose priority was set),
+    ``checkpoint_seq`` (None without a checkpoint). Without ``with``, call
+    :meth:`commit`."""
+
+    def __init__(self, consumer: Consumer) -> None:
+        self._consumer = consumer
+        self._claims: list[Claim] = []
+        self._checkpoint: str | None = None
+        self._version: int | None = None
+        self._force = False
+        self._ids: list[str] = []
+        self._priorities: list[np.ndarray] = []
+        self.state = "open"
+        self.acked = 0
+        self.evicted = 0
+        self.updated = 0
+        self.checkpoint_seq: int | None = None
+
+    def _check_open(self) -> None:
+        if self.state != "open":
+            raise ClaimFinishedError(
+                f"this training step was already {self.state}; open a new one with "
+                "consumer.step(). Nothing was changed"
+            )
+
+    def ack(self, claim: Claim) -> None:
+        """Ack ``claim`` (its rows consumed) with the step."""
+        self._check_open()
+        if not isinstance(claim, Claim):
+            raise UnsupportedTypeError(
+                f"step.ack() takes a Claim (from consumer.claim()), got {type(claim).__name__}"
+            )
+        claim._check_held("acked")
+        consumer = self._consumer
+        if claim.consumer != consumer.name:
+            raise ClaimOwnerError(
+                f"claim {claim.claim_id} belongs to consumer {claim.consumer!r}, not "
+                f"{consumer.name!r}; ack it in a step of that consumer. Nothing was changed"
+            )
+        if claim.epoch != consumer.epoch:
+            raise FencedError(
+                f"claim {claim.claim_id} was made by epoch {claim.epoch} of consumer "
+                f"{consumer.name!r}, not by this step's epoch {consumer.epoch}: an "
+                "incarnation acks only its own claims. Nothing was changed"
+            )
+        if any(c is claim for c in self._claims):
+            raise InvalidArgumentError(
+                f"claim {claim.claim_id} is already acked in this step; give each claim once"
+            )
+        self._claims.append(claim)
+
+    def checkpoint(self, state: Any) -> None:
+        """Store ``state`` (any JSON value) as the consumer's checkpoint with the step (the
+        last one given wins)."""
+        self._check_open()
+        self._checkpoint = check_checkpoint(state)
+
+    def set_policy_version(self, version: int, *, force: bool = False) -> None:
+        """Publish ``version`` with the step, as
+        :meth:`~expstore.ReplayBuffer.set_policy_version` (going backwards needs
+        ``force=True``; with eviction ``"stale"`` the rows it makes stale go in the same
+        transaction)."""
+        self._check_open()
+        if not isinstance(force, bool):
+            raise UnsupportedTypeError(f"force must be True or False, got {force!r}")
+        self._version = check_version(version)
+        self._force = force
+
+    def update_priorities(
+        self, ids: Sequence[str], priorities: Sequence[float] | np.ndarray
+    ) -> None:
+        """Set stored priorities by row id with the step, as
+        :meth:`~expstore.ReplayBuffer.update_priorities` (ids no longer stored are
+        skipped; for an id given twice, here or in another call of the step, the last
+        priority wins)."""
+        self._check_open()
+        checked, values = check_priorities(ids, priorities)
+        self._ids.extend(checked)
+        self._priorities.append(values)
+
+    def commit(self) -> None:
+        """Write the step in one transaction (what the end of the ``with`` block does)."""
+        self._check_open()
+        for claim in self._claims:  # finished meanwhile (claim.ack(), another step)
+            claim._check_held("acked")
+        consumer = self._consumer
+        parts = StepParts(
+            claims=tuple(c._claimed for c in self._claims),
+            checkpoint=self._checkpoint,
+            version=self._version,
+            force=self._force,
+            ids=tuple(self._ids),
+            priorities=np.concatenate(self._priorities) if self._priorities else None,
+        )
+        sql = consumer._sql
+        done = commit_step(sql.claims, consumer.name, consumer.epoch, parts)
+        self.state = "committed"
+        for claim in self._claims:
+            claim.state = "acked"
+        self.acked = done.acked
+        self.evicted = done.evicted
+        self.checkpoint_seq = done.checkpoint_seq
+        self.updated = sql.priorities_updated(done.priorities)
+
+    def __enter__(self) -> Step:
+        self._check_open()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None:
+            self.commit()
+        elif self.state == "open":
+            self.state = "abandoned"
+
+    def __repr__(self) -> str:
+        return (
+            f"Step({self._consumer.name!r}, epoch={self._consumer.epoch}, "
+            f"claims={len(self._claims)}, state={self.state!r})"
         )
 
 
@@ -198,8 +455,10 @@ def claim_rows(
     converter: Converter[Any] | None = None,
     wait: float | None = None,
     max_staleness: int | None = None,
+    epoch: int = 0,
 ) -> Claim:
-    """See :meth:`expstore.ReplayBuffer.claim`."""
+    """See :meth:`expstore.ReplayBuffer.claim`; ``epoch``: the incarnation claiming (see
+    :class:`Consumer`; 0 for a plain claim)."""
     n = check_int("n", n, minimum=1, maximum=MAX_BATCH)
     consumer = check_consumer(consumer)
     lease = check_lease(lease_s)
@@ -251,7 +510,7 @@ def claim_rows(
         want = min(n, claimable(n))
     counted = sql.acquire_samples(want)[0] if want else 0
     try:
-        claimed = queue.claim(want, scope, consumer, lease, candidates, groups)
+        claimed = queue.claim(want, scope, consumer, lease, candidates, groups, epoch)
     except BaseException:
         sql.refund_samples(counted)
         raise

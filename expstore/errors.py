@@ -29,7 +29,9 @@ too::
     ├── ClaimError                a claim cannot be acked, released or renewed as asked
     │   ├── LeaseExpiredError         its lease ran out and another consumer claimed rows
     │   ├── ClaimOwnerError           it belongs to another consumer
-    │   └── ClaimFinishedError        it was already acked or released
+    │   ├── ClaimFinishedError        it was already acked or released
+    │   └── FencedError               a newer incarnation of its consumer opened
+    │                                 (buffer.consumer(name)): an older one changes nothing
     ├── UnknownConsumerError      no checkpoint stored for that consumer (LookupError)
     ├── WaitTimeoutError          the data waited for did not come in time (TimeoutError)
     │   └── RateLimitedError          a rate limit kept a sample or a write waiting too long
@@ -56,6 +58,7 @@ __all__ = [
     "DuplicateIdError",
     "EmptyBufferError",
     "ExpstoreError",
+    "FencedError",
     "InvalidArgumentError",
     "LeaseExpiredError",
     "MissingDependencyError",
@@ -137,7 +140,7 @@ class MissingDependencyError(ExpstoreError, ImportError):
 
 
 class ClaimError(ExpstoreError):
-    """A claim cannot be acked, released or renewed as asked; nothing was changed."""
+    """A claim cannot be made, acked, released or renewed as asked; nothing was changed."""
 
 
 class LeaseExpiredError(ClaimError):
@@ -150,6 +153,11 @@ class ClaimOwnerError(ClaimError):
 
 class ClaimFinishedError(ClaimError):
     """The claim was already acked or released."""
+
+
+class FencedError(ClaimError):
+    """A claim, ack, release, renewal or checkpoint of a consumer's older incarnation (or
+    one without an epoch, of a consumer opened with epochs): refused, nothing changed."""
 
 
 class UnknownConsumerError(ExpstoreError, LookupError):

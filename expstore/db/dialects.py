@@ -129,6 +129,12 @@ class Dialect(ABC):
         """``stmt`` locking the rows it reads until the transaction ends."""
         return stmt
 
+    def share_locked(self, stmt: Select[Any]) -> Select[Any]:
+        """``stmt`` locking the rows it reads against updates until the transaction ends,
+        letting other readers that lock them so go on (a consumer's claims hold its row
+        so, while opening a new epoch updates it)."""
+        return stmt
+
     def skip_locked(self, stmt: Select[Any]) -> Select[Any]:
         """``stmt`` locking the rows it reads, passing over rows another transaction holds
         (claims: concurrent claimers never wait on each other)."""
@@ -365,6 +371,9 @@ class PostgresDialect(Dialect):
 
     def locked(self, stmt: Select[Any]) -> Select[Any]:
         return stmt.with_for_update()
+
+    def share_locked(self, stmt: Select[Any]) -> Select[Any]:
+        return stmt.with_for_update(read=True)  # FOR SHARE
 
     def skip_locked(self, stmt: Select[Any]) -> Select[Any]:
         # NO KEY UPDATE: other claimers skip the row, while inserting its consumption entry

@@ -306,13 +306,17 @@ checkpoints = Table(
 
 #: One row per consumer of a buffer: its last checkpoint's number, locked by each ack with
 #: a checkpoint, so two acks of one consumer number their checkpoints in turn (acks of
-#: different consumers never wait on each other).
+#: different consumers never wait on each other); and its ``epoch``, the incarnation
+#: ``buffer.consumer(name)`` opened last (0: never opened that way), which every claim,
+#: ack, release and renewal checks holding this row (see
+#: :mod:`expstore.features.claims.epochs`).
 consumers = Table(
     "expstore_consumers",
     metadata,
     Column("buffer_id", Integer, primary_key=True),  # no foreign key: see consumption
     Column("consumer", String(255), primary_key=True),
     Column("last_seq", BigInteger, nullable=False, server_default="0"),
+    Column("epoch", BigInteger, nullable=False, server_default="0"),
 )
 
 #: The ready-group index of group claims (see :mod:`expstore.features.claims.ready_groups`):

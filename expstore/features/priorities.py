@@ -27,7 +27,7 @@ from ..db.row_ids import ids_to_keys
 from ..db.schema import buffers, priority_log
 from .registry import bump_version, lock_buffer
 
-__all__ = ["Update", "logged_priorities", "update_priorities"]
+__all__ = ["Update", "logged_priorities", "update_priorities", "update_priorities_in"]
 
 #: (priority version after the update, the keys it set, their priorities), each key once.
 Update = tuple[int, np.ndarray, np.ndarray]
@@ -43,40 +43,47 @@ def update_priorities(
     if not ids:
         return None
     with handle.errors("update priorities"), handle.write() as conn:
-        # The buffer's row first, as store_batch takes it: locking rows and then the
-        # buffer would deadlock with a writer evicting those rows.
-        lock_buffer(handle, conn, buffers.c.id)
-        key_of = ids_to_keys(handle, conn, ids)
-        # By key, the last priority given for it winning (as the UPDATEs in order would).
-        latest = {key_of[i]: float(p) for i, p in zip(ids, values, strict=True) if i in key_of}
-        if not latest:
-            return None
-        dialect = handle.dialect
-        bound = dialect.key_value_params(list(latest), list(latest.values()))
-        # One statement each, whatever the number of keys: an entry per key (the first
-        # time inserted, after that updated), then the log of this update.
-        given = dialect.bound_key_values()
-        new = dialect.insert_per_key(
-            schema.priorities, {"buffer_id": handle.buffer_id, "priority": given.c.value}, given
+        return update_priorities_in(handle, conn, ids, values)
+
+
+def update_priorities_in(
+    handle: BufferHandle, conn: Connection, ids: Sequence[str], values: np.ndarray
+) -> Update | None:
+    """:func:`update_priorities` of checked ``ids`` and ``values`` (see
+    :func:`~expstore._args.check_priorities`) in the caller's transaction (a learner's
+    training step, see :mod:`expstore.features.claims.steps`)."""
+    # The buffer's row first, as store_batch takes it: locking rows and then the
+    # buffer would deadlock with a writer evicting those rows.
+    lock_buffer(handle, conn, buffers.c.id)
+    key_of = ids_to_keys(handle, conn, ids)
+    # By key, the last priority given for it winning (as the UPDATEs in order would).
+    latest = {key_of[i]: float(p) for i, p in zip(ids, values, strict=True) if i in key_of}
+    if not latest:
+        return None
+    dialect = handle.dialect
+    bound = dialect.key_value_params(list(latest), list(latest.values()))
+    # One statement each, whatever the number of keys: an entry per key (the first
+    # time inserted, after that updated), then the log of this update.
+    given = dialect.bound_key_values()
+    new = dialect.insert_per_key(
+        schema.priorities, {"buffer_id": handle.buffer_id, "priority": given.c.value}, given
+    )
+    conn.execute(
+        new.on_conflict_do_update(index_elements=["key"], set_={"priority": new.excluded.priority}),
+        bound,
+    )
+    seq = bump_version(handle, conn, buffers.c.priority_version)
+    entries = {"buffer_id": handle.buffer_id, "seq": seq, "priority": given.c.value}
+    conn.execute(dialect.insert_per_key(priority_log, entries, given), bound)
+    conn.execute(
+        delete(priority_log).where(
+            priority_log.c.buffer_id == handle.buffer_id,
+            priority_log.c.seq <= seq - handle.tuning.priority_log_keep,
         )
-        conn.execute(
-            new.on_conflict_do_update(
-                index_elements=["key"], set_={"priority": new.excluded.priority}
-            ),
-            bound,
-        )
-        seq = bump_version(handle, conn, buffers.c.priority_version)
-        entries = {"buffer_id": handle.buffer_id, "seq": seq, "priority": given.c.value}
-        conn.execute(dialect.insert_per_key(priority_log, entries, given), bound)
-        conn.execute(
-            delete(priority_log).where(
-                priority_log.c.buffer_id == handle.buffer_id,
-                priority_log.c.seq <= seq - handle.tuning.priority_log_keep,
-            )
-        )
+    )
     keys = np.fromiter(latest, dtype=np.int64, count=len(latest))
-    new = np.fromiter(latest.values(), dtype=np.float64, count=len(latest))
-    return seq, keys, new
+    priorities_ = np.fromiter(latest.values(), dtype=np.float64, count=len(latest))
+    return seq, keys, priorities_
 
 
 def logged_priorities(

@@ -43,7 +43,9 @@ __all__ = [
     "fresh_clause",
     "fresh_mask",
     "oldest_fresh",
+    "check_version",
     "set_version",
+    "set_version_in",
 ]
 
 
@@ -55,33 +57,43 @@ def current_version(handle: BufferHandle) -> int | None:
     return None if value is None else int(value)
 
 
+def check_version(version: Any) -> int:
+    """``version`` as a policy version (an int from 0 to 2**63 - 1), or the typed error."""
+    checked = check_int("version", version, minimum=0)
+    if checked > 2**63 - 1:
+        raise PolicyVersionError(f"version must be below 2**63, got {checked}")
+    return checked
+
+
 def set_version(handle: BufferHandle, version: Any, *, force: bool = False) -> int:
     """Make ``version`` the buffer's current policy version for every process; returns how
     many rows the ``"stale"`` eviction policy deleted with it (in the same transaction).
 
     A version lower than the current one raises PolicyVersionError unless ``force``."""
-    version = check_int("version", version, minimum=0)
-    if version > 2**63 - 1:
-        raise PolicyVersionError(f"version must be below 2**63, got {version}")
+    version = check_version(version)
     with handle.errors("set the policy version"), handle.write() as conn:
-        current, capacity, policy = lock_buffer(
-            handle, conn, buffers.c.policy_version, buffers.c.capacity, buffers.c.eviction
+        return set_version_in(handle, conn, version, force=force)
+
+
+def set_version_in(handle: BufferHandle, conn: Connection, version: int, *, force: bool) -> int:
+    """:func:`set_version` of a checked ``version`` in the caller's transaction (a
+    learner's training step, see :mod:`expstore.features.claims.steps`)."""
+    current, capacity, policy = lock_buffer(
+        handle, conn, buffers.c.policy_version, buffers.c.capacity, buffers.c.eviction
+    )
+    if current is not None and version < current and not force:
+        raise PolicyVersionError(
+            f"buffer {handle.name!r} is at policy version {current}; {version} would go "
+            "backwards, which makes rows of newer versions look like the future. Pass "
+            "force=True to set it anyway (e.g. after restoring an older checkpoint). "
+            "Nothing was changed"
         )
-        if current is not None and version < current and not force:
-            raise PolicyVersionError(
-                f"buffer {handle.name!r} is at policy version {current}; {version} would go "
-                "backwards, which makes rows of newer versions look like the future. Pass "
-                "force=True to set it anyway (e.g. after restoring an older checkpoint). "
-                "Nothing was changed"
-            )
-        conn.execute(
-            update(buffers).where(buffers.c.id == handle.buffer_id).values(policy_version=version)
-        )
-        if policy not in EVERY_WRITE_POLICIES:
-            return 0
-        return evict_beyond(
-            handle, conn, capacity, policy, task_stats.state(conn, handle.buffer_id)
-        )
+    conn.execute(
+        update(buffers).where(buffers.c.id == handle.buffer_id).values(policy_version=version)
+    )
+    if policy not in EVERY_WRITE_POLICIES:
+        return 0
+    return evict_beyond(handle, conn, capacity, policy, task_stats.state(conn, handle.buffer_id))
 
 
 def fresh(version: Any, oldest: Any) -> ColumnElement[bool]:

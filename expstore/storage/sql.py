@@ -343,7 +343,12 @@ class SqlStorage(Storage):
         patched in place, and the update is logged so that other processes patch theirs
         too (see :mod:`expstore.features.priorities`).
         """
-        done = priorities.update_priorities(self._handle, ids, priorities_)
+        return self.priorities_updated(priorities.update_priorities(self._handle, ids, priorities_))
+
+    def priorities_updated(self, done: priorities.Update | None) -> int:
+        """Patch this handle's cached key index with a priority update committed through
+        it (:meth:`update_priorities`, or a learner's training step); returns how many
+        rows it set."""
         if done is None:
             return 0
         seq, keys, values = done

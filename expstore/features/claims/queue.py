@@ -17,6 +17,11 @@ How concurrent claimers stay apart:
 
 Leases are measured by the database's clock, the same for every host.
 
+Every claim, ack, release and renewal first checks, in its own transaction and holding
+the consumer's row, that it comes from the consumer's current incarnation (see
+:mod:`expstore.features.claims.epochs`: fencing); the consumer's row is always locked
+before the claims' entries.
+
 FIFO claims do not walk the consumed part of the buffer again on every call: each handle
 keeps, per condition, a key below which every matching row has a committed consumption
 entry. It may stay there because of the buffer's write order: every write to a buffer locks
@@ -32,7 +37,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 from sqlalchemy import Connection, and_, func, or_, select, true, update
@@ -50,6 +55,7 @@ from ...errors import (
 from ...query import QueryCondition, condition_key
 from ..registry import buffer_row
 from ..versions import fresh_clause, oldest_fresh
+from .epochs import hold_epoch, next_epoch
 from .ready_groups import forget_consumed
 from .reports import Lineage, QueueStats, queue_stats, row_lineage
 
@@ -63,6 +69,7 @@ __all__ = [
 ]
 
 _C = consumption.c
+_T = TypeVar("_T")
 #: A released entry: no claim holds the row, which is claimable again.
 _RELEASED: dict[str, Any] = {"claim_id": None, "consumer": None, "lease_until": None}
 #: Rounds a sampler-ordered claim draws candidates before it takes claimable rows at random.
@@ -70,14 +77,17 @@ _DRAW_ROUNDS = 4
 
 
 class Claimed(NamedTuple):
-    """What one claim took: its id, its consumer, the rows' keys in claim order, and when
-    it was taken and its lease ends (database clock, seconds since the epoch)."""
+    """What one claim took: its id, its consumer, the rows' keys in claim order, when it
+    was taken and its lease ends (database clock, seconds since the epoch), and the epoch
+    of the consumer's incarnation that took it (0: a plain claim; see
+    :mod:`expstore.features.claims.epochs`)."""
 
     claim_id: str
     consumer: str
     keys: np.ndarray
     claimed_at: float
     lease_until: float
+    epoch: int = 0
 
 
 #: The database's clock, as a float (a bound value) or as SQL evaluated by the statement.
@@ -154,6 +164,11 @@ class ClaimQueue:
         #: has committed.
         self._floors: dict[str, _Floor] = {}
 
+    @property
+    def handle(self) -> BufferHandle:
+        """The buffer's handle (for a training step's transaction)."""
+        return self._handle
+
     def clear(self) -> None:
         self._floors.clear()
 
@@ -166,10 +181,12 @@ class ClaimQueue:
         lease_s: float,
         candidates: Callable[[int], np.ndarray] | None = None,
         groups: GroupTaker | None = None,
+        epoch: int = 0,
     ) -> Claimed:
         """Claim up to ``n`` claimable rows matching the condition: oldest first, or, with
         ``candidates`` (a function giving up to that many keys chosen by a sampler), among
-        the keys it chooses."""
+        the keys it chooses. ``epoch``: the consumer's incarnation claiming (0: a plain
+        claim), FencedError unless it is the consumer's current one."""
         handle = self._handle
         claim_id = uuid.uuid4().hex
         now = handle.dialect.now()  # evaluated by each statement: no round trip of its own
@@ -181,6 +198,7 @@ class ClaimQueue:
             committed.clear()
             with handle.errors("claim rows"), handle.write() as conn:
                 buffer_row(handle, conn)  # still the handle's buffer
+                hold_epoch(handle, conn, consumer, epoch, "claim", shared=True)
                 entry = {
                     "buffer_id": handle.buffer_id,
                     "claim_id": claim_id,
@@ -205,7 +223,8 @@ class ClaimQueue:
         self._floors.update(floors)
         for then in committed:
             then()
-        return Claimed(claim_id, consumer, np.asarray(keys, dtype=np.int64), at, at + lease_s)
+        keys_ = np.asarray(keys, dtype=np.int64)
+        return Claimed(claim_id, consumer, keys_, at, at + lease_s, epoch)
 
     def _take(
         self,
@@ -431,32 +450,44 @@ class ClaimQueue:
             )
         return held
 
-    def _finish(
-        self,
-        claim: Claimed,
-        action: str,
-        values: dict[str, Any],
-        more: Callable[[Connection], dict[str, Any]] | None = None,
-    ) -> int:
-        """Check the claim is the consumer's to ``action``, then set ``values`` (and what
-        ``more`` adds, in the same transaction) on its entries; returns how many."""
+    def _finish(self, claim: Claimed, action: str, body: Callable[[Connection], _T]) -> _T:
+        """``body(conn)`` in a transaction of its own, once the claim's incarnation is
+        found to be its consumer's current one (holding the consumer's row)."""
         handle = self._handle
 
-        def write() -> int:
+        def write() -> _T:
             with handle.errors(f"{action} a claim"), handle.write() as conn:
                 buffer_row(handle, conn)  # still the handle's buffer
-                held = self._own_entries(conn, claim, action)
-                extra = more(conn) if more is not None else {}
-                if held:
-                    conn.execute(
-                        update(consumption)
-                        .where(_C.claim_id == claim.claim_id)
-                        .values(**values, **extra)
-                    )
-            return len(held)
+                hold_epoch(handle, conn, claim.consumer, claim.epoch, action)
+                return body(conn)
 
         # A deadlock with a claim taking the rows over (Postgres) rolls it back: again.
         return retried(write)
+
+    def finish_in(
+        self, conn: Connection, claim: Claimed, action: str, values: dict[str, Any]
+    ) -> int:
+        """In the caller's transaction (which holds the consumer's row, its epoch checked):
+        check the claim is the consumer's to ``action``, then set ``values`` on its
+        entries; returns how many."""
+        held = self._own_entries(conn, claim, action)
+        if held:
+            conn.execute(update(consumption).where(_C.claim_id == claim.claim_id).values(**values))
+        return len(held)
+
+    def ack_in(
+        self, conn: Connection, claim: Claimed, now: Now, checkpoint_seq: int | None = None
+    ) -> int:
+        """Mark the claim's rows consumed in the caller's transaction (see
+        :meth:`finish_in`), with the number of the checkpoint stored with them; returns how
+        many rows were acked."""
+        done: dict[str, Any] = {"acked_at": now, "lease_until": None}
+        if checkpoint_seq is not None:
+            done["checkpoint_seq"] = checkpoint_seq
+        acked = self.finish_in(conn, claim, "ack", done)
+        # The groups whose first row this ack consumed leave the ready-group index.
+        forget_consumed(self._handle, conn, claim.keys.tolist())
+        return acked
 
     def ack(self, claim: Claimed, checkpoint: Any = None, *, with_checkpoint: bool) -> int:
         """Mark the claim's rows consumed, storing ``checkpoint`` for its consumer in the
@@ -465,32 +496,70 @@ class ClaimQueue:
         state = check_checkpoint(checkpoint) if with_checkpoint else None
         now = self._handle.dialect.now()
 
-        def store_checkpoint(conn: Connection) -> dict[str, Any]:
-            forget_consumed(self._handle, conn, claim.keys.tolist())
-            if state is None:
-                return {}
-            return {"checkpoint_seq": self._store_checkpoint(conn, claim.consumer, state, now)}
+        def body(conn: Connection) -> int:
+            seq = None if state is None else self.store_checkpoint(conn, claim.consumer, state, now)
+            return self.ack_in(conn, claim, now, seq)
 
-        done = {"acked_at": now, "lease_until": None}
-        return self._finish(claim, "ack", done, store_checkpoint)
+        return self._finish(claim, "ack", body)
 
     def release(self, claim: Claimed) -> int:
         """Return the claim's rows to the queue; returns how many."""
-        return self._finish(claim, "release", _RELEASED)
+        return self._finish(
+            claim, "release", lambda c: self.finish_in(c, claim, "release", _RELEASED)
+        )
 
     def renew(self, claim: Claimed, lease_s: float) -> float:
         """Extend the claim's lease to ``lease_s`` from now; returns when it ends."""
-        until: list[float] = []
 
-        def lease(conn: Connection) -> dict[str, Any]:
+        def body(conn: Connection) -> float:
             now = float(conn.execute(select(self._handle.dialect.now())).scalar_one())
-            until.append(now + lease_s)
-            return {"lease_until": until[-1]}
+            self.finish_in(conn, claim, "renew", {"lease_until": now + lease_s})
+            return now + lease_s
 
-        self._finish(claim, "renew", {}, lease)
-        return until[-1]
+        return self._finish(claim, "renew", body)
 
-    def _store_checkpoint(self, conn: Connection, consumer: str, state: str, now: Now) -> int:
+    # -- consumers and their epochs (expstore.features.claims.epochs) ------------------------
+    def open_consumer(self, consumer: str, *, takeover: bool) -> tuple[int, int]:
+        """Open a new incarnation of ``consumer``: ``(its epoch, how many rows it took back)``.
+        With ``takeover`` the claims its predecessors still hold are released in the same
+        transaction, so their rows are claimable at once."""
+        handle = self._handle
+
+        def write() -> tuple[int, int]:
+            with handle.errors("open a consumer"), handle.write() as conn:
+                buffer_row(handle, conn)  # still the handle's buffer
+                epoch = next_epoch(handle, conn, consumer)
+                taken = self.release_consumer_in(conn, consumer) if takeover else 0
+            return epoch, taken
+
+        return retried(write)
+
+    def release_consumer_in(self, conn: Connection, consumer: str) -> int:
+        """Release every unacked claim of ``consumer`` in the caller's transaction (which
+        holds the consumer's row); returns how many rows came back."""
+        handle = self._handle
+        held = select(_C.key).where(
+            _C.buffer_id == handle.buffer_id,
+            _C.acked_at.is_(None),
+            _C.claim_id.is_not(None),
+            _C.consumer == consumer,
+        )
+        # Locked in key order, as claims lock them (else the two can deadlock on Postgres).
+        keys = [
+            int(k) for k in conn.execute(handle.dialect.locked(held.order_by(_C.key))).scalars()
+        ]
+        if not keys:
+            return 0
+        freed = (
+            update(consumption)
+            .where(handle.dialect.key_in(_C.key), _C.consumer == consumer, _C.acked_at.is_(None))
+            .values(**_RELEASED)
+        )
+        return int(conn.execute(freed, {"keys": handle.dialect.key_set(keys)}).rowcount)
+
+    def store_checkpoint(self, conn: Connection, consumer: str, state: str, now: Now) -> int:
+        """Store ``state`` (checked JSON text) as ``consumer``'s newest checkpoint in the
+        caller's transaction; returns its number."""
         handle = self._handle
         insert = handle.dialect.upsert(consumers)
         seq = conn.execute(

@@ -1,0 +1,108 @@
+"""Consumer epochs: fencing a learner's older incarnations, as ZooKeeper's fencing tokens
+and Kafka's producer epochs do.
+
+Opening a consumer (``buffer.consumer("learner-0")``) bumps ``expstore_consumers.epoch``
+for that name in one transaction and hands the new number to the incarnation. Every
+claim, ack, release, renewal and checkpoint carries the epoch of whoever sends it, and the
+statement that would write checks it, in the same transaction, holding the consumer's row:
+anything but the current epoch raises :class:`~expstore.errors.FencedError` and changes
+nothing. Because opening updates that row and the checks lock it (claims with a shared
+lock, so one incarnation's threads claim side by side; acks, releases, renewals and steps
+exclusively, as an ack's checkpoint numbering already did), a new epoch commits either
+before such a write (which is then refused) or after it (which then happened in full
+before the new incarnation began). After a new epoch commits, nothing an older incarnation
+sends changes anything: a stalled learner (preempted pod, long GC pause) that wakes up and
+acks its old claim cannot move the checkpoint back.
+
+Plain claims (``buffer.claim(consumer="x")``, without an opened consumer) carry epoch 0,
+which is the epoch of every name never opened: AWorld-style callers go on as before. Once
+a name has been opened they are refused like any other older incarnation, since a plain
+claimant could be exactly the stalled process the epoch fences out.
+
+Lock order, the same everywhere (so Postgres never deadlocks on it): the buffer's row (only
+writes that take it anyway: a training step that sets the policy version or priorities),
+then the consumer's row, then consumption entries.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Connection, select
+
+from ...db.handle import BufferHandle
+from ...db.schema import consumers
+from ...errors import FencedError
+
+__all__ = ["hold_epoch", "next_epoch"]
+
+_C = consumers.c
+
+
+def next_epoch(handle: BufferHandle, conn: Connection, consumer: str) -> int:
+    """Open a new incarnation of ``consumer`` in the caller's transaction: its epoch, one
+    above the last (1 for a name never opened). The consumer's row stays locked until the
+    transaction ends."""
+    insert = handle.dialect.upsert(consumers)
+    bumped = conn.execute(
+        insert.values(buffer_id=handle.buffer_id, consumer=consumer, last_seq=0, epoch=1)
+        .on_conflict_do_update(
+            index_elements=[_C.buffer_id, _C.consumer], set_={"epoch": _C.epoch + 1}
+        )
+        .returning(_C.epoch)
+    ).scalar_one()
+    return int(bumped)
+
+
+def hold_epoch(
+    handle: BufferHandle,
+    conn: Connection,
+    consumer: str,
+    epoch: int,
+    action: str,
+    *,
+    shared: bool = False,
+) -> None:
+    """Lock ``consumer``'s row until the caller's transaction ends (``shared``: against
+    a new epoch only, as claims do) and raise FencedError, changing nothing, unless
+    ``epoch`` is its current epoch (0 for a name never opened). ``action`` says what was
+    refused ("ack", "claim", ...)."""
+    dialect = handle.dialect
+    lock = dialect.share_locked if shared else dialect.locked
+    mine = select(_C.epoch).where(_C.buffer_id == handle.buffer_id, _C.consumer == consumer)
+    current = conn.execute(lock(mine)).scalar_one_or_none()
+    if current is None:
+        if epoch == 0:
+            # A row to hold, so that a consumer opened meanwhile waits for this write (or
+            # this write for it) instead of passing it unseen.
+            insert = dialect.upsert(consumers).values(
+                buffer_id=handle.buffer_id, consumer=consumer, last_seq=0, epoch=0
+            )
+            conn.execute(insert.on_conflict_do_nothing(index_elements=[_C.buffer_id, _C.consumer]))
+            current = conn.execute(lock(mine)).scalar_one()
+        else:
+            current = 0
+    if int(current) != epoch:
+        raise FencedError(_refusal(handle, consumer, epoch, int(current), action))
+
+
+def _refusal(handle: BufferHandle, consumer: str, epoch: int, current: int, action: str) -> str:
+    if epoch == 0:
+        return (
+            f"consumer {consumer!r} of buffer {handle.name!r} was opened with "
+            f"buffer.consumer({consumer!r}) (epoch {current}); a {action} without an epoch "
+            "(buffer.claim(consumer=...), or a claim it made) is refused, since it could come "
+            "from an older incarnation. Claim through the Consumer that buffer.consumer() "
+            "returned, or use another consumer name. Nothing was changed"
+        )
+    if epoch > current:
+        return (
+            f"consumer {consumer!r} of buffer {handle.name!r} is at epoch {current}, behind "
+            f"this incarnation's epoch {epoch}: the database was made anew or restored "
+            f"since it opened. Its {action} is refused and nothing was changed; open the "
+            f"consumer again with buffer.consumer({consumer!r})"
+        )
+    return (
+        f"consumer {consumer!r} of buffer {handle.name!r} was opened again (epoch "
+        f"{current}) after this incarnation (epoch {epoch}): its {action} is refused and "
+        "nothing was changed. A newer learner owns the name now; stop this one (it was "
+        f"preempted or paused), or open buffer.consumer({consumer!r}) again to take over"
+    )
