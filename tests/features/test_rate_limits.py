@@ -23,7 +23,11 @@ from tests.helpers import make_row, make_rows
 def test_min_size_holds_sampling_until_enough_rows_were_inserted(buf: ReplayBuffer) -> None:
     buf.set_rate_limiter(RateLimiter(min_size=10, timeout=0.05))
     buf.store_batch(make_rows(9))
-    with pytest.raises(RateLimitedError, match="9 rows inserted, 0 sampled; min_size=10"):
+    held = (
+        r"min_size holds it: 9 rows count as inserted.*inserted 9, discarded 0, sampled 0 "
+        r"\(min_size=10\); learners have not sampled"
+    )
+    with pytest.raises(RateLimitedError, match=held):
         buf.sample(batch_size=4)
     buf.store(make_row())
     assert len(buf.sample(batch_size=100)) == 100  # MinSize: no ratio, any amount
@@ -37,7 +41,8 @@ def test_samples_per_insert_is_a_budget_shared_by_every_handle(
         a.store_batch(make_rows(10))  # budget 20 samples
         assert len(a.sample(batch_size=8)) == 8
         assert len(b.sample(batch_size=12)) == 12  # another handle spends the same budget
-        with pytest.raises(RateLimitedError, match="10 rows inserted, 20 sampled"):
+        held = "samples_per_insert holds it.*inserted 10, discarded 0, sampled 20"
+        with pytest.raises(RateLimitedError, match=held):
             b.sample(batch_size=1)
         stats = a.rate_limit_stats()
         assert stats is not None and (stats.inserted, stats.sampled) == (10, 20)
@@ -90,7 +95,12 @@ def test_blocked_writers_wait_for_samplers(buf: ReplayBuffer) -> None:
     )
     buf.set_rate_limiter(limiter)  # writers may run max_diff = 6 samples ahead
     buf.store_batch(make_rows(6))
-    with pytest.raises(RateLimitedError, match="learners are not sampling. Nothing was stored"):
+    held = (
+        "block_writers holds it: 2 more rows would put inserts 8 samples ahead of the 0 "
+        "drawn, more than max_diff=6.*learners must draw 2 more rows first.*learners have "
+        "not sampled since the limit was set; actors inserted last .* s ago. Nothing was stored"
+    )
+    with pytest.raises(RateLimitedError, match=held):
         buf.store_batch(make_rows(2))
     assert len(buf) == 6
     buf.sample(batch_size=3)
@@ -202,7 +212,7 @@ def test_concurrent_samplers_never_exceed_the_budget(db_url: str, buffer_name: s
 
 def test_an_empty_limited_buffer_waits_instead_of_raising_empty(buf: ReplayBuffer) -> None:
     buf.set_rate_limiter(RateLimiter(min_size=2, timeout=0.05))
-    with pytest.raises(RateLimitedError, match="0 rows inserted"):
+    with pytest.raises(RateLimitedError, match="inserted 0, discarded 0"):
         buf.sample(batch_size=2)
     writer = threading.Timer(0.2, lambda: buf.store_batch(make_rows(2)))
     writer.start()

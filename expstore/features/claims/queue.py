@@ -29,7 +29,6 @@ that key that become claimable again (released, or their lease ran out) are foun
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -50,7 +49,7 @@ from ...errors import (
 from ...query import QueryCondition, condition_key
 from ..registry import buffer_row
 from ..versions import fresh_clause, oldest_fresh
-from .reports import Lineage, QueueStats, queue_stats, row_lineage
+from .reports import Lineage, QueueStats, checkpoint_value, queue_stats, row_lineage
 
 __all__ = [
     "ClaimQueue",
@@ -504,7 +503,7 @@ class ClaimQueue:
                 buffer_id=handle.buffer_id,
                 consumer=consumer,
                 seq=seq,
-                state=json.loads(state),
+                state=state,
                 created_at=now,
             )
         )
@@ -529,7 +528,7 @@ class ClaimQueue:
                 "never acked with checkpoint=... . Start it from scratch, or pass default= "
                 "to get a starting state instead of this error"
             )
-        return int(found.seq), found.state
+        return int(found.seq), checkpoint_value(found.state)
 
     def count(self, scope: Scope, upto: int, *, claimable: bool) -> int:
         """How many matching rows there are (``claimable``: that can be claimed now),
