@@ -172,6 +172,32 @@ class RateLimits:
             last_insert_at=_float_or_none(row.inserted_at),
         )
 
+    def situation(self) -> str:
+        """What each side of the buffer is doing, for the message of a wait that timed
+        out: with a limit, its counts, settings and when learners last sampled and actors
+        last inserted; without one, the buffer's own counts."""
+        handle = self.handle
+        with handle.errors("read the rate limit"), handle.read() as conn:
+            row = self._row(conn)
+            if row is not None:
+                return f"Rate limit: {_describe(row)}"
+            b = buffers.c
+            found = conn.execute(
+                select(
+                    b.row_count, b.inserted, b.discarded, b.inserted_at, handle.dialect.now()
+                ).where(b.id == handle.buffer_id)
+            ).one()
+        held, inserted, discarded, at, now = found
+        last = (
+            "actors have inserted no rows yet"
+            if at is None
+            else f"actors inserted last {_ago(float(now), at)}"
+        )
+        return (
+            f"Buffer {handle.name!r} holds {int(held)} rows; inserted {int(inserted)} ever, of "
+            f"which {int(discarded)} discarded (never drawable); {last}; no rate limit"
+        )
+
     # -- samplers ------------------------------------------------------------------------
     def limited(self, since: float | None = None) -> bool:
         """Whether the buffer has a limit: as a key index read after ``since`` (a monotonic

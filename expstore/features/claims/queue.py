@@ -58,6 +58,7 @@ __all__ = [
     "Lineage",
     "QueueStats",
     "Scope",
+    "ShortClaim",
 ]
 
 _C = consumption.c
@@ -65,6 +66,11 @@ _C = consumption.c
 _RELEASED: dict[str, Any] = {"claim_id": None, "consumer": None, "lease_until": None}
 #: Rounds a sampler-ordered claim draws candidates before it takes claimable rows at random.
 _DRAW_ROUNDS = 4
+
+
+class ShortClaim(Exception):
+    """Internal: a claim found fewer rows than it must take at least (rolled back, nothing
+    taken); ``args[0]``: how many it found."""
 
 
 class Claimed(NamedTuple):
@@ -164,10 +170,12 @@ class ClaimQueue:
         lease_s: float,
         candidates: Callable[[int], np.ndarray] | None = None,
         groups: GroupTaker | None = None,
+        at_least: int = 0,
     ) -> Claimed:
         """Claim up to ``n`` claimable rows matching the condition: oldest first, or, with
         ``candidates`` (a function giving up to that many keys chosen by a sampler), among
-        the keys it chooses."""
+        the keys it chooses. With ``at_least``, a claim that finds fewer rows takes none
+        (its transaction rolled back) and raises :class:`ShortClaim`."""
         handle = self._handle
         claim_id = uuid.uuid4().hex
         now = handle.dialect.now()  # evaluated by each statement: no round trip of its own
@@ -195,6 +203,8 @@ class ClaimQueue:
                     keys = self._claim_oldest(conn, n, scope, now, entry, stamps, floors)
                 else:
                     keys = self._claim_drawn(conn, n, scope, now, entry, stamps, candidates)
+                if len(keys) < at_least:
+                    raise ShortClaim(len(keys))  # rolls the transaction back
                 at = stamps[0] if stamps else float(conn.execute(select(now)).scalar_one())
             return keys, at
 

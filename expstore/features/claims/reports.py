@@ -149,7 +149,7 @@ def row_lineage(handle: BufferHandle, ids: Sequence[str]) -> dict[str, Lineage]:
         keys = list(key_of.values())
         bound = {"keys": handle.dialect.key_set(keys)}
         found = {
-            int(r.key): Lineage(*r[1:6], checkpoint_value(r[6]), *r[7:])
+            int(r[0]): Lineage(r[1], r[2], r[3], r[4], r[5], checkpoint_value(r[6]), r[7], r[8])
             for r in conn.execute(stmt, bound)
         }
     never = Lineage("unclaimed", None, None, None, None, None, None, 0)
