@@ -17,6 +17,8 @@ from expstore import (
     UniformSampler,
 )
 from expstore.errors import InvalidArgumentError, StorageError
+from expstore.features.rate_limits import discard
+from expstore.features.registry import lock_buffer
 from tests.helpers import make_row, make_rows
 
 
@@ -328,3 +330,106 @@ def test_rows_written_between_an_empty_choice_and_its_budget_are_drawn(
     assert len(buf.sample(batch_size=2)) == 2
     stats = buf.rate_limit_stats()
     assert stats is not None and stats.sampled == 2 and stats.inserted == 2
+
+
+def _discard(buf: ReplayBuffer, n: int) -> None:
+    """What the group index and stale eviction do: discard rows inside a transaction that
+    holds the buffer's row."""
+    handle = buf.storage.handle
+    with handle.write() as conn:
+        lock_buffer(handle, conn)
+        discard(handle, conn, n)
+
+
+def test_discarded_rows_no_longer_hold_blocked_writers(buf: ReplayBuffer) -> None:
+    """Issue 32: rows that can never be drawn (groups a group condition refuses) counted
+    as inserted-but-unsampled, so writers held by block_writers waited for ever."""
+    buf.set_rate_limiter(
+        RateLimiter(
+            min_size=8, samples_per_insert=1.0, error_buffer=16, block_writers=True, timeout=0.05
+        )
+    )  # writers may run max_diff = 24 samples ahead
+    buf.store_batch(make_rows(24))
+    with pytest.raises(RateLimitedError, match="learners must draw 8 more rows first"):
+        buf.store_batch(make_rows(8))
+    _discard(buf, 8)  # 8 of the rows can never be drawn: they leave the count
+    buf.store_batch(make_rows(8))
+    assert len(buf) == 32
+    stats = buf.rate_limit_stats()
+    assert stats is not None
+    assert (stats.inserted, stats.discarded, stats.sampled) == (32, 8, 0)
+    assert stats.can_sample and not stats.can_insert
+    with pytest.raises(RateLimitedError, match=r"inserted 32, discarded 8, sampled 0"):
+        buf.store_batch(make_rows(1))
+
+
+def test_a_writer_waiting_on_the_limit_goes_when_rows_are_discarded(buf: ReplayBuffer) -> None:
+    buf.set_rate_limiter(
+        RateLimiter(1, samples_per_insert=1.0, error_buffer=2, block_writers=True, timeout=30)
+    )
+    buf.store_batch(make_rows(3))
+    index = threading.Timer(0.3, lambda: _discard(buf, 2))
+    index.start()
+    buf.store_batch(make_rows(2))  # waits until the discard makes room
+    index.join()
+    assert len(buf) == 5
+    assert buf.rate_limit_stats().discarded == 2  # type: ignore[union-attr]
+
+
+def test_discarded_rows_do_not_count_towards_min_size(buf: ReplayBuffer) -> None:
+    buf.set_rate_limiter(RateLimiter(min_size=4, timeout=0.05))
+    buf.store_batch(make_rows(4))
+    _discard(buf, 1)
+    with pytest.raises(RateLimitedError, match="min_size holds it: 3 rows count as inserted"):
+        buf.sample(batch_size=1)
+    buf.store(make_row())
+    assert len(buf.sample(batch_size=2)) == 2
+
+
+def test_discards_before_a_limit_is_set_are_not_counted_under_it(buf: ReplayBuffer) -> None:
+    buf.store_batch(make_rows(4))
+    _discard(buf, 4)
+    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, timeout=0.05))
+    stats = buf.rate_limit_stats()
+    assert stats is not None and (stats.inserted, stats.discarded) == (4, 0)
+
+
+def test_stats_say_when_learners_last_sampled_and_actors_last_inserted(
+    buf: ReplayBuffer,
+) -> None:
+    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=2.0, timeout=0.05))
+    stats = buf.rate_limit_stats()
+    assert stats is not None and stats.last_sample_at is None and stats.last_insert_at is None
+    buf.store_batch(make_rows(4))
+    buf.sample(batch_size=2)
+    stats = buf.rate_limit_stats()
+    assert stats is not None and stats.last_sample_at is not None
+    assert stats.last_insert_at is not None
+    assert abs(stats.last_sample_at - time.time()) < 3600  # the database's clock, in seconds
+
+
+def test_a_queue_limit_bounds_the_rows_waiting_to_be_claimed(buf: ReplayBuffer) -> None:
+    limiter = RateLimiter.queue(8, timeout=0.05)
+    assert limiter == RateLimiter(1, 1.0, 7.0, block_writers=True, timeout=0.05)
+    buf.set_rate_limiter(limiter)
+    assert buf.rate_limiter() == limiter  # read back as set
+    buf.store_batch(make_rows(8))
+    with pytest.raises(RateLimitedError, match="block_writers holds it"):
+        buf.store(make_row())
+    assert len(buf.claim(3, consumer="learner")) == 3  # three left the backlog
+    buf.store_batch(make_rows(3))
+    with pytest.raises(RateLimitedError):
+        buf.store(make_row())
+    _discard(buf, 2)  # rows that can never be claimed leave the backlog too
+    buf.store_batch(make_rows(2))
+    assert len(buf) == 13
+    with pytest.raises(InvalidArgumentError, match="max_backlog must be an int >= 2"):
+        RateLimiter.queue(1)
+
+
+@pytest.mark.parametrize("huge", [10**400, float("inf"), float("nan")])
+def test_a_limiter_refuses_numbers_beyond_a_float_with_a_typed_error(huge: float) -> None:
+    with pytest.raises(InvalidArgumentError, match="samples_per_insert must be a finite number"):
+        RateLimiter(samples_per_insert=huge)
+    with pytest.raises(InvalidArgumentError, match="timeout must be a finite number"):
+        RateLimiter(timeout=huge)
