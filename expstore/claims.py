@@ -233,8 +233,8 @@ def claim_rows(
     if isinstance(order, GroupSampler):
         if n % order.group_size or (min_n is not None and min_n % order.group_size):
             raise InvalidArgumentError(
-                f"a claim of whole groups of {order.group_size} rows takes n (and min_n) "
-                f"that are multiples of {order.group_size}; got n={n}"
+                f"a claim of whole groups of {order.group_size} rows takes an n (and a "
+                f"min_n) that is a multiple of {order.group_size}; got n={n}"
                 + ("" if min_n is None else f", min_n={min_n}")
             )
         candidates, groups = None, order.claim_taker(sql, query_condition, scope.max_staleness)

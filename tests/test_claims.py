@@ -367,7 +367,7 @@ def test_a_group_claim_with_min_n_returns_whole_groups_once_that_many_are_ready(
     with fresh:
         fresh.store_batch(group("p0", [0.0, 1.0, 0.0, 1.0]) + group("p1", [1.0, 0.0]))
         sampler = GroupSampler(group_size=4)
-        with pytest.raises(InvalidArgumentError, match="multiples of 4; got n=8, min_n=2"):
+        with pytest.raises(InvalidArgumentError, match="a multiple of 4; got n=8, min_n=2"):
             fresh.claim(8, consumer="c", order=sampler, wait=1, min_n=2)
         with pytest.raises(WaitTimeoutError, match="for min_n=8 claimable rows, in whole"):
             fresh.claim(12, consumer="c", order=sampler, wait=0.1, min_n=8)
