@@ -149,10 +149,32 @@ _TORCH_NAMES = ("ExperienceDataset", "SampledBatches")
 def __getattr__(name: str) -> _typing.Any:
     # The torch datasets subclass torch's classes, so they load torch: only on first use.
     if name in _TORCH_NAMES:
-        from . import torch_data
-
+        try:
+            from . import torch_data
+        except MissingDependencyError as missing:
+            return _needs_torch(name, str(missing))
         return getattr(torch_data, name)
     raise AttributeError(f"module 'expstore' has no attribute {name!r}")
+
+
+def _needs_torch(name: str, message: str) -> type:
+    """Stands for a torch dataset where torch is not installed, so that ``from expstore
+    import *`` works with the core install alone: using it raises the
+    MissingDependencyError that names the extra to install."""
+
+    def refuse(*args: _typing.Any, **kwargs: _typing.Any) -> _typing.NoReturn:
+        raise MissingDependencyError(message)
+
+    return type(
+        name,
+        (),
+        {
+            "__doc__": f"{name} needs torch, which is not installed: {message}",
+            "__module__": __name__,
+            "__init__": refuse,
+            "__init_subclass__": classmethod(refuse),
+        },
+    )
 
 
 def __dir__() -> list[str]:

@@ -22,6 +22,7 @@ from .errors import InvalidArgumentError, QueryError, UnsupportedTypeError
 
 __all__ = [
     "MAX_BATCH",
+    "MAX_CHECKPOINT_DEPTH",
     "MAX_INT64",
     "check_batch_size",
     "check_checkpoint",
@@ -42,6 +43,19 @@ MAX_INT64 = 2**63 - 1
 #: The most rows one batch or claim may ask for: beyond it the key arrays alone would not
 #: fit in memory (10M keys are 80 MB); ask in several batches instead.
 MAX_BATCH = 10_000_000
+#: How deeply lists and dicts may nest in a checkpoint (the value itself is level 0): far
+#: more than a training cursor needs, well inside Python's recursion limit.
+MAX_CHECKPOINT_DEPTH = 100
+
+
+def _finite_or_none(value: Any) -> float | None:
+    """``value`` (a real number) as a float; None if it is NaN, infinite or beyond a
+    float's range (an int like ``10**400``, which ``math.isfinite`` cannot even take)."""
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 @overload
@@ -106,7 +120,7 @@ def check_number(
     ``maximum``, or above 0 when ``positive``."""
     ok = not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating))
     if ok:
-        ok = math.isfinite(value)
+        ok = _finite_or_none(value) is not None
     if ok and minimum is not None:
         ok = value >= minimum
     if ok and maximum is not None:
@@ -120,8 +134,16 @@ def check_number(
             bound = " > 0"
         else:
             bound = "" if minimum is None else f" >= {minimum:g}"
-        raise InvalidArgumentError(f"{name} must be a finite number{bound}, got {value!r}")
+        raise InvalidArgumentError(f"{name} must be a finite number{bound}, got {_short(value)}")
     return float(value)
+
+
+def _short(value: Any) -> str:
+    """``repr(value)``, cut short for numbers of hundreds of digits."""
+    if isinstance(value, int) and abs(value) >= 10**30:
+        return f"an int of about {int(value.bit_length() * 0.30103) + 1} digits"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def check_batch_size(batch_size: Any) -> int:
@@ -152,8 +174,13 @@ def check_seconds(name: str, value: Any, *, optional: bool) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise UnsupportedTypeError(f"{name} must be a number of seconds, got {value!r}")
-    if math.isnan(value) or value < 0:
-        raise InvalidArgumentError(f"{name} must be a number of seconds >= 0, got {value!r}")
+    if isinstance(value, float) and math.isinf(value) and value > 0:
+        return value  # waiting for ever, said with a float
+    if _finite_or_none(value) is None or value < 0:
+        raise InvalidArgumentError(
+            f"{name} must be a number of seconds >= 0 (a float's range at most; None or "
+            f"float('inf') for no limit), got {_short(value)}"
+        )
     return float(value)
 
 
@@ -161,24 +188,80 @@ def check_lease(lease_s: Any) -> float:
     """``lease_s`` as a float > 0, or the error that says what arrived."""
     if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)):
         raise UnsupportedTypeError(f"lease_s must be a number of seconds, got {lease_s!r}")
-    if not math.isfinite(lease_s) or lease_s <= 0:
+    if _finite_or_none(lease_s) is None or lease_s <= 0:
         raise InvalidArgumentError(
-            f"lease_s must be a finite number of seconds > 0, got {lease_s!r}: how long a "
+            f"lease_s must be a finite number of seconds > 0, got {_short(lease_s)}: how long a "
             "consumer may hold the rows before they go back to the queue"
         )
     return float(lease_s)
 
 
 def check_checkpoint(checkpoint: Any) -> str:
-    """The checkpoint as JSON text, or the error that says why it cannot be stored."""
+    """The checkpoint as JSON text, or the error that says why it cannot be stored.
+
+    A checkpoint is stored so that it comes back equal and of the same types: dicts with
+    str keys, lists, str, int (of any size Python prints), finite float (``-0.0``
+    included), bool and None, nested at most :data:`MAX_CHECKPOINT_DEPTH` levels. What
+    JSON would change on the way is refused instead of changed silently: keys that are not
+    str (``{0: 10}`` would come back as ``{'0': 10}``), tuples (they would come back as
+    lists), NaN and infinities, other types. Subclasses of these types (an ``IntEnum``, a
+    numpy float) are stored as their plain value."""
+    _check_json(checkpoint)
     try:
         return json.dumps(checkpoint, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError) as exc:  # an int beyond Python's digit limit
         raise UnsupportedTypeError(
-            "a checkpoint must be JSON (dicts, lists, strings, finite numbers, bools, None): "
-            f"{exc}; convert it (for example to a dict of ints and strings) and ack again. "
-            "Nothing was acked"
+            f"a checkpoint must be JSON that comes back as given: {exc}; convert it (for "
+            "example to a dict of ints and strings) and ack again. Nothing was acked"
         ) from None
+
+
+def _check_json(checkpoint: Any) -> None:
+    """UnsupportedTypeError or InvalidArgumentError naming the first part of
+    ``checkpoint`` that would not come back as given (a walk without recursion)."""
+    stack: list[tuple[Any, str, int]] = [(checkpoint, "checkpoint", 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if value is None or isinstance(value, (bool, int, str)):
+            continue
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                raise UnsupportedTypeError(
+                    f"a checkpoint must be JSON that comes back as given: {path} is "
+                    f"{value!r}, which JSON cannot hold; store a finite number (or None). "
+                    "Nothing was acked"
+                )
+            continue
+        if isinstance(value, (dict, list)):
+            if depth >= MAX_CHECKPOINT_DEPTH:
+                raise InvalidArgumentError(
+                    f"{_cut(path)}: lists and dicts nest more than {MAX_CHECKPOINT_DEPTH} "
+                    "levels deep in the checkpoint (or contain themselves); store a flatter "
+                    "one. Nothing was acked"
+                )
+            if isinstance(value, list):
+                stack.extend((item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value))
+                continue
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise UnsupportedTypeError(
+                        f"a checkpoint must be JSON that comes back as given: {_cut(path)} "
+                        f"has the key {_short(key)} of type {type(key).__name__}, which "
+                        "JSON would turn into a string (two keys could even become one). Use "
+                        "str keys. Nothing was acked"
+                    )
+                stack.append((item, f"{path}[{key!r}]", depth + 1))
+            continue
+        hint = "; use a list" if isinstance(value, tuple) else ""
+        raise UnsupportedTypeError(
+            f"a checkpoint must be JSON that comes back as given (dicts with str keys, "
+            f"lists, strings, ints, finite floats, bools, None): {_cut(path)} is a "
+            f"{type(value).__name__}{hint}. Nothing was acked"
+        )
+
+
+def _cut(path: str) -> str:
+    return path if len(path) <= 80 else path[:77] + "..."
 
 
 def check_priorities(

@@ -381,20 +381,30 @@ class ReplayBuffer:
         converter: Converter[Any] | None = None,
         wait: float | None = None,
         max_staleness: int | None = None,
+        min_n: int | None = None,
     ) -> Claim:
         """Claim up to ``n`` matching rows that no other consumer gets while the lease
         holds, for any process on any host sharing the database.
 
         ``order``: ``"fifo"`` (oldest first), ``"random"``, or a sampler (``PrioritizedSampler``
-        ...) that picks among the claimable rows. ``converter`` builds ``claim.batch`` (the
-        rows as a list by default). ``wait``: seconds to wait for ``n`` claimable rows
-        (without it the claim takes what there is now, maybe nothing); if none came,
-        WaitTimeoutError. Finish with ``claim.ack(checkpoint=...)`` or ``claim.release()``;
-        a claim neither acked nor released goes back to the queue when its lease runs out.
-        ``max_staleness``: only rows no more than that many policy versions behind the
-        buffer's current version (see :meth:`set_policy_version`), checked in the claim's
-        own statements. Once ``consumer`` has been opened with :meth:`consumer` (epochs),
-        a plain claim under its name raises FencedError: claim through the Consumer.
+        ...) that picks among the claimable rows it could draw itself (its own
+        ``max_staleness`` and conditions hold, the tighter staleness of the claim's and its
+        own). ``converter`` builds ``claim.batch`` (the rows as a list by default); if it
+        raises, the claim is released (and its samples refunded to a rate limit) before the
+        error reaches you. ``wait``: seconds to wait for ``n`` claimable rows (without it
+        the claim takes what there is now, maybe nothing); if none came, WaitTimeoutError
+        saying what actors and learners are doing. ``min_n`` (with ``wait``): return as
+        soon as ``min_n`` rows are claimable, taking up to ``n`` (Kafka's
+        ``fetch.min.bytes`` with ``fetch.max.wait.ms``); WaitTimeoutError, with nothing
+        claimed, if fewer than ``min_n`` are by then. For group claims ``n`` and ``min_n``
+        count rows of whole groups (multiples of ``group_size``). Finish with
+        ``claim.ack(checkpoint=...)`` or ``claim.release()``; a claim neither acked nor
+        released goes back to the queue when its lease runs out. ``max_staleness``: only
+        rows no more than that many policy versions behind the buffer's current version
+        (see :meth:`set_policy_version`), checked in the claim's own statements.
+        Once ``consumer`` has been opened with :meth:`consumer` (epochs), a plain claim
+        under its name raises FencedError: claim through the Consumer.
+        For example ``buffer.claim(256, consumer="learner-0", wait=30, min_n=64)``.
         """
         return claim_rows(
             self.sql,
@@ -406,6 +416,7 @@ class ReplayBuffer:
             converter=converter,
             wait=wait,
             max_staleness=max_staleness,
+            min_n=min_n,
         )
 
     def consumer(self, name: str, *, takeover: bool = False) -> Consumer:

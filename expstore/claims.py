@@ -53,7 +53,7 @@ from ._args import (
     check_seconds,
     check_staleness,
 )
-from ._retry import CLAIM_POLL
+from ._retry import CLAIM_POLL, Waiting
 from .converters.base import Converter, as_converter
 from .converters.default import DefaultConverter
 from .errors import (
@@ -66,11 +66,11 @@ from .errors import (
     UnsupportedTypeError,
     WaitTimeoutError,
 )
-from .features.claims.queue import Claimed, ClaimQueue, Scope
+from .features.claims.queue import Claimed, ClaimQueue, Scope, ShortClaim
 from .features.claims.ready_groups import GroupTally
 from .features.claims.steps import StepParts, commit_step
 from .features.versions import check_version
-from .query import QueryCondition
+from .query import And, QueryCondition, as_condition
 from .samplers.base import KeySampler, SampleInfo
 from .samplers.group import GroupSampler
 from .samplers.uniform import UniformSampler
@@ -444,6 +444,20 @@ def _candidates(
     return draw
 
 
+def _sampler_scope(order: KeySampler, query_condition: QueryCondition, scope: Scope) -> Scope:
+    """The scope of a claim ordered by ``order``: the claim's, narrowed to the rows the
+    sampler can draw (its :meth:`~expstore.KeySampler.drawable` condition, and the tighter
+    of the claim's and the sampler's ``max_staleness``), so that no row it returns, nor
+    any it counts as claimable, is one the sampler would not draw."""
+    tightest = [k for k in (scope.max_staleness, order.max_staleness) if k is not None]
+    own = order.drawable()
+    condition: QueryCondition = query_condition
+    if own is not None:
+        mine = as_condition(query_condition)
+        condition = own if mine is None else And((mine, own))
+    return Scope(condition, min(tightest) if tightest else None)
+
+
 def claim_rows(
     sql: SqlStorage,
     n: int,
@@ -455,6 +469,7 @@ def claim_rows(
     converter: Converter[Any] | None = None,
     wait: float | None = None,
     max_staleness: int | None = None,
+    min_n: int | None = None,
     epoch: int = 0,
 ) -> Claim:
     """See :meth:`expstore.ReplayBuffer.claim`; ``epoch``: the incarnation claiming (see
@@ -463,19 +478,29 @@ def claim_rows(
     consumer = check_consumer(consumer)
     lease = check_lease(lease_s)
     wait_s = check_seconds("wait", wait, optional=True)
+    min_n = check_int("min_n", min_n, minimum=1, maximum=n, optional=True)
+    if min_n is not None and wait_s is None:
+        raise InvalidArgumentError(
+            f"min_n={min_n} is how many rows a claim waits for before it returns; give "
+            "wait= too (the most seconds to wait), or leave min_n out to take what there "
+            "is now"
+        )
     scope = Scope(query_condition, check_staleness(max_staleness))
     queue = sql.claims
     builder = as_converter(DefaultConverter() if converter is None else converter)
     if isinstance(order, KeySampler):
         order.on_buffer(sql)
     if isinstance(order, GroupSampler):
-        if n % order.group_size:
+        if n % order.group_size or (min_n is not None and min_n % order.group_size):
             raise InvalidArgumentError(
-                f"a claim of whole groups of {order.group_size} rows takes n that is a "
-                f"multiple of {order.group_size}; got n={n}"
+                f"a claim of whole groups of {order.group_size} rows takes an n (and a "
+                f"min_n) that is a multiple of {order.group_size}; got n={n}"
+                + ("" if min_n is None else f", min_n={min_n}")
             )
         candidates, groups = None, order.claim_taker(sql, query_condition, scope.max_staleness)
     else:
+        if isinstance(order, KeySampler):
+            scope = _sampler_scope(order, query_condition, scope)
         candidates, groups = _candidates(sql, order, query_condition), None
     if isinstance(order, GroupSampler):  # whole groups, not rows, must be claimable
         size = order.group_size
@@ -493,32 +518,45 @@ def claim_rows(
             return queue.count(scope, upto, claimable=True)
 
         what = "row"
-    if wait_s is not None:
+    need = n if min_n is None else min_n
+    waiting = CLAIM_POLL.start(wait_s) if wait_s is not None else None
+    while True:
+        if waiting is not None:
+            _wait_for_claimable(sql, claimable, need, min_n, waiting, wait_s, what)
+        want = n
+        if sql.sampling_limited():
+            # Counted against the rate limit before the claim, so only as many rows as are
+            # claimable now: a learner polling an empty queue must not count samples that a
+            # writer held by block_writers could pass against.
+            want = min(n, claimable(n))
+        counted = sql.acquire_samples(want)[0] if want else 0
         try:
-            wait_until(lambda: claimable(n) >= n, wait_s)
-        except WaitTimeoutError:
-            if not claimable(1):
-                raise WaitTimeoutError(
-                    f"no {what} became claimable within {wait_s} s; check that actors are "
-                    "writing (and match the condition), or wait longer"
-                ) from None
-    want = n
-    if sql.sampling_limited():
-        # Counted against the rate limit before the claim, so only as many rows as are
-        # claimable now: a learner polling an empty queue must not count samples that a
-        # writer held by block_writers could pass against.
-        want = min(n, claimable(n))
-    counted = sql.acquire_samples(want)[0] if want else 0
-    try:
-        claimed = queue.claim(want, scope, consumer, lease, candidates, groups, epoch)
-    except BaseException:
-        sql.refund_samples(counted)
-        raise
+            claimed = queue.claim(
+                want, scope, consumer, lease, candidates, groups, epoch, at_least=min_n or 0
+            )
+        except ShortClaim as short:
+            # Other claimers took rows between the count and the claim; nothing was taken:
+            # wait for min_n again, within the same deadline.
+            sql.refund_samples(counted)
+            assert waiting is not None  # min_n goes with wait
+            if not waiting.sleep():
+                raise _timed_out(sql, min_n, int(short.args[0]), wait_s, what) from None
+            continue
+        except BaseException:
+            sql.refund_samples(counted)
+            raise
+        break
     if counted:
         sql.refund_samples(counted - len(claimed.keys))
-    fetched = sql.fetch(claimed.keys, builder.paths, writable=not builder.copies_arrays)
-    info = SampleInfo(claimed.keys, list(fetched.ids))
-    batch = builder.attach_info(builder.build(fetched), info)
+    try:
+        fetched = sql.fetch(claimed.keys, builder.paths, writable=not builder.copies_arrays)
+        info = SampleInfo(claimed.keys, list(fetched.ids))
+        batch = builder.attach_info(builder.build(fetched), info)
+    except BaseException as exc:
+        # The caller never gets this claim: its rows go back to the queue now, and their
+        # samples back to the rate limit, instead of waiting out the lease.
+        _give_back(sql, queue, claimed, len(claimed.keys) if counted else 0, exc)
+        raise
     return Claim(queue, claimed, list(fetched.ids), batch)
 
 
@@ -535,6 +573,58 @@ def count_ready_groups(
         )
     sampler.on_buffer(sql)
     return sampler.claim_counts(sql, query_condition, check_staleness(max_staleness))
+
+
+def _give_back(
+    sql: SqlStorage, queue: ClaimQueue, claimed: Claimed, counted: int, exc: BaseException
+) -> None:
+    """Release a claim its caller never got (fetching or converting its rows raised
+    ``exc``) and refund its ``counted`` samples; if that fails too, ``exc`` says so."""
+    try:
+        queue.release(claimed)
+        sql.refund_samples(counted)
+    except Exception as failed:  # the first error is the one to raise
+        exc.add_note(
+            f"The claim's {len(claimed.keys)} rows could not be released ({failed}); they "
+            "return to the queue when its lease runs out"
+        )
+
+
+def _wait_for_claimable(
+    sql: SqlStorage,
+    claimable: Callable[[int], int],
+    need: int,
+    min_n: int | None,
+    waiting: Waiting,
+    wait_s: float | None,
+    what: str,
+) -> None:
+    """Poll until ``need`` rows are claimable; past the deadline, WaitTimeoutError saying
+    what each side is doing, unless (without min_n) some rows are (the claim takes them)."""
+    seen = claimable(need)
+    while seen < need:
+        if not waiting.sleep():
+            seen = claimable(need)
+            if seen >= need or (min_n is None and seen):
+                return
+            raise _timed_out(sql, min_n, seen, wait_s, what)
+        seen = claimable(need)
+
+
+def _timed_out(
+    sql: SqlStorage, min_n: int | None, seen: int, wait_s: float | None, what: str
+) -> WaitTimeoutError:
+    """The error of a claim's wait that timed out with ``seen`` rows claimable."""
+    if min_n is None:
+        held = f"no {what} became claimable within {wait_s} s"
+    else:
+        unit = "rows" if what == "row" else f"rows, in {what}s"
+        held = f"waited {wait_s} s for min_n={min_n} claimable {unit}, found {seen}"
+    return WaitTimeoutError(
+        f"{held}. {sql.rate_limits.situation()}. Check that actors are writing rows that "
+        "match the condition (for group claims: complete groups the group condition "
+        "accepts, within max_staleness), or wait longer. Nothing was claimed"
+    )
 
 
 def wait_until(ready: Callable[[], bool], timeout: float | None) -> None:
@@ -570,7 +660,8 @@ def wait_for_rows(
     except WaitTimeoutError:
         kind = "claimable rows" if claimable else "rows"
         raise WaitTimeoutError(
-            f"waited {limit} s for {min_rows} matching {kind}, found {seen[0]}; check that "
-            "actors are writing rows that match the condition, or wait longer"
+            f"waited {limit} s for {min_rows} matching {kind}, found {seen[0]}. "
+            f"{sql.rate_limits.situation()}. Check that actors are writing rows that match "
+            "the condition, or wait longer"
         ) from None
     return seen[0]

@@ -42,6 +42,7 @@ from pydantic import ValidationError
 from ._optional import require
 from ._version import __version__
 from .codec import decode_payload, encode_payload
+from .codec.checks import MAX_DEPTH
 from .errors import CodecError, ExpstoreError, InvalidArgumentError
 from .model.arrow import TensorColumn, tensor_columns, tensor_fields, tensor_table
 from .model.layout import COLUMNS as LAYOUT
@@ -163,7 +164,7 @@ def record_to_row(record: dict[str, Any], where: str = "record") -> DataRow:
     doc = record["data"]
     if isinstance(doc, str):
         try:
-            doc = json.loads(doc)
+            doc = _loads(doc, f"{where}: data")
         except json.JSONDecodeError as exc:
             raise CodecError(f"{where}: data is not valid JSON ({exc})") from None
     if not isinstance(doc, dict) or set(doc) - set(PAYLOAD_FIELDS):
@@ -376,6 +377,18 @@ def count_records(path: str | os.PathLike[str], format: str | None = None) -> in
         return sum(1 for line in f if line.strip())
 
 
+def _loads(text: str, where: str) -> Any:
+    """``json.loads(text)``; CodecError naming the depth limit for JSON nested too deep for
+    the parser (Python's recursion limit), which no row could hold anyway."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise CodecError(
+            f"{where}: lists and dicts nest too deep to read; a row's payload fields nest at "
+            f"most {MAX_DEPTH} levels deep. Store a flatter structure"
+        ) from None
+
+
 def _read_jsonl(path: str | os.PathLike[str]) -> Iterator[DataRow]:
     def rows(lines: Iterable[str]) -> Iterator[DataRow]:
         for number, line in enumerate(lines, start=1):
@@ -383,7 +396,7 @@ def _read_jsonl(path: str | os.PathLike[str]) -> Iterator[DataRow]:
                 continue
             where = f"{'stdin' if str(path) == '-' else Path(path).name} line {number}"
             try:
-                record = json.loads(line)
+                record = _loads(line, where)
             except json.JSONDecodeError as exc:
                 raise CodecError(f"{where}: not valid JSON ({exc.msg} at char {exc.pos})") from None
             yield record_to_row(record, where)

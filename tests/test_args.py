@@ -20,6 +20,13 @@ def buf(db_url: str, buffer_name: str) -> Iterator[ReplayBuffer]:
         yield buffer
 
 
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 CASES: list[tuple[str, Callable[[ReplayBuffer], Any], type[ExpstoreError], str]] = [
     ("huge batch", lambda b: b.sample(batch_size=10**12), InvalidArgumentError, "<= 10,000,000"),
     ("batch 2**63", lambda b: b.sample(batch_size=2**63), InvalidArgumentError, "batch_size"),
@@ -39,6 +46,45 @@ CASES: list[tuple[str, Callable[[ReplayBuffer], Any], type[ExpstoreError], str]]
         lambda b: b.update_priorities(["x"], ["high"]),
         UnsupportedTypeError,
         "priorities must be numbers",
+    ),
+    # Issue 32: ints beyond a float's range raised a bare OverflowError.
+    (
+        "lease 10**400",
+        lambda b: b.claim(1, consumer="c", lease_s=10**400),
+        InvalidArgumentError,
+        "lease_s must be a finite number of seconds > 0, got an int of about 401 digits",
+    ),
+    (
+        "wait 10**400",
+        lambda b: b.claim(1, consumer="c", wait=10**400),
+        InvalidArgumentError,
+        "wait must be a number of seconds >= 0",
+    ),
+    (
+        "renew 10**400",
+        lambda b: b.claim(1, consumer="c").renew(10**400),
+        InvalidArgumentError,
+        "lease_s must be a finite number",
+    ),
+    (
+        "wait_for timeout 10**400",
+        lambda b: b.wait_for(1, timeout=10**400),
+        InvalidArgumentError,
+        "timeout must be a number of seconds >= 0",
+    ),
+    (
+        "wait_for timeout -inf",
+        lambda b: b.wait_for(1, timeout=float("-inf")),
+        InvalidArgumentError,
+        "timeout must be a number of seconds >= 0",
+    ),
+    ("lineage None", lambda b: b.lineage(None), UnsupportedTypeError, "a list of ids"),
+    ("lineage 5", lambda b: b.lineage(5), UnsupportedTypeError, "got int 5"),
+    (
+        "checkpoint 1100 deep",
+        lambda b: b.claim(1, consumer="c").ack(checkpoint=_nested(1_100)),
+        InvalidArgumentError,
+        "nest more than 100 levels deep in the checkpoint",
     ),
 ]
 

@@ -8,12 +8,20 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from expstore import (
+    ChatConverter,
+    ExpstoreError,
+    GroupSampler,
     NumpyConverter,
     PrioritizedSampler,
     QueryBuilder,
+    RateLimiter,
     ReplayBuffer,
+    RewardWeightedSampler,
+    UniformSampler,
 )
 from expstore.errors import (
     ClaimFinishedError,
@@ -24,7 +32,7 @@ from expstore.errors import (
     UnsupportedTypeError,
     WaitTimeoutError,
 )
-from tests.helpers import make_rows
+from tests.helpers import make_row, make_rows
 
 
 @pytest.fixture
@@ -293,3 +301,243 @@ def test_a_claim_of_no_rows_is_finished_only_by_its_consumer(buf: ReplayBuffer) 
         empty.ack(consumer="a", checkpoint={"step": 0})
     assert buf.checkpoint("a") == {"step": 7}
     assert empty.ack(consumer="b") == 0
+
+
+# -- issue 32: min_n, samplers' own bounds, converters that fail, checkpoints as given --
+
+
+def test_a_claim_with_min_n_returns_once_that_many_rows_are_claimable(
+    db_url: str, buffer_name: str
+) -> None:
+    with ReplayBuffer(db_url, name=buffer_name) as buffer:
+        buffer.store_batch(make_rows(3))
+        writer = threading.Timer(0.3, lambda: buffer.store_batch(make_rows(2)))
+        writer.start()
+        started = time.monotonic()
+        claim = buffer.claim(10, consumer="a", wait=120, min_n=5)
+        writer.join()
+        # Five rows, not the ten asked for, and long before the wait of 120 s ran out.
+        assert len(claim) == 5 and time.monotonic() - started < 60
+        buffer.store_batch(make_rows(7))
+        assert len(buffer.claim(10, consumer="a", wait=120, min_n=1)) == 7  # there already
+
+
+def test_a_claim_whose_min_n_never_comes_raises_and_claims_nothing(buf: ReplayBuffer) -> None:
+    buf.claim(38, consumer="a")
+    with pytest.raises(WaitTimeoutError, match="waited 0.1 s for min_n=3 claimable rows, found 2"):
+        buf.claim(5, consumer="b", wait=0.1, min_n=3)
+    assert buf.queue_stats().leased == 38
+
+
+def test_a_claim_that_finds_fewer_than_min_n_after_counting_takes_nothing(
+    buf: ReplayBuffer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the count and the claim other claimers may take rows: a claim that then
+    finds fewer than min_n rolls back and waits again, within the same deadline."""
+    buf.claim(37, consumer="a")
+    monkeypatch.setattr(buf.sql.claims, "count", lambda scope, upto, claimable: upto)
+    with pytest.raises(WaitTimeoutError, match="for min_n=4 claimable rows, found 3"):
+        buf.claim(8, consumer="b", wait=0.2, min_n=4)
+    stats = buf.queue_stats()
+    assert stats.leased == 37 and stats.per_consumer.get("b") is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"min_n": 2}, "give wait= too"),
+        ({"min_n": 0, "wait": 1}, "min_n must be None or an int >= 1"),
+        ({"min_n": 6, "wait": 1}, "<= 5"),
+        ({"min_n": 2.0, "wait": 1}, "min_n must be"),
+    ],
+)
+def test_min_n_is_checked(buf: ReplayBuffer, kwargs, error: str) -> None:  # noqa: ANN001
+    with pytest.raises(InvalidArgumentError, match=error):
+        buf.claim(5, consumer="a", **kwargs)
+    assert buf.queue_stats().leased == 0
+
+
+def test_a_group_claim_with_min_n_returns_whole_groups_once_that_many_are_ready(
+    buf: ReplayBuffer,
+) -> None:
+    def group(prompt: str, rewards: list[float]) -> list:
+        return [make_row(prompt, f"c{i}", 0, reward=r) for i, r in enumerate(rewards)]
+
+    fresh = ReplayBuffer(buf.storage.url, name=buf.storage.name + "_g")
+    with fresh:
+        fresh.store_batch(group("p0", [0.0, 1.0, 0.0, 1.0]) + group("p1", [1.0, 0.0]))
+        sampler = GroupSampler(group_size=4)
+        with pytest.raises(InvalidArgumentError, match="a multiple of 4; got n=8, min_n=2"):
+            fresh.claim(8, consumer="c", order=sampler, wait=1, min_n=2)
+        with pytest.raises(WaitTimeoutError, match="for min_n=8 claimable rows, in whole"):
+            fresh.claim(12, consumer="c", order=sampler, wait=0.1, min_n=8)
+        completes = threading.Timer(0.2, lambda: fresh.store_batch(group("p1", [1.0, 1.0])))
+        completes.start()
+        claim = fresh.claim(12, consumer="c", order=sampler, wait=120, min_n=8)
+        completes.join()
+        assert len(claim) == 8
+        assert sorted({r.exp_meta.task_id for r in claim.batch}) == ["p0", "p1"]
+
+
+def test_a_claim_wait_that_times_out_says_what_each_side_is_doing(buf: ReplayBuffer) -> None:
+    buf.claim(40, consumer="a")
+    with pytest.raises(WaitTimeoutError) as info:
+        buf.claim(1, consumer="b", wait=0.05)
+    message = str(info.value)
+    assert "holds 40 rows; inserted 40 ever, of which 0 discarded" in message
+    assert "actors inserted last" in message and "no rate limit" in message
+    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=2.0, timeout=1))
+    with pytest.raises(WaitTimeoutError) as info:
+        buf.claim(1, consumer="b", wait=0.05)
+    message = str(info.value)
+    assert "inserted 40, discarded 0, sampled 0 (min_size=1, samples_per_insert=2" in message
+    assert "learners have not sampled since the limit was set" in message
+    with pytest.raises(WaitTimeoutError, match="found 0. Rate limit: Since the limit was set"):
+        buf.wait_for(1, timeout=0.05, claimable=True)
+
+
+@pytest.mark.parametrize(
+    "sampler",
+    [
+        lambda: UniformSampler(max_staleness=1, seed=0),
+        lambda: PrioritizedSampler(max_staleness=1, seed=0),
+        lambda: RewardWeightedSampler(max_staleness=1, seed=0),
+    ],
+    ids=["uniform", "prioritized", "reward_weighted"],
+)
+def test_a_sampler_ordered_claim_keeps_the_samplers_own_max_staleness(
+    db_url: str, buffer_name: str, sampler
+) -> None:  # noqa: ANN001
+    """Issue 32: a claim that ran short of rows its sampler drew filled up at random among
+    every claimable row, stale ones included."""
+    with ReplayBuffer(db_url, name=buffer_name) as buffer:
+        buffer.store_batch([make_row("old", step=i, reward=1.0, version=0) for i in range(20)])
+        buffer.store_batch([make_row("new", step=i, reward=1.0, version=10) for i in range(5)])
+        buffer.set_policy_version(10)
+        claim = buffer.claim(10, consumer="x", order=sampler())
+        assert sorted(r.exp_meta.step for r in claim.batch) == [0, 1, 2, 3, 4]
+        assert {r.exp_meta.policy_version for r in claim.batch} == {10}
+        # The claim's own bound, when tighter, holds too.
+        buffer.set_policy_version(11)
+        tighter = UniformSampler(max_staleness=5, seed=0)
+        assert len(buffer.claim(10, consumer="y", order=tighter, max_staleness=0)) == 0
+        with pytest.raises(WaitTimeoutError):
+            buffer.claim(1, consumer="y", order=sampler(), wait=0.05)
+
+
+def test_a_reward_weighted_claim_never_returns_rows_without_a_reward(buf: ReplayBuffer) -> None:
+    buf.store_batch([make_row("unrewarded", step=i) for i in range(10)])
+    claim = buf.claim(100, consumer="x", order=RewardWeightedSampler(seed=0))
+    assert len(claim) == 40
+    assert all(r.exp_data.reward_t is not None for r in claim.batch)
+
+
+def test_a_claim_whose_converter_fails_is_released_and_its_samples_refunded(
+    buf: ReplayBuffer,
+) -> None:
+    """Issue 32: the rows stayed leased (and counted against the rate limit) for the whole
+    lease, held by a claim the caller never got."""
+    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, timeout=1))
+    with pytest.raises(ExpstoreError):
+        buf.claim(5, consumer="x", converter=ChatConverter())
+    stats = buf.queue_stats()
+    assert stats.leased == 0 and stats.unclaimed == 40
+    assert buf.rate_limit_stats().sampled == 0  # type: ignore[union-attr]
+    assert steps(buf.claim(5, consumer="x")) == [0, 1, 2, 3, 4]  # the same rows, at once
+
+
+#: Checkpoints that came back different before issue 32, and now come back as given.
+ODD_CHECKPOINTS = [
+    1.0,
+    -0.0,
+    2**64 + 1,
+    10**400,
+    {"x": 1e20},
+    {"x": 1.5e-300, "y": [True, False, None, 0, -1, "\u0000", "\ud800"]},
+    "",
+    None,
+    [],
+    {},
+]
+
+
+@pytest.mark.parametrize("checkpoint", ODD_CHECKPOINTS, ids=repr)
+def test_a_checkpoint_comes_back_exactly_as_given(buf: ReplayBuffer, checkpoint) -> None:  # noqa: ANN001
+    claim = buf.claim(1, consumer="c")
+    claim.ack(checkpoint=checkpoint)
+    assert_same(buf.checkpoint("c"), checkpoint)
+    assert_same(buf.lineage(claim.ids)[claim.ids[0]].checkpoint, checkpoint)
+
+
+def _nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "error", "message"),
+    [
+        ({0: 10}, UnsupportedTypeError, "has the key 0 of type int"),
+        ({1: "a", "1": "b"}, UnsupportedTypeError, "two keys could even become one"),
+        ((1, 2), UnsupportedTypeError, "is a tuple; use a list"),
+        ({"x": float("inf")}, UnsupportedTypeError, r"checkpoint\['x'\] is inf"),
+        (_nested(1_100), InvalidArgumentError, "nest more than 100 levels deep"),
+        ({"x": {1, 2}}, UnsupportedTypeError, r"checkpoint\['x'\] is a set"),
+        (10**5000, UnsupportedTypeError, "digits"),
+    ],
+    ids=["int key", "colliding keys", "tuple", "inf", "1100 deep", "set", "10**5000"],
+)
+def test_a_checkpoint_that_would_not_come_back_as_given_is_refused(
+    buf: ReplayBuffer,
+    checkpoint,
+    error,
+    message: str,  # noqa: ANN001
+) -> None:
+    claim = buf.claim(5, consumer="a")
+    with pytest.raises(error, match=message):
+        claim.ack(checkpoint=checkpoint)
+    assert claim.state == "held" and buf.queue_stats().leased == 5
+    assert buf.checkpoint("a", default="none") == "none"
+
+
+def assert_same(got: object, want: object) -> None:
+    """Equal, of the same types all the way down, and -0.0 still negative."""
+    assert type(got) is type(want), (got, want)
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and list(got) == list(want)
+        for key in want:
+            assert_same(got[key], want[key])
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want)
+        for a, b in zip(got, want, strict=True):
+            assert_same(a, b)
+    elif isinstance(want, float):
+        assert isinstance(got, float) and repr(got) == repr(want)
+    else:
+        assert got == want
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**40), max_value=10**40)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(checkpoint=json_values)
+def test_any_accepted_checkpoint_comes_back_equal_and_of_the_same_types(
+    buf: ReplayBuffer, checkpoint: object
+) -> None:
+    buf.claim(1, consumer="prop").ack(checkpoint=checkpoint)
+    assert_same(buf.checkpoint("prop"), checkpoint)

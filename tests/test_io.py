@@ -289,3 +289,20 @@ def test_an_import_stopped_by_a_bad_line_says_what_it_stored(tmp_path: Path) -> 
     (tmp_path / "bad.jsonl").write_text("\n".join(lines) + "\n")
     assert import_rows(target, tmp_path / "bad.jsonl", skip_existing=True) == 30
     assert sorted(r.id for r in target.query()) == sorted(r.id for r in source.query())
+
+
+@pytest.mark.parametrize("depth", [5_000, 300])
+def test_an_import_of_json_nested_too_deep_names_the_depth_limit(
+    tmp_path: Path, depth: int
+) -> None:
+    buffer = ReplayBuffer()
+    buffer.store_batch(make_rows(1))
+    export_rows(buffer, tmp_path / "x.jsonl")
+    record = json.loads((tmp_path / "x.jsonl").read_text())
+    record["data"]["state"] = {"x": "DEEP"}
+    deep = "[" * depth + "]" * depth
+    (tmp_path / "deep.jsonl").write_text(json.dumps(record).replace('"DEEP"', deep) + "\n")
+    target = ReplayBuffer()
+    with pytest.raises(CodecError, match="200 levels deep"):
+        import_rows(target, tmp_path / "deep.jsonl")
+    assert len(target) == 0

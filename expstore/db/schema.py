@@ -90,6 +90,12 @@ buffers = Table(
     # Rows ever stored into the buffer (evictions do not lower it): rate limits count
     # inserts by it. Writers hold this row already, so counting costs no extra lock.
     Column("inserted", BigInteger, nullable=False, server_default="0"),
+    # When the last write inserted rows (database clock; NULL: never), for the waits'
+    # messages; and rows ever inserted that can never be drawn (discarded: groups that a
+    # group condition refuses, rows gone stale), which rate limits do not count as
+    # inserted (see expstore.features.rate_limits.discard).
+    Column("inserted_at", Double, nullable=True),
+    Column("discarded", BigInteger, nullable=False, server_default="0"),
     # The rows the buffer holds now, kept by every write, delete and eviction in its own
     # transaction (on this row, which they hold anyway): len() and stats without counting,
     # FIFO eviction by an offset of the excess, and samplers' dense-key checks
@@ -300,7 +306,10 @@ checkpoints = Table(
     Column("buffer_id", Integer, primary_key=True),  # no foreign key: see consumption
     Column("consumer", String(255), primary_key=True),
     Column("seq", BigInteger, primary_key=True, autoincrement=False),
-    Column("state", JsonType, nullable=True),
+    # JSON text, stored as text (not JSON/JSONB) so it comes back exactly as given: no
+    # numeric affinity on SQLite (1.0 came back as 1), no jsonb normalisation on Postgres
+    # (1e20 came back as an int). The checkpoint None is the text "null".
+    Column("state", Text, nullable=True),
     Column("created_at", Double, nullable=False),
 )
 
@@ -398,6 +407,10 @@ rate_limits = Table(
     Column("inserted_base", BigInteger, nullable=False),
     Column("samples", BigInteger, nullable=False, server_default="0"),
     Column("created_at", Double, nullable=False),
+    # expstore_buffers.discarded when the limit was set: the limit counts discards from there.
+    Column("discarded_base", BigInteger, nullable=False, server_default="0"),
+    # When samples were last counted under the limit (database clock; NULL: not yet).
+    Column("sampled_at", Double, nullable=True),
 )
 
 

@@ -6,8 +6,9 @@
     batch = buffer.sample(sampler, batch_size=256)   # waits while the budget is spent
 
 A limiter counts rows *inserted* into the buffer (``I``, from when it was set, rows already
-there counting as inserted) and rows *sampled* (``S``, every row of every batch drawn by
-``sample`` or ``claim``, by every process). As in Reverb:
+there counting as inserted, less the rows *discarded*: inserted but never to be drawn, such
+as groups a group condition refuses or rows gone stale) and rows *sampled* (``S``, every
+row of every batch drawn by ``sample`` or ``claim``, by every process). As in Reverb:
 
 - a sample of ``n`` rows may go when ``I >= min_size`` and
   ``I * samples_per_insert - (S + n) >= min_diff``;
@@ -20,12 +21,19 @@ there counting as inserted) and rows *sampled* (``S``, every row of every batch 
   holds (Reverb's ``MinSize``).
 
 A call that may not go waits, polling with back-off, up to ``timeout`` seconds, then raises
-:class:`~expstore.errors.RateLimitedError` saying what it waited for. A call that could
+:class:`~expstore.errors.RateLimitedError` naming the bound that held it, with the numbers
+(inserted, discarded, sampled, the settings) and when learners last sampled and actors
+last inserted. ``RateLimiter.queue(max_backlog)`` bounds the backlog of rows inserted and
+not yet claimed (Reverb's ``Queue``). A call that could
 never go (a sample larger than the window writers are held to) raises
 :class:`~expstore.errors.InvalidArgumentError` at once. The counters live in the database
 (:mod:`expstore.features.rate_limits`) and survive restarts. Differences from Reverb: ``I``
 counts inserts, not the table's size, so evictions do not lower it (which is why
-``min_size`` above the buffer's capacity is refused).
+``min_size`` above the buffer's capacity is refused). A discarded row leaves ``I`` for
+``min_size`` (as Reverb's ``Delete`` lowers the size) *and* for the ratio: Reverb deletes
+rows that were sampled, whose budget was spent; a discarded row was never drawable, so the
+budget it would add could never be spent, and writers held by ``block_writers`` would wait
+for samples that never come.
 """
 
 from __future__ import annotations
@@ -80,6 +88,21 @@ class RateLimiter:
             raise InvalidArgumentError(f"block_writers must be a bool, got {self.block_writers!r}")
         if self.timeout is not None:
             check_number("timeout", self.timeout, minimum=0.0)
+
+    @classmethod
+    def queue(cls, max_backlog: int, *, timeout: float | None = 60.0) -> RateLimiter:
+        """A bound on the backlog of a work queue of claims (Reverb's ``Queue``): writers
+        wait while more than ``max_backlog`` rows are inserted and not yet claimed, nor
+        discarded (rows of groups ready to claim and of groups still being written; rows a
+        group condition refuses or that went stale are discarded, see
+        :func:`expstore.features.rate_limits.discard`). Learners claim as soon as a row is
+        there. It is ``RateLimiter(1, samples_per_insert=1.0, error_buffer=max_backlog - 1,
+        block_writers=True)``: each row claimed once, the ratio of one sample per insert
+        holds writers ``max_backlog`` rows ahead of the claims. A row claimed again (its
+        claim released, or its lease ran out) counts as sampled again, which loosens the
+        bound by the rows delivered twice. For ``sample`` with replacement, use a ratio."""
+        backlog = check_int("max_backlog", max_backlog, minimum=2)
+        return cls(1, 1.0, float(backlog - 1), block_writers=True, timeout=timeout)
 
     @property
     def ratio(self) -> float:
@@ -168,11 +191,19 @@ def _error_buffer(ratio: float, min_size: int, max_diff: float) -> float:
 
 
 class RateLimitStats(NamedTuple):
-    """A buffer's rate limit now: what was counted, and whether a sample of one row or a
-    write of one row could go."""
+    """A buffer's rate limit now: what was counted since it was set, whether a sample of
+    one row or a write of one row could go, and when each side last moved (the database's
+    clock, seconds since the epoch; None: not yet)."""
 
     limiter: RateLimiter
+    #: Rows inserted (rows present when the limit was set count as inserted).
     inserted: int
+    #: Rows drawn by samples and claims.
     sampled: int
     can_sample: bool
     can_insert: bool
+    #: Of the inserted rows, those that can never be drawn: the limit counts
+    #: ``inserted - discarded`` as inserted.
+    discarded: int = 0
+    last_sample_at: float | None = None
+    last_insert_at: float | None = None

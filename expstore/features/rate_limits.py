@@ -17,6 +17,7 @@ its freshness round trip, so unlimited buffers pay nothing per sample.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import Any
@@ -30,7 +31,7 @@ from ..errors import InvalidArgumentError, RateLimitedError
 from .rate_limiter import RateLimiter, RateLimitStats
 from .registry import lock_buffer
 
-__all__ = ["RateLimits", "WriteBlocked", "limited_flag"]
+__all__ = ["RateLimits", "WriteBlocked", "discard", "limited_flag"]
 
 _R = rate_limits.c
 
@@ -46,10 +47,35 @@ def limited_flag(buffer_id: int) -> Any:
     ).scalar_subquery()
 
 
+def discard(handle: BufferHandle, conn: Connection, n: int) -> None:
+    """Count ``n`` rows of the buffer that were inserted but can never be drawn (a group
+    the group condition refuses, rows gone stale before any draw), inside the caller's
+    transaction, which holds the buffer's row (a write does; so must the caller).
+
+    A rate limit counts a discarded row as never inserted: it no longer counts towards
+    ``min_size`` (as Reverb's ``RateLimiter::Delete`` lowers the size) and no longer adds
+    ``samples_per_insert`` samples of budget, so writers held by ``block_writers`` are not
+    held waiting for samples that can never come. Count each row once, and only rows that
+    no sampler or claim has drawn: a discard gives back the budget of a row that was never
+    spent. Counted whether or not the buffer has a limit now (a limit set later counts
+    from then), at the cost of one update of a row the transaction holds already."""
+    if n:
+        this = buffers.c.id == handle.buffer_id
+        conn.execute(update(buffers).where(this).values(discarded=buffers.c.discarded + n))
+
+
 def _counted(buffer_id: int) -> Any:
-    """Rows inserted under the limit: the buffer's insert count less the limit's base."""
-    inserted = select(buffers.c.inserted).where(buffers.c.id == buffer_id).scalar_subquery()
-    return inserted - _R.inserted_base
+    """Rows inserted under the limit, less those discarded under it: the buffer's counts
+    less the limit's bases."""
+    b = buffers.c
+    net = select(b.inserted - b.discarded).where(b.id == buffer_id).scalar_subquery()
+    return net - (_R.inserted_base - _R.discarded_base)
+
+
+def _since_limit(buffer_id: int, column: Any, base: Any) -> Any:
+    """``column`` of the buffer's row, less ``base`` of the limit's (None: as it is)."""
+    value = select(column).where(buffers.c.id == buffer_id).scalar_subquery()
+    return value if base is None else value - base
 
 
 class RateLimits:
@@ -81,7 +107,9 @@ class RateLimits:
                 f"set_rate_limiter() takes a RateLimiter or None, got {type(limiter).__name__}"
             )
         with handle.errors("set the rate limit"), handle.write() as conn:
-            inserted, capacity = lock_buffer(handle, conn, buffers.c.inserted, buffers.c.capacity)
+            inserted, discarded, capacity = lock_buffer(
+                handle, conn, buffers.c.inserted, buffers.c.discarded, buffers.c.capacity
+            )
             if limiter is None:
                 conn.execute(delete(rate_limits).where(this))
                 return
@@ -100,6 +128,7 @@ class RateLimits:
             values = {
                 **limiter.settings(),
                 "inserted_base": int(inserted) - int(present),
+                "discarded_base": int(discarded),
                 "samples": 0,
                 "created_at": time.time(),
             }
@@ -107,8 +136,17 @@ class RateLimits:
             conn.execute(rate_limits.insert().values(buffer_id=handle.buffer_id, **values))
 
     def _row(self, conn: Connection) -> Any:
-        counted = _counted(self.handle.buffer_id).label("counted")
-        stmt = select(rate_limits, counted).where(_R.buffer_id == self.handle.buffer_id)
+        """The limit's row, with what the buffer counted since it was set (``counted``:
+        inserted less discarded; ``discarded``), when rows were last inserted
+        (``inserted_at``) and the database's clock (``now``)."""
+        buffer_id = self.handle.buffer_id
+        stmt = select(
+            rate_limits,
+            _counted(buffer_id).label("counted"),
+            _since_limit(buffer_id, buffers.c.discarded, _R.discarded_base).label("discarded"),
+            _since_limit(buffer_id, buffers.c.inserted_at, None).label("inserted_at"),
+            self.handle.dialect.now().label("now"),
+        ).where(_R.buffer_id == buffer_id)
         return conn.execute(stmt).first()
 
     def limiter(self) -> RateLimiter | None:
@@ -122,13 +160,42 @@ class RateLimits:
         if row is None:
             return None
         limiter = RateLimiter.from_settings(row)
-        inserted, sampled = int(row.counted), int(row.samples)
+        counted, discarded = int(row.counted), int(row.discarded)
         return RateLimitStats(
             limiter,
-            inserted,
-            sampled,
-            can_sample=_may_sample(row, inserted, 1),
-            can_insert=not limiter.block_writers or _may_insert(row, inserted, 1),
+            counted + discarded,
+            int(row.samples),
+            can_sample=_may_sample(row, counted, 1),
+            can_insert=not limiter.block_writers or _may_insert(row, counted, 1),
+            discarded=discarded,
+            last_sample_at=_float_or_none(row.sampled_at),
+            last_insert_at=_float_or_none(row.inserted_at),
+        )
+
+    def situation(self) -> str:
+        """What each side of the buffer is doing, for the message of a wait that timed
+        out: with a limit, its counts, settings and when learners last sampled and actors
+        last inserted; without one, the buffer's own counts."""
+        handle = self.handle
+        with handle.errors("read the rate limit"), handle.read() as conn:
+            row = self._row(conn)
+            if row is not None:
+                return f"Rate limit: {_describe(row)}"
+            b = buffers.c
+            found = conn.execute(
+                select(
+                    b.row_count, b.inserted, b.discarded, b.inserted_at, handle.dialect.now()
+                ).where(b.id == handle.buffer_id)
+            ).one()
+        held, inserted, discarded, at, now = found
+        last = (
+            "actors have inserted no rows yet"
+            if at is None
+            else f"actors inserted last {_ago(float(now), at)}"
+        )
+        return (
+            f"Buffer {handle.name!r} holds {int(held)} rows; inserted {int(inserted)} ever, of "
+            f"which {int(discarded)} discarded (never drawable); {last}; no rate limit"
         )
 
     # -- samplers ------------------------------------------------------------------------
@@ -160,7 +227,7 @@ class RateLimits:
                 counted * _R.samples_per_insert - _R.samples - literal(n) >= _R.min_diff,
                 handle.dialect.commit_without_flush(),
             )
-            .values(samples=_R.samples + n)
+            .values(samples=_R.samples + n, sampled_at=handle.dialect.now())
             .returning(_R.created_at)
         )
         waiting = RATE_LIMIT_WAIT.start()
@@ -183,9 +250,11 @@ class RateLimits:
             if not waiting.sleep():
                 raise RateLimitedError(
                     f"waited {limiter.timeout} s to sample {n} rows of buffer {handle.name!r} "
-                    f"under its rate limit ({_describe(row)}); actors must insert more rows "
-                    "first. Raise the limiter's timeout, sample less often, or loosen "
-                    "samples_per_insert / min_size"
+                    f"under its rate limit: {_sample_bound(row, n)}. {_describe(row)}. "
+                    "Actors must insert more rows that can be drawn first (rows of groups "
+                    "a group condition refuses, or gone stale, are discarded and count as "
+                    "not inserted); or raise the limiter's timeout, sample less often, or "
+                    "loosen samples_per_insert / min_size. Nothing was sampled"
                 )
 
     def refund(self, n: int) -> None:
@@ -209,7 +278,7 @@ class RateLimits:
             return
         RateLimiter.from_settings(row).check_insert(n)
         if not _may_insert(row, int(row.counted), n):
-            raise WriteBlocked(_describe(row))
+            raise WriteBlocked(f"{_insert_bound(row, n)}. {_describe(row)}")
 
     def wait_to_write(self, blocked: WriteBlocked, waiting: Waiting) -> None:
         """Sleep before a blocked write retries (``waiting``: the write's wait, from
@@ -221,8 +290,10 @@ class RateLimits:
         if not waiting.sleep():
             raise RateLimitedError(
                 f"waited {limiter.timeout} s to store rows into buffer {self.handle.name!r} "
-                f"under its rate limit ({blocked}): learners are not sampling. Nothing was "
-                "stored; start learners, or set block_writers=False"
+                f"under its rate limit: {blocked}. Nothing was stored; learners must draw "
+                "more rows first (start them, or see why they do not: a claim or sample "
+                "that finds nothing to draw counts nothing), or raise the limiter's "
+                "timeout, or set block_writers=False"
             )
 
 
@@ -239,12 +310,62 @@ def _may_insert(row: Any, inserted: int, n: int) -> bool:
     return bool((inserted + n) * row.samples_per_insert - row.samples <= row.max_diff)
 
 
-def _describe(row: Any) -> str:
-    limiter = RateLimiter.from_settings(row)
-    ratio = (
-        f", samples_per_insert={limiter.samples_per_insert:g}"
-        if limiter.samples_per_insert is not None
-        else ""
+def _float_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _sample_bound(row: Any, n: int) -> str:
+    """Which bound of the limit holds a sample of ``n`` rows back, in its numbers."""
+    counted = int(row.counted)
+    if counted < row.min_size:
+        return (
+            f"min_size holds it: {counted} rows count as inserted (inserted less "
+            f"discarded), min_size={row.min_size}"
+        )
+    allowed = counted * row.samples_per_insert - row.min_diff
+    left = max(0, math.floor(allowed - row.samples))
+    return (
+        f"samples_per_insert holds it: {counted} rows counted as inserted allow "
+        f"{math.floor(allowed)} samples, {row.samples} were drawn, so {left} more may go "
+        f"and this sample needs {n}"
     )
-    counted = f"{int(row.counted)} rows inserted, {int(row.samples)} sampled"
-    return f"{counted}; min_size={row.min_size}{ratio}"
+
+
+def _insert_bound(row: Any, n: int) -> str:
+    """Which bound holds a write of ``n`` rows back (block_writers), in its numbers."""
+    ahead = (int(row.counted) + n) * row.samples_per_insert - row.samples
+    owed = math.ceil(ahead - row.max_diff)
+    return (
+        f"block_writers holds it: {n} more rows would put inserts {ahead:g} samples ahead of "
+        f"the {row.samples} drawn, more than max_diff={row.max_diff:g} (samples_per_insert "
+        f"* min_size + error_buffer); learners must draw {owed} more rows first"
+    )
+
+
+def _describe(row: Any) -> str:
+    """What each side has done under the limit: counts, settings, and when each last
+    moved (database clock)."""
+    limiter = RateLimiter.from_settings(row)
+    settings = f"min_size={row.min_size}"
+    if limiter.samples_per_insert is not None:
+        settings += (
+            f", samples_per_insert={limiter.samples_per_insert:g}, error_buffer={limiter.buffer:g}"
+        )
+    counts = (
+        f"Since the limit was set: inserted {int(row.counted) + int(row.discarded)}, "
+        f"discarded {int(row.discarded)}, sampled {int(row.samples)} ({settings}); "
+    )
+    now = float(row.now)
+    if row.sampled_at is None:
+        sampled = "learners have not sampled since the limit was set"
+    else:
+        sampled = f"learners sampled last {_ago(now, row.sampled_at)}"
+    if row.inserted_at is None:
+        inserted = "actors have inserted no rows yet"
+    else:
+        inserted = f"actors inserted last {_ago(now, row.inserted_at)}"
+    return f"{counts}{sampled}; {inserted}"
+
+
+def _ago(now: float, at: Any) -> str:
+    return f"{max(0.0, now - float(at)):.1f} s ago"

@@ -133,12 +133,16 @@ def bump_version(handle: BufferHandle, conn: Connection, counter: Any = buffers.
 
 
 def count_inserted(handle: BufferHandle, conn: Connection, n: int) -> None:
-    """Count ``n`` rows stored into the buffer (the caller holds its row)."""
+    """Count ``n`` rows stored into the buffer, and when (the caller holds its row)."""
     this = buffers.c.id == handle.buffer_id
     conn.execute(
         update(buffers)
         .where(this)
-        .values(inserted=buffers.c.inserted + n, row_count=buffers.c.row_count + n)
+        .values(
+            inserted=buffers.c.inserted + n,
+            row_count=buffers.c.row_count + n,
+            inserted_at=handle.dialect.now(),
+        )
     )
 
 

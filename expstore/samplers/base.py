@@ -56,7 +56,7 @@ from .._args import check_batch_size, check_int, check_staleness, seeded_rng
 from ..errors import ConnectionLostError, EmptyBufferError, StorageError, UnsupportedTypeError
 from ..features.versions import fresh_mask
 from ..model.rows import DataRow
-from ..query import QueryCondition, as_condition
+from ..query import Condition, QueryCondition, as_condition
 from ..storage.base import Fetched, KeySpace, Storage
 from .flat import PROBE_BUDGET
 
@@ -582,6 +582,14 @@ class KeySampler(Sampler):
     def can_draw_flat(self, query_condition: QueryCondition) -> bool:
         """Whether :meth:`choose_flat` may draw under this condition (False by default)."""
         return False
+
+    def drawable(self) -> Condition | None:
+        """A condition every row this sampler can ever draw holds, besides the caller's
+        condition and ``max_staleness`` (None: every row). A claim ordered by the sampler
+        that runs short of rows it draws fills up among the claimable rows that hold it
+        (and are within ``max_staleness``), so it never returns a row the sampler itself
+        would not."""
+        return None
 
     def narrowed(self, query_condition: QueryCondition) -> bool:
         """Whether only some of the buffer's rows are this sampler's to draw: a condition,

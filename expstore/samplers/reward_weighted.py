@@ -10,7 +10,7 @@ from typing_extensions import Unpack
 
 from .._args import check_number
 from ..errors import EmptyBufferError, InvalidArgumentError
-from ..query import QueryCondition
+from ..query import Comparison, Condition, QueryCondition
 from ..storage.base import KeySpace
 from .base import Choice, KeySampler, SamplerOptions
 from .flat import draw_uniform
@@ -41,6 +41,10 @@ class RewardWeightedSampler(KeySampler):
     def __init__(self, temperature: float = 1.0, **options: Unpack[SamplerOptions]) -> None:
         super().__init__(**options)
         self.temperature = check_number("temperature", temperature, positive=True)
+
+    def drawable(self) -> Condition | None:
+        """Rows without a ``reward_t`` are never drawn."""
+        return Comparison("reward_t", "is_not_null")
 
     def _cdf(self, reward: np.ndarray) -> np.ndarray:
         def compute() -> np.ndarray:

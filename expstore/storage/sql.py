@@ -52,7 +52,7 @@ from ..features.claims.ready_groups import ReadyGroups
 from ..features.dedup import Dedup
 from ..features.eviction import Eviction
 from ..features.groups import GroupIndex, GroupSpec
-from ..features.rate_limits import RateLimits
+from ..features.rate_limits import RateLimits, discard
 from ..features.registry import BufferInfo
 from ..features.stats import summary_build, task_stats
 from ..features.stats.summary import summarise
@@ -243,6 +243,7 @@ class SqlStorage(Storage):
     def discard_rows(self, conn: Connection, n: int) -> None:
         """Count ``n`` rows that can never be drawn (groups a group claim's index left out
         for good) as discarded by the rate limit, in ``conn``'s transaction."""
+        discard(self._handle, conn, n)
 
     @property
     def claims(self) -> ClaimQueue:

@@ -34,3 +34,21 @@ def test_cli_bad_input_is_a_one_line_error(invoke: Any, tmp_path: Any, args: lis
     assert "unexpected" not in result.stderr and "Traceback" not in result.stderr
     with ReplayBuffer(url) as buffer:
         assert len(buffer) == 4
+
+
+def test_importing_a_line_nested_5000_deep_is_a_one_line_depth_error(
+    invoke: Any, tmp_path: Any
+) -> None:
+    """Issue 32: it ended in "unexpected RecursionError ... please report it"."""
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    with ReplayBuffer(url) as buffer:
+        buffer.store_batch(make_rows(4))
+    deep = "[" * 5_000 + "]" * 5_000
+    line = '{"id": "x", "task_id": "t", "agent_id": "a", "step": 0, "data": {"state": %s}}'
+    (tmp_path / "deep.jsonl").write_text(line % deep + "\n")
+    result = invoke("import", "--db", url, str(tmp_path / "deep.jsonl"))
+    assert result.exit_code != 0
+    assert "unexpected" not in result.stderr and "Traceback" not in result.stderr
+    assert "nest too deep to read" in result.stderr and "at most 200 levels" in result.stderr
+    with ReplayBuffer(url) as buffer:
+        assert len(buffer) == 4

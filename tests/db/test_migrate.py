@@ -275,3 +275,30 @@ def test_revision_0008_moves_priorities_to_a_table_of_their_own(fresh_url: str) 
     entries = text("SELECT p.priority FROM expstore_priorities p ORDER BY p.key")
     with engine.connect() as conn:
         assert conn.execute(entries).scalars().all() == [2.0, 7.25, 1.0, 9.0]
+
+
+def test_revision_0013_keeps_checkpoints_and_stores_them_as_text(fresh_url: str) -> None:
+    engine = _writer(fresh_url)
+    migrate.upgrade(engine)
+    with ReplayBuffer(fresh_url, name="old") as buf:
+        buf.store_batch(make_rows(2))
+        buf.claim(1, consumer="learner").ack(checkpoint={"step": 3, "cursor": [1, "a"]})
+    migrate.downgrade(engine, "0009")  # checkpoints as JSON, as before
+    with engine.connect() as conn:
+        columns = {c["name"] for c in inspect(conn).get_columns("expstore_buffers")}
+        assert "discarded" not in columns
+    with engine.begin() as conn:  # what a learner before revision 0013 stored
+        conn.execute(
+            text(
+                "INSERT INTO expstore_checkpoints (buffer_id, consumer, seq, state, created_at) "
+                "SELECT id, 'older', 1, :state, 0 FROM expstore_buffers"
+            ),
+            {"state": '{"step": 1}'},
+        )
+    migrate.upgrade(engine)
+    with ReplayBuffer(fresh_url, name="old") as buf:
+        assert buf.checkpoint("learner") == {"step": 3, "cursor": [1, "a"]}
+        assert buf.checkpoint("older") == {"step": 1}
+        buf.claim(1, consumer="learner").ack(checkpoint=1.0)
+        back = buf.checkpoint("learner")
+        assert back == 1.0 and type(back) is float

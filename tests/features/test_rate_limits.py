@@ -17,13 +17,19 @@ from expstore import (
     UniformSampler,
 )
 from expstore.errors import InvalidArgumentError, StorageError
+from expstore.features.rate_limits import discard
+from expstore.features.registry import lock_buffer
 from tests.helpers import make_row, make_rows
 
 
 def test_min_size_holds_sampling_until_enough_rows_were_inserted(buf: ReplayBuffer) -> None:
     buf.set_rate_limiter(RateLimiter(min_size=10, timeout=0.05))
     buf.store_batch(make_rows(9))
-    with pytest.raises(RateLimitedError, match="9 rows inserted, 0 sampled; min_size=10"):
+    held = (
+        r"min_size holds it: 9 rows count as inserted.*inserted 9, discarded 0, sampled 0 "
+        r"\(min_size=10\); learners have not sampled"
+    )
+    with pytest.raises(RateLimitedError, match=held):
         buf.sample(batch_size=4)
     buf.store(make_row())
     assert len(buf.sample(batch_size=100)) == 100  # MinSize: no ratio, any amount
@@ -37,7 +43,8 @@ def test_samples_per_insert_is_a_budget_shared_by_every_handle(
         a.store_batch(make_rows(10))  # budget 20 samples
         assert len(a.sample(batch_size=8)) == 8
         assert len(b.sample(batch_size=12)) == 12  # another handle spends the same budget
-        with pytest.raises(RateLimitedError, match="10 rows inserted, 20 sampled"):
+        held = "samples_per_insert holds it.*inserted 10, discarded 0, sampled 20"
+        with pytest.raises(RateLimitedError, match=held):
             b.sample(batch_size=1)
         stats = a.rate_limit_stats()
         assert stats is not None and (stats.inserted, stats.sampled) == (10, 20)
@@ -90,7 +97,12 @@ def test_blocked_writers_wait_for_samplers(buf: ReplayBuffer) -> None:
     )
     buf.set_rate_limiter(limiter)  # writers may run max_diff = 6 samples ahead
     buf.store_batch(make_rows(6))
-    with pytest.raises(RateLimitedError, match="learners are not sampling. Nothing was stored"):
+    held = (
+        "block_writers holds it: 2 more rows would put inserts 8 samples ahead of the 0 "
+        "drawn, more than max_diff=6.*learners must draw 2 more rows first.*learners have "
+        "not sampled since the limit was set; actors inserted last .* s ago. Nothing was stored"
+    )
+    with pytest.raises(RateLimitedError, match=held):
         buf.store_batch(make_rows(2))
     assert len(buf) == 6
     buf.sample(batch_size=3)
@@ -202,7 +214,7 @@ def test_concurrent_samplers_never_exceed_the_budget(db_url: str, buffer_name: s
 
 def test_an_empty_limited_buffer_waits_instead_of_raising_empty(buf: ReplayBuffer) -> None:
     buf.set_rate_limiter(RateLimiter(min_size=2, timeout=0.05))
-    with pytest.raises(RateLimitedError, match="0 rows inserted"):
+    with pytest.raises(RateLimitedError, match="inserted 0, discarded 0"):
         buf.sample(batch_size=2)
     writer = threading.Timer(0.2, lambda: buf.store_batch(make_rows(2)))
     writer.start()
@@ -318,3 +330,106 @@ def test_rows_written_between_an_empty_choice_and_its_budget_are_drawn(
     assert len(buf.sample(batch_size=2)) == 2
     stats = buf.rate_limit_stats()
     assert stats is not None and stats.sampled == 2 and stats.inserted == 2
+
+
+def _discard(buf: ReplayBuffer, n: int) -> None:
+    """What the group index and stale eviction do: discard rows inside a transaction that
+    holds the buffer's row."""
+    handle = buf.storage.handle
+    with handle.write() as conn:
+        lock_buffer(handle, conn)
+        discard(handle, conn, n)
+
+
+def test_discarded_rows_no_longer_hold_blocked_writers(buf: ReplayBuffer) -> None:
+    """Issue 32: rows that can never be drawn (groups a group condition refuses) counted
+    as inserted-but-unsampled, so writers held by block_writers waited for ever."""
+    buf.set_rate_limiter(
+        RateLimiter(
+            min_size=8, samples_per_insert=1.0, error_buffer=16, block_writers=True, timeout=0.05
+        )
+    )  # writers may run max_diff = 24 samples ahead
+    buf.store_batch(make_rows(24))
+    with pytest.raises(RateLimitedError, match="learners must draw 8 more rows first"):
+        buf.store_batch(make_rows(8))
+    _discard(buf, 8)  # 8 of the rows can never be drawn: they leave the count
+    buf.store_batch(make_rows(8))
+    assert len(buf) == 32
+    stats = buf.rate_limit_stats()
+    assert stats is not None
+    assert (stats.inserted, stats.discarded, stats.sampled) == (32, 8, 0)
+    assert stats.can_sample and not stats.can_insert
+    with pytest.raises(RateLimitedError, match=r"inserted 32, discarded 8, sampled 0"):
+        buf.store_batch(make_rows(1))
+
+
+def test_a_writer_waiting_on_the_limit_goes_when_rows_are_discarded(buf: ReplayBuffer) -> None:
+    buf.set_rate_limiter(
+        RateLimiter(1, samples_per_insert=1.0, error_buffer=2, block_writers=True, timeout=30)
+    )
+    buf.store_batch(make_rows(3))
+    index = threading.Timer(0.3, lambda: _discard(buf, 2))
+    index.start()
+    buf.store_batch(make_rows(2))  # waits until the discard makes room
+    index.join()
+    assert len(buf) == 5
+    assert buf.rate_limit_stats().discarded == 2  # type: ignore[union-attr]
+
+
+def test_discarded_rows_do_not_count_towards_min_size(buf: ReplayBuffer) -> None:
+    buf.set_rate_limiter(RateLimiter(min_size=4, timeout=0.05))
+    buf.store_batch(make_rows(4))
+    _discard(buf, 1)
+    with pytest.raises(RateLimitedError, match="min_size holds it: 3 rows count as inserted"):
+        buf.sample(batch_size=1)
+    buf.store(make_row())
+    assert len(buf.sample(batch_size=2)) == 2
+
+
+def test_discards_before_a_limit_is_set_are_not_counted_under_it(buf: ReplayBuffer) -> None:
+    buf.store_batch(make_rows(4))
+    _discard(buf, 4)
+    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, timeout=0.05))
+    stats = buf.rate_limit_stats()
+    assert stats is not None and (stats.inserted, stats.discarded) == (4, 0)
+
+
+def test_stats_say_when_learners_last_sampled_and_actors_last_inserted(
+    buf: ReplayBuffer,
+) -> None:
+    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=2.0, timeout=0.05))
+    stats = buf.rate_limit_stats()
+    assert stats is not None and stats.last_sample_at is None and stats.last_insert_at is None
+    buf.store_batch(make_rows(4))
+    buf.sample(batch_size=2)
+    stats = buf.rate_limit_stats()
+    assert stats is not None and stats.last_sample_at is not None
+    assert stats.last_insert_at is not None
+    assert abs(stats.last_sample_at - time.time()) < 3600  # the database's clock, in seconds
+
+
+def test_a_queue_limit_bounds_the_rows_waiting_to_be_claimed(buf: ReplayBuffer) -> None:
+    limiter = RateLimiter.queue(8, timeout=0.05)
+    assert limiter == RateLimiter(1, 1.0, 7.0, block_writers=True, timeout=0.05)
+    buf.set_rate_limiter(limiter)
+    assert buf.rate_limiter() == limiter  # read back as set
+    buf.store_batch(make_rows(8))
+    with pytest.raises(RateLimitedError, match="block_writers holds it"):
+        buf.store(make_row())
+    assert len(buf.claim(3, consumer="learner")) == 3  # three left the backlog
+    buf.store_batch(make_rows(3))
+    with pytest.raises(RateLimitedError):
+        buf.store(make_row())
+    _discard(buf, 2)  # rows that can never be claimed leave the backlog too
+    buf.store_batch(make_rows(2))
+    assert len(buf) == 13
+    with pytest.raises(InvalidArgumentError, match="max_backlog must be an int >= 2"):
+        RateLimiter.queue(1)
+
+
+@pytest.mark.parametrize("huge", [10**400, float("inf"), float("nan")])
+def test_a_limiter_refuses_numbers_beyond_a_float_with_a_typed_error(huge: float) -> None:
+    with pytest.raises(InvalidArgumentError, match="samples_per_insert must be a finite number"):
+        RateLimiter(samples_per_insert=huge)
+    with pytest.raises(InvalidArgumentError, match="timeout must be a finite number"):
+        RateLimiter(timeout=huge)

@@ -34,7 +34,6 @@ that key that become claimable again (released, or their lease ran out) are foun
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
@@ -57,7 +56,7 @@ from ..registry import buffer_row
 from ..versions import fresh_clause, oldest_fresh
 from .epochs import hold_epoch, next_epoch
 from .ready_groups import forget_consumed
-from .reports import Lineage, QueueStats, queue_stats, row_lineage
+from .reports import Lineage, QueueStats, checkpoint_value, queue_stats, row_lineage
 
 __all__ = [
     "ClaimQueue",
@@ -66,6 +65,7 @@ __all__ = [
     "Lineage",
     "QueueStats",
     "Scope",
+    "ShortClaim",
 ]
 
 _C = consumption.c
@@ -74,6 +74,11 @@ _T = TypeVar("_T")
 _RELEASED: dict[str, Any] = {"claim_id": None, "consumer": None, "lease_until": None}
 #: Rounds a sampler-ordered claim draws candidates before it takes claimable rows at random.
 _DRAW_ROUNDS = 4
+
+
+class ShortClaim(Exception):
+    """Internal: a claim found fewer rows than it must take at least (rolled back, nothing
+    taken); ``args[0]``: how many it found."""
 
 
 class Claimed(NamedTuple):
@@ -182,11 +187,14 @@ class ClaimQueue:
         candidates: Callable[[int], np.ndarray] | None = None,
         groups: GroupTaker | None = None,
         epoch: int = 0,
+        at_least: int = 0,
     ) -> Claimed:
         """Claim up to ``n`` claimable rows matching the condition: oldest first, or, with
         ``candidates`` (a function giving up to that many keys chosen by a sampler), among
         the keys it chooses. ``epoch``: the consumer's incarnation claiming (0: a plain
-        claim), FencedError unless it is the consumer's current one."""
+        claim), FencedError unless it is the consumer's current one. With ``at_least``, a
+        claim that finds fewer rows takes none (its transaction rolled back) and raises
+        :class:`ShortClaim`."""
         handle = self._handle
         claim_id = uuid.uuid4().hex
         now = handle.dialect.now()  # evaluated by each statement: no round trip of its own
@@ -215,6 +223,8 @@ class ClaimQueue:
                     keys = self._claim_oldest(conn, n, scope, now, entry, stamps, floors)
                 else:
                     keys = self._claim_drawn(conn, n, scope, now, entry, stamps, candidates)
+                if len(keys) < at_least:
+                    raise ShortClaim(len(keys))  # rolls the transaction back
                 at = stamps[0] if stamps else float(conn.execute(select(now)).scalar_one())
             return keys, at
 
@@ -575,7 +585,7 @@ class ClaimQueue:
                 buffer_id=handle.buffer_id,
                 consumer=consumer,
                 seq=seq,
-                state=json.loads(state),
+                state=state,
                 created_at=now,
             )
         )
@@ -600,7 +610,7 @@ class ClaimQueue:
                 "never acked with checkpoint=... . Start it from scratch, or pass default= "
                 "to get a starting state instead of this error"
             )
-        return int(found.seq), found.state
+        return int(found.seq), checkpoint_value(found.state)
 
     def count(self, scope: Scope, upto: int, *, claimable: bool) -> int:
         """How many matching rows there are (``claimable``: that can be claimed now),

@@ -5,7 +5,8 @@ Read-only views over ``expstore_consumption`` (see :mod:`expstore.features.claim
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from sqlalchemy import and_, case, func, select
@@ -19,9 +20,22 @@ from ...errors import UnsupportedTypeError
 from ...query import QueryCondition
 from ..draw_counts import times_sampled
 
-__all__ = ["Lineage", "QueueStats", "claim_state", "queue_stats", "row_lineage"]
+__all__ = [
+    "Lineage",
+    "QueueStats",
+    "checkpoint_value",
+    "claim_state",
+    "queue_stats",
+    "row_lineage",
+]
 
 _C = consumption.c
+
+
+def checkpoint_value(text: str | None) -> Any:
+    """A checkpoint as stored (its JSON text in ``expstore_checkpoints.state``) back as the
+    value it was acked with; None for no checkpoint."""
+    return None if text is None else json.loads(text)
 
 
 class Lineage(NamedTuple):
@@ -102,8 +116,9 @@ def queue_stats(handle: BufferHandle, query_condition: QueryCondition) -> QueueS
 def row_lineage(handle: BufferHandle, ids: Sequence[str]) -> dict[str, Lineage]:
     """The consumption record of each stored row of ``ids`` (rows never claimed:
     ``unclaimed``; ids not stored are left out)."""
-    if isinstance(ids, str):
-        raise UnsupportedTypeError("lineage() needs a list of ids, got one string")
+    if isinstance(ids, str) or not isinstance(ids, Iterable):
+        what = "one string" if isinstance(ids, str) else f"{type(ids).__name__} {ids!r}"
+        raise UnsupportedTypeError(f"lineage() needs a list of ids (str), got {what}")
     ids = [check_text("id", i) for i in ids]
     cp = checkpoints.c
     with_checkpoint = consumption.outerjoin(
@@ -133,7 +148,10 @@ def row_lineage(handle: BufferHandle, ids: Sequence[str]) -> dict[str, Lineage]:
         key_of = ids_to_keys(handle, conn, list(ids))
         keys = list(key_of.values())
         bound = {"keys": handle.dialect.key_set(keys)}
-        found = {int(key): Lineage(*record) for key, *record in conn.execute(stmt, bound)}
+        found = {
+            int(r[0]): Lineage(r[1], r[2], r[3], r[4], r[5], checkpoint_value(r[6]), r[7], r[8])
+            for r in conn.execute(stmt, bound)
+        }
     never = Lineage("unclaimed", None, None, None, None, None, None, 0)
     drawn = times_sampled(handle, keys) if keys else {}
     return {

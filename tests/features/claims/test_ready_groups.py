@@ -272,3 +272,49 @@ def test_four_writers_and_two_group_claimers_never_split_or_repeat_a_group(
         stats = buffer.queue_stats()
     assert stats.leased == 0
     assert left.held == 0
+
+
+def test_groups_the_condition_refuses_do_not_hold_writers_back(buffer: ReplayBuffer) -> None:
+    """Found by a user: under ``block_writers`` the rows of groups whose rewards are all
+    equal counted as inserted but could never be sampled, so writers blocked for ever. A
+    group claim's index counts them as discarded: the writer writes all its groups."""
+    import threading
+
+    from expstore import RateLimiter
+
+    buffer.set_rate_limiter(
+        RateLimiter(
+            min_size=8, samples_per_insert=1.0, error_buffer=16, block_writers=True, timeout=30
+        )
+    )
+    sampler = GroupSampler(group_size=4, varied_reward=True)
+    written: list[BaseException | None] = []
+
+    def write() -> None:
+        try:
+            for g in range(30):  # every other group refused: 60 rows never drawable
+                rewards = [1.0, 1.0, 1.0, 1.0] if g % 2 else [0.0, 1.0, 0.0, 1.0]
+                buffer.store_batch(group(f"g{g}", rewards))
+            written.append(None)
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            written.append(exc)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    taken: list[str] = []
+    while writer.is_alive() or buffer.ready_groups(sampler).ready:
+        claim = (
+            buffer.claim(8, consumer="learner", order=sampler, wait=0.5, min_n=4)
+            if (buffer.ready_groups(sampler).ready)
+            else None
+        )
+        if claim is not None:
+            taken += firsts(claim.batch, 4)
+            claim.ack()
+        else:
+            time.sleep(0.02)
+    writer.join()
+    assert written == [None]
+    assert sorted(taken) == sorted(f"g{g}" for g in range(0, 30, 2))
+    stats = buffer.rate_limit_stats()
+    assert stats is not None and stats.discarded == 60
