@@ -34,6 +34,7 @@ from .errors import (
     ReplicaError,
     ReplicaWarning,
     RetentionConflictError,
+    RowsEvictedError,
     RowValidationError,
     SchemaVersionError,
     StorageError,
@@ -64,6 +65,7 @@ from .samplers import (
 )
 from .samplers.base import SampleInfo
 from .storage import SqlStorage, Storage
+from .storage.writer import StoreReport
 
 if _typing.TYPE_CHECKING:
     from .torch_data import ExperienceDataset, SampledBatches
@@ -116,6 +118,7 @@ __all__ = [
     "RetentionConflictError",
     "RewardWeightedSampler",
     "RowValidationError",
+    "RowsEvictedError",
     "SampleInfo",
     "SampledBatches",
     "Sampler",
@@ -125,6 +128,7 @@ __all__ = [
     "StalenessAwareSampler",
     "Storage",
     "StorageError",
+    "StoreReport",
     "StratifiedSampler",
     "TaskSampler",
     "TensorConverter",

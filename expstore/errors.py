@@ -29,7 +29,8 @@ too::
     ├── ClaimError                a claim cannot be acked, released or renewed as asked
     │   ├── LeaseExpiredError         its lease ran out and another consumer claimed rows
     │   ├── ClaimOwnerError           it belongs to another consumer
-    │   └── ClaimFinishedError        it was already acked or released
+    │   ├── ClaimFinishedError        it was already acked or released
+    │   └── RowsEvictedError          rows of it were evicted (or deleted) before its ack
     ├── UnknownConsumerError      no checkpoint stored for that consumer (LookupError)
     ├── WaitTimeoutError          the data waited for did not come in time (TimeoutError)
     │   └── RateLimitedError          a rate limit kept a sample or a write waiting too long
@@ -67,6 +68,7 @@ __all__ = [
     "ReplicaWarning",
     "RetentionConflictError",
     "RowValidationError",
+    "RowsEvictedError",
     "SchemaVersionError",
     "StorageError",
     "UnknownConsumerError",
@@ -150,6 +152,19 @@ class ClaimOwnerError(ClaimError):
 
 class ClaimFinishedError(ClaimError):
     """The claim was already acked or released."""
+
+
+class RowsEvictedError(ClaimError):
+    """Rows of the claim were evicted (or deleted) before its ack; nothing was changed.
+
+    ``evicted`` is how many, ``reasons`` how many went by each reason (``capacity``,
+    ``stale``, ``delete``, ``clear``; ``unknown`` for rows whose tombstone is no longer
+    kept)."""
+
+    def __init__(self, message: str, evicted: int = 0, reasons: dict[str, int] | None = None):
+        super().__init__(message)
+        self.evicted = evicted
+        self.reasons = dict(reasons or {})
 
 
 class UnknownConsumerError(ExpstoreError, LookupError):

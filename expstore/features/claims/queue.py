@@ -51,6 +51,7 @@ from ...query import QueryCondition, condition_key
 from ..registry import buffer_row
 from ..versions import fresh_clause, oldest_fresh
 from .reports import Lineage, QueueStats, queue_stats, row_lineage
+from .retention import AckRetention
 
 __all__ = [
     "ClaimQueue",
@@ -436,14 +437,19 @@ class ClaimQueue:
         action: str,
         values: dict[str, Any],
         more: Callable[[Connection], dict[str, Any]] | None = None,
+        retention: AckRetention | None = None,
     ) -> int:
         """Check the claim is the consumer's to ``action``, then set ``values`` (and what
-        ``more`` adds, in the same transaction) on its entries; returns how many."""
+        ``more`` adds, in the same transaction) on its entries; returns how many.
+        ``retention``: an ack's (see :mod:`expstore.features.claims.retention`)."""
         handle = self._handle
 
         def write() -> int:
             with handle.errors(f"{action} a claim"), handle.write() as conn:
-                buffer_row(handle, conn)  # still the handle's buffer
+                if retention is None:
+                    buffer_row(handle, conn)  # still the handle's buffer
+                else:
+                    retention.hold(conn)  # that too, and its locks before the entries'
                 held = self._own_entries(conn, claim, action)
                 extra = more(conn) if more is not None else {}
                 if held:
@@ -452,15 +458,26 @@ class ClaimQueue:
                         .where(_C.claim_id == claim.claim_id)
                         .values(**values, **extra)
                     )
+                if retention is not None:
+                    retention.settle(conn, len(held))
             return len(held)
 
         # A deadlock with a claim taking the rows over (Postgres) rolls it back: again.
         return retried(write)
 
-    def ack(self, claim: Claimed, checkpoint: Any = None, *, with_checkpoint: bool) -> int:
+    def ack(
+        self,
+        claim: Claimed,
+        checkpoint: Any = None,
+        *,
+        with_checkpoint: bool,
+        allow_evicted: bool = False,
+    ) -> int:
         """Mark the claim's rows consumed, storing ``checkpoint`` for its consumer in the
-        same transaction; returns how many rows were acked (rows deleted meanwhile, by an
-        evicting writer say, are not counted)."""
+        same transaction; returns how many rows were acked. Rows evicted or deleted
+        meanwhile raise RowsEvictedError and change nothing, unless ``allow_evicted``
+        (then the rows left are acked and counted); see
+        :mod:`expstore.features.claims.retention`."""
         state = check_checkpoint(checkpoint) if with_checkpoint else None
         now = self._handle.dialect.now()
 
@@ -470,7 +487,8 @@ class ClaimQueue:
             return {"checkpoint_seq": self._store_checkpoint(conn, claim.consumer, state, now)}
 
         done = {"acked_at": now, "lease_until": None}
-        return self._finish(claim, "ack", done, store_checkpoint)
+        retention = AckRetention(self._handle, claim.claim_id, claim.keys, allow_evicted)
+        return self._finish(claim, "ack", done, store_checkpoint, retention)
 
     def release(self, claim: Claimed) -> int:
         """Return the claim's rows to the queue; returns how many."""
