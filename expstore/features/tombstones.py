@@ -183,8 +183,9 @@ def record_where(
     picked = (
         select(*values).select_from(_WITH_ENTRY).where(rows.c.key.in_(select(newest_rows.c.key)))
     )
-    written = conn.execute(tombstones.insert().from_select(_INSERTED, picked)).rowcount
-    newest = last + int(written)
+    conn.execute(tombstones.insert().from_select(_INSERTED, picked))
+    # (Read again rather than by the insert's rowcount, which psycopg may not know.)
+    newest = kept_tombstones(conn, handle.buffer_id)[1]
     trim(conn, handle.buffer_id, keep, newest)
     return newest
 
