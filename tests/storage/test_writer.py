@@ -113,7 +113,8 @@ def test_a_report_counts_duplicates_and_capacity_evictions_old_and_own(
         first = make_rows(4)
         assert buffer.store_batch(first, report=True) == StoreReport(4)
         done = buffer.store_batch(make_rows(7), dedup="skip", report=True)
-        # its first 4 rows repeat the content stored: 4 duplicates left out, 3 stored; 2 of the first rows go beyond the capacity
+        # its first 4 rows repeat the content stored: 4 duplicates left out, 3 stored,
+        # and 2 of the first rows go beyond the capacity
         assert done == StoreReport(3, 4, 2, 0, 0)
         big = buffer.store_batch(make_rows(8), report=True)
         # a batch larger than the capacity: every old row goes, and 3 of its own
