@@ -171,6 +171,17 @@ class Removed:
         return sum(self.by_reason.values())
 
 
+_DELETE_KEYS: dict[str, Any] = {}
+
+
+def _delete_keys(dialect: Any) -> Any:
+    """``DELETE FROM expstore_rows`` of the bound ``keys``, built once per backend."""
+    stmt = _DELETE_KEYS.get(dialect.name)
+    if stmt is None:
+        stmt = _DELETE_KEYS[dialect.name] = delete(rows).where(dialect.key_in())
+    return stmt
+
+
 def remove(
     handle: BufferHandle,
     conn: Connection,
@@ -200,7 +211,7 @@ def remove(
     keep, last = tombstones.kept_tombstones(conn, handle.buffer_id)
     tombstones.record(handle, conn, doomed, reason, policy, keep, last)
     bound = {"keys": dialect.key_set(doomed)}
-    gone = int(conn.execute(delete(rows).where(dialect.key_in()), bound).rowcount)
+    gone = int(conn.execute(_delete_keys(dialect), bound).rowcount)
     if gone and kept is not None and removal is not None:
         task_stats.after_delete(handle, conn, kept, removal)
     count_removed(handle, conn, gone)

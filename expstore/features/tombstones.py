@@ -27,7 +27,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, and_, delete, func, literal, select
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    String,
+    and_,
+    bindparam,
+    delete,
+    func,
+    literal,
+    select,
+)
 from sqlalchemy.sql.elements import ColumnElement
 
 from ..db.handle import BufferHandle
@@ -73,16 +83,25 @@ class Tombstone(NamedTuple):
     times_claimed: int
 
 
+# Statements of every write that removes rows, built once (per backend where the
+# database's clock is in them): SQLAlchemy then finds their compiled form by identity.
+_KEPT = select(
+    buffers.c.keep_tombstones,
+    select(func.max(_T.seq)).where(_T.buffer_id == bindparam("buffer_id")).scalar_subquery(),
+).where(buffers.c.id == bindparam("buffer_id"))
+_TRIM = delete(tombstones).where(
+    _T.buffer_id == bindparam("buffer_id"), _T.seq <= bindparam("upto")
+)
+
+
 def kept_tombstones(conn: Connection, buffer_id: int) -> tuple[int, int]:
     """How many tombstones the buffer keeps, and the ``seq`` of its newest (0: none yet):
     one statement, the buffer's row and one probe of the primary key."""
-    newest = select(func.max(_T.seq)).where(_T.buffer_id == buffer_id).scalar_subquery()
-    stmt = select(buffers.c.keep_tombstones, newest).where(buffers.c.id == buffer_id)
-    keep, last = conn.execute(stmt).one()
+    keep, last = conn.execute(_KEPT, {"buffer_id": buffer_id}).one()
     return (DEFAULT_KEEP if keep is None else int(keep)), int(last or 0)
 
 
-def _columns(now: Any, reason: str, policy: str | None, seq: Any) -> list[Any]:
+def _columns(now: Any, reason: Any, policy: Any, seq: Any) -> list[Any]:
     """The tombstone's values, selected from ``expstore_rows`` outer-joined with the row's
     consumption entry, in the order of :data:`_INSERTED`."""
     return [
@@ -90,8 +109,8 @@ def _columns(now: Any, reason: str, policy: str | None, seq: Any) -> list[Any]:
         seq,
         rows.c.key,
         rows.c.id,
-        literal(reason),
-        literal(policy),
+        reason,
+        policy,
         now,
         _C.consumer,
         _C.claimed_at,
@@ -118,6 +137,23 @@ _INSERTED = [
     "times_claimed",
 ]
 _WITH_ENTRY = rows.outerjoin(consumption, _C.key == rows.c.key)
+_RECORD: dict[str, Any] = {}
+
+
+def _record_statement(handle: BufferHandle) -> Any:
+    """``INSERT INTO expstore_tombstones ... SELECT`` of the rows of the bound ``keys``,
+    numbered from the bound ``last`` + 1 in key order, with the bound ``reason`` and
+    ``policy``; one per backend."""
+    dialect = handle.dialect
+    stmt = _RECORD.get(dialect.name)
+    if stmt is None:
+        seq = bindparam("last", type_=BigInteger) + func.row_number().over(order_by=rows.c.key)
+        reason = bindparam("reason", type_=String)
+        policy = bindparam("policy", type_=String)
+        values = _columns(dialect.now(), reason, policy, seq)
+        picked = select(*values).select_from(_WITH_ENTRY).where(dialect.key_in())
+        stmt = _RECORD[dialect.name] = tombstones.insert().from_select(_INSERTED, picked)
+    return stmt
 
 
 def record(
@@ -135,13 +171,13 @@ def record(
     chosen = list(keys)[-keep:] if keep else []
     if not chosen:
         return last
-    dialect = handle.dialect
-    seq = literal(last) + func.row_number().over(order_by=rows.c.key)
-    values = _columns(dialect.now(), reason, policy, seq)
-    picked = select(*values).select_from(_WITH_ENTRY).where(dialect.key_in())
-    conn.execute(
-        tombstones.insert().from_select(_INSERTED, picked), {"keys": dialect.key_set(chosen)}
-    )
+    params = {
+        "keys": handle.dialect.key_set(chosen),
+        "last": last,
+        "reason": reason,
+        "policy": policy,
+    }
+    conn.execute(_record_statement(handle), params)
     newest = last + len(chosen)
     trim(conn, handle.buffer_id, keep, newest)
     return newest
@@ -179,7 +215,7 @@ def record_where(
         select(rows.c.key).where(*where).order_by(rows.c.key.desc()).limit(keep).subquery()
     )
     seq = literal(last) + func.row_number().over(order_by=rows.c.key)
-    values = _columns(handle.dialect.now(), reason, None, seq)
+    values = _columns(handle.dialect.now(), literal(reason), literal(None), seq)
     picked = (
         select(*values).select_from(_WITH_ENTRY).where(rows.c.key.in_(select(newest_rows.c.key)))
     )
@@ -194,7 +230,7 @@ def trim(conn: Connection, buffer_id: int, keep: int, newest: int) -> None:
     """Delete the buffer's tombstones beyond the newest ``keep`` (``newest``: the newest
     one's seq), by one range of the primary key."""
     if newest > keep:
-        conn.execute(delete(tombstones).where(_T.buffer_id == buffer_id, _T.seq <= newest - keep))
+        conn.execute(_TRIM, {"buffer_id": buffer_id, "upto": newest - keep})
 
 
 def _with_checkpoint() -> Any:

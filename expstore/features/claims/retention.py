@@ -83,8 +83,8 @@ class AckRetention:
 
     def _evicted_error(self, conn: Connection, acked: int) -> RowsEvictedError:
         handle = self._handle
-        found = conn.execute(select(rows.c.key).where(self._claimed())).scalars()
-        present = {int(k) for k in found}
+        stored = conn.execute(select(rows.c.key).where(self._claimed())).scalars()
+        present = {int(k) for k in stored}
         gone = [k for k in self._keys if k not in present]
         found = reasons_of(handle, conn, gone)
         reasons: dict[str, int] = {}
