@@ -17,7 +17,7 @@ from typing import Any, Literal, overload
 import numpy as np
 from sqlalchemy.engine import URL
 
-from ._args import check_consumer
+from ._args import check_consumer, check_flag
 from .claims import DEFAULT_LEASE_S, Claim, claim_rows, wait_for_rows
 from .converters.base import BatchT, Converter, as_converter
 from .converters.default import DefaultConverter
@@ -161,7 +161,7 @@ class ReplayBuffer:
             if done.kept < done.stored:
                 log.warning("%d rows evicted at once", done.evicted_at_once)
         """
-        if report:
+        if check_flag("report", report):
             return self.sql.store_batch(rows, dedup=dedup, report=True)
         return self.storage.store_batch(rows, dedup=dedup)
 
@@ -192,7 +192,7 @@ class ReplayBuffer:
         names its column and row), with the same retention, ``dedup`` and rate limit; returns
         how many rows were stored (``report=True``: a :class:`~expstore.StoreReport`, as
         :meth:`store_batch`). See :mod:`expstore.model.columnar`."""
-        if report:
+        if check_flag("report", report):
             return self.sql.extend(columns, dedup=dedup, report=True)
         return self.storage.extend(columns, dedup=dedup)
 

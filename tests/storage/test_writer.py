@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from expstore import ExpstoreError, ReplayBuffer, RowValidationError, StoreReport
+from expstore import (
+    ExpstoreError,
+    ReplayBuffer,
+    RowValidationError,
+    StoreReport,
+    UnsupportedTypeError,
+)
 from expstore.storage.writer import WRITE_CHUNK
 from tests.helpers import make_row, make_rows
 
@@ -127,3 +133,10 @@ def test_extend_reports_too(db_url: str, buffer_name: str) -> None:
         columns = {"task_id": ["a", "b", "c", "d"], "agent_id": "x", "step": 0}
         assert buffer.extend(columns, report=True) == StoreReport(4, 0, 1, 0, 1)
         assert buffer.extend(columns) == 4
+
+
+def test_report_must_be_a_bool_and_a_refused_call_stores_nothing() -> None:
+    with ReplayBuffer() as buffer:
+        with pytest.raises(UnsupportedTypeError, match="report must be True or False"):
+            buffer.store_batch(make_rows(2), report="yes")  # type: ignore[call-overload]
+        assert len(buffer) == 0
