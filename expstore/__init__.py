@@ -35,6 +35,7 @@ from .errors import (
     ReplicaError,
     ReplicaWarning,
     RetentionConflictError,
+    RowsEvictedError,
     RowValidationError,
     SchemaVersionError,
     StorageError,
@@ -65,6 +66,7 @@ from .samplers import (
 )
 from .samplers.base import SampleInfo
 from .storage import SqlStorage, Storage
+from .storage.writer import StoreReport
 
 if _typing.TYPE_CHECKING:
     from .torch_data import ExperienceDataset, SampledBatches
@@ -119,6 +121,7 @@ __all__ = [
     "RetentionConflictError",
     "RewardWeightedSampler",
     "RowValidationError",
+    "RowsEvictedError",
     "SampleInfo",
     "SampledBatches",
     "Sampler",
@@ -129,6 +132,7 @@ __all__ = [
     "Step",
     "Storage",
     "StorageError",
+    "StoreReport",
     "StratifiedSampler",
     "TaskSampler",
     "TensorConverter",

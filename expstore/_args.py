@@ -167,6 +167,13 @@ def check_consumer(consumer: Any) -> str:
     return check_text("consumer", consumer)
 
 
+def check_flag(name: str, value: Any) -> bool:
+    """``value`` as a bool (True or False, numpy's too); UnsupportedTypeError otherwise."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise UnsupportedTypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
 def check_seconds(name: str, value: Any, *, optional: bool) -> float | None:
     """``value`` as a float of seconds >= 0 (a wait, a timeout); None passes when
     ``optional``."""

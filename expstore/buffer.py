@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any, overload
+from typing import Any, Literal, overload
 
 import numpy as np
 from sqlalchemy.engine import URL
 
-from ._args import check_consumer
+from ._args import check_consumer, check_flag
 from .claims import (
     DEFAULT_LEASE_S,
     Claim,
@@ -44,6 +44,7 @@ from .samplers.random_task import RandomTaskSampler
 from .samplers.uniform import UniformSampler
 from .storage.base import Storage
 from .storage.sql import SqlStorage
+from .storage.writer import StoreReport
 
 __all__ = ["ReplayBuffer"]
 
@@ -136,7 +137,19 @@ class ReplayBuffer:
         """Store one row; returns 1 (0 when ``dedup="skip"`` found its content stored)."""
         return self.storage.store(row, dedup=dedup)
 
-    def store_batch(self, rows: Sequence[DataRow], *, dedup: Dedup = None) -> int:
+    @overload
+    def store_batch(
+        self, rows: Sequence[DataRow], *, dedup: Dedup = None, report: Literal[False] = False
+    ) -> int: ...
+
+    @overload
+    def store_batch(
+        self, rows: Sequence[DataRow], *, dedup: Dedup = None, report: Literal[True]
+    ) -> StoreReport: ...
+
+    def store_batch(
+        self, rows: Sequence[DataRow], *, dedup: Dedup = None, report: bool = False
+    ) -> int | StoreReport:
         """Store every row in one transaction: all are validated first; all or none land.
         Returns how many rows were stored.
 
@@ -144,10 +157,36 @@ class ReplayBuffer:
         execute_time) a row of the buffer already holds, or an earlier row of the batch
         repeats, checked in the write's transaction so concurrent writers store a rollout
         once; ``"error"`` stores nothing and raises DuplicateContentError instead. Skipped:
-        ``len(rows) - stored``."""
+        ``len(rows) - stored``.
+
+        ``report=True`` returns a :class:`~expstore.StoreReport` instead: rows stored,
+        skipped as duplicates, evicted by the write beyond the capacity and as stale, and
+        how many of the batch's own rows that eviction took at once (a group of a policy
+        version already too old for eviction ``"stale"`` is stored and evicted in the same
+        transaction: ``stored=8, evicted_stale=8, evicted_at_once=8, kept=0``; its rows
+        leave tombstones, so :meth:`lineage` says ``evicted``)::
+
+            done = buffer.store_batch(group, report=True)
+            if done.kept < done.stored:
+                log.warning("%d rows evicted at once", done.evicted_at_once)
+        """
+        if check_flag("report", report):
+            return self.sql.store_batch(rows, dedup=dedup, report=True)
         return self.storage.store_batch(rows, dedup=dedup)
 
-    def extend(self, columns: Mapping[str, Any], *, dedup: Dedup = None) -> int:
+    @overload
+    def extend(
+        self, columns: Mapping[str, Any], *, dedup: Dedup = None, report: Literal[False] = False
+    ) -> int: ...
+
+    @overload
+    def extend(
+        self, columns: Mapping[str, Any], *, dedup: Dedup = None, report: Literal[True]
+    ) -> StoreReport: ...
+
+    def extend(
+        self, columns: Mapping[str, Any], *, dedup: Dedup = None, report: bool = False
+    ) -> int | StoreReport:
         """Store a batch given as columns, in one transaction, as TorchRL's ``extend``::
 
             buffer.extend({
@@ -160,7 +199,10 @@ class ReplayBuffer:
         those (per-row dicts), or one plain value for every row; ``task_id``, ``agent_id``
         and ``step`` are required, ``id`` optional. Checked like ``store_batch`` (a bad value
         names its column and row), with the same retention, ``dedup`` and rate limit; returns
-        how many rows were stored. See :mod:`expstore.model.columnar`."""
+        how many rows were stored (``report=True``: a :class:`~expstore.StoreReport`, as
+        :meth:`store_batch`). See :mod:`expstore.model.columnar`."""
+        if check_flag("report", report):
+            return self.sql.extend(columns, dedup=dedup, report=True)
         return self.storage.extend(columns, dedup=dedup)
 
     def delete(self, query_condition: QueryCondition) -> int:
@@ -262,13 +304,22 @@ class ReplayBuffer:
         eviction: Eviction | None = None,
         *,
         max_staleness: int | None = None,
+        tombstones: int | None = None,
     ) -> int:
         """Change this buffer's capacity (None: unlimited) and eviction policy (None: keep
         it) for every process that writes to it; rows beyond the new capacity go now.
         ``eviction="stale"`` drops rows more than ``max_staleness`` policy versions behind
         the current one at every write and version change (then the oldest beyond
-        ``capacity``). Returns how many rows went."""
-        return self.storage.set_retention(capacity, eviction, max_staleness=max_staleness)
+        ``capacity``); a stale row a claim holds under a live lease stays until its ack
+        (which evicts it) or until the lease runs out. Returns how many rows went.
+
+        Every row that goes (evicted, or deleted) leaves a tombstone, so :meth:`lineage`
+        still answers for it; ``tombstones`` is how many the buffer keeps, the newest
+        (default 100,000; 0: none; None: keep the setting). See
+        :mod:`expstore.features.tombstones`."""
+        return self.storage.set_retention(
+            capacity, eviction, max_staleness=max_staleness, tombstones=tombstones
+        )
 
     # -- policy versions (expstore.features.versions) -------------------------------------
     def set_policy_version(self, version: int, *, force: bool = False) -> int:
@@ -491,7 +542,11 @@ class ReplayBuffer:
     def lineage(self, ids: Sequence[str]) -> dict[str, Lineage]:
         """Each row's consumption record: state (unclaimed, leased, expired, consumed),
         consumer, when claimed and acked, the checkpoint it was acked with, how many times
-        it was claimed. Ids not stored are left out."""
+        it was claimed. A row no longer stored whose tombstone the buffer keeps (see
+        :meth:`set_retention`) is ``evicted``: ``evicted_at``, ``evicted_by``
+        (``capacity``, ``stale``, ``delete``, ``clear``), ``eviction_policy``, and its
+        consumption record as it was when it went (acked by whom, when, with which
+        checkpoint). Other ids are left out."""
         return self.sql.claims.lineage(ids)
 
     def queue_stats(self, query_condition: QueryCondition = None) -> QueueStats:

@@ -47,6 +47,7 @@ from ._args import (
     MAX_BATCH,
     check_checkpoint,
     check_consumer,
+    check_flag,
     check_int,
     check_lease,
     check_priorities,
@@ -145,15 +146,27 @@ class Claim:
                 "Nothing was changed"
             )
 
-    def ack(self, checkpoint: Any = ..., *, consumer: str | None = None) -> int:
+    def ack(
+        self, checkpoint: Any = ..., *, consumer: str | None = None, allow_evicted: bool = False
+    ) -> int:
         """Mark the rows consumed; with ``checkpoint`` (any JSON value: step, epoch, data
         cursor) store it as this consumer's checkpoint in the same transaction. Returns how
-        many rows were acked (rows evicted meanwhile are not counted)."""
+        many rows were acked.
+
+        If rows of the claim left the buffer before the ack (capacity eviction, which
+        takes leased rows too, or ``delete()``), the ack raises RowsEvictedError saying
+        how many and why, and changes nothing (the checkpoint is not stored; the claim is
+        still held). ``allow_evicted=True`` acks the rows left and stores the checkpoint
+        anyway, returning how many were acked. With eviction ``"stale"``, rows the policy
+        kept for this claim are evicted by the ack, in its transaction."""
         self._check_held("acked")
         claimed = self._as(consumer)
         with_checkpoint = checkpoint is not ...
         done = self._queue.ack(
-            claimed, None if not with_checkpoint else checkpoint, with_checkpoint=with_checkpoint
+            claimed,
+            None if not with_checkpoint else checkpoint,
+            with_checkpoint=with_checkpoint,
+            allow_evicted=check_flag("allow_evicted", allow_evicted),
         )
         self.state = "acked"
         return done

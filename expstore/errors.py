@@ -30,8 +30,9 @@ too::
     │   ├── LeaseExpiredError         its lease ran out and another consumer claimed rows
     │   ├── ClaimOwnerError           it belongs to another consumer
     │   ├── ClaimFinishedError        it was already acked or released
-    │   └── FencedError               a newer incarnation of its consumer opened
-    │                                 (buffer.consumer(name)): an older one changes nothing
+    │   ├── FencedError               a newer incarnation of its consumer opened
+    │   │                             (buffer.consumer(name)): an older one changes nothing
+    │   └── RowsEvictedError          rows of it were evicted (or deleted) before its ack
     ├── UnknownConsumerError      no checkpoint stored for that consumer (LookupError)
     ├── WaitTimeoutError          the data waited for did not come in time (TimeoutError)
     │   └── RateLimitedError          a rate limit kept a sample or a write waiting too long
@@ -70,6 +71,7 @@ __all__ = [
     "ReplicaWarning",
     "RetentionConflictError",
     "RowValidationError",
+    "RowsEvictedError",
     "SchemaVersionError",
     "StorageError",
     "UnknownConsumerError",
@@ -158,6 +160,19 @@ class ClaimFinishedError(ClaimError):
 class FencedError(ClaimError):
     """A claim, ack, release, renewal or checkpoint of a consumer's older incarnation (or
     one without an epoch, of a consumer opened with epochs): refused, nothing changed."""
+
+
+class RowsEvictedError(ClaimError):
+    """Rows of the claim were evicted (or deleted) before its ack; nothing was changed.
+
+    ``evicted`` is how many, ``reasons`` how many went by each reason (``capacity``,
+    ``stale``, ``delete``, ``clear``; ``unknown`` for rows whose tombstone is no longer
+    kept)."""
+
+    def __init__(self, message: str, evicted: int = 0, reasons: dict[str, int] | None = None):
+        super().__init__(message)
+        self.evicted = evicted
+        self.reasons = dict(reasons or {})
 
 
 class UnknownConsumerError(ExpstoreError, LookupError):

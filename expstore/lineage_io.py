@@ -93,6 +93,9 @@ def export_lineage(
             ("checkpoint_seq", pa.int64()),
             ("times_claimed", pa.int64()),
             ("times_sampled", pa.int64()),
+            ("evicted_at", pa.float64()),
+            ("evicted_by", pa.string()),
+            ("eviction_policy", pa.string()),
         ]
     )
     with replacing(path, "wb") as (out, _), pq.ParquetWriter(out, schema) as writer:

@@ -28,6 +28,7 @@ from expstore.errors import (
     ClaimOwnerError,
     InvalidArgumentError,
     LeaseExpiredError,
+    RowsEvictedError,
     UnknownConsumerError,
     UnsupportedTypeError,
     WaitTimeoutError,
@@ -200,13 +201,23 @@ def test_a_converter_builds_the_claimed_batch(buf: ReplayBuffer) -> None:
     assert len(claim) == 8
 
 
-def test_rows_evicted_while_claimed_are_skipped_by_the_ack(db_url: str, buffer_name: str) -> None:
+def test_an_ack_of_rows_evicted_while_claimed_raises_and_changes_nothing(
+    db_url: str, buffer_name: str
+) -> None:
     with ReplayBuffer(db_url, name=buffer_name, capacity=20) as buffer:
         buffer.store_batch(make_rows(20))
         claim = buffer.claim(10, consumer="a")
         buffer.store_batch(make_rows(5))  # evicts the 5 oldest, which the claim holds
-        assert claim.ack() == 5
+        with pytest.raises(RowsEvictedError, match=r"5 of its 10 rows left") as raised:
+            claim.ack({"step": 1})
+        assert "5 by capacity eviction (policy 'fifo')" in str(raised.value)
+        assert "allow_evicted=True" in str(raised.value)
+        assert (raised.value.evicted, raised.value.reasons) == (5, {"capacity": 5})
+        assert buffer.queue_stats().leased == 5 and buffer.queue_stats().consumed == 0
+        assert buffer.checkpoint("a", default=None) is None  # never a checkpoint stored
+        assert claim.ack({"step": 1}, allow_evicted=True) == 5  # knowingly: the rest
         assert buffer.queue_stats().consumed == 5
+        assert buffer.checkpoint("a") == {"step": 1}
 
 
 def test_lineage_says_who_consumed_each_row_when_and_with_which_checkpoint(

@@ -16,9 +16,14 @@ CACHE = Path(tempfile.gettempdir()) / "expstore-typing-test-cache"
 USER_CODE = """
 from typing import Any, assert_type
 
-from expstore import DataRow, DefaultConverter, NumpyConverter, ReplayBuffer, TensorConverter
+from expstore import (
+    DataRow, DefaultConverter, NumpyConverter, ReplayBuffer, StoreReport, TensorConverter
+)
 
 buffer = ReplayBuffer(eviction="fifo")
+assert_type(buffer.store_batch([]), int)
+assert_type(buffer.store_batch([], report=True), StoreReport)
+assert_type(buffer.extend({}, report=True), StoreReport)
 assert_type(buffer.sample(), list[DataRow])
 assert_type(buffer.sample(batch_size=4), list[DataRow])
 assert_type(buffer.sample(converter=DefaultConverter()), list[DataRow])
@@ -59,4 +64,7 @@ def test_mypy_catches_a_wrong_batch_type_and_unknown_options(tmp_path: Path) -> 
     assert 'Argument "eviction" to "ReplayBuffer" has incompatible type' in out
     # the batch of a TensorConverter is no list of rows (mypy says so by the argument)
     assert 'expected "Converter[list[DataRow]]"' in out or "Incompatible types in assignment" in out
-    assert 'Argument "dedup" to "store_batch"' in out
+    # store_batch is overloaded on report=: mypy names the call, or the argument
+    assert 'Argument "dedup" to "store_batch"' in out or (
+        'No overload variant of "store_batch"' in out and "dedup: Literal['skip', 'error']" in out
+    ), out

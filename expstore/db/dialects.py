@@ -70,6 +70,9 @@ class Dialect(ABC):
     #: Whether the database extracts a part of a JSON document as text by its path (``->``),
     #: so a fetch reads only the parts a converter needs.
     extracts_json: bool = True
+    #: Whether transactions lock rows (:meth:`locked`, :meth:`key_shared`) to take turns
+    #: with each other; False where one writer runs at a time anyway (SQLite).
+    locks_rows: bool = False
 
     def json_text(self, path: FieldPath) -> ColumnElement[Any]:
         """The JSON text of the value at a payload path of the rows' document (NULL where
@@ -138,6 +141,11 @@ class Dialect(ABC):
     def skip_locked(self, stmt: Select[Any]) -> Select[Any]:
         """``stmt`` locking the rows it reads, passing over rows another transaction holds
         (claims: concurrent claimers never wait on each other)."""
+        return stmt
+
+    def key_shared(self, stmt: Select[Any]) -> Select[Any]:
+        """``stmt`` taking a lock on the rows it reads that keeps them from being deleted
+        (not from being locked for update otherwise) until the transaction ends."""
         return stmt
 
     @abstractmethod
@@ -290,6 +298,7 @@ class PostgresDialect(Dialect):
     name = "postgresql"
     # psycopg releases the GIL while it waits on the server.
     encodes_in_thread = True
+    locks_rows = True
 
     def __init__(self) -> None:
         self.copy_types = [_copy_type(rows.c[name].type) for name in WRITE_COLUMNS]
@@ -379,6 +388,9 @@ class PostgresDialect(Dialect):
         # NO KEY UPDATE: other claimers skip the row, while inserting its consumption entry
         # (a foreign key check, FOR KEY SHARE) does not wait.
         return stmt.with_for_update(key_share=True, skip_locked=True, of=rows)
+
+    def key_shared(self, stmt: Select[Any]) -> Select[Any]:
+        return stmt.with_for_update(read=True, key_share=True)
 
     def commit_without_flush(self) -> ColumnElement[bool]:
         # set_config(..., is_local => true): synchronous_commit off for this transaction

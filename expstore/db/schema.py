@@ -13,6 +13,8 @@ that autogenerate finds no difference between the migrations' head and these tab
   processes bring their cached priorities up to date without reading every row again.
 - ``expstore_task_stats``: one row per task of a buffer that keeps summaries, what
   ``expstore stats`` reads instead of every row.
+- ``expstore_tombstones``: a compact record of each row that left a buffer (evicted or
+  deleted), the newest of them, so that lineage still answers for it.
 - ``expstore_counters``: counters of the whole database (the largest row key ever handed
   out, so that SQLite never hands a deleted row's key out again).
 
@@ -106,6 +108,9 @@ buffers = Table(
     # the rows above it) and how far the rows up to it are summarised already.
     Column("summary_from", BigInteger, nullable=True),
     Column("summary_through", BigInteger, nullable=True),
+    # How many tombstones of rows that left the buffer it keeps (expstore_tombstones, see
+    # expstore.features.tombstones): NULL for the default, 0 for none.
+    Column("keep_tombstones", BigInteger, nullable=True),
     UniqueConstraint("name"),
 )
 
@@ -461,6 +466,34 @@ Index(
     # the planner sees the index serves them.
     sqlite_where=task_stats.c.dirty == true(),
     postgresql_where=task_stats.c.dirty,
+)
+
+#: A compact record of each row that left a buffer (see :mod:`expstore.features.tombstones`):
+#: when and why it went (``reason``: ``capacity``, ``stale``, ``delete`` or ``clear``; the
+#: buffer's eviction ``policy`` for the first two) and its consumption record as it was
+#: then, written in the transaction that deleted the row. ``seq`` numbers a buffer's
+#: tombstones in the order they were written; only the newest ``keep_tombstones`` stay.
+tombstones = Table(
+    "expstore_tombstones",
+    metadata,
+    _buffer_key(),
+    Column("seq", BigInteger, primary_key=True, autoincrement=False),
+    Column("key", BigInteger, nullable=False),
+    _column(ID_COLUMN),
+    Column("reason", String(16), nullable=False),
+    Column("policy", String(32), nullable=True),
+    Column("evicted_at", Double, nullable=False),
+    Column("consumer", String(255), nullable=True),
+    Column("claimed_at", Double, nullable=True),
+    Column("lease_until", Double, nullable=True),
+    Column("acked_at", Double, nullable=True),
+    Column("checkpoint_seq", BigInteger, nullable=True),
+    Column("times_claimed", Integer, nullable=False, server_default="0"),
+    # Lineage looks a row up by its id once it is no longer stored.
+    Index(None, "buffer_id", "id"),
+    # Clustered by (buffer_id, seq) on SQLite: trimming the oldest is one range of the
+    # table's own B-tree.
+    sqlite_with_rowid=False,
 )
 
 #: Counters of the whole database, by name. ``row_key``: the largest key ever given to a

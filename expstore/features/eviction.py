@@ -15,6 +15,18 @@ committed write never leaves more than ``capacity`` rows.
   go (``set_retention(capacity, "stale", max_staleness=k)``; see
   :mod:`expstore.features.versions`), at every write and when the version moves; rows without
   a version stay. Beyond ``capacity`` (if set), the oldest of the rest go, as ``fifo``.
+
+  A stale row under a live lease (claimed, not acked, its lease not run out) stays until
+  the claim is finished: its ack evicts it in the ack's own transaction (see
+  :mod:`expstore.features.claims.retention`), and once its lease runs out or the claim is
+  released, the next write or version change does. A learner never loses rows it holds
+  to a version bump.
+
+Capacity is exact and evicts leased rows too (a claim does not grow the buffer beyond
+it): the ack of a claim whose rows went raises
+:class:`~expstore.errors.RowsEvictedError`. Every row that goes leaves a tombstone (see
+:mod:`expstore.features.tombstones`) with the reason (``"capacity"`` or ``"stale"``) it is
+removed with.
 """
 
 from __future__ import annotations
@@ -22,10 +34,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, get_args
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, and_, func, select
 from sqlalchemy.sql.elements import ColumnElement
 
-from ..db.schema import buffers, oldest_first, rows
+from ..db.schema import buffers, consumption, oldest_first, rows
 
 __all__ = [
     "EVERY_WRITE_POLICIES",
@@ -34,14 +46,38 @@ __all__ = [
     "OLDEST_FIRST_POLICIES",
     "Remove",
     "evict",
+    "not_leased",
+    "stale_rows",
 ]
 
-#: Deletes the buffer's rows matching some WHERE clauses and returns how many went (the
-#: registry's, which also keeps the buffer's row count and task summaries).
-Remove = Callable[[Sequence[ColumnElement[bool]]], int]
+#: Deletes the buffer's rows matching some WHERE clauses, giving the reason (``"capacity"``
+#: or ``"stale"``) their tombstones record, and returns how many went (the registry's,
+#: which also keeps the buffer's row count and task summaries).
+Remove = Callable[[Sequence[ColumnElement[bool]], str], int]
 
 
-def _fifo(conn: Connection, buffer_id: int, capacity: int, remove: Remove) -> int:
+def not_leased(now: Any) -> ColumnElement[bool]:
+    """The row is under no live lease at ``now`` (the database's clock): never claimed,
+    acked, released, or its lease ran out. Looked up by key for each row tested."""
+    live = and_(
+        consumption.c.key == rows.c.key,
+        consumption.c.acked_at.is_(None),
+        consumption.c.lease_until >= now,
+    )
+    return ~select(consumption.c.key).where(live).exists()
+
+
+def stale_rows(buffer_id: int) -> ColumnElement[bool]:
+    """Rows the ``"stale"`` policy drops: more than the buffer's ``stale_after`` versions
+    behind its current version (the complement of the freshness rule,
+    expstore.features.versions.fresh: rows without a version are never stale, "< oldest"
+    is NULL for them)."""
+    this = buffers.c.id == buffer_id
+    oldest = select(buffers.c.policy_version - buffers.c.stale_after).where(this)
+    return rows.c.policy_version < oldest.scalar_subquery()
+
+
+def _fifo(conn: Connection, buffer_id: int, capacity: int, remove: Remove, now: Any) -> int:
     # The buffer's row count (kept in this transaction by every write and delete, ``remove``
     # included, see expstore.features.registry) says how many of the oldest rows go: the
     # first key to keep is found by an offset of that excess from the oldest end, so a
@@ -51,7 +87,7 @@ def _fifo(conn: Connection, buffer_id: int, capacity: int, remove: Remove) -> in
     if excess <= 0:
         return 0
     threshold = oldest_first(select(rows.c.key), buffer_id).limit(1).offset(excess)
-    return remove([rows.c.key < threshold.scalar_subquery()])
+    return remove([rows.c.key < threshold.scalar_subquery()], "capacity")
 
 
 def _keep_ranked(
@@ -63,16 +99,16 @@ def _keep_ranked(
     ).scalar_one()
     if count <= capacity:
         return 0
-    return remove([rows.c.key.not_in(keep)])
+    return remove([rows.c.key.not_in(keep)], "capacity")
 
 
-def _max_reward(conn: Connection, buffer_id: int, capacity: int, remove: Remove) -> int:
+def _max_reward(conn: Connection, buffer_id: int, capacity: int, remove: Remove, now: Any) -> int:
     return _keep_ranked(
         conn, buffer_id, capacity, remove, rows.c.reward_t.desc().nulls_last(), rows.c.key.desc()
     )
 
 
-def _task_fifo(conn: Connection, buffer_id: int, capacity: int, remove: Remove) -> int:
+def _task_fifo(conn: Connection, buffer_id: int, capacity: int, remove: Remove, now: Any) -> int:
     tasks = (
         select(
             rows.c.task_id,
@@ -93,23 +129,19 @@ def _task_fifo(conn: Connection, buffer_id: int, capacity: int, remove: Remove) 
         )
     ).subquery()
     doomed = select(running.c.task_id).where(running.c.held > capacity)
-    return remove([rows.c.task_id.in_(doomed)])
+    return remove([rows.c.task_id.in_(doomed)], "capacity")
 
 
-def _stale(conn: Connection, buffer_id: int, capacity: int, remove: Remove) -> int:
-    # The complement of the freshness rule (expstore.features.versions.fresh): rows
-    # without a version are never stale ("< oldest" is NULL for them).
-    this = buffers.c.id == buffer_id
-    oldest = select(buffers.c.policy_version - buffers.c.stale_after).where(this)
-    evicted = remove([rows.c.policy_version < oldest.scalar_subquery()])
-    return evicted + (_fifo(conn, buffer_id, capacity, remove) if capacity else 0)
+def _stale(conn: Connection, buffer_id: int, capacity: int, remove: Remove, now: Any) -> int:
+    evicted = remove([stale_rows(buffer_id), not_leased(now)], "stale")
+    return evicted + (_fifo(conn, buffer_id, capacity, remove, now) if capacity else 0)
 
 
 #: Policies that only ever delete a buffer's oldest rows (every key below some key), which
 #: readers' cached key indexes follow from the buffer's smallest key, with no reload.
 OLDEST_FIRST_POLICIES = frozenset({"fifo"})
 
-EVICTION_POLICIES: dict[str, Callable[[Connection, int, int, Remove], int]] = {
+EVICTION_POLICIES: dict[str, Callable[[Connection, int, int, Remove, Any], int]] = {
     "fifo": _fifo,
     "max_reward": _max_reward,
     "task_fifo": _task_fifo,
@@ -124,10 +156,16 @@ EVERY_WRITE_POLICIES = frozenset({"stale"})
 
 
 def evict(
-    conn: Connection, buffer_id: int, capacity: int | None, policy: str, remove: Remove
+    conn: Connection,
+    buffer_id: int,
+    capacity: int | None,
+    policy: str,
+    remove: Remove,
+    now: Any,
 ) -> int:
     """Delete rows of ``buffer_id`` beyond ``capacity`` (None: unlimited, for policies that
-    evict without one) by ``policy``, through ``remove``; returns how many went."""
+    evict without one) by ``policy``, through ``remove``; ``now`` is the database's clock
+    (leases are live until then). Returns how many went."""
     if capacity is None and policy not in EVERY_WRITE_POLICIES:
         return 0
-    return EVICTION_POLICIES[policy](conn, buffer_id, capacity or 0, remove)
+    return EVICTION_POLICIES[policy](conn, buffer_id, capacity or 0, remove, now)

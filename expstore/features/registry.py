@@ -9,8 +9,7 @@ writer in at a time.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from functools import partial
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, delete, func, select, update
@@ -20,6 +19,7 @@ from .._args import check_int
 from ..db.handle import BufferHandle
 from ..db.schema import buffers, rows
 from ..errors import InvalidArgumentError, RetentionConflictError
+from . import tombstones
 from .eviction import EVICTION_POLICIES, OLDEST_FIRST_POLICIES, evict
 from .stats import task_stats
 
@@ -33,6 +33,7 @@ __all__ = [
     "evict_beyond",
     "lock_buffer",
     "open_buffer",
+    "Removed",
     "remove",
     "set_retention",
     "settle_retention",
@@ -154,22 +155,72 @@ def count_removed(handle: BufferHandle, conn: Connection, n: int) -> None:
         conn.execute(update(buffers).where(this).values(row_count=buffers.c.row_count - n))
 
 
+class Removed:
+    """What removals in one transaction took, by reason (``capacity``, ``stale``,
+    ``delete``, ``clear``), and how many of them had keys above ``newer_than`` (a write's
+    own rows, evicted by the write that stored them)."""
+
+    def __init__(self, newer_than: int | None = None) -> None:
+        self.newer_than = newer_than
+        self.by_reason: dict[str, int] = {}
+        self.new = 0
+
+    def add(self, reason: str, keys: Iterable[int], count: int) -> None:
+        self.by_reason[reason] = self.by_reason.get(reason, 0) + count
+        if self.newer_than is not None:
+            self.new += sum(1 for k in keys if k > self.newer_than)
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_reason.values())
+
+
+_DELETE_KEYS: dict[str, Any] = {}
+
+
+def _delete_keys(dialect: Any) -> Any:
+    """``DELETE FROM expstore_rows`` of the bound ``keys``, built once per backend."""
+    stmt = _DELETE_KEYS.get(dialect.name)
+    if stmt is None:
+        stmt = _DELETE_KEYS[dialect.name] = delete(rows).where(dialect.key_in())
+    return stmt
+
+
 def remove(
     handle: BufferHandle,
     conn: Connection,
     kept: task_stats.SummaryState | None,
     where: Sequence[ColumnElement[bool]],
+    reason: str = "delete",
+    policy: str | None = None,
+    removed: Removed | None = None,
 ) -> int:
     """Delete the buffer's rows matching ``where`` in the caller's transaction (which holds
-    the buffer's row), keeping its row count and, where it keeps them (``kept``, its
-    summary state as the transaction read it), the summaries of the tasks those rows
-    belonged to; returns how many went."""
+    the buffer's row), each leaving a tombstone that says ``reason`` (and the eviction
+    ``policy``, for evictions; see :mod:`expstore.features.tombstones`), keeping its row
+    count and, where it keeps them (``kept``, its summary state as the transaction read
+    it), the summaries of the tasks those rows belonged to; returns how many went (and
+    counts them in ``removed``, if given).
+
+    The rows to go are read and locked first, in key order, then recorded and deleted by
+    their keys: the tombstones are exactly the rows deleted, with their consumption
+    record as the last ack before the delete left it."""
+    dialect = handle.dialect
     mine = [rows.c.buffer_id == handle.buffer_id, *where]
+    doomed_stmt = dialect.locked(select(rows.c.key).where(*mine).order_by(rows.c.key))
+    doomed = [int(k) for k in conn.execute(doomed_stmt).scalars()]
+    if not doomed:
+        return 0
     removal = None if kept is None else task_stats.before_delete(handle, conn, kept, where)
-    gone = int(conn.execute(delete(rows).where(*mine)).rowcount)
+    keep, last = tombstones.kept_tombstones(conn, handle.buffer_id)
+    tombstones.record(handle, conn, doomed, reason, policy, keep, last)
+    bound = {"keys": dialect.key_set(doomed)}
+    gone = int(conn.execute(_delete_keys(dialect), bound).rowcount)
     if gone and kept is not None and removal is not None:
         task_stats.after_delete(handle, conn, kept, removal)
     count_removed(handle, conn, gone)
+    if removed is not None:
+        removed.add(reason, doomed, gone)
     return gone
 
 
@@ -179,12 +230,18 @@ def evict_beyond(
     capacity: int | None,
     policy: str,
     kept: task_stats.SummaryState | None,
+    removed: Removed | None = None,
 ) -> int:
     """Evict rows beyond ``capacity`` (None: unlimited) by ``policy`` inside the caller's
-    transaction (``kept``: the buffer's summary state, see :func:`remove`); readers see
-    FIFO eviction by the buffer's smallest key, any other by a new version."""
+    transaction (``kept``: the buffer's summary state, see :func:`remove`; ``removed``:
+    counts what went, by reason); readers see FIFO eviction by the buffer's smallest key,
+    any other by a new version."""
     limit = None if capacity is None else int(capacity)
-    evicted = evict(conn, handle.buffer_id, limit, policy, partial(remove, handle, conn, kept))
+
+    def by(where: Sequence[ColumnElement[bool]], reason: str) -> int:
+        return remove(handle, conn, kept, where, reason, policy, removed)
+
+    evicted = evict(conn, handle.buffer_id, limit, policy, by, handle.dialect.now())
     if evicted and policy not in OLDEST_FIRST_POLICIES:
         bump_version(handle, conn)
     return evicted
@@ -195,13 +252,17 @@ def set_retention(
     capacity: int | None,
     eviction: str | None,
     max_staleness: int | None = None,
+    keep_tombstones: int | None = None,
 ) -> tuple[int, str]:
     """Change the buffer's capacity and policy (None: keep the current one) for every
     writer; rows beyond the new capacity go in the same transaction. ``max_staleness`` is
-    the ``"stale"`` policy's k (kept with the buffer; None: keep the one stored). Returns
-    (how many rows went, the policy now in force)."""
+    the ``"stale"`` policy's k (kept with the buffer; None: keep the one stored);
+    ``keep_tombstones`` how many tombstones the buffer keeps (None: keep the setting; the
+    oldest beyond a smaller one go now). Returns (how many rows went, the policy now in
+    force)."""
     check_retention(capacity, eviction)
     check_int("max_staleness", max_staleness, minimum=0, optional=True)
+    check_int("tombstones", keep_tombstones, minimum=0, optional=True)
     with handle.errors("change the retention"), handle.write() as conn:
         current, stale_after = lock_buffer(handle, conn, buffers.c.eviction, buffers.c.stale_after)
         policy = eviction or current or "fifo"
@@ -213,11 +274,17 @@ def set_retention(
                 'current policy version; give it: buffer.set_retention(capacity, "stale", '
                 "max_staleness=k). Nothing was changed"
             )
-        conn.execute(
-            update(buffers)
-            .where(buffers.c.id == handle.buffer_id)
-            .values(capacity=capacity, eviction=policy, stale_after=stale_after)
-        )
+        values: dict[str, Any] = {
+            "capacity": capacity,
+            "eviction": policy,
+            "stale_after": stale_after,
+        }
+        if keep_tombstones is not None:
+            values["keep_tombstones"] = keep_tombstones
+        conn.execute(update(buffers).where(buffers.c.id == handle.buffer_id).values(values))
+        if keep_tombstones is not None:
+            keep, last = tombstones.kept_tombstones(conn, handle.buffer_id)
+            tombstones.trim(conn, handle.buffer_id, keep, last)
         evicted = evict_beyond(
             handle, conn, capacity, policy, task_stats.state(conn, handle.buffer_id)
         )

@@ -150,9 +150,10 @@ class Storage(ABC):
         eviction: Eviction | None = None,
         *,
         max_staleness: int | None = None,
+        tombstones: int | None = None,
     ) -> int:
-        """Change the buffer's capacity and eviction policy for every writer; returns how
-        many rows went at once."""
+        """Change the buffer's capacity and eviction policy (and how many tombstones of
+        rows gone it keeps) for every writer; returns how many rows went at once."""
 
     @abstractmethod
     def policy_version(self) -> int | None:

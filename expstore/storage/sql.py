@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 import numpy as np
 from sqlalchemy import Connection, delete
@@ -46,7 +46,7 @@ from ..db.replicas import ReadRouter
 from ..db.schema import buffers, rows
 from ..db.tuning import Tuning
 from ..errors import InvalidArgumentError, RowValidationError, StorageError, UnsupportedTypeError
-from ..features import draw_counts, priorities, registry, versions
+from ..features import draw_counts, priorities, registry, tombstones, versions
 from ..features.claims.queue import ClaimQueue
 from ..features.claims.ready_groups import ReadyGroups
 from ..features.dedup import Dedup
@@ -66,6 +66,7 @@ from .fetch import FieldFetcher
 from .key_index import KeyIndex
 from .key_space import KeySpaces
 from .reader import RowReader
+from .writer import StoreReport
 
 _T = TypeVar("_T")
 
@@ -256,30 +257,57 @@ class SqlStorage(Storage):
         return self._fields
 
     # -- writing -------------------------------------------------------------------------
-    def store_batch(self, rows_: Sequence[DataRow], *, dedup: Dedup = None) -> int:
-        """Store every row in one transaction, or none; returns how many were stored.
+    @overload
+    def store_batch(
+        self, rows_: Sequence[DataRow], *, dedup: Dedup = None, report: Literal[False] = False
+    ) -> int: ...
+
+    @overload
+    def store_batch(
+        self, rows_: Sequence[DataRow], *, dedup: Dedup = None, report: Literal[True]
+    ) -> StoreReport: ...
+
+    def store_batch(
+        self, rows_: Sequence[DataRow], *, dedup: Dedup = None, report: bool = False
+    ) -> int | StoreReport:
+        """Store every row in one transaction, or none; returns how many were stored
+        (``report=True``: a :class:`~expstore.storage.writer.StoreReport` of what the
+        write stored, skipped and evicted).
 
         Rows are checked, encoded and written in chunks inside that transaction, so memory
         stays small; any failure (a value the codec or the model refuses, a duplicate id)
         rolls it all back. ``dedup``: see :mod:`expstore.features.dedup`.
         """
-        self.capacity, self.eviction, stored = writer.store_batch(self._handle, rows_, dedup)
-        return stored
+        self.capacity, self.eviction, done = writer.store_batch(self._handle, rows_, dedup)
+        return done if report else done.stored
 
-    def extend(self, columns: Mapping[str, Any], *, dedup: Dedup = None) -> int:
+    @overload
+    def extend(
+        self, columns: Mapping[str, Any], *, dedup: Dedup = None, report: Literal[False] = False
+    ) -> int: ...
+
+    @overload
+    def extend(
+        self, columns: Mapping[str, Any], *, dedup: Dedup = None, report: Literal[True]
+    ) -> StoreReport: ...
+
+    def extend(
+        self, columns: Mapping[str, Any], *, dedup: Dedup = None, report: bool = False
+    ) -> int | StoreReport:
         """Store the rows a dict of columns holds in one transaction, or none (see
-        :mod:`expstore.model.columnar`); returns how many were stored."""
+        :mod:`expstore.model.columnar`); returns how many were stored (``report=True``: a
+        :class:`~expstore.storage.writer.StoreReport`)."""
         parsed = parse_columns(columns)
         encoded = encoded_columns(parsed)
         if encoded is not None:  # checked whole: no row of it can fail its model
-            self.capacity, self.eviction, stored = writer.store_rows(self._handle, encoded, dedup)
-            return stored
+            self.capacity, self.eviction, done = writer.store_rows(self._handle, encoded, dedup)
+            return done if report else done.stored
         batch = parsed.rows()
         try:
-            self.capacity, self.eviction, stored = writer.store_rows(self._handle, batch, dedup)
+            self.capacity, self.eviction, done = writer.store_rows(self._handle, batch, dedup)
         except RowValidationError as exc:
             raise column_error(exc, batch) from None
-        return stored
+        return done if report else done.stored
 
     def delete(self, query_condition: QueryCondition) -> int:
         """Delete the matching rows and return how many went. ``None`` is refused: use clear()."""
@@ -304,6 +332,7 @@ class SqlStorage(Storage):
             # Writers of the buffer take turns on its row: holding it first, the DELETE
             # sees every committed insert, and the count loses none in progress.
             registry.lock_buffer(handle, conn, buffers.c.id)
+            tombstones.record_clear(handle, conn)
             gone = conn.execute(delete(rows).where(rows.c.buffer_id == handle.buffer_id)).rowcount
             registry.count_removed(handle, conn, gone)
             registry.bump_version(handle, conn)
@@ -317,13 +346,15 @@ class SqlStorage(Storage):
         eviction: Eviction | None = None,
         *,
         max_staleness: int | None = None,
+        tombstones: int | None = None,
     ) -> int:
         """Change the buffer's capacity (None: unlimited) and eviction policy (None: keep
         the current one) for every handle and process that writes to it; rows beyond the
         new capacity go now, in the same transaction. ``max_staleness``: the ``"stale"``
-        policy's k. Returns how many rows went."""
+        policy's k; ``tombstones``: how many tombstones of rows gone the buffer keeps
+        (None: keep the setting). Returns how many rows went."""
         evicted, self.eviction = registry.set_retention(
-            self._handle, capacity, eviction, max_staleness
+            self._handle, capacity, eviction, max_staleness, tombstones
         )
         self.capacity = capacity
         return evicted

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from hashlib import blake2b
 from operator import is_not, itemgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
@@ -37,8 +37,9 @@ from ..errors import (
     UnsupportedTypeError,
 )
 from ..features.dedup import check_dedup, without_duplicates
+from ..features.eviction import EVERY_WRITE_POLICIES
 from ..features.rate_limits import RateLimits, WriteBlocked, limited_flag
-from ..features.registry import count_inserted, evict_beyond, lock_buffer
+from ..features.registry import Removed, count_inserted, evict_beyond, lock_buffer
 from ..features.stats import task_stats
 from ..model.layout import (
     COLUMNS,
@@ -54,6 +55,7 @@ from ..model.rows import DataRow
 __all__ = [
     "WRITE_CHUNK",
     "RowSource",
+    "StoreReport",
     "column_ok",
     "content_digest",
     "store_batch",
@@ -92,6 +94,40 @@ _PAYLOAD_CHECKED = tuple(
     (PAYLOAD_FIELDS.index(name), set(kinds)) for name, kinds in PAYLOAD_TYPES.items()
 )
 _present = partial(is_not, None)
+
+
+class StoreReport(NamedTuple):
+    """What one ``store_batch`` (or ``extend``) did, in its one transaction:
+    ``buffer.store_batch(rows, report=True)``.
+
+    - ``stored``: rows of the batch inserted (what ``store_batch`` returns without
+      ``report``);
+    - ``duplicates``: rows left out by ``dedup="skip"`` (their content was stored already);
+    - ``evicted_capacity``, ``evicted_stale``: rows the write's eviction removed beyond
+      the capacity, and as stale (eviction ``"stale"``), older rows and the batch's own;
+    - ``evicted_at_once``: of those, rows of this batch, stored and evicted by the same
+      write (a group of a policy version already too old for ``"stale"``, a batch larger
+      than the capacity). They leave tombstones like any evicted row, so
+      ``buffer.lineage`` says ``evicted``.
+
+    ``kept`` is how many of the batch's rows the buffer holds after the write.
+    """
+
+    stored: int
+    duplicates: int = 0
+    evicted_capacity: int = 0
+    evicted_stale: int = 0
+    evicted_at_once: int = 0
+
+    @property
+    def kept(self) -> int:
+        """Rows of the batch the buffer holds after the write."""
+        return self.stored - self.evicted_at_once
+
+    @property
+    def evicted(self) -> int:
+        """Rows the write's eviction removed, whatever the reason."""
+        return self.evicted_capacity + self.evicted_stale
 
 
 class RowSource(ABC):
@@ -171,9 +207,9 @@ def prepare(batch: Sequence[DataRow]) -> list[DataRow]:
 
 def store_batch(
     handle: BufferHandle, rows: Sequence[DataRow], dedup: str | None = None
-) -> tuple[int | None, str, int]:
+) -> tuple[int | None, str, StoreReport]:
     """Store every row in one transaction, or none; returns the buffer's retention as the
-    write found it (capacity, eviction) and how many rows were stored (see
+    write found it (capacity, eviction) and what the write did (see
     :mod:`expstore.features.dedup` for ``dedup``)."""
     check_dedup(dedup)
     return store_rows(handle, prepare(rows), dedup)
@@ -181,7 +217,7 @@ def store_batch(
 
 def store_rows(
     handle: BufferHandle, batch: Sequence[Any] | RowSource, dedup: str | None = None
-) -> tuple[int | None, str, int]:
+) -> tuple[int | None, str, StoreReport]:
     """:func:`store_batch` of rows already prepared: DataRows, anything the writer reads
     as it reads them (``id``, ``exp_meta.__dict__``, ``exp_data.__dict__``), whose typed
     columns it checks the same way, or a :class:`RowSource`."""
@@ -189,7 +225,7 @@ def store_rows(
     source = batch if isinstance(batch, RowSource) else _Rows(list(batch))
     waiting = RATE_LIMIT_WAIT.start()
 
-    def write() -> tuple[Any, str, int]:
+    def write() -> tuple[Any, str, StoreReport]:
         while True:
             try:
                 return _write(handle, source, dedup)
@@ -197,14 +233,16 @@ def store_rows(
                 RateLimits(handle).wait_to_write(blocked, waiting)
 
     # A serialisation failure or deadlock rolled the whole write back: try again.
-    capacity, policy, stored = retried(write)
-    handle.dialect.wrote(handle.connections.engine, handle.buffer_id, stored)
-    return (None if capacity is None else int(capacity)), policy, stored
+    capacity, policy, report = retried(write)
+    handle.dialect.wrote(handle.connections.engine, handle.buffer_id, report.stored)
+    return (None if capacity is None else int(capacity)), policy, report
 
 
-def _write(handle: BufferHandle, batch: RowSource, dedup: str | None) -> tuple[Any, str, int]:
-    """One attempt at the write transaction; returns the retention it found and how many
-    rows it stored."""
+def _write(
+    handle: BufferHandle, batch: RowSource, dedup: str | None
+) -> tuple[Any, str, StoreReport]:
+    """One attempt at the write transaction; returns the retention it found and what it
+    did."""
     with handle.errors("store rows"):
         try:
             with handle.write() as conn:
@@ -234,17 +272,23 @@ def _write(handle: BufferHandle, batch: RowSource, dedup: str | None) -> tuple[A
                     )
                 if limited:  # exact: the samples counted only grow meanwhile
                     RateLimits(handle).check_write(conn, stored)
+                evicts = capacity is not None or policy in EVERY_WRITE_POLICIES
+                # The rows above the buffer's largest key now are this write's (writers
+                # take turns on the buffer's row): task summaries merge them, and an
+                # eviction tells them among the rows it removes.
+                newest = (
+                    task_stats.newest_key(conn, handle.buffer_id)
+                    if evicts or summaries is not None
+                    else None
+                )
+                removed = Removed(newest if evicts else None)
                 if stored:
-                    # With task summaries kept, the new rows are those above the buffer's
-                    # largest key now (writers of the buffer take turns).
-                    before = (
-                        None if summaries is None else task_stats.newest_key(conn, handle.buffer_id)
-                    )
+                    before = None if summaries is None else newest
                     handle.dialect.insert_rows(conn, chunks)
                     count_inserted(handle, conn, stored)
                     if before is not None:
                         task_stats.merge_new(handle, conn, before)
-                evict_beyond(handle, conn, capacity, policy, summaries)
+                evict_beyond(handle, conn, capacity, policy, summaries, removed)
         except UnicodeEncodeError as exc:  # a string the row's validation could not see
             text = exc.object[exc.start : exc.end]
             raise CodecError(
@@ -257,7 +301,14 @@ def _write(handle: BufferHandle, batch: RowSource, dedup: str | None) -> tuple[A
             if duplicate is None:
                 raise  # not a duplicate id: reported as the database said it
             raise duplicate from exc
-    return capacity, policy, stored
+    report = StoreReport(
+        stored,
+        len(batch) - stored,
+        removed.by_reason.get("capacity", 0),
+        removed.by_reason.get("stale", 0),
+        removed.new,
+    )
+    return capacity, policy, report
 
 
 def _encoded_chunks(handle: BufferHandle, batch: RowSource) -> Iterator[list[tuple[Any, ...]]]:

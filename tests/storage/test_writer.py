@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from expstore import ExpstoreError, ReplayBuffer, RowValidationError
+from expstore import (
+    ExpstoreError,
+    ReplayBuffer,
+    RowValidationError,
+    StoreReport,
+    UnsupportedTypeError,
+)
 from expstore.storage.writer import WRITE_CHUNK
 from tests.helpers import make_row, make_rows
 
@@ -84,4 +90,53 @@ def test_rows_made_without_validation_are_checked_too(db_url: str, buffer_name: 
     with ReplayBuffer(db_url, name=buffer_name) as buffer:
         with pytest.raises(RowValidationError, match="exp_meta.step"):
             buffer.store(row)
+        assert len(buffer) == 0
+
+
+# -- what a write reports (store_batch(..., report=True)) --------------------------------
+
+
+def test_a_group_already_stale_is_reported_stored_and_evicted_at_once(
+    db_url: str, buffer_name: str
+) -> None:
+    with ReplayBuffer(db_url, name=buffer_name) as buffer:
+        buffer.set_retention(None, "stale", max_staleness=2)
+        buffer.set_policy_version(10)
+        late = [make_row("g", "actor", i, version=7) for i in range(8)]
+        done = buffer.store_batch(late, report=True)
+        assert done == StoreReport(8, 0, 0, 8, 8)
+        assert (done.kept, done.evicted, len(buffer)) == (0, 8, 0)
+        assert {r.state for r in buffer.lineage([r.id for r in late]).values()} == {"evicted"}
+        fresh = [make_row("g2", "actor", i, version=9) for i in range(8)]
+        assert buffer.store_batch(fresh) == 8  # the int return is unchanged
+        assert len(buffer) == 8
+
+
+def test_a_report_counts_duplicates_and_capacity_evictions_old_and_own(
+    db_url: str, buffer_name: str
+) -> None:
+    with ReplayBuffer(db_url, name=buffer_name, capacity=5) as buffer:
+        first = make_rows(4)
+        assert buffer.store_batch(first, report=True) == StoreReport(4)
+        done = buffer.store_batch(make_rows(7), dedup="skip", report=True)
+        # its first 4 rows repeat the content stored: 4 duplicates left out, 3 stored,
+        # and 2 of the first rows go beyond the capacity
+        assert done == StoreReport(3, 4, 2, 0, 0)
+        big = buffer.store_batch(make_rows(8), report=True)
+        # a batch larger than the capacity: every old row goes, and 3 of its own
+        assert (big.stored, big.evicted_capacity, big.evicted_at_once, big.kept) == (8, 8, 3, 5)
+        assert len(buffer) == 5
+
+
+def test_extend_reports_too(db_url: str, buffer_name: str) -> None:
+    with ReplayBuffer(db_url, name=buffer_name, capacity=3) as buffer:
+        columns = {"task_id": ["a", "b", "c", "d"], "agent_id": "x", "step": 0}
+        assert buffer.extend(columns, report=True) == StoreReport(4, 0, 1, 0, 1)
+        assert buffer.extend(columns) == 4
+
+
+def test_report_must_be_a_bool_and_a_refused_call_stores_nothing() -> None:
+    with ReplayBuffer() as buffer:
+        with pytest.raises(UnsupportedTypeError, match="report must be True or False"):
+            buffer.store_batch(make_rows(2), report="yes")  # type: ignore[call-overload]
         assert len(buffer) == 0

@@ -57,6 +57,7 @@ from ..versions import fresh_clause, oldest_fresh
 from .epochs import hold_epoch, next_epoch
 from .ready_groups import forget_consumed
 from .reports import Lineage, QueueStats, checkpoint_value, queue_stats, row_lineage
+from .retention import AckRetention
 
 __all__ = [
     "ClaimQueue",
@@ -460,14 +461,25 @@ class ClaimQueue:
             )
         return held
 
-    def _finish(self, claim: Claimed, action: str, body: Callable[[Connection], _T]) -> _T:
+    def _finish(
+        self,
+        claim: Claimed,
+        action: str,
+        body: Callable[[Connection], _T],
+        retention: AckRetention | None = None,
+    ) -> _T:
         """``body(conn)`` in a transaction of its own, once the claim's incarnation is
-        found to be its consumer's current one (holding the consumer's row)."""
+        found to be its consumer's current one (holding the consumer's row). ``retention``:
+        an ack's (see :mod:`expstore.features.claims.retention`), whose buffer lock comes
+        first, as writers take it."""
         handle = self._handle
 
         def write() -> _T:
             with handle.errors(f"{action} a claim"), handle.write() as conn:
-                buffer_row(handle, conn)  # still the handle's buffer
+                if retention is None:
+                    buffer_row(handle, conn)  # still the handle's buffer
+                else:
+                    retention.hold_buffer(conn)  # that too, locked if the ack may evict
                 hold_epoch(handle, conn, claim.consumer, claim.epoch, action)
                 return body(conn)
 
@@ -486,31 +498,57 @@ class ClaimQueue:
         return len(held)
 
     def ack_in(
-        self, conn: Connection, claim: Claimed, now: Now, checkpoint_seq: int | None = None
+        self,
+        conn: Connection,
+        claim: Claimed,
+        now: Now,
+        checkpoint_seq: int | None = None,
+        retention: AckRetention | None = None,
     ) -> int:
         """Mark the claim's rows consumed in the caller's transaction (see
         :meth:`finish_in`), with the number of the checkpoint stored with them; returns how
-        many rows were acked."""
+        many rows were acked. Rows evicted or deleted meanwhile raise RowsEvictedError
+        (see :mod:`expstore.features.claims.retention`; ``retention`` holds what this ack
+        allows, its buffer lock taken already)."""
+        if retention is None:
+            retention = self.retention(claim, allow_evicted=False)
+            retention.hold_buffer(conn)
+        retention.hold_rows(conn)
         done: dict[str, Any] = {"acked_at": now, "lease_until": None}
         if checkpoint_seq is not None:
             done["checkpoint_seq"] = checkpoint_seq
         acked = self.finish_in(conn, claim, "ack", done)
+        retention.settle(conn, acked)
         # The groups whose first row this ack consumed leave the ready-group index.
         forget_consumed(self._handle, conn, claim.keys.tolist())
         return acked
 
-    def ack(self, claim: Claimed, checkpoint: Any = None, *, with_checkpoint: bool) -> int:
+    def retention(self, claim: Claimed, *, allow_evicted: bool) -> AckRetention:
+        """The retention side of an ack of ``claim``."""
+        return AckRetention(self._handle, claim.claim_id, claim.keys, allow_evicted)
+
+    def ack(
+        self,
+        claim: Claimed,
+        checkpoint: Any = None,
+        *,
+        with_checkpoint: bool,
+        allow_evicted: bool = False,
+    ) -> int:
         """Mark the claim's rows consumed, storing ``checkpoint`` for its consumer in the
-        same transaction; returns how many rows were acked (rows deleted meanwhile, by an
-        evicting writer say, are not counted)."""
+        same transaction; returns how many rows were acked. Rows evicted or deleted
+        meanwhile raise RowsEvictedError and change nothing, unless ``allow_evicted``
+        (then the rows left are acked and counted); see
+        :mod:`expstore.features.claims.retention`."""
         state = check_checkpoint(checkpoint) if with_checkpoint else None
         now = self._handle.dialect.now()
 
         def body(conn: Connection) -> int:
             seq = None if state is None else self.store_checkpoint(conn, claim.consumer, state, now)
-            return self.ack_in(conn, claim, now, seq)
+            return self.ack_in(conn, claim, now, seq, retention)
 
-        return self._finish(claim, "ack", body)
+        retention = self.retention(claim, allow_evicted=allow_evicted)
+        return self._finish(claim, "ack", body, retention)
 
     def release(self, claim: Claimed) -> int:
         """Return the claim's rows to the queue; returns how many."""

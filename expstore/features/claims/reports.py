@@ -19,6 +19,7 @@ from ...db.schema import buffers, checkpoints, consumption, rows
 from ...errors import UnsupportedTypeError
 from ...query import QueryCondition
 from ..draw_counts import times_sampled
+from ..tombstones import buried
 
 __all__ = [
     "Lineage",
@@ -39,9 +40,10 @@ def checkpoint_value(text: str | None) -> Any:
 
 
 class Lineage(NamedTuple):
-    """The consumption record of one row."""
+    """The consumption record of one row; of a row no longer stored, its tombstone's."""
 
-    #: ``unclaimed``, ``leased``, ``expired`` (lease ran out, not acked) or ``consumed``.
+    #: ``unclaimed``, ``leased``, ``expired`` (lease ran out, not acked), ``consumed``, or
+    #: ``evicted`` (no longer stored; the fields below are its record as it went).
     state: str
     consumer: str | None
     claimed_at: float | None
@@ -53,6 +55,11 @@ class Lineage(NamedTuple):
     times_claimed: int
     #: Draws counted for samplers with ``consume_after``.
     times_sampled: int = 0
+    #: When an evicted row went (database clock), and why: ``capacity``, ``stale``,
+    #: ``delete`` or ``clear``, with the buffer's eviction policy for the first two.
+    evicted_at: float | None = None
+    evicted_by: str | None = None
+    eviction_policy: str | None = None
 
 
 class QueueStats(NamedTuple):
@@ -115,7 +122,8 @@ def queue_stats(handle: BufferHandle, query_condition: QueryCondition) -> QueueS
 
 def row_lineage(handle: BufferHandle, ids: Sequence[str]) -> dict[str, Lineage]:
     """The consumption record of each stored row of ``ids`` (rows never claimed:
-    ``unclaimed``; ids not stored are left out)."""
+    ``unclaimed``), and of each row no longer stored whose tombstone the buffer keeps
+    (``evicted``, see :mod:`expstore.features.tombstones`); other ids are left out."""
     if isinstance(ids, str) or not isinstance(ids, Iterable):
         what = "one string" if isinstance(ids, str) else f"{type(ids).__name__} {ids!r}"
         raise UnsupportedTypeError(f"lineage() needs a list of ids (str), got {what}")
@@ -152,9 +160,29 @@ def row_lineage(handle: BufferHandle, ids: Sequence[str]) -> dict[str, Lineage]:
             int(r[0]): Lineage(r[1], r[2], r[3], r[4], r[5], checkpoint_value(r[6]), r[7], r[8])
             for r in conn.execute(stmt, bound)
         }
+        gone = buried(handle, conn, [i for i in ids if i not in key_of])
     never = Lineage("unclaimed", None, None, None, None, None, None, 0)
     drawn = times_sampled(handle, keys) if keys else {}
-    return {
+    stored = {
         row_id: found.get(key, never)._replace(times_sampled=drawn.get(key, 0))
         for row_id, key in key_of.items()
     }
+    evicted = {
+        row_id: Lineage(
+            "evicted",
+            t.consumer,
+            t.claimed_at,
+            t.lease_until,
+            t.acked_at,
+            checkpoint_value(t.checkpoint),
+            t.checkpoint_seq,
+            t.times_claimed,
+            0,
+            t.evicted_at,
+            t.reason,
+            t.policy,
+        )
+        for row_id, t in gone.items()
+    }
+    # In the order asked (an id both stored and evicted before is its stored row's).
+    return {i: stored[i] if i in stored else evicted[i] for i in ids if i in stored or i in evicted}

@@ -79,10 +79,12 @@ def commit_step(queue: ClaimQueue, consumer: str, epoch: int, parts: StepParts) 
 
     def write() -> StepDone:
         with handle.errors("commit a training step"), handle.write() as conn:
-            if parts.version is not None or parts.ids:
-                lock_buffer(handle, conn, buffers.c.id)  # first, as writers take it
-            else:
-                buffer_row(handle, conn)  # still the handle's buffer
+            # Still the handle's buffer; its row locked first, as writers take it, when a
+            # part may change rows: a version (stale eviction), priorities, or acks of a
+            # buffer whose eviction is "stale" (the ack evicts what it kept for the claim).
+            (policy,) = buffer_row(handle, conn, buffers.c.eviction)
+            if parts.version is not None or parts.ids or (parts.claims and policy == "stale"):
+                lock_buffer(handle, conn, buffers.c.id)
             hold_epoch(handle, conn, consumer, epoch, "training step")
             _reached("fenced")
             seq = None

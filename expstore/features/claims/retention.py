@@ -1,0 +1,122 @@
+"""What an ack does about the buffer's retention, in the ack's own transaction.
+
+- **Rows evicted before the ack.** Capacity is exact, so a claim's rows can go beyond it
+  while leased (and any row by ``delete()``, or a stale one whose lease ran out). The ack
+  of such a claim raises :class:`~expstore.errors.RowsEvictedError`, saying how many went
+  and why (from their tombstones, see :mod:`expstore.features.tombstones`), and changes
+  nothing: never a silent short count with the checkpoint stored. ``allow_evicted=True``
+  acks the rows left and stores the checkpoint, knowingly.
+- **Stale rows kept for the claim.** Eviction ``"stale"`` passes over rows under a live
+  lease (see :mod:`expstore.features.eviction`); once acked they are stale like any
+  other, so the ack evicts them in its own transaction (tombstones recording the ack).
+  Rows of a claim released, or whose lease ran out, go at the next write or version
+  change instead.
+
+On Postgres the ack takes turns with writers row by row: it takes a ``FOR KEY SHARE``
+lock on its claim's rows before their entries (as claims lock rows before entries), and
+with eviction ``"stale"`` the buffer's row before everything (as writers and training
+steps do: the buffer's row, the consumer's, the rows, the entries), so an eviction and an
+ack of the same row never interleave and never deadlock.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Connection, bindparam, select
+
+from ...db.handle import BufferHandle
+from ...db.schema import buffers, rows
+from ...errors import RowsEvictedError
+from ..eviction import stale_rows
+from ..registry import buffer_row, bump_version, lock_buffer, remove
+from ..stats import task_stats
+from ..tombstones import reasons_of
+
+__all__ = ["AckRetention"]
+
+
+class AckRetention:
+    """The retention side of one ack of the claim whose rows are ``keys``:
+    :meth:`hold_buffer` before the consumer's row is locked, :meth:`hold_rows` before the
+    claim's entries are, :meth:`settle` once they are acked."""
+
+    def __init__(
+        self, handle: BufferHandle, claim_id: str, keys: np.ndarray, allow_evicted: bool
+    ) -> None:
+        self._handle = handle
+        self._claim_id = claim_id
+        self._keys = sorted({int(k) for k in keys})
+        self._allow_evicted = allow_evicted
+        self._stale = False
+
+    def _claimed(self) -> Any:
+        # The values inline: a claim may hold more keys than a statement may bind.
+        keys: Any = bindparam("claim_keys", self._keys, expanding=True, literal_execute=True)
+        return rows.c.key.in_(keys)
+
+    def hold_buffer(self, conn: Connection) -> None:
+        """Check the buffer is still the handle's; with eviction ``"stale"`` lock its row
+        (the ack may evict), first, as writers take it."""
+        handle = self._handle
+        (policy,) = buffer_row(handle, conn, buffers.c.eviction)
+        self._stale = policy == "stale"
+        if self._stale:
+            lock_buffer(handle, conn)
+
+    def hold_rows(self, conn: Connection) -> None:
+        """Lock the claim's rows against deletion (Postgres), before their entries."""
+        handle = self._handle
+        if handle.dialect.locks_rows and self._keys:
+            shared = handle.dialect.key_shared(
+                select(rows.c.key).where(self._claimed()).order_by(rows.c.key)
+            )
+            conn.execute(shared).all()
+
+    def settle(self, conn: Connection, acked: int) -> None:
+        """After the claim's entries are acked (``acked`` of them: the rest went with
+        their rows): RowsEvictedError if rows went, unless allowed; then evict the
+        claim's rows that eviction ``"stale"`` kept for it."""
+        handle = self._handle
+        if acked < len(self._keys) and not self._allow_evicted:
+            raise self._evicted_error(conn, acked)
+        if self._stale and acked:
+            kept = task_stats.state(conn, handle.buffer_id)
+            where = [self._claimed(), stale_rows(handle.buffer_id)]
+            if remove(handle, conn, kept, where, "stale", "stale"):
+                bump_version(handle, conn)
+
+    def _evicted_error(self, conn: Connection, acked: int) -> RowsEvictedError:
+        handle = self._handle
+        stored = conn.execute(select(rows.c.key).where(self._claimed())).scalars()
+        present = {int(k) for k in stored}
+        gone = [k for k in self._keys if k not in present]
+        found = reasons_of(handle, conn, gone)
+        reasons: dict[str, int] = {}
+        for (reason, _), n in found.items():
+            reasons[reason] = reasons.get(reason, 0) + n
+        by = ", ".join(_described(reason, policy, n) for (reason, policy), n in found.items())
+        total = len(self._keys)
+        left = total - len(gone)
+        return RowsEvictedError(
+            f"claim {self._claim_id}: {len(gone)} of its {total} rows left buffer "
+            f"{handle.name!r} before this ack ({by}); nothing was changed (the checkpoint "
+            f"was not stored, the {left} rows left are still leased). To ack the {left} "
+            "rows left and store the checkpoint anyway, call ack(..., allow_evicted=True); "
+            "or release() the claim and claim again. Capacity eviction takes leased rows "
+            "too: give the buffer room for the rows learners hold "
+            "(buffer.set_retention(capacity, ...)), or ack sooner",
+            len(gone),
+            reasons,
+        )
+
+
+def _described(reason: str, policy: str | None, n: int) -> str:
+    if reason == "capacity":
+        return f"{n} by capacity eviction (policy {policy!r})"
+    if reason == "stale":
+        return f"{n} as stale (eviction 'stale'; their lease had run out)"
+    if reason in ("delete", "clear"):
+        return f"{n} by {reason}()"
+    return f"{n} with no tombstone left to say why (see set_retention(tombstones=))"
