@@ -249,6 +249,7 @@ class Consumer:
         converter: Converter[Any] | None = None,
         wait: float | None = None,
         max_staleness: int | None = None,
+        min_n: int | None = None,
     ) -> Claim:
         """:meth:`expstore.ReplayBuffer.claim` as this incarnation (the same arguments but
         ``consumer``); FencedError, claiming nothing, once a newer one has opened."""
@@ -262,6 +263,7 @@ class Consumer:
             converter=converter,
             wait=wait,
             max_staleness=max_staleness,
+            min_n=min_n,
             epoch=self.epoch,
         )
 
@@ -314,6 +316,7 @@ class Step:
     def __init__(self, consumer: Consumer) -> None:
         self._consumer = consumer
         self._claims: list[Claim] = []
+        self._allow_evicted: list[bool] = []
         self._checkpoint: str | None = None
         self._version: int | None = None
         self._force = False
@@ -332,9 +335,12 @@ class Step:
                 "consumer.step(). Nothing was changed"
             )
 
-    def ack(self, claim: Claim) -> None:
-        """Ack ``claim`` (its rows consumed) with the step."""
+    def ack(self, claim: Claim, *, allow_evicted: bool = False) -> None:
+        """Ack ``claim`` (its rows consumed) with the step. Rows of it evicted or deleted
+        meanwhile make the step raise RowsEvictedError at its commit, writing nothing,
+        unless ``allow_evicted=True`` (the rows left are acked), as :meth:`Claim.ack`."""
         self._check_open()
+        allowed = check_flag("allow_evicted", allow_evicted)
         if not isinstance(claim, Claim):
             raise UnsupportedTypeError(
                 f"step.ack() takes a Claim (from consumer.claim()), got {type(claim).__name__}"
@@ -357,6 +363,7 @@ class Step:
                 f"claim {claim.claim_id} is already acked in this step; give each claim once"
             )
         self._claims.append(claim)
+        self._allow_evicted.append(allowed)
 
     def checkpoint(self, state: Any) -> None:
         """Store ``state`` (any JSON value) as the consumer's checkpoint with the step (the
@@ -395,6 +402,7 @@ class Step:
         consumer = self._consumer
         parts = StepParts(
             claims=tuple(c._claimed for c in self._claims),
+            allow_evicted=tuple(self._allow_evicted),
             checkpoint=self._checkpoint,
             version=self._version,
             force=self._force,
@@ -631,7 +639,7 @@ def _timed_out(
     if min_n is None:
         held = f"no {what} became claimable within {wait_s} s"
     else:
-        unit = "rows" if what == "row" else f"rows, in {what}s"
+        unit = "rows" if what == "row" else "rows, in " + what.replace(" group ", " groups ")
         held = f"waited {wait_s} s for min_n={min_n} claimable {unit}, found {seen}"
     return WaitTimeoutError(
         f"{held}. {sql.rate_limits.situation()}. Check that actors are writing rows that "

@@ -333,6 +333,27 @@ consumers = Table(
     Column("epoch", BigInteger, nullable=False, server_default="0"),
 )
 
+#: Rows of a buffer a group claim's index found can never be drawn (their group complete
+#: but refused by the group condition, or stale), each recorded once whichever index
+#: found it, so the rate limit counts it as discarded once (see
+#: :func:`expstore.features.rate_limits.discard_once`); the entry goes with its row.
+discarded_rows = Table(
+    "expstore_discarded",
+    metadata,
+    _row_key(),
+    Column("buffer_id", Integer, nullable=False),  # no foreign key: see consumption
+)
+
+#: How many rows of each buffer :data:`discarded_rows` ever recorded: kept apart from
+#: ``expstore_buffers`` so that a claim that discards never locks the buffer's row, which
+#: every write holds (claims must not wait for writers, nor writers for claims).
+discard_counts = Table(
+    "expstore_discard_counts",
+    metadata,
+    Column("buffer_id", Integer, primary_key=True, autoincrement=False),
+    Column("rows", BigInteger, nullable=False, server_default="0"),
+)
+
 #: The ready-group index of group claims (see :mod:`expstore.features.claims.ready_groups`):
 #: one row per (buffer, condition, group spec, staleness) that claims have taken groups by,
 #: with how far the index has followed the buffer (``scanned_to``: every group with a row
@@ -356,20 +377,16 @@ group_specs = Table(
 )
 
 #: The groups of each ready-group index that are not consumed: complete ones that pass the
-#: group condition (``ready``) and ones still waiting for rows. An entry goes with its first
-#: row (a foreign key, ON DELETE CASCADE: FIFO eviction and deletes), when a claim of its
-#: rows is acked, or when it goes stale.
+#: group condition (``ready``) and ones still waiting for rows. An entry goes when a claim
+#: of its rows is acked, when it goes stale, and when its rows go (found by the next claim).
 ready_groups = Table(
     "expstore_ready_groups",
     metadata,
     Column("spec_id", Integer, primary_key=True, autoincrement=False),
-    Column(
-        "first_key",
-        KeyType,
-        ForeignKey("expstore_rows.key", ondelete="CASCADE"),
-        primary_key=True,
-        autoincrement=False,
-    ),
+    # No foreign key to the rows: an entry whose rows went is found by the next claim
+    # (the buffer's change counter moved, or FIFO eviction passed its first key) and
+    # summarised again, so a group that keeps enough rows stays claimable.
+    Column("first_key", KeyType, primary_key=True, autoincrement=False),
     Column("buffer_id", Integer, nullable=False),
     # The group's value at group_by, as JSON (a column's value or a payload path's text).
     Column("value", JSON, nullable=False),

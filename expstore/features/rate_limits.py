@@ -20,13 +20,14 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Connection, case, delete, func, literal, select, update
 
 from .._retry import RATE_LIMIT_WAIT, Waiting
 from ..db.handle import BufferHandle
-from ..db.schema import buffers, rate_limits, rows
+from ..db.schema import buffers, discard_counts, discarded_rows, rate_limits, rows
 from ..errors import InvalidArgumentError, RateLimitedError
 from .rate_limiter import RateLimiter, RateLimitStats
 from .registry import lock_buffer
@@ -64,11 +65,45 @@ def discard(handle: BufferHandle, conn: Connection, n: int) -> None:
         conn.execute(update(buffers).where(this).values(discarded=buffers.c.discarded + n))
 
 
+def discard_once(handle: BufferHandle, conn: Connection, keys: Sequence[int]) -> int:
+    """Count the rows of ``keys`` that can never be drawn (a group a group condition
+    refuses, or stale: see :mod:`expstore.features.claims.ready_groups`) as discarded, each
+    once whoever finds it again, inside the caller's transaction; returns how many were
+    new. Unlike :func:`discard` it never touches the buffer's row: the rows are recorded in
+    ``expstore_discarded`` and counted in the buffer's row of ``expstore_discard_counts``,
+    so a claim that discards never waits for writers (nor they for it)."""
+    if not len(keys):
+        return 0
+    dialect = handle.dialect
+    new = (
+        dialect.insert_per_key(discarded_rows, {"buffer_id": handle.buffer_id})
+        .on_conflict_do_nothing(index_elements=[discarded_rows.c.key])
+        .returning(discarded_rows.c.key)
+    )
+    n = len(conn.execute(new, {"keys": dialect.key_set(sorted({int(k) for k in keys}))}).all())
+    if n:
+        count = dialect.upsert(discard_counts).values(buffer_id=handle.buffer_id, rows=n)
+        conn.execute(
+            count.on_conflict_do_update(
+                index_elements=[discard_counts.c.buffer_id],
+                set_={"rows": discard_counts.c.rows + n},
+            )
+        )
+    return n
+
+
+def discarded_total(buffer_id: int) -> Any:
+    """The rows of the buffer discarded ever (by :func:`discard` and :func:`discard_once`),
+    as SQL over a statement that selects the buffer's row."""
+    counted = select(discard_counts.c.rows).where(discard_counts.c.buffer_id == buffer_id)
+    return buffers.c.discarded + func.coalesce(counted.scalar_subquery(), 0)
+
+
 def _counted(buffer_id: int) -> Any:
     """Rows inserted under the limit, less those discarded under it: the buffer's counts
     less the limit's bases."""
     b = buffers.c
-    net = select(b.inserted - b.discarded).where(b.id == buffer_id).scalar_subquery()
+    net = select(b.inserted - discarded_total(buffer_id)).where(b.id == buffer_id).scalar_subquery()
     return net - (_R.inserted_base - _R.discarded_base)
 
 
@@ -108,7 +143,11 @@ class RateLimits:
             )
         with handle.errors("set the rate limit"), handle.write() as conn:
             inserted, discarded, capacity = lock_buffer(
-                handle, conn, buffers.c.inserted, buffers.c.discarded, buffers.c.capacity
+                handle,
+                conn,
+                buffers.c.inserted,
+                discarded_total(handle.buffer_id),
+                buffers.c.capacity,
             )
             if limiter is None:
                 conn.execute(delete(rate_limits).where(this))
@@ -143,7 +182,9 @@ class RateLimits:
         stmt = select(
             rate_limits,
             _counted(buffer_id).label("counted"),
-            _since_limit(buffer_id, buffers.c.discarded, _R.discarded_base).label("discarded"),
+            _since_limit(buffer_id, discarded_total(buffer_id), _R.discarded_base).label(
+                "discarded"
+            ),
             _since_limit(buffer_id, buffers.c.inserted_at, None).label("inserted_at"),
             self.handle.dialect.now().label("now"),
         ).where(_R.buffer_id == buffer_id)
@@ -184,7 +225,11 @@ class RateLimits:
             b = buffers.c
             found = conn.execute(
                 select(
-                    b.row_count, b.inserted, b.discarded, b.inserted_at, handle.dialect.now()
+                    b.row_count,
+                    b.inserted,
+                    discarded_total(handle.buffer_id),
+                    b.inserted_at,
+                    handle.dialect.now(),
                 ).where(b.id == handle.buffer_id)
             ).one()
         held, inserted, discarded, at, now = found

@@ -52,7 +52,7 @@ from ..features.claims.ready_groups import ReadyGroups
 from ..features.dedup import Dedup
 from ..features.eviction import Eviction
 from ..features.groups import GroupIndex, GroupSpec
-from ..features.rate_limits import RateLimits, discard
+from ..features.rate_limits import RateLimits, discard_once
 from ..features.registry import BufferInfo
 from ..features.stats import summary_build, task_stats
 from ..features.stats.summary import summarise
@@ -241,10 +241,11 @@ class SqlStorage(Storage):
         :mod:`expstore.features.claims.ready_groups`)."""
         return self._ready_groups
 
-    def discard_rows(self, conn: Connection, n: int) -> None:
-        """Count ``n`` rows that can never be drawn (groups a group claim's index left out
-        for good) as discarded by the rate limit, in ``conn``'s transaction."""
-        discard(self._handle, conn, n)
+    def discard_rows(self, conn: Connection, keys: list[int]) -> None:
+        """Count the rows of ``keys`` that can never be drawn (groups a group claim's index
+        left out for good) as discarded by the rate limit, each once, in ``conn``'s
+        transaction (see :func:`~expstore.features.rate_limits.discard_once`)."""
+        discard_once(self._handle, conn, keys)
 
     @property
     def claims(self) -> ClaimQueue:

@@ -8,8 +8,10 @@ index of their own, brought up to date in their transactions from the rows writt
 - ``expstore_group_specs``: one row per (buffer, condition, group spec, staleness) claimed
   by, with how far it has followed the buffer and how many groups it left out for good;
 - ``expstore_ready_groups``: its groups not consumed yet (ready, or waiting for rows),
-  each going with its first row (ON DELETE CASCADE), at the ack of its claim, or when it
-  goes stale.
+  each going at the ack of its claim, when it goes stale, or when its rows go;
+- ``expstore_discarded`` and ``expstore_discard_counts``: the rows such an index found can
+  never be drawn, each counted once as discarded by the rate limit, in a counter row of
+  its own (a claim never locks the buffer's row).
 
 New tables only: nothing stored is rewritten; an index is built by the first group claim
 that needs it.
@@ -59,12 +61,6 @@ def upgrade() -> None:
         sa.Column("ready", sa.Boolean(), nullable=False),
         sa.Column("version", sa.BigInteger(), nullable=True),
         sa.Column("keys", sa.Text(), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["first_key"],
-            ["expstore_rows.key"],
-            name=op.f("fk_expstore_ready_groups_first_key_expstore_rows"),
-            ondelete="CASCADE",
-        ),
         sa.PrimaryKeyConstraint("spec_id", "first_key", name=op.f("pk_expstore_ready_groups")),
     )
     op.create_index(
@@ -80,8 +76,28 @@ def upgrade() -> None:
     op.create_index(
         op.f("ix_expstore_ready_groups_first_key"), "expstore_ready_groups", ["first_key"]
     )
+    op.create_table(
+        "expstore_discarded",
+        sa.Column("key", _KEY, nullable=False, autoincrement=False),
+        sa.Column("buffer_id", sa.Integer(), nullable=False),
+        sa.ForeignKeyConstraint(
+            ["key"],
+            ["expstore_rows.key"],
+            name=op.f("fk_expstore_discarded_key_expstore_rows"),
+            ondelete="CASCADE",
+        ),
+        sa.PrimaryKeyConstraint("key", name=op.f("pk_expstore_discarded")),
+    )
+    op.create_table(
+        "expstore_discard_counts",
+        sa.Column("buffer_id", sa.Integer(), nullable=False, autoincrement=False),
+        sa.Column("rows", sa.BigInteger(), nullable=False, server_default="0"),
+        sa.PrimaryKeyConstraint("buffer_id", name=op.f("pk_expstore_discard_counts")),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("expstore_discard_counts")
+    op.drop_table("expstore_discarded")
     op.drop_table("expstore_ready_groups")
     op.drop_table("expstore_group_specs")

@@ -26,16 +26,17 @@ from .ready_groups import GroupOrder, GroupTally, ReadyGroups, Synced
 
 __all__ = ["claimable_groups", "group_taker"]
 
-#: Rounds of candidate groups read from the index before the claim takes what it has.
-_ROUNDS = 4
+#: Rounds of candidate groups read from the index before the claim takes what it has
+#: (each reads twice the groups still wanted, none read before).
+_ROUNDS = 16
 
 #: A group as a claim handles it: its first key and its rows' keys.
 Group = tuple[int, np.ndarray]
 #: Told, once a claim has committed, how the index's groups stood after it.
 OnTally = Callable[[GroupTally], None]
-#: Told, in the transaction of each update of the index, how many rows it left out for
-#: good (the rate limit counts them as discarded): (connection, rows).
-OnDiscard = Callable[[Connection, int], None]
+#: Told, in the transaction of each update of the index, the keys of the rows it left out
+#: for good (the rate limit counts them as discarded, each once): (connection, keys).
+OnDiscard = Callable[[Connection, list[int]], None]
 
 
 def group_taker(
@@ -77,7 +78,7 @@ def group_taker(
             if not drawn:
                 break
             tried.update(first for first, _ in drawn)
-            taken += _take_whole(queue, conn, drawn, need, entry, stamps)
+            taken += _take_whole(queue, conn, index, synced, drawn, need, entry, stamps)
         tally = index.tally(conn, synced, now)
         return _flat(taken), lambda: on_tally(tally)
 
@@ -87,13 +88,19 @@ def group_taker(
 def _take_whole(
     queue: ClaimQueue,
     conn: Connection,
+    index: ReadyGroups,
+    synced: Synced,
     groups: list[Group],
     need: int,
     entry: dict[str, Any],
     stamps: list[float],
 ) -> list[Group]:
-    """Claim up to ``need`` of ``groups`` whole; returns those taken."""
+    """Claim up to ``need`` of ``groups`` whole; returns those taken. Groups a row of
+    which was consumed (by a row claim, or a claim of another index) leave the index."""
     free = set(queue.lock_free(conn, _flat(groups), entry["claimed_at"]))
+    held = [g for g in groups if not free.issuperset(g[1].tolist())]
+    if held:
+        index.forget_spent(conn, synced, [int(k) for _, keys in held for k in keys])
     whole = [g for g in groups if free.issuperset(g[1].tolist())][:need]
     entered = set(queue.enter(conn, _flat(whole), entry, stamps))
     complete = [g for g in whole if entered.issuperset(g[1].tolist())]

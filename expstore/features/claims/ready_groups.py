@@ -61,7 +61,15 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from ...db.dialects import chunked
 from ...db.handle import BufferHandle
-from ...db.schema import buffers, consumption, group_specs, newest_first, ready_groups, rows
+from ...db.schema import (
+    buffers,
+    consumption,
+    group_specs,
+    newest_first,
+    oldest_first,
+    ready_groups,
+    rows,
+)
 from ...query import QueryCondition, condition_key
 from ..groups import GroupSpec, group_column, summarise
 from ..versions import fresh, oldest_fresh
@@ -86,7 +94,8 @@ class Synced(NamedTuple):
 
     spec_id: int
     oldest: int | None
-    discarded: int
+    #: The keys of the rows this update found can never be drawn by this index's claims.
+    discarded: list[int]
 
 
 class GroupTally(NamedTuple):
@@ -151,23 +160,25 @@ class ReadyGroups:
         handle = self.handle
         spec_row = self._spec_row(conn, _spec_text(query_condition, spec, staleness))
         spec_id = int(spec_row.id)
-        version, current, max_key = _buffer_state(handle, conn)
+        version, current, max_key, min_key = _buffer_state(handle, conn)
         oldest = oldest_fresh(current, staleness)
         scanned_to = int(spec_row.scanned_to)
         changes: dict[str, Any] = {}
         counts = {"filtered": 0, "stale": 0}
-        discarded = 0
+        discarded: list[int] = []
         went_back = spec_row.oldest is not None and (
             oldest is None or oldest < int(spec_row.oldest)
         )
         if went_back:  # the version forced back: stale groups dropped are fresh again
             conn.execute(delete(ready_groups).where(_E.spec_id == spec_id))
             scanned_to = 0
-            changes.update(scanned_to=0, filtered=0, stale=0)
         elif int(spec_row.seen_version) != int(version) and scanned_to:
             discarded += self._recheck(
                 conn, query_condition, spec, spec_id, oldest, min(scanned_to, max_key), counts
             )
+        elif min_key > 0:  # FIFO eviction takes the oldest rows: their groups' entries
+            gone = and_(_E.spec_id == spec_id, _E.first_key < min_key)
+            conn.execute(delete(ready_groups).where(gone))
         if oldest is not None and (
             went_back or spec_row.oldest is None or oldest > spec_row.oldest
         ):
@@ -177,13 +188,12 @@ class ReadyGroups:
                 conn, query_condition, spec, spec_id, oldest, scanned_to, max_key, counts
             )
             changes["scanned_to"] = max_key
-        if went_back:
-            discarded = 0  # counted when they were left out the first time
         changes.update(seen_version=int(version), oldest=oldest)
-        if counts["filtered"]:
-            changes["filtered"] = _S.filtered + counts["filtered"]
-        if counts["stale"]:
-            changes["stale"] = _S.stale + counts["stale"]
+        for name in ("filtered", "stale"):
+            if went_back:  # counted again from nothing
+                changes[name] = counts[name]
+            elif counts[name]:
+                changes[name] = _S[name] + counts[name]
         conn.execute(update(group_specs).where(_S.id == spec_id).values(**changes))
         return Synced(spec_id, oldest, discarded)
 
@@ -211,7 +221,7 @@ class ReadyGroups:
         scanned_to: int,
         max_key: int,
         counts: dict[str, int],
-    ) -> int:
+    ) -> list[int]:
         """Summarise the groups of the matching rows written after ``scanned_to`` (up to
         ``max_key``); returns the rows of groups left out for good."""
         handle = self.handle
@@ -230,7 +240,7 @@ class ReadyGroups:
             )
         )
         values = list(conn.execute(touched).scalars())
-        discarded = 0
+        discarded: list[int] = []
         for chunk in chunked(values, _CHUNK):
             of = group.in_(bindparam("groups", list(chunk), expanding=True))
             found = summarise(handle, conn, query_condition, spec, of)
@@ -249,7 +259,7 @@ class ReadyGroups:
         scanned_to: int,
         max_key: int,
         counts: dict[str, int],
-    ) -> int:
+    ) -> list[int]:
         """Enter the summaries ``found``: a group whose last row (of its first ``size``) is
         above ``scanned_to`` changed since the index saw it. Groups with a row past
         ``max_key`` (committed since this update began) are left to the next one."""
@@ -268,14 +278,14 @@ class ReadyGroups:
         consumed = self._consumed(conn, [keys[0] for _, keys, _, _ in complete])
         entries = list(waiting)
         left_out: list[int] = []
-        discarded = 0
+        discarded: list[int] = []
         for g, keys, version, passes in complete:
             if keys[0] in consumed:
                 continue
             stale = oldest is not None and version is not None and int(version) < oldest
             if not passes or stale:
                 counts["filtered" if not passes else "stale"] += 1
-                discarded += size
+                discarded += keys
                 left_out.append(keys[0])
             else:
                 entries.append(_entry(spec_id, self.handle.buffer_id, g, keys, version, True))
@@ -313,19 +323,19 @@ class ReadyGroups:
 
     def _drop_stale(
         self, conn: Connection, spec_id: int, oldest: int, counts: dict[str, int]
-    ) -> int:
-        """Drop the groups older than ``oldest``; returns the rows of the ready ones no
-        claim held (a held group's rows are counted when its claim is acked)."""
+    ) -> list[int]:
+        """Drop the groups older than ``oldest``; returns the keys of the ready ones no
+        claim held (a held group's rows are counted as sampled when its claim is acked)."""
         now = self.handle.dialect.now()
         stale = and_(_E.spec_id == spec_id, _E.version < oldest)
-        held = select(_E.first_key, _E.size, _E.ready, _first_free(now).label("free")).where(stale)
-        found = list(conn.execute(held).all())
+        held = select(_E.ready, _KEYS.label("key_list"), _first_free(now).label("free"))
+        found = list(conn.execute(held.where(stale)).all())
         if not found:
-            return 0
+            return []
         conn.execute(delete(ready_groups).where(stale))
         ready = [f for f in found if f.ready]
         counts["stale"] += len(ready)
-        return sum(int(f.size) for f in ready if f.free)
+        return [int(k) for f in ready if f.free for k in f.key_list.split(",")]
 
     def _recheck(
         self,
@@ -336,7 +346,7 @@ class ReadyGroups:
         oldest: int | None,
         max_key: int,
         counts: dict[str, int],
-    ) -> int:
+    ) -> list[int]:
         """After deletes: summarise again the entries that lost a row (their groups may
         have other rows now, or none)."""
         dialect = self.handle.dialect
@@ -346,7 +356,7 @@ class ReadyGroups:
             )
         )
         if not entries:
-            return 0
+            return []
         wanted = {int(k) for e in entries for k in e.key_list.split(",")}
         present: set[int] = set()
         for chunk in chunked(sorted(wanted), _CHUNK):
@@ -354,19 +364,45 @@ class ReadyGroups:
             present.update(conn.execute(stmt, {"keys": dialect.key_set(list(chunk))}).scalars())
         broken = [e for e in entries if any(int(k) not in present for k in e.key_list.split(","))]
         if not broken:
-            return 0
+            return []
         firsts = [int(e.first_key) for e in broken]
         conn.execute(
             delete(ready_groups).where(_E.spec_id == spec_id, dialect.key_in(_E.first_key)),
             {"keys": dialect.key_set(firsts)},
         )
         group = group_column(self.handle, spec)
-        discarded = 0
+        discarded: list[int] = []
         for chunk in chunked([e.value for e in broken], _CHUNK):
             of = group.in_(bindparam("groups", list(chunk), expanding=True))
             found = summarise(self.handle, conn, query_condition, spec, of)
             discarded += self._enter(conn, spec, spec_id, oldest, found, 0, max_key, counts)
         return discarded
+
+    def forget_spent(self, conn: Connection, synced: Synced, keys: Sequence[int]) -> None:
+        """Remove the index's entries of the groups of which a row among ``keys`` has an
+        acked entry: consumed in part (by a row claim, or a group claim of another
+        index), such a group can never be claimed whole."""
+        dialect = self.handle.dialect
+        spent = select(_C.key).where(dialect.key_in(_C.key), _C.acked_at.is_not(None))
+        acked = set(conn.execute(spent, {"keys": dialect.key_set(list(keys))}).scalars())
+        if not acked:
+            return
+        entries = select(_E.first_key, _KEYS.label("key_list")).where(
+            _E.spec_id == synced.spec_id,
+            dialect.key_in(_E.first_key),
+        )
+        firsts = sorted({int(k) for k in keys})
+        found = conn.execute(entries, {"keys": dialect.key_set(firsts)}).all()
+        gone = [
+            int(e.first_key) for e in found if any(int(k) in acked for k in e.key_list.split(","))
+        ]
+        if gone:
+            conn.execute(
+                delete(ready_groups).where(
+                    _E.spec_id == synced.spec_id, dialect.key_in(_E.first_key)
+                ),
+                {"keys": dialect.key_set(gone)},
+            )
 
     # -- reading an index ----------------------------------------------------------------
     def candidates(
@@ -435,7 +471,7 @@ class ReadyGroups:
         ).first()
         if spec_row is None:
             return None
-        version, current, max_key = _buffer_state(handle, conn)
+        version, current, max_key, _ = _buffer_state(handle, conn)
         oldest = oldest_fresh(current, staleness)
         if (
             int(spec_row.scanned_to) < max_key
@@ -443,22 +479,26 @@ class ReadyGroups:
             or spec_row.oldest != oldest
         ):
             return None
-        return Synced(int(spec_row.id), oldest, 0)
+        return Synced(int(spec_row.id), oldest, [])
 
 
-def _buffer_state(handle: BufferHandle, conn: Connection) -> tuple[int, int | None, int]:
-    """The buffer's change counter, policy version and largest key (0: no rows), in one
-    round trip."""
+def _buffer_state(handle: BufferHandle, conn: Connection) -> tuple[int, int | None, int, int]:
+    """The buffer's change counter, policy version, and largest and smallest key (0: no
+    rows), in one round trip."""
     this = buffers.c.id == handle.buffer_id
-    max_key = newest_first(select(rows.c.key), handle.buffer_id).limit(1).scalar_subquery()
-    version, current, largest = conn.execute(
+    key = select(rows.c.key)
+    max_key = newest_first(key, handle.buffer_id).limit(1).scalar_subquery()
+    min_key = oldest_first(key, handle.buffer_id).limit(1).scalar_subquery()
+    version, current, largest, smallest = conn.execute(
         select(
             select(buffers.c.version).where(this).scalar_subquery(),
             select(buffers.c.policy_version).where(this).scalar_subquery(),
             max_key,
+            min_key,
         )
     ).one()
-    return int(version), None if current is None else int(current), int(largest or 0)
+    current = None if current is None else int(current)
+    return int(version), current, int(largest or 0), int(smallest or 0)
 
 
 def _entry(

@@ -46,6 +46,8 @@ class StepParts(NamedTuple):
     it may go backwards, and the priorities to set by id (the last given for an id wins)."""
 
     claims: tuple[Claimed, ...] = ()
+    #: Per claim: whether its ack may leave out rows evicted meanwhile (RowsEvictedError).
+    allow_evicted: tuple[bool, ...] = ()
     checkpoint: str | None = None
     version: int | None = None
     force: bool = False
@@ -93,7 +95,10 @@ def commit_step(queue: ClaimQueue, consumer: str, epoch: int, parts: StepParts) 
                 _reached("checkpoint")
             acked = 0
             for i, claim in enumerate(parts.claims):
-                acked += queue.ack_in(conn, claim, now, seq)
+                allowed = i < len(parts.allow_evicted) and parts.allow_evicted[i]
+                retention = queue.retention(claim, allow_evicted=allowed)
+                retention.hold_buffer(conn)  # locked above already if it may evict
+                acked += queue.ack_in(conn, claim, now, seq, retention)
                 _reached(f"ack {i}")
             evicted = 0
             if parts.version is not None:

@@ -205,7 +205,8 @@ def test_deletes_and_eviction_keep_the_index_exact(db_url: str, buffer_name: str
             ("p3", "c0"),
             ("p3", "c1"),
         ]
-        assert buffer.ready_groups(sampler).waiting == 1  # p1 (p0 lost its first row)
+        # p1 and p0 (FIFO took its first row): one row each, waiting for another
+        assert buffer.ready_groups(sampler).waiting == 2
 
 
 def _writer(url: str, name: str, index: int, groups: int, size: int) -> None:
@@ -318,3 +319,71 @@ def test_groups_the_condition_refuses_do_not_hold_writers_back(buffer: ReplayBuf
     assert sorted(taken) == sorted(f"g{g}" for g in range(0, 30, 2))
     stats = buffer.rate_limit_stats()
     assert stats is not None and stats.discarded == 60
+
+
+def test_groups_a_row_claim_consumed_in_part_leave_the_index(buffer: ReplayBuffer) -> None:
+    """Found by review: a row claim that acked the second row of 20 groups left their
+    entries "ready" for ever; oldest first, they crowded out the groups written after."""
+    sampler = GroupSampler(group_size=2)
+    for p in range(20):
+        buffer.store_batch(group(f"old{p}", [0.0, 1.0]))
+    second_rows = QueryBuilder().eq("exp_meta.agent_id", "c1").build()
+    buffer.claim(20, second_rows, consumer="rows").ack()
+    for p in range(3):
+        buffer.store_batch(group(f"new{p}", [0.0, 1.0]))
+    claim = buffer.claim(6, consumer="g", order=sampler)
+    assert firsts(claim.batch, 2) == ["new0", "new1", "new2"]
+    claim.ack()
+    assert buffer.ready_groups(sampler).ready == 0
+
+
+def test_rows_left_out_by_several_indexes_are_discarded_once(buffer: ReplayBuffer) -> None:
+    """Found by review: each index (condition, spec, staleness) discarded the groups it
+    left out, so three of them counted the same rows three times."""
+    from expstore import RateLimiter
+
+    buffer.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, error_buffer=100))
+    for p in range(8):
+        buffer.store_batch(group(f"same{p}", [1.0, 1.0]))
+    buffer.store_batch(group("varied", [0.0, 1.0]))
+    for staleness in (None, 1, 2):
+        counts = buffer.ready_groups(
+            GroupSampler(group_size=2, varied_reward=True), max_staleness=staleness
+        )
+        assert (counts.ready, counts.filtered) == (1, 8)
+    stats = buffer.rate_limit_stats()
+    assert stats is not None and (stats.inserted, stats.discarded) == (18, 16)
+
+
+def test_a_group_that_loses_its_first_row_but_keeps_enough_stays_claimable(
+    buffer: ReplayBuffer,
+) -> None:
+    """Found by review: the entry went with its first row, and the group (3 rows, groups
+    of 2) was never entered again though it still had two rows."""
+    sampler = GroupSampler(group_size=2)
+    buffer.store_batch(group("p", [0.0, 1.0, 0.5]))
+    assert buffer.ready_groups(sampler).ready == 1
+    buffer.delete(QueryBuilder().eq("exp_meta.agent_id", "c0").build())
+    claim = buffer.claim(2, consumer="c", order=sampler)
+    assert [r.exp_meta.agent_id for r in claim.batch] == ["c1", "c2"]
+
+
+def test_a_version_forced_back_counts_the_groups_left_out_afresh(buffer: ReplayBuffer) -> None:
+    sampler = GroupSampler(group_size=2, varied_reward=True, max_staleness=0)
+    buffer.set_policy_version(1)
+    for p in range(3):
+        buffer.store_batch(group(f"same{p}", [1.0, 1.0], version=1))
+    buffer.store_batch(group("ok", [0.0, 1.0], version=1))
+    assert buffer.ready_groups(sampler) == (1, 0, 0, 3, 0)
+    buffer.set_policy_version(2)
+    assert buffer.ready_groups(sampler) == (0, 0, 0, 3, 1)
+    buffer.set_policy_version(1, force=True)
+    assert buffer.ready_groups(sampler) == (1, 0, 0, 3, 0)
+
+
+def test_a_consumer_claims_whole_groups_with_min_n(buffer: ReplayBuffer) -> None:
+    sampler = GroupSampler(group_size=2)
+    learner = buffer.consumer("learner")
+    buffer.store_batch(group("p0", [0.0, 1.0]))
+    claim = learner.claim(8, order=sampler, wait=5, min_n=2)
+    assert prompts(claim.batch) == ["p0", "p0"]
