@@ -255,11 +255,16 @@ def _ranked(
     spec: GroupSpec,
     *where: Any,
     extra_columns: Sequence[Any] = (),
+    by_group: bool = False,
 ) -> Any:
-    """The matching rows with their group value and rank within the group."""
+    """The matching rows with their group value and rank within the group. ``by_group``:
+    the rows are found through the group column's index (``where`` names a few groups);
+    the rank's order is then written so that SQLite does not walk the buffer's key index
+    instead to serve it (it did: 220 ms for one group of a buffer of 1M rows)."""
     group = group_column(handle, spec)
     read = sorted(spec.having.columns) if spec.having is not None else []
-    rank = func.row_number().over(partition_by=group, order_by=rows.c.key)
+    order = rows.c.key + 0 if by_group else rows.c.key
+    rank = func.row_number().over(partition_by=group, order_by=order)
     return (
         select(
             group.label("g"),
@@ -280,11 +285,12 @@ def summarise(
     query_condition: QueryCondition,
     spec: GroupSpec,
     *where: Any,
+    by_group: bool = False,
 ) -> list[Any]:
     """The summaries of the groups of the matching rows that ``where`` selects: (group
     value, rows up to ``spec.size``, oldest version, whether ``having`` holds, first key,
-    keys as text), a row per group, by the database."""
-    stmt = _summaries_of(handle, query_condition, spec, *where)
+    keys as text), a row per group, by the database (``by_group``: see :func:`_ranked`)."""
+    stmt = _summaries_of(handle, query_condition, spec, *where, by_group=by_group)
     return list(conn.execute(stmt).all())
 
 
@@ -294,9 +300,10 @@ def _summaries_of(
     spec: GroupSpec,
     *where: Any,
     keys: bool = True,
+    by_group: bool = False,
 ) -> Any:
     """The statement of :func:`summarise` (without the keys' text when ``keys`` is False)."""
-    ranked = _ranked(handle, query_condition, spec, *where)
+    ranked = _ranked(handle, query_condition, spec, *where, by_group=by_group)
     passes: Any = literal(True)
     if spec.having is not None:
         held = spec.having.to_sql({c.name: c for c in ranked.c})

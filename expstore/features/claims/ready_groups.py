@@ -229,21 +229,24 @@ class ReadyGroups:
         if not scanned_to:  # a new index: every group, in one statement
             found = summarise(handle, conn, query_condition, spec, rows.c.key <= max_key)
             return self._enter(conn, spec, spec_id, oldest, found, 0, max_key, counts)
+        # The rows written since, by key range: with the buffer as an equality the
+        # planners walked the group column's index over the whole buffer (54 ms at 1M).
         touched = (
             select(group)
             .distinct()
             .where(
-                *handle.where(query_condition),
-                group.is_not(None),
                 rows.c.key > scanned_to,
                 rows.c.key <= max_key,
+                rows.c.buffer_id + 0 == handle.buffer_id,
+                *handle.matching(query_condition),
+                group.is_not(None),
             )
         )
         values = list(conn.execute(touched).scalars())
         discarded: list[int] = []
         for chunk in chunked(values, _CHUNK):
             of = group.in_(bindparam("groups", list(chunk), expanding=True))
-            found = summarise(handle, conn, query_condition, spec, of)
+            found = summarise(handle, conn, query_condition, spec, of, by_group=True)
             discarded += self._enter(
                 conn, spec, spec_id, oldest, found, scanned_to, max_key, counts
             )
@@ -374,7 +377,7 @@ class ReadyGroups:
         discarded: list[int] = []
         for chunk in chunked([e.value for e in broken], _CHUNK):
             of = group.in_(bindparam("groups", list(chunk), expanding=True))
-            found = summarise(self.handle, conn, query_condition, spec, of)
+            found = summarise(self.handle, conn, query_condition, spec, of, by_group=True)
             discarded += self._enter(conn, spec, spec_id, oldest, found, 0, max_key, counts)
         return discarded
 
