@@ -41,6 +41,7 @@ existing buffer builds its index once (about a second per million rows).
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal, NamedTuple
 
@@ -70,7 +71,10 @@ from ...db.schema import (
     ready_groups,
     rows,
 )
+from ...errors import QueryError
 from ...query import QueryCondition, condition_key
+from ...query.conditions import Comparison
+from ...query.fields import resolve_field
 from ..groups import GroupSpec, group_column, summarise
 from ..versions import fresh, oldest_fresh
 
@@ -245,8 +249,8 @@ class ReadyGroups:
         values = list(conn.execute(touched).scalars())
         discarded: list[int] = []
         for chunk in chunked(values, _CHUNK):
-            of = group.in_(bindparam("groups", list(chunk), expanding=True))
-            found = summarise(handle, conn, query_condition, spec, of, by_group=True)
+            of = _groups_in(handle, spec, list(chunk))
+            found = summarise(handle, conn, query_condition, spec, *of, by_group=True)
             discarded += self._enter(
                 conn, spec, spec_id, oldest, found, scanned_to, max_key, counts
             )
@@ -373,11 +377,10 @@ class ReadyGroups:
             delete(ready_groups).where(_E.spec_id == spec_id, dialect.key_in(_E.first_key)),
             {"keys": dialect.key_set(firsts)},
         )
-        group = group_column(self.handle, spec)
         discarded: list[int] = []
         for chunk in chunked([e.value for e in broken], _CHUNK):
-            of = group.in_(bindparam("groups", list(chunk), expanding=True))
-            found = summarise(self.handle, conn, query_condition, spec, of, by_group=True)
+            of = _groups_in(self.handle, spec, list(chunk))
+            found = summarise(self.handle, conn, query_condition, spec, *of, by_group=True)
             discarded += self._enter(conn, spec, spec_id, oldest, found, 0, max_key, counts)
         return discarded
 
@@ -483,6 +486,26 @@ class ReadyGroups:
         ):
             return None
         return Synced(int(spec_row.id), oldest, [])
+
+
+def _groups_in(
+    handle: BufferHandle, spec: GroupSpec, values: list[Any]
+) -> list[ColumnElement[bool]]:
+    """The clauses that select the rows of the groups ``values``. Groups by a payload path
+    are compared as JSON text; the same groups are also asked for as an ``in`` condition on
+    the path, which a path index (``buffer.create_index(path)``) serves, so only their rows
+    are read (values of mixed kinds, or not plain strings and numbers, keep the text
+    comparison alone, which reads every matching row)."""
+    group = group_column(handle, spec)
+    clauses: list[ColumnElement[bool]] = [group.in_(bindparam("groups", values, expanding=True))]
+    if resolve_field(spec.group_by).column is None:
+        try:
+            plain = [json.loads(v) for v in values]
+            if all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in plain):
+                clauses += handle.matching(Comparison(spec.group_by, "in", tuple(plain)))
+        except (ValueError, QueryError):
+            pass
+    return clauses
 
 
 def _buffer_state(handle: BufferHandle, conn: Connection) -> tuple[int, int | None, int, int]:

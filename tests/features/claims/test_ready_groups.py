@@ -387,3 +387,35 @@ def test_a_consumer_claims_whole_groups_with_min_n(buffer: ReplayBuffer) -> None
     buffer.store_batch(group("p0", [0.0, 1.0]))
     claim = learner.claim(8, order=sampler, wait=5, min_n=2)
     assert prompts(claim.batch) == ["p0", "p0"]
+
+
+@pytest.mark.parametrize("indexed", [False, True])
+def test_groups_by_a_payload_path_with_and_without_its_index(
+    buffer: ReplayBuffer, indexed: bool
+) -> None:
+    """A path index serves the catch-up of groups by that path (it asks for the touched
+    groups as an ``in`` condition too); values of mixed kinds keep the text comparison."""
+    from expstore import DataRow, Experience, ExpMeta
+
+    if indexed:
+        buffer.create_index("exp_data.ext_info.prompt_id")
+
+    def rows(prompt: Any, n: int = 2) -> list[DataRow]:
+        return [
+            DataRow(
+                exp_meta=ExpMeta(task_id=f"t{prompt}-{i}", agent_id=f"c{i}", step=i),
+                exp_data=Experience(reward_t=float(i), ext_info={"prompt_id": prompt}),
+            )
+            for i in range(n)
+        ]
+
+    sampler = GroupSampler("exp_data.ext_info.prompt_id", group_size=2)
+    for prompt in ("a", 7, 2.5, "7"):  # "7" and 7 are two groups
+        buffer.store_batch(rows(prompt, 1))
+    assert buffer.ready_groups(sampler).waiting == 4
+    for prompt in ("a", 7, 2.5, "7"):
+        buffer.store_batch(rows(prompt, 1))
+    claim = buffer.claim(8, consumer="c", order=sampler)
+    got = [r.exp_data.ext_info["prompt_id"] for r in claim.batch]
+    assert got == ["a", "a", 7, 7, 2.5, 2.5, "7", "7"]
+    assert [type(v) for v in got[2::2]] == [int, float, str]
