@@ -58,6 +58,10 @@ class Waiting:
     def elapsed(self) -> float:
         return monotonic() - self.started
 
+    def remaining(self) -> float | None:
+        """Seconds left before ``timeout_s`` (None: no timeout)."""
+        return None if self.timeout_s is None else self.timeout_s - self.elapsed()
+
     def left(self) -> float:
         """Seconds left before the timeout (infinite without one)."""
         if self.timeout_s is None:

@@ -491,6 +491,11 @@ class ReplayBuffer:
             raise UnsupportedTypeError(f"takeover must be True or False, got {takeover!r}")
         sql = self.sql
         epoch, taken = sql.claims.open_consumer(name, takeover=takeover)
+        if taken and sql.sampling_limited():
+            # Rows the predecessors' claims counted as sampled go back to the queue
+            # unconsumed: their samples go back to the rate limit (counted again when
+            # claimed again), or a consume-once queue would lose budget at every restart.
+            sql.rate_limits.refund(taken, current=True)
         return Consumer(sql, name, epoch, taken)
 
     def checkpoint(self, consumer: str, default: Any = ...) -> Any:

@@ -103,9 +103,19 @@ class Claim:
     is). Each finishing call raises FencedError, changing nothing, once a newer
     incarnation of its consumer has opened (see :class:`Consumer`)."""
 
-    def __init__(self, queue: ClaimQueue, claimed: Claimed, ids: list[str], batch: Any) -> None:
+    def __init__(
+        self,
+        queue: ClaimQueue,
+        claimed: Claimed,
+        ids: list[str],
+        batch: Any,
+        refund: Callable[[int], None] | None = None,
+    ) -> None:
         self._queue = queue
         self._claimed = claimed
+        # Gives the rows' samples back to the rate limit they were counted under (None:
+        # not counted), when they go back to the queue unconsumed.
+        self._refund = refund
         self.ids = ids
         self.batch = batch
         self.state = "held"
@@ -172,10 +182,13 @@ class Claim:
         return done
 
     def release(self, *, consumer: str | None = None) -> int:
-        """Give the rows back to the queue now; returns how many."""
+        """Give the rows back to the queue now; returns how many. Under a rate limit their
+        samples are given back too (they are counted again when claimed again)."""
         self._check_held("released")
         done = self._queue.release(self._as(consumer))
         self.state = "released"
+        if self._refund is not None and done:
+            self._refund(done)
         return done
 
     def renew(self, lease_s: float | None = None) -> float:
@@ -544,13 +557,20 @@ def claim_rows(
     while True:
         if waiting is not None:
             _wait_for_claimable(sql, claimable, need, min_n, waiting, wait_s, what)
-        want = n
+        want, counted = n, 0
         if sql.sampling_limited():
             # Counted against the rate limit before the claim, so only as many rows as are
             # claimable now: a learner polling an empty queue must not count samples that a
-            # writer held by block_writers could pass against.
+            # writer held by block_writers could pass against. With min_n, as many as the
+            # budget allows down to min_n; with wait, waiting no longer than the claim's own.
             want = min(n, claimable(n))
-        counted = sql.acquire_samples(want)[0] if want else 0
+            if want:
+                unit = order.group_size if isinstance(order, GroupSampler) else 1
+                remaining = None if waiting is None else waiting.remaining()
+                left = None if remaining is None else max(remaining, 0.0)
+                least = None if min_n is None else min(min_n, want)
+                counted = sql.rate_limits.acquire(want, at_least=least, unit=unit, timeout=left)
+                want = counted or want
         try:
             claimed = queue.claim(
                 want, scope, consumer, lease, candidates, groups, epoch, at_least=min_n or 0
@@ -578,7 +598,8 @@ def claim_rows(
         # samples back to the rate limit, instead of waiting out the lease.
         _give_back(sql, queue, claimed, len(claimed.keys) if counted else 0, exc)
         raise
-    return Claim(queue, claimed, list(fetched.ids), batch)
+    refund = sql.rate_limits.refund if counted else None
+    return Claim(queue, claimed, list(fetched.ids), batch, refund)
 
 
 def count_ready_groups(

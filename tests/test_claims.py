@@ -28,6 +28,7 @@ from expstore.errors import (
     ClaimOwnerError,
     InvalidArgumentError,
     LeaseExpiredError,
+    RateLimitedError,
     RowsEvictedError,
     UnknownConsumerError,
     UnsupportedTypeError,
@@ -552,3 +553,75 @@ def test_any_accepted_checkpoint_comes_back_equal_and_of_the_same_types(
 ) -> None:
     buf.claim(1, consumer="prop").ack(checkpoint=checkpoint)
     assert_same(buf.checkpoint("prop"), checkpoint)
+
+
+def _groups(buffer: ReplayBuffer, count: int, size: int = 4, start: int = 0) -> None:
+    for p in range(start, start + count):
+        buffer.store_batch(
+            [make_row(f"p{p}", f"c{i}", i, reward=float(i % 2)) for i in range(size)]
+        )
+
+
+def test_a_claims_wait_bounds_its_wait_on_the_rate_limit(buffer: ReplayBuffer) -> None:
+    """Found by a user's trial: a limit with a long timeout held claim(wait=0.3) for the
+    limit's whole timeout."""
+    from expstore import GroupSampler, RateLimiter
+
+    buffer.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=0.5, timeout=600))
+    _groups(buffer, 2)  # 8 rows inserted: 4 samples of budget
+    sampler = GroupSampler(group_size=4)
+    buffer.claim(4, consumer="c", order=sampler).ack()  # the budget is spent; p1 ready
+    raised: list[BaseException] = []
+
+    def claim() -> None:
+        try:
+            buffer.claim(4, consumer="c", order=sampler, wait=0.3)
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            raised.append(exc)
+
+    thread = threading.Thread(target=claim)
+    thread.start()
+    thread.join(120)  # far below the limit's 600 s
+    assert not thread.is_alive()
+    assert len(raised) == 1 and isinstance(raised[0], RateLimitedError)
+    assert "waited 0.3" in str(raised[0]) or "waited 0.29" in str(raised[0])
+
+
+def test_min_n_takes_what_the_rate_limit_allows(buffer: ReplayBuffer) -> None:
+    """Found by a user's trial: with groups ready and budget for one, claim(8, min_n=4)
+    raised RateLimitedError instead of taking the one group."""
+    from expstore import GroupSampler, RateLimiter
+
+    buffer.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=0.5, timeout=2))
+    _groups(buffer, 3)  # 12 rows inserted: 6 samples of budget, three groups ready
+    sampler = GroupSampler(group_size=4)
+    claim = buffer.claim(8, consumer="c", order=sampler, wait=1, min_n=4)
+    assert [r.exp_meta.task_id for r in claim.batch] == ["p0"] * 4
+    stats = buffer.rate_limit_stats()
+    assert stats is not None and stats.sampled == 4
+
+
+def test_released_and_taken_over_claims_give_their_samples_back(buffer: ReplayBuffer) -> None:
+    """Found by a user's trial: rows released, or given back by a takeover, stayed counted
+    as sampled, so a consume-once queue under samples_per_insert=1 lost budget at every
+    restart until its last groups could never be claimed."""
+    from expstore import GroupSampler, RateLimiter
+
+    buffer.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, timeout=2))
+    _groups(buffer, 2)
+    sampler = GroupSampler(group_size=4)
+    first = buffer.claim(4, consumer="c", order=sampler)
+    first.release()
+    stats = buffer.rate_limit_stats()
+    assert stats is not None and stats.sampled == 0
+    dead = buffer.consumer("learner")
+    dead.claim(8, order=sampler)  # then the learner dies holding it
+    reborn = buffer.consumer("learner", takeover=True)
+    assert reborn.taken_back == 8
+    stats = buffer.rate_limit_stats()
+    assert stats is not None and stats.sampled == 0
+    claim = reborn.claim(8, order=sampler)
+    assert len(claim) == 8
+    claim.ack()
+    stats = buffer.rate_limit_stats()
+    assert stats is not None and stats.sampled == 8

@@ -142,11 +142,14 @@ class RateLimiter:
     def check_insert(self, n: int) -> None:
         """InvalidArgumentError if a write of ``n`` rows could never go."""
         if self.block_writers and n * self.ratio > self.max_diff - self.min_diff:
+            # Enough for this write to go in steady state (within 2 * error_buffer) and as
+            # the first write into an empty buffer past min_size (within max_diff).
+            least = max(math.ceil(n * self.ratio / 2), math.ceil((n - self.min_size) * self.ratio))
             raise InvalidArgumentError(
                 f"a write of {n} rows can never go under this rate limit: it adds "
                 f"{n * self.ratio:g} samples of budget, more than the "
                 f"{self.max_diff - self.min_diff:g} writers are held within. Write smaller "
-                f"batches, or set a larger error_buffer (at least {math.ceil(n * self.ratio / 2)})"
+                f"batches, or set a larger error_buffer (at least {least})"
             )
 
     def settings(self) -> dict[str, Any]:

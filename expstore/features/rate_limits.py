@@ -255,61 +255,96 @@ class RateLimits:
             seen = self.seen
         return seen is not None and bool(seen[1])
 
-    def acquire(self, n: int, since: float | None = None) -> int:
-        """Count ``n`` samples against the budget, waiting while it is spent; returns ``n``
-        counted (0 when the buffer has no limit). ``since``: a monotonic time after which
-        a key index read told whether the buffer has a limit (saves a round trip)."""
+    def acquire(
+        self,
+        n: int,
+        since: float | None = None,
+        *,
+        at_least: int | None = None,
+        unit: int = 1,
+        timeout: float | None = None,
+    ) -> int:
+        """Count ``n`` samples against the budget, waiting while it is spent; returns how
+        many were counted (0 when the buffer has no limit). ``since``: a monotonic time
+        after which a key index read told whether the buffer has a limit (saves a round
+        trip). ``at_least`` (a claim's ``min_n``): take fewer than ``n``, down to
+        ``at_least`` in steps of ``unit`` (a group's rows), when the budget allows no more;
+        ``timeout``: wait no longer than this (a claim's own ``wait``) even if the limit's
+        timeout is longer."""
         if not self.limited(since):
             return 0
         handle = self.handle
         this = _R.buffer_id == handle.buffer_id
         counted = _counted(handle.buffer_id)
-        take = (
-            update(rate_limits)
-            .where(
-                this,
-                counted >= _R.min_size,
-                counted * _R.samples_per_insert - _R.samples - literal(n) >= _R.min_diff,
-                handle.dialect.commit_without_flush(),
+
+        def take(m: int) -> Any:
+            return (
+                update(rate_limits)
+                .where(
+                    this,
+                    counted >= _R.min_size,
+                    counted * _R.samples_per_insert - _R.samples - literal(m) >= _R.min_diff,
+                    handle.dialect.commit_without_flush(),
+                )
+                .values(samples=_R.samples + m, sampled_at=handle.dialect.now())
+                .returning(_R.created_at)
             )
-            .values(samples=_R.samples + n, sampled_at=handle.dialect.now())
-            .returning(_R.created_at)
-        )
+
         waiting = RATE_LIMIT_WAIT.start()
+        want = n
         while True:
             with handle.errors("count samples"), handle.single() as conn:
-                under = conn.execute(take).scalar()
+                under = conn.execute(take(want)).scalar()
                 if under is not None:
                     self._counted_under.created_at = under
                     if waiting.pauses:
                         self.waits += 1
                         self.waited_s += waiting.elapsed()
-                    return n
+                    return want
                 row = self._row(conn)
             if row is None:
                 self.observe(False)
                 return 0
             limiter = RateLimiter.from_settings(row)
-            limiter.check_sample(n)
-            waiting.timeout_s = limiter.timeout
+            limiter.check_sample(n if at_least is None else at_least)
+            if at_least is not None:
+                # As many as the budget allows now, whole units, no fewer than at_least.
+                fits = n
+                while fits >= at_least and not _may_sample(row, int(row.counted), fits):
+                    fits -= unit
+                if at_least <= fits < want:
+                    want = fits
+                    continue  # counted again atomically: another sampler may have drawn
+                want = n
+            limit = limiter.timeout
+            if timeout is not None:
+                limit = timeout if limit is None else min(limit, timeout)
+            waiting.timeout_s = limit
             if not waiting.sleep():
+                least = "" if at_least is None else f" (at least {at_least}, min_n)"
+                bound = _sample_bound(row, n if at_least is None else at_least)
                 raise RateLimitedError(
-                    f"waited {limiter.timeout} s to sample {n} rows of buffer {handle.name!r} "
-                    f"under its rate limit: {_sample_bound(row, n)}. {_describe(row)}. "
+                    f"waited {_seconds(limit)} s to sample {n} rows{least} of buffer "
+                    f"{handle.name!r} "
+                    f"under its rate limit: {bound}. {_describe(row)}. "
                     "Actors must insert more rows that can be drawn first (rows of groups "
                     "a group condition refuses, or gone stale, are discarded and count as "
                     "not inserted); or raise the limiter's timeout, sample less often, or "
                     "loosen samples_per_insert / min_size. Nothing was sampled"
                 )
 
-    def refund(self, n: int) -> None:
+    def refund(self, n: int, *, current: bool = False) -> None:
         """Give back ``n`` counted samples that were not drawn (a short batch), to the limit
         they were counted under: a limit set since (``set_rate_limiter``, which starts
-        counting afresh) is left as it is, and no count goes below zero."""
+        counting afresh) is left as it is, and no count goes below zero. ``current``: to
+        the buffer's limit now, whoever counted them (rows a dead learner's claim counted,
+        given back by a takeover or claimed again after its lease ran out)."""
         under = getattr(self._counted_under, "created_at", None)
-        if n > 0 and under is not None:
+        if n > 0 and (under is not None or current):
             this = _R.buffer_id == self.handle.buffer_id
-            back = update(rate_limits).where(this, _R.created_at == under)
+            back = update(rate_limits).where(this)
+            if not current:
+                back = back.where(_R.created_at == under)
             left = case((_R.samples >= n, _R.samples - n), else_=0)
             with self.handle.errors("count samples"), self.handle.single() as conn:
                 conn.execute(back.values(samples=left))
@@ -353,6 +388,10 @@ def _may_insert(row: Any, inserted: int, n: int) -> bool:
     if inserted + n <= row.min_size:
         return True
     return bool((inserted + n) * row.samples_per_insert - row.samples <= row.max_diff)
+
+
+def _seconds(value: float | None) -> str:
+    return "forever" if value is None else f"{value:.3g}"
 
 
 def _float_or_none(value: Any) -> float | None:

@@ -265,13 +265,14 @@ def test_a_claim_counts_no_more_samples_than_rows_it_can_claim(
         RateLimiter(1, samples_per_insert=1.0, error_buffer=10, block_writers=True, timeout=0.05)
     )
     buf.store_batch(make_rows(3))
-    acquire, asked = buf.storage.acquire_samples, []
+    limits = buf.sql.rate_limits
+    acquire, asked = limits.acquire, []
 
-    def counting(n, since=None):  # noqa: ANN001, ANN202
+    def counting(n, since=None, **options):  # noqa: ANN001, ANN003, ANN202
         asked.append(n)
-        return acquire(n, since=since)
+        return acquire(n, since=since, **options)
 
-    monkeypatch.setattr(buf.storage, "acquire_samples", counting)
+    monkeypatch.setattr(limits, "acquire", counting)
     nothing = QueryBuilder().eq("exp_meta.task_id", "never").build()
     assert len(buf.claim(5, nothing, consumer="learner")) == 0
     assert asked == []  # not even for a moment
