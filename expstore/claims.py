@@ -42,6 +42,8 @@ from types import TracebackType
 from typing import Any
 
 import numpy as np
+from sqlalchemy import Connection
+from sqlalchemy.exc import IntegrityError
 
 from ._args import (
     MAX_BATCH,
@@ -54,15 +56,17 @@ from ._args import (
     check_seconds,
     check_staleness,
 )
-from ._retry import CLAIM_POLL, Waiting
+from ._retry import CLAIM_POLL, RATE_LIMIT_WAIT, Waiting
 from .converters.base import Converter, as_converter
 from .converters.default import DefaultConverter
+from .db.engine import is_memory
 from .errors import (
     ClaimFinishedError,
     ClaimOwnerError,
     EmptyBufferError,
     FencedError,
     InvalidArgumentError,
+    StorageError,
     UnknownConsumerError,
     UnsupportedTypeError,
     WaitTimeoutError,
@@ -70,13 +74,17 @@ from .errors import (
 from .features.claims.queue import Claimed, ClaimQueue, Scope, ShortClaim
 from .features.claims.ready_groups import GroupTally
 from .features.claims.steps import StepParts, commit_step
+from .features.dedup import Dedup, check_dedup
+from .features.rate_limits import WriteBlocked
 from .features.versions import check_version
+from .model.rows import DataRow
 from .query import And, QueryCondition, as_condition
 from .samplers.base import KeySampler, SampleInfo
 from .samplers.group import GroupSampler
 from .samplers.uniform import UniformSampler
 from .storage.base import Storage
 from .storage.sql import SqlStorage
+from .storage.writer import StoreReport, as_source, duplicate_of, prepare, write_in
 
 __all__ = [
     "Claim",
@@ -110,12 +118,15 @@ class Claim:
         ids: list[str],
         batch: Any,
         refund: Callable[[int], None] | None = None,
+        storage: SqlStorage | None = None,
     ) -> None:
         self._queue = queue
+        self._storage = storage
         self._claimed = claimed
         # Gives the rows' samples back to the rate limit they were counted under (None:
         # not counted), when they go back to the queue unconsumed.
         self._refund = refund
+        self._produced: StoreReport | None = None
         self.ids = ids
         self.batch = batch
         self.state = "held"
@@ -157,7 +168,14 @@ class Claim:
             )
 
     def ack(
-        self, checkpoint: Any = ..., *, consumer: str | None = None, allow_evicted: bool = False
+        self,
+        checkpoint: Any = ...,
+        *,
+        consumer: str | None = None,
+        allow_evicted: bool = False,
+        produce: Sequence[DataRow] | None = None,
+        into: Any = None,
+        dedup: Dedup = None,
     ) -> int:
         """Mark the rows consumed; with ``checkpoint`` (any JSON value: step, epoch, data
         cursor) store it as this consumer's checkpoint in the same transaction. Returns how
@@ -168,18 +186,91 @@ class Claim:
         how many and why, and changes nothing (the checkpoint is not stored; the claim is
         still held). ``allow_evicted=True`` acks the rows left and stores the checkpoint
         anyway, returning how many were acked. With eviction ``"stale"``, rows the policy
-        kept for this claim are evicted by the ack, in its transaction."""
+        kept for this claim are evicted by the ack, in its transaction.
+
+        ``produce=rows, into=other_buffer`` (a buffer of the same database): consume,
+        transform, produce in one transaction, as Kafka's transactional read-process-write.
+        The rows are stored into ``other_buffer`` (with its retention, rate limit and
+        ``dedup``) in the ack's own transaction: if anything fails (the lease was taken
+        over, a duplicate id, the process killed before the commit) nothing of it is stored
+        and the claim is not acked, so whoever claims the rows next makes them again; once
+        committed the rows are stored once and the claim is done. An ack retried after its
+        commit (a network error on the way back) finds the claim acked and raises
+        ClaimFinishedError: nothing is stored twice. :attr:`produced` says what was stored
+        (a StoreReport)."""
         self._check_held("acked")
         claimed = self._as(consumer)
         with_checkpoint = checkpoint is not ...
-        done = self._queue.ack(
-            claimed,
-            None if not with_checkpoint else checkpoint,
-            with_checkpoint=with_checkpoint,
-            allow_evicted=check_flag("allow_evicted", allow_evicted),
-        )
+        allowed = check_flag("allow_evicted", allow_evicted)
+        target = None if produce is None and into is None else self._target(produce, into)
+        rows = None if produce is None else prepare(produce)
+        dedup = check_dedup(dedup)
+        reports: list[StoreReport] = []
+
+        def write(conn: Connection) -> None:
+            assert target is not None and rows is not None
+            reports.append(write_in(target.handle, conn, as_source(rows), dedup)[2])
+
+        waiting = RATE_LIMIT_WAIT.start()
+        while True:
+            reports.clear()
+            try:
+                done = self._queue.ack(
+                    claimed,
+                    None if not with_checkpoint else checkpoint,
+                    with_checkpoint=with_checkpoint,
+                    allow_evicted=allowed,
+                    produce=None if target is None else write,
+                )
+                break
+            except WriteBlocked as blocked:  # rolled back: wait for the learners, then again
+                assert target is not None
+                target.rate_limits.wait_to_write(blocked, waiting)
+            except StorageError as exc:  # a produced row's id stored already?
+                if target is None or rows is None or not isinstance(exc.__cause__, IntegrityError):
+                    raise
+                duplicate = duplicate_of(target.handle, as_source(rows))
+                if duplicate is None:
+                    raise
+                raise duplicate from exc
         self.state = "acked"
+        if reports:
+            self._produced = reports[-1]
+            if target is not None:
+                target.handle.dialect.wrote(
+                    target.handle.connections.engine, target.handle.buffer_id, reports[-1].stored
+                )
         return done
+
+    def _target(self, produce: Sequence[DataRow] | None, into: Any) -> SqlStorage:
+        """The storage ``ack(produce=, into=)`` writes into, checked before any write."""
+        if produce is None or into is None:
+            raise InvalidArgumentError(
+                "ack(produce=rows, into=buffer) takes both: the rows the claim's work made "
+                "and the buffer to store them in. Nothing was changed"
+            )
+        target = getattr(into, "sql", None)
+        if not isinstance(target, SqlStorage):
+            raise UnsupportedTypeError(
+                f"into= takes a ReplayBuffer, got {type(into).__name__}. Nothing was changed"
+            )
+        here = self._storage
+        assert here is not None  # claims are made by claim_rows, which gives it
+        if here.identity[0] != target.identity[0] or (
+            is_memory(here.url)
+            and here.handle.connections.engine is not target.handle.connections.engine
+        ):
+            raise InvalidArgumentError(
+                f"into= must be a buffer of this claim's database ({here.handle.shown_url()}), "
+                f"got one of {target.handle.shown_url()}: one transaction cannot span two "
+                "databases. Nothing was changed"
+            )
+        return target
+
+    @property
+    def produced(self) -> StoreReport | None:
+        """What ``ack(produce=, into=)`` stored (None before such an ack)."""
+        return self._produced
 
     def release(self, *, consumer: str | None = None) -> int:
         """Give the rows back to the queue now; returns how many. Under a rate limit their
@@ -599,7 +690,7 @@ def claim_rows(
         _give_back(sql, queue, claimed, len(claimed.keys) if counted else 0, exc)
         raise
     refund = sql.rate_limits.refund if counted else None
-    return Claim(queue, claimed, list(fetched.ids), batch, refund)
+    return Claim(queue, claimed, list(fetched.ids), batch, refund, sql)
 
 
 def count_ready_groups(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -625,3 +626,126 @@ def test_released_and_taken_over_claims_give_their_samples_back(buffer: ReplayBu
     claim.ack()
     stats = buffer.rate_limit_stats()
     assert stats is not None and stats.sampled == 8
+
+
+@pytest.fixture
+def two_buffers(db_url: str, buffer_name: str) -> Iterator[tuple[ReplayBuffer, ReplayBuffer]]:
+    """A prompts buffer and a rollouts buffer of one database."""
+    with ReplayBuffer(db_url, name=buffer_name) as prompts:
+        with ReplayBuffer(db_url, name=buffer_name + "_out") as rollouts:
+            yield prompts, rollouts
+
+
+def _completions(prompt: str, n: int = 4) -> list[Any]:
+    return [make_row(prompt, f"c{i}", i, reward=float(i)) for i in range(n)]
+
+
+def test_ack_with_produce_stores_the_rows_and_acks_in_one_transaction(
+    two_buffers: tuple[ReplayBuffer, ReplayBuffer],
+) -> None:
+    prompts, rollouts = two_buffers
+    prompts.store_batch([make_row("p0"), make_row("p1")])
+    claim = prompts.claim(1, consumer="actor")
+    made = _completions("p0")
+    assert claim.ack(checkpoint={"done": 1}, produce=made, into=rollouts) == 1
+    assert claim.produced is not None and claim.produced.stored == 4
+    assert sorted(r.id for r in rollouts.query()) == sorted(r.id for r in made)
+    assert prompts.checkpoint("actor") == {"done": 1}
+    assert prompts.queue_stats().consumed == 1
+    # An ack retried after its commit stores nothing twice.
+    with pytest.raises(ClaimFinishedError):
+        claim.ack(checkpoint={"done": 1}, produce=made, into=rollouts)
+    assert len(rollouts) == 4
+
+
+def test_an_ack_with_produce_that_fails_stores_nothing(
+    two_buffers: tuple[ReplayBuffer, ReplayBuffer],
+) -> None:
+    from expstore.errors import DuplicateIdError
+
+    prompts, rollouts = two_buffers
+    prompts.store_batch([make_row("p0"), make_row("p1")])
+    made = _completions("p0")
+    rollouts.store_batch(made[:1])  # one of the ids is stored already
+    claim = prompts.claim(1, consumer="actor")
+    with pytest.raises(DuplicateIdError):
+        claim.ack(checkpoint={"done": 1}, produce=made, into=rollouts)
+    assert len(rollouts) == 1 and claim.state == "held"
+    assert prompts.checkpoint("actor", default=None) is None
+    assert prompts.queue_stats().leased == 1
+    # The lease lost to another actor: nothing of the attempt is stored.
+    late = prompts.claim(1, consumer="slow", lease_s=0.1)
+    time.sleep(0.3)
+    prompts.claim(1, consumer="other")  # takes the row over
+    with pytest.raises(LeaseExpiredError):
+        late.ack(produce=_completions("p1"), into=rollouts)
+    assert len(rollouts) == 1
+    # The first claim can still produce and ack.
+    assert claim.ack(produce=made[1:], into=rollouts) == 1
+    assert len(rollouts) == 4
+
+
+def test_produce_into_a_buffer_of_another_database_is_refused(tmp_path: Any) -> None:
+    with ReplayBuffer(f"sqlite:///{tmp_path}/a.db") as prompts:
+        with ReplayBuffer(f"sqlite:///{tmp_path}/b.db") as elsewhere:
+            prompts.store_batch([make_row("p0")])
+            claim = prompts.claim(1, consumer="actor")
+            with pytest.raises(InvalidArgumentError, match="one transaction cannot span"):
+                claim.ack(produce=_completions("p0"), into=elsewhere)
+            with pytest.raises(InvalidArgumentError, match="takes both"):
+                claim.ack(produce=_completions("p0"))
+            with pytest.raises(UnsupportedTypeError, match="ReplayBuffer"):
+                claim.ack(produce=_completions("p0"), into="rollouts")
+            assert len(elsewhere) == 0 and claim.state == "held"
+    memory, other_memory = ReplayBuffer(), ReplayBuffer()
+    memory.store_batch([make_row("p0")])
+    claim = memory.claim(1, consumer="actor")
+    with pytest.raises(InvalidArgumentError, match="one transaction cannot span"):
+        claim.ack(produce=_completions("p0"), into=other_memory)
+
+
+_KILLED_MID_ACK = """
+import os, signal, sys
+import expstore.claims as front
+from expstore import ReplayBuffer
+from tests.helpers import make_row
+
+url, name = sys.argv[1], sys.argv[2]
+write_in = front.write_in
+
+def write_then_die(*args, **kwargs):
+    done = write_in(*args, **kwargs)  # the completions are written, not committed
+    os.kill(os.getpid(), signal.SIGKILL)
+    return done
+
+front.write_in = write_then_die
+with ReplayBuffer(url, name=name) as prompts, ReplayBuffer(url, name=name + "_out") as out:
+    claim = prompts.claim(1, consumer="actor", lease_s=0.5)
+    made = [make_row("p0", f"c{i}", i) for i in range(4)]
+    claim.ack(checkpoint={"done": 1}, produce=made, into=out)
+"""
+
+
+def test_an_actor_killed_inside_its_produce_ack_leaves_nothing_and_the_prompt_returns(
+    db_url: str, buffer_name: str
+) -> None:
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with ReplayBuffer(db_url, name=buffer_name) as prompts:
+        prompts.store_batch([make_row("p0")])
+    root = Path(__file__).resolve().parents[1]
+    child = subprocess.run(
+        [sys.executable, "-c", _KILLED_MID_ACK, db_url, buffer_name], cwd=root, check=False
+    )
+    assert child.returncode == -signal.SIGKILL
+    with ReplayBuffer(db_url, name=buffer_name) as prompts:
+        with ReplayBuffer(db_url, name=buffer_name + "_out") as out:
+            assert len(out) == 0
+            assert prompts.checkpoint("actor", default=None) is None
+            again = prompts.claim(1, consumer="actor", wait=30)  # once the lease ran out
+            assert len(again) == 1
+            again.ack(produce=_completions("p0"), into=out)
+            assert len(out) == 4 and prompts.queue_stats().consumed == 1

@@ -21,6 +21,7 @@ from operator import is_not, itemgetter
 from typing import Any, NamedTuple
 
 from pydantic import ValidationError
+from sqlalchemy import Connection
 from sqlalchemy.exc import IntegrityError
 
 from .._retry import RATE_LIMIT_WAIT
@@ -163,6 +164,11 @@ class _Rows(RowSource):
         return encode_chunk(self.rows[start:stop], buffer_id)
 
 
+def as_source(batch: Sequence[Any] | RowSource) -> RowSource:
+    """``batch`` as the writer reads it (rows already prepared, or a RowSource)."""
+    return batch if isinstance(batch, RowSource) else _Rows(list(batch))
+
+
 def prepare(batch: Sequence[DataRow]) -> list[DataRow]:
     """Check the batch's shape and ids before anything is written."""
     if batch is None or isinstance(batch, (DataRow, dict, str, bytes)):
@@ -222,7 +228,7 @@ def store_rows(
     as it reads them (``id``, ``exp_meta.__dict__``, ``exp_data.__dict__``), whose typed
     columns it checks the same way, or a :class:`RowSource`."""
     dedup = check_dedup(dedup)
-    source = batch if isinstance(batch, RowSource) else _Rows(list(batch))
+    source = as_source(batch)
     waiting = RATE_LIMIT_WAIT.start()
 
     def write() -> tuple[Any, str, StoreReport]:
@@ -246,61 +252,77 @@ def _write(
     with handle.errors("store rows"):
         try:
             with handle.write() as conn:
-                # The buffer's retention as it is now (another process may have changed
-                # it). Writers of a buffer take turns on its row, so keys are handed out
-                # in commit order (readers' cached key indexes only ever need the keys
-                # above the largest they saw) and a capacity stays exact.
-                capacity, policy, limited, since, through = lock_buffer(
-                    handle,
-                    conn,
-                    buffers.c.capacity,
-                    buffers.c.eviction,
-                    limited_flag(handle.buffer_id),
-                    buffers.c.summary_from,
-                    buffers.c.summary_through,
-                )
-                summaries = task_stats.SummaryState.of(since, through)
-                policy = policy or "fifo"
-                chunks = _encoded_chunks(handle, batch)
-                stored = len(batch)
-                if dedup is not None:  # exact: writers of the buffer take turns
-                    encoded = [row for chunk in chunks for row in chunk]
-                    kept = without_duplicates(handle, conn, encoded, dedup)
-                    stored = len(kept)
-                    chunks = iter(
-                        [kept[i : i + WRITE_CHUNK] for i in range(0, stored, WRITE_CHUNK)]
-                    )
-                if limited:  # exact: the samples counted only grow meanwhile
-                    RateLimits(handle).check_write(conn, stored)
-                evicts = capacity is not None or policy in EVERY_WRITE_POLICIES
-                # The rows above the buffer's largest key now are this write's (writers
-                # take turns on the buffer's row): task summaries merge them, and an
-                # eviction tells them among the rows it removes.
-                newest = (
-                    task_stats.newest_key(conn, handle.buffer_id)
-                    if evicts or summaries is not None
-                    else None
-                )
-                removed = Removed(newest if evicts else None)
-                if stored:
-                    before = None if summaries is None else newest
-                    handle.dialect.insert_rows(conn, chunks)
-                    count_inserted(handle, conn, stored)
-                    if before is not None:
-                        task_stats.merge_new(handle, conn, before)
-                evict_beyond(handle, conn, capacity, policy, summaries, removed)
-        except UnicodeEncodeError as exc:  # a string the row's validation could not see
-            text = exc.object[exc.start : exc.end]
-            raise CodecError(
-                f"a string in the batch holds {text!r}, which is not Unicode text "
-                f"({exc.reason}) and no database can store; decode the text with "
-                "errors='replace' or store its bytes. Nothing was stored"
-            ) from exc
+                return write_in(handle, conn, batch, dedup)
         except IntegrityError as exc:
-            duplicate = _duplicate_error(handle, list(batch.ids))
+            duplicate = duplicate_of(handle, batch)
             if duplicate is None:
                 raise  # not a duplicate id: reported as the database said it
             raise duplicate from exc
+
+
+def duplicate_of(handle: BufferHandle, batch: RowSource) -> DuplicateIdError | None:
+    """After an IntegrityError of a write of ``batch`` (rolled back): the DuplicateIdError
+    naming the ids stored already, or None (another constraint)."""
+    return _duplicate_error(handle, list(batch.ids))
+
+
+def write_in(
+    handle: BufferHandle, conn: Connection, batch: RowSource, dedup: str | None
+) -> tuple[Any, str, StoreReport]:
+    """The write of ``batch`` into the handle's buffer inside the caller's transaction
+    (``conn``, of the handle's database): the buffer's row taken first, dedup, the rate
+    limit's check (WriteBlocked: the caller rolls back, waits and tries again), the rows,
+    the eviction. Returns the retention it found and what it did. A duplicate id raises
+    IntegrityError: once rolled back, :func:`duplicate_of` says which ids."""
+    try:
+        # The buffer's retention as it is now (another process may have changed it).
+        # Writers of a buffer take turns on its row, so keys are handed out in commit order
+        # (readers' cached key indexes only ever need the keys above the largest they saw)
+        # and a capacity stays exact.
+        capacity, policy, limited, since, through = lock_buffer(
+            handle,
+            conn,
+            buffers.c.capacity,
+            buffers.c.eviction,
+            limited_flag(handle.buffer_id),
+            buffers.c.summary_from,
+            buffers.c.summary_through,
+        )
+        summaries = task_stats.SummaryState.of(since, through)
+        policy = policy or "fifo"
+        chunks = _encoded_chunks(handle, batch)
+        stored = len(batch)
+        if dedup is not None:  # exact: writers of the buffer take turns
+            encoded = [row for chunk in chunks for row in chunk]
+            kept = without_duplicates(handle, conn, encoded, dedup)
+            stored = len(kept)
+            chunks = iter([kept[i : i + WRITE_CHUNK] for i in range(0, stored, WRITE_CHUNK)])
+        if limited:  # exact: the samples counted only grow meanwhile
+            RateLimits(handle).check_write(conn, stored)
+        evicts = capacity is not None or policy in EVERY_WRITE_POLICIES
+        # The rows above the buffer's largest key now are this write's (writers take turns
+        # on the buffer's row): task summaries merge them, and an eviction tells them among
+        # the rows it removes.
+        newest = (
+            task_stats.newest_key(conn, handle.buffer_id)
+            if evicts or summaries is not None
+            else None
+        )
+        removed = Removed(newest if evicts else None)
+        if stored:
+            before = None if summaries is None else newest
+            handle.dialect.insert_rows(conn, chunks)
+            count_inserted(handle, conn, stored)
+            if before is not None:
+                task_stats.merge_new(handle, conn, before)
+        evict_beyond(handle, conn, capacity, policy, summaries, removed)
+    except UnicodeEncodeError as exc:  # a string the row's validation could not see
+        text = exc.object[exc.start : exc.end]
+        raise CodecError(
+            f"a string in the batch holds {text!r}, which is not Unicode text "
+            f"({exc.reason}) and no database can store; decode the text with "
+            "errors='replace' or store its bytes. Nothing was stored"
+        ) from exc
     report = StoreReport(
         stored,
         len(batch) - stored,

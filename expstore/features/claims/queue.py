@@ -534,16 +534,20 @@ class ClaimQueue:
         *,
         with_checkpoint: bool,
         allow_evicted: bool = False,
+        produce: Callable[[Connection], None] | None = None,
     ) -> int:
         """Mark the claim's rows consumed, storing ``checkpoint`` for its consumer in the
         same transaction; returns how many rows were acked. Rows evicted or deleted
         meanwhile raise RowsEvictedError and change nothing, unless ``allow_evicted``
         (then the rows left are acked and counted); see
-        :mod:`expstore.features.claims.retention`."""
+        :mod:`expstore.features.claims.retention`. ``produce(conn)``: writes the claim's
+        output (rows into another buffer of the database) in the ack's transaction."""
         state = check_checkpoint(checkpoint) if with_checkpoint else None
         now = self._handle.dialect.now()
 
         def body(conn: Connection) -> int:
+            if produce is not None:  # what the claim's work made, in the same commit
+                produce(conn)
             seq = None if state is None else self.store_checkpoint(conn, claim.consumer, state, now)
             return self.ack_in(conn, claim, now, seq, retention)
 
