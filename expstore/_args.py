@@ -203,7 +203,7 @@ def check_lease(lease_s: Any) -> float:
     return float(lease_s)
 
 
-def check_checkpoint(checkpoint: Any) -> str:
+def check_checkpoint(checkpoint: Any, what: str = "checkpoint", undone: str = "acked") -> str:
     """The checkpoint as JSON text, or the error that says why it cannot be stored.
 
     A checkpoint is stored so that it comes back equal and of the same types: dicts with
@@ -213,20 +213,20 @@ def check_checkpoint(checkpoint: Any) -> str:
     str (``{0: 10}`` would come back as ``{'0': 10}``), tuples (they would come back as
     lists), NaN and infinities, other types. Subclasses of these types (an ``IntEnum``, a
     numpy float) are stored as their plain value."""
-    _check_json(checkpoint)
+    _check_json(checkpoint, what, undone)
     try:
         return json.dumps(checkpoint, allow_nan=False)
     except (TypeError, ValueError) as exc:  # an int beyond Python's digit limit
         raise UnsupportedTypeError(
-            f"a checkpoint must be JSON that comes back as given: {exc}; convert it (for "
-            "example to a dict of ints and strings) and ack again. Nothing was acked"
+            f"a {what} must be JSON that comes back as given: {exc}; convert it (for "
+            f"example to a dict of ints and strings) and try again. Nothing was {undone}"
         ) from None
 
 
-def _check_json(checkpoint: Any) -> None:
+def _check_json(checkpoint: Any, what: str, undone: str) -> None:
     """UnsupportedTypeError or InvalidArgumentError naming the first part of
     ``checkpoint`` that would not come back as given (a walk without recursion)."""
-    stack: list[tuple[Any, str, int]] = [(checkpoint, "checkpoint", 0)]
+    stack: list[tuple[Any, str, int]] = [(checkpoint, what, 0)]
     while stack:
         value, path, depth = stack.pop()
         if value is None or isinstance(value, (bool, int, str)):
@@ -234,17 +234,17 @@ def _check_json(checkpoint: Any) -> None:
         if isinstance(value, float):
             if not math.isfinite(value):
                 raise UnsupportedTypeError(
-                    f"a checkpoint must be JSON that comes back as given: {path} is "
+                    f"a {what} must be JSON that comes back as given: {path} is "
                     f"{value!r}, which JSON cannot hold; store a finite number (or None). "
-                    "Nothing was acked"
+                    f"Nothing was {undone}"
                 )
             continue
         if isinstance(value, (dict, list)):
             if depth >= MAX_CHECKPOINT_DEPTH:
                 raise InvalidArgumentError(
                     f"{_cut(path)}: lists and dicts nest more than {MAX_CHECKPOINT_DEPTH} "
-                    "levels deep in the checkpoint (or contain themselves); store a flatter "
-                    "one. Nothing was acked"
+                    f"levels deep in the {what} (or contain themselves); store a flatter "
+                    f"one. Nothing was {undone}"
                 )
             if isinstance(value, list):
                 stack.extend((item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value))
@@ -252,18 +252,18 @@ def _check_json(checkpoint: Any) -> None:
             for key, item in value.items():
                 if not isinstance(key, str):
                     raise UnsupportedTypeError(
-                        f"a checkpoint must be JSON that comes back as given: {_cut(path)} "
+                        f"a {what} must be JSON that comes back as given: {_cut(path)} "
                         f"has the key {_short(key)} of type {type(key).__name__}, which "
                         "JSON would turn into a string (two keys could even become one). Use "
-                        "str keys. Nothing was acked"
+                        f"str keys. Nothing was {undone}"
                     )
                 stack.append((item, f"{path}[{key!r}]", depth + 1))
             continue
         hint = "; use a list" if isinstance(value, tuple) else ""
         raise UnsupportedTypeError(
-            f"a checkpoint must be JSON that comes back as given (dicts with str keys, "
+            f"a {what} must be JSON that comes back as given (dicts with str keys, "
             f"lists, strings, ints, finite floats, bools, None): {_cut(path)} is a "
-            f"{type(value).__name__}{hint}. Nothing was acked"
+            f"{type(value).__name__}{hint}. Nothing was {undone}"
         )
 
 

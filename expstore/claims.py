@@ -37,6 +37,7 @@ See :class:`Consumer` and :class:`Step`; the epochs are
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
@@ -96,6 +97,9 @@ __all__ = [
     "wait_until",
 ]
 
+#: The most JSON a claim's saved progress may hold (a partial rollout, not its arrays).
+MAX_PROGRESS_BYTES = 16 * 1024 * 1024
+
 #: The default lease: long enough for a training step, short enough that a dead learner's
 #: rows come back within minutes.
 DEFAULT_LEASE_S = 300.0
@@ -127,6 +131,7 @@ class Claim:
         # not counted), when they go back to the queue unconsumed.
         self._refund = refund
         self._produced: StoreReport | None = None
+        self._progress: dict[str, Any] | None = None
         self.ids = ids
         self.batch = batch
         self.state = "held"
@@ -266,6 +271,51 @@ class Claim:
                 "databases. Nothing was changed"
             )
         return target
+
+    @property
+    def progress(self) -> dict[str, Any]:
+        """The progress saved on the claim's rows (by this claim, or by an earlier claim of
+        them whose actor died or whose lease ran out), by row id: what
+        :meth:`save_progress` stored, to continue from instead of starting over. Read once,
+        when first asked for."""
+        if self._progress is None:
+            keys = self.keys.tolist()
+            saved = self._queue.progress_of(keys)
+            ids = dict(zip(keys, self.ids, strict=True))
+            self._progress = {ids[k]: state for k, state in saved.items()}
+        return self._progress
+
+    def save_progress(self, state: Any, *, row_id: str | None = None) -> None:
+        """Save ``state`` (any JSON value: the tokens or messages generated so far, the
+        policy version of each segment) as the progress of the claim's row ``row_id``
+        (optional for a claim of one row), in one statement, while the claim holds it.
+        Whoever claims the row next (this actor after a restart, or another once the lease
+        ran out) finds it in :attr:`progress`; the ack removes it. LeaseExpiredError,
+        saving nothing, if the claim no longer holds the row; at most
+        ``MAX_PROGRESS_BYTES`` of JSON."""
+        self._check_held("given progress")
+        text = check_checkpoint(state, "progress", "saved")
+        if len(text.encode()) > MAX_PROGRESS_BYTES:
+            raise InvalidArgumentError(
+                f"progress of {len(text.encode()):,} bytes of JSON is more than "
+                f"{MAX_PROGRESS_BYTES:,}; store large outputs as rows (ack(produce=...)) or "
+                "keep less. Nothing was saved"
+            )
+        if row_id is None:
+            if len(self.ids) != 1:
+                raise InvalidArgumentError(
+                    f"claim {self.claim_id} holds {len(self.ids)} rows: name the row with "
+                    "save_progress(state, row_id=...). Nothing was saved"
+                )
+            row_id = self.ids[0]
+        keys = [int(k) for k, i in zip(self.keys.tolist(), self.ids, strict=True) if i == row_id]
+        if not keys:
+            raise InvalidArgumentError(
+                f"row {row_id!r} is not one of claim {self.claim_id}'s rows. Nothing was saved"
+            )
+        self._queue.save_progress(self._claimed, keys, text)
+        if self._progress is not None:
+            self._progress[row_id] = json.loads(text)
 
     @property
     def produced(self) -> StoreReport | None:

@@ -749,3 +749,77 @@ def test_an_actor_killed_inside_its_produce_ack_leaves_nothing_and_the_prompt_re
             assert len(again) == 1
             again.ack(produce=_completions("p0"), into=out)
             assert len(out) == 4 and prompts.queue_stats().consumed == 1
+
+
+def test_progress_saved_on_a_claim_reaches_whoever_claims_the_row_next(
+    buffer: ReplayBuffer,
+) -> None:
+    buffer.store_batch([make_row("p0"), make_row("p1")])
+    first = buffer.claim(1, consumer="actor-0", lease_s=0.3)
+    assert first.progress == {}
+    state = {"tokens": [1, 2, 3], "versions": [4, 4, 5]}
+    first.save_progress(state)
+    assert first.progress == {first.ids[0]: state}
+    time.sleep(0.5)  # actor-0 stalls past its lease
+    second = buffer.claim(1, consumer="actor-1")
+    assert second.ids == first.ids and second.progress == {first.ids[0]: state}
+    with pytest.raises(LeaseExpiredError, match="nothing was saved"):
+        first.save_progress({"tokens": [9]})  # the zombie changes nothing
+    assert buffer.claim(1, consumer="actor-2").progress == {}  # p1: nothing saved
+    second.save_progress({"tokens": [1, 2, 3, 4]})
+    second.ack()  # the ack removes the progress
+    assert buffer.sql.claims.progress_of(second.keys.tolist()) == {}
+
+
+def test_bad_progress_is_refused_and_nothing_saved(buffer: ReplayBuffer) -> None:
+    from expstore import claims as front
+
+    buffer.store_batch([make_row("p0"), make_row("p1")])
+    claim = buffer.claim(2, consumer="actor")
+    with pytest.raises(InvalidArgumentError, match="row_id"):
+        claim.save_progress({"tokens": [1]})
+    with pytest.raises(InvalidArgumentError, match="not one of"):
+        claim.save_progress({"tokens": [1]}, row_id="nope")
+    with pytest.raises(UnsupportedTypeError, match="progress"):
+        claim.save_progress({"tokens": (1, 2)}, row_id=claim.ids[0])
+    with pytest.raises(UnsupportedTypeError, match="progress"):
+        claim.save_progress({1: "a"}, row_id=claim.ids[0])
+    too_big = "x" * (front.MAX_PROGRESS_BYTES + 1)
+    with pytest.raises(InvalidArgumentError, match="bytes of JSON"):
+        claim.save_progress(too_big, row_id=claim.ids[0])
+    assert claim.progress == {}
+    claim.release()
+    with pytest.raises(ClaimFinishedError):
+        claim.save_progress({"tokens": [1]}, row_id=claim.ids[0])
+
+
+_KILLED_AFTER_PROGRESS = """
+import os, signal, sys
+from expstore import ReplayBuffer
+
+url, name = sys.argv[1], sys.argv[2]
+with ReplayBuffer(url, name=name) as prompts:
+    claim = prompts.claim(1, consumer="actor", lease_s=0.5)
+    claim.save_progress({"tokens": list(range(100)), "versions": [7]})
+    os.kill(os.getpid(), signal.SIGKILL)  # killed mid-generation
+"""
+
+
+def test_an_actor_killed_after_saving_progress_leaves_it_for_the_next(
+    db_url: str, buffer_name: str
+) -> None:
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with ReplayBuffer(db_url, name=buffer_name) as prompts:
+        prompts.store_batch([make_row("p0")])
+    root = Path(__file__).resolve().parents[1]
+    child = subprocess.run(
+        [sys.executable, "-c", _KILLED_AFTER_PROGRESS, db_url, buffer_name], cwd=root, check=False
+    )
+    assert child.returncode == -signal.SIGKILL
+    with ReplayBuffer(db_url, name=buffer_name) as prompts:
+        again = prompts.claim(1, consumer="actor", wait=30)
+        assert list(again.progress.values()) == [{"tokens": list(range(100)), "versions": [7]}]

@@ -333,6 +333,19 @@ consumers = Table(
     Column("epoch", BigInteger, nullable=False, server_default="0"),
 )
 
+#: An actor's saved progress on a claimed row (a prompt): the partial rollout so far, as
+#: JSON text, saved by the claim that holds the row (``claim.save_progress``) and read by
+#: whoever claims it next (``claim.progress``); an ack removes it, and it goes with its row.
+progress = Table(
+    "expstore_progress",
+    metadata,
+    _row_key(),
+    Column("buffer_id", Integer, nullable=False),  # no foreign key: see consumption
+    Column("claim_id", String(32), nullable=False),  # the claim that saved it
+    Column("state", Text, nullable=False),
+    Column("saved_at", Double, nullable=False),
+)
+
 #: Rows of a buffer a group claim's index found can never be drawn (their group complete
 #: but refused by the group condition, or stale), each recorded once whichever index
 #: found it, so the rate limit counts it as discarded once (see

@@ -39,12 +39,20 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
-from sqlalchemy import Connection, and_, func, or_, select, true, update
+from sqlalchemy import Connection, Text, and_, delete, func, literal, or_, select, true, update
 from sqlalchemy.sql.elements import ColumnElement
 
 from ..._args import check_checkpoint
 from ...db.handle import BufferHandle, retried
-from ...db.schema import buffers, checkpoints, consumers, consumption, oldest_first, rows
+from ...db.schema import (
+    buffers,
+    checkpoints,
+    consumers,
+    consumption,
+    oldest_first,
+    progress,
+    rows,
+)
 from ...errors import (
     ClaimFinishedError,
     ClaimOwnerError,
@@ -519,6 +527,12 @@ class ClaimQueue:
             done["checkpoint_seq"] = checkpoint_seq
         acked = self.finish_in(conn, claim, "ack", done)
         retention.settle(conn, acked)
+        if acked:  # the work is done: its saved progress goes
+            dialect = self._handle.dialect
+            conn.execute(
+                delete(progress).where(dialect.key_in(progress.c.key)),
+                {"keys": dialect.key_set(claim.keys.tolist())},
+            )
         # The groups whose first row this ack consumed leave the ready-group index.
         forget_consumed(self._handle, conn, claim.keys.tolist())
         return acked
@@ -632,6 +646,55 @@ class ClaimQueue:
             )
         )
         return int(seq)
+
+    # -- progress --------------------------------------------------------------------------
+    def save_progress(self, claim: Claimed, keys: list[int], state: str) -> None:
+        """Store ``state`` (JSON text) as the progress of the rows ``keys`` of ``claim``, in
+        one statement that writes only while the claim still holds them (not acked, not
+        released, its lease not run out); LeaseExpiredError, saving nothing, otherwise."""
+        handle = self._handle
+        dialect = handle.dialect
+        now = dialect.now()
+        held = select(_C.key, _C.buffer_id, _C.claim_id, literal(state, Text), now).where(
+            dialect.key_in(_C.key),
+            _C.claim_id == claim.claim_id,
+            _C.acked_at.is_(None),
+            _C.lease_until >= now,
+        )
+        insert = dialect.upsert(progress).from_select(
+            ["key", "buffer_id", "claim_id", "state", "saved_at"], held
+        )
+        stmt = insert.on_conflict_do_update(
+            index_elements=[progress.c.key],
+            set_={
+                "claim_id": insert.excluded.claim_id,
+                "state": insert.excluded.state,
+                "saved_at": insert.excluded.saved_at,
+            },
+        ).returning(progress.c.key)
+
+        def write() -> int:
+            with handle.errors("save progress"), handle.write() as conn:
+                return len(conn.execute(stmt, {"keys": dialect.key_set(keys)}).all())
+
+        if retried(write) < len(keys):
+            raise LeaseExpiredError(
+                f"claim {claim.claim_id} no longer holds its rows (acked, released, or its "
+                "lease ran out and they may be claimed by another); nothing was saved. "
+                "Renew the lease (claim.renew()) before it runs out while you work"
+            )
+
+    def progress_of(self, keys: Sequence[int]) -> dict[int, Any]:
+        """The saved progress of the rows of ``keys`` that have some, by key."""
+        if not len(keys):
+            return {}
+        handle = self._handle
+        dialect = handle.dialect
+        stmt = select(progress.c.key, progress.c.state).where(dialect.key_in(progress.c.key))
+        # From the primary: a replica behind it could miss progress just saved.
+        with handle.errors("read progress"), handle.single() as conn:
+            found = conn.execute(stmt, {"keys": dialect.key_set(list(keys))}).all()
+        return {int(k): checkpoint_value(state) for k, state in found}
 
     # -- reading -------------------------------------------------------------------------
     def checkpoint(self, consumer: str) -> tuple[int, Any]:
