@@ -239,12 +239,10 @@ class Claim:
                     raise
                 raise duplicate from exc
         self.state = "acked"
-        if reports:
+        if target is not None and reports:
             self._produced = reports[-1]
-            if target is not None:
-                target.handle.dialect.wrote(
-                    target.handle.connections.engine, target.handle.buffer_id, reports[-1].stored
-                )
+            there = target.handle
+            there.dialect.wrote(there.connections.engine, there.buffer_id, reports[-1].stored)
         return done
 
     def _target(self, produce: Sequence[DataRow] | None, into: Any) -> SqlStorage:

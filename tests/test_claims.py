@@ -704,6 +704,23 @@ def test_produce_into_a_buffer_of_another_database_is_refused(tmp_path: Any) -> 
         claim.ack(produce=_completions("p0"), into=other_memory)
 
 
+def _actor_killed_by(script: str, db_url: str, buffer_name: str) -> None:
+    """Store one prompt, then run ``script`` (url, buffer name) in a child process, which
+    must end killed by SIGKILL."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with ReplayBuffer(db_url, name=buffer_name) as prompts:
+        prompts.store_batch([make_row("p0")])
+    root = Path(__file__).resolve().parents[1]
+    child = subprocess.run(
+        [sys.executable, "-c", script, db_url, buffer_name], cwd=root, check=False
+    )
+    assert child.returncode == -signal.SIGKILL
+
+
 _KILLED_MID_ACK = """
 import os, signal, sys
 import expstore.claims as front
@@ -729,18 +746,7 @@ with ReplayBuffer(url, name=name) as prompts, ReplayBuffer(url, name=name + "_ou
 def test_an_actor_killed_inside_its_produce_ack_leaves_nothing_and_the_prompt_returns(
     db_url: str, buffer_name: str
 ) -> None:
-    import signal
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    with ReplayBuffer(db_url, name=buffer_name) as prompts:
-        prompts.store_batch([make_row("p0")])
-    root = Path(__file__).resolve().parents[1]
-    child = subprocess.run(
-        [sys.executable, "-c", _KILLED_MID_ACK, db_url, buffer_name], cwd=root, check=False
-    )
-    assert child.returncode == -signal.SIGKILL
+    _actor_killed_by(_KILLED_MID_ACK, db_url, buffer_name)
     with ReplayBuffer(db_url, name=buffer_name) as prompts:
         with ReplayBuffer(db_url, name=buffer_name + "_out") as out:
             assert len(out) == 0
@@ -808,18 +814,7 @@ with ReplayBuffer(url, name=name) as prompts:
 def test_an_actor_killed_after_saving_progress_leaves_it_for_the_next(
     db_url: str, buffer_name: str
 ) -> None:
-    import signal
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    with ReplayBuffer(db_url, name=buffer_name) as prompts:
-        prompts.store_batch([make_row("p0")])
-    root = Path(__file__).resolve().parents[1]
-    child = subprocess.run(
-        [sys.executable, "-c", _KILLED_AFTER_PROGRESS, db_url, buffer_name], cwd=root, check=False
-    )
-    assert child.returncode == -signal.SIGKILL
+    _actor_killed_by(_KILLED_AFTER_PROGRESS, db_url, buffer_name)
     with ReplayBuffer(db_url, name=buffer_name) as prompts:
         again = prompts.claim(1, consumer="actor", wait=30)
         assert list(again.progress.values()) == [{"tokens": list(range(100)), "versions": [7]}]

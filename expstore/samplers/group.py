@@ -333,28 +333,24 @@ class GroupSampler(KeySampler):
         """How many whole groups a claim with this order could take now (up to ``upto``):
         what ``claim(..., wait=s)`` waits for, and counts against a rate limit; sets
         :attr:`last_counts`."""
+        return self.claim_counts(sql, query_condition, max_staleness, upto).ready
+
+    def claim_counts(
+        self,
+        sql: SqlStorage,
+        query_condition: QueryCondition,
+        max_staleness: int | None,
+        upto: int | None = None,
+    ) -> GroupTally:
+        """How the groups a claim with this order takes from stand now (see
+        ``buffer.ready_groups``; ``upto``: count ready groups no further); sets
+        :attr:`last_counts`."""
         tally = claimable_groups(
             sql.ready_groups,
             query_condition,
             self.spec,
             self._claim_staleness(max_staleness),
             upto,
-            sql.discard_rows,
-        )
-        self._tallied(tally)
-        return tally.ready
-
-    def claim_counts(
-        self, sql: SqlStorage, query_condition: QueryCondition, max_staleness: int | None
-    ) -> GroupTally:
-        """How the groups a claim with this order takes from stand now (see
-        ``buffer.ready_groups``); sets :attr:`last_counts`."""
-        tally = claimable_groups(
-            sql.ready_groups,
-            query_condition,
-            self.spec,
-            self._claim_staleness(max_staleness),
-            None,
             sql.discard_rows,
         )
         self._tallied(tally)

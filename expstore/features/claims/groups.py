@@ -60,9 +60,7 @@ def group_taker(
         entry: dict[str, Any],
         stamps: list[float],
     ) -> tuple[list[int], Callable[[], None]]:
-        synced = index.sync(conn, query_condition, spec, staleness)
-        if synced.discarded:
-            on_discard(conn, synced.discarded)
+        synced = _sync(index, conn, query_condition, spec, staleness, on_discard)
         want = n // size
         taken: list[Group] = []
         tried: set[int] = set()
@@ -83,6 +81,22 @@ def group_taker(
         return _flat(taken), lambda: on_tally(tally)
 
     return take
+
+
+def _sync(
+    index: ReadyGroups,
+    conn: Connection,
+    query_condition: QueryCondition,
+    spec: GroupSpec,
+    staleness: int | None,
+    on_discard: OnDiscard,
+) -> Synced:
+    """Bring the index up to date in ``conn``'s transaction, telling ``on_discard`` the
+    rows it left out for good."""
+    synced = index.sync(conn, query_condition, spec, staleness)
+    if synced.discarded:
+        on_discard(conn, synced.discarded)
+    return synced
 
 
 def _take_whole(
@@ -132,7 +146,5 @@ def claimable_groups(
             if synced is not None:
                 return index.tally(conn, synced, handle.dialect.now(), upto)
         with handle.write() as conn:
-            synced = index.sync(conn, query_condition, spec, staleness)
-            if synced.discarded:
-                on_discard(conn, synced.discarded)
+            synced = _sync(index, conn, query_condition, spec, staleness, on_discard)
             return index.tally(conn, synced, handle.dialect.now(), upto)

@@ -118,6 +118,11 @@ def _spec_text(query_condition: QueryCondition, spec: GroupSpec, staleness: int 
     return f"{condition_key(query_condition)}|{spec.key}|{staleness}"
 
 
+def _digest(text: str) -> str:
+    """The index row's ``digest`` of a spec's text."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def _first_free(now: Any) -> ColumnElement[bool]:
     """The entry's first row holds no acked entry and no live lease (its group, claimed
     whole, is claimable)."""
@@ -203,7 +208,7 @@ class ReadyGroups:
 
     def _spec_row(self, conn: Connection, text: str) -> Any:
         handle = self.handle
-        digest = hashlib.sha256(text.encode()).hexdigest()
+        digest = _digest(text)
         mine = select(group_specs).where(_S.buffer_id == handle.buffer_id, _S.digest == digest)
         found = conn.execute(handle.dialect.locked(mine)).first()
         if found is None:
@@ -471,7 +476,7 @@ class ReadyGroups:
         """The index, if nothing changed since it was last brought up to date (a read: no
         lock); None when it must be (or does not exist yet)."""
         handle = self.handle
-        digest = hashlib.sha256(_spec_text(query_condition, spec, staleness).encode()).hexdigest()
+        digest = _digest(_spec_text(query_condition, spec, staleness))
         spec_row = conn.execute(
             select(group_specs).where(_S.buffer_id == handle.buffer_id, _S.digest == digest)
         ).first()
