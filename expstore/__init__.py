@@ -15,6 +15,7 @@ from .converters import (
     TransitionConverter,
 )
 from .errors import (
+    AdmissionTimeoutError,
     ClaimError,
     ClaimFinishedError,
     ClaimOwnerError,
@@ -43,6 +44,7 @@ from .errors import (
     UnsupportedTypeError,
     WaitTimeoutError,
 )
+from .features.claims.prompts import AdmissionState
 from .features.rate_limiter import RateLimiter, RateLimitStats
 from .io import export_rows, import_rows
 from .model.rows import DataRow, Experience, ExpMeta
@@ -74,6 +76,8 @@ if _typing.TYPE_CHECKING:
 from ._version import __version__
 
 __all__ = [
+    "AdmissionState",
+    "AdmissionTimeoutError",
     "ChatConverter",
     "Claim",
     "ClaimError",

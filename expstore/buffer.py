@@ -22,14 +22,18 @@ from .claims import (
     DEFAULT_LEASE_S,
     Claim,
     Consumer,
+    admission_now,
     claim_rows,
     count_ready_groups,
+    set_admission,
+    store_prompts,
     wait_for_rows,
 )
 from .converters.base import BatchT, Converter, as_converter
 from .converters.default import DefaultConverter
 from .db.tuning import Tuning
 from .errors import InvalidArgumentError, UnknownConsumerError, UnsupportedTypeError
+from .features.claims.prompts import AdmissionState
 from .features.claims.queue import Lineage, QueueStats
 from .features.claims.ready_groups import GroupTally
 from .features.dedup import Dedup
@@ -469,6 +473,57 @@ class ReplayBuffer:
             max_staleness=max_staleness,
             min_n=min_n,
         )
+
+    # -- prompt queues (expstore.features.claims.prompts) ----------------------------------
+    def store_prompts(
+        self, prompts: Sequence[DataRow], *, n_samples: int | Sequence[int], parts: int = 1
+    ) -> StoreReport:
+        """Store prompts (tasks) for actors to claim, each with a completion target:
+        ``n_samples`` (one number for all, or one per prompt) completions. A prompt stays
+        claimable until acks that store its completions
+        (``claim.ack(produce={row_id: completions}, into=rollouts)``) reach its target;
+        ``claim.needs`` says how many it still needs.
+
+        Two shapes: ``parts=1`` (the default), one actor generates a prompt's whole
+        group, and an ack with fewer completions (some failed) releases the prompt for
+        the rest; ``parts=k``, the prompt is stored as ``k`` rows (ids ``<id>#0`` ...
+        ``<id>#<k-1>``, the same task and metadata), each with its share of
+        ``n_samples``, so ``k`` actors generate parts of one group at once (group the
+        completions by the prompt's ``task_id``). All or nothing, in one transaction;
+        returns a StoreReport."""
+        return store_prompts(self.sql, prompts, n_samples, parts)
+
+    def set_admission(
+        self,
+        into: ReplayBuffer | None,
+        *,
+        batch_size: int | None = None,
+        max_staleness: int | None = None,
+        max_backlog: int | None = None,
+        timeout: float | None = 60.0,
+    ) -> None:
+        """Bound how far actors claiming this buffer's prompts run ahead of the learners
+        consuming ``into`` (the rollouts buffer, in the same database), as AReaL's
+        staleness control: a claim of prompts waits while the completions in flight (what
+        the live prompt claims still need) plus those stored in ``into`` and not yet
+        consumed (acked by a claim) reach ``(max_staleness + 1) * batch_size``, or while
+        the stored ones reach ``max_backlog``. The counts are the database's, the same
+        for every actor on every host and after restarts. A claim waits up to its
+        ``wait=`` (else ``timeout`` seconds; None: as long as it takes), then raises
+        AdmissionTimeoutError naming the bound. ``into=None`` removes the bound."""
+        set_admission(
+            self.sql,
+            into,
+            batch_size=batch_size,
+            max_staleness=max_staleness,
+            max_backlog=max_backlog,
+            timeout=timeout,
+        )
+
+    def admission(self) -> AdmissionState | None:
+        """The admission counts now (completions in flight, stored unconsumed, the bounds,
+        the room left, which bound holds claims back); None without a bound."""
+        return admission_now(self.sql)
 
     def consumer(self, name: str, *, takeover: bool = False) -> Consumer:
         """Open a new incarnation of consumer ``name`` (a learner, the same name across its

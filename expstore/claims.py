@@ -38,12 +38,12 @@ See :class:`Consumer` and :class:`Step`; the epochs are
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection
+from sqlalchemy import Connection, select
 from sqlalchemy.exc import IntegrityError
 
 from ._args import (
@@ -61,7 +61,10 @@ from ._retry import CLAIM_POLL, RATE_LIMIT_WAIT, Waiting
 from .converters.base import Converter, as_converter
 from .converters.default import DefaultConverter
 from .db.engine import is_memory
+from .db.handle import retried
+from .db.schema import rows as rows_table
 from .errors import (
+    AdmissionTimeoutError,
     ClaimFinishedError,
     ClaimOwnerError,
     EmptyBufferError,
@@ -71,6 +74,20 @@ from .errors import (
     UnknownConsumerError,
     UnsupportedTypeError,
     WaitTimeoutError,
+)
+from .features.claims.prompts import (
+    MAX_TARGET,
+    AdmissionBlocked,
+    AdmissionSettings,
+    AdmissionState,
+    admission_settings,
+    admission_state,
+    clear_admission,
+    describe,
+    needs_of,
+    record_produced,
+    set_targets,
+    store_admission,
 )
 from .features.claims.queue import Claimed, ClaimQueue, Scope, ShortClaim
 from .features.claims.ready_groups import GroupTally
@@ -132,6 +149,8 @@ class Claim:
         self._refund = refund
         self._produced: StoreReport | None = None
         self._progress: dict[str, Any] | None = None
+        #: After an ack: the prompts it released still short of their completion target.
+        self.unfinished: list[str] = []
         self.ids = ids
         self.batch = batch
         self.state = "held"
@@ -178,7 +197,7 @@ class Claim:
         *,
         consumer: str | None = None,
         allow_evicted: bool = False,
-        produce: Sequence[DataRow] | None = None,
+        produce: Sequence[DataRow] | Mapping[str, Sequence[DataRow]] | None = None,
         into: Any = None,
         dedup: Dedup = None,
     ) -> int:
@@ -202,19 +221,48 @@ class Claim:
         committed the rows are stored once and the claim is done. An ack retried after its
         commit (a network error on the way back) finds the claim acked and raises
         ClaimFinishedError: nothing is stored twice. :attr:`produced` says what was stored
-        (a StoreReport)."""
+        (a StoreReport); lineage links each produced row to this claim, its consumer and
+        its prompt row.
+
+        Prompts with a completion target (``store_prompts(rows, n_samples=G)``): the
+        completions stored count towards it (``produce={row_id: rows}`` says which prompt
+        each is for; a list will do for a claim of one row). A prompt that reached its
+        target is consumed; one still short is released in the same transaction, claimable
+        again for what it still needs (:attr:`unfinished` names them). More completions
+        than a prompt needs (:attr:`needs`) raise InvalidArgumentError and change nothing.
+        An ack without ``produce`` gives its prompts up: consumed as they are."""
         self._check_held("acked")
         claimed = self._as(consumer)
         with_checkpoint = checkpoint is not ...
         allowed = check_flag("allow_evicted", allow_evicted)
         target = None if produce is None and into is None else self._target(produce, into)
-        rows = None if produce is None else prepare(produce)
+        plan = None if produce is None else self._plan(produce)
         dedup = check_dedup(dedup)
         reports: list[StoreReport] = []
+        short: list[int] = []
 
-        def write(conn: Connection) -> None:
-            assert target is not None and rows is not None
+        def write(conn: Connection) -> Mapping[int, int] | None:
+            assert target is not None and plan is not None
+            rows, made, by_prompt = plan
+            here = self._queue.handle
+            if made is None and needs_of(here, conn, self.keys.tolist()):
+                raise InvalidArgumentError(
+                    f"claim {self.claim_id} holds {len(self)} prompts with completion "
+                    "targets: say which prompt each completion is for with "
+                    "produce={row_id: [rows]}. Nothing was stored or acked"
+                )
             reports.append(write_in(target.handle, conn, as_source(rows), dedup)[2])
+            prompt_ids = dict(zip(self.keys.tolist(), self.ids, strict=True))
+            record_produced(
+                target.handle,
+                conn,
+                by_prompt,
+                prompt_ids,
+                here.buffer_id,
+                self.claim_id,
+                self.consumer,
+            )
+            return made
 
         waiting = RATE_LIMIT_WAIT.start()
         while True:
@@ -226,26 +274,58 @@ class Claim:
                     with_checkpoint=with_checkpoint,
                     allow_evicted=allowed,
                     produce=None if target is None else write,
+                    short=short,
                 )
                 break
             except WriteBlocked as blocked:  # rolled back: wait for the learners, then again
                 assert target is not None
                 target.rate_limits.wait_to_write(blocked, waiting)
             except StorageError as exc:  # a produced row's id stored already?
-                if target is None or rows is None or not isinstance(exc.__cause__, IntegrityError):
+                if target is None or plan is None or not isinstance(exc.__cause__, IntegrityError):
                     raise
-                duplicate = duplicate_of(target.handle, as_source(rows))
+                duplicate = duplicate_of(target.handle, as_source(plan[0]))
                 if duplicate is None:
                     raise
                 raise duplicate from exc
         self.state = "acked"
+        ids = dict(zip(self.keys.tolist(), self.ids, strict=True))
+        self.unfinished = [ids[k] for k in short]
+        if short and self._refund is not None:
+            self._refund(len(short))  # back in the queue unconsumed
         if target is not None and reports:
             self._produced = reports[-1]
             there = target.handle
             there.dialect.wrote(there.connections.engine, there.buffer_id, reports[-1].stored)
         return done
 
-    def _target(self, produce: Sequence[DataRow] | None, into: Any) -> SqlStorage:
+    def _plan(
+        self, produce: Sequence[DataRow] | Mapping[str, Sequence[DataRow]]
+    ) -> tuple[list[DataRow], dict[int, int] | None, list[tuple[int | None, list[str]]]]:
+        """What ``ack(produce=...)`` stores: the rows, how many are for each prompt key
+        (None: the claim holds several rows and a list does not say), and the produced
+        ids per prompt key, for lineage; checked before anything is written."""
+        keys = dict(zip(self.ids, self.keys.tolist(), strict=True))
+        if isinstance(produce, Mapping):
+            strange = [i for i in produce if i not in keys]
+            if strange:
+                raise InvalidArgumentError(
+                    f"produce= names row {strange[0]!r}, which is not one of claim "
+                    f"{self.claim_id}'s rows ({len(self)}); key the completions by the "
+                    "claim's ids (claim.ids). Nothing was stored or acked"
+                )
+            parts = {keys[i]: prepare(rows) for i, rows in produce.items()}
+            every = prepare([row for rows in parts.values() for row in rows])
+            made = {k: len(rows) for k, rows in parts.items()}
+            by_prompt = [(k, [row.id for row in rows]) for k, rows in parts.items()]
+            return every, made, by_prompt
+        every = prepare(produce)
+        ids = [row.id for row in every]
+        if len(self) == 1:
+            key = int(self.keys[0])
+            return every, {key: len(every)}, [(key, ids)]
+        return every, None, [(None, ids)]
+
+    def _target(self, produce: object, into: Any) -> SqlStorage:
         """The storage ``ack(produce=, into=)`` writes into, checked before any write."""
         if produce is None or into is None:
             raise InvalidArgumentError(
@@ -314,6 +394,16 @@ class Claim:
         self._queue.save_progress(self._claimed, keys, text)
         if self._progress is not None:
             self._progress[row_id] = json.loads(text)
+
+    @property
+    def needs(self) -> dict[str, int]:
+        """How many completions each of the claim's prompts with a completion target still
+        needs, by row id (rows without a target are left out), read from the database when
+        asked: make that many and ack them with ``produce={row_id: rows}``."""
+        found = self._queue.needs(self.keys.tolist())
+        return {
+            i: found[k] for k, i in zip(self.keys.tolist(), self.ids, strict=True) if k in found
+        }
 
     @property
     def produced(self) -> StoreReport | None:
@@ -693,6 +783,7 @@ def claim_rows(
         what = "row"
     need = n if min_n is None else min_n
     waiting = CLAIM_POLL.start(wait_s) if wait_s is not None else None
+    admission: Waiting | None = waiting  # a prompt queue's admission: waited for within wait
     while True:
         if waiting is not None:
             _wait_for_claimable(sql, claimable, need, min_n, waiting, wait_s, what)
@@ -714,6 +805,14 @@ def claim_rows(
             claimed = queue.claim(
                 want, scope, consumer, lease, candidates, groups, epoch, at_least=min_n or 0
             )
+        except AdmissionBlocked as blocked:
+            sql.refund_samples(counted)
+            state: AdmissionState = blocked.args[0]
+            if admission is None:  # no wait= given: the queue's own timeout
+                admission = CLAIM_POLL.start(state.timeout_s)
+            if not admission.sleep():
+                raise _held_back(sql, state, admission.timeout_s) from None
+            continue
         except ShortClaim as short:
             # Other claimers took rows between the count and the claim; nothing was taken:
             # wait for min_n again, within the same deadline.
@@ -792,6 +891,26 @@ def _wait_for_claimable(
         seen = claimable(need)
 
 
+def _held_back(
+    sql: SqlStorage, state: AdmissionState, waited: float | None
+) -> AdmissionTimeoutError:
+    """The error of a claim of prompts that waited ``waited`` seconds for admission."""
+    why = {
+        "backlog": "the completions stored and not yet consumed reached max_backlog",
+        "staleness": "the completions in flight and stored unconsumed reached "
+        "(max_staleness + 1) * batch_size",
+    }
+    held_by = state.held_by or "staleness"
+    return AdmissionTimeoutError(
+        f"waited {waited} s to claim prompts of buffer {sql.handle.name!r}: {why[held_by]} "
+        f"({describe(state)}). The learners are behind: the claim is admitted once they "
+        "consume more (or raise the bound with set_admission()). Nothing was claimed",
+        held_by,
+        state.in_flight,
+        state.backlog,
+    )
+
+
 def _timed_out(
     sql: SqlStorage, min_n: int | None, seen: int, wait_s: float | None, what: str
 ) -> WaitTimeoutError:
@@ -846,3 +965,140 @@ def wait_for_rows(
             "the condition, or wait longer"
         ) from None
     return seen[0]
+
+
+# -- prompt queues (expstore.features.claims.prompts) ------------------------------------
+def store_prompts(
+    sql: SqlStorage,
+    prompts: Sequence[DataRow],
+    n_samples: int | Sequence[int],
+    parts: int = 1,
+) -> StoreReport:
+    """See :meth:`expstore.ReplayBuffer.store_prompts`."""
+    batch = prepare(prompts)
+    wanted: list[Any] = [n_samples] * len(batch)
+    if isinstance(n_samples, Sequence) and not isinstance(n_samples, (str, bytes)):
+        wanted = list(n_samples)
+    if len(wanted) != len(batch):
+        raise InvalidArgumentError(
+            f"n_samples= gives {len(wanted)} targets for {len(batch)} prompts; give one "
+            "number for all, or one per prompt. Nothing was stored"
+        )
+    goals = [check_int("n_samples", t, minimum=1, maximum=MAX_TARGET) for t in wanted]
+    parts = check_int("parts", parts, minimum=1, maximum=MAX_TARGET)
+    if parts > min(goals, default=parts):
+        raise InvalidArgumentError(
+            f"parts={parts} splits each prompt's n_samples over that many rows, so every "
+            f"part needs one completion at least; a prompt asks for {min(goals)}. Nothing "
+            "was stored"
+        )
+    rows, shares = _in_parts(batch, goals, parts)
+    handle = sql.handle
+    waiting = RATE_LIMIT_WAIT.start()
+
+    def write() -> StoreReport:
+        while True:
+            try:
+                with handle.errors("store prompts"), handle.write() as conn:
+                    report = write_in(handle, conn, as_source(rows), None)[2]
+                    ids = [row.id for row in rows]
+                    stmt = select(rows_table.c.id, rows_table.c.key).where(
+                        rows_table.c.buffer_id == handle.buffer_id, rows_table.c.id.in_(ids)
+                    )
+                    key_of = {str(i): int(k) for i, k in conn.execute(stmt).all()}
+                    set_targets(handle, conn, {key_of[i]: shares[i] for i in ids if i in key_of})
+                    return report
+            except WriteBlocked as blocked:  # rolled back: wait for the learners, then again
+                sql.rate_limits.wait_to_write(blocked, waiting)
+
+    try:
+        report = retried(write)
+    except StorageError as exc:  # a prompt's id stored already?
+        duplicate = (
+            duplicate_of(handle, as_source(rows))
+            if isinstance(exc.__cause__, IntegrityError)
+            else None
+        )
+        if duplicate is None:
+            raise
+        raise duplicate from exc
+    handle.dialect.wrote(handle.connections.engine, handle.buffer_id, report.stored)
+    return report
+
+
+def _in_parts(
+    batch: list[DataRow], goals: list[int], parts: int
+) -> tuple[list[DataRow], dict[str, int]]:
+    """The rows to store for ``batch`` split into ``parts`` rows each (ids ``<id>#<i>``,
+    the rest the same), and each row's share of its prompt's target, by id."""
+    if parts == 1:
+        return batch, {row.id: goal for row, goal in zip(batch, goals, strict=True)}
+    rows: list[DataRow] = []
+    shares: dict[str, int] = {}
+    for row, goal in zip(batch, goals, strict=True):
+        for i in range(parts):
+            part_id = f"{row.id}#{i}"
+            if len(part_id) > 255:
+                raise InvalidArgumentError(
+                    f"prompt id {row.id[:40]!r}... is too long to name its parts "
+                    f"({part_id[:40]!r}... has {len(part_id)} characters, at most 255). "
+                    "Nothing was stored"
+                )
+            rows.append(row.model_copy(update={"id": part_id}))
+            shares[part_id] = goal // parts + (1 if i < goal % parts else 0)
+    return rows, shares
+
+
+def set_admission(
+    sql: SqlStorage,
+    into: Any,
+    *,
+    batch_size: int | None,
+    max_staleness: int | None,
+    max_backlog: int | None,
+    timeout: float | None,
+) -> None:
+    """See :meth:`expstore.ReplayBuffer.set_admission`."""
+    handle = sql.handle
+    if into is None:
+        with handle.errors("remove the admission bound"), handle.write() as conn:
+            clear_admission(handle, conn)
+        return
+    target = getattr(into, "sql", None)
+    if not isinstance(target, SqlStorage):
+        raise UnsupportedTypeError(
+            f"into= takes the ReplayBuffer the completions go to, got {type(into).__name__}"
+        )
+    if target.identity[0] != sql.identity[0]:
+        raise InvalidArgumentError(
+            "into= must be a buffer of the prompts' database: admission counts both in one "
+            "transaction. Nothing was changed"
+        )
+    batch = check_int("batch_size", batch_size, minimum=1, optional=True)
+    stale = check_staleness(max_staleness)
+    backlog_ = check_int("max_backlog", max_backlog, minimum=1, optional=True)
+    wait_s = check_seconds("timeout", timeout, optional=True)
+    if (batch is None) != (stale is None):
+        raise InvalidArgumentError(
+            "batch_size and max_staleness go together (the bound is (max_staleness + 1) * "
+            "batch_size completions in flight and stored unconsumed); give both or neither. "
+            "Nothing was changed"
+        )
+    if batch is None and backlog_ is None:
+        raise InvalidArgumentError(
+            "set_admission() needs a bound: batch_size with max_staleness, or max_backlog "
+            "(or into=None to remove the bound). Nothing was changed"
+        )
+    settings = AdmissionSettings(target.handle.buffer_id, batch, stale, backlog_, wait_s)
+    with handle.errors("set the admission bound"), handle.write() as conn:
+        store_admission(handle, conn, settings)
+
+
+def admission_now(sql: SqlStorage) -> AdmissionState | None:
+    """See :meth:`expstore.ReplayBuffer.admission`."""
+    handle = sql.handle
+    with handle.errors("read the admission bound"), handle.single() as conn:
+        settings = admission_settings(handle, conn)
+        if settings is None:
+            return None
+        return admission_state(handle, conn, settings, handle.dialect.now())

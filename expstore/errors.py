@@ -50,6 +50,7 @@ from __future__ import annotations
 from pydantic import ValidationError
 
 __all__ = [
+    "AdmissionTimeoutError",
     "ClaimError",
     "ClaimFinishedError",
     "ClaimOwnerError",
@@ -185,6 +186,18 @@ class WaitTimeoutError(ExpstoreError, TimeoutError):
 
 class RateLimitedError(WaitTimeoutError):
     """The buffer's rate limit kept a sample (or a write) waiting past its timeout."""
+
+
+class AdmissionTimeoutError(WaitTimeoutError):
+    """A claim of prompts waited past its timeout for room under the prompt queue's
+    admission bound. ``held_by`` names the bound (``"staleness"`` or ``"backlog"``);
+    ``in_flight`` and ``backlog`` are the counts it last saw."""
+
+    def __init__(self, message: str, held_by: str, in_flight: int, backlog: int) -> None:
+        super().__init__(message)
+        self.held_by = held_by
+        self.in_flight = in_flight
+        self.backlog = backlog
 
 
 class ReplicaError(StorageError):

@@ -331,6 +331,9 @@ consumers = Table(
     Column("consumer", String(255), primary_key=True),
     Column("last_seq", BigInteger, nullable=False, server_default="0"),
     Column("epoch", BigInteger, nullable=False, server_default="0"),
+    # Rows the consumer ever acked (counted by each ack, which holds this row already): a
+    # prompt queue's admission counts what the learners consumed by it.
+    Column("acked", BigInteger, nullable=False, server_default="0"),
 )
 
 #: An actor's saved progress on a claimed row (a prompt): the partial rollout so far, as
@@ -344,6 +347,51 @@ progress = Table(
     Column("claim_id", String(32), nullable=False),  # the claim that saved it
     Column("state", Text, nullable=False),
     Column("saved_at", Double, nullable=False),
+)
+
+#: A prompt's completion target (see :mod:`expstore.features.claims.prompts`): the row
+#: stays claimable until ``done`` reaches ``target``, counted by the acks that store its
+#: completions; the entry goes with its row.
+targets = Table(
+    "expstore_targets",
+    metadata,
+    _row_key(),
+    Column("buffer_id", Integer, nullable=False),  # no foreign key: see consumption
+    Column("target", Integer, nullable=False),
+    Column("done", Integer, nullable=False, server_default="0"),
+    Index(None, "buffer_id"),
+)
+
+#: Which prompt claim produced a row (``claim.ack(produce=rows, into=buffer)``): the
+#: claim, its consumer (the actor) and the prompt row, so lineage links each completion to
+#: the prompt and the actor that made it; the entry goes with the produced row.
+produced = Table(
+    "expstore_produced",
+    metadata,
+    _row_key(),
+    Column("buffer_id", Integer, nullable=False),  # no foreign key: see consumption
+    Column("claim_id", String(32), nullable=False),
+    Column("consumer", String(255), nullable=False),
+    # The prompt row, by its buffer, key and id (kept when the prompt itself goes).
+    Column("prompt_buffer_id", Integer, nullable=False),
+    Column("prompt_key", BigInteger, nullable=True),
+    Column("prompt_id", Text, nullable=True),
+    Column("produced_at", Double, nullable=False),
+)
+
+#: A prompt buffer's admission (see :mod:`expstore.features.claims.prompts`): claims of its
+#: rows wait while the completions in flight and those stored into ``into_id`` but not yet
+#: consumed reach ``(max_staleness + 1) * batch_size``, or ``max_backlog`` stored ones.
+#: The row is locked by each claim of the buffer, so the bound holds for every host.
+admission = Table(
+    "expstore_admission",
+    metadata,
+    Column("buffer_id", Integer, primary_key=True),  # the prompts' buffer
+    Column("into_id", Integer, nullable=False),  # the buffer the completions go to
+    Column("batch_size", BigInteger, nullable=True),
+    Column("max_staleness", BigInteger, nullable=True),
+    Column("max_backlog", BigInteger, nullable=True),
+    Column("timeout_s", Double, nullable=True),
 )
 
 #: Rows of a buffer a group claim's index found can never be drawn (their group complete

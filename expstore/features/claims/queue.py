@@ -35,7 +35,7 @@ that key that become claimable again (released, or their lease ran out) are foun
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
@@ -63,6 +63,7 @@ from ...query import QueryCondition, condition_key
 from ..registry import buffer_row
 from ..versions import fresh_clause, oldest_fresh
 from .epochs import hold_epoch, next_epoch
+from .prompts import admit, admitted, count_completions, needs_of
 from .ready_groups import forget_consumed
 from .reports import Lineage, QueueStats, checkpoint_value, queue_stats, row_lineage
 from .retention import AckRetention
@@ -225,13 +226,21 @@ class ClaimQueue:
                     "times_claimed": 1,
                 }
                 stamps: list[float] = []  # when the entries were written, by the database
+                # A prompt queue's admission bound: its row held until the claim commits.
+                admission = admit(handle, conn, n, now)
+                want = n
+                if admission is not None and admission[1].capacity is not None:
+                    want = min(n, admission[1].capacity)  # every row needs one at least
                 if groups is not None:
-                    keys, then = groups(self, conn, n, now, entry, stamps)
+                    keys, then = groups(self, conn, want, now, entry, stamps)
                     committed.append(then)
                 elif candidates is None:
-                    keys = self._claim_oldest(conn, n, scope, now, entry, stamps, floors)
+                    keys = self._claim_oldest(conn, want, scope, now, entry, stamps, floors)
                 else:
-                    keys = self._claim_drawn(conn, n, scope, now, entry, stamps, candidates)
+                    keys = self._claim_drawn(conn, want, scope, now, entry, stamps, candidates)
+                if admission is not None:
+                    keys, over = admitted(handle, conn, keys, admission[1])
+                    self.give_back(conn, over, claim_id)
                 if len(keys) < at_least:
                     raise ShortClaim(len(keys))  # rolls the transaction back
                 at = stamps[0] if stamps else float(conn.execute(select(now)).scalar_one())
@@ -512,12 +521,17 @@ class ClaimQueue:
         now: Now,
         checkpoint_seq: int | None = None,
         retention: AckRetention | None = None,
+        made: Mapping[int, int] | None = None,
+        short: list[int] | None = None,
     ) -> int:
         """Mark the claim's rows consumed in the caller's transaction (see
         :meth:`finish_in`), with the number of the checkpoint stored with them; returns how
         many rows were acked. Rows evicted or deleted meanwhile raise RowsEvictedError
         (see :mod:`expstore.features.claims.retention`; ``retention`` holds what this ack
-        allows, its buffer lock taken already)."""
+        allows, its buffer lock taken already). ``made``: the completions the ack stored,
+        by prompt key: prompts still short of their completion target are released
+        instead (their keys appended to ``short``; see
+        :mod:`expstore.features.claims.prompts`)."""
         if retention is None:
             retention = self.retention(claim, allow_evicted=False)
             retention.hold_buffer(conn)
@@ -525,16 +539,37 @@ class ClaimQueue:
         done: dict[str, Any] = {"acked_at": now, "lease_until": None}
         if checkpoint_seq is not None:
             done["checkpoint_seq"] = checkpoint_seq
-        acked = self.finish_in(conn, claim, "ack", done)
-        retention.settle(conn, acked)
-        if acked:  # the work is done: its saved progress goes
+        present = self.finish_in(conn, claim, "ack", done)
+        retention.settle(conn, present)
+        again = count_completions(self._handle, conn, claim.keys.tolist(), made, claim.claim_id)
+        if again:  # short of their targets: claimable again for what they still need
+            dialect = self._handle.dialect
+            conn.execute(
+                update(consumption)
+                .where(dialect.key_in(_C.key), _C.claim_id == claim.claim_id)
+                .values(acked_at=None, checkpoint_seq=None, **_RELEASED),
+                {"keys": dialect.key_set(again)},
+            )
+            if short is not None:
+                short.extend(again)
+        acked = present - len(again)
+        if acked:  # counted for a prompt queue's admission (the consumer's row is held)
+            conn.execute(
+                update(consumers)
+                .where(
+                    consumers.c.buffer_id == self._handle.buffer_id,
+                    consumers.c.consumer == claim.consumer,
+                )
+                .values(acked=consumers.c.acked + acked)
+            )
+        if present:  # the work is done: its saved progress goes
             dialect = self._handle.dialect
             conn.execute(
                 delete(progress).where(dialect.key_in(progress.c.key)),
                 {"keys": dialect.key_set(claim.keys.tolist())},
             )
         # The groups whose first row this ack consumed leave the ready-group index.
-        forget_consumed(self._handle, conn, claim.keys.tolist())
+        forget_consumed(self._handle, conn, [k for k in claim.keys.tolist() if k not in again])
         return acked
 
     def retention(self, claim: Claimed, *, allow_evicted: bool) -> AckRetention:
@@ -548,22 +583,28 @@ class ClaimQueue:
         *,
         with_checkpoint: bool,
         allow_evicted: bool = False,
-        produce: Callable[[Connection], None] | None = None,
+        produce: Callable[[Connection], Mapping[int, int] | None] | None = None,
+        short: list[int] | None = None,
     ) -> int:
         """Mark the claim's rows consumed, storing ``checkpoint`` for its consumer in the
         same transaction; returns how many rows were acked. Rows evicted or deleted
         meanwhile raise RowsEvictedError and change nothing, unless ``allow_evicted``
         (then the rows left are acked and counted); see
         :mod:`expstore.features.claims.retention`. ``produce(conn)``: writes the claim's
-        output (rows into another buffer of the database) in the ack's transaction."""
+        output (rows into another buffer of the database) in the ack's transaction and
+        returns how many completions it made per prompt key (or None); prompts left short
+        of their targets are released and their keys appended to ``short``."""
         state = check_checkpoint(checkpoint) if with_checkpoint else None
         now = self._handle.dialect.now()
 
         def body(conn: Connection) -> int:
+            made = None
             if produce is not None:  # what the claim's work made, in the same commit
-                produce(conn)
+                made = produce(conn)
             seq = None if state is None else self.store_checkpoint(conn, claim.consumer, state, now)
-            return self.ack_in(conn, claim, now, seq, retention)
+            if short is not None:
+                short.clear()
+            return self.ack_in(conn, claim, now, seq, retention, made, short)
 
         retention = self.retention(claim, allow_evicted=allow_evicted)
         return self._finish(claim, "ack", body, retention)
@@ -695,6 +736,12 @@ class ClaimQueue:
         with handle.errors("read progress"), handle.single() as conn:
             found = conn.execute(stmt, {"keys": dialect.key_set(list(keys))}).all()
         return {int(k): checkpoint_value(state) for k, state in found}
+
+    def needs(self, keys: Sequence[int]) -> dict[int, int]:
+        """How many completions each row of ``keys`` with a target still needs, by key."""
+        handle = self._handle
+        with handle.errors("read completion targets"), handle.single() as conn:
+            return needs_of(handle, conn, keys)
 
     # -- reading -------------------------------------------------------------------------
     def checkpoint(self, consumer: str) -> tuple[int, Any]:
