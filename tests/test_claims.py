@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -585,7 +586,8 @@ def test_a_claims_wait_bounds_its_wait_on_the_rate_limit(buffer: ReplayBuffer) -
     thread.join(120)  # far below the limit's 600 s
     assert not thread.is_alive()
     assert len(raised) == 1 and isinstance(raised[0], RateLimitedError)
-    assert "waited 0.3" in str(raised[0]) or "waited 0.29" in str(raised[0])
+    waited = re.search(r"waited ([0-9.]+) s", str(raised[0]))
+    assert waited is not None and float(waited.group(1)) <= 0.3
 
 
 def test_min_n_takes_what_the_rate_limit_allows(buffer: ReplayBuffer) -> None:

@@ -141,12 +141,16 @@ def _from_index(
 def _queue(buffer: ReplayBuffer, query_condition: QueryCondition) -> dict[str, Any]:
     """Queue depth of the claims (see ReplayBuffer.claim): rows by state, and per consumer."""
     queue = buffer.queue_stats(query_condition)
+    admission = buffer.admission()
     return {
         "unclaimed": queue.unclaimed,
         "leased": queue.leased,
         "expired": queue.expired,
         "consumed": queue.consumed,
         "consumers": queue.per_consumer,
+        "in_flight": [f._asdict() for f in queue.in_flight],
+        "completions": None if queue.completions is None else queue.completions._asdict(),
+        "admission": None if admission is None else admission._asdict(),
     }
 
 
@@ -255,6 +259,47 @@ def _version_lines(versions: dict[str, Any], limit: dict[str, Any] | None) -> li
     return lines
 
 
+def _prompt_lines(queue: dict[str, Any]) -> list[tuple[str, str]]:
+    """A prompt queue's lines: prompts waiting, in flight (actors, progress age), done;
+    the admission bound and what holds it."""
+    lines: list[tuple[str, str]] = []
+    done = queue.get("completions")
+    if done:
+        waiting = done["prompts"] - done["done"]
+        lines.append(
+            (
+                "prompts",
+                f"{done['done']} done, {waiting} not done ({queue['leased']} in flight); "
+                f"completions {done['stored']} of {done['target']}",
+            )
+        )
+    for held in queue.get("in_flight", [])[:10]:
+        age = held["progress_age_s"]
+        saved = "no progress saved" if age is None else f"progress saved {age:.0f} s ago"
+        needs = "" if held["needs"] is None else f", needs {held['needs']}"
+        lines.append((f"  {held['id']}", f"held by {held['consumer']}{needs}, {saved}"))
+    more = len(queue.get("in_flight", [])) - 10
+    if more > 0:
+        lines.append(("  ...", f"{more} more held (--json lists up to 100)"))
+    admission = queue.get("admission")
+    if admission:
+        bounds = []
+        if admission["staleness_bound"] is not None:
+            bounds.append(f"staleness bound {admission['staleness_bound']}")
+        if admission["max_backlog"] is not None:
+            bounds.append(f"max_backlog {admission['max_backlog']}")
+        held_by = admission["held_by"]
+        state = "admitting" if held_by is None else f"held back by {held_by}"
+        lines.append(
+            (
+                "admission",
+                f"{admission['in_flight']} completions in flight, {admission['backlog']} "
+                f"stored unconsumed; {', '.join(bounds)}: {state}",
+            )
+        )
+    return lines
+
+
 def _print(stats: dict[str, Any], header: str, by: str | None, limit: int) -> None:
     lines = [("rows", str(stats["rows"])), ("tasks", str(stats["tasks"]))]
     lines.append(("agents", str(stats["agents"])))
@@ -297,6 +342,7 @@ def _print(stats: dict[str, Any], header: str, by: str | None, limit: int) -> No
                     f"{held['consumed']} consumed",
                 )
             )
+    lines += _prompt_lines(queue)
     typer.echo(header)
     for name, value in lines:
         typer.echo(f"  {name:<15} {value}")

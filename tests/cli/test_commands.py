@@ -121,6 +121,10 @@ def test_stats_show_the_claim_queue_per_consumer(invoke: Invoke, seeded: tuple[s
         buffer.claim(5, consumer="learner-0").ack(checkpoint={"step": 1})
         buffer.claim(3, consumer="learner-1")
     stats = json.loads(invoke("stats", "--db", url, "--buffer", name, "--json").stdout)
+    held = stats["queue"].pop("in_flight")
+    assert [(h["consumer"], h["needs"], h["progress_age_s"]) for h in held] == [
+        ("learner-1", None, None)
+    ] * 3
     assert stats["queue"] == {
         "unclaimed": 32,
         "leased": 3,
@@ -130,10 +134,43 @@ def test_stats_show_the_claim_queue_per_consumer(invoke: Invoke, seeded: tuple[s
             "learner-0": {"leased": 0, "expired": 0, "consumed": 5},
             "learner-1": {"leased": 3, "expired": 0, "consumed": 0},
         },
+        "completions": None,
+        "admission": None,
     }
     table = invoke("stats", "--db", url, "--buffer", name).stdout
     assert "claims          32 unclaimed, 3 leased, 0 expired, 5 consumed" in table
     assert "learner-1     3 leased, 0 expired, 0 consumed" in table
+
+
+def test_stats_show_a_prompt_queue_its_actors_and_admission(
+    invoke: Invoke, db_url: str, buffer_name: str
+) -> None:
+    from expstore import DataRow, Experience, ExpMeta
+
+    with ReplayBuffer(db_url, name=buffer_name) as prompts:
+        with ReplayBuffer(db_url, name=buffer_name + "_out") as rollouts:
+            made = [
+                DataRow(
+                    id=f"q{i}",
+                    exp_meta=ExpMeta(task_id=f"t{i}", agent_id="a", step=0),
+                    exp_data=Experience(),
+                )
+                for i in range(3)
+            ]
+            prompts.store_prompts(made, n_samples=4)
+            prompts.set_admission(rollouts, batch_size=4, max_staleness=1)
+            prompts.claim(1, consumer="actor-0").save_progress({"tokens": [1, 2]})
+    stats = json.loads(invoke("stats", "--db", db_url, "--buffer", buffer_name, "--json").stdout)
+    queue = stats["queue"]
+    assert queue["completions"] == {"prompts": 3, "done": 0, "target": 12, "stored": 0}
+    [held] = queue["in_flight"]
+    assert (held["id"], held["consumer"], held["needs"]) == ("q0", "actor-0", 4)
+    assert held["progress_age_s"] >= 0
+    assert queue["admission"]["in_flight"] == 4 and queue["admission"]["held_by"] is None
+    table = invoke("stats", "--db", db_url, "--buffer", buffer_name).stdout
+    assert "prompts         0 done, 3 not done (1 in flight); completions 0 of 12" in table
+    assert "q0            held by actor-0, needs 4, progress saved" in table
+    assert "admission       4 completions in flight, 0 stored unconsumed" in table
 
 
 def test_stats_by_agent_and_by_task(invoke: Invoke, sqlite_seeded: tuple[str, str]) -> None:

@@ -302,3 +302,22 @@ def test_revision_0013_keeps_checkpoints_and_stores_them_as_text(fresh_url: str)
         buf.claim(1, consumer="learner").ack(checkpoint=1.0)
         back = buf.checkpoint("learner")
         assert back == 1.0 and type(back) is float
+
+
+def test_revision_0015_counts_what_each_consumer_acked_before_it(fresh_url: str) -> None:
+    engine = _writer(fresh_url)
+    migrate.upgrade(engine)
+    with ReplayBuffer(fresh_url, name="old") as buf:
+        buf.store_batch(make_rows(5))
+        buf.claim(3, consumer="learner").ack()
+        buf.claim(1, consumer="other").ack()
+        buf.claim(1, consumer="other")  # held, not acked
+    migrate.downgrade(engine, "0014")
+    with engine.connect() as conn:
+        columns = {c["name"] for c in inspect(conn).get_columns("expstore_consumers")}
+        assert "acked" not in columns
+        assert not inspect(conn).has_table("expstore_targets")
+    migrate.upgrade(engine)
+    counted = text("SELECT consumer, acked FROM expstore_consumers ORDER BY consumer")
+    with engine.connect() as conn:
+        assert [tuple(r) for r in conn.execute(counted)] == [("learner", 3), ("other", 1)]
