@@ -820,3 +820,74 @@ def test_an_actor_killed_after_saving_progress_leaves_it_for_the_next(
     with ReplayBuffer(db_url, name=buffer_name) as prompts:
         again = prompts.claim(1, consumer="actor", wait=30)
         assert list(again.progress.values()) == [{"tokens": list(range(100)), "versions": [7]}]
+
+
+def test_a_rollout_over_several_versions_counts_its_oldest_segment_or_its_newest(
+    buffer: ReplayBuffer, db_url: str, buffer_name: str
+) -> None:
+    from expstore import DataRow, Experience, ExpMeta
+
+    def completion(i: int, **versions: int) -> DataRow:
+        meta = ExpMeta(task_id=f"p{i}", agent_id="actor", step=0, **versions)
+        return DataRow(id=f"c{i}", exp_meta=meta, exp_data=Experience())
+
+    with ReplayBuffer(db_url, name=buffer_name + "_out") as out:
+        out.store_batch(
+            [
+                completion(0, oldest_version=3, newest_version=5),  # counts 3, the default
+                completion(1, oldest_version=3, newest_version=5, policy_version=5),
+                completion(2, policy_version=5),  # one segment
+            ]
+        )
+        out.set_policy_version(5)
+        claim = out.claim(10, consumer="learner", max_staleness=1)
+        assert sorted(claim.ids) == ["c1", "c2"]  # c0's oldest segment is 2 versions behind
+        stored = {r.id: r.exp_meta for r in out.query()}
+        assert (stored["c0"].policy_version, stored["c0"].oldest_version) == (3, 3)
+        assert (stored["c1"].policy_version, stored["c1"].newest_version) == (5, 5)
+        assert stored["c2"].oldest_version is None
+        n = out.count(QueryBuilder().gt("exp_meta.newest_version", 4).build())
+        assert n == 2
+    for bad in (
+        {"oldest_version": 5, "newest_version": 3},
+        {"oldest_version": 3},
+        {"oldest_version": 3, "newest_version": 5, "policy_version": 4},
+    ):
+        with pytest.raises(ValueError, match="oldest"):
+            ExpMeta(task_id="t", agent_id="a", step=0, **bad)
+
+
+_KILLED_MID_TARGET_ACK = """
+import os, signal, sys
+import expstore.claims as front
+from expstore import ReplayBuffer
+from tests.helpers import make_row
+
+url, name = sys.argv[1], sys.argv[2]
+record = front.record_produced
+
+def record_then_die(*args, **kwargs):
+    record(*args, **kwargs)  # completions and their lineage written, not committed
+    os.kill(os.getpid(), signal.SIGKILL)
+
+front.record_produced = record_then_die
+with ReplayBuffer(url, name=name) as prompts, ReplayBuffer(url, name=name + "_out") as out:
+    prompts.store_prompts([make_row("q").model_copy(update={"id": "q"})], n_samples=4)
+    claim = prompts.claim(2, consumer="actor", lease_s=0.5)  # p0 (no target) and q
+    claim.ack(produce={"q": [make_row("q", "actor", i) for i in range(3)]}, into=out)
+"""
+
+
+def test_an_actor_killed_inside_an_ack_towards_a_target_changes_no_count(
+    db_url: str, buffer_name: str
+) -> None:
+    _actor_killed_by(_KILLED_MID_TARGET_ACK, db_url, buffer_name)
+    with ReplayBuffer(db_url, name=buffer_name) as prompts:
+        with ReplayBuffer(db_url, name=buffer_name + "_out") as out:
+            assert len(out) == 0
+            assert prompts.lineage(["q"])["q"].done == 0
+            again = prompts.claim(2, consumer="actor", wait=30, min_n=2)  # leases ran out
+            assert "q" in again.ids and again.needs == {"q": 4}
+            again.ack(produce={"q": [make_row("q", "b", i) for i in range(4)]}, into=out)
+            assert len(out) == 4 and prompts.lineage(["q"])["q"].done == 4
+            assert prompts.queue_stats().consumed == 2

@@ -57,6 +57,33 @@ class ExpMeta(BaseModel):
     #: The version of the policy that produced the row (the trainer's step, say); see
     #: :meth:`expstore.ReplayBuffer.set_policy_version` and ``max_staleness``.
     policy_version: int | None = Field(default=None, ge=0, le=2**63 - 1, json_schema_extra=_INDEXED)
+    #: A row generated over several policy versions (a rollout interrupted by weight
+    #: updates and continued, slime's ``weight_versions``): the versions of its oldest
+    #: and newest segments. ``policy_version`` is what staleness and ``max_staleness``
+    #: count; it defaults to ``oldest_version`` (the oldest segment counts), and may be set
+    #: to ``newest_version`` to count the newest instead.
+    oldest_version: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    newest_version: int | None = Field(default=None, ge=0, le=2**63 - 1)
+
+    @model_validator(mode="after")
+    def _segments(self) -> ExpMeta:
+        oldest, newest = self.oldest_version, self.newest_version
+        if oldest is None and newest is None:
+            return self
+        if oldest is None or newest is None or oldest > newest:
+            raise InvalidArgumentError(
+                "oldest_version and newest_version go together, oldest <= newest (the "
+                f"versions of a row's first and last segments); got {oldest} and {newest}"
+            )
+        if self.policy_version is None:
+            object.__setattr__(self, "policy_version", oldest)  # the oldest segment counts
+        elif self.policy_version not in (oldest, newest):
+            raise InvalidArgumentError(
+                f"policy_version {self.policy_version} of a row generated over versions "
+                f"{oldest}..{newest} counts its oldest segment ({oldest}, the default) or its "
+                f"newest ({newest}); set one of those, or leave it out"
+            )
+        return self
 
     @field_validator("task_id", "task_name", "agent_id", "pre_agent")
     @classmethod

@@ -13,7 +13,10 @@
 - ``expstore_consumers.acked``: how many rows each consumer ever acked, filled here from
   the acks already recorded in ``expstore_consumption``.
 
-New tables and a counter column: nothing stored is rewritten.
+- ``expstore_rows.oldest_version`` and ``newest_version``: the policy versions of the
+  first and last segments of a row generated over several (NULL for the rows before).
+
+New tables and columns: nothing stored is rewritten.
 
 Revision ID: 0015
 Revises: 0014
@@ -81,6 +84,9 @@ def upgrade() -> None:
     )
     with op.batch_alter_table("expstore_consumers") as batch:
         batch.add_column(sa.Column("acked", sa.BigInteger(), server_default="0", nullable=False))
+    # Plain ADD COLUMN (nullable, no default) on both backends: no copy of the rows.
+    op.add_column("expstore_rows", sa.Column("oldest_version", sa.BigInteger(), nullable=True))
+    op.add_column("expstore_rows", sa.Column("newest_version", sa.BigInteger(), nullable=True))
     consumers = sa.table(
         "expstore_consumers",
         sa.column("buffer_id", sa.Integer()),
@@ -106,6 +112,10 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    # Plain DROP COLUMN (SQLite 3.35 and later): a batch copy of expstore_rows would drop
+    # the old table, and its foreign keys would take every row's entries with it.
+    op.drop_column("expstore_rows", "newest_version")
+    op.drop_column("expstore_rows", "oldest_version")
     with op.batch_alter_table("expstore_consumers") as batch:
         batch.drop_column("acked")
     op.drop_table("expstore_admission")
