@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -45,6 +46,7 @@ def test_every_example_has_a_smoke_test() -> None:
         "async_actor_learner.py",
         "async_grpo.py",
         "long_messages_sampler.py",
+        "durable_actors.py",
     }
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
 
@@ -85,6 +87,21 @@ def test_async_grpo_on_postgres(tmp_path: Path, pg_url: str, buffer_name: str) -
         "async_grpo.py", "--db", pg_url, "--buffer", buffer_name, "--steps", "4", cwd=tmp_path
     )
     assert "done: 4 steps" in out
+
+
+def test_durable_actors_lose_nothing_while_killed(tmp_path: Path) -> None:
+    args = ("--prompts", "16", "--tokens", "24", "--kill-every", "0.6")
+    out = run_example("durable_actors.py", *args, cwd=tmp_path)
+    killed = re.search(r"(\d+) actors SIGKILLed", out)
+    assert killed is not None and int(killed.group(1)) >= 1
+    assert "every group consumed once" in out
+    assert "every completion stored once, token for token" in out
+
+
+def test_durable_actors_on_postgres(tmp_path: Path, pg_url: str, buffer_name: str) -> None:
+    args = ("--db", pg_url, "--name", buffer_name, "--prompts", "8", "--tokens", "16")
+    out = run_example("durable_actors.py", *args, cwd=tmp_path)
+    assert "every completion stored once, token for token" in out
 
 
 def test_web_agent_sft_writes_llama_factory_data(tmp_path: Path) -> None:
