@@ -223,6 +223,10 @@ def check_checkpoint(checkpoint: Any, what: str = "checkpoint", undone: str = "a
         ) from None
 
 
+#: Types whose values JSON brings back as they are (their subclasses take the long way).
+_PLAIN = frozenset({int, str, bool, type(None)})
+
+
 def _check_json(checkpoint: Any, what: str, undone: str) -> None:
     """UnsupportedTypeError or InvalidArgumentError naming the first part of
     ``checkpoint`` that would not come back as given (a walk without recursion)."""
@@ -247,7 +251,12 @@ def _check_json(checkpoint: Any, what: str, undone: str) -> None:
                     f"one. Nothing was {undone}"
                 )
             if isinstance(value, list):
-                stack.extend((item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value))
+                # Plain scalars (most of a long list of tokens) need no path of their own.
+                stack.extend(
+                    (item, f"{path}[{i}]", depth + 1)
+                    for i, item in enumerate(value)
+                    if type(item) not in _PLAIN
+                )
                 continue
             for key, item in value.items():
                 if not isinstance(key, str):
