@@ -891,3 +891,29 @@ def test_an_actor_killed_inside_an_ack_towards_a_target_changes_no_count(
             again.ack(produce={"q": [make_row("q", "b", i) for i in range(4)]}, into=out)
             assert len(out) == 4 and prompts.lineage(["q"])["q"].done == 4
             assert prompts.queue_stats().consumed == 2
+
+
+def test_an_ack_retried_after_its_commit_whose_reply_was_lost_stores_nothing_twice(
+    buffer: ReplayBuffer, db_url: str, buffer_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from expstore import ConnectionLostError
+    from expstore.features.claims.queue import ClaimQueue
+
+    buffer.store_batch([make_row("p0")])
+    claim = buffer.claim(1, consumer="actor")
+    made = [make_row("p0", "c", i).model_copy(update={"id": f"p0/c{i}"}) for i in range(3)]
+    acked = ClaimQueue.ack
+
+    def committed_then_lost(*args: object, **kwargs: object) -> int:
+        acked(*args, **kwargs)  # type: ignore[arg-type]
+        raise ConnectionLostError("server closed the connection after the commit")
+
+    with ReplayBuffer(db_url, name=buffer_name + "_out") as out:
+        monkeypatch.setattr(ClaimQueue, "ack", committed_then_lost)
+        with pytest.raises(ConnectionLostError):
+            claim.ack(produce=made, into=out)
+        monkeypatch.setattr(ClaimQueue, "ack", acked)
+        assert claim.state == "held"  # the actor cannot tell whether it committed: again
+        with pytest.raises(ClaimFinishedError, match="already acked"):
+            claim.ack(produce=made, into=out)
+        assert sorted(r.id for r in out.query()) == ["p0/c0", "p0/c1", "p0/c2"]

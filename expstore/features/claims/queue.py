@@ -600,6 +600,9 @@ class ClaimQueue:
         def body(conn: Connection) -> int:
             made = None
             if produce is not None:  # what the claim's work made, in the same commit
+                # The claim is checked first: an ack retried after its commit (the reply
+                # lost) is told so, before its rows could meet their own stored ids.
+                self._own_entries(conn, claim, "ack")
                 made = produce(conn)
             seq = None if state is None else self.store_checkpoint(conn, claim.consumer, state, now)
             if short is not None:
