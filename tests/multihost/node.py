@@ -10,6 +10,13 @@
   Prints ``done``.
   While the file PROGRESS.hold exists it waits before its next batch (touching
   PROGRESS.holding), so a test can kill it mid-run at a known point.
+- ``prompts URL NAME ACTOR STOP``: an actor of a prompt queue (buffer NAME, completions
+  into NAME_out): claims a prompt, makes what it still needs (ids ``<prompt>/c<i>``),
+  and stores them with the prompt's ack, until the file STOP exists. An error of the
+  database (its primary SIGKILLed under it) is waited out and the ack retried: one whose
+  commit landed before the error finds its claim acked (ClaimFinishedError) and stores
+  nothing twice; one whose lease ran out meanwhile gives the prompt up to its next
+  claimer. Prints ``done`` and how many acks it retried.
 - ``learner URL NAME REPLICA STOP OUT``: samples 64 rows every few ms from the replica
   until the file STOP exists, writing every id it was given to OUT (one per line); any
   error is fatal.
@@ -65,6 +72,46 @@ def actor(url: str, name: str, who: str, batches: int, progress: str) -> None:
     print("done", flush=True)
 
 
+def prompt_actor(url: str, name: str, who: str, stop: str) -> None:
+    from expstore import ClaimFinishedError, ExpstoreError, LeaseExpiredError
+
+    retried = 0
+    with (
+        ReplayBuffer(url, name=name) as prompts,
+        ReplayBuffer(url, name=name + "_out") as out,
+    ):
+        while not os.path.exists(stop):
+            try:
+                claim = prompts.claim(1, consumer=who, lease_s=20)
+                if not claim.ids:
+                    time.sleep(0.02)
+                    continue
+                pid = claim.ids[0]
+                need = claim.needs[pid]
+            except ExpstoreError:  # the primary is down: wait for it
+                time.sleep(0.1)
+                continue
+            target = 4
+            made = [
+                DataRow(
+                    id=f"{pid}/c{i}",
+                    exp_meta=ExpMeta(task_id=pid, agent_id=who, step=i),
+                    exp_data=Experience(state={"tokens": list(range(i, i + 64))}),
+                )
+                for i in range(target - need, target)
+            ]
+            for _ in range(600):
+                try:
+                    claim.ack(produce={pid: made}, into=out)
+                    break
+                except (ClaimFinishedError, LeaseExpiredError):
+                    break  # committed before the error, or the prompt went to another
+                except ExpstoreError:
+                    retried += 1
+                    time.sleep(0.1)
+    print("done", retried, flush=True)
+
+
 def learner(url: str, name: str, replica: str, stop: str, out: str) -> None:
     warnings.simplefilter("ignore")  # replica warnings are expected while it is killed
     seen = 0
@@ -89,5 +136,7 @@ if __name__ == "__main__":
     role, *args = sys.argv[1:]
     if role == "actor":
         actor(args[0], args[1], args[2], int(args[3]), args[4])
+    elif role == "prompts":
+        prompt_actor(args[0], args[1], args[2], args[3])
     else:
         learner(args[0], args[1], args[2], args[3], args[4])

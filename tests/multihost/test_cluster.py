@@ -341,3 +341,65 @@ def test_max_staleness_draws_on_a_replica_return_only_fresh_rows(
         assert index.keys_probed == probed  # the fresh rows are the newest: no probe
         servers = {server for server, _ in index.fresh_bounds._stale}
         assert servers == {str(_router(buffer).replicas[0].engine.url)}
+
+
+@pytest.mark.slow
+def test_prompt_actors_store_each_completion_once_when_the_primary_is_killed(
+    cluster: Cluster, name: str, tmp_path: Path
+) -> None:
+    """3 actor hosts take prompts and store their completions with each prompt's ack while
+    the primary is SIGKILLed (mid-commit, for some) and restarted, twice. Afterwards every
+    prompt has exactly its 4 completions, each stored once, each counted once towards its
+    target, and every prompt is done."""
+    from expstore import DataRow, Experience, ExpMeta
+
+    prompts_n = 60
+    url = cluster.url(0)
+    with ReplayBuffer(url, name=name) as prompts:
+        rows = [
+            DataRow(
+                id=f"q{i}",
+                exp_meta=ExpMeta(task_id=f"q{i}", agent_id="d", step=0),
+                exp_data=Experience(),
+            )
+            for i in range(prompts_n)
+        ]
+        prompts.store_prompts(rows, n_samples=4)
+    stop = tmp_path / "stop"
+    actors = {
+        ns: _on(ns, "prompts", url, name, ns, str(stop))
+        for ns in [f"expstore-actor{i}" for i in range(1, 4)]
+    }
+
+    def done() -> int:
+        with ReplayBuffer(url, name=name + "_out") as out:
+            return len(out)
+
+    for at in (prompts_n, 2 * prompts_n):  # completions stored before each kill
+        _until(lambda at=at: done() >= at, actors)
+        cluster.kill(0)  # the primary dies under the actors' commits
+        time.sleep(0.5)
+        cluster.start(0)
+
+    def finished() -> bool:
+        try:
+            with ReplayBuffer(url, name=name) as prompts:
+                made = prompts.queue_stats().completions
+                return made is not None and made.done == prompts_n
+        except Exception:  # noqa: BLE001 - the primary may still be starting
+            return False
+
+    _until(finished, actors, timeout=240)
+    stop.touch()
+    for ns, proc in actors.items():
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, f"{ns}: {err[-2000:]}"
+        assert out.startswith("done"), (ns, out)
+    with ReplayBuffer(url, name=name) as prompts, ReplayBuffer(url, name=name + "_out") as out:
+        stored = [r.id for r in out.query()]
+        want = {f"q{i}/c{j}" for i in range(prompts_n) for j in range(4)}
+        assert len(stored) == len(set(stored)) and set(stored) == want
+        lineage = prompts.lineage([f"q{i}" for i in range(prompts_n)])
+        assert {(v.state, v.target, v.done) for v in lineage.values()} == {("consumed", 4, 4)}
+        made = out.lineage(stored)
+        assert all(v.produced_by is not None for v in made.values())
