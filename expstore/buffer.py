@@ -47,6 +47,7 @@ from .samplers.group import GroupSampler
 from .samplers.random_task import RandomTaskSampler
 from .samplers.uniform import UniformSampler
 from .storage.base import Storage
+from .storage.reader import RowsPage
 from .storage.sql import SqlStorage
 from .storage.writer import StoreReport
 
@@ -238,6 +239,21 @@ class ReplayBuffer:
     ) -> Iterator[DataRow]:
         """Stream the matching rows (insertion order by default; ``"-key"`` newest first)."""
         return self.storage.query(query_condition, limit=limit, order_by=order_by)
+
+    def page(
+        self,
+        query_condition: QueryCondition = None,
+        *,
+        after: str | None = None,
+        limit: int = 50,
+        order_by: str = "key",
+    ) -> RowsPage:
+        """One page of the matching rows, for browsing: up to ``limit`` (at most 10,000)
+        in ``order_by`` order (as :meth:`query`), after the cursor ``after`` a previous
+        page gave (None: the first page). Returns ``RowsPage(rows, next, keys)``: ``next``
+        is the cursor of the following page (None after the last). Pages are found by
+        keyset, so the millionth page costs what the first does."""
+        return self.sql.rows_after(query_condition, after=after, limit=limit, order_by=order_by)
 
     def get_by_task_id(self, task_id: str) -> list[DataRow]:
         """Every row of one task, ordered by step, then execute_time."""

@@ -6,13 +6,14 @@ time (it was validated when it was stored); its payload goes through the codec.
 
 from __future__ import annotations
 
+import base64
 import gc
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from itertools import repeat
 from operator import itemgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from sqlalchemy import Row, Select, Text, cast, func, select, tuple_
@@ -160,6 +161,60 @@ def _values(
     return values
 
 
+#: The most rows one page may hold.
+MAX_PAGE = 10_000
+
+
+class RowsPage(NamedTuple):
+    """A page of rows (see :meth:`expstore.ReplayBuffer.page`): the rows, the cursor of
+    the next page (None after the last) and the rows' keys (insertion order)."""
+
+    rows: list[DataRow]
+    next: str | None
+    keys: list[int]
+
+
+def _cursor(position: tuple[Any, ...]) -> str:
+    """An opaque, URL-safe cursor for a keyset position."""
+    text = json.dumps(list(position), separators=(",", ":"))
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+def _position(cursor: Any, column_name: str) -> tuple[Any, ...]:
+    """The keyset position of a cursor made by :func:`_cursor` for ``column_name``;
+    InvalidArgumentError for anything else."""
+    want = 1 if column_name == "key" else 2
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        position = json.loads(base64.urlsafe_b64decode(padded.encode()).decode())
+    except (TypeError, ValueError, UnicodeError, AttributeError):
+        position = None
+    ok = (
+        isinstance(position, list)
+        and len(position) == want
+        and type(position[-1]) is int
+        and (want == 1 or isinstance(position[0], (str, int, float, bool, type(None))))
+    )
+    if not ok:
+        raise InvalidArgumentError(
+            f"page cursor {str(cursor)[:40]!r} is not one this buffer gave for order_by "
+            f"{column_name!r}; start from the first page (after=None)"
+        )
+    return tuple(position)
+
+
+def _ordering(order_by: Any) -> tuple[str, bool]:
+    """``(column, descending)`` of an ``order_by`` (``"step"``, ``"-key"``...)."""
+    if not isinstance(order_by, str):
+        raise UnsupportedTypeError(f"order_by must be a column name, got {order_by!r}")
+    column_name = order_by.lstrip("-")
+    if column_name not in ORDERABLE:
+        raise InvalidArgumentError(
+            f"order_by must be one of {ORDERABLE} (optionally with '-'), got {order_by!r}"
+        )
+    return column_name, order_by.startswith("-")
+
+
 class RowReader:
     """Whole rows of one buffer."""
 
@@ -233,14 +288,7 @@ class RowReader:
         ``-`` for descending). Each chunk is fetched in its own short read by keyset
         pagination, so the table is never loaded whole and no connection is held between
         chunks: the loop body may write to the buffer."""
-        if not isinstance(order_by, str):
-            raise UnsupportedTypeError(f"order_by must be a column name, got {order_by!r}")
-        descending = order_by.startswith("-")
-        column_name = order_by.lstrip("-")
-        if column_name not in ORDERABLE:
-            raise InvalidArgumentError(
-                f"order_by must be one of {ORDERABLE} (optionally with '-'), got {order_by!r}"
-            )
+        column_name, descending = _ordering(order_by)
         check_int("limit", limit, minimum=0, optional=True)
         where = self.handle.where(query_condition)  # compile now: errors surface at the call
         return self._stream(where, column_name, descending, limit)
@@ -252,30 +300,58 @@ class RowReader:
         descending: bool,
         limit: int | None,
     ) -> Iterator[DataRow]:
-        column = rows.c[column_name]
-        keys = (column, rows.c.key) if column_name != "key" else (rows.c.key,)
-        order = [k.desc() if descending else k.asc() for k in keys]
         position: tuple[Any, ...] | None = None
         remaining = limit
         while remaining is None or remaining > 0:
             size = CHUNK if remaining is None else min(CHUNK, remaining)
-            stmt = select(*ROW_COLUMNS).where(*where).order_by(*order).limit(size)
-            if position is not None:
-                cursor = tuple_(*keys)
-                stmt = stmt.where(
-                    cursor < tuple_(*position) if descending else cursor > tuple_(*position)
-                )
-            with self.handle.errors("query rows"), self.handle.read() as conn:
-                if position is None:
-                    buffer_row(self.handle, conn)  # still the handle's buffer
-                chunk = conn.execute(stmt).all()
+            chunk, position = self._chunk(where, column_name, descending, size, position)
             yield from decode_rows(chunk, self.documents)
-            if len(chunk) < size:
+            if position is None:
                 return
-            last = chunk[-1]._mapping
-            position = tuple(last[k.name] for k in keys)
             if remaining is not None:
                 remaining -= len(chunk)
+
+    def _chunk(
+        self,
+        where: list[ColumnElement[bool]],
+        column_name: str,
+        descending: bool,
+        size: int,
+        after: tuple[Any, ...] | None,
+    ) -> tuple[list[Any], tuple[Any, ...] | None]:
+        """Up to ``size`` matching rows (undecoded) after the position ``after`` in the
+        order, and the position of the last (None when no row follows it)."""
+        column = rows.c[column_name]
+        keys = (column, rows.c.key) if column_name != "key" else (rows.c.key,)
+        order = [k.desc() if descending else k.asc() for k in keys]
+        stmt = select(*ROW_COLUMNS).where(*where).order_by(*order).limit(size)
+        if after is not None:
+            cursor = tuple_(*keys)
+            stmt = stmt.where(cursor < tuple_(*after) if descending else cursor > tuple_(*after))
+        with self.handle.errors("query rows"), self.handle.read() as conn:
+            if after is None:
+                buffer_row(self.handle, conn)  # still the handle's buffer
+            chunk = list(conn.execute(stmt).all())
+        if len(chunk) < size:
+            return chunk, None
+        last = chunk[-1]._mapping
+        return chunk, tuple(last[k.name] for k in keys)
+
+    def rows_after(
+        self, query_condition: QueryCondition, *, after: str | None, limit: int, order_by: str
+    ) -> RowsPage:
+        """One page of matching rows by keyset: up to ``limit`` after the cursor ``after``
+        (None: from the first) in ``order_by`` order, and the cursor of the next page
+        (None after the last). Each page costs the same wherever it is: an index range,
+        never an OFFSET walk."""
+        column_name, descending = _ordering(order_by)
+        check_int("limit", limit, minimum=1, maximum=MAX_PAGE)
+        where = self.handle.where(query_condition)
+        position = None if after is None else _position(after, column_name)
+        chunk, last = self._chunk(where, column_name, descending, limit, position)
+        keys = [int(r._mapping["key"]) for r in chunk]
+        rows_ = decode_rows(chunk, self.documents)
+        return RowsPage(rows_, None if last is None else _cursor(last), keys)
 
     def page(self, query_condition: QueryCondition, *, offset: int, limit: int) -> list[DataRow]:
         stmt = self._select(query_condition).order_by(rows.c.key).offset(offset).limit(limit)

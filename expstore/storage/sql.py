@@ -65,7 +65,7 @@ from .column_rows import encoded_columns
 from .fetch import FieldFetcher
 from .key_index import KeyIndex
 from .key_space import KeySpaces
-from .reader import RowReader
+from .reader import RowReader, RowsPage
 from .writer import StoreReport
 
 _T = TypeVar("_T")
@@ -409,6 +409,12 @@ class SqlStorage(Storage):
 
     def page(self, query_condition: QueryCondition, *, offset: int, limit: int) -> list[DataRow]:
         return self._reader.page(query_condition, offset=offset, limit=limit)
+
+    def rows_after(
+        self, query_condition: QueryCondition, *, after: str | None, limit: int, order_by: str
+    ) -> RowsPage:
+        """One page of matching rows by keyset (see :class:`~expstore.storage.reader.RowsPage`)."""
+        return self._reader.rows_after(query_condition, after=after, limit=limit, order_by=order_by)
 
     def get_by_task_id(self, task_id: str) -> list[DataRow]:
         return self._reader.task_rows([check_text("task_id", task_id)])[task_id]
