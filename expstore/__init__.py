@@ -44,7 +44,7 @@ from .errors import (
     WaitTimeoutError,
 )
 from .features.rate_limiter import RateLimiter, RateLimitStats
-from .io import export_rows, import_rows
+from .io import export_images, export_rows, import_rows
 from .model.rows import DataRow, Experience, ExpMeta
 from .query import Condition, QueryBuilder
 from .query.groups import GroupCondition, GroupStat
@@ -143,6 +143,7 @@ __all__ = [
     "UnsupportedTypeError",
     "WaitTimeoutError",
     "__version__",
+    "export_images",
     "export_rows",
     "import_rows",
 ]
