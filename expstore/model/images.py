@@ -72,7 +72,8 @@ def _numpy(value: Any) -> np.ndarray | None:
     if torch is not None and isinstance(value, torch.Tensor):
         if value.dtype != torch.uint8:
             return None
-        return value.detach().cpu().resolve_conj().resolve_neg().numpy()
+        array: np.ndarray = value.detach().cpu().numpy()
+        return array
     return None
 
 
