@@ -449,8 +449,10 @@ def export_images(
     target = Path(directory)
     if target.exists() and not target.is_dir():
         raise InvalidArgumentError(f"{str(target)!r} is a file; give a directory for the images")
+    created = not target.exists()
     target.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".expstore-images-", dir=target))
+    done = False
     try:
         written: dict[Path, Path] = {}  # staged file -> where it goes
         taken: set[str] = set()  # names case-folded: some file systems ignore case
@@ -468,8 +470,11 @@ def export_images(
         for staged, name in written.items():
             (target / name.parent).mkdir(exist_ok=True)
             os.replace(staged, target / name)
+        done = True
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        if created and not done:
+            shutil.rmtree(target, ignore_errors=True)  # made here, holds nothing else
     return len(written)
 
 
