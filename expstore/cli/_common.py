@@ -401,7 +401,8 @@ def summarize(value: Any, width: int = 48) -> str:
     """A short one-line view of a value: a dict as ``key=value`` pairs, arrays and tensors
     as ``float32[4]``, image arrays (uint8 HxW, HxWx3, HxWx4, at least 16 pixels a side) as
     ``image 1280x720 RGB 3fa2c1d0`` (the size, PIL's mode and the digest's first 8 hex
-    digits), a one-item list as its item; cut to ``width`` with ``…``."""
+    digits; a dict's images come first), a one-item list as its item; cut to ``width``
+    with ``…``."""
 
     def shrink(v: Any) -> Any:
         if isinstance(v, dict):
@@ -425,6 +426,10 @@ def summarize(value: Any, width: int = 48) -> str:
     plain = shrink(value)
     if isinstance(plain, list) and len(plain) == 1:
         plain = plain[0]
+    if isinstance(plain, dict) and isinstance(value, dict):
+        # Images first: their line is short and fixed, so a long value (a URL) cannot cut it.
+        first = [k for k, v in value.items() if looks_like_image(v)]
+        plain = {**{str(k): plain[str(k)] for k in first}, **plain}
     if isinstance(plain, dict) and plain:
         text = " ".join(f"{k}={show(v)}" for k, v in plain.items())
     else:
