@@ -1,4 +1,9 @@
-"""Array digests: one array's identity by its dtype, shape and bytes."""
+"""The digest of an array's content: what content addressing stores it by, what rows
+refer to it by, and what ``changed(path)`` compares.
+
+It covers the dtype (as its numpy string, byte order included), the shape and the bytes in
+C order, so two arrays share a digest exactly when they are the same value.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +15,7 @@ __all__ = ["array_digest"]
 
 
 def array_digest(array: numpy.ndarray) -> str:
-    """The digest of ``array``: BLAKE2b (16 bytes, 32 hex digits) of its dtype string, its
-    shape and its bytes in C order, so two arrays have one digest exactly when they have the
-    same dtype, shape and values (bit for bit)."""
+    """The 32-hex-digit BLAKE2b-128 digest of ``array``'s dtype, shape and C-order bytes."""
     return hashlib.blake2b(
         f"{array.dtype.str}|{','.join(map(str, array.shape))}|".encode()
         + numpy.ascontiguousarray(array).tobytes(),
