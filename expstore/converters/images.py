@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -155,7 +156,7 @@ class ImageConverter(Converter[dict[str, Any]]):
         if not self.stack:
             if self.output == "hwc_uint8":
                 return [np.array(a) for a in hwc]  # each a writable copy of its own
-            return [self._chw(np.array(a)[None])[0] for a in hwc]
+            return [self._chw(a[None])[0] for a in hwc]
         sizes = {a.shape for a in hwc}
         if len(sizes) > 1:
             shown = ", ".join(f"{w}x{h}x{c}" for h, w, c in sorted(sizes)[:4])
@@ -172,22 +173,30 @@ class ImageConverter(Converter[dict[str, Any]]):
             batch = batch[:, :, :, None]
         if self.output == "pil":
             return [to_pil(image) for image in batch]
-        if not batch.flags.writeable:
-            batch = batch.copy()  # a read-only view of the fetched bytes
         if self.output == "hwc_uint8":
+            if not batch.flags.writeable or not batch.flags.c_contiguous:
+                batch = np.ascontiguousarray(batch).copy()  # a view of the fetched bytes
             return batch if self.stack else list(batch)
         tensor = self._chw(batch)
         return tensor if self.stack else list(tensor.unbind(0))
 
     def _chw(self, batch: np.ndarray) -> Any:
         """``[B, H, W, C]`` uint8 -> ``[B, C, H, W]`` float32 in [0, 1], as torchvision's
-        ``to_dtype_image`` scales integers: ``image.to(float32).mul_(1.0 / 255)``."""
+        ``to_dtype_image`` scales integers: ``image.to(float32).mul_(1.0 / 255)``; done as
+        one pass that converts and transposes into the output, then the scaling in place
+        (the fastest of the orders measured; the values are the same)."""
         torch = self._torch
-        pixels = torch.from_numpy(batch)
+        with warnings.catch_warnings():  # a read-only view of the fetched bytes: only read
+            warnings.simplefilter("ignore", UserWarning)
+            pixels = torch.from_numpy(batch)
         if self.device is not None:
             pixels = pixels.to(self.device)
-        chw = pixels.permute(0, 3, 1, 2)
-        return chw.to(torch.float32, memory_format=torch.contiguous_format).mul_(1.0 / 255)
+        count, height, width, channels = pixels.shape
+        out = torch.empty(
+            (count, channels, height, width), dtype=torch.float32, device=pixels.device
+        )
+        out.copy_(pixels.permute(0, 3, 1, 2))
+        return out.mul_(1.0 / 255)
 
     def convert_info(self, info: dict[str, Any]) -> dict[str, Any]:
         """A sampler's numeric extras (``weights``) as tensors on ``device`` with
