@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from PIL import Image
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
@@ -179,11 +180,32 @@ def run(url: str, label: str, shots: list[np.ndarray], n: int, work: Path) -> No
             )
             return best * 1000
 
-        floor = sample(NumpyConverter({"shot": "exp_data.state.screenshot"}))
+        numpy_conv = NumpyConverter({"shot": "exp_data.state.screenshot"})
+        floor = sample(numpy_conv)
+
+        def by_hand() -> Any:
+            """NumpyConverter, then torchvision's v2 ToImage + ToDtype on each image."""
+            shots = buffer.sample(sampler, batch_size=batch, converter=numpy_conv)["shot"]
+            return torch.stack(
+                [
+                    torch.from_numpy(np.atleast_3d(s))
+                    .permute((2, 0, 1))
+                    .contiguous()
+                    .to(torch.float32)
+                    .mul_(1.0 / 255)
+                    for s in shots
+                ]
+            )
+
+        hand = timed(by_hand, 7)[0] * 1000
         print(f"\nsample({batch}) of screenshots, best of 7 (warm)")
         print("| converter | ms | ratio to NumpyConverter |")
         print("|---|---|---|")
         print(f"| NumpyConverter (uint8 stack) | {floor:.1f} | 1.00 |")
+        print(
+            "| NumpyConverter + torchvision v2 scaling per image, by hand | "
+            f"{hand:.1f} | {hand / floor:.2f} |"
+        )
         for output in ("hwc_uint8", "chw_float"):
             ms_ = sample(ImageConverter("exp_data.state.screenshot", output=output))  # type: ignore[arg-type]
             print(f"| ImageConverter({output}) | {ms_:.1f} | {ms_ / floor:.2f} |")
