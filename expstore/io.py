@@ -114,6 +114,10 @@ _REQUIRED = frozenset(
 _SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
 #: Rows per Parquet row group and per import transaction.
 CHUNK = 1000
+#: A Parquet row group (and a ``to_arrow`` chunk) also ends once its rows' arrays and bytes
+#: reach this size, so that rows of screenshots (2.8 MB each at 720p) are not held 1000 at
+#: a time, several times over (the rows, their blobs, their columns).
+CHUNK_BYTES = 256 * 2**20
 
 #: Called with the number of rows just written or read.
 Progress = Callable[[int], None]
@@ -377,13 +381,14 @@ def arrow_chunks(
     about: dict[str, Any],
     images: ImageSelection | None = None,
 ) -> Iterator[Any]:
-    """Arrow tables of ``rows``, :data:`CHUNK` at a time, all with one schema: the export's
-    columns, the array columns the first chunk agrees on and the image columns ``images``
-    names or (``"auto"``) the first chunk holds (see :mod:`expstore.model.arrow`)."""
+    """Arrow tables of ``rows``, :data:`CHUNK` at a time (fewer once their arrays reach
+    :data:`CHUNK_BYTES`), all with one schema: the export's columns, the array columns the
+    first chunk agrees on and the image columns ``images`` names or (``"auto"``) the first
+    chunk holds (see :mod:`expstore.model.arrow`)."""
     schema = None
     tensors: list[TensorColumn] = []
     pictures: list[ImageColumn] = []
-    for chunk in chunks(rows, CHUNK):
+    for chunk in _sized_chunks(rows):
         if schema is None:
             tensors = tensor_columns(chunk)
             if images is not None:
@@ -457,13 +462,14 @@ def export_images(
         written: dict[Path, Path] = {}  # staged file -> where it goes
         taken: set[str] = set()  # names case-folded: some file systems ignore case
         for row in buffer.query(query_condition):
-            for where, array in selection.find(row):
+            for image in selection.find(row):
+                where = image.where
                 name = Path(_file_part(where)) / f"{_file_part(row.id)}.png"
                 if str(name).casefold() in taken:
                     name = name.with_name(f"{_file_part(row.id)}-{len(written)}.png")
                 taken.add(str(name).casefold())
                 staged = staging / f"{len(written)}.png"
-                staged.write_bytes(png_bytes(array, f"row {row.id}: exp_data.{where}"))
+                staged.write_bytes(png_bytes(image.array, f"row {row.id}: exp_data.{where}"))
                 written[staged] = name
             if progress is not None:
                 progress(1)
@@ -495,6 +501,33 @@ def _file_part(text: str) -> str:
 
 def _describe(query_condition: QueryCondition) -> str:
     return str(as_condition(query_condition))
+
+
+def _sized_chunks(rows: Iterable[DataRow]) -> Iterator[list[DataRow]]:
+    """``rows`` in chunks of :data:`CHUNK` rows, or fewer once their arrays and bytes
+    reach :data:`CHUNK_BYTES`."""
+    chunk: list[DataRow] = []
+    size = 0
+    for row in rows:
+        chunk.append(row)
+        size += sum(_payload_bytes(getattr(row.exp_data, name)) for name in PAYLOAD_FIELDS)
+        if len(chunk) == CHUNK or size >= CHUNK_BYTES:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+def _payload_bytes(value: Any) -> int:
+    """The bytes of the arrays, tensors and bytes inside ``value``."""
+    if isinstance(value, dict):
+        return sum(_payload_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_payload_bytes(v) for v in value)
+    if isinstance(value, (bytes, bytearray)):
+        return len(value)
+    nbytes = getattr(value, "nbytes", None)  # numpy arrays and torch tensors
+    return nbytes if isinstance(nbytes, int) else 0
 
 
 def chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:

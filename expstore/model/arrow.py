@@ -196,12 +196,14 @@ def image_columns(rows: Sequence[DataRow], selection: ImageSelection) -> list[Im
             for path in selection.paths
             if path.top is not None
         ]
-    found: dict[str, ImageColumn] = {}
+    found: dict[tuple[str | int, ...], ImageColumn] = {}
     for row in rows:
-        for where, _ in selection.find(row):
-            if where not in found:
-                top, *steps = where.split(".")
-                found[where] = ImageColumn(IMAGE_PREFIX + where, top, tuple(steps), False)
+        for image in selection.find(row):
+            if image.path not in found:
+                top, *steps = image.path
+                found[image.path] = ImageColumn(
+                    IMAGE_PREFIX + image.where, str(top), tuple(steps), False
+                )
     return list(found.values())
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import io
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -41,6 +41,7 @@ __all__ = [
     "AUTO",
     "AUTO_MIN_SIDE",
     "MODES",
+    "Found",
     "ImageSelection",
     "as_image",
     "describe_image",
@@ -216,22 +217,36 @@ class ImageSelection:
     def auto(self) -> bool:
         return self.paths is None
 
-    def find(self, row: DataRow) -> Iterator[tuple[str, np.ndarray]]:
-        """The images of ``row``: (its path without ``exp_data.``, the array), in payload
-        order for ``"auto"``, in the order named otherwise. A named path whose value is not
-        an image raises InvalidArgumentError or UnsupportedTypeError naming the row."""
+    def find(self, row: DataRow) -> Iterator[Found]:
+        """The images of ``row``, in payload order for ``"auto"``, in the order named
+        otherwise. A named path whose value is not an image raises InvalidArgumentError or
+        UnsupportedTypeError naming the row."""
         if self.paths is None:
             for name in PAYLOAD_FIELDS:
                 value = getattr(row.exp_data, name)
                 if isinstance(value, dict):
-                    yield from _auto(value, name)
+                    yield from _auto(value, (name,))
             return
         for path in self.paths:
             assert path.top is not None
             value = walk(getattr(row.exp_data, path.top), path.steps)
             if value is MISSING or value is None:
                 continue
-            yield short(path), as_image(value, f"row {row.id}: {path.canonical}")
+            where = f"row {row.id}: {path.canonical}"
+            yield Found((path.top, *path.steps), as_image(value, where))
+
+
+class Found(NamedTuple):
+    """An image of a row: where (the payload field, then the dict keys and list indexes
+    into it) and the array."""
+
+    path: tuple[str | int, ...]
+    array: np.ndarray
+
+    @property
+    def where(self) -> str:
+        """The path without ``exp_data.``: ``state.screenshot``."""
+        return ".".join(map(str, self.path))
 
 
 def short(path: FieldPath) -> str:
@@ -239,15 +254,14 @@ def short(path: FieldPath) -> str:
     return path.canonical.removeprefix("exp_data.")
 
 
-def _auto(value: dict[Any, Any], prefix: str, depth: int = 1) -> Iterator[tuple[str, np.ndarray]]:
+def _auto(value: dict[Any, Any], path: tuple[str, ...]) -> Iterator[Found]:
     for key, item in value.items():
         if not isinstance(key, str):
             continue
-        where = f"{prefix}.{key}"
         if isinstance(item, dict):
-            if depth + 1 < _DEPTH:
-                yield from _auto(item, where, depth + 1)
+            if len(path) + 1 < _DEPTH:
+                yield from _auto(item, (*path, key))
         elif looks_like_image(item):
             array = _numpy(item)
             assert array is not None
-            yield where, array
+            yield Found((*path, key), array)

@@ -207,3 +207,48 @@ def test_pandas_gets_png_bytes(buffer: ReplayBuffer) -> None:
     frame = buffer.to_pandas(images="auto")
     first = frame["image.state.screenshot"][0]
     assert set(first) == {"bytes", "path"} and first["bytes"].startswith(b"\x89PNG")
+
+
+def test_the_metadata_matches_datasets_for_every_dtype_of_array_column() -> None:
+    arrays = {
+        "b": np.zeros((2, 3), bool),
+        "u8": np.zeros(4, np.uint8),
+        "i16": np.zeros((2, 2, 2), np.int16),
+        "u64": np.zeros(2, np.uint64),
+        "f16": np.zeros(3, np.float16),
+        "f32": np.zeros(1, np.float32),
+        "one": np.array(1.5),
+    }
+    with ReplayBuffer() as buffer:
+        buffer.store(make_row(state={"shot": SHOTS[0], **arrays}))
+        schema = buffer.to_arrow(images="auto").schema
+    assert {f"tensor.state.{k}" for k in arrays} <= set(schema.names)
+    metadata = json.loads(schema.metadata[b"huggingface"])
+    expected = datasets.Features.from_arrow_schema(schema.remove_metadata())
+    expected["image.state.shot"] = datasets.Image()
+    assert datasets.Features.from_dict(metadata["info"]["features"]) == expected
+    assert datasets.Features.from_arrow_schema(schema) == expected
+
+
+def test_a_key_with_a_dot_is_found_and_read(buffer: ReplayBuffer) -> None:
+    buffer.store(make_row(state={"page.main": SHOTS[0]}))
+    cells = buffer.to_arrow(images="auto").column("image.state.page.main").to_pylist()
+    assert cells[0] is not None and cells[0]["bytes"].startswith(b"\x89PNG")
+
+
+def test_large_rows_make_smaller_row_groups(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pq = pytest.importorskip("pyarrow.parquet")
+    import expstore.io
+
+    monkeypatch.setattr(expstore.io, "CHUNK_BYTES", 3 * SHOTS[0].nbytes)
+    with ReplayBuffer() as buffer:
+        buffer.store_batch([make_row(step=i, state={"shot": SHOTS[0]}) for i in range(7)])
+        path = tmp_path / "big.parquet"
+        assert export_rows(buffer, path, images="auto") == 7
+        assert buffer.to_arrow(images="auto").num_rows == 7
+    parquet = pq.ParquetFile(path)
+    assert [parquet.metadata.row_group(i).num_rows for i in range(3)] == [3, 3, 1]
+    with ReplayBuffer() as copy:
+        assert import_rows(copy, path) == 7

@@ -102,8 +102,8 @@ def test_selection_auto_finds_images_in_nested_dicts_in_payload_order() -> None:
         ext_info={"obs": np.zeros((32, 32, 3), np.float32)},
     )
     found = list(ImageSelection.parse("auto").find(row))  # type: ignore[union-attr]
-    assert [where for where, _ in found] == ["state.screenshot", "state.page.thumb"]
-    assert found[0][1] is shot
+    assert [f.where for f in found] == ["state.screenshot", "state.page.thumb"]
+    assert found[1].path == ("state", "page", "thumb") and found[0].array is shot
 
 
 def test_selection_by_path_requires_images_and_skips_rows_without_one() -> None:
@@ -111,7 +111,10 @@ def test_selection_by_path_requires_images_and_skips_rows_without_one() -> None:
     assert selection is not None and not selection.auto
     crop = _pixels(3, 5)  # named: no minimum size
     row = make_row(state={"shot": None}, actions=[{"crop": crop}])
-    assert [(w, a is crop) for w, a in selection.find(row)] == [("actions.0.crop", True)]
+    found = list(selection.find(row))
+    assert [(f.where, f.path, f.array is crop) for f in found] == [
+        ("actions.0.crop", ("actions", 0, "crop"), True)
+    ]
     bad = make_row(state={"shot": np.zeros((8, 8), np.int16)})
     with pytest.raises(InvalidArgumentError, match=rf"row {bad.id}: exp_data\.state\.shot"):
         list(selection.find(bad))
