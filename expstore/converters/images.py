@@ -78,11 +78,10 @@ class ImageConverter(Converter[dict[str, Any]]):
         self.images = _named(images)
         self.output: Output = output
         self.stack = bool(stack)
-        self._torch: Any = None
         self.device: Any = None
         if output == "chw_float":
-            self._torch = require("torch", 'ImageConverter(output="chw_float")')
-            self.device = None if device is None else self._torch.device(device)
+            torch = require("torch", 'ImageConverter(output="chw_float")')
+            self.device = None if device is None else torch.device(device)
         elif device is not None:
             raise InvalidArgumentError(
                 f'device applies to output="chw_float" (torch tensors); output={output!r} '
@@ -185,7 +184,7 @@ class ImageConverter(Converter[dict[str, Any]]):
         ``to_dtype_image`` scales integers: ``image.to(float32).mul_(1.0 / 255)``; done as
         one pass that converts and transposes into the output, then the scaling in place
         (the fastest of the orders measured; the values are the same)."""
-        torch = self._torch
+        torch = require("torch", 'ImageConverter(output="chw_float")')
         with warnings.catch_warnings():  # a read-only view of the fetched bytes: only read
             warnings.simplefilter("ignore", UserWarning)
             pixels = torch.from_numpy(batch)
@@ -201,10 +200,11 @@ class ImageConverter(Converter[dict[str, Any]]):
     def convert_info(self, info: dict[str, Any]) -> dict[str, Any]:
         """A sampler's numeric extras (``weights``) as tensors on ``device`` with
         ``output="chw_float"``, as numpy arrays otherwise; ``ids`` stay a list."""
-        if self._torch is None:
+        if self.output != "chw_float":
             return dict(info)
+        torch = require("torch", 'ImageConverter(output="chw_float")')
         return {
-            name: self._torch.from_numpy(np.array(value)).to(self.device)
+            name: torch.from_numpy(np.array(value)).to(self.device)
             if isinstance(value, np.ndarray)
             else value
             for name, value in info.items()

@@ -4,6 +4,7 @@ backends; bad input named and nothing changed."""
 
 from __future__ import annotations
 
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -210,3 +211,11 @@ def test_hwc_uint8_works_without_torch_and_chw_float_names_the_extra() -> None:
     ).stdout
     assert "(1, 4, 4, 3)" in out
     assert "pip install 'expstore[torch]'" in out
+
+
+def test_a_converter_pickles_for_dataloader_workers(buffer: ReplayBuffer) -> None:
+    shots = [_every_value(16, 16, 3) for _ in range(2)]
+    _store(buffer, shots)
+    conv = pickle.loads(pickle.dumps(ImageConverter("state.shot", fields={"r": "reward_t"})))
+    batch = _sample(buffer, conv, 2)
+    assert batch["shot"].shape == (2, 3, 16, 16) and batch["r"].dtype == torch.float64
