@@ -50,7 +50,7 @@ def export(
     out: Annotated[
         str | None,
         typer.Argument(
-            metavar="[OUT]",
+            metavar="OUT",
             help="The file to write; - for stdout. May be left out with --images.",
         ),
     ] = None,
