@@ -442,10 +442,10 @@ def export_images(
     ``_``, no leading dot, at most 100 characters, and a short hash of the original when
     anything was changed, so no row id can name a file outside ``directory``; a name
     already taken in this export (ids that differ only in case) gets ``-<n>`` added.
-    Files of the same name are replaced; nothing else in ``directory`` is touched. The
-    files appear all together or not at all: a named path that holds something else than
-    an image stops with an error naming the row, and no file is left. Needs Pillow
-    (``pip install 'expstore[images]'``).
+    Files of the same name are replaced; nothing else in ``directory`` is touched. Every
+    file is written (in a hidden folder inside ``directory``) before any is moved into
+    place: a named path that holds something else than an image stops with an error
+    naming the row, and no file is left. Needs Pillow (``pip install 'expstore[images]'``).
     """
     selection = ImageSelection.parse(images)
     if selection is None:
@@ -473,8 +473,16 @@ def export_images(
                 written[staged] = name
             if progress is not None:
                 progress(1)
+        folders = {target / name.parent for name in written.values()}
+        for folder in sorted(folders):
+            if folder.exists() and not folder.is_dir():
+                raise InvalidArgumentError(
+                    f"{str(folder)!r} is a file, where the images of {folder.name} go; move "
+                    "it, or write the images to another directory"
+                )
+        for folder in folders:
+            folder.mkdir(exist_ok=True)
         for staged, name in written.items():
-            (target / name.parent).mkdir(exist_ok=True)
             os.replace(staged, target / name)
         done = True
     finally:

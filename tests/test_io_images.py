@@ -130,3 +130,12 @@ def test_without_pillow_the_error_names_the_extra(
         with pytest.raises(MissingDependencyError, match=r"pip install 'expstore\[images\]'"):
             export_images(buffer, tmp_path / "shots")
     assert not (tmp_path / "shots").exists()
+
+
+def test_a_file_where_a_folder_goes_is_refused_before_any_image_moves(tmp_path: Path) -> None:
+    with ReplayBuffer() as buffer:
+        buffer.store_batch([_row("r0", 0, a=_shot(16, 16, 3)), _row("r1", 1, b=_shot(16, 16))])
+        (tmp_path / "state.b").write_text("in the way")
+        with pytest.raises(InvalidArgumentError, match=r"state\.b' is a file, where the images"):
+            export_images(buffer, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.b"]  # no folder made either
