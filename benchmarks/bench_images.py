@@ -172,16 +172,7 @@ def run(url: str, label: str, shots: list[np.ndarray], n: int, work: Path) -> No
 
         sampler = UniformSampler(seed=0)
         batch = 16
-
-        def sample(converter: Any) -> float:
-            buffer.sample(sampler, batch_size=batch, converter=converter)  # warm
-            best, _ = timed(
-                lambda: buffer.sample(sampler, batch_size=batch, converter=converter), 7
-            )
-            return best * 1000
-
         numpy_conv = NumpyConverter({"shot": "exp_data.state.screenshot"})
-        floor = sample(numpy_conv)
 
         def by_hand() -> Any:
             """NumpyConverter, then torchvision's v2 ToImage + ToDtype on each image."""
@@ -197,20 +188,31 @@ def run(url: str, label: str, shots: list[np.ndarray], n: int, work: Path) -> No
                 ]
             )
 
-        hand = timed(by_hand, 7)[0] * 1000
-        print(f"\nsample({batch}) of screenshots, best of 7 (warm)")
+        def draw(converter: Any) -> Any:
+            return lambda: buffer.sample(sampler, batch_size=batch, converter=converter)
+
+        ways = {
+            "NumpyConverter (uint8 stack)": draw(numpy_conv),
+            "NumpyConverter + torchvision v2 scaling per image, by hand": by_hand,
+            **{
+                f"ImageConverter({output})": draw(
+                    ImageConverter("exp_data.state.screenshot", output=output)
+                )
+                for output in ("hwc_uint8", "chw_float", "pil")
+            },
+        }
+        best = {name: float("inf") for name in ways}
+        for way in ways.values():
+            way()  # warm
+        for _ in range(7):  # interleaved, so that no way gets the quieter moments
+            for name, way in ways.items():
+                best[name] = min(best[name], timed(way)[0] * 1000)
+        floor = best["NumpyConverter (uint8 stack)"]
+        print(f"\nsample({batch}) of screenshots, best of 7 interleaved rounds (warm)")
         print("| converter | ms | ratio to NumpyConverter |")
         print("|---|---|---|")
-        print(f"| NumpyConverter (uint8 stack) | {floor:.1f} | 1.00 |")
-        print(
-            "| NumpyConverter + torchvision v2 scaling per image, by hand | "
-            f"{hand:.1f} | {hand / floor:.2f} |"
-        )
-        for output in ("hwc_uint8", "chw_float"):
-            ms_ = sample(ImageConverter("exp_data.state.screenshot", output=output))  # type: ignore[arg-type]
-            print(f"| ImageConverter({output}) | {ms_:.1f} | {ms_ / floor:.2f} |")
-        pil = sample(ImageConverter("exp_data.state.screenshot", output="pil"))
-        print(f"| ImageConverter(pil) | {pil:.1f} | {pil / floor:.2f} |")
+        for name, ms_ in best.items():
+            print(f"| {name} | {ms_:.1f} | {ms_ / floor:.2f} |")
 
 
 def png_levels(shots: list[np.ndarray]) -> None:
