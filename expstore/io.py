@@ -13,7 +13,10 @@ tools (``pandas.read_parquet``, ``polars.read_parquet``, Hugging Face
 ``data`` is a JSON object in JSONL and JSON text in Parquet. Arrays and tensors appear in it
 as ``{"__tensor__": {"dtype", "shape", "offset", "nbytes", ...}}`` placeholders pointing into
 ``tensors`` (see :mod:`expstore.codec`), so a round trip gives back equal rows, dtypes and
-torch-vs-numpy included. Nothing is pickled.
+torch-vs-numpy included. Nothing is pickled. Parquet adds derived columns that import
+ignores (see :mod:`expstore.model.arrow`): ``tensor.<path>`` per array path, and with
+``images=`` Hugging Face image columns ``image.<path>`` (PNG). :func:`export_images` writes
+image arrays as PNG files to look at.
 
 Usage::
 
