@@ -9,6 +9,7 @@ from .converters import (
     Converter,
     DefaultConverter,
     GroupAdvantageConverter,
+    ImageConverter,
     NumpyConverter,
     TensorConverter,
     TrajectoryConverter,
@@ -46,7 +47,7 @@ from .errors import (
 )
 from .features.claims.prompts import AdmissionState
 from .features.rate_limiter import RateLimiter, RateLimitStats
-from .io import export_rows, import_rows
+from .io import export_images, export_rows, import_rows
 from .model.rows import DataRow, Experience, ExpMeta
 from .query import Condition, QueryBuilder
 from .query.groups import GroupCondition, GroupStat
@@ -102,6 +103,7 @@ __all__ = [
     "GroupCondition",
     "GroupSampler",
     "GroupStat",
+    "ImageConverter",
     "InvalidArgumentError",
     "KeySampler",
     "LatestSampler",
@@ -147,6 +149,7 @@ __all__ = [
     "UnsupportedTypeError",
     "WaitTimeoutError",
     "__version__",
+    "export_images",
     "export_rows",
     "import_rows",
 ]

@@ -299,18 +299,24 @@ class ReplayBuffer:
         """Stop keeping task summaries (:meth:`create_summary`); whether there were any."""
         return self.sql.drop_summary()
 
-    def to_arrow(self, query_condition: QueryCondition = None) -> Any:
+    def to_arrow(
+        self, query_condition: QueryCondition = None, *, images: str | Sequence[str] | None = None
+    ) -> Any:
         """The matching rows as a ``pyarrow.Table`` (``pip install 'expstore[parquet]'``):
         the export's columns (every bit in ``data`` and ``tensors``, see docs/format.md),
         each array or tensor path as a fixed-size-list column ``tensor.<path>``, and
-        ``execute_time_us`` (microseconds since the epoch, int64). See
-        :mod:`expstore.model.arrow`."""
+        ``execute_time_us`` (microseconds since the epoch, int64). ``images="auto"`` or
+        field paths make uint8 image arrays Hugging Face ``Image`` columns ``image.<path>``
+        (PNG bytes; needs ``expstore[images]``) instead. See :mod:`expstore.model.arrow`."""
 
-        return to_arrow(self, query_condition)
+        return to_arrow(self, query_condition, images=images)
 
-    def to_pandas(self, query_condition: QueryCondition = None) -> Any:
-        """:meth:`to_arrow` as a pandas DataFrame: array columns hold numpy arrays."""
-        return self.to_arrow(query_condition).to_pandas()
+    def to_pandas(
+        self, query_condition: QueryCondition = None, *, images: str | Sequence[str] | None = None
+    ) -> Any:
+        """:meth:`to_arrow` as a pandas DataFrame: array columns hold numpy arrays, image
+        columns ``{"bytes": <PNG>, "path": None}`` dicts."""
+        return self.to_arrow(query_condition, images=images).to_pandas()
 
     def update_priorities(
         self, ids: Sequence[str], priorities: Sequence[float] | np.ndarray

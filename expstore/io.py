@@ -13,7 +13,10 @@ tools (``pandas.read_parquet``, ``polars.read_parquet``, Hugging Face
 ``data`` is a JSON object in JSONL and JSON text in Parquet. Arrays and tensors appear in it
 as ``{"__tensor__": {"dtype", "shape", "offset", "nbytes", ...}}`` placeholders pointing into
 ``tensors`` (see :mod:`expstore.codec`), so a round trip gives back equal rows, dtypes and
-torch-vs-numpy included. Nothing is pickled.
+torch-vs-numpy included. Nothing is pickled. Parquet adds derived columns that import
+ignores (see :mod:`expstore.model.arrow`): ``tensor.<path>`` per array path, and with
+``images=`` Hugging Face image columns ``image.<path>`` (PNG). :func:`export_images` writes
+image arrays as PNG files to look at.
 
 Usage::
 
@@ -29,9 +32,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 import os
+import re
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -44,7 +51,18 @@ from ._version import __version__
 from .codec import decode_payload, encode_payload
 from .codec.checks import MAX_DEPTH
 from .errors import CodecError, ExpstoreError, InvalidArgumentError
-from .model.arrow import TensorColumn, tensor_columns, tensor_fields, tensor_table
+from .model.arrow import (
+    ImageColumn,
+    TensorColumn,
+    hf_features,
+    image_columns,
+    image_fields,
+    image_table,
+    tensor_columns,
+    tensor_fields,
+    tensor_table,
+)
+from .model.images import ImageSelection, png_bytes, require_pillow
 from .model.layout import COLUMNS as LAYOUT
 from .model.layout import META_COLUMNS, PAYLOAD_FIELDS, SCALAR_COLUMNS
 from .model.rows import DataRow, Experience, ExpMeta
@@ -57,6 +75,7 @@ __all__ = [
     "FORMATS",
     "count_records",
     "detect_format",
+    "export_images",
     "export_rows",
     "import_rows",
     "record_to_row",
@@ -98,6 +117,10 @@ _REQUIRED = frozenset(
 _SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
 #: Rows per Parquet row group and per import transaction.
 CHUNK = 1000
+#: A Parquet row group (and a ``to_arrow`` chunk) also ends once its rows' arrays and bytes
+#: reach this size, so that rows of screenshots (2.8 MB each at 720p) are not held 1000 at
+#: a time, several times over (the rows, their blobs, their columns).
+CHUNK_BYTES = 256 * 2**20
 
 #: Called with the number of rows just written or read.
 Progress = Callable[[int], None]
@@ -204,6 +227,10 @@ def record_to_row(record: dict[str, Any], where: str = "record") -> DataRow:
 # Export
 
 
+#: Which arrays to write as images: ``"auto"``, field paths, or None for none.
+Images = str | Sequence[str] | None
+
+
 def export_rows(
     buffer: Rows,
     path: str | os.PathLike[str],
@@ -211,18 +238,41 @@ def export_rows(
     query_condition: QueryCondition = None,
     *,
     progress: Progress | None = None,
+    images: Images = None,
 ) -> int:
     """Write the matching rows of ``buffer`` to ``path`` in insertion order; returns how many.
 
     ``format`` is ``"jsonl"`` or ``"parquet"`` (default: from the suffix). The file appears
     whole or not at all: rows go to ``<path>.partial``, renamed when complete. ``"-"``
     writes JSON Lines to standard output.
+
+    ``images`` (Parquet only; needs Pillow, ``pip install 'expstore[images]'``): ``"auto"``
+    or field paths (``["exp_data.state.screenshot"]``) whose uint8 image arrays become
+    Hugging Face ``Image`` columns ``image.<path>`` (PNG bytes) that ``datasets`` shows as
+    images (see :mod:`expstore.model.arrow` and :mod:`expstore.model.images`). A named path
+    holding something else than an image stops the export with an error naming the row, and
+    no file is left. The rows themselves are exported whole either way.
     """
     format = detect_format(path, format)
+    selection = _image_selection(images, format)
     rows = buffer.query(query_condition)
     if format == "jsonl":
         return _export_jsonl(rows, path, progress)
-    return _export_parquet(rows, path, buffer, query_condition, progress)
+    return _export_parquet(rows, path, buffer, query_condition, progress, selection)
+
+
+def _image_selection(images: Images, format: str = "parquet") -> ImageSelection | None:
+    selection = ImageSelection.parse(images)
+    if selection is None:
+        return None
+    if format != "parquet":
+        raise InvalidArgumentError(
+            "images= makes Hugging Face image columns, which only Parquet holds; export to "
+            "a *.parquet file (JSON Lines keep every array in the tensors column), or write "
+            "the images as PNG files with export_images (expstore export --images DIR)"
+        )
+    require_pillow("exporting images (images=)")
+    return selection
 
 
 @contextmanager
@@ -276,6 +326,7 @@ def _export_parquet(
     buffer: Rows,
     query_condition: QueryCondition,
     progress: Progress | None,
+    images: ImageSelection | None = None,
 ) -> int:
     if str(path) == "-":
         raise InvalidArgumentError("Parquet cannot be written to standard output; give a file name")
@@ -292,7 +343,7 @@ def _export_parquet(
     with replacing(path, "wb") as (out, _):
         writer = None
         try:
-            for table in arrow_chunks(pa, rows, about):
+            for table in arrow_chunks(pa, rows, about, images):
                 if writer is None:
                     writer = pq.ParquetWriter(out, table.schema)
                 writer.write_table(table)
@@ -307,25 +358,47 @@ def _export_parquet(
     return count
 
 
-def _schema(pa: Any, tensors: list[TensorColumn], about: dict[str, Any]) -> Any:
+def _schema(
+    pa: Any,
+    tensors: list[TensorColumn],
+    about: dict[str, Any],
+    images: Sequence[ImageColumn] = (),
+) -> Any:
     base = _arrow_schema(pa)
     fields = [
         *base,
         *tensor_fields(pa, tensors),
+        *image_fields(pa, images),
         pa.field("execute_time_us", pa.int64()),
     ]
-    return pa.schema(fields).with_metadata({"expstore": json.dumps(about)})
+    metadata = {"expstore": json.dumps(about)}
+    schema = pa.schema(fields)
+    if images:
+        metadata.update(hf_features(pa, schema, images))
+    return schema.with_metadata(metadata)
 
 
-def arrow_chunks(pa: Any, rows: Iterable[DataRow], about: dict[str, Any]) -> Iterator[Any]:
-    """Arrow tables of ``rows``, :data:`CHUNK` at a time, all with one schema: the export's
-    columns and the array columns the first chunk agrees on (see :mod:`expstore.model.arrow`)."""
+def arrow_chunks(
+    pa: Any,
+    rows: Iterable[DataRow],
+    about: dict[str, Any],
+    images: ImageSelection | None = None,
+) -> Iterator[Any]:
+    """Arrow tables of ``rows``, :data:`CHUNK` at a time (fewer once their arrays reach
+    :data:`CHUNK_BYTES`), all with one schema: the export's columns, the array columns the
+    first chunk agrees on and the image columns ``images`` names or (``"auto"``) the first
+    chunk holds (see :mod:`expstore.model.arrow`)."""
     schema = None
     tensors: list[TensorColumn] = []
-    for chunk in chunks(rows, CHUNK):
+    pictures: list[ImageColumn] = []
+    for chunk in _sized_chunks(rows):
         if schema is None:
             tensors = tensor_columns(chunk)
-            schema = _schema(pa, tensors, about)
+            if images is not None:
+                pictures = image_columns(chunk, images)
+                replaced = {c.dotted for c in pictures}
+                tensors = [t for t in tensors if t.path not in replaced]
+            schema = _schema(pa, tensors, about, pictures)
         columns: dict[str, Any] = {name: [] for name in COLUMNS}
         for row in chunk:
             record = row_to_record(row, binary=True)
@@ -333,21 +406,139 @@ def arrow_chunks(pa: Any, rows: Iterable[DataRow], about: dict[str, Any]) -> Ite
             for name in COLUMNS:
                 columns[name].append(record[name])
         columns.update(tensor_table(pa, chunk, tensors))
+        columns.update(image_table(pa, chunk, pictures))
         yield pa.Table.from_pydict(columns, schema=schema)
 
 
-def to_arrow(buffer: Rows, query_condition: QueryCondition = None) -> Any:
-    """The matching rows as one Arrow table (see :mod:`expstore.model.arrow`)."""
+def to_arrow(buffer: Rows, query_condition: QueryCondition = None, *, images: Images = None) -> Any:
+    """The matching rows as one Arrow table (see :mod:`expstore.model.arrow`); ``images``
+    as for :func:`export_rows`."""
     pa = require("pyarrow", "to_arrow()")
+    selection = _image_selection(images)
     about = {"format": "expstore-rows", "version": 1, "expstore": __version__}
-    tables = list(arrow_chunks(pa, buffer.query(query_condition), about))
+    tables = list(arrow_chunks(pa, buffer.query(query_condition), about, selection))
     if not tables:
-        return _schema(pa, [], about).empty_table()
+        pictures = [] if selection is None else image_columns([], selection)
+        return _schema(pa, [], about, pictures).empty_table()
     return pa.concat_tables(tables)
+
+
+# ---------------------------------------------------------------------------------------
+# Images as PNG files
+
+
+def export_images(
+    buffer: Rows,
+    directory: str | os.PathLike[str],
+    query_condition: QueryCondition = None,
+    *,
+    images: Images = "auto",
+    progress: Progress | None = None,
+) -> int:
+    """Write each image array of the matching rows as a PNG file for a quick look; returns
+    how many files were written.
+
+    ``images`` is ``"auto"`` (every uint8 ``HxW``/``HxWx3``/``HxWx4`` array at least 16
+    pixels high and wide) or field paths, as for :func:`export_rows`. The files are
+    ``<directory>/<path>/<row id>.png`` (``shots/state.screenshot/r-17.png``): the row id
+    and the path with every character but letters, digits, ``.``, ``_`` and ``-`` made
+    ``_``, no leading dot, at most 100 characters, and a short hash of the original when
+    anything was changed, so no row id can name a file outside ``directory``; a name
+    already taken in this export (ids that differ only in case) gets ``-<n>`` added.
+    Files of the same name are replaced; nothing else in ``directory`` is touched. Every
+    file is written (in a hidden folder inside ``directory``) before any is moved into
+    place: a named path that holds something else than an image stops with an error
+    naming the row, and no file is left. Needs Pillow (``pip install 'expstore[images]'``).
+    """
+    selection = ImageSelection.parse(images)
+    if selection is None:
+        raise InvalidArgumentError(f"images must be {'auto'!r} or field paths, not None")
+    require_pillow("exporting images as PNG files")
+    target = Path(directory)
+    if target.exists() and not target.is_dir():
+        raise InvalidArgumentError(f"{str(target)!r} is a file; give a directory for the images")
+    created = not target.exists()
+    target.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".expstore-images-", dir=target))
+    done = False
+    try:
+        written: dict[Path, Path] = {}  # staged file -> where it goes
+        taken: set[str] = set()  # names case-folded: some file systems ignore case
+        for row in buffer.query(query_condition):
+            for image in selection.find(row):
+                where = image.where
+                name = Path(_file_part(where)) / f"{_file_part(row.id)}.png"
+                if str(name).casefold() in taken:
+                    name = name.with_name(f"{_file_part(row.id)}-{len(written)}.png")
+                taken.add(str(name).casefold())
+                staged = staging / f"{len(written)}.png"
+                staged.write_bytes(png_bytes(image.array, f"row {row.id}: exp_data.{where}"))
+                written[staged] = name
+            if progress is not None:
+                progress(1)
+        folders = {target / name.parent for name in written.values()}
+        for folder in sorted(folders):
+            if folder.exists() and not folder.is_dir():
+                raise InvalidArgumentError(
+                    f"{str(folder)!r} is a file, where the images of {folder.name} go; move "
+                    "it, or write the images to another directory"
+                )
+        for folder in folders:
+            folder.mkdir(exist_ok=True)
+        for staged, name in written.items():
+            os.replace(staged, target / name)
+        done = True
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        if created and not done:
+            shutil.rmtree(target, ignore_errors=True)  # made here, holds nothing else
+    return len(written)
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+_MAX_NAME = 100
+
+
+def _file_part(text: str) -> str:
+    """``text`` as one safe file name: only ``[A-Za-z0-9._-]``, no leading dot (so never
+    ``.`` or ``..``), at most :data:`_MAX_NAME` characters; a hash of ``text`` is added
+    whenever anything was changed, so different texts keep different names."""
+    safe = _UNSAFE.sub("_", text).lstrip(".")
+    if safe == text and 0 < len(safe) <= _MAX_NAME:
+        return safe
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=6).hexdigest()
+    return f"{safe[: _MAX_NAME - len(digest) - 1]}-{digest}".lstrip("-")
 
 
 def _describe(query_condition: QueryCondition) -> str:
     return str(as_condition(query_condition))
+
+
+def _sized_chunks(rows: Iterable[DataRow]) -> Iterator[list[DataRow]]:
+    """``rows`` in chunks of :data:`CHUNK` rows, or fewer once their arrays and bytes
+    reach :data:`CHUNK_BYTES`."""
+    chunk: list[DataRow] = []
+    size = 0
+    for row in rows:
+        chunk.append(row)
+        size += sum(_payload_bytes(getattr(row.exp_data, name)) for name in PAYLOAD_FIELDS)
+        if len(chunk) == CHUNK or size >= CHUNK_BYTES:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+def _payload_bytes(value: Any) -> int:
+    """The bytes of the arrays, tensors and bytes inside ``value``."""
+    if isinstance(value, dict):
+        return sum(_payload_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_payload_bytes(v) for v in value)
+    if isinstance(value, (bytes, bytearray)):
+        return len(value)
+    nbytes = getattr(value, "nbytes", None)  # numpy arrays and torch tensors
+    return nbytes if isinstance(nbytes, int) else 0
 
 
 def chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:

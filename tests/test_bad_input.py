@@ -19,6 +19,7 @@ from expstore import (
     ExpstoreError,
     GroupAdvantageConverter,
     GroupSampler,
+    ImageConverter,
     NumpyConverter,
     PrioritizedSampler,
     QueryBuilder,
@@ -115,6 +116,14 @@ def catalogue(b: ReplayBuffer) -> dict[str, Callable[[], Any]]:
         "Chat bad": lambda: ChatConverter(5),
         "GroupAdv scale": lambda: GroupAdvantageConverter(scale="max"),
         "GroupAdv eps neg": lambda: GroupAdvantageConverter(eps=-1),
+        "Image paths int": lambda: ImageConverter(5),
+        "Image output bad": lambda: ImageConverter("state.obs", output="chw"),
+        "Image path surrogate": lambda: ImageConverter("exp_data.state." + H),
+        "Image not an image": lambda: b.sample(converter=ImageConverter("state.obs")),
+        # images out
+        "to_arrow images int": lambda: b.to_arrow(images=5),
+        "to_arrow images column": lambda: b.to_arrow(images=["reward_t"]),
+        "to_arrow not an image": lambda: b.to_arrow(images=["exp_data.state.obs"]),
         # query
         "QB eq field int": lambda: QueryBuilder().eq(5, 1),
         "QB eq bad field": lambda: QueryBuilder().eq("nosuch", 1),

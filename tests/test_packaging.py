@@ -14,12 +14,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_import_works_without_torch_and_psycopg() -> None:
+def test_import_works_without_torch_psycopg_pyarrow_and_pillow() -> None:
     code = (
         "import sys\n"
         "class Block:\n"
         "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] in ('torch', 'psycopg', 'pyarrow'):\n"
+        "        if name.split('.')[0] in ('torch', 'psycopg', 'pyarrow', 'PIL'):\n"
         "            raise ImportError(f'blocked {name}')\n"
         "sys.meta_path.insert(0, Block())\n"
         "import numpy as np\n"
@@ -28,7 +28,8 @@ def test_import_works_without_torch_and_psycopg() -> None:
         "b = ReplayBuffer()\n"
         "b.store(DataRow(exp_meta=ExpMeta(task_id='t', agent_id='a', step=0),"
         " exp_data=Experience(state=np.ones(3))))\n"
-        "assert len(b) == 1 and 'torch' not in sys.modules\n"
+        "assert len(b) == 1 and 'torch' not in sys.modules and 'PIL' not in sys.modules\n"
+        "assert expstore.ImageConverter('state.x', output='hwc_uint8')\n"
         "try:\n"
         "    ReplayBuffer('postgresql+psycopg://u@127.0.0.1/db')\n"
         "except expstore.MissingDependencyError as e:\n"

@@ -17,7 +17,8 @@ USER_CODE = """
 from typing import Any, assert_type
 
 from expstore import (
-    DataRow, DefaultConverter, NumpyConverter, ReplayBuffer, StoreReport, TensorConverter
+    DataRow, DefaultConverter, ImageConverter, NumpyConverter, ReplayBuffer, StoreReport,
+    TensorConverter,
 )
 
 buffer = ReplayBuffer(eviction="fifo")
@@ -29,14 +30,16 @@ assert_type(buffer.sample(batch_size=4), list[DataRow])
 assert_type(buffer.sample(converter=DefaultConverter()), list[DataRow])
 assert_type(buffer.sample(None, None, NumpyConverter({"r": "exp_data.reward_t"})), dict[str, Any])
 assert_type(buffer.sample(converter=TensorConverter({"r": "exp_data.reward_t"})), dict[str, Any])
+assert_type(buffer.sample(converter=ImageConverter("state.shot", output="pil")), dict[str, Any])
 """
 
 WRONG_CODE = """
-from expstore import DataRow, ReplayBuffer, TensorConverter
+from expstore import DataRow, ImageConverter, ReplayBuffer, TensorConverter
 
 buffer = ReplayBuffer(eviction="lifo")
 rows: list[DataRow] = buffer.sample(converter=TensorConverter({"r": "exp_data.reward_t"}))
 buffer.store_batch([], dedup="maybe")
+ImageConverter("state.shot", output="chw")
 """
 
 
@@ -62,6 +65,7 @@ def test_mypy_catches_a_wrong_batch_type_and_unknown_options(tmp_path: Path) -> 
     assert done.returncode == 1
     out = done.stdout
     assert 'Argument "eviction" to "ReplayBuffer" has incompatible type' in out
+    assert 'Argument "output" to "ImageConverter" has incompatible type' in out
     # the batch of a TensorConverter is no list of rows (mypy says so by the argument)
     assert 'expected "Converter[list[DataRow]]"' in out or "Incompatible types in assignment" in out
     # store_batch is overloaded on report=: mypy names the call, or the argument

@@ -36,6 +36,7 @@ from ..buffer import ReplayBuffer
 from ..db import migrate
 from ..errors import ExpstoreError, QueryError, SchemaVersionError, StorageError
 from ..features.registry import BufferInfo
+from ..model.images import describe_image, looks_like_image
 from ..model.layout import META_COLUMNS, PAYLOAD_FIELDS, SCALAR_COLUMNS
 from ..model.rows import DataRow
 from ..query import Condition
@@ -398,13 +399,18 @@ def dumps(value: Any) -> str:
 
 def summarize(value: Any, width: int = 48) -> str:
     """A short one-line view of a value: a dict as ``key=value`` pairs, arrays and tensors
-    as ``float32[4]``, a one-item list as its item; cut to ``width`` with ``…``."""
+    as ``float32[4]``, image arrays (uint8 HxW, HxWx3, HxWx4, at least 16 pixels a side) as
+    ``image 1280x720 RGB 3fa2c1d0`` (the size, PIL's mode and the digest's first 8 hex
+    digits; a dict's images come first), a one-item list as its item; cut to ``width``
+    with ``…``."""
 
     def shrink(v: Any) -> Any:
         if isinstance(v, dict):
             return {str(k): shrink(x) for k, x in v.items()}
         if isinstance(v, (list, tuple)):
             return [shrink(x) for x in v]
+        if looks_like_image(v):
+            return describe_image(v)
         if isinstance(v, np.ndarray):
             return f"{v.dtype}{list(v.shape)}"
         torch = loaded_torch()
@@ -420,6 +426,10 @@ def summarize(value: Any, width: int = 48) -> str:
     plain = shrink(value)
     if isinstance(plain, list) and len(plain) == 1:
         plain = plain[0]
+    if isinstance(plain, dict) and isinstance(value, dict):
+        # Images first: their line is short and fixed, so a long value (a URL) cannot cut it.
+        first = [k for k, v in value.items() if looks_like_image(v)]
+        plain = {**{str(k): plain[str(k)] for k in first}, **plain}
     if isinstance(plain, dict) and plain:
         text = " ".join(f"{k}={show(v)}" for k, v in plain.items())
     else:

@@ -8,8 +8,9 @@ from typing import Annotated
 
 import typer
 
-from ..io import count_records, detect_format, export_rows, import_rows
+from ..io import count_records, detect_format, export_images, export_rows, import_rows
 from ..lineage_io import export_lineage
+from ..model.images import AUTO, AUTO_MIN_SIDE, ImageSelection, require_pillow
 from ._common import (
     DEFAULT_URL,
     BufferOption,
@@ -46,7 +47,13 @@ def _size(path: Path) -> str:
 
 
 def export(
-    out: Annotated[str, typer.Argument(metavar="OUT", help="The file to write; - for stdout.")],
+    out: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="OUT",
+            help="The file to write; - for stdout. May be left out with --images.",
+        ),
+    ] = None,
     db: DbOption = DEFAULT_URL,
     buffer: BufferOption = "default",
     format: FormatOption = None,
@@ -59,35 +66,125 @@ def export(
             "acked times, checkpoint, times claimed and sampled) instead of the row.",
         ),
     ] = False,
+    images: Annotated[
+        Path | None,
+        typer.Option(
+            "--images",
+            metavar="DIR",
+            help="Also write each image array as a PNG file, DIR/<path>/<row id>.png, for a "
+            "quick look (needs Pillow: pip install 'expstore[images]').",
+        ),
+    ] = None,
+    image_columns: Annotated[
+        bool,
+        typer.Option(
+            "--image-columns",
+            help="Parquet: write image arrays as Hugging Face Image columns "
+            "image.<path> (PNG bytes), which datasets shows as images.",
+        ),
+    ] = False,
+    image_path: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--image-path",
+            metavar="PATH",
+            help="Where the images are, for --images and --image-columns (repeatable; "
+            "default: every uint8 HxW, HxWx3 or HxWx4 array at least "
+            f"{AUTO_MIN_SIDE} pixels a side).",
+        ),
+    ] = None,
 ) -> None:
     """Write a buffer's rows (all, or those matching --where) to a JSON Lines or Parquet file.
 
     Every column and every tensor is kept, so `expstore import` gives back equal rows.
     Parquet files (pip install 'expstore[parquet]') open in pandas, polars and Hugging
     Face datasets: metadata columns, `data` (JSON text) and `tensors` (the tensor bytes).
+    With --image-columns, image arrays also become Hugging Face Image columns; with
+    --images DIR, PNG files to look at.
 
     \b
     Example:
       expstore export --where "exp_data.ext_info.success = true" good.parquet
       expstore export --format jsonl - | head -1
       expstore export --lineage lineage.parquet
+      expstore export --image-columns screens.parquet
+      expstore export --images shots/ --where "task_id = 't1'"
     """
-    fmt = detect_format(out, format.value if format else None)
+    selection = _images_asked(out, format, lineage, images, image_columns, image_path)
     condition = where_condition(where)
     buf = open_buffer(db, buffer)
+    written = 0
+    fmt = ""
     try:
         total = buf.count(condition)
         if not total:
             warn_unknown_paths(buf, condition)
-        with progress(total, f"exporting to {out}") as advance:
-            write = export_lineage if lineage else export_rows
-            written = write(buf, out, fmt, condition, progress=advance)
+        if out is not None:
+            fmt = detect_format(out, format.value if format else None)
+            with progress(total, f"exporting to {out}") as advance:
+                if lineage:
+                    written = export_lineage(buf, out, fmt, condition, progress=advance)
+                else:
+                    written = export_rows(
+                        buf,
+                        out,
+                        fmt,
+                        condition,
+                        progress=advance,
+                        images=selection if image_columns else None,
+                    )
+        pictures = None
+        if images is not None:
+            with progress(total, f"writing images to {images}") as advance:
+                pictures = export_images(
+                    buf, images, condition, images=selection, progress=advance
+                )
     finally:
         buf.close()
     where_text = f" where {condition}" if condition is not None else ""
-    size = "" if out == "-" else f", {_size(Path(out))}"
-    what = "lineage records" if lineage else "rows"
-    echo_err(f"Exported {written} {what} of buffer {buffer!r}{where_text} to {out} ({fmt}{size})")
+    if out is not None:
+        size = "" if out == "-" else f", {_size(Path(out))}"
+        what = "lineage records" if lineage else "rows"
+        echo_err(
+            f"Exported {written} {what} of buffer {buffer!r}{where_text} to {out} ({fmt}{size})"
+        )
+    if pictures is not None:
+        echo_err(f"Wrote {pictures} images (PNG) of {total} rows{where_text} to {images}")
+        if not pictures and total:
+            echo_err(
+                "No image arrays were found: an image is a uint8 HxW, HxWx3 or HxWx4 array "
+                f"(found by itself when at least {AUTO_MIN_SIDE} pixels a side); name where "
+                "they are with --image-path exp_data.state.<name>"
+            )
+
+
+def _images_asked(
+    out: str | None,
+    format: Format | None,
+    lineage: bool,
+    images: Path | None,
+    image_columns: bool,
+    image_path: list[str] | None,
+) -> str | list[str]:
+    """The image selection the options ask for (checked before anything is read or
+    written), as export_rows and export_images take it."""
+    if out is None and images is None:
+        raise CliError("give the file to write (OUT), or --images DIR to write only images")
+    if image_path and images is None and not image_columns:
+        raise CliError("--image-path says where the images are for --images or --image-columns")
+    if image_columns:
+        if out is None or detect_format(out, format.value if format else None) != "parquet":
+            raise CliError(
+                "--image-columns writes Hugging Face Image columns into a Parquet file: "
+                "give a *.parquet OUT (or --format parquet)"
+            )
+        if lineage:
+            raise CliError("--image-columns applies to rows, not to --lineage records")
+    selection: str | list[str] = list(image_path) if image_path else AUTO
+    if images is not None or image_columns:
+        ImageSelection.parse(selection)  # a bad path is refused before anything is written
+        require_pillow("writing images (--images, --image-columns)")
+    return selection
 
 
 def import_(

@@ -14,7 +14,8 @@ imports it on demand.
 - :mod:`~expstore.codec.batch`: one part of many rows at once, with a cache of placeholders;
 - :mod:`~expstore.codec.documents`: whole documents of many rows, learning texts that repeat;
 - :mod:`~expstore.codec.columns`: many rows' payloads encoded at once from columns;
-- :mod:`~expstore.codec.values`: equality that treats arrays and tensors as values.
+- :mod:`~expstore.codec.values`: equality that treats arrays and tensors as values;
+- :mod:`~expstore.codec.digests`: an array's digest (dtype, shape and bytes).
 
 >>> import numpy as np
 >>> doc, blob = encode_payload({"state": {"url": "a", "obs": np.zeros(2, np.float32)}})
@@ -30,6 +31,7 @@ from typing import Any
 from .batch import BatchDecoder
 from .checks import check_value, text_problem
 from .decode import PartDecoder, decode_payload
+from .digests import array_digest
 from .encode import PayloadWriter, dump_document, encode_payload
 from .format import HEADER_SIZE, MAGIC, RESERVED_KEYS, TensorSpec
 from .values import deep_equal, to_plain
@@ -43,6 +45,7 @@ __all__ = [
     "PayloadWriter",
     "RESERVED_KEYS",
     "TensorSpec",
+    "array_digest",
     "check_value",
     "decode_payload",
     "deep_equal",

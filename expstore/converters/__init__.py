@@ -1,7 +1,8 @@
 """Converters turn the rows a sampler chose into a training batch.
 
 :class:`Converter` is the interface (AWorld's ``to_dataset_row(rows)``). Importing this
-package does not import torch; :class:`TensorConverter` imports it when created.
+package does not import torch; :class:`TensorConverter` imports it when created, and
+:class:`ImageConverter` imports torch or Pillow when created for an output that needs them.
 """
 
 from .advantage import GroupAdvantageConverter, group_advantages
@@ -9,6 +10,7 @@ from .arrays import NumpyConverter
 from .base import Converter
 from .chat import ChatConverter
 from .default import DefaultConverter
+from .images import ImageConverter
 from .tensors import TensorConverter
 from .trajectory import TrajectoryConverter
 from .transition import TransitionConverter
@@ -19,6 +21,7 @@ __all__ = [
     "ChatConverter",
     "Converter",
     "DefaultConverter",
+    "ImageConverter",
     "NumpyConverter",
     "TensorConverter",
     "TrajectoryConverter",

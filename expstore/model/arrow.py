@@ -16,21 +16,45 @@ directly:
   readers that narrow floats (datasets' torch format casts float64 to float32: two-minute
   steps) keep the time; an integer, not an Arrow timestamp, because datasets' torch format
   cannot make tensors of timestamps. ``execute_time`` itself stays float64, exact.
+
+With ``images`` (``"auto"`` or field paths, see :mod:`expstore.model.images`), image arrays
+become Hugging Face ``Image`` features instead: ``image.<path>`` (``image.state.screenshot``)
+holds ``{"bytes": <PNG file>, "path": None}`` per row (null where the row has no image
+there), no ``tensor.<path>`` column is made for that path, and the schema's ``huggingface``
+metadata describes every column as ``datasets`` itself would (the image columns as
+``{"_type": "Image"}``), so ``datasets.Dataset.from_parquet`` and
+``load_dataset("parquet", ...)`` give PIL images. The images are views: the blob still holds
+every array, and ``expstore import`` reads the blob only.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from .images import ImageSelection, as_image, image_problem, png_bytes, short
 from .layout import PAYLOAD_FIELDS
+from .paths import MISSING, walk
 from .rows import DataRow
 
-__all__ = ["TENSOR_PREFIX", "TensorColumn", "tensor_columns", "tensor_table"]
+__all__ = [
+    "IMAGE_PREFIX",
+    "TENSOR_PREFIX",
+    "ImageColumn",
+    "TensorColumn",
+    "hf_features",
+    "image_columns",
+    "image_fields",
+    "image_table",
+    "tensor_columns",
+    "tensor_table",
+]
 
 TENSOR_PREFIX = "tensor."
+IMAGE_PREFIX = "image."
 #: How deep into dicts tensors are looked for.
 _DEPTH = 6
 
@@ -141,3 +165,103 @@ def tensor_table(pa: Any, rows: Sequence[DataRow], columns: Sequence[TensorColum
     micros = np.array([round(row.exp_meta.execute_time * 1e6) for row in rows], dtype=np.int64)
     out["execute_time_us"] = pa.array(micros, type=pa.int64())
     return out
+
+
+# ---------------------------------------------------------------------------------------
+# Images as Hugging Face Image features
+
+
+class ImageColumn(NamedTuple):
+    """An image column: its name (``image.state.screenshot``), the payload field and the
+    steps into it, and whether every value there must be an image (a named path) or only
+    images are taken (``"auto"``)."""
+
+    name: str
+    top: str
+    steps: tuple[str | int, ...]
+    strict: bool
+
+    @property
+    def dotted(self) -> tuple[str, ...]:
+        """The path as :class:`TensorColumn` spells it (a tensor column it replaces)."""
+        return (self.top, *map(str, self.steps))
+
+
+def image_columns(rows: Sequence[DataRow], selection: ImageSelection) -> list[ImageColumn]:
+    """The image columns of a table: each named path, or (``"auto"``) each path where one of
+    ``rows`` holds an image array."""
+    if selection.paths is not None:
+        return [
+            ImageColumn(IMAGE_PREFIX + short(path), path.top, path.steps, True)
+            for path in selection.paths
+            if path.top is not None
+        ]
+    found: dict[tuple[str | int, ...], ImageColumn] = {}
+    for row in rows:
+        for image in selection.find(row):
+            if image.path not in found:
+                top, *steps = image.path
+                found[image.path] = ImageColumn(
+                    IMAGE_PREFIX + image.where, str(top), tuple(steps), False
+                )
+    return list(found.values())
+
+
+def image_type(pa: Any) -> Any:
+    """The Arrow type of a Hugging Face ``Image`` feature: ``struct<bytes, path>``."""
+    return pa.struct([pa.field("bytes", pa.binary()), pa.field("path", pa.string())])
+
+
+def image_fields(pa: Any, columns: Iterable[ImageColumn]) -> list[Any]:
+    return [pa.field(c.name, image_type(pa), metadata={"image": "png"}) for c in columns]
+
+
+def image_table(pa: Any, rows: Sequence[DataRow], columns: Sequence[ImageColumn]) -> dict[str, Any]:
+    """The image columns over ``rows`` as Arrow arrays by name: PNG bytes per row, null
+    where a row has none. A named path holding something else than an image raises
+    InvalidArgumentError (or UnsupportedTypeError) naming the row."""
+    out: dict[str, Any] = {}
+    for column in columns:
+        cells: list[dict[str, Any] | None] = []
+        for row in rows:
+            value = walk(getattr(row.exp_data, column.top), column.steps)
+            if value is MISSING or value is None:
+                cells.append(None)
+                continue
+            where = f"row {row.id}: exp_data.{column.name.removeprefix(IMAGE_PREFIX)}"
+            if not column.strict and image_problem(value) is not None:
+                cells.append(None)  # "auto": not an image in this row
+                continue
+            array = as_image(value, where)
+            cells.append({"bytes": png_bytes(array, where), "path": None})
+        out[column.name] = pa.array(cells, type=image_type(pa))
+    return out
+
+
+_VALUE_NAMES = {"halffloat": "float16", "float": "float32", "double": "float64"}
+
+
+def _feature(pa: Any, kind: Any) -> dict[str, Any]:
+    """The ``datasets`` feature (as ``Features.to_dict`` spells it) of an Arrow type that
+    the export writes: a ``Value`` or a fixed-length ``Sequence`` of them."""
+    if pa.types.is_fixed_size_list(kind):
+        return {
+            "feature": _feature(pa, kind.value_type),
+            "length": kind.list_size,
+            "_type": "Sequence",
+        }
+    name = str(kind)
+    return {"dtype": _VALUE_NAMES.get(name, name), "_type": "Value"}
+
+
+def hf_features(pa: Any, schema: Any, images: Iterable[ImageColumn]) -> dict[str, str]:
+    """The schema metadata that makes ``datasets`` read the image columns as ``Image``:
+    ``{"huggingface": '{"info": {"features": {...}}}'}`` describing every column, as
+    ``datasets``' own writer does (versions before 2.17 take the features from there
+    whole; later ones take each column whose type matches)."""
+    names = {c.name for c in images}
+    features = {
+        field.name: {"_type": "Image"} if field.name in names else _feature(pa, field.type)
+        for field in schema
+    }
+    return {"huggingface": json.dumps({"info": {"features": features}})}
