@@ -258,7 +258,8 @@ def resume(url: str, name: str, args: argparse.Namespace) -> str:
     again = float("nan") if first_saved is None else first_saved - killed_at
     return (
         f"  resume: {args.actors} actors SIGKILLed at once, {args.run_s:g} s into "
-        f"generating, holding {saved} saved tokens; generation running again {again:.2f} s after the kill "
+        f"generating, holding {saved} saved tokens; generation running again "
+        f"{again:.2f} s after the kill "
         f"(new processes: Python start, imports, consumer takeover); saved tokens continued "
         f"from: {kept} of {saved} ({kept / max(saved, 1):.0%})"
     )
