@@ -9,7 +9,15 @@ from typing import Any
 
 from .errors import MissingDependencyError
 
-_EXTRAS = {"torch": "torch", "psycopg": "postgres", "pyarrow": "parquet", "PIL": "images"}
+_EXTRAS = {
+    "torch": "torch",
+    "psycopg": "postgres",
+    "pyarrow": "parquet",
+    "PIL": "images",
+    "starlette": "ui",
+    "jinja2": "ui",
+    "uvicorn": "ui",
+}
 
 
 def require(module: str, purpose: str) -> ModuleType:

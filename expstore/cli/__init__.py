@@ -6,6 +6,7 @@
 - :mod:`.rows`: ``query``, ``sample``
 - :mod:`.manage`: ``delete``, ``retention``
 - :mod:`.transfer`: ``export``, ``import``
+- :mod:`.ui`: ``ui`` (the trajectory viewer)
 - :mod:`.demo`: ``demo``
 - :mod:`.where`: the ``--where`` filter language
 
@@ -18,7 +19,7 @@ import typer
 
 from .._version import __version__
 from ..db import migrate
-from . import buffers, demo, manage, rows, schema, stats, transfer
+from . import buffers, demo, manage, rows, schema, stats, transfer, ui
 from ._common import ExpstoreGroup
 
 __all__ = ["app", "main"]
@@ -73,6 +74,7 @@ app.command("retention")(manage.retention)
 app.command("summary")(manage.summary)
 app.command("export")(transfer.export)
 app.command("import")(transfer.import_)
+app.command("ui")(ui.ui)
 
 
 def main() -> None:

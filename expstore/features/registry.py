@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, delete, func, select, update
+from sqlalchemy import Connection, delete, select, update
 from sqlalchemy.sql.elements import ColumnElement
 
 from .._args import check_int
@@ -304,20 +304,12 @@ class BufferInfo(NamedTuple):
 
 def list_buffers(conn: Connection, *, count_rows: bool = True) -> list[BufferInfo]:
     """Every buffer of the database on ``conn``, in order of creation; ``count_rows``:
-    count each one's rows too (a pass over the rows table's buffer index)."""
-    if count_rows:
-        counts = (
-            select(rows.c.buffer_id, func.count().label("rows"))
-            .group_by(rows.c.buffer_id)
-            .subquery()
-        )
-        found: Any = func.coalesce(counts.c.rows, 0)
-        table: Any = buffers.outerjoin(counts, counts.c.buffer_id == buffers.c.id)
-    else:
-        found, table = None, buffers
+    with each one's rows (the row count every write, delete and eviction keeps on the
+    buffer's row: no pass over the rows)."""
+    found: Any = buffers.c.row_count if count_rows else None
     stmt = select(
         buffers.c.name, found, buffers.c.capacity, buffers.c.eviction, buffers.c.policy_version
-    ).select_from(table)
+    )
     return [
         BufferInfo(
             name, None if count is None else int(count), capacity, eviction or "fifo", version

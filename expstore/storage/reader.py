@@ -180,6 +180,12 @@ def _cursor(position: tuple[Any, ...]) -> str:
     return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 
 
+def key_cursor(key: int) -> str:
+    """The cursor of a page in key order that starts after the row of ``key`` (or, in
+    descending key order, before it)."""
+    return _cursor((int(key),))
+
+
 def _position(cursor: Any, column_name: str) -> tuple[Any, ...]:
     """The keyset position of a cursor made by :func:`_cursor` for ``column_name``;
     InvalidArgumentError for anything else."""

@@ -1,0 +1,429 @@
+"""What the viewer's pages show, read from the database (no HTTP here).
+
+One :class:`Viewer` per served database keeps one open handle per buffer, shared by every
+request (handles are safe across threads). Everything it reads goes through the buffer's
+public API (``page``, ``get``, ``get_by_task_id``, ``lineage``, ``queue_stats``,
+``rate_limit_stats``, ``policy_version``), but for the live page's snapshot, which reads
+typed columns only (never a payload) in three statements and is shared by every open tab
+for :attr:`Viewer.live_every` seconds, so the live page costs the database at most about
+one statement per second whatever the number of tabs.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from sqlalchemy import func, select
+
+from ..buffer import ReplayBuffer
+from ..db.engine import create_sql_engine
+from ..db.schema import buffers, consumption, rate_limits, rows
+from ..errors import ExpstoreError, InvalidArgumentError
+from ..features.claims.reports import Lineage, claim_state
+from ..model.layout import ORDERABLE
+from ..model.paths import MISSING, parse_path, read_path
+from ..model.rows import DataRow
+from ..query import And, Comparison, Condition, parse_where
+from ..storage.reader import MAX_PAGE, key_cursor
+from ..storage.sql import describe_database
+
+__all__ = [
+    "DEFAULT_COLUMNS",
+    "MAX_ROWS_SHOWN",
+    "BufferSummary",
+    "GroupView",
+    "NotFound",
+    "RowsView",
+    "TrajectoryView",
+    "Viewer",
+]
+
+#: The columns of the rows table unless the page asks for others.
+DEFAULT_COLUMNS = (
+    "id",
+    "exp_meta.task_id",
+    "exp_meta.agent_id",
+    "exp_meta.step",
+    "exp_data.reward_t",
+    "exp_meta.policy_version",
+    "exp_data.state",
+)
+#: The most rows one page of the rows table shows (a bigger ``limit`` is refused).
+MAX_ROWS_SHOWN = 500
+#: Rows the live page's snapshot reads (the newest), for its plots.
+LIVE_ROWS = 2000
+
+
+class NotFound(ExpstoreError, LookupError):
+    """A buffer, row or task the page names does not exist (HTTP 404)."""
+
+
+@dataclass(frozen=True)
+class BufferSummary:
+    """One buffer on the buffers page."""
+
+    name: str
+    rows: int
+    capacity: int | None
+    eviction: str
+    policy_version: int | None
+    tasks: int | None
+    agents: int | None
+    rate_limit: str | None
+
+
+@dataclass(frozen=True)
+class RowsView:
+    """One page of the rows table."""
+
+    buffer: str
+    where: str
+    condition: Condition | None
+    columns: tuple[str, ...]
+    order_by: str
+    limit: int
+    rows: list[DataRow]
+    keys: list[int]
+    next: str | None
+    after: str | None
+
+
+@dataclass(frozen=True)
+class TrajectoryView:
+    """A task's steps in order, and its neighbours within the filter."""
+
+    buffer: str
+    task_id: str
+    where: str
+    steps: list[DataRow]
+    previous: str | None
+    next: str | None
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """A GRPO group: its completions, with advantages and claim records."""
+
+    buffer: str
+    key: str
+    group_by: str
+    rows: list[DataRow]
+    advantages: list[float | None]
+    lineage: dict[str, Lineage]
+
+
+@dataclass
+class _Live:
+    at: float = 0.0
+    snapshot: dict[str, Any] = field(default_factory=dict)
+    rows_then: tuple[float, int] | None = None
+
+
+class Viewer:
+    """The database the UI shows. ``live_every``: seconds a live snapshot is shared for
+    (and how often the live page asks for one)."""
+
+    def __init__(self, url: str, *, live_every: float = 3.0) -> None:
+        self.url = url
+        self.live_every = live_every
+        self._buffers: dict[str, ReplayBuffer] = {}
+        self._live: dict[str, _Live] = {}
+        self._lock = threading.Lock()
+        #: Statements the live snapshots ran (for the cost check).
+        self.live_statements = 0
+
+    # -- buffers ---------------------------------------------------------------------------
+    def describe(self) -> tuple[str | None, list[Any]]:
+        """The database's schema revision and buffers (rows not counted)."""
+        revision, found = describe_database(self.url, count_rows=False)
+        return revision, list(found or [])
+
+    def buffer(self, name: str) -> ReplayBuffer:
+        """The open handle of buffer ``name``; NotFound if the database has none."""
+        with self._lock:
+            known = self._buffers.get(name)
+        if known is not None:
+            return known
+        _, found = self.describe()
+        if name not in {b.name for b in found}:
+            raise NotFound(f"the database has no buffer named {name!r}")
+        opened = ReplayBuffer(self.url, name=name)
+        with self._lock:
+            kept = self._buffers.setdefault(name, opened)
+        if kept is not opened:
+            opened.close()
+        return kept
+
+    def overview(self) -> tuple[str | None, list[BufferSummary]]:
+        """Every buffer with its rows, retention, policy version, rate limit, and tasks
+        and agents when the buffer keeps task summaries (counting them otherwise would
+        read every row): three statements whatever the number of buffers, and a handle
+        opened only for a buffer with summaries."""
+        revision, found = describe_database(self.url, count_rows=True)
+        if not found:
+            return revision, []
+        engine = create_sql_engine(self.url)
+        try:
+            with engine.connect() as conn:
+                limits = {
+                    int(r.buffer_id): r
+                    for r in conn.execute(
+                        select(
+                            rate_limits.c.buffer_id,
+                            rate_limits.c.samples_per_insert,
+                            rate_limits.c.min_size,
+                            rate_limits.c.block_writers,
+                        )
+                    )
+                }
+                ids = {
+                    str(n): int(i) for n, i in conn.execute(select(buffers.c.name, buffers.c.id))
+                }
+                summarised = set(
+                    conn.execute(
+                        select(buffers.c.name).where(buffers.c.summary_from.is_not(None))
+                    ).scalars()
+                )
+        finally:
+            engine.dispose()
+        out = []
+        for info in found:
+            tasks = agents = None
+            if info.name in summarised:
+                summary = self.buffer(info.name).sql.summary(None, 0.0)
+                tasks, agents = summary.get("tasks"), summary.get("agents")
+            limit = limits.get(int(ids[info.name]))
+            out.append(
+                BufferSummary(
+                    info.name,
+                    int(info.rows or 0),
+                    info.capacity,
+                    info.eviction,
+                    info.policy_version,
+                    tasks,
+                    agents,
+                    None if limit is None else _limit_text(limit),
+                )
+            )
+        return revision, out
+
+    def close(self) -> None:
+        with self._lock:
+            opened, self._buffers = list(self._buffers.values()), {}
+        for buffer in opened:
+            buffer.close()
+
+    # -- rows --------------------------------------------------------------------------------
+    def rows(
+        self,
+        name: str,
+        *,
+        where: str = "",
+        after: str | None = None,
+        limit: int = 50,
+        columns: Sequence[str] = (),
+        order_by: str = "key",
+    ) -> RowsView:
+        """A page of the rows table. QueryError (with its caret) for a bad ``where``,
+        InvalidArgumentError for a bad column, order, cursor or page size."""
+        buffer = self.buffer(name)
+        if not 1 <= limit <= MAX_ROWS_SHOWN:
+            raise InvalidArgumentError(
+                f"a page shows 1 to {MAX_ROWS_SHOWN} rows, not {limit}; page through with "
+                "the Next link instead"
+            )
+        if order_by.lstrip("-") not in ORDERABLE:
+            raise InvalidArgumentError(
+                f"rows sort by {', '.join(ORDERABLE)} (a leading '-' for descending), not "
+                f"{order_by!r}"
+            )
+        shown = tuple(columns) or DEFAULT_COLUMNS
+        for path in shown:
+            parse_path(path)  # QueryError naming the fields there are
+        condition = parse_where(where) if where.strip() else None
+        page = buffer.page(condition, after=after or None, limit=limit, order_by=order_by)
+        return RowsView(
+            name, where, condition, shown, order_by, limit, page.rows, page.keys, page.next, after
+        )
+
+    def record(self, name: str, row_id: str) -> tuple[DataRow, Lineage | None]:
+        """One row and its lineage; NotFound if the buffer holds no such row."""
+        buffer = self.buffer(name)
+        row = buffer.get(row_id)
+        if row is None:
+            raise NotFound(f"buffer {name!r} holds no row with id {row_id!r}")
+        return row, buffer.lineage([row_id]).get(row_id)
+
+    def array(self, name: str, row_id: str, path: str) -> Any:
+        """The value at ``path`` of a row (for an image or a preview)."""
+        row, _ = self.record(name, row_id)
+        value = read_path(row, parse_path(path))
+        if value is MISSING:
+            raise NotFound(f"row {row_id!r} has nothing at {path!r}")
+        return value
+
+    # -- trajectories and groups -------------------------------------------------------------
+    def trajectory(self, name: str, task_id: str, *, where: str = "") -> TrajectoryView:
+        """A task's steps in order, with the previous and next task among the rows the
+        filter ``where`` matches (by each task's first row)."""
+        buffer = self.buffer(name)
+        steps = buffer.get_by_task_id(task_id)
+        if not steps:
+            raise NotFound(f"buffer {name!r} holds no step of task {task_id!r}")
+        condition = parse_where(where) if where.strip() else None
+        first = buffer.page(Comparison("task_id", "eq", task_id), limit=1).keys[0]
+        others: Condition = Comparison("task_id", "ne", task_id)
+        if condition is not None:
+            others = And((condition, others))
+        after = buffer.page(others, after=key_cursor(first), limit=1)
+        before = buffer.page(others, after=key_cursor(first), limit=1, order_by="-key")
+        return TrajectoryView(
+            name,
+            task_id,
+            where,
+            steps,
+            before.rows[0].exp_meta.task_id if before.rows else None,
+            after.rows[0].exp_meta.task_id if after.rows else None,
+        )
+
+    def group(self, name: str, key: str, *, group_by: str = "exp_meta.task_id") -> GroupView:
+        """The rows whose ``group_by`` field equals ``key`` (a GRPO group: completions of
+        one prompt), their group-normalised advantages (reward less the group's mean, over
+        its standard deviation) and their claim records."""
+        buffer = self.buffer(name)
+        parse_path(group_by)
+        found = buffer.page(Comparison(group_by, "eq", key), limit=MAX_PAGE).rows
+        if not found:
+            raise NotFound(f"buffer {name!r} holds no row with {group_by} = {key!r}")
+        rewards = [r.exp_data.reward_t for r in found]
+        known = np.asarray([r for r in rewards if r is not None], dtype=np.float64)
+        mean = float(known.mean()) if len(known) else 0.0
+        std = float(known.std()) if len(known) else 0.0
+        advantages = [None if r is None else (r - mean) / (std + 1e-6) for r in rewards]
+        return GroupView(
+            name, key, group_by, found, advantages, buffer.lineage([r.id for r in found])
+        )
+
+    # -- live ------------------------------------------------------------------------------
+    def live(self, name: str) -> dict[str, Any]:
+        """The live page's numbers: rows and rows written per second, the policy version,
+        staleness and reward by version over the newest rows, claims per consumer, the
+        rate limit's counters. One snapshot serves every tab for ``live_every`` seconds."""
+        buffer = self.buffer(name)
+        with self._lock:
+            state = self._live.setdefault(name, _Live())
+            if time.monotonic() - state.at < self.live_every and state.snapshot:
+                return state.snapshot
+            snapshot = self._snapshot(buffer, state)
+            state.at, state.snapshot = time.monotonic(), snapshot
+            return snapshot
+
+    def _snapshot(self, buffer: ReplayBuffer, state: _Live) -> dict[str, Any]:
+        handle = buffer.sql.handle
+        r = rate_limits.c
+        head = (
+            select(
+                buffers.c.row_count,
+                buffers.c.policy_version,
+                buffers.c.inserted,
+                r.samples,
+                r.samples_per_insert,
+                r.min_size,
+            )
+            .select_from(buffers.outerjoin(rate_limits, r.buffer_id == buffers.c.id))
+            .where(buffers.c.id == handle.buffer_id)
+        )
+        state_now = claim_state(handle.dialect.now()).label("state")
+        claims = (
+            select(_C.consumer, state_now, func.count())
+            .where(_C.buffer_id == handle.buffer_id, _C.acked_at.is_(None))
+            .group_by(_C.consumer, state_now)
+        )
+        newest = (
+            select(rows.c.policy_version, rows.c.reward_t, rows.c.execute_time)
+            .where(rows.c.buffer_id == handle.buffer_id)
+            .order_by(rows.c.key.desc())
+            .limit(LIVE_ROWS)
+        )
+        with handle.errors("read the live numbers"), handle.read() as conn:
+            top = conn.execute(head).one()
+            held = conn.execute(claims).all()
+            recent = conn.execute(newest).all()
+        self.live_statements += 3
+        now = time.time()
+        count = int(top.row_count)
+        rate = None
+        if state.rows_then is not None and now > state.rows_then[0]:
+            rate = max(0.0, (int(top.inserted) - state.rows_then[1]) / (now - state.rows_then[0]))
+        state.rows_then = (now, int(top.inserted))
+        version = None if top.policy_version is None else int(top.policy_version)
+        per: dict[str, dict[str, int]] = {}
+        for consumer, claim, n in held:
+            if consumer is not None and claim in ("leased", "expired"):
+                per.setdefault(str(consumer), {"leased": 0, "expired": 0})[claim] += int(n)
+        limit = None
+        if top.samples_per_insert is not None:
+            limit = {
+                "inserted": int(top.inserted),
+                "sampled": int(top.samples),
+                "samples_per_insert": float(top.samples_per_insert),
+                "min_size": int(top.min_size),
+            }
+        return {
+            "rows": count,
+            "rows_per_s": rate,
+            "policy_version": version,
+            "staleness": _staleness(recent, version),
+            "by_version": _by_version(recent),
+            "claims": per,
+            "rate_limit": limit,
+            "at": now,
+        }
+
+
+_C = consumption.c
+
+
+def _limit_text(limiter: Any) -> str:
+    return f"{limiter.samples_per_insert:g} samples per insert, min_size {limiter.min_size}" + (
+        ", blocks writers" if limiter.block_writers else ""
+    )
+
+
+def _staleness(recent: Sequence[Any], version: int | None) -> list[tuple[str, int]]:
+    """How many of the newest rows are 0, 1, 2 ... versions behind ``version``."""
+    if version is None:
+        return []
+    behind: dict[int, int] = {}
+    for row in recent:
+        if row.policy_version is not None:
+            lag = max(0, version - int(row.policy_version))
+            behind[lag] = behind.get(lag, 0) + 1
+    return [(str(k), behind[k]) for k in sorted(behind)][:30]
+
+
+def _by_version(recent: Sequence[Any]) -> list[dict[str, Any]]:
+    """Mean reward and success (reward > 0) per policy version over the newest rows."""
+    grouped: dict[int, list[float]] = {}
+    for row in recent:
+        if row.policy_version is not None and row.reward_t is not None:
+            grouped.setdefault(int(row.policy_version), []).append(float(row.reward_t))
+    out = []
+    for version in sorted(grouped)[-30:]:
+        values = grouped[version]
+        mean = sum(values) / len(values)
+        out.append(
+            {
+                "version": version,
+                "rows": len(values),
+                "reward": mean if math.isfinite(mean) else None,
+                "success": sum(v > 0 for v in values) / len(values),
+            }
+        )
+    return out
