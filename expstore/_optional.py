@@ -9,7 +9,7 @@ from typing import Any
 
 from .errors import MissingDependencyError
 
-_EXTRAS = {"torch": "torch", "psycopg": "postgres", "pyarrow": "parquet"}
+_EXTRAS = {"torch": "torch", "psycopg": "postgres", "pyarrow": "parquet", "PIL": "images"}
 
 
 def require(module: str, purpose: str) -> ModuleType:

@@ -17,7 +17,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .decode import PartDecoder
+from ..errors import CodecError
+from .decode import Arrays, PartDecoder
 from .format import (
     CRC_DTYPE,
     HEADER_SIZE,
@@ -66,14 +67,30 @@ class BatchDecoder:
             self.specs.clear()
             self.views.clear()
         self.specs[text] = spec
-        if spec.kind == "numpy" and spec.dtype.isnative:
+        if spec.kind == "numpy" and spec.dtype.isnative and spec.digest is None:
             start = HEADER_SIZE + spec.offset
             shape = spec.shape if len(spec.shape) != 1 else None
             self.views[text] = _View(spec.dtype, spec.size, start, start + spec.nbytes, shape)
 
-    def decode_text(self, text: str, blob: Blob, row_id: str, path: str) -> Any:
-        """One row's part given as JSON text: what decoding the whole row gives there."""
-        part = PartDecoder(blob, row_id)
+    def learn(self, text: str, row_id: str, path: str) -> None:
+        """Remember ``text``'s spec if it is a valid tensor placeholder (anything else is
+        left for :meth:`decode_text` to decode or explain)."""
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError):
+            return
+        if type(value) is dict and len(value) == 1 and TENSOR_KEY in value:
+            try:
+                self.remember(text, PartDecoder(None, row_id).tensor_spec(value[TENSOR_KEY], path))
+            except CodecError:
+                return
+
+    def decode_text(
+        self, text: str, blob: Blob, row_id: str, path: str, arrays: Arrays | None = None
+    ) -> Any:
+        """One row's part given as JSON text: what decoding the whole row gives there
+        (``arrays``: the stored arrays it may refer to by digest)."""
+        part = PartDecoder(blob, row_id, arrays)
         spec = self.specs.get(text)
         if spec is not None:
             return part.tensor_at(spec, path)
@@ -97,6 +114,7 @@ class BatchDecoder:
         writable: bool = True,
         checked: set[int] | None = None,
         stack: bool = False,
+        arrays: Arrays | None = None,
     ) -> list[Any] | np.ndarray:
         """:meth:`decode_text` for each row, None where a text is None (SQL NULL).
 
@@ -108,11 +126,12 @@ class BatchDecoder:
         ``writable=False`` lets arrays be read-only views of the blobs, for a caller that
         copies them anyway (a converter stacking a batch). ``checked`` holds the ``id()``
         of blobs already verified, so that several parts of one row check its blob once;
-        its blobs must stay alive while it is in use.
+        its blobs must stay alive while it is in use. ``arrays``: the stored arrays the
+        rows refer to by digest.
         """
         if stack and texts and texts[0] is not None:
-            if texts[0] not in self.views:  # learn the placeholder from the first row
-                self.decode_text(texts[0], blobs[0], row_ids[0], path)
+            if texts[0] not in self.specs:  # learn the placeholder from the first row
+                self.learn(texts[0], row_ids[0], path)
             stacked = self.stacked(texts, blobs, row_ids, checked)
             if stacked is not None:
                 return stacked
@@ -133,7 +152,7 @@ class BatchDecoder:
                     if checked is not None:
                         checked.add(id(blob))
                     continue
-            append(None if text is None else self.decode_text(text, blob, row_id, path))
+            append(None if text is None else self.decode_text(text, blob, row_id, path, arrays))
         return out
 
     def stacked(
