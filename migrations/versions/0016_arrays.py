@@ -11,7 +11,8 @@
   the defaults).
 
 New tables and nullable columns only: nothing stored is rewritten, and rows written before
-(every array in their blob) stay readable as they are.
+(every array in their blob) stay readable as they are. A downgrade drops the tables: arrays
+stored by digest go with them (export the buffer first to keep them).
 
 Revision ID: 0016
 Revises: 0014
@@ -34,9 +35,8 @@ _BLOB = sa.LargeBinary().with_variant(postgresql.BYTEA(), "postgresql")
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("expstore_buffers") as batch:
-        batch.add_column(sa.Column("compression", sa.String(16), nullable=True))
-        batch.add_column(sa.Column("max_array_bytes", sa.BigInteger(), nullable=True))
+    op.add_column("expstore_buffers", sa.Column("compression", sa.String(16), nullable=True))
+    op.add_column("expstore_buffers", sa.Column("max_array_bytes", sa.BigInteger(), nullable=True))
     op.create_table(
         "expstore_arrays",
         sa.Column("buffer_id", sa.Integer(), nullable=False),
@@ -74,11 +74,20 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    bind = op.get_bind()
+    if bind.dialect.name == "sqlite" and bind.dialect.dbapi.sqlite_version_info < (3, 35, 0):
+        raise RuntimeError(
+            "downgrading below revision 0016 drops columns of expstore_buffers, which needs "
+            f"SQLite 3.35 or later (this is {bind.dialect.dbapi.sqlite_version}); upgrade "
+            "SQLite, or keep the schema"
+        )
     op.drop_index(
         op.f("ix_expstore_array_refs_buffer_id_digest"), table_name="expstore_array_refs"
     )
     op.drop_table("expstore_array_refs")
     op.drop_table("expstore_arrays")
-    with op.batch_alter_table("expstore_buffers") as batch:
-        batch.drop_column("max_array_bytes")
-        batch.drop_column("compression")
+    for column in ("max_array_bytes", "compression"):
+        if bind.dialect.name == "sqlite":  # ALTER TABLE ... DROP COLUMN, never a table copy
+            op.execute(sa.text(f"ALTER TABLE expstore_buffers DROP COLUMN {column}"))
+        else:
+            op.drop_column("expstore_buffers", column)
