@@ -25,7 +25,8 @@ The buffer's ``compression`` setting picks the codec of each new array:
   pages stay with zstd);
 - ``"png"``, ``"webp"``: that image codec (lossless) for image arrays, zstd for any other
   array (silently, losslessly);
-- None: the raw bytes (stored once all the same).
+- None: the raw bytes (stored once all the same); zstd output no smaller than the array
+  is stored raw too.
 
 Reading checks the CRC, then decodes into exactly the bytes the placeholder's shape and
 dtype make, never more: a zstd frame must declare that content size, an image that width,
@@ -166,6 +167,8 @@ def pack_array(data: np.ndarray[Any, Any], digest: str, compression: str | None)
                 image = _image(data, PNG)
                 if image is not None and len(image) * 4 <= len(packed) * 3:
                     codec, stream = PNG, memoryview(image)
+            if codec != PNG and len(stream) >= data.nbytes:  # incompressible: kept raw
+                codec, stream = RAW, memoryview(data.reshape(-1).view(np.uint8))
     head = bytes([codec]) + bytes(7)
     crc = crc32(stream, crc32(head, crc32(digest.encode("ascii"))))
     return b"".join([ARRAY_MAGIC, CRC.pack(crc), head, stream])

@@ -56,7 +56,7 @@ __all__ = [
 
 #: (digest, array) of each array a row refers to by digest, by row id.
 Externals = Mapping[str, Sequence[tuple[str, Any]]]
-_DIGEST = re.compile(r'"digest":"([0-9a-f]{32})"')
+_DIGEST = re.compile(r'"digest":\s*"([0-9a-f]{32})"')  # (Postgres writes jsonb with spaces)
 _CHUNK = 500
 #: Arrays packed at once in threads (zstd and Pillow release the GIL).
 _PACKERS = 2
@@ -187,7 +187,7 @@ def digests_in(texts: Iterable[Any]) -> set[str]:
     a user's string that looks like one only costs a look-up that finds nothing)."""
     found: set[str] = set()
     for text in texts:
-        if type(text) is str and '"digest":"' in text:
+        if type(text) is str and '"digest":' in text:
             found.update(_DIGEST.findall(text))
     return found
 

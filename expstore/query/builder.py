@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import QueryError
-from .conditions import And, Comparison, Condition, Or, as_condition
+from .conditions import And, Changed, Comparison, Condition, Or, as_condition
 
 __all__ = ["QueryBuilder"]
 
@@ -46,7 +46,8 @@ class QueryBuilder:
 
     Comparisons: ``eq, ne, gt, gte, lt, lte`` (a field and a value), ``in_, not_in`` (a field
     and a list), ``like, not_like`` (a field and a LIKE pattern), ``between`` (a field and
-    two bounds), ``is_null, is_not_null`` (a field). Operators: ``and_()``, ``or_()``.
+    two bounds), ``is_null, is_not_null`` (a field), ``changed, unchanged`` (a field, compared
+with the previous step of the trajectory). Operators: ``and_()``, ``or_()``.
     Groups: ``nested(builder)``. Then ``build()``.
     """
 
@@ -176,6 +177,24 @@ class QueryBuilder:
                 groups[-1].append(step.condition)
         terms = [group[0] if len(group) == 1 else And(tuple(group)) for group in groups]
         return terms[0] if len(terms) == 1 else Or(tuple(terms))
+
+    # -- changes between steps ------------------------------------------------------------
+    def changed(self, field: str) -> QueryBuilder:
+        """Steps whose value at ``field`` differs from the previous step of the same
+        trajectory (the first step counts as changed); see :class:`Changed`."""
+        return self._change(field, True, f"changed({field!r})")
+
+    def unchanged(self, field: str) -> QueryBuilder:
+        """Steps whose value at ``field`` is the same as in the previous step of the same
+        trajectory (WebGym's ``filter_same_screenshot`` drops them); see :class:`Changed`."""
+        return self._change(field, False, f"unchanged({field!r})")
+
+    def _change(self, field: str, changed: bool, call: str) -> QueryBuilder:
+        try:
+            condition = Changed(field, changed)
+        except QueryError as exc:
+            raise QueryError(f"{call} (call {len(self._steps) + 1}): {exc}") from None
+        return self._add(condition, None, call)
 
     # -- chain bookkeeping ------------------------------------------------------------------
     def _compare(self, op: str, field: str, value: Any, call: str) -> QueryBuilder:

@@ -53,6 +53,7 @@ from sqlalchemy import (
     func,
     not_,
     or_,
+    select,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.compiler import compiles
@@ -62,7 +63,7 @@ from ..errors import QueryError
 from ..model.layout import Kind
 from ..model.paths import FieldPath
 from ._like import ESCAPE, like_to_glob
-from .conditions import And, Comparison, Condition, Or, as_condition
+from .conditions import And, Changed, Comparison, Condition, Or, as_condition
 
 __all__ = ["DIALECTS", "json_text", "sqlite_json_path", "to_sql"]
 
@@ -207,8 +208,48 @@ class _Compiler(ABC):
                 "ColumnElement[bool]",
                 _balanced(or_, [self.condition(c) for c in condition.conditions]),
             )
+        if isinstance(condition, Changed):
+            return self.changed(condition)
         assert isinstance(condition, Comparison)
         return self.comparison(condition)
+
+    def change_key(self, target: FieldPath) -> ColumnElement[Any]:
+        """What ``changed(field)`` compares: a column's value; for a payload path the
+        digest of an array stored by digest, NULL for an array in the row's blob (its bytes
+        are not visible to SQL), else the JSON text of the value."""
+        if target.column is not None:
+            return self.table.c[target.column.name]  # type: ignore[no-any-return]
+        tensor = FieldPath(target.text, None, target.top, (*target.steps, "__tensor__"))
+        digest = FieldPath(target.text, None, target.top, (*tensor.steps, "digest"))
+        return case(
+            (self.json_type(tensor).is_(None), self.json_text(target)),
+            else_=self.json_text(digest),
+        )
+
+    def changed(self, c: Changed) -> ColumnElement[bool]:
+        """The value at ``c.target`` compared with the previous step of the same trajectory
+        (same buffer and task_id, the largest step below this row's), found by a correlated
+        probe of the ``(buffer_id, task_id, step)`` index."""
+        table = self.table
+        previous = table.alias("expstore_previous")
+        here = self.change_key(c.target)
+        there = type(self)(previous).change_key(c.target)  # type: ignore[arg-type]
+        earlier = (
+            select(there)
+            .where(
+                previous.c.buffer_id == table.c.buffer_id,
+                previous.c.task_id == table.c.task_id,
+                previous.c.step < table.c.step,
+            )
+            .order_by(previous.c.step.desc(), previous.c.key.desc())
+            .limit(1)
+            .correlate(table)
+            .scalar_subquery()
+        )
+        same = and_(here.is_not(None), here == earlier)
+        if c.changed:
+            return not_(func.coalesce(same, false()))
+        return as_type("ColumnElement[bool]", func.coalesce(same, false()))
 
     def comparison(self, c: Comparison) -> ColumnElement[bool]:
         op, target = c.op, c.target

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_CONDITION_DEPTH",
     "And",
+    "Changed",
     "Comparison",
     "Condition",
     "OPERATORS",
@@ -310,6 +311,50 @@ class Or(_Group):
         return any(c.matches(row) for c in self.conditions)
 
 
+@dataclass(frozen=True)
+class Changed(Condition):
+    """``changed(field)``: the value at ``field`` differs from the same field in the
+    previous step of the same trajectory (the row of the same ``task_id`` with the largest
+    ``step`` below this one); ``unchanged(field)`` (``changed=False``): it is the same.
+
+    What is compared is what the database sees: the digest of an array stored by digest
+    (64 KiB or more: a screenshot), the JSON of any other payload value, the value of a
+    column. An array kept in its row's blob (smaller) has no digest, so it is never
+    *unchanged*. The first step of a trajectory has no previous step: it counts as changed
+    (WebGym's ``filter_same_screenshot`` keeps it). Compiled to SQL only: a single row
+    cannot tell, so :meth:`matches` raises QueryError.
+
+    >>> print(Changed("exp_data.state.screenshot"))
+    changed(exp_data.state.screenshot)
+    """
+
+    field: str
+    changed: bool = True
+    target: FieldPath = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if type(self.changed) is not bool:
+            raise QueryError(f"changed must be True or False, got {self.changed!r}")
+        object.__setattr__(self, "target", resolve_field(self.field))
+
+    @property
+    def op(self) -> str:
+        return "changed" if self.changed else "unchanged"
+
+    def matches(self, row: DataRow) -> bool:
+        raise QueryError(
+            f"{self} compares a row with the previous step of its trajectory, which one row "
+            "does not hold; it is evaluated by the database (use it in a query, a sampler or "
+            "a claim)"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"field": self.field, "op": self.op}
+
+    def __str__(self) -> str:
+        return f"{self.op}({self.field})"
+
+
 #: What every call that selects rows takes: a :class:`Condition`, AWorld's dict shape of
 #: one, or None (every row).
 QueryCondition = Condition | dict[str, Any] | None
@@ -494,6 +539,16 @@ def _from_dict(data: Any, where: str, depth: int = 0) -> Condition:
             _from_dict(item, f"{where}.{key}[{i}]", depth + 1) for i, item in enumerate(items)
         )
         return And(children) if _LOGICAL_KEYS[key] == "and" else Or(children)
+    if "field" in keys and data.get("op") in ("changed", "unchanged"):
+        if keys != {"field", "op"}:
+            raise QueryError(
+                f"{where}: a {data['op']} condition has field and op only; got keys "
+                f"{sorted(map(str, keys))}"
+            )
+        try:
+            return Changed(data["field"], data["op"] == "changed")
+        except QueryError as exc:
+            raise QueryError(f"{where}: {exc}") from None
     if "field" in keys and "op" in keys:
         extra = keys - {"field", "op", "value"}
         if extra:
@@ -521,7 +576,8 @@ def _from_dict(data: Any, where: str, depth: int = 0) -> Condition:
 #
 #     condition  := conjunction ( OR conjunction )*
 #     conjunction:= primary ( AND primary )*            -- AND binds tighter than OR
-#     primary    := "(" condition ")" | comparison
+#     primary    := "(" condition ")" | change | comparison
+#     change     := ( CHANGED | UNCHANGED ) "(" field ")"      -- see Changed
 #     comparison := field ( "=" | "!=" | "<>" | ">" | ">=" | "<" | "<=" ) value
 #                 | field [NOT] IN "(" [ value ( "," value )* ] ")"
 #                 | field [NOT] LIKE string
@@ -725,9 +781,32 @@ class _Parser:
         if self.at_keyword("not"):
             raise self.error(
                 "NOT before a condition is not supported; write the negated test instead "
-                "(!=, not in, not like, is not null)"
+                "(!=, not in, not like, is not null, unchanged(...))"
             )
+        token = self.tok
+        if (
+            token.kind == "name"
+            and token.value.lower() in ("changed", "unchanged")
+            and self.i + 1 < len(self.tokens)
+            and self.tokens[self.i + 1].kind == "punct"
+            and self.tokens[self.i + 1].value == "("
+        ):
+            return self.change()
         return self.comparison()
+
+    def change(self) -> Condition:
+        word = self.advance()
+        self.expect_punct("(", f"after {word.text}")
+        field_token = self.field()
+        if not self.at_punct(")"):
+            raise self.error(
+                f"expected ')' after the field of {word.text}(...), got {self.tok.describe()}"
+            )
+        self.advance()
+        try:
+            return Changed(field_token.value, word.value.lower() == "changed")
+        except QueryError as exc:
+            raise self.error(str(exc), field_token) from None
 
     def field(self) -> Token:
         token = self.tok
