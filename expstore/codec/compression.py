@@ -121,8 +121,8 @@ def _image(array: np.ndarray[Any, Any], fmt: int) -> bytes | None:
         from PIL import Image
     except ImportError:
         return None
-    if fmt == WEBP and max(array.shape[:2]) > _WEBP_MAX_SIDE:
-        return None
+    if fmt == WEBP and (max(array.shape[:2]) > _WEBP_MAX_SIDE or mode == "L"):
+        return None  # (WebP has no grayscale: it would come back as RGB)
     out = io.BytesIO()
     image = Image.fromarray(array, mode)
     if fmt == PNG:
