@@ -179,19 +179,21 @@ with the previous step of the trajectory). Operators: ``and_()``, ``or_()``.
         return terms[0] if len(terms) == 1 else Or(tuple(terms))
 
     # -- changes between steps ------------------------------------------------------------
-    def changed(self, field: str) -> QueryBuilder:
+    def changed(self, field: str, towards: str = "previous") -> QueryBuilder:
         """Steps whose value at ``field`` differs from the previous step of the same
-        trajectory (the first step counts as changed); see :class:`Changed`."""
-        return self._change(field, True, f"changed({field!r})")
+        trajectory (the first step counts as changed), or with ``towards="next"`` from the
+        next step (the action changed the page; the last step counts as changed); see
+        :class:`~expstore.query.Changed`."""
+        return self._change(field, True, towards, f"changed({field!r})")
 
-    def unchanged(self, field: str) -> QueryBuilder:
-        """Steps whose value at ``field`` is the same as in the previous step of the same
-        trajectory (WebGym's ``filter_same_screenshot`` drops them); see :class:`Changed`."""
-        return self._change(field, False, f"unchanged({field!r})")
+    def unchanged(self, field: str, towards: str = "previous") -> QueryBuilder:
+        """Steps whose value at ``field`` is the same as in the previous (or ``"next"``)
+        step of the same trajectory; see :class:`~expstore.query.Changed`."""
+        return self._change(field, False, towards, f"unchanged({field!r})")
 
-    def _change(self, field: str, changed: bool, call: str) -> QueryBuilder:
+    def _change(self, field: str, changed: bool, towards: str, call: str) -> QueryBuilder:
         try:
-            condition = Changed(field, changed)
+            condition = Changed(field, changed, towards)
         except QueryError as exc:
             raise QueryError(f"{call} (call {len(self._steps) + 1}): {exc}") from None
         return self._add(condition, None, call)

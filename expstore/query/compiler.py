@@ -228,20 +228,23 @@ class _Compiler(ABC):
 
     def changed(self, c: Changed) -> ColumnElement[bool]:
         """The value at ``c.target`` compared with the previous step of the same trajectory
-        (same buffer and task_id, the largest step below this row's), found by a correlated
-        probe of the ``(buffer_id, task_id, step)`` index."""
+        (same buffer and task_id, the largest step below this row's; or the next, the
+        smallest above), found by a correlated probe of the ``(buffer_id, task_id, step)``
+        index."""
         table = self.table
-        previous = table.alias("expstore_previous")
+        forward = c.towards == "next"
+        other = table.alias("expstore_next" if forward else "expstore_previous")
         here = self.change_key(c.target)
-        there = type(self)(previous).change_key(c.target)  # type: ignore[arg-type]
+        there = type(self)(other).change_key(c.target)  # type: ignore[arg-type]
+        step, key = other.c.step, other.c.key
         earlier = (
             select(there)
             .where(
-                previous.c.buffer_id == table.c.buffer_id,
-                previous.c.task_id == table.c.task_id,
-                previous.c.step < table.c.step,
+                other.c.buffer_id == table.c.buffer_id,
+                other.c.task_id == table.c.task_id,
+                step > table.c.step if forward else step < table.c.step,
             )
-            .order_by(previous.c.step.desc(), previous.c.key.desc())
+            .order_by(*((step.asc(), key.asc()) if forward else (step.desc(), key.desc())))
             .limit(1)
             .correlate(table)
             .scalar_subquery()

@@ -316,12 +316,16 @@ class Changed(Condition):
     """``changed(field)``: the value at ``field`` differs from the same field in the
     previous step of the same trajectory (the row of the same ``task_id`` with the largest
     ``step`` below this one); ``unchanged(field)`` (``changed=False``): it is the same.
+    ``towards="next"`` (``changed(field, next)``) compares with the next step instead (the
+    smallest step above): whether this step's action changed the page, as WebGym's
+    ``filter_same_screenshot`` asks.
 
     What is compared is what the database sees: the digest of an array stored by digest
     (64 KiB or more: a screenshot), the JSON of any other payload value, the value of a
     column. An array kept in its row's blob (smaller) has no digest, so it is never
     *unchanged*. The first step of a trajectory has no previous step: it counts as changed
-    (WebGym's ``filter_same_screenshot`` keeps it). Compiled to SQL only: a single row
+    (and with ``next``, the last step has no next one: it counts as changed). Compiled to
+    SQL only: a single row
     cannot tell, so :meth:`matches` raises QueryError.
 
     >>> print(Changed("exp_data.state.screenshot"))
@@ -330,11 +334,17 @@ class Changed(Condition):
 
     field: str
     changed: bool = True
+    towards: str = "previous"
     target: FieldPath = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if type(self.changed) is not bool:
             raise QueryError(f"changed must be True or False, got {self.changed!r}")
+        if self.towards not in ("previous", "next"):
+            raise QueryError(
+                f"{self.op}() compares with the 'previous' or the 'next' step, "
+                f"got {self.towards!r}"
+            )
         object.__setattr__(self, "target", resolve_field(self.field))
 
     @property
@@ -349,10 +359,12 @@ class Changed(Condition):
         )
 
     def to_dict(self) -> dict[str, Any]:
+        if self.towards == "next":
+            return {"field": self.field, "op": self.op, "value": "next"}
         return {"field": self.field, "op": self.op}
 
     def __str__(self) -> str:
-        return f"{self.op}({self.field})"
+        return f"{self.op}({self.field}{', next' if self.towards == 'next' else ''})"
 
 
 #: What every call that selects rows takes: a :class:`Condition`, AWorld's dict shape of
@@ -540,13 +552,16 @@ def _from_dict(data: Any, where: str, depth: int = 0) -> Condition:
         )
         return And(children) if _LOGICAL_KEYS[key] == "and" else Or(children)
     if "field" in keys and data.get("op") in ("changed", "unchanged"):
-        if keys != {"field", "op"}:
+        if not keys <= {"field", "op", "value"} or data.get("value", "previous") not in (
+            "previous",
+            "next",
+        ):
             raise QueryError(
-                f"{where}: a {data['op']} condition has field and op only; got keys "
-                f"{sorted(map(str, keys))}"
+                f"{where}: a {data['op']} condition has field, op and optionally value "
+                f"'previous' or 'next'; got {_show(dict(data))}"
             )
         try:
-            return Changed(data["field"], data["op"] == "changed")
+            return Changed(data["field"], data["op"] == "changed", data.get("value", "previous"))
         except QueryError as exc:
             raise QueryError(f"{where}: {exc}") from None
     if "field" in keys and "op" in keys:
@@ -577,7 +592,7 @@ def _from_dict(data: Any, where: str, depth: int = 0) -> Condition:
 #     condition  := conjunction ( OR conjunction )*
 #     conjunction:= primary ( AND primary )*            -- AND binds tighter than OR
 #     primary    := "(" condition ")" | change | comparison
-#     change     := ( CHANGED | UNCHANGED ) "(" field ")"      -- see Changed
+#     change     := ( CHANGED | UNCHANGED ) "(" field [ "," NEXT | PREVIOUS ] ")"
 #     comparison := field ( "=" | "!=" | "<>" | ">" | ">=" | "<" | "<=" ) value
 #                 | field [NOT] IN "(" [ value ( "," value )* ] ")"
 #                 | field [NOT] LIKE string
@@ -798,13 +813,23 @@ class _Parser:
         word = self.advance()
         self.expect_punct("(", f"after {word.text}")
         field_token = self.field()
+        towards = "previous"
+        if self.at_punct(","):
+            self.advance()
+            token = self.tok
+            if token.kind != "name" or token.value.lower() not in ("previous", "next"):
+                raise self.error(
+                    f"expected previous or next after ',' in {word.text}(...), "
+                    f"got {token.describe()}"
+                )
+            towards = self.advance().value.lower()
         if not self.at_punct(")"):
             raise self.error(
                 f"expected ')' after the field of {word.text}(...), got {self.tok.describe()}"
             )
         self.advance()
         try:
-            return Changed(field_token.value, word.value.lower() == "changed")
+            return Changed(field_token.value, word.value.lower() == "changed", towards)
         except QueryError as exc:
             raise self.error(str(exc), field_token) from None
 

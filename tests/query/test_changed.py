@@ -52,6 +52,14 @@ def test_changed_and_unchanged_compare_with_the_previous_step(buffer: ReplayBuff
     assert buffer.count(unchanged) == 6
 
 
+def test_next_compares_with_the_next_step(buffer: ReplayBuffer) -> None:
+    """Whether the step's action changed the page (WebGym's filter_same_screenshot)."""
+    fill(buffer)
+    next_changed = QueryBuilder().changed("exp_data.state.screen", "next").build()
+    assert steps(buffer, next_changed) == [1, 4, 5, 6]  # the last step has no next: kept
+    assert steps(buffer, Condition.parse("unchanged(exp_data.state.screen, next)")) == [0, 2, 3]
+
+
 def test_json_values_and_columns_compare_too(buffer: ReplayBuffer) -> None:
     fill(buffer)
     assert steps(buffer, Condition.parse("changed(exp_data.state.url)")) == CHANGED
@@ -98,6 +106,10 @@ def test_every_spelling_gives_the_same_condition() -> None:
     assert Condition.from_dict(built.to_dict()) == built
     assert built.to_dict()["and_"][0] == {"field": "exp_data.state.screen", "op": "unchanged"}
     assert Condition.parse("CHANGED(exp_data.state.screen)") == Changed("exp_data.state.screen")
+    forward = Changed("exp_data.state.screen", towards="next")
+    assert str(forward) == "changed(exp_data.state.screen, next)"
+    assert Condition.parse(str(forward)) == forward
+    assert Condition.from_dict(forward.to_dict()) == forward
 
 
 def test_it_compiles_to_a_correlated_probe_of_the_previous_step() -> None:
@@ -116,6 +128,7 @@ def test_it_compiles_to_a_correlated_probe_of_the_previous_step() -> None:
         ("changed()", "expected a field name"),
         ("changed(nosuch)", "nosuch"),
         ("not changed(exp_data.state.screen)", "unchanged"),
+        ("changed(exp_data.state.screen, later)", "expected previous or next"),
     ],
 )
 def test_bad_spellings_say_what_is_wrong(text: str, message: str) -> None:
@@ -124,7 +137,7 @@ def test_bad_spellings_say_what_is_wrong(text: str, message: str) -> None:
 
 
 def test_bad_dicts_and_one_row_evaluation_are_refused() -> None:
-    with pytest.raises(QueryError, match="field and op only"):
+    with pytest.raises(QueryError, match="optionally value 'previous' or 'next'"):
         Condition.from_dict({"field": "exp_data.state.s", "op": "changed", "value": 1})
     with pytest.raises(QueryError, match="one row does not hold"):
         Changed("exp_data.state.s").matches(make_row())
