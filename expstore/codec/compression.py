@@ -52,6 +52,7 @@ __all__ = [
     "COMPRESSIONS",
     "DEFAULT_MAX_ARRAY_BYTES",
     "EXTERNAL_THRESHOLD",
+    "Unpacked",
     "check_compression",
     "pack_array",
     "unpack_array",
@@ -73,6 +74,16 @@ _TRIAL_BYTES = 256 * 1024
 _IMAGE_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
 _WEBP_MAX_SIDE = 16383
 _local = threading.local()
+
+
+class Unpacked:
+    """An array already unpacked from its stored bytes (a batch unpacks the arrays its rows
+    share once, in threads); the decoder views it as the row's array."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray[Any, Any]) -> None:
+        self.array = array
 
 
 def check_compression(compression: Any) -> str | None:

@@ -17,7 +17,7 @@ import numpy as np
 from .._optional import require
 from ..errors import CodecError, CorruptRowError
 from .checks import join
-from .compression import unpack_array
+from .compression import Unpacked, unpack_array
 from .format import (
     CRC,
     DAMAGED,
@@ -205,7 +205,10 @@ class _Decoder:
                     f"row {self.row_id}: {path} refers to the array {digest}, which is not "
                     f"stored; {DAMAGED}"
                 )
-            array = unpack_array(stored, digest, np_dtype, shape, f"row {self.row_id}: {path}")
+            if type(stored) is Unpacked:
+                array = stored.array[...]  # a view: the caller tells rows that share it apart
+            else:
+                array = unpack_array(stored, digest, np_dtype, shape, f"row {self.row_id}: {path}")
             if not np_dtype.isnative:  # only on big-endian machines
                 array = array.astype(np_dtype.newbyteorder("="))
             return array if kind == "numpy" else self.to_torch(array, dtype_name, path)

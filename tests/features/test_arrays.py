@@ -218,3 +218,15 @@ def test_export_and_import_carry_the_arrays(buffer: ReplayBuffer, db_url: str, t
         assert consistent(copy) == 2
         got = {r.exp_meta.step: r.exp_data.state["screen"] for r in copy.query()}
         assert np.array_equal(got[0], PAGES[0]) and np.array_equal(got[2], PAGES[1])
+
+
+def test_rows_that_share_an_array_get_arrays_of_their_own(buffer: ReplayBuffer) -> None:
+    """A batch unpacks a shared array once; rows that may write to it get copies."""
+    buffer.store_batch(shots("t", [0, 0, 1, 1]))
+    sql = buffer.sql
+    with sql.handle.read() as conn:
+        keys = list(conn.execute(select(rows.c.key).where(rows.c.buffer_id == sql.buffer_id)).scalars())
+    _, (screens,) = sql.fetch_columns(keys, ["exp_data.state.screen"])
+    assert [np.array_equal(s, PAGES[p]) for s, p in zip(screens, [0, 0, 1, 1])] == [True] * 4
+    screens[0][...] = 0
+    assert np.array_equal(screens[1], PAGES[0])  # not written through the first
