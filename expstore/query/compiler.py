@@ -221,9 +221,10 @@ class _Compiler(ABC):
             return self.table.c[target.column.name]  # type: ignore[no-any-return]
         tensor = FieldPath(target.text, None, target.top, (*target.steps, "__tensor__"))
         digest = FieldPath(target.text, None, target.top, (*tensor.steps, "digest"))
-        return case(
-            (self.json_type(tensor).is_(None), self.json_text(target)),
-            else_=self.json_text(digest),
+        # The digest first: one look into the document when there is one (the common case).
+        return func.coalesce(
+            self.json_value_text(digest),
+            case((self.json_type(tensor).is_(None), self.json_text(target))),
         )
 
     def changed(self, c: Changed) -> ColumnElement[bool]:
@@ -249,7 +250,7 @@ class _Compiler(ABC):
             .correlate(table)
             .scalar_subquery()
         )
-        same = and_(here.is_not(None), here == earlier)
+        same = here == earlier  # NULL (unknown) when either is NULL
         if c.changed:
             return not_(func.coalesce(same, false()))
         return as_type("ColumnElement[bool]", func.coalesce(same, false()))
@@ -325,6 +326,10 @@ class _Compiler(ABC):
         what an index serving them must be built on."""
 
     @abstractmethod
+    def json_value_text(self, target: FieldPath) -> ColumnElement[Any]:
+        """The string at a payload path as SQL text (NULL where there is none)."""
+
+    @abstractmethod
     def like(self, operand: ColumnElement[Any], pattern: str, *, negated: bool) -> Any:
         """A case-sensitive LIKE with ``\\`` as the escape character."""
 
@@ -384,6 +389,10 @@ class _PostgresCompiler(_Compiler):
     def json_value(self, target: FieldPath) -> ColumnElement[Any]:
         parent, last, _ = self.path(target)
         return self.step(parent, last, "->")  # type: ignore[no-any-return]
+
+    def json_value_text(self, target: FieldPath) -> ColumnElement[Any]:
+        parent, last, _ = self.path(target)
+        return self.step(parent, last, "->>")  # type: ignore[no-any-return]
 
     def json_comparison(self, c: Comparison, target: FieldPath) -> ColumnElement[bool]:
         assert c.kind is not None
@@ -455,6 +464,9 @@ class _SqliteCompiler(_Compiler):
         return texts[0] if len(texts) == 1 else func.coalesce(*texts)
 
     def json_value(self, target: FieldPath) -> ColumnElement[Any]:
+        return self.call("json_extract", self.paths(target))
+
+    def json_value_text(self, target: FieldPath) -> ColumnElement[Any]:
         return self.call("json_extract", self.paths(target))
 
     def json_comparison(self, c: Comparison, target: FieldPath) -> ColumnElement[bool]:
