@@ -86,11 +86,17 @@ def ratios(images: list[np.ndarray]) -> list[tuple[str, float, float]]:
         "zstd level 3 (expstore's)": zstandard.ZstdCompressor(level=3).compress,
         "zstd level 9": zstandard.ZstdCompressor(level=9).compress,
         "blosc2 zstd clevel 5 + shuffle": lambda a: blosc2.compress2(
-            a.tobytes(), typesize=1, clevel=5, codec=blosc2.Codec.ZSTD,
+            a.tobytes(),
+            typesize=1,
+            clevel=5,
+            codec=blosc2.Codec.ZSTD,
             filters=[blosc2.Filter.SHUFFLE],
         ),  # fmt: skip
         "blosc2 zstd clevel 5, no filter": lambda a: blosc2.compress2(
-            a.tobytes(), typesize=1, clevel=5, codec=blosc2.Codec.ZSTD,
+            a.tobytes(),
+            typesize=1,
+            clevel=5,
+            codec=blosc2.Codec.ZSTD,
             filters=[blosc2.Filter.NOFILTER],
         ),  # fmt: skip
         "PNG level 6 (Pillow's default; reference)": lambda a: png(a, 6),
@@ -143,9 +149,11 @@ def store_and_sample(url: str, images: list[np.ndarray], repeats: int) -> dict[s
         steps = [row("half", i, images[i // 2]) for i in range(2 * len(images))]
         start = time.perf_counter()
         buffer.store_batch(steps)
-        result["half store MB/s"] = sum(s.exp_data.state["screenshot"].nbytes for s in steps) / (
-            time.perf_counter() - start
-        ) / 1e6
+        result["half store MB/s"] = (
+            sum(s.exp_data.state["screenshot"].nbytes for s in steps)
+            / (time.perf_counter() - start)
+            / 1e6
+        )
         result["half steps"] = len(steps)
         result["half arrays"] = buffer.array_stats()[0]
         unchanged = Condition.parse("unchanged(exp_data.state.screenshot)")
@@ -251,10 +259,9 @@ def main() -> None:
         counted = changed_vs_indexed(url, args.steps, args.repeats)
         for key, value in counted.items():
             print(f"  {key}: {value:.4g}")
-        print(
-            f"  changed()/indexed: count {counted['changed count ms'] / counted['indexed count ms']:.2f}x, "
-            f"warm sample(16) {counted['changed sample ms'] / counted['indexed sample ms']:.2f}x"
-        )
+        count_ratio = counted["changed count ms"] / counted["indexed count ms"]
+        sample_ratio = counted["changed sample ms"] / counted["indexed sample ms"]
+        print(f"  changed()/indexed: count {count_ratio:.2f}x, warm sample(16) {sample_ratio:.2f}x")
         if folder is not None:
             shutil.rmtree(folder)
 

@@ -13,10 +13,11 @@ per batch:
   copied into an ``[rows, size]`` array at the offsets the encoder gives them, the header's
   checksum computed per row over that row's bytes.
 
-What it does not cover (arrays large enough to be stored by digest, per-row lists or dicts, tagged floats, objects, text a database
-refuses, dtypes the fast tables lack) makes :func:`plan_payloads` return None, and the
-caller encodes row by row. Rows 0 and N-1 are encoded by the row encoder too and must come
-out identical, so a template that does not hold is never used.
+What it does not cover (arrays large enough to be stored by digest, per-row lists or dicts,
+tagged floats, objects, text a database refuses, dtypes the fast tables lack) makes
+:func:`plan_payloads` return None, and the caller encodes row by row. Rows 0 and N-1 are
+encoded by the row encoder too and must come out identical, so a template that does not
+hold is never used.
 """
 
 from __future__ import annotations

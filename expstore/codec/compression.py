@@ -68,7 +68,13 @@ COMPRESSIONS: Final = ("auto", "zstd", "png", "webp", None)
 ARRAY_MAGIC: Final = b"XSA1"
 ARRAY_HEADER: Final = 16
 RAW, ZSTD, ZSTD_SHUFFLED, PNG, WEBP = range(5)
-CODEC_NAMES: Final = {RAW: "raw", ZSTD: "zstd", ZSTD_SHUFFLED: "zstd+shuffle", PNG: "png", WEBP: "webp"}
+CODEC_NAMES: Final = {
+    RAW: "raw",
+    ZSTD: "zstd",
+    ZSTD_SHUFFLED: "zstd+shuffle",
+    PNG: "png",
+    WEBP: "webp",
+}
 _ZSTD_LEVEL = 3
 _TRIAL_BYTES = 256 * 1024
 _IMAGE_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
@@ -154,13 +160,18 @@ def _zstd_stream(data: np.ndarray[Any, Any]) -> tuple[int, bytes]:
         plain = len(cctx.compress(trial.tobytes()))
         if len(cctx.compress(_shuffled(trial, itemsize))) < plain:
             return ZSTD_SHUFFLED, cctx.compress(_shuffled(flat, itemsize))
-    return ZSTD, cctx.compress(memoryview(flat.view(np.uint8)))
+    return ZSTD, cctx.compress(_bytes_of(flat))
+
+
+def _bytes_of(data: np.ndarray[Any, Any]) -> memoryview:
+    """The bytes of a C-contiguous array, without a copy."""
+    return memoryview(data.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
 
 
 def pack_array(data: np.ndarray[Any, Any], digest: str, compression: str | None) -> bytes:
     """The stored bytes of ``data`` (a C-contiguous little-endian array whose digest is
     ``digest``) under the buffer's ``compression`` (see the module doc)."""
-    codec, stream = RAW, memoryview(data.reshape(-1).view(np.uint8))
+    codec, stream = RAW, _bytes_of(data)
     if compression is not None:
         if compression in ("png", "webp"):
             fmt = PNG if compression == "png" else WEBP
@@ -179,7 +190,7 @@ def pack_array(data: np.ndarray[Any, Any], digest: str, compression: str | None)
                 if image is not None and len(image) * 4 <= len(packed) * 3:
                     codec, stream = PNG, memoryview(image)
             if codec != PNG and len(stream) >= data.nbytes:  # incompressible: kept raw
-                codec, stream = RAW, memoryview(data.reshape(-1).view(np.uint8))
+                codec, stream = RAW, _bytes_of(data)
     head = bytes([codec]) + bytes(7)
     crc = crc32(stream, crc32(head, crc32(digest.encode("ascii"))))
     return b"".join([ARRAY_MAGIC, CRC.pack(crc), head, stream])

@@ -44,11 +44,11 @@ class _Step:
 class QueryBuilder:
     """Build a :class:`~expstore.query.Condition` by chaining comparisons and operators.
 
-    Comparisons: ``eq, ne, gt, gte, lt, lte`` (a field and a value), ``in_, not_in`` (a field
-    and a list), ``like, not_like`` (a field and a LIKE pattern), ``between`` (a field and
-    two bounds), ``is_null, is_not_null`` (a field), ``changed, unchanged`` (a field, compared
-with the previous step of the trajectory). Operators: ``and_()``, ``or_()``.
-    Groups: ``nested(builder)``. Then ``build()``.
+        Comparisons: ``eq, ne, gt, gte, lt, lte`` (a field and a value), ``in_, not_in`` (a field
+        and a list), ``like, not_like`` (a field and a LIKE pattern), ``between`` (a field and
+        two bounds), ``is_null, is_not_null`` (a field), ``changed, unchanged`` (a field, compared
+    with the previous step of the trajectory). Operators: ``and_()``, ``or_()``.
+        Groups: ``nested(builder)``. Then ``build()``.
     """
 
     def __init__(self) -> None:

@@ -218,7 +218,7 @@ class _Compiler(ABC):
         digest of an array stored by digest, NULL for an array in the row's blob (its bytes
         are not visible to SQL), else the JSON text of the value."""
         if target.column is not None:
-            return self.table.c[target.column.name]  # type: ignore[no-any-return]
+            return self.table.c[target.column.name]
         tensor = FieldPath(target.text, None, target.top, (*target.steps, "__tensor__"))
         digest = FieldPath(target.text, None, target.top, (*tensor.steps, "digest"))
         # The digest first: one look into the document when there is one (the common case).

@@ -342,8 +342,7 @@ class Changed(Condition):
             raise QueryError(f"changed must be True or False, got {self.changed!r}")
         if self.towards not in ("previous", "next"):
             raise QueryError(
-                f"{self.op}() compares with the 'previous' or the 'next' step, "
-                f"got {self.towards!r}"
+                f"{self.op}() compares with the 'previous' or the 'next' step, got {self.towards!r}"
             )
         object.__setattr__(self, "target", resolve_field(self.field))
 

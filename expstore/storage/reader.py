@@ -221,7 +221,9 @@ class RowReader:
         fetched, found_arrays = self.rows_with_arrays(
             list(dict.fromkeys(wanted)), ROW_COLUMNS, (_AT_DATA,)
         )
-        decoded = decode_rows(fetched, self.documents, found_arrays)  # (the collector paused, not over
+        decoded = decode_rows(
+            fetched, self.documents, found_arrays
+        )  # (the collector paused, not over
         # the round trip, which may wait on a lock or a replica)
         found = dict(zip(map(itemgetter(0), fetched), decoded, strict=True))
         return [found[k] for k in wanted if k in found]

@@ -177,9 +177,7 @@ class _Rows(RowSource):
         return len(self.rows)
 
     def encode(self, start: int, stop: int, buffer_id: int) -> list[tuple[Any, ...]]:
-        return encode_chunk(
-            self.rows[start:stop], buffer_id, self.max_array_bytes, self.external
-        )
+        return encode_chunk(self.rows[start:stop], buffer_id, self.max_array_bytes, self.external)
 
 
 def as_source(batch: Sequence[Any] | RowSource) -> RowSource:

@@ -81,9 +81,7 @@ def downgrade() -> None:
             f"SQLite 3.35 or later (this is {bind.dialect.dbapi.sqlite_version}); upgrade "
             "SQLite, or keep the schema"
         )
-    op.drop_index(
-        op.f("ix_expstore_array_refs_buffer_id_digest"), table_name="expstore_array_refs"
-    )
+    op.drop_index(op.f("ix_expstore_array_refs_buffer_id_digest"), table_name="expstore_array_refs")
     op.drop_table("expstore_array_refs")
     op.drop_table("expstore_arrays")
     for column in ("max_array_bytes", "compression"):

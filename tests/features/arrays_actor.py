@@ -27,7 +27,13 @@ def screenshots(count: int) -> list[np.ndarray]:
 
 def rows_for(batch: int, pages: list[np.ndarray]) -> list[Any]:
     return [
-        make_row(f"b{batch}", "w", i, reward=float(i), state={"screen": pages[(batch + i // 2) % len(pages)]})
+        make_row(
+            f"b{batch}",
+            "w",
+            i,
+            reward=float(i),
+            state={"screen": pages[(batch + i // 2) % len(pages)]},
+        )
         for i in range(6)
     ]
 

@@ -16,12 +16,12 @@ from sqlalchemy import Text, cast, select, update
 from expstore import CodecError, CorruptRowError, InvalidArgumentError, NumpyConverter, ReplayBuffer
 from expstore.codec import encode_payload
 from expstore.codec.compression import EXTERNAL_THRESHOLD, stored_codec
-from expstore.db.schema import array_refs, arrays, rows
 from expstore.codec.digests import array_digest
+from expstore.db.schema import array_refs, arrays, rows
 from expstore.features.arrays import digests_in
 from expstore.io import export_rows, import_rows
-from expstore.storage.reader import RowReader
 from expstore.query import QueryBuilder
+from expstore.storage.reader import RowReader
 from tests.features.arrays_actor import rows_for, screenshots
 from tests.helpers import in_threads, make_row
 
@@ -40,8 +40,12 @@ def consistent(buffer: ReplayBuffer) -> int:
                 select(array_refs.c.key, array_refs.c.digest).where(array_refs.c.buffer_id == bid)
             )
         )
-        stored = set(conn.execute(select(arrays.c.digest).where(arrays.c.buffer_id == bid)).scalars())
-        docs = conn.execute(select(rows.c.key, cast(rows.c.data, Text)).where(rows.c.buffer_id == bid))
+        stored = set(
+            conn.execute(select(arrays.c.digest).where(arrays.c.buffer_id == bid)).scalars()
+        )
+        docs = conn.execute(
+            select(rows.c.key, cast(rows.c.data, Text)).where(rows.c.buffer_id == bid)
+        )
         named = {(key, digest) for key, text in docs for digest in digests_in([text])}
     assert refs == named, "a reference without its row's placeholder, or the other way"
     assert {digest for _, digest in refs} == stored, "a dangling reference or an orphan array"
@@ -119,8 +123,13 @@ def test_a_writer_killed_inside_its_write_leaves_no_dangling_reference_and_no_or
         consistent(buffer)
 
 
-def test_the_setting_is_kept_in_the_database_for_every_writer(db_url: str, buffer_name: str) -> None:
-    with ReplayBuffer(db_url, name=buffer_name) as one, ReplayBuffer(db_url, name=buffer_name) as two:
+def test_the_setting_is_kept_in_the_database_for_every_writer(
+    db_url: str, buffer_name: str
+) -> None:
+    with (
+        ReplayBuffer(db_url, name=buffer_name) as one,
+        ReplayBuffer(db_url, name=buffer_name) as two,
+    ):
         one.set_compression("png")
         two.store_batch(shots("t", [0]))
         one.set_compression(None)
@@ -129,7 +138,9 @@ def test_the_setting_is_kept_in_the_database_for_every_writer(db_url: str, buffe
             codecs = dict(
                 (d, stored_codec(bytes(data)))
                 for d, data in conn.execute(
-                    select(arrays.c.digest, arrays.c.data).where(arrays.c.buffer_id == one.sql.buffer_id)
+                    select(arrays.c.digest, arrays.c.data).where(
+                        arrays.c.buffer_id == one.sql.buffer_id
+                    )
                 )
             )
         assert sorted(codecs.values()) == ["png", "raw"]
@@ -145,7 +156,9 @@ def test_an_array_over_the_maximum_stores_nothing(buffer: ReplayBuffer) -> None:
     buffer.store_batch(shots("t", [0]))
     buffer.set_compression("auto", max_array_bytes=EXTERNAL_THRESHOLD)
     big = np.zeros(EXTERNAL_THRESHOLD + 1, np.uint8)
-    with pytest.raises(CodecError, match=r"state\.big: the array of 65537 bytes .* max_array_bytes"):
+    with pytest.raises(
+        CodecError, match=r"state\.big: the array of 65537 bytes .* max_array_bytes"
+    ):
         buffer.store_batch([make_row("u", "a", 0, state={"big": big}), *shots("u", [1])])
     assert len(buffer) == 1 and consistent(buffer) == 1
     assert np.array_equal(next(iter(buffer.query())).exp_data.state["screen"], PAGES[0])
@@ -208,7 +221,9 @@ def test_a_sample_of_rewards_alone_never_reads_an_array(
     assert sum(read for _, read in reads) > 0
 
 
-def test_export_and_import_carry_the_arrays(buffer: ReplayBuffer, db_url: str, tmp_path: Path) -> None:
+def test_export_and_import_carry_the_arrays(
+    buffer: ReplayBuffer, db_url: str, tmp_path: Path
+) -> None:
     buffer.store_batch(shots("t", [0, 0, 1]))
     path = tmp_path / "out.jsonl"
     export_rows(buffer, path)
@@ -225,8 +240,11 @@ def test_rows_that_share_an_array_get_arrays_of_their_own(buffer: ReplayBuffer) 
     buffer.store_batch(shots("t", [0, 0, 1, 1]))
     sql = buffer.sql
     with sql.handle.read() as conn:
-        keys = list(conn.execute(select(rows.c.key).where(rows.c.buffer_id == sql.buffer_id)).scalars())
+        keys = list(
+            conn.execute(select(rows.c.key).where(rows.c.buffer_id == sql.buffer_id)).scalars()
+        )
     _, (screens,) = sql.fetch_columns(keys, ["exp_data.state.screen"])
-    assert [np.array_equal(s, PAGES[p]) for s, p in zip(screens, [0, 0, 1, 1])] == [True] * 4
+    pages = [PAGES[p] for p in (0, 0, 1, 1)]
+    assert all(np.array_equal(s, p) for s, p in zip(screens, pages, strict=True))
     screens[0][...] = 0
     assert np.array_equal(screens[1], PAGES[0])  # not written through the first
