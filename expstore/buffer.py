@@ -329,7 +329,7 @@ class ReplayBuffer:
         process that writes to it: ``"auto"`` (the default: zstd, PNG for photo-like
         images when it is much smaller), ``"zstd"``, ``"png"`` or ``"webp"`` (lossless,
         for uint8 images; zstd for other arrays; needs ``expstore[images]``) or None (raw).
-        ``max_array_bytes`` refuses larger arrays at store time (default 2 GiB; None: keep
+        ``max_array_bytes`` refuses larger arrays at store time (default 512 MiB; None: keep
         the setting). Rows stored before stay as they are, readable. See
         :mod:`expstore.codec.compression`."""
         self.storage.set_compression(compression, max_array_bytes=max_array_bytes)

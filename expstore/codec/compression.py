@@ -60,8 +60,9 @@ __all__ = [
 
 #: Arrays (numpy and torch) of at least this many bytes are stored by digest.
 EXTERNAL_THRESHOLD: Final = 64 * 1024
-#: The largest array a buffer stores unless told otherwise (``max_array_bytes``).
-DEFAULT_MAX_ARRAY_BYTES: Final = 1 << 31
+#: The largest array a buffer stores unless told otherwise (``max_array_bytes``): an
+#: incompressible one still fits the 1 GB limit of a SQLite blob and a Postgres bytea.
+DEFAULT_MAX_ARRAY_BYTES: Final = 512 << 20
 #: The values of a buffer's ``compression`` setting.
 COMPRESSIONS: Final = ("auto", "zstd", "png", "webp", None)
 
