@@ -248,3 +248,25 @@ def test_rows_that_share_an_array_get_arrays_of_their_own(buffer: ReplayBuffer) 
     assert all(np.array_equal(s, p) for s, p in zip(screens, pages, strict=True))
     screens[0][...] = 0
     assert np.array_equal(screens[1], PAGES[0])  # not written through the first
+
+
+def test_an_image_codec_stores_what_it_cannot_hold_with_zstd(buffer: ReplayBuffer) -> None:
+    """Float "images", two channels: silently and losslessly."""
+    buffer.set_compression("webp")
+    odd = {
+        "float": np.random.default_rng(1).random((128, 128, 3)).astype(np.float32),
+        "two": np.zeros((256, 256, 2), np.uint8),
+    }
+    row = make_row("t", "a", 0, state=odd)
+    buffer.store_batch([row])
+    back = buffer.get(row.id)
+    assert back is not None
+    for name, array in odd.items():
+        assert back.exp_data.state[name].tobytes() == array.tobytes()
+    with buffer.sql.handle.read() as conn:
+        mine = arrays.c.buffer_id == buffer.sql.buffer_id
+        codecs = {
+            stored_codec(bytes(d))
+            for d in conn.execute(select(arrays.c.data).where(mine)).scalars()
+        }
+    assert codecs <= {"zstd", "zstd+shuffle"}
