@@ -228,11 +228,34 @@ def changed_vs_indexed(url: str, steps: int, repeats: int) -> dict[str, float]:
     return out
 
 
+def own_database(server_url: str) -> tuple[str, Any]:
+    """A fresh Postgres database on the server of ``server_url`` and the function that drops
+    it (the benchmark never writes into a database it did not make)."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    name = f"bench_media_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+
+    def drop() -> None:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+    return make_url(server_url).set(database=name).render_as_string(hide_password=False), drop
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--screens", default="/work/scratch/screens")
     parser.add_argument("--pages", type=int, default=40)
-    parser.add_argument("--pg", default=os.environ.get("EXPSTORE_TEST_PG_URL"))
+    parser.add_argument(
+        "--pg",
+        default=os.environ.get("EXPSTORE_TEST_PG_URL"),
+        help="a Postgres server URL: the benchmark makes a database of its own there",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=100_000)
     args = parser.parse_args()
@@ -247,23 +270,34 @@ def main() -> None:
     backends = {"SQLite": None}
     if args.pg:
         backends["Postgres"] = args.pg
-    for label, url in backends.items():
-        folder = None
-        if url is None:
+    for label, given in backends.items():
+        folder, drop = None, None
+        if given is None:
             folder = tempfile.mkdtemp(prefix="bench_media_")
             url = f"sqlite:///{folder}/media.db"
-        measured = store_and_sample(url, images, args.repeats)
-        print(f"\n{label}:")
-        for key, value in measured.items():
-            print(f"  {key}: {value:.4g}" if isinstance(value, float) else f"  {key}: {value}")
-        counted = changed_vs_indexed(url, args.steps, args.repeats)
-        for key, value in counted.items():
-            print(f"  {key}: {value:.4g}")
-        count_ratio = counted["changed count ms"] / counted["indexed count ms"]
-        sample_ratio = counted["changed sample ms"] / counted["indexed sample ms"]
-        print(f"  changed()/indexed: count {count_ratio:.2f}x, warm sample(16) {sample_ratio:.2f}x")
-        if folder is not None:
-            shutil.rmtree(folder)
+        else:
+            url, drop = own_database(given)
+        try:
+            report(label, url, images, args)
+        finally:
+            if folder is not None:
+                shutil.rmtree(folder)
+            if drop is not None:
+                drop()
+
+
+def report(label: str, url: str, images: list[np.ndarray], args: Any) -> None:
+    """Print one backend's figures."""
+    measured = store_and_sample(url, images, args.repeats)
+    print(f"\n{label}:")
+    for key, value in measured.items():
+        print(f"  {key}: {value:.4g}" if isinstance(value, float) else f"  {key}: {value}")
+    counted = changed_vs_indexed(url, args.steps, args.repeats)
+    for key, value in counted.items():
+        print(f"  {key}: {value:.4g}")
+    count_ratio = counted["changed count ms"] / counted["indexed count ms"]
+    sample_ratio = counted["changed sample ms"] / counted["indexed sample ms"]
+    print(f"  changed()/indexed: count {count_ratio:.2f}x, warm sample(16) {sample_ratio:.2f}x")
 
 
 if __name__ == "__main__":

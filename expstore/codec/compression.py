@@ -43,7 +43,7 @@ from typing import Any, Final
 import numpy as np
 
 from .._optional import require
-from ..errors import CorruptRowError, InvalidArgumentError
+from ..errors import CorruptRowError, InvalidArgumentError, MissingDependencyError
 from .format import CRC, crc32
 
 __all__ = [
@@ -238,7 +238,7 @@ def unpack_array(
             return _unimage(stream, codec, dtype, shape, corrupt)
         else:
             raise corrupt(f"names codec {codec}, which this expstore does not know")
-    except CorruptRowError:
+    except (CorruptRowError, MissingDependencyError):
         raise
     except Exception as exc:  # a foreign decoder's error on bytes that passed the CRC
         raise corrupt(f"cannot be decoded ({type(exc).__name__}: {exc})") from None

@@ -183,3 +183,18 @@ def test_an_image_of_another_size_than_its_shape_is_refused_before_decoding() ->
         unpack(resealed(stored, digest, 3, png[: len(png) // 2]), array)
     with pytest.raises(CorruptRowError, match="placeholder says float32"):
         unpack_array(stored, digest, np.dtype("<f4"), (120, 160, 3), "row r")
+
+
+def test_reading_an_image_without_pillow_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+
+    from expstore.errors import MissingDependencyError
+
+    array = page()
+    digest = array_digest(array)
+    stored = pack_array(array, digest, "png")
+    monkeypatch.setitem(sys.modules, "PIL.Image", None)
+    with pytest.raises(MissingDependencyError, match=r"expstore\[images\]"):
+        unpack(stored, array)
