@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, delete, exists, func, insert, select, update
+from sqlalchemy import Connection, case, delete, exists, func, insert, null, select, update
 
 from .._args import check_int
 from ..codec.compression import (
@@ -58,6 +58,8 @@ __all__ = [
 Externals = Mapping[str, Sequence[tuple[str, Any]]]
 _DIGEST = re.compile(r'"digest":\s*"([0-9a-f]{32})"')  # (Postgres writes jsonb with spaces)
 _CHUNK = 500
+#: Stored arrays larger than this are read in pieces of this size.
+PIECE = 64 << 20
 #: Arrays packed at once in threads (zstd and Pillow release the GIL).
 _PACKERS = 2
 
@@ -194,14 +196,35 @@ def digests_in(texts: Iterable[Any]) -> set[str]:
 
 def fetch_arrays(conn: Connection, buffer_id: int, digests: Iterable[str]) -> dict[str, bytes]:
     """The stored bytes of the buffer's arrays with these digests (missing ones left out:
-    the decoder names the row that refers to one)."""
+    the decoder names the row that refers to one). Stored bytes over :data:`PIECE` come in
+    pieces: Postgres sends a ``bytea`` as hex text, twice its size, and refuses any value
+    of 1 GB or more."""
     wanted = sorted(set(digests))
     out: dict[str, bytes] = {}
+    large: list[tuple[str, int]] = []
+    size = func.length(arrays.c.data)
     for start in range(0, len(wanted), _CHUNK):
-        stmt = select(arrays.c.digest, arrays.c.data).where(
+        stmt = select(
+            arrays.c.digest, size, case((size <= PIECE, arrays.c.data), else_=null())
+        ).where(
             arrays.c.buffer_id == buffer_id, arrays.c.digest.in_(wanted[start : start + _CHUNK])
         )
-        out.update((d, bytes(data)) for d, data in conn.execute(stmt))
+        for digest, length, data in conn.execute(stmt):
+            if data is None:
+                large.append((digest, int(length)))
+            else:
+                out[digest] = bytes(data)
+    for digest, length in large:
+        mine = (arrays.c.buffer_id == buffer_id, arrays.c.digest == digest)
+        pieces = [
+            bytes(
+                conn.execute(
+                    select(func.substr(arrays.c.data, at + 1, PIECE)).where(*mine)
+                ).scalar_one()
+            )
+            for at in range(0, length, PIECE)
+        ]
+        out[digest] = b"".join(pieces)
     return out
 
 

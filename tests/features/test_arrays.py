@@ -270,3 +270,17 @@ def test_an_image_codec_stores_what_it_cannot_hold_with_zstd(buffer: ReplayBuffe
             for d in conn.execute(select(arrays.c.data).where(mine)).scalars()
         }
     assert codecs <= {"zstd", "zstd+shuffle"}
+
+
+def test_large_stored_arrays_are_read_in_pieces(
+    buffer: ReplayBuffer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(Postgres sends a bytea as hex text and refuses a value of 1 GB or more.)"""
+    from expstore.features import arrays as arrays_feature
+
+    monkeypatch.setattr(arrays_feature, "PIECE", 1000)
+    buffer.set_compression(None)
+    row = shots("t", [2])[0]
+    buffer.store_batch([row])
+    back = buffer.get(row.id)
+    assert back is not None and np.array_equal(back.exp_data.state["screen"], PAGES[2])
