@@ -143,3 +143,32 @@ def test_bad_dicts_and_one_row_evaluation_are_refused() -> None:
         Changed("exp_data.state.s").matches(make_row())
     with pytest.raises(QueryError, match=r"changed\('nosuch'\) \(call 1\)"):
         QueryBuilder().changed("nosuch")
+
+
+@pytest.mark.parametrize("towards", ["previous", "next"])
+def test_sql_agrees_with_a_python_reference_on_random_trajectories(
+    buffer: ReplayBuffer, towards: str
+) -> None:
+    rng = np.random.default_rng(11)
+    stored = []
+    for t in range(6):
+        steps_ = sorted(rng.choice(40, size=int(rng.integers(1, 9)), replace=False).tolist())
+        for step in steps_:
+            page = int(rng.integers(0, 3))
+            stored.append((f"T{t}", step, page))
+    buffer.store_batch(
+        [make_row(t, "a", s, state={"screen": PAGES[p], "url": f"u{p}"}) for t, s, p in stored]
+    )
+    expected: set[tuple[str, int]] = set()
+    for task in {t for t, _, _ in stored}:
+        mine = sorted((s, p) for t, s, p in stored if t == task)
+        for i, (step, page) in enumerate(mine):
+            j = i - 1 if towards == "previous" else i + 1
+            if 0 <= j < len(mine) and mine[j][1] == page:
+                expected.add((task, step))
+    for field in ("exp_data.state.screen", "exp_data.state.url"):
+        same = QueryBuilder().unchanged(field, towards).build()
+        differ = QueryBuilder().changed(field, towards).build()
+        got = {(r.exp_meta.task_id, r.exp_meta.step) for r in buffer.query(same)}
+        assert got == expected
+        assert buffer.count(differ) == len(stored) - len(expected)
