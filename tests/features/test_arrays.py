@@ -284,3 +284,33 @@ def test_large_stored_arrays_are_read_in_pieces(
     buffer.store_batch([row])
     back = buffer.get(row.id)
     assert back is not None and np.array_equal(back.exp_data.state["screen"], PAGES[2])
+
+
+def test_extend_stores_large_array_columns_by_digest(buffer: ReplayBuffer) -> None:
+    screens = np.stack([PAGES[0], PAGES[0], PAGES[1]])
+    buffer.extend(
+        {"task_id": "t", "agent_id": "a", "step": [0, 1, 2], "state": {"screen": screens}}
+    )
+    assert consistent(buffer) == 2
+    got = {r.exp_meta.step: r.exp_data.state["screen"] for r in buffer.query()}
+    assert all(np.array_equal(got[i], screens[i]) for i in range(3))
+
+
+def test_large_torch_tensors_are_stored_by_digest_with_every_bit(buffer: ReplayBuffer) -> None:
+    torch = pytest.importorskip("torch")
+    tensors = {
+        "bf16": torch.randn(256, 256).to(torch.bfloat16),
+        "f32": torch.randn(128, 256),
+    }
+    row = make_row("t", "a", 0, state=dict(tensors))
+    buffer.store_batch([row])
+    assert consistent(buffer) == 2
+    back = buffer.get(row.id)
+    assert back is not None
+    for name, tensor in tensors.items():
+        got = back.exp_data.state[name]
+        assert isinstance(got, torch.Tensor) and got.dtype == tensor.dtype
+        assert torch.equal(
+            got.view(torch.int16) if name == "bf16" else got,
+            tensor.view(torch.int16) if name == "bf16" else tensor,
+        )
