@@ -314,3 +314,21 @@ def test_large_torch_tensors_are_stored_by_digest_with_every_bit(buffer: ReplayB
             got.view(torch.int16) if name == "bf16" else got,
             tensor.view(torch.int16) if name == "bf16" else tensor,
         )
+
+
+def test_postgres_keeps_stored_arrays_out_of_line_uncompressed(pg_url: str) -> None:
+    """STORAGE EXTERNAL: TOAST never tries pglz on bytes that are compressed already."""
+    from sqlalchemy import create_engine, text
+
+    with ReplayBuffer(pg_url, name="storage_check"):
+        pass
+    engine = create_engine(pg_url)
+    with engine.connect() as conn:
+        storage = conn.execute(
+            text(
+                "SELECT attstorage FROM pg_attribute WHERE attname = 'data' "
+                "AND attrelid = 'expstore_arrays'::regclass"
+            )
+        ).scalar_one()
+    engine.dispose()
+    assert storage == "e"
