@@ -347,6 +347,23 @@ class ReplayBuffer:
             capacity, eviction, max_staleness=max_staleness, tombstones=tombstones
         )
 
+    def set_compression(
+        self, compression: str | None = "auto", *, max_array_bytes: int | None = None
+    ) -> None:
+        """Set how this buffer compresses the arrays it stores by digest (each array of
+        64 KiB or more is stored once per buffer, however many rows hold it) for every
+        process that writes to it: ``"auto"`` (the default: zstd, PNG for photo-like
+        images when it is much smaller), ``"zstd"``, ``"png"`` or ``"webp"`` (lossless,
+        for uint8 images; zstd for other arrays; needs ``expstore[images]``) or None (raw).
+        ``max_array_bytes`` refuses larger arrays at store time (default 512 MiB; None: keep
+        the setting). Rows stored before stay as they are, readable. See
+        :mod:`expstore.codec.compression`."""
+        self.storage.set_compression(compression, max_array_bytes=max_array_bytes)
+
+    def array_stats(self) -> tuple[int, int, int]:
+        """(arrays stored by digest, their own bytes, their stored bytes) of this buffer."""
+        return self.storage.array_stats()
+
     # -- policy versions (expstore.features.versions) -------------------------------------
     def set_policy_version(self, version: int, *, force: bool = False) -> int:
         """Publish the trainer's current policy version to every process sharing the

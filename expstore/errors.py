@@ -15,7 +15,9 @@ too::
     ├── OutOfRangeError           an index beyond the rows there are (IndexError)
     ├── RowValidationError        a row holds an invalid value (pydantic's ValidationError)
     ├── CodecError                a value cannot be encoded, or a stored blob is damaged
-    │                             (ValueError)
+    │   │                         (ValueError)
+    │   └── CorruptRowError           a stored row's bytes (its blob, or an array it refers
+    │                                 to) are damaged, cut, inflated or missing
     ├── QueryError                a malformed condition or field path (ValueError)
     ├── EmptyBufferError          nothing matches what a sampler was asked for (ValueError)
     ├── SchemaVersionError        the database schema is older or newer than this library
@@ -56,6 +58,7 @@ __all__ = [
     "ClaimOwnerError",
     "CodecError",
     "ConnectionLostError",
+    "CorruptRowError",
     "DuplicateContentError",
     "DuplicateIdError",
     "EmptyBufferError",
@@ -111,6 +114,11 @@ class RowValidationError(ExpstoreError, ValidationError):
 
 class CodecError(ExpstoreError, ValueError):
     """A value cannot be encoded for storage, or a stored blob cannot be decoded."""
+
+
+class CorruptRowError(CodecError):
+    """A stored row's bytes are damaged, cut, inflated or missing: that row cannot be read
+    (the rest of the buffer can)."""
 
 
 class SchemaVersionError(ExpstoreError):

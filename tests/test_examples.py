@@ -111,6 +111,8 @@ def test_web_agent_sft_writes_llama_factory_data(tmp_path: Path) -> None:
     assert len(records) == 8
     assert records[0]["messages"][-1]["role"] == "assistant"
     assert records[0]["images"][0].startswith("screenshots/")
+    assert (tmp_path / "sft" / records[0]["images"][0]).read_bytes().startswith(b"\x89PNG")
+    assert "distinct pages" in out
     info = json.loads((tmp_path / "sft" / "dataset_info.json").read_text())
     assert info["webgym_sft"]["formatting"] == "sharegpt"
 

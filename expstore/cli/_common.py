@@ -40,7 +40,7 @@ from ..model.images import describe_image, looks_like_image
 from ..model.layout import META_COLUMNS, PAYLOAD_FIELDS, SCALAR_COLUMNS
 from ..model.rows import DataRow
 from ..query import Condition
-from ..query.conditions import And, Comparison, Or
+from ..query.conditions import And, Changed, Comparison, Or
 from ..storage import describe_database
 
 DEFAULT_URL = "sqlite:///expstore.db"
@@ -495,8 +495,8 @@ def warn_unknown_paths(buffer: ReplayBuffer, condition: Condition | None) -> Non
             )
 
 
-def _comparisons(condition: Condition) -> list[Comparison]:
-    if isinstance(condition, Comparison):
+def _comparisons(condition: Condition) -> list[Comparison | Changed]:
+    if isinstance(condition, Comparison | Changed):
         return [condition]
     assert isinstance(condition, And | Or)
     return [c for part in condition.conditions for c in _comparisons(part)]

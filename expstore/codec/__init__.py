@@ -15,7 +15,9 @@ imports it on demand.
 - :mod:`~expstore.codec.documents`: whole documents of many rows, learning texts that repeat;
 - :mod:`~expstore.codec.columns`: many rows' payloads encoded at once from columns;
 - :mod:`~expstore.codec.values`: equality that treats arrays and tensors as values;
-- :mod:`~expstore.codec.digests`: an array's digest (dtype, shape and bytes).
+- :mod:`~expstore.codec.digests`: an array's digest (what arrays stored once go by);
+- :mod:`~expstore.codec.compression`: how an array stored by digest is packed, chosen per
+  array (zstd, byte-shuffle, PNG/WebP), and read back without trusting its sizes.
 
 >>> import numpy as np
 >>> doc, blob = encode_payload({"state": {"url": "a", "obs": np.zeros(2, np.float32)}})

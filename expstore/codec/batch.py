@@ -12,12 +12,17 @@ decoder object (a storage holds one), not to the module.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from .decode import PartDecoder
+from ..errors import CodecError
+from .compression import Unpacked as _Unpacked
+from .compression import unpack_array
+from .decode import Arrays, PartDecoder
 from .format import (
     CRC_DTYPE,
     HEADER_SIZE,
@@ -32,6 +37,8 @@ from .format import (
 __all__ = ["BatchDecoder"]
 
 Blob = bytes | bytearray | memoryview | None
+#: Threads that unpack a batch's arrays stored by digest.
+_UNPACKERS = min(8, os.cpu_count() or 1)
 
 
 class _View(NamedTuple):
@@ -66,14 +73,30 @@ class BatchDecoder:
             self.specs.clear()
             self.views.clear()
         self.specs[text] = spec
-        if spec.kind == "numpy" and spec.dtype.isnative:
+        if spec.kind == "numpy" and spec.dtype.isnative and spec.digest is None:
             start = HEADER_SIZE + spec.offset
             shape = spec.shape if len(spec.shape) != 1 else None
             self.views[text] = _View(spec.dtype, spec.size, start, start + spec.nbytes, shape)
 
-    def decode_text(self, text: str, blob: Blob, row_id: str, path: str) -> Any:
-        """One row's part given as JSON text: what decoding the whole row gives there."""
-        part = PartDecoder(blob, row_id)
+    def learn(self, text: str, row_id: str, path: str) -> None:
+        """Remember ``text``'s spec if it is a valid tensor placeholder (anything else is
+        left for :meth:`decode_text` to decode or explain)."""
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError):
+            return
+        if type(value) is dict and len(value) == 1 and TENSOR_KEY in value:
+            try:
+                self.remember(text, PartDecoder(None, row_id).tensor_spec(value[TENSOR_KEY], path))
+            except CodecError:
+                return
+
+    def decode_text(
+        self, text: str, blob: Blob, row_id: str, path: str, arrays: Arrays | None = None
+    ) -> Any:
+        """One row's part given as JSON text: what decoding the whole row gives there
+        (``arrays``: the stored arrays it may refer to by digest)."""
+        part = PartDecoder(blob, row_id, arrays)
         spec = self.specs.get(text)
         if spec is not None:
             return part.tensor_at(spec, path)
@@ -97,6 +120,7 @@ class BatchDecoder:
         writable: bool = True,
         checked: set[int] | None = None,
         stack: bool = False,
+        arrays: Arrays | None = None,
     ) -> list[Any] | np.ndarray:
         """:meth:`decode_text` for each row, None where a text is None (SQL NULL).
 
@@ -108,18 +132,22 @@ class BatchDecoder:
         ``writable=False`` lets arrays be read-only views of the blobs, for a caller that
         copies them anyway (a converter stacking a batch). ``checked`` holds the ``id()``
         of blobs already verified, so that several parts of one row check its blob once;
-        its blobs must stay alive while it is in use.
+        its blobs must stay alive while it is in use. ``arrays``: the stored arrays the
+        rows refer to by digest.
         """
         if stack and texts and texts[0] is not None:
-            if texts[0] not in self.views:  # learn the placeholder from the first row
-                self.decode_text(texts[0], blobs[0], row_ids[0], path)
+            if texts[0] not in self.specs:  # learn the placeholder from the first row
+                self.learn(texts[0], row_ids[0], path)
             stacked = self.stacked(texts, blobs, row_ids, checked)
             if stacked is not None:
                 return stacked
+        if arrays and len(texts) > 1:
+            arrays = self.unpacked(texts, row_ids, path, arrays)
         views = self.views
         frombuffer = np.frombuffer
         out: list[Any] = []
         append = out.append
+        given: set[int] = set()
         for text, blob, row_id in zip(texts, blobs, row_ids, strict=True):
             view = views.get(text)  # type: ignore[arg-type]  # None is never a key
             if view is not None and type(blob) is bytes and len(blob) >= view.end:
@@ -133,8 +161,46 @@ class BatchDecoder:
                     if checked is not None:
                         checked.add(id(blob))
                     continue
-            append(None if text is None else self.decode_text(text, blob, row_id, path))
+            value = None if text is None else self.decode_text(text, blob, row_id, path, arrays)
+            if type(value) is np.ndarray and value.base is not None and arrays:
+                # An array unpacked once for rows that share it: each row gets its own
+                # when they may be written to.
+                if writable and id(value.base) in given:
+                    value = value.copy()
+                given.add(id(value.base))
+            append(value)
         return out
+
+    def unpacked(
+        self, texts: Sequence[str | None], row_ids: Sequence[str], path: str, arrays: Arrays
+    ) -> Arrays:
+        """``arrays`` with the ones these rows refer to by digest unpacked already, each
+        once, in threads (zstd and Pillow release the GIL): a batch of screenshots
+        decompresses on every core. Whatever does not unpack is left for the row's own
+        decoding, which names the row."""
+        wanted: dict[str, TensorSpec] = {}
+        for text, row_id in zip(texts, row_ids, strict=True):
+            if text is None:
+                continue
+            spec = self.specs.get(text)
+            if spec is None and '"digest"' in text:
+                self.learn(text, row_id, path)
+                spec = self.specs.get(text)
+            if spec is not None and spec.digest is not None and spec.digest in arrays:
+                wanted.setdefault(spec.digest, spec)
+        if len(wanted) < 2:
+            return arrays
+
+        def unpack(spec: TensorSpec) -> Any:
+            assert spec.digest is not None
+            try:
+                return unpack_array(arrays[spec.digest], spec.digest, spec.dtype, spec.shape, "")
+            except CodecError:
+                return arrays[spec.digest]  # decoded again by the row, which names it
+
+        with ThreadPoolExecutor(min(len(wanted), _UNPACKERS)) as pool:
+            done = dict(zip(wanted, pool.map(unpack, wanted.values()), strict=True))
+        return {**arrays, **{d: _Unpacked(a) for d, a in done.items() if type(a) is np.ndarray}}
 
     def stacked(
         self,

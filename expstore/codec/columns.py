@@ -13,10 +13,11 @@ per batch:
   copied into an ``[rows, size]`` array at the offsets the encoder gives them, the header's
   checksum computed per row over that row's bytes.
 
-What it does not cover (per-row lists or dicts, tagged floats, objects, text a database
-refuses, dtypes the fast tables lack) makes :func:`plan_payloads` return None, and the
-caller encodes row by row. Rows 0 and N-1 are encoded by the row encoder too and must come
-out identical, so a template that does not hold is never used.
+What it does not cover (arrays large enough to be stored by digest, per-row lists or dicts,
+tagged floats, objects, text a database refuses, dtypes the fast tables lack) makes
+:func:`plan_payloads` return None, and the caller encodes row by row. Rows 0 and N-1 are
+encoded by the row encoder too and must come out identical, so a template that does not
+hold is never used.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import numpy as np
 from .._optional import loaded_torch
 from ..errors import CodecError
 from .checks import key_problem, text_problem, torch_problem
+from .compression import EXTERNAL_THRESHOLD
 from .encode import PayloadWriter
 from .format import (
     ALIGNMENT,
@@ -223,6 +225,8 @@ class ColumnPayloads:
         self.slots: list[_Slot] = []
         self.tensors: list[_Tensor] = []
         template = {name: self._template(node) for name, node in fields.items()}
+        if any(tensor.rows >= EXTERNAL_THRESHOLD for tensor in self.tensors):
+            raise _Unfit  # stored by digest: the row encoder does that
         text, _ = PayloadWriter().encode(template)
         parts = _MARKER.split(text)
         order = [int(i) for i in parts[1::2]]

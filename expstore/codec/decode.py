@@ -9,17 +9,21 @@ CodecError naming the row. Dtypes come only from the tables of
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from .._optional import require
-from ..errors import CodecError
+from ..errors import CodecError, CorruptRowError
 from .checks import join
+from .compression import Unpacked, unpack_array
 from .format import (
     CRC,
     DAMAGED,
     ESCAPED_KEY,
+    EXTERNAL_FIELDS,
+    EXTERNAL_KINDS,
     FLOAT_KEY,
     HEADER_SIZE,
     MAGIC,
@@ -35,7 +39,11 @@ from .format import (
     tagged_value,
 )
 
-__all__ = ["PartDecoder", "decode_payload"]
+__all__ = ["Arrays", "PartDecoder", "decode_payload"]
+
+#: The stored bytes of arrays stored by digest, by digest (what a read fetched for its rows).
+Arrays = Mapping[str, Any]
+_HEX = frozenset("0123456789abcdef")
 
 
 class _Fallback(Exception):
@@ -45,10 +53,16 @@ class _Fallback(Exception):
 class _Decoder:
     """Rebuilds values from one document and one writable copy of its blob."""
 
-    __slots__ = ("row_id", "buf")
+    __slots__ = ("arrays", "buf", "row_id")
 
-    def __init__(self, blob: bytes | bytearray | memoryview | None, row_id: str) -> None:
+    def __init__(
+        self,
+        blob: bytes | bytearray | memoryview | None,
+        row_id: str,
+        arrays: Arrays | None = None,
+    ) -> None:
         self.row_id = row_id
+        self.arrays = arrays
         self.buf: bytearray | None = None
         if blob is None:
             return
@@ -58,7 +72,7 @@ class _Decoder:
         self.buf = self.check_blob(memoryview(blob))
 
     def damaged(self, message: str) -> CodecError:
-        return CodecError(f"row {self.row_id}: {message}; {DAMAGED}")
+        return CorruptRowError(f"row {self.row_id}: {message}; {DAMAGED}")
 
     def malformed(self, path: str, message: str) -> CodecError:
         return CodecError(f"row {self.row_id}: {message} at {path or 'payload'}; {MALFORMED}")
@@ -133,21 +147,29 @@ class _Decoder:
         return self.tensor_at(self.tensor_spec(spec, path), path)
 
     def tensor_spec(self, spec: Any, path: str) -> TensorSpec:
-        """A placeholder's spec, checked: everything about it that does not need the blob."""
-        if type(spec) is not dict or spec.keys() != TENSOR_FIELDS:
+        """A placeholder's spec, checked: everything about it that does not need the blob
+        (or, for an array stored by digest, its stored bytes)."""
+        digest = None
+        if type(spec) is dict and spec.keys() == EXTERNAL_FIELDS:
+            digest = spec["digest"]
+            if (
+                spec["kind"] not in EXTERNAL_KINDS
+                or type(digest) is not str
+                or len(digest) != 32
+                or not _HEX.issuperset(digest)
+            ):
+                raise self.malformed(path, f"a tensor placeholder holding {spec!r}")
+            offset, nbytes = -1, None
+        elif type(spec) is not dict or spec.keys() != TENSOR_FIELDS:
             raise self.malformed(path, f"a tensor placeholder holding {spec!r}")
-        kind, dtype_name = spec["kind"], spec["dtype"]
-        shape, offset, nbytes = spec["shape"], spec["offset"], spec["nbytes"]
+        else:
+            offset, nbytes = spec["offset"], spec["nbytes"]
+            if type(offset) is not int or type(nbytes) is not int or offset < 0 or nbytes < 0:
+                raise self.malformed(path, f"a tensor placeholder holding {spec!r}")
+        kind, dtype_name, shape = spec["kind"], spec["dtype"], spec["shape"]
         if kind not in TENSOR_KINDS:
             raise self.malformed(path, f"a tensor placeholder of unknown kind {kind!r}")
-        if (
-            type(shape) is not list
-            or not all(type(n) is int and n >= 0 for n in shape)
-            or type(offset) is not int
-            or type(nbytes) is not int
-            or offset < 0
-            or nbytes < 0
-        ):
+        if type(shape) is not list or not all(type(n) is int and n >= 0 for n in shape):
             raise self.malformed(path, f"a tensor placeholder holding {spec!r}")
         if kind == "torch":
             if dtype_name not in TORCH_DTYPES:
@@ -162,16 +184,34 @@ class _Decoder:
         ):
             raise self.malformed(path, f"a {kind} placeholder with shape {shape}")
         count = math.prod(shape)
-        if count * np_dtype.itemsize != nbytes:
+        size = count * np_dtype.itemsize
+        if nbytes is None:
+            nbytes = size
+        elif size != nbytes:
             raise self.damaged(
-                f"{path} has shape {shape} of {dtype_name} ({count * np_dtype.itemsize} bytes) "
+                f"{path} has shape {shape} of {dtype_name} ({size} bytes) "
                 f"but records {nbytes} bytes"
             )
-        return TensorSpec(kind, dtype_name, np_dtype, tuple(shape), count, offset, nbytes)
+        return TensorSpec(kind, dtype_name, np_dtype, tuple(shape), count, offset, nbytes, digest)
 
     def tensor_at(self, spec: TensorSpec, path: str) -> Any:
-        """The array, tensor or bytes a checked spec names in this row's blob."""
-        kind, dtype_name, np_dtype, shape, size, offset, nbytes = spec
+        """The array, tensor or bytes a checked spec names in this row's blob (or, stored by
+        digest, among the arrays the read fetched)."""
+        kind, dtype_name, np_dtype, shape, size, offset, nbytes, digest = spec
+        if digest is not None:
+            stored = None if self.arrays is None else self.arrays.get(digest)
+            if stored is None:
+                raise CorruptRowError(
+                    f"row {self.row_id}: {path} refers to the array {digest}, which is not "
+                    f"stored; {DAMAGED}"
+                )
+            if type(stored) is Unpacked:
+                array = stored.array[...]  # a view: the caller tells rows that share it apart
+            else:
+                array = unpack_array(stored, digest, np_dtype, shape, f"row {self.row_id}: {path}")
+            if not np_dtype.isnative:  # only on big-endian machines
+                array = array.astype(np_dtype.newbyteorder("="))
+            return array if kind == "numpy" else self.to_torch(array, dtype_name, path)
         if self.buf is None:
             raise self.damaged(f"{path} refers to tensor data but the row has no blob")
         if offset + nbytes > len(self.buf):
@@ -205,19 +245,24 @@ class _Decoder:
 
 
 def decode_payload(
-    doc: dict[str, Any], blob: bytes | bytearray | memoryview | None, *, row_id: str
+    doc: dict[str, Any],
+    blob: bytes | bytearray | memoryview | None,
+    *,
+    row_id: str,
+    arrays: Arrays | None = None,
 ) -> dict[str, Any]:
     """Rebuild the payload :func:`encode_payload` split into ``doc`` and ``blob``.
 
     Arrays and tensors of one row share one writable copy of the blob. A damaged blob or a
-    malformed placeholder raises CodecError naming ``row_id``.
+    malformed placeholder raises CodecError naming ``row_id``. ``arrays``: the stored bytes
+    of the arrays the document refers to by digest (CorruptRowError for one missing).
     """
     if type(doc) is not dict:
         raise CodecError(
             f"row {row_id}: the stored document is a {type(doc).__name__}, "
             f"not a JSON object; {MALFORMED}"
         )
-    part = PartDecoder(blob, row_id)
+    part = PartDecoder(blob, row_id, arrays)
     try:
         return {key: part.decode_part(value, key) for key, value in doc.items()}
     except RecursionError as exc:
@@ -225,7 +270,8 @@ def decode_payload(
 
 
 class PartDecoder(_Decoder):
-    """Decodes parts of one row's document, checking and copying its blob once.
+    """Decodes parts of one row's document, checking and copying its blob once
+    (``PartDecoder(blob, row_id, arrays=None)``, ``arrays`` as for :func:`decode_payload`).
 
     Each part goes through the fast walk (no paths, containers rebuilt in place); anything
     unusual is walked again with paths, for an error message that says where.

@@ -252,6 +252,8 @@ def _learn(text: str) -> _Template | None:
         return None
     if not tensors:  # (a string that reads "__tensor__"): the full decoder checks the blob
         return None
+    if any(spec.digest is not None for spec, _ in tensors):
+        return None  # arrays stored by digest: their text names the digest, it rarely repeats
     return _Template(skeleton, tensors)
 
 

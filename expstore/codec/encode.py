@@ -30,6 +30,7 @@ from .checks import (
     torch_problem,
     unsupported,
 )
+from .digests import array_digest
 from .format import (
     ALIGNMENT,
     CRC,
@@ -59,25 +60,45 @@ class _Unsettled(Exception):
 class _Encoder:
     """Walks one payload, collecting tensor bytes and building the JSON document."""
 
-    __slots__ = ("chunks", "size", "tensors")
+    __slots__ = ("chunks", "external", "max_bytes", "size", "tensors", "threshold")
 
-    def __init__(self) -> None:
+    def __init__(self, threshold: int | None = None, max_bytes: int | None = None) -> None:
         self.chunks: list[Any] = []
         self.size = 0
         self.tensors = 0
+        #: Arrays of at least this many bytes are stored by digest (None: none is).
+        self.threshold = threshold
+        #: Larger arrays are refused (None: no limit).
+        self.max_bytes = max_bytes
+        #: (digest, array) of each array stored by digest, in document order.
+        self.external: list[tuple[str, Any]] = []
 
     def fail(self, path: str, message: str) -> CodecError:
         return CodecError(f"{path or 'payload'}: {message}")
 
     def placeholder(self, kind: str, dtype: str, shape: tuple[int, ...], data: Any) -> Any:
-        """Append a C-contiguous array's bytes at an aligned offset; its placeholder."""
+        """Append a C-contiguous array's bytes at an aligned offset, or note it to be stored
+        by digest when it is large; its placeholder."""
+        nbytes = data.nbytes
+        if self.max_bytes is not None and nbytes > self.max_bytes:
+            raise CodecError(
+                f"payload: the array of {nbytes} bytes ({kind} {dtype} {list(shape)}) is over "
+                f"the buffer's max_array_bytes ({self.max_bytes}); store a smaller array or "
+                "raise the limit with buffer.set_compression(max_array_bytes=...)"
+            )
+        if self.threshold is not None and nbytes >= self.threshold and kind != "bytes":
+            digest = array_digest(data)
+            self.external.append((digest, data))
+            self.tensors += 1
+            return {
+                TENSOR_KEY: {"kind": kind, "dtype": dtype, "shape": list(shape), "digest": digest}
+            }
         size = self.size
         offset = -(-size // ALIGNMENT) * ALIGNMENT
         if offset > size:
             self.chunks.append(PADDING[offset - size])
         # A C-contiguous array exports its bytes as is (0-d arrays included).
         self.chunks.append(data)
-        nbytes = data.nbytes
         self.size = offset + nbytes
         self.tensors += 1
         return {
@@ -257,7 +278,7 @@ class _Failure(Exception):
 
 
 def encode_payload(
-    payload: dict[str, Any], row_id: str | None = None
+    payload: dict[str, Any], row_id: str | None = None, *, encoder: _Encoder | None = None
 ) -> tuple[dict[str, Any], bytes | None]:
     """Split ``payload`` into a JSON-able document and one blob of tensor bytes.
 
@@ -265,8 +286,10 @@ def encode_payload(
     covers ``row_id`` when given (as stored rows' blobs do). Top-level keys are
     field names and are kept as they are; below them, reserved keys are escaped. Raises
     CodecError naming the path (``state.obs[2]``) of the first value that cannot be stored.
+    Every array stays in the blob (``PayloadWriter(threshold=...)`` stores large ones by
+    digest).
     """
-    encoder = _Encoder()
+    encoder = _Encoder() if encoder is None else encoder
     doc: dict[str, Any] = {}
     try:
         for key, value in payload.items():
@@ -300,10 +323,17 @@ class PayloadWriter:
     tensors, bytes and pydantic models. Whatever it cannot settle alone (non-finite floats,
     keys or strings starting with "__" that may need escaping, unsupported values) goes
     through the full walk, so the result and every error are the same.
+
+    ``PayloadWriter(threshold=n)`` stores arrays of at least ``n`` bytes by digest: their
+    placeholders name the digest, and after each :meth:`encode`, :attr:`external` lists
+    ``(digest, array)`` for the caller to store (see :mod:`expstore.codec.compression`).
+    ``max_bytes`` refuses any larger array (CodecError).
     """
 
-    def __init__(self) -> None:
-        self._encoder = _Encoder()
+    def __init__(self, threshold: int | None = None, max_bytes: int | None = None) -> None:
+        self.threshold = threshold
+        self.max_bytes = max_bytes
+        self._encoder = _Encoder(threshold, max_bytes)
         self._json: Callable[[Any], str] = json.JSONEncoder(
             allow_nan=False,
             separators=(",", ":"),
@@ -340,7 +370,7 @@ class PayloadWriter:
     ) -> tuple[str, bytes | None]:
         """``(document as JSON text, blob)`` for one payload (the blob's checksum covering
         ``row_id``); raises like encode_payload."""
-        self._encoder = encoder = _Encoder()
+        self._encoder = encoder = _Encoder(self.threshold, self.max_bytes)
         try:
             text = self._json(payload)
         except (_Unsettled, ValueError, TypeError, CodecError, RecursionError):
@@ -353,8 +383,14 @@ class PayloadWriter:
             # exponent) take the full walk too.
             if text.count('"__') == encoder.tensors and not _TAGGED_TEXT.search(text):
                 return _within_depth(payload, text), encoder.blob(row_id)
-        doc, blob = encode_payload(payload, row_id)
+        self._encoder = encoder = _Encoder(self.threshold, self.max_bytes)
+        doc, blob = encode_payload(payload, row_id, encoder=encoder)
         return _within_depth(payload, dump_document(doc)), blob
+
+    @property
+    def external(self) -> list[tuple[str, Any]]:
+        """``(digest, array)`` of each array the last :meth:`encode` stored by digest."""
+        return self._encoder.external
 
 
 def _within_depth(payload: dict[str, Any], text: str) -> str:

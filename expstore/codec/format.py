@@ -4,6 +4,7 @@ A row's payload is stored as a JSON document plus one blob. In the document, eve
 JSON cannot hold is a placeholder, a dict with a single reserved key::
 
     {"__tensor__": {"kind": "numpy", "dtype": "<f4", "shape": [2, 3], "offset": 0, "nbytes": 24}}
+    {"__tensor__": {"kind": "numpy", "dtype": "|u1", "shape": [720, 1280, 3], "digest": "9f..."}}
     {"__float__": "nan"}                      # also "inf", "-inf", "-0.0" and floats of
                                               # magnitude >= 1e16 ("1e+20"), which a
                                               # JSONB number would bring back as 0.0 or int
@@ -14,7 +15,11 @@ rest, then every tensor's bytes (``b"XST1"`` blobs, written before, checksum the
 each starting at a multiple of 8 from the end of that 8-byte header. ``kind`` is ``numpy``
 (an array), ``npscalar`` (a numpy scalar), ``torch`` (a tensor; ``dtype`` is the torch dtype
 name, stored as the bytes of the numpy dtype in :data:`TORCH_DTYPES`) or ``bytes``.
-``docs/format.md`` describes the same for readers in other languages.
+An array of :data:`~expstore.codec.compression.EXTERNAL_THRESHOLD` bytes or more, written
+by a buffer, is not in the blob: its placeholder names its digest instead of an offset, and
+its bytes (compressed) are stored once per buffer by that digest (see
+:mod:`expstore.codec.compression`). ``docs/format.md`` describes the same for readers in
+other languages.
 
 Dtypes are read back only through the tables here, so a stored document can never name an
 object, string or structured dtype, and nothing is ever unpickled.
@@ -71,6 +76,10 @@ ESCAPED_KEY = "__escaped__"
 RESERVED_KEYS = frozenset({TENSOR_KEY, FLOAT_KEY, ESCAPED_KEY})
 
 TENSOR_FIELDS = frozenset({"kind", "dtype", "shape", "offset", "nbytes"})
+#: The fields of a placeholder of an array stored by digest (outside the row's blob, see
+#: :mod:`expstore.codec.compression`).
+EXTERNAL_FIELDS = frozenset({"kind", "dtype", "shape", "digest"})
+EXTERNAL_KINDS = frozenset({"numpy", "torch"})
 TENSOR_KINDS = frozenset({"numpy", "npscalar", "torch", "bytes"})
 NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 #: Floats stored as a placeholder although JSON could hold them: Postgres keeps JSON numbers
@@ -157,8 +166,9 @@ class TensorSpec(NamedTuple):
     dtype: np.dtype[Any]  # of the stored bytes
     shape: tuple[int, ...]
     size: int  # elements
-    offset: int  # in the blob, after its header
+    offset: int  # in the blob, after its header (-1: stored by digest)
     nbytes: int
+    digest: str | None = None  # of an array stored by digest, else None
 
 
 def row_seed(row_id: str) -> int:

@@ -111,6 +111,11 @@ buffers = Table(
     # How many tombstones of rows that left the buffer it keeps (expstore_tombstones, see
     # expstore.features.tombstones): NULL for the default, 0 for none.
     Column("keep_tombstones", BigInteger, nullable=True),
+    # How arrays stored by digest are compressed (expstore.codec.compression; NULL: "auto",
+    # "none": raw) and the largest array a row may hold (NULL: the default), the same for
+    # every writer; rows written under another setting stay readable.
+    Column("compression", String(16), nullable=True),
+    Column("max_array_bytes", BigInteger, nullable=True),
     UniqueConstraint("name"),
 )
 
@@ -334,6 +339,31 @@ consumers = Table(
     # Rows the consumer ever acked (counted by each ack, which holds this row already): a
     # prompt queue's admission counts what the learners consumed by it.
     Column("acked", BigInteger, nullable=False, server_default="0"),
+)
+
+#: Arrays stored by digest (see :mod:`expstore.codec.compression`): each array of at least
+#: the threshold's size once per buffer, whatever number of rows hold it. ``data`` is the
+#: stored bytes (header, codec, stream), ``nbytes`` the array's own size. On Postgres the
+#: column is STORAGE EXTERNAL: the bytes are compressed already, TOAST only moves them out.
+arrays = Table(
+    "expstore_arrays",
+    metadata,
+    _buffer_key(),
+    Column("digest", String(32), primary_key=True),
+    Column("nbytes", BigInteger, nullable=False),
+    Column("data", BlobType, nullable=False),
+)
+
+#: Which row refers to which stored array: written with the row, gone with it (ON DELETE
+#: CASCADE); an array no row refers to any more is deleted in the same transaction
+#: (:mod:`expstore.features.arrays`).
+array_refs = Table(
+    "expstore_array_refs",
+    metadata,
+    _row_key(),
+    Column("digest", String(32), primary_key=True),
+    Column("buffer_id", Integer, nullable=False),  # no foreign key: see consumption
+    Index(None, "buffer_id", "digest"),
 )
 
 #: An actor's saved progress on a claimed row (a prompt): the partial rollout so far, as

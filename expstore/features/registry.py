@@ -19,7 +19,7 @@ from .._args import check_int
 from ..db.handle import BufferHandle
 from ..db.schema import buffers, rows
 from ..errors import InvalidArgumentError, RetentionConflictError
-from . import tombstones
+from . import arrays, tombstones
 from .eviction import EVICTION_POLICIES, OLDEST_FIRST_POLICIES, evict
 from .stats import task_stats
 
@@ -214,8 +214,11 @@ def remove(
     removal = None if kept is None else task_stats.before_delete(handle, conn, kept, where)
     keep, last = tombstones.kept_tombstones(conn, handle.buffer_id)
     tombstones.record(handle, conn, doomed, reason, policy, keep, last)
+    referred = arrays.referred_by(handle, conn, doomed)
     bound = {"keys": dialect.key_set(doomed)}
     gone = int(conn.execute(_delete_keys(dialect), bound).rowcount)
+    if referred:  # their references went with the rows (ON DELETE CASCADE)
+        arrays.sweep(conn, handle.buffer_id, referred)
     if gone and kept is not None and removal is not None:
         task_stats.after_delete(handle, conn, kept, removal)
     count_removed(handle, conn, gone)

@@ -16,6 +16,7 @@ from .builder import QueryBuilder
 from .compiler import to_sql
 from .conditions import (
     And,
+    Changed,
     Comparison,
     Condition,
     Or,
@@ -27,6 +28,7 @@ from .conditions import (
 
 __all__ = [
     "And",
+    "Changed",
     "Comparison",
     "Condition",
     "Or",

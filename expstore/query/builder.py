@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import QueryError
-from .conditions import And, Comparison, Condition, Or, as_condition
+from .conditions import And, Changed, Comparison, Condition, Or, as_condition
 
 __all__ = ["QueryBuilder"]
 
@@ -44,10 +44,11 @@ class _Step:
 class QueryBuilder:
     """Build a :class:`~expstore.query.Condition` by chaining comparisons and operators.
 
-    Comparisons: ``eq, ne, gt, gte, lt, lte`` (a field and a value), ``in_, not_in`` (a field
-    and a list), ``like, not_like`` (a field and a LIKE pattern), ``between`` (a field and
-    two bounds), ``is_null, is_not_null`` (a field). Operators: ``and_()``, ``or_()``.
-    Groups: ``nested(builder)``. Then ``build()``.
+        Comparisons: ``eq, ne, gt, gte, lt, lte`` (a field and a value), ``in_, not_in`` (a field
+        and a list), ``like, not_like`` (a field and a LIKE pattern), ``between`` (a field and
+        two bounds), ``is_null, is_not_null`` (a field), ``changed, unchanged`` (a field, compared
+    with the previous step of the trajectory). Operators: ``and_()``, ``or_()``.
+        Groups: ``nested(builder)``. Then ``build()``.
     """
 
     def __init__(self) -> None:
@@ -176,6 +177,26 @@ class QueryBuilder:
                 groups[-1].append(step.condition)
         terms = [group[0] if len(group) == 1 else And(tuple(group)) for group in groups]
         return terms[0] if len(terms) == 1 else Or(tuple(terms))
+
+    # -- changes between steps ------------------------------------------------------------
+    def changed(self, field: str, towards: str = "previous") -> QueryBuilder:
+        """Steps whose value at ``field`` differs from the previous step of the same
+        trajectory (the first step counts as changed), or with ``towards="next"`` from the
+        next step (the action changed the page; the last step counts as changed); see
+        :class:`~expstore.query.Changed`."""
+        return self._change(field, True, towards, f"changed({field!r})")
+
+    def unchanged(self, field: str, towards: str = "previous") -> QueryBuilder:
+        """Steps whose value at ``field`` is the same as in the previous (or ``"next"``)
+        step of the same trajectory; see :class:`~expstore.query.Changed`."""
+        return self._change(field, False, towards, f"unchanged({field!r})")
+
+    def _change(self, field: str, changed: bool, towards: str, call: str) -> QueryBuilder:
+        try:
+            condition = Changed(field, changed, towards)
+        except QueryError as exc:
+            raise QueryError(f"{call} (call {len(self._steps) + 1}): {exc}") from None
+        return self._add(condition, None, call)
 
     # -- chain bookkeeping ------------------------------------------------------------------
     def _compare(self, op: str, field: str, value: Any, call: str) -> QueryBuilder:

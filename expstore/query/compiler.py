@@ -53,6 +53,7 @@ from sqlalchemy import (
     func,
     not_,
     or_,
+    select,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.compiler import compiles
@@ -62,7 +63,7 @@ from ..errors import QueryError
 from ..model.layout import Kind
 from ..model.paths import FieldPath
 from ._like import ESCAPE, like_to_glob
-from .conditions import And, Comparison, Condition, Or, as_condition
+from .conditions import And, Changed, Comparison, Condition, Or, as_condition
 
 __all__ = ["DIALECTS", "json_text", "sqlite_json_path", "to_sql"]
 
@@ -207,8 +208,52 @@ class _Compiler(ABC):
                 "ColumnElement[bool]",
                 _balanced(or_, [self.condition(c) for c in condition.conditions]),
             )
+        if isinstance(condition, Changed):
+            return self.changed(condition)
         assert isinstance(condition, Comparison)
         return self.comparison(condition)
+
+    def change_key(self, target: FieldPath) -> ColumnElement[Any]:
+        """What ``changed(field)`` compares: a column's value; for a payload path the
+        digest of an array stored by digest, NULL for an array in the row's blob (its bytes
+        are not visible to SQL), else the JSON text of the value."""
+        if target.column is not None:
+            return self.table.c[target.column.name]
+        tensor = FieldPath(target.text, None, target.top, (*target.steps, "__tensor__"))
+        digest = FieldPath(target.text, None, target.top, (*tensor.steps, "digest"))
+        # The digest first: one look into the document when there is one (the common case).
+        return func.coalesce(
+            self.json_value_text(digest),
+            case((self.json_type(tensor).is_(None), self.json_text(target))),
+        )
+
+    def changed(self, c: Changed) -> ColumnElement[bool]:
+        """The value at ``c.target`` compared with the previous step of the same trajectory
+        (same buffer and task_id, the largest step below this row's; or the next, the
+        smallest above), found by a correlated probe of the ``(buffer_id, task_id, step)``
+        index."""
+        table = self.table
+        forward = c.towards == "next"
+        other = table.alias("expstore_next" if forward else "expstore_previous")
+        here = self.change_key(c.target)
+        there = type(self)(other).change_key(c.target)  # type: ignore[arg-type]
+        step, key = other.c.step, other.c.key
+        earlier = (
+            select(there)
+            .where(
+                other.c.buffer_id == table.c.buffer_id,
+                other.c.task_id == table.c.task_id,
+                step > table.c.step if forward else step < table.c.step,
+            )
+            .order_by(*((step.asc(), key.asc()) if forward else (step.desc(), key.desc())))
+            .limit(1)
+            .correlate(table)
+            .scalar_subquery()
+        )
+        same = here == earlier  # NULL (unknown) when either is NULL
+        if c.changed:
+            return not_(func.coalesce(same, false()))
+        return as_type("ColumnElement[bool]", func.coalesce(same, false()))
 
     def comparison(self, c: Comparison) -> ColumnElement[bool]:
         op, target = c.op, c.target
@@ -281,6 +326,10 @@ class _Compiler(ABC):
         what an index serving them must be built on."""
 
     @abstractmethod
+    def json_value_text(self, target: FieldPath) -> ColumnElement[Any]:
+        """The string at a payload path as SQL text (NULL where there is none)."""
+
+    @abstractmethod
     def like(self, operand: ColumnElement[Any], pattern: str, *, negated: bool) -> Any:
         """A case-sensitive LIKE with ``\\`` as the escape character."""
 
@@ -340,6 +389,10 @@ class _PostgresCompiler(_Compiler):
     def json_value(self, target: FieldPath) -> ColumnElement[Any]:
         parent, last, _ = self.path(target)
         return self.step(parent, last, "->")  # type: ignore[no-any-return]
+
+    def json_value_text(self, target: FieldPath) -> ColumnElement[Any]:
+        parent, last, _ = self.path(target)
+        return self.step(parent, last, "->>")  # type: ignore[no-any-return]
 
     def json_comparison(self, c: Comparison, target: FieldPath) -> ColumnElement[bool]:
         assert c.kind is not None
@@ -411,6 +464,9 @@ class _SqliteCompiler(_Compiler):
         return texts[0] if len(texts) == 1 else func.coalesce(*texts)
 
     def json_value(self, target: FieldPath) -> ColumnElement[Any]:
+        return self.call("json_extract", self.paths(target))
+
+    def json_value_text(self, target: FieldPath) -> ColumnElement[Any]:
         return self.call("json_extract", self.paths(target))
 
     def json_comparison(self, c: Comparison, target: FieldPath) -> ColumnElement[bool]:

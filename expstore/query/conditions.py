@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_CONDITION_DEPTH",
     "And",
+    "Changed",
     "Comparison",
     "Condition",
     "OPERATORS",
@@ -310,6 +311,61 @@ class Or(_Group):
         return any(c.matches(row) for c in self.conditions)
 
 
+@dataclass(frozen=True)
+class Changed(Condition):
+    """``changed(field)``: the value at ``field`` differs from the same field in the
+    previous step of the same trajectory (the row of the same ``task_id`` with the largest
+    ``step`` below this one); ``unchanged(field)`` (``changed=False``): it is the same.
+    ``towards="next"`` (``changed(field, next)``) compares with the next step instead (the
+    smallest step above): whether this step's action changed the page, as WebGym's
+    ``filter_same_screenshot`` asks.
+
+    What is compared is what the database sees: the digest of an array stored by digest
+    (64 KiB or more: a screenshot), the JSON of any other payload value, the value of a
+    column. An array kept in its row's blob (smaller) has no digest, so it is never
+    *unchanged*. The first step of a trajectory has no previous step: it counts as changed
+    (and with ``next``, the last step has no next one: it counts as changed). Compiled to
+    SQL only: a single row
+    cannot tell, so :meth:`matches` raises QueryError.
+
+    >>> print(Changed("exp_data.state.screenshot"))
+    changed(exp_data.state.screenshot)
+    """
+
+    field: str
+    changed: bool = True
+    towards: str = "previous"
+    target: FieldPath = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if type(self.changed) is not bool:
+            raise QueryError(f"changed must be True or False, got {self.changed!r}")
+        if self.towards not in ("previous", "next"):
+            raise QueryError(
+                f"{self.op}() compares with the 'previous' or the 'next' step, got {self.towards!r}"
+            )
+        object.__setattr__(self, "target", resolve_field(self.field))
+
+    @property
+    def op(self) -> str:
+        return "changed" if self.changed else "unchanged"
+
+    def matches(self, row: DataRow) -> bool:
+        raise QueryError(
+            f"{self} compares a row with the previous step of its trajectory, which one row "
+            "does not hold; it is evaluated by the database (use it in a query, a sampler or "
+            "a claim)"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.towards == "next":
+            return {"field": self.field, "op": self.op, "value": "next"}
+        return {"field": self.field, "op": self.op}
+
+    def __str__(self) -> str:
+        return f"{self.op}({self.field}{', next' if self.towards == 'next' else ''})"
+
+
 #: What every call that selects rows takes: a :class:`Condition`, AWorld's dict shape of
 #: one, or None (every row).
 QueryCondition = Condition | dict[str, Any] | None
@@ -494,6 +550,19 @@ def _from_dict(data: Any, where: str, depth: int = 0) -> Condition:
             _from_dict(item, f"{where}.{key}[{i}]", depth + 1) for i, item in enumerate(items)
         )
         return And(children) if _LOGICAL_KEYS[key] == "and" else Or(children)
+    if "field" in keys and data.get("op") in ("changed", "unchanged"):
+        if not keys <= {"field", "op", "value"} or data.get("value", "previous") not in (
+            "previous",
+            "next",
+        ):
+            raise QueryError(
+                f"{where}: a {data['op']} condition has field, op and optionally value "
+                f"'previous' or 'next'; got {_show(dict(data))}"
+            )
+        try:
+            return Changed(data["field"], data["op"] == "changed", data.get("value", "previous"))
+        except QueryError as exc:
+            raise QueryError(f"{where}: {exc}") from None
     if "field" in keys and "op" in keys:
         extra = keys - {"field", "op", "value"}
         if extra:
@@ -521,7 +590,8 @@ def _from_dict(data: Any, where: str, depth: int = 0) -> Condition:
 #
 #     condition  := conjunction ( OR conjunction )*
 #     conjunction:= primary ( AND primary )*            -- AND binds tighter than OR
-#     primary    := "(" condition ")" | comparison
+#     primary    := "(" condition ")" | change | comparison
+#     change     := ( CHANGED | UNCHANGED ) "(" field [ "," NEXT | PREVIOUS ] ")"
 #     comparison := field ( "=" | "!=" | "<>" | ">" | ">=" | "<" | "<=" ) value
 #                 | field [NOT] IN "(" [ value ( "," value )* ] ")"
 #                 | field [NOT] LIKE string
@@ -725,9 +795,42 @@ class _Parser:
         if self.at_keyword("not"):
             raise self.error(
                 "NOT before a condition is not supported; write the negated test instead "
-                "(!=, not in, not like, is not null)"
+                "(!=, not in, not like, is not null, unchanged(...))"
             )
+        token = self.tok
+        if (
+            token.kind == "name"
+            and token.value.lower() in ("changed", "unchanged")
+            and self.i + 1 < len(self.tokens)
+            and self.tokens[self.i + 1].kind == "punct"
+            and self.tokens[self.i + 1].value == "("
+        ):
+            return self.change()
         return self.comparison()
+
+    def change(self) -> Condition:
+        word = self.advance()
+        self.expect_punct("(", f"after {word.text}")
+        field_token = self.field()
+        towards = "previous"
+        if self.at_punct(","):
+            self.advance()
+            token = self.tok
+            if token.kind != "name" or token.value.lower() not in ("previous", "next"):
+                raise self.error(
+                    f"expected previous or next after ',' in {word.text}(...), "
+                    f"got {token.describe()}"
+                )
+            towards = self.advance().value.lower()
+        if not self.at_punct(")"):
+            raise self.error(
+                f"expected ')' after the field of {word.text}(...), got {self.tok.describe()}"
+            )
+        self.advance()
+        try:
+            return Changed(field_token.value, word.value.lower() == "changed", towards)
+        except QueryError as exc:
+            raise self.error(str(exc), field_token) from None
 
     def field(self) -> Token:
         token = self.tok

@@ -156,6 +156,18 @@ class Storage(ABC):
         rows gone it keeps) for every writer; returns how many rows went at once."""
 
     @abstractmethod
+    def set_compression(
+        self, compression: str | None, *, max_array_bytes: int | None = None
+    ) -> None:
+        """Set how the buffer compresses arrays it stores by digest from now on
+        (``"auto"``, ``"zstd"``, ``"png"``, ``"webp"`` or None) and the largest array a row
+        may hold (None: keep the setting), for every writer."""
+
+    @abstractmethod
+    def array_stats(self) -> tuple[int, int, int]:
+        """(arrays stored by digest, their own bytes, their stored bytes) of the buffer."""
+
+    @abstractmethod
     def policy_version(self) -> int | None:
         """The buffer's current policy version (None: never set), which samplers with
         ``max_staleness`` measure rows against; see :mod:`expstore.features.versions`."""

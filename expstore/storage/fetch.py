@@ -22,6 +22,7 @@ import numpy as np
 from sqlalchemy.sql.elements import ColumnElement
 
 from ..codec import RESERVED_KEYS, BatchDecoder
+from ..codec.decode import Arrays
 from ..codec.format import MALFORMED
 from ..db.dialects import Dialect
 from ..db.schema import rows
@@ -81,8 +82,17 @@ class FieldPlan:
         self.columns.append(column)
         return len(self.columns) - 1
 
+    @property
+    def texts_at(self) -> list[int]:
+        """Where the extracted JSON parts are in a fetched row (what may refer to arrays
+        stored by digest)."""
+        return self._json_at
+
     def read_all(
-        self, fetched: Sequence[Sequence[Any]], decoder: BatchDecoder
+        self,
+        fetched: Sequence[Sequence[Any]],
+        decoder: BatchDecoder,
+        arrays: Arrays | None = None,
     ) -> tuple[list[int], list[str], list[Values], list[int]]:
         """``(keys, ids, values per path, keys to read again)`` for rows fetched by
         :attr:`columns`; MISSING where a row has nothing at a path. A path's values are a
@@ -129,6 +139,7 @@ class FieldPlan:
                         writable=self.writable,
                         checked=checked,
                         stack=not rest,
+                        arrays=arrays,
                     )
             else:
                 values = list(columns[at])
@@ -176,16 +187,17 @@ class FieldFetcher:
         and shape in every row) one array whose first axis runs over the rows."""
         plan, whole = self.plans(paths, writable)
         wanted = key_list(keys)
-        fetch = self.reader.rows_by_keys
+        fetch = self.reader.rows_with_arrays
         distinct = list(dict.fromkeys(wanted))
         try:
-            fetched = fetch(distinct, plan.columns)
+            fetched, held = fetch(distinct, plan.columns, plan.texts_at)
         except StorageError:
             self.reader.raise_damaged(distinct)  # the database could not read a document
             raise
-        found, ids, values, unread = plan.read_all(fetched, self.decoder)
+        found, ids, values, unread = plan.read_all(fetched, self.decoder, held)
         if unread and whole is not None:
-            again, more_ids, more, _ = whole.read_all(fetch(unread, whole.columns), self.decoder)
+            fetched, held = fetch(unread, whole.columns, whole.texts_at)
+            again, more_ids, more, _ = whole.read_all(fetched, self.decoder, held)
             found, ids = found + again, ids + more_ids
             # A stacked array is a read-only view of the fetched bytes: its rows are copied.
             values = [

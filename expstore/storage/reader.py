@@ -16,17 +16,19 @@ from operator import itemgetter
 from typing import Any, NamedTuple
 
 import numpy as np
-from sqlalchemy import Row, Select, Text, cast, func, select, tuple_
+from sqlalchemy import Connection, Row, Select, Text, cast, func, select, tuple_
 from sqlalchemy.sql.elements import ColumnElement
 
 from .._args import check_int
 from ..codec import decode_payload
+from ..codec.decode import Arrays
 from ..codec.documents import DocumentDecoder
 from ..codec.format import MALFORMED
 from ..db.handle import BufferHandle
 from ..db.row_ids import by_keys
 from ..db.schema import buffers, rows
 from ..errors import CodecError, InvalidArgumentError, UnsupportedTypeError
+from ..features.arrays import digests_in, fetch_arrays
 from ..features.registry import buffer_row
 from ..model.layout import COLUMNS, META_COLUMNS, ORDERABLE, PAYLOAD_FIELDS, SCALAR_COLUMNS
 from ..model.rows import DataRow, Experience, ExpMeta, trusted_many
@@ -59,6 +61,7 @@ _experience_values = itemgetter(
     *((*PAYLOAD_FIELDS, *SCALAR_COLUMNS).index(name) for name in _EXPERIENCE_FIELDS)
 )
 _text, _blob, _row_id = itemgetter(_AT_DATA), itemgetter(_AT_TENSORS), itemgetter(_AT_ID)
+_TEXT = (_AT_DATA,)
 #: (position, column, the types its values may have) of every typed column, to tell a
 #: value SQLite let through in the wrong type (its columns take any) from a good one.
 _TYPED = tuple((_NAMES.index(spec.name), spec.name, spec.stored_types) for spec in COLUMNS)
@@ -71,14 +74,17 @@ def key_list(keys: Sequence[int] | np.ndarray) -> list[int]:
 
 
 def decode_rows(
-    fetched: Sequence[Row[Any] | Sequence[Any]], documents: DocumentDecoder
+    fetched: Sequence[Row[Any] | Sequence[Any]],
+    documents: DocumentDecoder,
+    arrays: Arrays | None = None,
 ) -> list[DataRow]:
     """:func:`decode_row` of many rows, done over the batch rather than row by row: the
     typed columns checked column by column, the rows of each learned document text decoded
     together (:meth:`DocumentDecoder.decode_many`), each model's objects made at once
     (:func:`~expstore.model.rows.trusted_many`), and Python's cyclic garbage collector paused
     meanwhile (the rows hold no cycles; a batch of 256 rows otherwise triggers several
-    collections)."""
+    collections). ``arrays``: the stored arrays the rows refer to by digest (fetched in
+    the same read, :func:`arrays_of`)."""
     checked = all(
         set(map(type, map(itemgetter(at), fetched))) <= kinds for at, kinds in _TYPED_SETS
     )
@@ -87,7 +93,8 @@ def decode_rows(
             list(map(_text, fetched)), list(map(_blob, fetched)), list(map(_row_id, fetched))
         )
         values = [
-            _values(r, payload, checked) for r, payload in zip(fetched, payloads, strict=True)
+            _values(r, payload, checked, arrays)
+            for r, payload in zip(fetched, payloads, strict=True)
         ]
         metas = trusted_many(
             ExpMeta, map(dict, map(zip, repeat(META_COLUMNS), map(_meta_values, fetched)))
@@ -120,15 +127,33 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def decode_row(r: Row[Any] | Sequence[Any], documents: DocumentDecoder | None = None) -> DataRow:
+def decode_row(
+    r: Row[Any] | Sequence[Any],
+    documents: DocumentDecoder | None = None,
+    arrays: Arrays | None = None,
+) -> DataRow:
     """The DataRow a whole-row read (:data:`ROW_COLUMNS`) fetched; CodecError naming the
     row when what is stored is damaged. ``documents`` remembers document texts that repeat
     (see :mod:`expstore.codec.documents`)."""
-    return decode_rows([r], DocumentDecoder() if documents is None else documents)[0]
+    return decode_rows([r], DocumentDecoder() if documents is None else documents, arrays)[0]
+
+
+def arrays_of(
+    conn: Connection, buffer_id: int, fetched: Sequence[Sequence[Any]], at: Sequence[int]
+) -> dict[str, bytes]:
+    """The stored arrays that the JSON texts at positions ``at`` of the fetched rows refer
+    to by digest, read on ``conn`` (the same read as the rows: one snapshot)."""
+    if not fetched or not at:
+        return {}
+    digests = digests_in(r[i] for r in fetched for i in at)
+    return fetch_arrays(conn, buffer_id, digests) if digests else {}
 
 
 def _values(
-    r: Row[Any] | Sequence[Any], payload: dict[str, Any] | None, checked: bool
+    r: Row[Any] | Sequence[Any],
+    payload: dict[str, Any] | None,
+    checked: bool,
+    arrays: Arrays | None = None,
 ) -> tuple[Any, ...]:
     """The row's payload fields, then its scalar columns (the experience's values, see
     ``_experience_values``); ``payload``: the document decoded already, else None (parsed
@@ -143,7 +168,7 @@ def _values(
                 f"row {row_id}: the stored document is not readable JSON "
                 f"({type(exc).__name__}); {MALFORMED}"
             ) from None
-        payload = decode_payload(doc, r[_AT_TENSORS], row_id=row_id)
+        payload = decode_payload(doc, r[_AT_TENSORS], row_id=row_id, arrays=arrays)
     try:
         values: tuple[Any, ...] = _payload_values(payload) + _scalar_values(r)
     except KeyError:
@@ -234,20 +259,32 @@ class RowReader:
     def rows_by_keys(self, keys: list[int], columns: Sequence[Any]) -> list[Any]:
         """``columns`` (``columns[0]`` the key) of the buffer's rows among the distinct
         ``keys``, in no particular order (see :func:`by_keys`)."""
+        return self.rows_with_arrays(keys, columns, ())[0]
+
+    def rows_with_arrays(
+        self, keys: list[int], columns: Sequence[Any], texts_at: Sequence[int]
+    ) -> tuple[list[Any], dict[str, bytes]]:
+        """:meth:`rows_by_keys`, and in the same read the stored arrays the JSON texts at
+        positions ``texts_at`` refer to by digest."""
         handle = self.handle
         with handle.errors("fetch rows"), handle.read() as conn:
             fetched = by_keys(handle, conn, keys, columns)
+            found = arrays_of(conn, handle.buffer_id, fetched, texts_at)
         at_id = next((i for i, c in enumerate(columns) if c is rows.c.id), None)
         if at_id is not None:  # a call by id soon after finds these rows by key
             handle.remember_keys(fetched, at_id)
-        return fetched
+        return fetched, found
 
     def fetch_keys(self, keys: Sequence[int] | np.ndarray) -> list[DataRow]:
         """The rows with these keys in the given order (repeats allowed; vanished keys
         skipped)."""
         wanted = key_list(keys)
-        fetched = self.rows_by_keys(list(dict.fromkeys(wanted)), ROW_COLUMNS)
-        decoded = decode_rows(fetched, self.documents)  # (the collector paused, not over
+        fetched, found_arrays = self.rows_with_arrays(
+            list(dict.fromkeys(wanted)), ROW_COLUMNS, (_AT_DATA,)
+        )
+        decoded = decode_rows(
+            fetched, self.documents, found_arrays
+        )  # (the collector paused, not over
         # the round trip, which may wait on a lock or a replica)
         found = dict(zip(map(itemgetter(0), fetched), decoded, strict=True))
         return [found[k] for k in wanted if k in found]
@@ -275,7 +312,8 @@ class RowReader:
     def get(self, row_id: str) -> DataRow | None:
         with self.handle.errors("read a row"), self.handle.read() as conn:
             found = conn.execute(self._select().where(rows.c.id == row_id)).first()
-        return None if found is None else decode_row(found)
+            held = {} if found is None else arrays_of(conn, self.handle.buffer_id, [found], _TEXT)
+        return None if found is None else decode_row(found, None, held)
 
     def count(self, query_condition: QueryCondition = None) -> int:
         """The matching rows; every row of the buffer by its row count, not counted."""
@@ -310,8 +348,8 @@ class RowReader:
         remaining = limit
         while remaining is None or remaining > 0:
             size = CHUNK if remaining is None else min(CHUNK, remaining)
-            chunk, position = self._chunk(where, column_name, descending, size, position)
-            yield from decode_rows(chunk, self.documents)
+            chunk, held, position = self._chunk(where, column_name, descending, size, position)
+            yield from decode_rows(chunk, self.documents, held)
             if position is None:
                 return
             if remaining is not None:
@@ -324,9 +362,10 @@ class RowReader:
         descending: bool,
         size: int,
         after: tuple[Any, ...] | None,
-    ) -> tuple[list[Any], tuple[Any, ...] | None]:
+    ) -> tuple[list[Any], dict[str, bytes], tuple[Any, ...] | None]:
         """Up to ``size`` matching rows (undecoded) after the position ``after`` in the
-        order, and the position of the last (None when no row follows it)."""
+        order, the arrays they refer to (read in the same snapshot, :func:`arrays_of`),
+        and the position of the last (None when no row follows it)."""
         column = rows.c[column_name]
         keys = (column, rows.c.key) if column_name != "key" else (rows.c.key,)
         order = [k.desc() if descending else k.asc() for k in keys]
@@ -338,10 +377,11 @@ class RowReader:
             if after is None:
                 buffer_row(self.handle, conn)  # still the handle's buffer
             chunk = list(conn.execute(stmt).all())
+            held = arrays_of(conn, self.handle.buffer_id, chunk, _TEXT)
         if len(chunk) < size:
-            return chunk, None
+            return chunk, held, None
         last = chunk[-1]._mapping
-        return chunk, tuple(last[k.name] for k in keys)
+        return chunk, held, tuple(last[k.name] for k in keys)
 
     def rows_after(
         self, query_condition: QueryCondition, *, after: str | None, limit: int, order_by: str
@@ -354,16 +394,17 @@ class RowReader:
         check_int("limit", limit, minimum=1, maximum=MAX_PAGE)
         where = self.handle.where(query_condition)
         position = None if after is None else _position(after, column_name)
-        chunk, last = self._chunk(where, column_name, descending, limit, position)
+        chunk, held, last = self._chunk(where, column_name, descending, limit, position)
         keys = [int(r._mapping["key"]) for r in chunk]
-        rows_ = decode_rows(chunk, self.documents)
+        rows_ = decode_rows(chunk, self.documents, held)
         return RowsPage(rows_, None if last is None else _cursor(last), keys)
 
     def page(self, query_condition: QueryCondition, *, offset: int, limit: int) -> list[DataRow]:
         stmt = self._select(query_condition).order_by(rows.c.key).offset(offset).limit(limit)
         with self.handle.errors("read a page"), self.handle.read() as conn:
             fetched = conn.execute(stmt).all()
-        return decode_rows(fetched, self.documents)
+            held = arrays_of(conn, self.handle.buffer_id, fetched, _TEXT)
+        return decode_rows(fetched, self.documents, held)
 
     def task_rows(self, task_ids: Iterable[str]) -> dict[str, list[DataRow]]:
         """Every row of each task, ordered by step, then execute_time, then insertion."""
@@ -374,8 +415,10 @@ class RowReader:
             for start in range(0, len(wanted), 500):
                 part = wanted[start : start + 500]
                 stmt = self._select().where(rows.c.task_id.in_(part)).order_by(*order)
-                for r in conn.execute(stmt):
-                    grouped[r._mapping["task_id"]].append(decode_row(r))
+                fetched = conn.execute(stmt).all()
+                held = arrays_of(conn, self.handle.buffer_id, fetched, _TEXT)
+                for r in fetched:
+                    grouped[r._mapping["task_id"]].append(decode_row(r, None, held))
         return grouped
 
     def task_ids(self, query_condition: QueryCondition = None) -> list[str]:

@@ -46,7 +46,7 @@ from ..db.replicas import ReadRouter
 from ..db.schema import buffers, rows
 from ..db.tuning import Tuning
 from ..errors import InvalidArgumentError, RowValidationError, StorageError, UnsupportedTypeError
-from ..features import draw_counts, priorities, registry, tombstones, versions
+from ..features import arrays, draw_counts, priorities, registry, tombstones, versions
 from ..features.claims.queue import ClaimQueue
 from ..features.claims.ready_groups import ReadyGroups
 from ..features.dedup import Dedup
@@ -335,6 +335,7 @@ class SqlStorage(Storage):
             registry.lock_buffer(handle, conn, buffers.c.id)
             tombstones.record_clear(handle, conn)
             gone = conn.execute(delete(rows).where(rows.c.buffer_id == handle.buffer_id)).rowcount
+            arrays.drop_all(conn, handle.buffer_id)
             registry.count_removed(handle, conn, gone)
             registry.bump_version(handle, conn)
             kept = task_stats.state(conn, handle.buffer_id)
@@ -359,6 +360,23 @@ class SqlStorage(Storage):
         )
         self.capacity = capacity
         return evicted
+
+    def set_compression(
+        self, compression: str | None, *, max_array_bytes: int | None = None
+    ) -> None:
+        """Set how arrays stored by digest are compressed from now on and the largest array
+        a row may hold, for every writer (rows stored before stay as they are, readable);
+        see :mod:`expstore.codec.compression`."""
+        handle = self._handle
+        arrays.check_setting(compression, max_array_bytes)
+        with handle.errors("change the compression"), handle.write() as conn:
+            registry.lock_buffer(handle, conn, buffers.c.id)
+            arrays.set_compression(handle, conn, compression, max_array_bytes)
+
+    def array_stats(self) -> tuple[int, int, int]:
+        handle = self._handle
+        with handle.errors("count arrays"), handle.read() as conn:
+            return arrays.array_stats(conn, handle.buffer_id)
 
     def policy_version(self) -> int | None:
         return versions.current_version(self._handle)

@@ -26,6 +26,7 @@ from sqlalchemy.exc import IntegrityError
 
 from .._retry import RATE_LIMIT_WAIT
 from ..codec import HEADER_SIZE, PayloadWriter
+from ..codec.compression import DEFAULT_MAX_ARRAY_BYTES, EXTERNAL_THRESHOLD
 from ..db.dialects import WRITE_COLUMNS
 from ..db.handle import BufferHandle, retried
 from ..db.row_ids import ids_to_keys
@@ -37,6 +38,7 @@ from ..errors import (
     RowValidationError,
     UnsupportedTypeError,
 )
+from ..features import arrays
 from ..features.dedup import check_dedup, without_duplicates
 from ..features.eviction import EVERY_WRITE_POLICIES
 from ..features.rate_limits import RateLimits, WriteBlocked, limited_flag
@@ -133,7 +135,21 @@ class StoreReport(NamedTuple):
 
 class RowSource(ABC):
     """Rows the writer encodes a chunk at a time: DataRows (or anything read as they
-    are), or a batch of columns encoded column by column (:mod:`expstore.model.columnar`)."""
+    are), or a batch of columns encoded column by column (:mod:`expstore.model.columnar`).
+
+    The writer sets :attr:`max_array_bytes` from the buffer's row before encoding; encoding
+    fills :attr:`external` with the arrays each row refers to by digest (see
+    :mod:`expstore.features.arrays`)."""
+
+    max_array_bytes: int = DEFAULT_MAX_ARRAY_BYTES
+
+    @property
+    def external(self) -> dict[str, list[tuple[str, Any]]]:
+        """``(digest, array)`` of the arrays each encoded row refers to, by row id."""
+        found: dict[str, list[tuple[str, Any]]] | None = self.__dict__.get("_external")
+        if found is None:
+            found = self.__dict__["_external"] = {}
+        return found
 
     @property
     @abstractmethod
@@ -161,7 +177,7 @@ class _Rows(RowSource):
         return len(self.rows)
 
     def encode(self, start: int, stop: int, buffer_id: int) -> list[tuple[Any, ...]]:
-        return encode_chunk(self.rows[start:stop], buffer_id)
+        return encode_chunk(self.rows[start:stop], buffer_id, self.max_array_bytes, self.external)
 
 
 def as_source(batch: Sequence[Any] | RowSource) -> RowSource:
@@ -279,7 +295,7 @@ def write_in(
         # Writers of a buffer take turns on its row, so keys are handed out in commit order
         # (readers' cached key indexes only ever need the keys above the largest they saw)
         # and a capacity stays exact.
-        capacity, policy, limited, since, through = lock_buffer(
+        capacity, policy, limited, since, through, compression, largest = lock_buffer(
             handle,
             conn,
             buffers.c.capacity,
@@ -287,7 +303,12 @@ def write_in(
             limited_flag(handle.buffer_id),
             buffers.c.summary_from,
             buffers.c.summary_through,
+            buffers.c.compression,
+            buffers.c.max_array_bytes,
         )
+        setting = arrays.setting_of(compression, largest)
+        batch.max_array_bytes = setting.max_array_bytes
+        batch.external.clear()  # (a write tried again encodes its rows again)
         summaries = task_stats.SummaryState.of(since, through)
         policy = policy or "fifo"
         chunks = _encoded_chunks(handle, batch)
@@ -312,6 +333,7 @@ def write_in(
         if stored:
             before = None if summaries is None else newest
             handle.dialect.insert_rows(conn, chunks)
+            arrays.store_arrays(handle, conn, batch.external, setting.compression)
             count_inserted(handle, conn, stored)
             if before is not None:
                 task_stats.merge_new(handle, conn, before)
@@ -357,24 +379,36 @@ def _encoded_chunks(handle: BufferHandle, batch: RowSource) -> Iterator[list[tup
             yield params
 
 
-def encode_chunk(chunk: Sequence[DataRow], buffer_id: int) -> list[tuple[Any, ...]]:
+def encode_chunk(
+    chunk: Sequence[DataRow],
+    buffer_id: int,
+    max_array_bytes: int = DEFAULT_MAX_ARRAY_BYTES,
+    external: dict[str, list[tuple[str, Any]]] | None = None,
+) -> list[tuple[Any, ...]]:
     """Each row's values in WRITE_COLUMNS order, the document as JSON text, checked: a row
-    that breaks its model raises RowValidationError."""
-    encode = PayloadWriter().encode
-    out, payloads = _encode(chunk, buffer_id, encode)
+    that breaks its model raises RowValidationError. Arrays of at least
+    EXTERNAL_THRESHOLD bytes are referred to by digest, and listed in ``external`` by row
+    id; an array over ``max_array_bytes`` raises CodecError."""
+    writer = PayloadWriter(EXTERNAL_THRESHOLD, max_array_bytes)
+    held = {} if external is None else external
+    out, payloads = _encode(chunk, buffer_id, writer, held)
     for at in _suspects(out, payloads):
-        out[at] = _encode([_validated(chunk[at])], buffer_id, encode)[0][0]
+        out[at] = _encode([_validated(chunk[at])], buffer_id, writer, held)[0][0]
     return out
 
 
 def _encode(
-    chunk: Sequence[DataRow], buffer_id: int, encode: Any
+    chunk: Sequence[DataRow],
+    buffer_id: int,
+    writer: PayloadWriter,
+    external: dict[str, list[tuple[str, Any]]],
 ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     """The hot loop of a write, one pass with the fields read from the models'
     ``__dict__``: the encoded tuples, and each row's payload values."""
     out: list[tuple[Any, ...]] = []
     payloads: list[tuple[Any, ...]] = []
     append, keep = out.append, payloads.append
+    encode = writer.encode
     for row in chunk:
         m, d = row.exp_meta.__dict__, row.exp_data.__dict__
         payload = _payload_values(d)
@@ -383,6 +417,9 @@ def _encode(
             doc, blob = encode(dict(zip(PAYLOAD_FIELDS, payload, strict=True)), row.id)
         except CodecError as exc:
             raise CodecError(f"row {row.id}: {exc}. Nothing was stored") from exc
+        held = writer.external
+        if held:
+            external[row.id] = held
         scalars = _scalar_values(d)
         digest = content_hash(_hashed_meta(m), scalars, doc, blob)
         append((buffer_id, row.id, *_meta_values(m), *scalars, doc, blob, digest))

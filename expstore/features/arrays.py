@@ -1,0 +1,238 @@
+"""Arrays stored once: each array of at least the codec's threshold is stored by its digest
+in ``expstore_arrays``, once per buffer however many rows hold it, and each row that
+refers to one has an entry in ``expstore_array_refs``.
+
+The table stays exact in the transaction of the rows: a write stores the arrays its rows
+refer to that the buffer lacks, and their references, before it commits; a removal
+(eviction, ``delete``, retention) deletes the arrays the removed rows referred to that no
+row refers to any more, after the rows (whose references go with them, ON DELETE CASCADE);
+``clear`` deletes them all. Writers and removals of a buffer take turns on its row, so no
+other transaction adds a reference between the check and the delete. A process killed at
+any point leaves the transaction uncommitted: no reference without its array, no array
+without a reference.
+
+Reads fetch the arrays their rows refer to in the same read (:func:`fetch_arrays`), so a
+row and its arrays are one snapshot; a read of fields that hold no array never touches
+this table.
+
+The buffer's setting (``compression``, ``max_array_bytes``) lives in its row of
+``expstore_buffers``, the same for every writer, read by each write as it takes the row.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple
+
+from sqlalchemy import Connection, case, delete, exists, func, insert, null, select, update
+
+from .._args import check_int
+from ..codec.compression import (
+    DEFAULT_MAX_ARRAY_BYTES,
+    EXTERNAL_THRESHOLD,
+    check_compression,
+    pack_array,
+)
+from ..db.handle import BufferHandle
+from ..db.row_ids import ids_to_keys
+from ..db.schema import array_refs, arrays, buffers
+
+__all__ = [
+    "ArraySetting",
+    "Externals",
+    "array_stats",
+    "check_setting",
+    "digests_in",
+    "drop_all",
+    "fetch_arrays",
+    "referred_by",
+    "set_compression",
+    "setting_of",
+    "store_arrays",
+    "sweep",
+]
+
+#: (digest, array) of each array a row refers to by digest, by row id.
+Externals = Mapping[str, Sequence[tuple[str, Any]]]
+_DIGEST = re.compile(r'"digest":\s*"([0-9a-f]{32})"')  # (Postgres writes jsonb with spaces)
+_CHUNK = 500
+#: Stored arrays larger than this are read in pieces of this size.
+PIECE = 64 << 20
+#: Arrays packed at once in threads (zstd and Pillow release the GIL).
+_PACKERS = 2
+
+
+class ArraySetting(NamedTuple):
+    """A buffer's setting for arrays: the codec of new arrays and the largest array."""
+
+    compression: str | None = "auto"
+    max_array_bytes: int = DEFAULT_MAX_ARRAY_BYTES
+
+
+def setting_of(compression: str | None, max_array_bytes: int | None) -> ArraySetting:
+    """The setting as the buffer's row stores it (NULL: the default)."""
+    mode = "auto" if compression is None else (None if compression == "none" else compression)
+    return ArraySetting(
+        mode, DEFAULT_MAX_ARRAY_BYTES if max_array_bytes is None else int(max_array_bytes)
+    )
+
+
+def check_setting(compression: Any, max_array_bytes: Any) -> None:
+    """InvalidArgumentError (or MissingDependencyError) unless both are valid."""
+    check_compression(compression)
+    check_int("max_array_bytes", max_array_bytes, minimum=EXTERNAL_THRESHOLD, optional=True)
+
+
+def set_compression(
+    handle: BufferHandle, conn: Connection, compression: Any, max_array_bytes: Any
+) -> None:
+    """Store the buffer's setting in the caller's transaction (which holds its row).
+    ``max_array_bytes`` None keeps the one stored."""
+    check_setting(compression, max_array_bytes)
+    values: dict[str, Any] = {"compression": "none" if compression is None else compression}
+    if max_array_bytes is not None:
+        values["max_array_bytes"] = max_array_bytes
+    conn.execute(update(buffers).where(buffers.c.id == handle.buffer_id).values(values))
+
+
+def store_arrays(
+    handle: BufferHandle, conn: Connection, externals: Externals, compression: str | None
+) -> int:
+    """Store the arrays the rows just inserted refer to that the buffer lacks, and the
+    rows' references, in the caller's transaction; returns how many arrays were new. Rows
+    of ``externals`` that were not inserted (left out as duplicates) are skipped."""
+    if not externals:
+        return 0
+    keys = ids_to_keys(handle, conn, list(externals))
+    buffer_id = handle.buffer_id
+    refs: dict[tuple[int, str], None] = {}
+    wanted: dict[str, Any] = {}
+    for row_id, held in externals.items():
+        key = keys.get(row_id)
+        if key is None:
+            continue
+        for digest, array in held:
+            refs[(key, digest)] = None
+            wanted.setdefault(digest, array)
+    present = _present(conn, buffer_id, list(wanted))
+    new = [(digest, array) for digest, array in wanted.items() if digest not in present]
+    for start in range(0, len(new), _PACKERS * 4):
+        part = new[start : start + _PACKERS * 4]
+        packed = _packed(part, compression)
+        conn.execute(
+            insert(arrays),
+            [
+                {"buffer_id": buffer_id, "digest": d, "nbytes": a.nbytes, "data": data}
+                for (d, a), data in zip(part, packed, strict=True)
+            ],
+        )
+    if refs:
+        conn.execute(
+            insert(array_refs),
+            [{"key": k, "digest": d, "buffer_id": buffer_id} for k, d in refs],
+        )
+    return len(new)
+
+
+def _packed(part: list[tuple[str, Any]], compression: str | None) -> list[bytes]:
+    if len(part) == 1 or compression is None:
+        return [pack_array(a, d, compression) for d, a in part]
+    with ThreadPoolExecutor(_PACKERS, thread_name_prefix="expstore-pack") as pool:
+        return list(pool.map(lambda item: pack_array(item[1], item[0], compression), part))
+
+
+def _present(conn: Connection, buffer_id: int, digests: list[str]) -> set[str]:
+    found: set[str] = set()
+    for start in range(0, len(digests), _CHUNK):
+        stmt = select(arrays.c.digest).where(
+            arrays.c.buffer_id == buffer_id,
+            arrays.c.digest.in_(digests[start : start + _CHUNK]),
+        )
+        found.update(conn.execute(stmt).scalars())
+    return found
+
+
+def referred_by(handle: BufferHandle, conn: Connection, keys: list[int]) -> set[str]:
+    """The digests the rows with these keys refer to."""
+    stmt = select(array_refs.c.digest).where(handle.dialect.key_in(array_refs.c.key)).distinct()
+    return set(conn.execute(stmt, {"keys": handle.dialect.key_set(keys)}).scalars())
+
+
+def sweep(conn: Connection, buffer_id: int, digests: Iterable[str]) -> int:
+    """Delete the buffer's arrays among ``digests`` that no row refers to any more;
+    returns how many went."""
+    candidates = sorted(set(digests))
+    gone = 0
+    for start in range(0, len(candidates), _CHUNK):
+        referred = exists().where(
+            array_refs.c.buffer_id == arrays.c.buffer_id,
+            array_refs.c.digest == arrays.c.digest,
+        )
+        stmt = delete(arrays).where(
+            arrays.c.buffer_id == buffer_id,
+            arrays.c.digest.in_(candidates[start : start + _CHUNK]),
+            ~referred,
+        )
+        gone += int(conn.execute(stmt).rowcount)
+    return gone
+
+
+def drop_all(conn: Connection, buffer_id: int) -> None:
+    """Delete every array of the buffer (its rows are gone: ``clear``)."""
+    conn.execute(delete(arrays).where(arrays.c.buffer_id == buffer_id))
+
+
+def digests_in(texts: Iterable[Any]) -> set[str]:
+    """The digests the placeholders in these JSON texts name (None and non-text skipped;
+    a user's string that looks like one only costs a look-up that finds nothing)."""
+    found: set[str] = set()
+    for text in texts:
+        if type(text) is str and '"digest":' in text:
+            found.update(_DIGEST.findall(text))
+    return found
+
+
+def fetch_arrays(conn: Connection, buffer_id: int, digests: Iterable[str]) -> dict[str, bytes]:
+    """The stored bytes of the buffer's arrays with these digests (missing ones left out:
+    the decoder names the row that refers to one). Stored bytes over :data:`PIECE` come in
+    pieces: Postgres sends a ``bytea`` as hex text, twice its size, and refuses any value
+    of 1 GB or more."""
+    wanted = sorted(set(digests))
+    out: dict[str, bytes] = {}
+    large: list[tuple[str, int]] = []
+    size = func.length(arrays.c.data)
+    for start in range(0, len(wanted), _CHUNK):
+        stmt = select(
+            arrays.c.digest, size, case((size <= PIECE, arrays.c.data), else_=null())
+        ).where(
+            arrays.c.buffer_id == buffer_id, arrays.c.digest.in_(wanted[start : start + _CHUNK])
+        )
+        for digest, length, data in conn.execute(stmt):
+            if data is None:
+                large.append((digest, int(length)))
+            else:
+                out[digest] = bytes(data)
+    for digest, length in large:
+        mine = (arrays.c.buffer_id == buffer_id, arrays.c.digest == digest)
+        pieces = [
+            bytes(
+                conn.execute(
+                    select(func.substr(arrays.c.data, at + 1, PIECE)).where(*mine)
+                ).scalar_one()
+            )
+            for at in range(0, length, PIECE)
+        ]
+        out[digest] = b"".join(pieces)
+    return out
+
+
+def array_stats(conn: Connection, buffer_id: int) -> tuple[int, int, int]:
+    """(arrays stored, their own bytes, their stored bytes) of the buffer."""
+    stmt = select(
+        func.count(), func.coalesce(func.sum(arrays.c.nbytes), 0),
+        func.coalesce(func.sum(func.length(arrays.c.data)), 0),
+    ).where(arrays.c.buffer_id == buffer_id)  # fmt: skip
+    count, own, stored = conn.execute(stmt).one()
+    return int(count), int(own), int(stored)
