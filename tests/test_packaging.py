@@ -19,7 +19,8 @@ def test_import_works_without_torch_psycopg_pyarrow_and_pillow() -> None:
         "import sys\n"
         "class Block:\n"
         "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] in ('torch', 'psycopg', 'pyarrow', 'PIL'):\n"
+        "        if name.split('.')[0] in ('torch', 'psycopg', 'pyarrow', 'PIL', 'starlette',"
+        " 'jinja2', 'uvicorn'):\n"
         "            raise ImportError(f'blocked {name}')\n"
         "sys.meta_path.insert(0, Block())\n"
         "import numpy as np\n"
@@ -36,6 +37,13 @@ def test_import_works_without_torch_psycopg_pyarrow_and_pillow() -> None:
         "    assert \"pip install 'expstore[postgres]'\" in str(e), e\n"
         "else:\n"
         "    raise SystemExit('expected MissingDependencyError')\n"
+        "from expstore.ui import make_app\n"
+        "try:\n"
+        "    make_app('sqlite://')\n"
+        "except expstore.MissingDependencyError as e:\n"
+        "    assert \"pip install 'expstore[ui]'\" in str(e), e\n"
+        "else:\n"
+        "    raise SystemExit('expected MissingDependencyError for the viewer')\n"
         "print('ok')\n"
     )
     out = subprocess.run(
@@ -105,6 +113,10 @@ def test_wheel_carries_migrations_and_creates_a_database(tmp_path: Path) -> None
         f"b = expstore.ReplayBuffer('sqlite:///{db}')\n"
         "b.store(expstore.DataRow(exp_meta=expstore.ExpMeta(task_id='t', agent_id='a', step=0),"
         " exp_data=expstore.Experience()))\n"
+        "from pathlib import Path\n"
+        "ui = Path(expstore.__file__).parent / 'ui'\n"
+        "assert (ui / 'templates' / 'rows.html').is_file()\n"
+        "assert (ui / 'static' / 'live.js').is_file()\n"
         "print(len(b))\n"
     )
     out = subprocess.run(
