@@ -149,6 +149,7 @@ class Claim:
         self._refund = refund
         self._produced: StoreReport | None = None
         self._progress: dict[str, Any] | None = None
+        self._ids: dict[int, str] | None = None
         #: After an ack: the prompts it released still short of their completion target.
         self.unfinished: list[str] = []
         self.ids = ids
@@ -183,6 +184,17 @@ class Claim:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def _id_of(self) -> dict[int, str]:
+        """The claim's rows' ids by key (rows gone before they were fetched, evicted or
+        deleted, have none; their ids are looked up then, once)."""
+        if self._ids is None:
+            keys = [int(k) for k in self.keys.tolist()]
+            if len(keys) == len(self.ids):
+                self._ids = dict(zip(keys, self.ids, strict=True))
+            else:
+                self._ids = self._queue.ids_of(keys)
+        return self._ids
 
     def _check_held(self, action: str) -> None:
         if self.state != "held":
@@ -252,7 +264,7 @@ class Claim:
                     "produce={row_id: [rows]}. Nothing was stored or acked"
                 )
             reports.append(write_in(target.handle, conn, as_source(rows), dedup)[2])
-            prompt_ids = dict(zip(self.keys.tolist(), self.ids, strict=True))
+            prompt_ids = self._id_of()
             record_produced(
                 target.handle,
                 conn,
@@ -288,8 +300,8 @@ class Claim:
                     raise
                 raise duplicate from exc
         self.state = "acked"
-        ids = dict(zip(self.keys.tolist(), self.ids, strict=True))
-        self.unfinished = [ids[k] for k in short]
+        ids = self._id_of()
+        self.unfinished = [ids.get(k, str(k)) for k in short]
         if short and self._refund is not None:
             self._refund(len(short))  # back in the queue unconsumed
         if target is not None and reports:
@@ -304,7 +316,7 @@ class Claim:
         """What ``ack(produce=...)`` stores: the rows, how many are for each prompt key
         (None: the claim holds several rows and a list does not say), and the produced
         ids per prompt key, for lineage; checked before anything is written."""
-        keys = dict(zip(self.ids, self.keys.tolist(), strict=True))
+        keys = {i: k for k, i in self._id_of().items()}
         if isinstance(produce, Mapping):
             strange = [i for i in produce if i not in keys]
             if strange:
@@ -316,7 +328,9 @@ class Claim:
             parts = {keys[i]: prepare(rows) for i, rows in produce.items()}
             every = prepare([row for rows in parts.values() for row in rows])
             made = {k: len(rows) for k, rows in parts.items()}
-            by_prompt = [(k, [row.id for row in rows]) for k, rows in parts.items()]
+            by_prompt: list[tuple[int | None, list[str]]] = [
+                (k, [row.id for row in rows]) for k, rows in parts.items()
+            ]
             return every, made, by_prompt
         every = prepare(produce)
         ids = [row.id for row in every]
@@ -359,7 +373,7 @@ class Claim:
         if self._progress is None:
             keys = self.keys.tolist()
             saved = self._queue.progress_of(keys)
-            ids = dict(zip(keys, self.ids, strict=True))
+            ids = self._id_of()
             self._progress = {ids[k]: state for k, state in saved.items()}
         return self._progress
 
@@ -386,7 +400,7 @@ class Claim:
                     "save_progress(state, row_id=...). Nothing was saved"
                 )
             row_id = self.ids[0]
-        keys = [int(k) for k, i in zip(self.keys.tolist(), self.ids, strict=True) if i == row_id]
+        keys = [k for k, i in self._id_of().items() if i == row_id]
         if not keys:
             raise InvalidArgumentError(
                 f"row {row_id!r} is not one of claim {self.claim_id}'s rows. Nothing was saved"
@@ -402,7 +416,7 @@ class Claim:
         asked: make that many and ack them with ``produce={row_id: rows}``."""
         found = self._queue.needs(self.keys.tolist())
         return {
-            i: found[k] for k, i in zip(self.keys.tolist(), self.ids, strict=True) if k in found
+            i: found[k] for k, i in self._id_of().items() if k in found
         }
 
     @property

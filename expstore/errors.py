@@ -37,7 +37,9 @@ too::
     │   └── RowsEvictedError          rows of it were evicted (or deleted) before its ack
     ├── UnknownConsumerError      no checkpoint stored for that consumer (LookupError)
     ├── WaitTimeoutError          the data waited for did not come in time (TimeoutError)
-    │   └── RateLimitedError          a rate limit kept a sample or a write waiting too long
+    │   ├── RateLimitedError          a rate limit kept a sample or a write waiting too long
+    │   └── AdmissionTimeoutError     a prompt queue's admission bound kept a claim waiting
+    │                                 too long (held_by: "staleness" or "backlog")
     └── MissingDependencyError    an optional extra (torch, postgres, parquet) is not
                                   installed (ImportError)
 

@@ -26,6 +26,7 @@ def test_the_commands_are_the_ones_the_readme_describes() -> None:
         "summary",
         "export",
         "import",
+        "ui",
     ]
 
 

@@ -73,43 +73,55 @@ def actor(url: str, name: str, who: str, batches: int, progress: str) -> None:
 
 
 def prompt_actor(url: str, name: str, who: str, stop: str) -> None:
+    from expstore import ExpstoreError
+
+    retried = [0]
+    while not os.path.exists(stop):
+        try:  # the primary may be down when this host starts: open again until it is up
+            with (
+                ReplayBuffer(url, name=name) as prompts,
+                ReplayBuffer(url, name=name + "_out") as out,
+            ):
+                _prompt_loop(prompts, out, who, stop, retried)
+        except ExpstoreError:
+            time.sleep(0.2)
+    print("done", retried[0], flush=True)
+
+
+def _prompt_loop(
+    prompts: ReplayBuffer, out: ReplayBuffer, who: str, stop: str, retried: list[int]
+) -> None:
     from expstore import ClaimFinishedError, ExpstoreError, LeaseExpiredError
 
-    retried = 0
-    with (
-        ReplayBuffer(url, name=name) as prompts,
-        ReplayBuffer(url, name=name + "_out") as out,
-    ):
-        while not os.path.exists(stop):
-            try:
-                claim = prompts.claim(1, consumer=who, lease_s=20)
-                if not claim.ids:
-                    time.sleep(0.02)
-                    continue
-                pid = claim.ids[0]
-                need = claim.needs[pid]
-            except ExpstoreError:  # the primary is down: wait for it
-                time.sleep(0.1)
+    while not os.path.exists(stop):
+        try:
+            claim = prompts.claim(1, consumer=who, lease_s=20)
+            if not claim.ids:
+                time.sleep(0.02)
                 continue
-            target = 4
-            made = [
-                DataRow(
-                    id=f"{pid}/c{i}",
-                    exp_meta=ExpMeta(task_id=pid, agent_id=who, step=i),
-                    exp_data=Experience(state={"tokens": list(range(i, i + 64))}),
-                )
-                for i in range(target - need, target)
-            ]
-            for _ in range(600):
-                try:
-                    claim.ack(produce={pid: made}, into=out)
-                    break
-                except (ClaimFinishedError, LeaseExpiredError):
-                    break  # committed before the error, or the prompt went to another
-                except ExpstoreError:
-                    retried += 1
-                    time.sleep(0.1)
-    print("done", retried, flush=True)
+            pid = claim.ids[0]
+            need = claim.needs[pid]
+        except ExpstoreError:  # the primary is down: wait for it
+            time.sleep(0.1)
+            continue
+        target = 4
+        made = [
+            DataRow(
+                id=f"{pid}/c{i}",
+                exp_meta=ExpMeta(task_id=pid, agent_id=who, step=i),
+                exp_data=Experience(state={"tokens": list(range(i, i + 64))}),
+            )
+            for i in range(target - need, target)
+        ]
+        for _ in range(600):
+            try:
+                claim.ack(produce={pid: made}, into=out)
+                break
+            except (ClaimFinishedError, LeaseExpiredError):
+                break  # committed before the error, or the prompt went to another
+            except ExpstoreError:
+                retried[0] += 1
+                time.sleep(0.1)
 
 
 def learner(url: str, name: str, replica: str, stop: str, out: str) -> None:

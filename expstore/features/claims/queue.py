@@ -740,6 +740,14 @@ class ClaimQueue:
             found = conn.execute(stmt, {"keys": dialect.key_set(list(keys))}).all()
         return {int(k): checkpoint_value(state) for k, state in found}
 
+    def ids_of(self, keys: Sequence[int]) -> dict[int, str]:
+        """The ids of the stored rows among ``keys``, by key (from the primary)."""
+        handle = self._handle
+        stmt = select(rows.c.key, rows.c.id).where(handle.dialect.key_in())
+        with handle.errors("read row ids"), handle.single() as conn:
+            found = conn.execute(stmt, {"keys": handle.dialect.key_set(list(keys))})
+            return {int(k): str(i) for k, i in found}
+
     def needs(self, keys: Sequence[int]) -> dict[int, int]:
         """How many completions each row of ``keys`` with a target still needs, by key."""
         handle = self._handle
