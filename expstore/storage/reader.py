@@ -362,14 +362,17 @@ class RowReader:
         descending: bool,
         size: int,
         after: tuple[Any, ...] | None,
+        whole: bool = True,
     ) -> tuple[list[Any], dict[str, bytes], tuple[Any, ...] | None]:
-        """Up to ``size`` matching rows (undecoded) after the position ``after`` in the
-        order, the arrays they refer to (read in the same snapshot, :func:`arrays_of`),
-        and the position of the last (None when no row follows it)."""
+        """Up to ``size`` matching rows (undecoded; without ``whole``, only their keys and
+        the order's column) after the position ``after`` in the order, the arrays they
+        refer to (read in the same snapshot, :func:`arrays_of`), and the position of the
+        last (None when no row follows it)."""
         column = rows.c[column_name]
         keys = (column, rows.c.key) if column_name != "key" else (rows.c.key,)
         order = [k.desc() if descending else k.asc() for k in keys]
-        stmt = select(*ROW_COLUMNS).where(*where).order_by(*order).limit(size)
+        shown = ROW_COLUMNS if whole else keys
+        stmt = select(*shown).where(*where).order_by(*order).limit(size)
         if after is not None:
             cursor = tuple_(*keys)
             stmt = stmt.where(cursor < tuple_(*after) if descending else cursor > tuple_(*after))
@@ -377,7 +380,7 @@ class RowReader:
             if after is None:
                 buffer_row(self.handle, conn)  # still the handle's buffer
             chunk = list(conn.execute(stmt).all())
-            held = arrays_of(conn, self.handle.buffer_id, chunk, _TEXT)
+            held = arrays_of(conn, self.handle.buffer_id, chunk, _TEXT) if whole else {}
         if len(chunk) < size:
             return chunk, held, None
         last = chunk[-1]._mapping
@@ -398,6 +401,19 @@ class RowReader:
         keys = [int(r._mapping["key"]) for r in chunk]
         rows_ = decode_rows(chunk, self.documents, held)
         return RowsPage(rows_, None if last is None else _cursor(last), keys)
+
+    def keys_after(
+        self, query_condition: QueryCondition, *, after: str | None, limit: int, order_by: str
+    ) -> tuple[list[int], str | None]:
+        """:meth:`rows_after` without the rows: the page's keys and the next cursor, read
+        from the indexes alone (for a reader that fetches only the fields it shows)."""
+        column_name, descending = _ordering(order_by)
+        check_int("limit", limit, minimum=1, maximum=MAX_PAGE)
+        where = self.handle.where(query_condition)
+        position = None if after is None else _position(after, column_name)
+        chunk, _, last = self._chunk(where, column_name, descending, limit, position, False)
+        keys = [int(r._mapping["key"]) for r in chunk]
+        return keys, None if last is None else _cursor(last)
 
     def page(self, query_condition: QueryCondition, *, offset: int, limit: int) -> list[DataRow]:
         stmt = self._select(query_condition).order_by(rows.c.key).offset(offset).limit(limit)

@@ -434,6 +434,12 @@ class SqlStorage(Storage):
         """One page of matching rows by keyset (see :class:`~expstore.storage.reader.RowsPage`)."""
         return self._reader.rows_after(query_condition, after=after, limit=limit, order_by=order_by)
 
+    def keys_after(
+        self, query_condition: QueryCondition, *, after: str | None, limit: int, order_by: str
+    ) -> tuple[list[int], str | None]:
+        """:meth:`rows_after`'s keys and next cursor, without reading the rows."""
+        return self._reader.keys_after(query_condition, after=after, limit=limit, order_by=order_by)
+
     def get_by_task_id(self, task_id: str) -> list[DataRow]:
         return self._reader.task_rows([check_text("task_id", task_id)])[task_id]
 

@@ -20,12 +20,12 @@ from urllib.parse import urlencode
 from .._optional import require
 from ..errors import ExpstoreError, InvalidArgumentError, QueryError, UnsupportedTypeError
 from ..model.images import looks_like_image
-from ..model.paths import MISSING, parse_path, read_path
+from ..model.paths import MISSING
 from ..model.rows import DataRow
 from ..query import Comparison
 from . import charts
 from .media import PngCache, array_line, images_in, is_array, preview, short_json
-from .reads import MAX_ROWS_SHOWN, NotFound, Viewer
+from .reads import MAX_ROWS_SHOWN, ArrayRef, Brief, NotFound, Viewer
 
 __all__ = ["make_app"]
 
@@ -102,6 +102,7 @@ def make_app(
                 limit=limit,
             )
         cells = [[_cell(name, row, path) for path in view.columns] for row in view.rows]
+        keys = [row.key for row in view.rows]
         base = {"where": where, "cols": ",".join(columns), "order": view.order_by}
         base = {k: v for k, v in base.items() if v and not (k == "order" and v == "key")}
         next_url = None
@@ -115,6 +116,7 @@ def make_app(
             buffer=name,
             view=view,
             cells=cells,
+            keys=keys,
             where=where,
             error=None,
             cols=",".join(columns),
@@ -135,7 +137,7 @@ def make_app(
             row=row,
             lineage=lineage,
             fields=_fields(name, row),
-            messages=_messages(row),
+            messages=_turns(row.exp_data.messages),
         )
 
     def task_page(request: Request) -> Response:
@@ -145,10 +147,14 @@ def make_app(
         view = viewer.trajectory(name, task_id, where=where)
         steps = [
             {
-                "row": row,
-                "images": [_image_url(name, row.id, p) for p in _images(row)],
-                "actions": short_json(row.exp_data.actions, 600),
-                "messages": _messages(row),
+                "id": row.id,
+                "step": row.columns["exp_meta.step"],
+                "reward": row.columns["exp_data.reward_t"],
+                "version": row.columns["exp_meta.policy_version"],
+                "done": row.columns["exp_data.done"],
+                "images": [_image_url(name, row.id, p) for p in row.images()],
+                "actions": short_json(row.payload.get("actions"), 600),
+                "messages": _turns(row.payload.get("messages")),
             }
             for row in view.steps
         ]
@@ -177,7 +183,12 @@ def make_app(
         view = viewer.group(name, key, group_by=by)
         members = [
             {
-                "row": row,
+                "id": row.id,
+                "reward": row.columns["exp_data.reward_t"],
+                "version": row.columns["exp_meta.policy_version"],
+                "oldest": row.columns["exp_meta.oldest_version"],
+                "newest": row.columns["exp_meta.newest_version"],
+                "agent": row.columns["exp_meta.agent_id"],
                 "advantage": adv,
                 "lineage": view.lineage.get(row.id),
                 "completion": _completion_text(row),
@@ -327,32 +338,41 @@ def _image_url(buffer: str, row_id: str, path: str, thumb: bool = True) -> str:
     return f"/b/{buffer}/image?" + urlencode(query)
 
 
-def _images(row: DataRow) -> list[str]:
-    return list(images_in(row.exp_data.state, "exp_data.state"))[:4]
-
-
-def _cell(buffer: str, row: DataRow, path: str) -> dict[str, Any]:
-    """What one cell of the rows table shows."""
-    value = read_path(row, parse_path(path))
+def _cell(buffer: str, row: Brief, path: str) -> dict[str, Any]:
+    """What one cell of the rows table shows (arrays by their description; images as a
+    thumbnail, read when the browser asks for it)."""
+    value = row.value(path)
     if value is MISSING or value is None:
         return {"text": ""}
     if path == "id":
         return {"text": row.id, "href": f"/b/{buffer}/row?" + urlencode({"id": row.id})}
     if path in ("exp_meta.task_id", "task_id"):
         return {"text": str(value), "href": f"/b/{buffer}/task?" + urlencode({"id": value})}
-    if looks_like_image(value):
-        return {"text": array_line(value), "images": [_image_url(buffer, row.id, path)]}
-    if is_array(value):
-        return {"text": array_line(value)}
-    images = list(images_in(value, path))[:2] if isinstance(value, (dict, list)) else []
-    if isinstance(value, (dict, list, tuple)):
+    if isinstance(value, ArrayRef):
+        shown = [_image_url(buffer, row.id, value.path)] if value.image else []
+        return {"text": str(value), "images": shown}
+    if isinstance(value, (dict, list)):
+        found: list[str] = []
+        _image_paths(value, found)
         return {
             "text": short_json(value),
-            "images": [_image_url(buffer, row.id, p) for p in images],
+            "images": [_image_url(buffer, row.id, p) for p in found[:2]],
         }
     if isinstance(value, float):
         return {"text": f"{value:.6g}"}
     return {"text": str(value)}
+
+
+def _image_paths(value: Any, out: list[str]) -> None:
+    if isinstance(value, ArrayRef):
+        if value.image:
+            out.append(value.path)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _image_paths(v, out)
+    elif isinstance(value, list):
+        for v in value[:50]:
+            _image_paths(v, out)
 
 
 def _fields(buffer: str, row: DataRow) -> list[dict[str, Any]]:
@@ -374,10 +394,12 @@ def _fields(buffer: str, row: DataRow) -> list[dict[str, Any]]:
     return out
 
 
-def _messages(row: DataRow) -> list[dict[str, str]]:
-    """A row's messages as chat turns (role, text)."""
+def _turns(messages: Any) -> list[dict[str, str]]:
+    """Chat messages as turns (role, text)."""
     out = []
-    for m in row.exp_data.messages or []:
+    for m in messages if isinstance(messages, list) else []:
+        if not isinstance(m, dict):
+            continue
         content = m.get("content", "")
         if not isinstance(content, str):
             content = short_json(content, 2000)
@@ -385,11 +407,10 @@ def _messages(row: DataRow) -> list[dict[str, str]]:
     return out
 
 
-def _completion_text(row: DataRow) -> str:
+def _completion_text(row: Brief) -> str:
     """What a GRPO group's page shows of one completion: its last assistant message, or
-    its actions."""
-    turns = _messages(row)
-    mine = [t["content"] for t in turns if t["role"] == "assistant"]
+    its actions (or state)."""
+    mine = [t["content"] for t in _turns(row.payload.get("messages")) if t["role"] == "assistant"]
     if mine:
         return mine[-1]
-    return short_json(row.exp_data.actions or row.exp_data.state, 1000)
+    return short_json(row.payload.get("actions") or row.payload.get("state"), 1000)

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..model.images import looks_like_image, png_bytes, require_pillow, to_pil
+from .reads import ArrayRef
 
 __all__ = [
     "THUMB_SIDE",
@@ -56,6 +57,8 @@ def preview(value: Any) -> Any:
     they are (nested)."""
     if is_array(value):
         return f"<{array_line(value)}>"
+    if isinstance(value, ArrayRef):
+        return str(value)
     if isinstance(value, dict):
         return {str(k): preview(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -11,6 +11,7 @@ one statement per second whatever the number of tabs.
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -19,14 +20,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sqlalchemy import func, select
+from sqlalchemy import Text, cast, func, select
 
 from ..buffer import ReplayBuffer
+from ..codec.format import ESCAPED_KEY, FLOAT_KEY, TENSOR_KEY
 from ..db.engine import create_sql_engine
 from ..db.schema import buffers, consumption, rate_limits, rows
 from ..errors import ExpstoreError, InvalidArgumentError
 from ..features.claims.reports import Lineage, claim_state
-from ..model.layout import ORDERABLE
+from ..model.layout import META_COLUMNS, ORDERABLE, PAYLOAD_FIELDS, SCALAR_COLUMNS
 from ..model.paths import MISSING, parse_path, read_path
 from ..model.rows import DataRow
 from ..query import And, Comparison, Condition, parse_where
@@ -34,6 +36,8 @@ from ..storage.reader import MAX_PAGE, key_cursor
 from ..storage.sql import describe_database
 
 __all__ = [
+    "ArrayRef",
+    "Brief",
     "DEFAULT_COLUMNS",
     "MAX_ROWS_SHOWN",
     "BufferSummary",
@@ -79,6 +83,139 @@ class BufferSummary:
 
 
 @dataclass(frozen=True)
+class ArrayRef:
+    """An array or tensor of a row as its stored document describes it (dtype, shape), its
+    bytes never read: what a table or a trajectory shows of it."""
+
+    path: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def image(self) -> bool:
+        """A uint8 array laid out as an image (HxW, HxWx1, HxWx3, HxWx4)."""
+        s = self.shape
+        return (
+            self.dtype in ("|u1", "uint8")
+            and (len(s) == 2 or (len(s) == 3 and s[2] in (1, 3, 4)))
+            and min(s[:2]) > 0
+        )
+
+    def __str__(self) -> str:
+        shape = "x".join(map(str, self.shape)) or "scalar"
+        dtype = {"|u1": "uint8", "|b1": "bool"}.get(self.dtype, self.dtype.lstrip("<>|="))
+        return f"<{dtype} {shape}{' image' if self.image else ''}>"
+
+
+@dataclass(frozen=True)
+class Brief:
+    """A row as the viewer's tables show it, read without a byte of its arrays: its key,
+    id, typed columns (``exp_meta.*``, ``exp_data.reward_t``...) and payload fields with
+    each array as an :class:`ArrayRef`."""
+
+    key: int
+    id: str
+    columns: dict[str, Any]
+    payload: dict[str, Any]
+
+    def value(self, path: str) -> Any:
+        """The value at a field path (MISSING where the row has nothing there)."""
+        parsed = parse_path(path)
+        if parsed.column is not None:
+            if parsed.column.path == "id":
+                return self.id
+            return self.columns.get(parsed.column.path, MISSING)
+        value: Any = self.payload.get(str(parsed.top), MISSING)
+        for step in parsed.steps:
+            if isinstance(value, dict) and str(step) in value:
+                value = value[str(step)]
+            elif (
+                isinstance(value, list)
+                and isinstance(step, int)
+                and -len(value) <= step < len(value)
+            ):
+                value = value[step]
+            else:
+                return MISSING
+        return value
+
+    def images(self, under: str = "exp_data.state") -> list[str]:
+        """The paths of the image arrays under ``under``."""
+        found: list[ArrayRef] = []
+        _refs(self.value(under), found)
+        return [r.path for r in found if r.image][:8]
+
+
+def _refs(value: Any, out: list[ArrayRef]) -> None:
+    if isinstance(value, ArrayRef):
+        out.append(value)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _refs(v, out)
+    elif isinstance(value, list):
+        for v in value[:200]:
+            _refs(v, out)
+
+
+def _described(value: Any, path: str) -> Any:
+    """A stored document's value with its placeholders read (docs/format.md): arrays as
+    ArrayRefs, tagged floats as floats, escaped dicts as the dicts they are."""
+    if isinstance(value, dict):
+        if len(value) == 1:
+            ((tag, inner),) = value.items()
+            if tag == TENSOR_KEY and isinstance(inner, dict):
+                shape = tuple(int(n) for n in inner.get("shape", ()))
+                return ArrayRef(path, str(inner.get("dtype", "?")), shape)
+            if tag == FLOAT_KEY:
+                return float(inner) if isinstance(inner, (str, int, float)) else inner
+            if tag == ESCAPED_KEY and isinstance(inner, dict):
+                return {k: _described(v, f"{path}.{k}") for k, v in inner.items()}
+        return {k: _described(v, f"{path}.{k}") for k, v in value.items()}
+    if isinstance(value, list):
+        return [_described(v, f"{path}.{i}") for i, v in enumerate(value)]
+    return value
+
+
+_BRIEF_COLUMNS = [
+    rows.c.key,
+    rows.c.id,
+    *(rows.c[c] for c in META_COLUMNS),
+    *(rows.c[c] for c in SCALAR_COLUMNS),
+    cast(rows.c.data, Text).label("data"),
+]
+_PATHS = [
+    *(f"exp_meta.{c}" for c in META_COLUMNS),
+    *(f"exp_data.{c}" for c in SCALAR_COLUMNS),
+]
+
+
+def briefs(buffer: ReplayBuffer, keys: Sequence[int]) -> list[Brief]:
+    """The rows of ``keys`` (in that order; gone ones left out) as :class:`Brief` rows:
+    one statement, no array bytes."""
+    if not keys:
+        return []
+    handle = buffer.sql.handle
+    stmt = select(*_BRIEF_COLUMNS).where(handle.dialect.key_in())
+    with handle.errors("read rows"), handle.read() as conn:
+        found = {
+            int(r.key): r for r in conn.execute(stmt, {"keys": handle.dialect.key_set(list(keys))})
+        }
+    out = []
+    for key in keys:
+        r = found.get(key)
+        if r is None:
+            continue
+        values = list(r)
+        columns = dict(zip(_PATHS, values[2 : 2 + len(_PATHS)], strict=True))
+        document = json.loads(r.data) if isinstance(r.data, str) else dict(r.data or {})
+        payload = {
+            name: _described(document.get(name), f"exp_data.{name}") for name in PAYLOAD_FIELDS
+        }
+        out.append(Brief(key, str(r.id), columns, payload))
+    return out
+
+
+@dataclass(frozen=True)
 class RowsView:
     """One page of the rows table."""
 
@@ -88,8 +225,7 @@ class RowsView:
     columns: tuple[str, ...]
     order_by: str
     limit: int
-    rows: list[DataRow]
-    keys: list[int]
+    rows: list[Brief]
     next: str | None
     after: str | None
 
@@ -101,7 +237,7 @@ class TrajectoryView:
     buffer: str
     task_id: str
     where: str
-    steps: list[DataRow]
+    steps: list[Brief]
     previous: str | None
     next: str | None
 
@@ -113,7 +249,7 @@ class GroupView:
     buffer: str
     key: str
     group_by: str
-    rows: list[DataRow]
+    rows: list[Brief]
     advantages: list[float | None]
     lineage: dict[str, Lineage]
 
@@ -247,9 +383,11 @@ class Viewer:
         for path in shown:
             parse_path(path)  # QueryError naming the fields there are
         condition = parse_where(where) if where.strip() else None
-        page = buffer.page(condition, after=after or None, limit=limit, order_by=order_by)
+        keys, following = buffer.sql.keys_after(
+            condition, after=after or None, limit=limit, order_by=order_by
+        )
         return RowsView(
-            name, where, condition, shown, order_by, limit, page.rows, page.keys, page.next, after
+            name, where, condition, shown, order_by, limit, briefs(buffer, keys), following, after
         )
 
     def record(self, name: str, row_id: str) -> tuple[DataRow, Lineage | None]:
@@ -273,24 +411,23 @@ class Viewer:
         """A task's steps in order, with the previous and next task among the rows the
         filter ``where`` matches (by each task's first row)."""
         buffer = self.buffer(name)
-        steps = buffer.get_by_task_id(task_id)
-        if not steps:
-            raise NotFound(f"buffer {name!r} holds no step of task {task_id!r}")
         condition = parse_where(where) if where.strip() else None
-        first = buffer.page(Comparison("task_id", "eq", task_id), limit=1).keys[0]
+        mine = Comparison("task_id", "eq", task_id)
+        keys, _ = buffer.sql.keys_after(mine, after=None, limit=MAX_PAGE, order_by="step")
+        if not keys:
+            raise NotFound(f"buffer {name!r} holds no step of task {task_id!r}")
+        steps = briefs(buffer, keys)
         others: Condition = Comparison("task_id", "ne", task_id)
         if condition is not None:
             others = And((condition, others))
-        after = buffer.page(others, after=key_cursor(first), limit=1)
-        before = buffer.page(others, after=key_cursor(first), limit=1, order_by="-key")
-        return TrajectoryView(
-            name,
-            task_id,
-            where,
-            steps,
-            before.rows[0].exp_meta.task_id if before.rows else None,
-            after.rows[0].exp_meta.task_id if after.rows else None,
-        )
+        first = key_cursor(min(keys))
+
+        def neighbour(order: str) -> str | None:
+            near, _ = buffer.sql.keys_after(others, after=first, limit=1, order_by=order)
+            found = briefs(buffer, near)
+            return str(found[0].columns["exp_meta.task_id"]) if found else None
+
+        return TrajectoryView(name, task_id, where, steps, neighbour("-key"), neighbour("key"))
 
     def group(self, name: str, key: str, *, group_by: str = "exp_meta.task_id") -> GroupView:
         """The rows whose ``group_by`` field equals ``key`` (a GRPO group: completions of
@@ -298,10 +435,13 @@ class Viewer:
         its standard deviation) and their claim records."""
         buffer = self.buffer(name)
         parse_path(group_by)
-        found = buffer.page(Comparison(group_by, "eq", key), limit=MAX_PAGE).rows
-        if not found:
+        keys, _ = buffer.sql.keys_after(
+            Comparison(group_by, "eq", key), after=None, limit=MAX_PAGE, order_by="key"
+        )
+        if not keys:
             raise NotFound(f"buffer {name!r} holds no row with {group_by} = {key!r}")
-        rewards = [r.exp_data.reward_t for r in found]
+        found = briefs(buffer, keys)
+        rewards = [r.columns["exp_data.reward_t"] for r in found]
         known = np.asarray([r for r in rewards if r is not None], dtype=np.float64)
         mean = float(known.mean()) if len(known) else 0.0
         std = float(known.std()) if len(known) else 0.0
