@@ -158,6 +158,13 @@ class Dialect(ABC):
         """The database's clock in seconds since the epoch, the one clock leases are
         measured by whatever host a process runs on."""
 
+    def in_key_order(self, buffer_id: int) -> ColumnElement[bool]:
+        """The condition "a row of this buffer" for a statement that walks the buffer's
+        rows in key order from a key (a keyset page): written so the planner seeks the
+        ``(buffer_id, key)`` index on both, not the primary key's range over every
+        buffer's rows."""
+        return rows.c.buffer_id == buffer_id
+
     @abstractmethod
     def keys_text(self, column: Any) -> ColumnElement[str]:
         """An aggregate: the group's ``column`` values (integer keys) as one comma-separated
@@ -256,6 +263,13 @@ class SqliteDialect(Dialect):
         # snapshot is taken at the first read and kept to its end. Statements run on the
         # driver's cursor otherwise commit one by one.
         conn.begin()
+
+    def in_key_order(self, buffer_id: int) -> ColumnElement[bool]:
+        # Without the hint, SQLite's planner takes a key range on the rowid (thinking the
+        # buffer column unselective) and reads every other buffer's rows in the range.
+        return as_type(
+            "ColumnElement[bool]", func.likelihood(rows.c.buffer_id == buffer_id, literal_column("0.001"))
+        )
 
     def now(self) -> ColumnElement[float]:
         # julianday('now') has millisecond resolution; day 2440587.5 is the Unix epoch.

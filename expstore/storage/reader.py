@@ -371,6 +371,11 @@ class RowReader:
         column = rows.c[column_name]
         keys = (column, rows.c.key) if column_name != "key" else (rows.c.key,)
         order = [k.desc() if descending else k.asc() for k in keys]
+        if column_name == "key":  # the (buffer_id, key) index, sought on both
+            handle = self.handle
+            where = [handle.dialect.in_key_order(handle.buffer_id), *where[1:]]
+            by_buffer = rows.c.buffer_id.desc() if descending else rows.c.buffer_id.asc()
+            order = [by_buffer, *order]
         shown = ROW_COLUMNS if whole else keys
         stmt = select(*shown).where(*where).order_by(*order).limit(size)
         if after is not None:

@@ -25,7 +25,7 @@ from sqlalchemy import Text, cast, func, select
 from ..buffer import ReplayBuffer
 from ..codec.format import ESCAPED_KEY, FLOAT_KEY, TENSOR_KEY
 from ..db.engine import create_sql_engine
-from ..db.schema import buffers, consumption, rate_limits, rows
+from ..db.schema import buffers, consumption, newest_first, rate_limits, rows
 from ..errors import ExpstoreError, InvalidArgumentError
 from ..features.claims.reports import Lineage, claim_state
 from ..model.layout import META_COLUMNS, ORDERABLE, PAYLOAD_FIELDS, SCALAR_COLUMNS
@@ -485,12 +485,10 @@ class Viewer:
             .where(_C.buffer_id == handle.buffer_id, _C.acked_at.is_(None))
             .group_by(_C.consumer, state_now)
         )
-        newest = (
-            select(rows.c.policy_version, rows.c.reward_t, rows.c.execute_time)
-            .where(rows.c.buffer_id == handle.buffer_id)
-            .order_by(rows.c.key.desc())
-            .limit(LIVE_ROWS)
-        )
+        newest = newest_first(
+            select(rows.c.policy_version, rows.c.reward_t, rows.c.execute_time),
+            handle.buffer_id,
+        ).limit(LIVE_ROWS)
         with handle.errors("read the live numbers"), handle.read() as conn:
             top = conn.execute(head).one()
             held = conn.execute(claims).all()
