@@ -127,7 +127,10 @@ def rows_pages(client: Any, repeat: int) -> list[str]:
     cases = [
         ("indexed filter, by key", {"where": "agent_id = 'agent3'"}),
         ("JSON filter, by key", {"where": "exp_data.state.difficulty = 3"}),
-        ("two filters, by step", {"where": "agent_id = 'agent3' and step >= 4", "order": "step"}),
+        (
+            "two filters, by step (sorts every match)",
+            {"where": "agent_id = 'agent3' and step >= 4", "order": "step"},
+        ),
         ("no filter, newest first", {"order": "-key"}),
     ]
     for name, query in cases:
@@ -209,7 +212,7 @@ def main() -> None:
     parser.add_argument("--screens", type=Path, default=Path("/work/scratch/screens"))
     parser.add_argument("--repeat", type=int, default=9)
     parser.add_argument("--live-s", type=float, default=30.0)
-    parser.add_argument("--live-every", type=float, default=3.0)
+    parser.add_argument("--live-every", type=float, default=5.0)
     args = parser.parse_args()
     from scale_data import built, dataset_url
     from starlette.testclient import TestClient

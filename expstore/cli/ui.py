@@ -47,7 +47,7 @@ def ui(
     live_every: Annotated[
         float,
         typer.Option("--live-every", min=0.5, metavar="S", help="Seconds between live refreshes."),
-    ] = 3.0,
+    ] = 5.0,
 ) -> None:
     """Look at a database in the browser: buffers, rows with --where filters,
     trajectories with their screenshots, GRPO groups, and live state.

@@ -30,8 +30,6 @@ from .reads import MAX_ROWS_SHOWN, ArrayRef, Brief, NotFound, Viewer
 __all__ = ["make_app"]
 
 HERE = Path(__file__).resolve().parent
-#: Seconds the live page waits between two refreshes (the server shares snapshots).
-LIVE_EVERY_S = 3.0
 _CSP = (
     "default-src 'none'; img-src 'self'; style-src 'self'; script-src 'self'; "
     "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
@@ -39,7 +37,7 @@ _CSP = (
 
 
 def make_app(
-    url: str, *, buffer: str | None = None, allow_delete: bool = False, live_every: float = 3.0
+    url: str, *, buffer: str | None = None, allow_delete: bool = False, live_every: float = 5.0
 ) -> Any:
     """The viewer of the database at ``url`` as an ASGI app (serve it with uvicorn).
     ``buffer``: where ``/`` leads (the buffers page without it)."""

@@ -4,9 +4,9 @@ One :class:`Viewer` per served database keeps one open handle per buffer, shared
 request (handles are safe across threads). Everything it reads goes through the buffer's
 public API (``page``, ``get``, ``get_by_task_id``, ``lineage``, ``queue_stats``,
 ``rate_limit_stats``, ``policy_version``), but for the live page's snapshot, which reads
-typed columns only (never a payload) in three statements and is shared by every open tab
-for :attr:`Viewer.live_every` seconds, so the live page costs the database at most about
-one statement per second whatever the number of tabs.
+typed columns only (never a payload) in one read transaction of three statements, and is
+shared by every open tab for :attr:`Viewer.live_every` seconds (5 by default), so the live
+page costs the database under one statement per second whatever the number of tabs.
 """
 
 from __future__ import annotations
@@ -265,7 +265,7 @@ class Viewer:
     """The database the UI shows. ``live_every``: seconds a live snapshot is shared for
     (and how often the live page asks for one)."""
 
-    def __init__(self, url: str, *, live_every: float = 3.0) -> None:
+    def __init__(self, url: str, *, live_every: float = 5.0) -> None:
         self.url = url
         self.live_every = live_every
         self._buffers: dict[str, ReplayBuffer] = {}
