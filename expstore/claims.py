@@ -253,7 +253,9 @@ class Claim:
         reports: list[StoreReport] = []
         short: list[int] = []
 
-        def write(conn: Connection) -> Mapping[int, int] | None:
+        prompt_ids = self._id_of() if plan is not None else {}
+
+        def write(conn: Connection) -> None:
             assert target is not None and plan is not None
             rows, made, by_prompt = plan
             here = self._queue.handle
@@ -264,7 +266,6 @@ class Claim:
                     "produce={row_id: [rows]}. Nothing was stored or acked"
                 )
             reports.append(write_in(target.handle, conn, as_source(rows), dedup)[2])
-            prompt_ids = self._id_of()
             record_produced(
                 target.handle,
                 conn,
@@ -274,7 +275,6 @@ class Claim:
                 self.claim_id,
                 self.consumer,
             )
-            return made
 
         waiting = RATE_LIMIT_WAIT.start()
         while True:
@@ -286,6 +286,7 @@ class Claim:
                     with_checkpoint=with_checkpoint,
                     allow_evicted=allowed,
                     produce=None if target is None else write,
+                    made=None if plan is None else plan[1],
                     short=short,
                 )
                 break
@@ -415,9 +416,7 @@ class Claim:
         needs, by row id (rows without a target are left out), read from the database when
         asked: make that many and ack them with ``produce={row_id: rows}``."""
         found = self._queue.needs(self.keys.tolist())
-        return {
-            i: found[k] for k, i in self._id_of().items() if k in found
-        }
+        return {i: found[k] for k, i in self._id_of().items() if k in found}
 
     @property
     def produced(self) -> StoreReport | None:

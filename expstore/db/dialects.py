@@ -268,7 +268,8 @@ class SqliteDialect(Dialect):
         # Without the hint, SQLite's planner takes a key range on the rowid (thinking the
         # buffer column unselective) and reads every other buffer's rows in the range.
         return as_type(
-            "ColumnElement[bool]", func.likelihood(rows.c.buffer_id == buffer_id, literal_column("0.001"))
+            "ColumnElement[bool]",
+            func.likelihood(rows.c.buffer_id == buffer_id, literal_column("0.001")),
         )
 
     def now(self) -> ColumnElement[float]:
