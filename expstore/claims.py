@@ -84,6 +84,7 @@ from .features.claims.prompts import (
     admission_state,
     clear_admission,
     describe,
+    largest_key,
     needs_of,
     record_produced,
     set_targets,
@@ -255,7 +256,7 @@ class Claim:
 
         prompt_ids = self._id_of() if plan is not None else {}
 
-        def write(conn: Connection) -> None:
+        def write(conn: Connection) -> Mapping[int, int] | None:
             assert target is not None and plan is not None
             rows, made, by_prompt = plan
             here = self._queue.handle
@@ -265,8 +266,12 @@ class Claim:
                     "targets: say which prompt each completion is for with "
                     "produce={row_id: [rows]}. Nothing was stored or acked"
                 )
+            if not rows:  # every generation failed: nothing to store, the prompts short
+                reports.append(StoreReport(0, 0, 0, 0, 0))
+                return made
+            above = largest_key(target.handle, conn)
             reports.append(write_in(target.handle, conn, as_source(rows), dedup)[2])
-            record_produced(
+            stored = record_produced(
                 target.handle,
                 conn,
                 by_prompt,
@@ -274,7 +279,10 @@ class Claim:
                 here.buffer_id,
                 self.claim_id,
                 self.consumer,
+                above,
             )
+            # What the write stored counts (a dedup may have left some out).
+            return None if made is None else {k: stored.get(k, 0) for k in made}
 
         waiting = RATE_LIMIT_WAIT.start()
         while True:
@@ -286,7 +294,6 @@ class Claim:
                     with_checkpoint=with_checkpoint,
                     allow_evicted=allowed,
                     produce=None if target is None else write,
-                    made=None if plan is None else plan[1],
                     short=short,
                 )
                 break
@@ -326,8 +333,9 @@ class Claim:
                     f"{self.claim_id}'s rows ({len(self)}); key the completions by the "
                     "claim's ids (claim.ids). Nothing was stored or acked"
                 )
-            parts = {keys[i]: prepare(rows) for i, rows in produce.items()}
-            every = prepare([row for rows in parts.values() for row in rows])
+            parts = {keys[i]: prepare(rows) if len(rows) else [] for i, rows in produce.items()}
+            flat = [row for rows in parts.values() for row in rows]
+            every = prepare(flat) if flat else []
             made = {k: len(rows) for k, rows in parts.items()}
             by_prompt: list[tuple[int | None, list[str]]] = [
                 (k, [row.id for row in rows]) for k, rows in parts.items()

@@ -136,9 +136,7 @@ def export(
         pictures = None
         if images is not None:
             with progress(total, f"writing images to {images}") as advance:
-                pictures = export_images(
-                    buf, images, condition, images=selection, progress=advance
-                )
+                pictures = export_images(buf, images, condition, images=selection, progress=advance)
     finally:
         buf.close()
     where_text = f" where {condition}" if condition is not None else ""

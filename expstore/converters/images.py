@@ -242,8 +242,7 @@ def _named(images: str | Sequence[str] | Mapping[str, str]) -> dict[str, str]:
             raise InvalidArgumentError(f"output names must be non-empty strings, got {key!r}")
         if key in out:
             raise InvalidArgumentError(
-                f"two image paths would both be named {key!r}; give a dict of output name -> "
-                "path"
+                f"two image paths would both be named {key!r}; give a dict of output name -> path"
             )
         out[key] = path.canonical
     return out

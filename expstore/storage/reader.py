@@ -30,7 +30,14 @@ from ..db.schema import buffers, rows
 from ..errors import CodecError, InvalidArgumentError, UnsupportedTypeError
 from ..features.arrays import digests_in, fetch_arrays
 from ..features.registry import buffer_row
-from ..model.layout import COLUMNS, META_COLUMNS, ORDERABLE, PAYLOAD_FIELDS, SCALAR_COLUMNS
+from ..model.layout import (
+    COLUMNS,
+    COLUMNS_BY_NAME,
+    META_COLUMNS,
+    ORDERABLE,
+    PAYLOAD_FIELDS,
+    SCALAR_COLUMNS,
+)
 from ..model.rows import DataRow, Experience, ExpMeta, trusted_many
 from ..query import QueryCondition
 
@@ -205,12 +212,6 @@ def _cursor(position: tuple[Any, ...]) -> str:
     return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 
 
-def key_cursor(key: int) -> str:
-    """The cursor of a page in key order that starts after the row of ``key`` (or, in
-    descending key order, before it)."""
-    return _cursor((int(key),))
-
-
 def _position(cursor: Any, column_name: str) -> tuple[Any, ...]:
     """The keyset position of a cursor made by :func:`_cursor` for ``column_name``;
     InvalidArgumentError for anything else."""
@@ -220,11 +221,26 @@ def _position(cursor: Any, column_name: str) -> tuple[Any, ...]:
         position = json.loads(base64.urlsafe_b64decode(padded.encode()).decode())
     except (TypeError, ValueError, UnicodeError, AttributeError):
         position = None
+    kinds = {
+        "number": (int, float),
+        "string": (str,),
+        "bool": (bool,),
+    }
+    column = None if column_name == "key" else COLUMNS_BY_NAME.get(column_name)
     ok = (
         isinstance(position, list)
         and len(position) == want
         and type(position[-1]) is int
-        and (want == 1 or isinstance(position[0], (str, int, float, bool, type(None))))
+        and -(2**63) <= position[-1] < 2**63
+        and (
+            want == 1
+            or (
+                column is not None
+                and isinstance(position[0], kinds[column.kind])
+                and (column.kind == "bool" or type(position[0]) is not bool)
+                and (not isinstance(position[0], int) or -(2**63) <= position[0] < 2**63)
+            )
+        )
     )
     if not ok:
         raise InvalidArgumentError(

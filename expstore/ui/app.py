@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 from .._optional import require
 from ..errors import ExpstoreError, InvalidArgumentError, QueryError, UnsupportedTypeError
@@ -60,13 +60,14 @@ def make_app(
     env.globals.update(allow_delete=allow_delete, database=_shown(url), max_rows=MAX_ROWS_SHOWN)
     env.filters["when"] = _when
     env.filters["pretty"] = _pretty
+    env.filters["bufferpath"] = _q
 
     def page(request: Request, name: str, code: int = 200, **context: Any) -> Response:
         return templates.TemplateResponse(request, name, context, status_code=code)
 
     def home(request: Request) -> Response:
         if buffer is not None and "all" not in request.query_params:
-            return RedirectResponse(f"/b/{buffer}/rows", status_code=302)
+            return RedirectResponse(f"/b/{_q(buffer)}/rows", status_code=302)
         revision, found = viewer.overview()
         return page(request, "buffers.html", revision=revision, buffers=found)
 
@@ -105,7 +106,7 @@ def make_app(
         base = {k: v for k, v in base.items() if v and not (k == "order" and v == "key")}
         next_url = None
         if view.next is not None:
-            next_url = f"/b/{name}/rows?" + urlencode(
+            next_url = f"/b/{_q(name)}/rows?" + urlencode(
                 {**base, "after": view.next, "limit": view.limit}
             )
         return page(
@@ -121,7 +122,7 @@ def make_app(
             order=view.order_by,
             limit=view.limit,
             next_url=next_url,
-            first_url=f"/b/{name}/rows?" + urlencode({**base, "limit": view.limit}),
+            first_url=f"/b/{_q(name)}/rows?" + urlencode({**base, "limit": view.limit}),
         )
 
     def row_page(request: Request) -> Response:
@@ -239,6 +240,10 @@ def make_app(
             raise HTTPException(
                 403, "this viewer is read-only; start it with --allow-delete to delete rows"
             )
+        if not _same_origin(request):
+            raise HTTPException(
+                403, "a delete must come from this viewer's own page; nothing was deleted"
+            )
         form = await request.form()
         row_id, typed = str(form.get("id", "")), str(form.get("confirm", ""))
         if not row_id or typed != row_id:
@@ -247,12 +252,12 @@ def make_app(
             )
         viewer.record(name, row_id)  # NotFound if it is gone
         viewer.buffer(name).delete(Comparison("id", "eq", row_id))
-        return RedirectResponse(f"/b/{name}/rows", status_code=303)
+        return RedirectResponse(f"/b/{_q(name)}/rows", status_code=303)
 
     def buffer_home(request: Request) -> Response:
         name = request.path_params["buffer"]
         viewer.buffer(name)
-        return RedirectResponse(f"/b/{name}/rows", status_code=302)
+        return RedirectResponse(f"/b/{_q(name)}/rows", status_code=302)
 
     async def errors(request: Request, exc: Exception) -> Response:
         if isinstance(exc, HTTPException):
@@ -292,10 +297,28 @@ def make_app(
         Route("/b/{buffer}/delete", delete_row, methods=["POST"]),
         Mount("/static", app=StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
-    app = Starlette(routes=routes, exception_handlers={Exception: errors, 404: errors})
+    # ExpstoreError and HTTPException are handled inside the middleware stack (their pages
+    # get the security headers, and nothing is logged as a crash); anything else is a 500.
+    handlers: dict[Any, Any] = {ExpstoreError: errors, HTTPException: errors, 404: errors}
+    app = Starlette(routes=routes, exception_handlers=handlers)
     app.add_middleware(BaseHTTPMiddleware, dispatch=headers)
     app.state.viewer = viewer
     return app
+
+
+def _same_origin(request: Any) -> bool:
+    """Whether a POST comes from a page of this viewer: its Origin (or Referer) names this
+    host. A browser sends one of them; a page of another site cannot make it ours."""
+    sent = request.headers.get("origin") or request.headers.get("referer")
+    if not sent:
+        return True  # not a browser (curl, a script): no other site's page is involved
+    host = str(request.headers.get("host", ""))
+    return urlsplit(str(sent)).netloc == host
+
+
+def _q(name: str) -> str:
+    """A buffer name as one segment of a URL path."""
+    return quote(name, safe="")
 
 
 def _required(request: Any, name: str) -> str:
@@ -333,7 +356,7 @@ def _pretty(value: Any) -> str:
 
 def _image_url(buffer: str, row_id: str, path: str, thumb: bool = True) -> str:
     query = {"id": row_id, "path": path, **({"thumb": "1"} if thumb else {})}
-    return f"/b/{buffer}/image?" + urlencode(query)
+    return f"/b/{_q(buffer)}/image?" + urlencode(query)
 
 
 def _cell(buffer: str, row: Brief, path: str) -> dict[str, Any]:
@@ -343,9 +366,9 @@ def _cell(buffer: str, row: Brief, path: str) -> dict[str, Any]:
     if value is MISSING or value is None:
         return {"text": ""}
     if path == "id":
-        return {"text": row.id, "href": f"/b/{buffer}/row?" + urlencode({"id": row.id})}
+        return {"text": row.id, "href": f"/b/{_q(buffer)}/row?" + urlencode({"id": row.id})}
     if path in ("exp_meta.task_id", "task_id"):
-        return {"text": str(value), "href": f"/b/{buffer}/task?" + urlencode({"id": value})}
+        return {"text": str(value), "href": f"/b/{_q(buffer)}/task?" + urlencode({"id": value})}
     if isinstance(value, ArrayRef):
         shown = [_image_url(buffer, row.id, value.path)] if value.image else []
         return {"text": str(value), "images": shown}

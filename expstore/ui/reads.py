@@ -15,12 +15,13 @@ import json
 import math
 import threading
 import time
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Text, cast, func, select
+from sqlalchemy import Text, cast, exists, func, select
 
 from ..buffer import ReplayBuffer
 from ..codec.format import ESCAPED_KEY, FLOAT_KEY, TENSOR_KEY
@@ -28,11 +29,12 @@ from ..db.engine import create_sql_engine
 from ..db.schema import buffers, consumption, newest_first, rate_limits, rows
 from ..errors import ExpstoreError, InvalidArgumentError
 from ..features.claims.reports import Lineage, claim_state
+from ..model.images import AUTO_MIN_SIDE
 from ..model.layout import META_COLUMNS, ORDERABLE, PAYLOAD_FIELDS, SCALAR_COLUMNS
 from ..model.paths import MISSING, parse_path, read_path
 from ..model.rows import DataRow
-from ..query import And, Comparison, Condition, parse_where
-from ..storage.reader import MAX_PAGE, key_cursor
+from ..query import Comparison, Condition, parse_where, to_sql
+from ..storage.reader import MAX_PAGE
 from ..storage.sql import describe_database
 
 __all__ = [
@@ -98,7 +100,7 @@ class ArrayRef:
         return (
             self.dtype in ("|u1", "uint8")
             and (len(s) == 2 or (len(s) == 3 and s[2] in (1, 3, 4)))
-            and min(s[:2]) > 0
+            and min(s[:2]) >= AUTO_MIN_SIDE  # as the image route takes them
         )
 
     def __str__(self) -> str:
@@ -417,17 +419,47 @@ class Viewer:
         if not keys:
             raise NotFound(f"buffer {name!r} holds no step of task {task_id!r}")
         steps = briefs(buffer, keys)
-        others: Condition = Comparison("task_id", "ne", task_id)
-        if condition is not None:
-            others = And((condition, others))
-        first = key_cursor(min(keys))
+        handle = buffer.sql.handle
+        first = min(keys)
+        earlier = rows.alias("earlier")
+        matching = to_sql(condition, rows, handle.dialect.name)
+        earlier_matching = to_sql(condition, typing.cast(Any, earlier), handle.dialect.name)
+        # A row that is the first (matching) row of its task: tasks in the order of their
+        # first rows, each probe a lookup in the (buffer_id, task_id, step) index.
+        opens_task = ~exists(
+            select(earlier.c.key).where(
+                earlier.c.buffer_id == handle.buffer_id,
+                earlier.c.task_id == rows.c.task_id,
+                earlier.c.key < rows.c.key,
+                *([] if earlier_matching is None else [earlier_matching]),
+            )
+        )
 
-        def neighbour(order: str) -> str | None:
-            near, _ = buffer.sql.keys_after(others, after=first, limit=1, order_by=order)
-            found = briefs(buffer, near)
-            return str(found[0].columns["exp_meta.task_id"]) if found else None
+        def neighbour(descending: bool) -> str | None:
+            side = rows.c.key < first if descending else rows.c.key > first
+            stmt = (
+                select(rows.c.task_id)
+                .where(
+                    handle.dialect.in_key_order(handle.buffer_id),
+                    side,
+                    rows.c.task_id != task_id,
+                    opens_task,
+                    *([] if matching is None else [matching]),
+                )
+                .order_by(
+                    *(
+                        (rows.c.buffer_id.desc(), rows.c.key.desc())
+                        if descending
+                        else (rows.c.buffer_id, rows.c.key)
+                    )
+                )
+                .limit(1)
+            )
+            with handle.errors("find the next trajectory"), handle.read() as conn:
+                found = conn.execute(stmt).scalar()
+            return None if found is None else str(found)
 
-        return TrajectoryView(name, task_id, where, steps, neighbour("-key"), neighbour("key"))
+        return TrajectoryView(name, task_id, where, steps, neighbour(True), neighbour(False))
 
     def group(self, name: str, key: str, *, group_by: str = "exp_meta.task_id") -> GroupView:
         """The rows whose ``group_by`` field equals ``key`` (a GRPO group: completions of

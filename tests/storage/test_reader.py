@@ -63,3 +63,25 @@ def test_a_cursor_from_elsewhere_is_refused(two) -> None:  # noqa: ANN001
         mine.page(limit=0)
     with pytest.raises(InvalidArgumentError, match="order_by"):
         mine.page(order_by="reward_t")
+
+
+def test_a_cursor_of_the_wrong_type_for_the_order_is_refused(two) -> None:  # noqa: ANN001
+    import base64
+    import json
+
+    mine, _ = two
+
+    def cursor(position: list) -> str:  # noqa: ANN001
+        return base64.urlsafe_b64encode(json.dumps(position).encode()).decode().rstrip("=")
+
+    for order, position in [
+        ("step", ["a", 1]),
+        ("task_id", [1, 1]),
+        ("done", [5, 1]),
+        ("step", [True, 1]),
+        ("key", [10**30]),
+        ("step", [10**30, 1]),
+    ]:
+        with pytest.raises(InvalidArgumentError, match="page cursor"):
+            mine.page(after=cursor(position), order_by=order)
+    assert mine.page(after=cursor([3, 1]), order_by="step").rows  # a right one works

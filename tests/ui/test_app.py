@@ -18,6 +18,7 @@ pytest.importorskip("starlette", reason="the viewer's tests need the ui extra")
 from starlette.testclient import TestClient  # noqa: E402
 
 from expstore.ui import make_app  # noqa: E402
+from tests.helpers import make_row  # noqa: E402
 from tests.ui.conftest import XSS, UiData, screenshot  # noqa: E402
 
 
@@ -233,3 +234,76 @@ def test_an_unknown_script_in_a_message_never_reaches_the_page_as_markup(
     ):
         text = client.get(path).text
         assert XSS not in text and "onerror=alert" not in text.replace("onerror=alert(1)&gt;", "")
+
+
+def test_buffer_names_that_need_quoting_work_everywhere(db_url: str, buffer_name: str) -> None:
+    name = buffer_name + " a&b?c#d"
+    with ReplayBuffer(db_url, name=name) as buffer:
+        buffer.store_batch([make_row("t0", step=i) for i in range(3)])
+    client = TestClient(make_app(db_url), raise_server_exceptions=False)
+    home = client.get("/?all=1")
+    hrefs = links(home.text, r'href="(/b/[^"]*' + re.escape(buffer_name) + r'[^"]*/rows)"')
+    assert hrefs and client.get(hrefs[0]).status_code == 200
+    page = client.get(hrefs[0])
+    for href in links(page.text, r'href="(/b/[^"]+/(?:row|task)\?[^"]+)"'):
+        assert client.get(href).status_code == 200, href
+
+
+def test_next_trajectory_follows_first_rows_when_tasks_interleave(
+    db_url: str, buffer_name: str
+) -> None:
+    with ReplayBuffer(db_url, name=buffer_name) as buffer:
+        order = ["A", "B", "A", "B", "A", "C", "B", "C"]
+        buffer.store_batch([make_row(t, step=i) for i, t in enumerate(order)])
+    client = TestClient(make_app(db_url))
+    seen, task = [], "A"
+    while task is not None and len(seen) < 10:
+        seen.append(task)
+        page = client.get(f"/b/{buffer_name}/task?id={task}")
+        nxt = links(page.text, r'id="next" href="/b/[^/]+/task\?id=([^&"]+)"')
+        task = nxt[0] if nxt else None
+    assert seen == ["A", "B", "C"]
+    back = client.get(f"/b/{buffer_name}/task?id=C")
+    assert links(back.text, r'id="previous" href="/b/[^/]+/task\?id=([^&"]+)"') == ["B"]
+
+
+def test_small_uint8_arrays_get_no_thumbnail_and_errors_get_the_headers(
+    db_url: str, buffer_name: str
+) -> None:
+    with ReplayBuffer(db_url, name=buffer_name) as buffer:
+        buffer.store_batch(
+            [
+                make_row(
+                    "t",
+                    state={
+                        "grid": np.zeros((4, 4, 3), np.uint8),
+                        "mask": np.ones((1, 900), np.uint8),
+                    },
+                )
+            ]
+        )
+    client = TestClient(make_app(db_url), raise_server_exceptions=False)
+    page = client.get(f"/b/{buffer_name}/rows")
+    assert "uint8 4x4x3" in page.text and 'class="thumb"' not in page.text
+    missing = client.get(f"/b/{buffer_name}/row?id=nope")
+    assert missing.status_code == 404
+    assert "default-src 'none'" in missing.headers["content-security-policy"]
+
+
+def test_a_delete_from_another_site_is_refused(ui_data: UiData) -> None:
+    client = TestClient(make_app(ui_data.url, allow_delete=True), raise_server_exceptions=False)
+    forged = client.post(
+        f"/b/{ui_data.web}/delete",
+        data={"id": "web-0-0", "confirm": "web-0-0"},
+        headers={"Origin": "http://evil.example"},
+    )
+    assert forged.status_code == 403
+    with ReplayBuffer(ui_data.url, name=ui_data.web) as buffer:
+        assert buffer.get("web-0-0") is not None
+    mine = client.post(
+        f"/b/{ui_data.web}/delete",
+        data={"id": "web-0-0", "confirm": "web-0-0"},
+        headers={"Origin": "http://testserver"},
+        follow_redirects=False,
+    )
+    assert mine.status_code == 303

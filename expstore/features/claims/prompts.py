@@ -33,7 +33,16 @@ from typing import Any, NamedTuple
 from sqlalchemy import Connection, case, delete, func, select, update
 
 from ...db.handle import BufferHandle
-from ...db.schema import admission, buffers, consumers, consumption, produced, rows, targets
+from ...db.schema import (
+    admission,
+    buffers,
+    consumers,
+    consumption,
+    newest_first,
+    produced,
+    rows,
+    targets,
+)
 from ...errors import InvalidArgumentError
 from ..rate_limits import discarded_total
 
@@ -48,6 +57,7 @@ __all__ = [
     "clear_admission",
     "count_completions",
     "describe",
+    "largest_key",
     "needs_of",
     "record_produced",
     "store_admission",
@@ -140,7 +150,7 @@ def count_completions(
     given more completions than it still needs raises InvalidArgumentError (the whole ack
     rolls back); rows without a target are acked as any row. Without ``made`` rows with
     targets are given up (none short)."""
-    if not made:
+    if made is None:
         return []
     left = needs_of(handle, conn, keys)
     made = {k: n for k, n in made.items() if k in left}  # rows without a target: as before
@@ -166,16 +176,19 @@ def record_produced(
     prompt_buffer_id: int,
     claim_id: str,
     consumer: str,
-) -> None:
+    above: int,
+) -> dict[int, int]:
     """Record which prompt row (``ids_by_prompt``: pairs of a prompt key, None when the
     claim did not say, and the ids of the rows produced for it) of which claim produced
-    each row just stored into ``into``'s buffer, in the caller's transaction. Rows the
-    write skipped (dedup) are not recorded."""
+    each row this write just stored into ``into``'s buffer (keys above ``above``, the
+    buffer's largest key before it: rows a dedup left out, or stored earlier under the same
+    id, are not this write's), in the caller's transaction. Returns how many rows were
+    stored per prompt key."""
     wanted = [i for _, ids in ids_by_prompt for i in ids]
     if not wanted:
-        return
+        return {}
     stmt = select(rows.c.key, rows.c.id).where(
-        rows.c.buffer_id == into.buffer_id, rows.c.id.in_(wanted)
+        rows.c.buffer_id == into.buffer_id, rows.c.key > above, rows.c.id.in_(wanted)
     )
     key_of = {str(i): int(k) for k, i in conn.execute(stmt).all()}
     now = float(conn.execute(select(into.dialect.now())).scalar_one())
@@ -194,8 +207,19 @@ def record_produced(
         for i in ids
         if i in key_of
     ]
-    if entries:  # keys are never handed out twice: no entry of an older row to replace
+    if entries:
         conn.execute(produced.insert(), entries)
+    stored: dict[int, int] = {}
+    for prompt, ids in ids_by_prompt:
+        if prompt is not None:
+            stored[prompt] = stored.get(prompt, 0) + sum(i in key_of for i in ids)
+    return stored
+
+
+def largest_key(handle: BufferHandle, conn: Connection) -> int:
+    """The buffer's largest row key now (0 for none), by its ``(buffer_id, key)`` index."""
+    stmt = newest_first(select(rows.c.key), handle.buffer_id).limit(1)
+    return int(conn.execute(stmt).scalar() or 0)
 
 
 # -- admission ---------------------------------------------------------------------------

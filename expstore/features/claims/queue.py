@@ -583,8 +583,7 @@ class ClaimQueue:
         *,
         with_checkpoint: bool,
         allow_evicted: bool = False,
-        produce: Callable[[Connection], None] | None = None,
-        made: Mapping[int, int] | None = None,
+        produce: Callable[[Connection], Mapping[int, int] | None] | None = None,
         short: list[int] | None = None,
     ) -> int:
         """Mark the claim's rows consumed, storing ``checkpoint`` for its consumer in the
@@ -592,26 +591,24 @@ class ClaimQueue:
         meanwhile raise RowsEvictedError and change nothing, unless ``allow_evicted``
         (then the rows left are acked and counted); see
         :mod:`expstore.features.claims.retention`. ``produce(conn)``: writes the claim's
-        output (rows into another buffer of the database) in the ack's transaction, last,
-        so the other buffer's row (which its writers take turns on) is held only for the
-        write and the commit; ``made``: how many completions it stores per prompt key
-        (prompts left short of their targets are released, their keys appended to
-        ``short``)."""
+        output (rows into another buffer of the database) in the ack's transaction and
+        returns how many rows it stored per prompt key (None: the claim did not say);
+        prompts left short of their completion targets are released, their keys appended
+        to ``short``."""
         state = check_checkpoint(checkpoint) if with_checkpoint else None
         now = self._handle.dialect.now()
 
         def body(conn: Connection) -> int:
-            if produce is not None:
+            made = None
+            if produce is not None:  # what the claim's work made, in the same commit
                 # The claim is checked first: an ack retried after its commit (the reply
                 # lost) is told so, before its rows could meet their own stored ids.
                 self._own_entries(conn, claim, "ack")
+                made = produce(conn)
             seq = None if state is None else self.store_checkpoint(conn, claim.consumer, state, now)
             if short is not None:
                 short.clear()
-            acked = self.ack_in(conn, claim, now, seq, retention, made, short)
-            if produce is not None:  # what the claim's work made, in the same commit
-                produce(conn)
-            return acked
+            return self.ack_in(conn, claim, now, seq, retention, made, short)
 
         retention = self.retention(claim, allow_evicted=allow_evicted)
         return self._finish(claim, "ack", body, retention)

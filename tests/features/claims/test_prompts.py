@@ -267,3 +267,33 @@ def test_admission_is_exact_for_concurrent_actors(queues, db_url: str, buffer_na
     # (2 + 1) * 3 = 9 completions: three prompts of three, never more, whoever claimed.
     assert len(taken) == len(set(taken)) == 3
     assert prompts.admission().in_flight == 9
+
+
+def test_only_completions_the_write_stored_count_towards_a_target(queues) -> None:
+    prompts, rollouts = queues
+    prompts.store_prompts([prompt(0)], n_samples=4)
+    claim = prompts.claim(1, consumer="actor")
+    made = completions("p0", 4)
+    made[3] = made[2].model_copy(update={"id": "p0/c3"})  # the same content as c2
+    claim.ack(produce={"p0": made}, into=rollouts, dedup="skip")
+    assert claim.produced.stored == 3 and claim.produced.duplicates == 1
+    assert claim.unfinished == ["p0"]  # 3 of 4 stored: still short
+    assert prompts.lineage(["p0"])["p0"].done == 3
+    # A retry that makes c2 again (its id and content stored already) is left out too.
+    again = prompts.claim(1, consumer="actor")
+    assert again.needs == {"p0": 1}
+    again.ack(produce={"p0": completions("p0", 1, start=2)}, into=rollouts, dedup="skip")
+    assert again.unfinished == ["p0"] and prompts.lineage(["p0"])["p0"].done == 3
+    last = prompts.claim(1, consumer="actor")
+    last.ack(produce={"p0": completions("p0", 1, start=9)}, into=rollouts, dedup="skip")
+    assert last.unfinished == [] and prompts.lineage(["p0"])["p0"].done == 4
+    assert len(rollouts) == 4
+
+
+def test_an_ack_whose_generations_all_failed_releases_its_prompt(queues) -> None:
+    prompts, rollouts = queues
+    prompts.store_prompts([prompt(0)], n_samples=2)
+    claim = prompts.claim(1, consumer="actor")
+    assert claim.ack(produce={"p0": []}, into=rollouts) == 0
+    assert claim.unfinished == ["p0"] and len(rollouts) == 0
+    assert prompts.claim(1, consumer="actor").needs == {"p0": 2}
