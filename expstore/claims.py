@@ -61,7 +61,6 @@ from ._retry import CLAIM_POLL, RATE_LIMIT_WAIT, Waiting
 from .converters.base import Converter, as_converter
 from .converters.default import DefaultConverter
 from .db.engine import is_memory
-from .db.handle import retried
 from .db.schema import rows as rows_table
 from .errors import (
     AdmissionTimeoutError,
@@ -103,7 +102,14 @@ from .samplers.group import GroupSampler
 from .samplers.uniform import UniformSampler
 from .storage.base import Storage
 from .storage.sql import SqlStorage
-from .storage.writer import StoreReport, as_source, duplicate_of, prepare, write_in
+from .storage.writer import (
+    StoreReport,
+    as_source,
+    duplicate_of,
+    prepare,
+    store_rows,
+    write_in,
+)
 
 __all__ = [
     "Claim",
@@ -1015,36 +1021,16 @@ def store_prompts(
         )
     rows, shares = _in_parts(batch, goals, parts)
     handle = sql.handle
-    waiting = RATE_LIMIT_WAIT.start()
 
-    def write() -> StoreReport:
-        while True:
-            try:
-                with handle.errors("store prompts"), handle.write() as conn:
-                    report = write_in(handle, conn, as_source(rows), None)[2]
-                    ids = [row.id for row in rows]
-                    stmt = select(rows_table.c.id, rows_table.c.key).where(
-                        rows_table.c.buffer_id == handle.buffer_id, rows_table.c.id.in_(ids)
-                    )
-                    key_of = {str(i): int(k) for i, k in conn.execute(stmt).all()}
-                    set_targets(handle, conn, {key_of[i]: shares[i] for i in ids if i in key_of})
-                    return report
-            except WriteBlocked as blocked:  # rolled back: wait for the learners, then again
-                sql.rate_limits.wait_to_write(blocked, waiting)
-
-    try:
-        report = retried(write)
-    except StorageError as exc:  # a prompt's id stored already?
-        duplicate = (
-            duplicate_of(handle, as_source(rows))
-            if isinstance(exc.__cause__, IntegrityError)
-            else None
+    def give_targets(conn: Connection) -> None:  # in the rows' own transaction
+        ids = list(shares)
+        stmt = select(rows_table.c.id, rows_table.c.key).where(
+            rows_table.c.buffer_id == handle.buffer_id, rows_table.c.id.in_(ids)
         )
-        if duplicate is None:
-            raise
-        raise duplicate from exc
-    handle.dialect.wrote(handle.connections.engine, handle.buffer_id, report.stored)
-    return report
+        key_of = {str(i): int(k) for i, k in conn.execute(stmt).all()}
+        set_targets(handle, conn, {key_of[i]: shares[i] for i in ids if i in key_of})
+
+    return store_rows(handle, rows, None, give_targets)[2]
 
 
 def _in_parts(

@@ -13,7 +13,7 @@ import math
 import re
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from hashlib import blake2b
@@ -238,11 +238,16 @@ def store_batch(
 
 
 def store_rows(
-    handle: BufferHandle, batch: Sequence[Any] | RowSource, dedup: str | None = None
+    handle: BufferHandle,
+    batch: Sequence[Any] | RowSource,
+    dedup: str | None = None,
+    then: Callable[[Connection], None] | None = None,
 ) -> tuple[int | None, str, StoreReport]:
     """:func:`store_batch` of rows already prepared: DataRows, anything the writer reads
     as it reads them (``id``, ``exp_meta.__dict__``, ``exp_data.__dict__``), whose typed
-    columns it checks the same way, or a :class:`RowSource`."""
+    columns it checks the same way, or a :class:`RowSource`. ``then(conn)``: more writes
+    of the caller's, in the same transaction after the rows (a prompt's completion
+    target)."""
     dedup = check_dedup(dedup)
     source = as_source(batch)
     waiting = RATE_LIMIT_WAIT.start()
@@ -250,7 +255,7 @@ def store_rows(
     def write() -> tuple[Any, str, StoreReport]:
         while True:
             try:
-                return _write(handle, source, dedup)
+                return _write(handle, source, dedup, then)
             except WriteBlocked as blocked:  # rolled back: wait for samplers, then again
                 RateLimits(handle).wait_to_write(blocked, waiting)
 
@@ -261,14 +266,20 @@ def store_rows(
 
 
 def _write(
-    handle: BufferHandle, batch: RowSource, dedup: str | None
+    handle: BufferHandle,
+    batch: RowSource,
+    dedup: str | None,
+    then: Callable[[Connection], None] | None = None,
 ) -> tuple[Any, str, StoreReport]:
     """One attempt at the write transaction; returns the retention it found and what it
     did."""
     with handle.errors("store rows"):
         try:
             with handle.write() as conn:
-                return write_in(handle, conn, batch, dedup)
+                done = write_in(handle, conn, batch, dedup)
+                if then is not None:
+                    then(conn)
+                return done
         except IntegrityError as exc:
             duplicate = duplicate_of(handle, batch)
             if duplicate is None:

@@ -25,7 +25,7 @@ from ..model.rows import DataRow
 from ..query import Comparison
 from . import charts
 from .media import PngCache, array_line, images_in, is_array, preview, short_json
-from .reads import MAX_ROWS_SHOWN, ArrayRef, Brief, NotFound, Viewer
+from .reads import MAX_ROWS_SHOWN, ArrayRef, Brief, NotFound, Viewer, image_paths
 
 __all__ = ["make_app"]
 
@@ -373,27 +373,13 @@ def _cell(buffer: str, row: Brief, path: str) -> dict[str, Any]:
         shown = [_image_url(buffer, row.id, value.path)] if value.image else []
         return {"text": str(value), "images": shown}
     if isinstance(value, (dict, list)):
-        found: list[str] = []
-        _image_paths(value, found)
         return {
             "text": short_json(value),
-            "images": [_image_url(buffer, row.id, p) for p in found[:2]],
+            "images": [_image_url(buffer, row.id, p) for p in image_paths(value)[:2]],
         }
     if isinstance(value, float):
         return {"text": f"{value:.6g}"}
     return {"text": str(value)}
-
-
-def _image_paths(value: Any, out: list[str]) -> None:
-    if isinstance(value, ArrayRef):
-        if value.image:
-            out.append(value.path)
-    elif isinstance(value, dict):
-        for v in value.values():
-            _image_paths(v, out)
-    elif isinstance(value, list):
-        for v in value[:50]:
-            _image_paths(v, out)
 
 
 def _fields(buffer: str, row: DataRow) -> list[dict[str, Any]]:

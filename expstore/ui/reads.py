@@ -48,6 +48,7 @@ __all__ = [
     "RowsView",
     "TrajectoryView",
     "Viewer",
+    "image_paths",
 ]
 
 #: The columns of the rows table unless the page asks for others.
@@ -143,20 +144,26 @@ class Brief:
 
     def images(self, under: str = "exp_data.state") -> list[str]:
         """The paths of the image arrays under ``under``."""
-        found: list[ArrayRef] = []
-        _refs(self.value(under), found)
-        return [r.path for r in found if r.image][:8]
+        return image_paths(self.value(under))[:8]
 
 
-def _refs(value: Any, out: list[ArrayRef]) -> None:
+def image_paths(value: Any) -> list[str]:
+    """The paths of the image arrays (:class:`ArrayRef`) in a :class:`Brief` row's value."""
+    found: list[str] = []
+    _image_paths(value, found)
+    return found
+
+
+def _image_paths(value: Any, out: list[str]) -> None:
     if isinstance(value, ArrayRef):
-        out.append(value)
+        if value.image:
+            out.append(value.path)
     elif isinstance(value, dict):
         for v in value.values():
-            _refs(v, out)
+            _image_paths(v, out)
     elif isinstance(value, list):
         for v in value[:200]:
-            _refs(v, out)
+            _image_paths(v, out)
 
 
 def _described(value: Any, path: str) -> Any:

@@ -314,19 +314,17 @@ def admission_state(
     )
 
 
-def admit(
-    handle: BufferHandle, conn: Connection, n: int, now: Any
-) -> tuple[AdmissionSettings, AdmissionState] | None:
-    """Before a claim of up to ``n`` of the buffer's rows takes any: lock the buffer's
-    admission row and count (None: the buffer has no admission bound). Raises
-    :class:`AdmissionBlocked` when no room is left."""
+def admit(handle: BufferHandle, conn: Connection, now: Any) -> AdmissionState | None:
+    """Before a claim of the buffer's rows takes any: lock the buffer's admission row and
+    count (None: the buffer has no admission bound). Raises :class:`AdmissionBlocked`
+    when no room is left."""
     settings = admission_settings(handle, conn, lock=True)
     if settings is None:
         return None
     state = admission_state(handle, conn, settings, now)
     if state.held_by is not None:
         raise AdmissionBlocked(state)
-    return settings, state
+    return state
 
 
 def admitted(

@@ -227,10 +227,10 @@ class ClaimQueue:
                 }
                 stamps: list[float] = []  # when the entries were written, by the database
                 # A prompt queue's admission bound: its row held until the claim commits.
-                admission = admit(handle, conn, n, now)
+                admission = admit(handle, conn, now)
                 want = n
-                if admission is not None and admission[1].capacity is not None:
-                    want = min(n, admission[1].capacity)  # every row needs one at least
+                if admission is not None and admission.capacity is not None:
+                    want = min(n, admission.capacity)  # every row needs one at least
                 if groups is not None:
                     keys, then = groups(self, conn, want, now, entry, stamps)
                     committed.append(then)
@@ -239,7 +239,7 @@ class ClaimQueue:
                 else:
                     keys = self._claim_drawn(conn, want, scope, now, entry, stamps, candidates)
                 if admission is not None:
-                    keys, over = admitted(handle, conn, keys, admission[1])
+                    keys, over = admitted(handle, conn, keys, admission)
                     self.give_back(conn, over, claim_id)
                 if len(keys) < at_least:
                     raise ShortClaim(len(keys))  # rolls the transaction back
