@@ -1,0 +1,374 @@
+"""The decoded-row cache: what a fetch of chosen rows decoded, kept in this process so a
+row sampled again costs a dictionary look-up instead of a read and a decode.
+
+Rows are written once and never change (priorities, claims, draw counts and versions live
+in tables of their own), and a key is never handed out twice in a database's life (see
+:mod:`expstore.db.row_ids`). So what was decoded for a key stays what the database holds
+under it for as long as the row exists, and the cache never has to ask whether an entry
+is stale. It never decides which rows a batch holds: a sampler chooses from the database
+every time (deleted, evicted, stale, spent and claimed rows are not chosen), and the cache
+only saves fetching and decoding the rows chosen. A database made anew under a running
+process (its buffer row created again, so keys may repeat) empties it: entries are kept
+under the storage's :attr:`~expstore.storage.base.Storage.identity`.
+
+An entry is one row: its id and what was fetched of it. Fields a converter reads are
+kept decoded, per field path, so converters reading different fields share entries; arrays
+are kept read-only and other values are copied when handed out. A whole row
+(:class:`~expstore.model.rows.DataRow`, AWorld's path) is kept as the database gave it
+(its text, bytes and numbers: compact, immutable, and no work for Python's garbage
+collector, which millions of cached model objects would slow for the whole process) and
+decoded afresh each time, which skips the read but not the decode. Either way a caller's
+batch is its own: mutating it never changes the cache or another batch.
+
+The cache holds at most its budget in bytes (the arrays' bytes and an estimate of the
+Python objects around them) and forgets the least recently used rows first. A row larger
+than the whole budget is not kept. It is safe to use from several threads (a prefetching
+iterator and the trainer).
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+from .._args import check_int
+from ..model.paths import MISSING
+from ..model.rows import DataRow
+from .reader import collector_paused
+
+__all__ = ["DEFAULT_CACHE_BYTES", "CacheStats", "RawRows", "RowCache", "copy_value"]
+
+#: The budget a storage's cache gets unless told otherwise: enough for 64k rows of a 4 KB
+#: observation; ``cache_bytes=0`` turns the cache off.
+DEFAULT_CACHE_BYTES = 256 * 2**20
+
+#: The entry's slot for the whole row (a fetch without paths).
+WHOLE = None
+
+#: What one entry costs beside its values: the entry, its dict and the LRU's node.
+_ENTRY_OVERHEAD = 360
+
+
+class CacheStats(NamedTuple):
+    """What a storage's row cache holds and how it has served (``buffer.cache_stats()``)."""
+
+    budget_bytes: int  # 0: the cache is off
+    bytes: int  # held now, never above the budget
+    rows: int  # rows held now
+    hits: int  # rows served from the cache
+    misses: int  # rows fetched from the database
+    evictions: int  # rows forgotten to stay within the budget
+    resets: int  # times it was emptied because the database was made anew
+
+    @property
+    def hit_rate(self) -> float:
+        """Hits over rows asked for (0.0 before any)."""
+        asked = self.hits + self.misses
+        return self.hits / asked if asked else 0.0
+
+
+class _Entry:
+    """One row: its id, what is held of it per slot (a field path, or WHOLE for the row as
+    read), the stored arrays a whole row refers to by digest, and what it all costs."""
+
+    __slots__ = ("arrays", "id", "nbytes", "values")
+
+    def __init__(self, row_id: str) -> None:
+        self.id = row_id
+        self.values: dict[str | None, Any] = {}
+        self.arrays: dict[str, bytes] | None = None
+        self.nbytes = _ENTRY_OVERHEAD + sys.getsizeof(row_id)
+
+
+#: The slots a fetch needs of an entry.
+Slots = frozenset[str | None]
+_WHOLE_SLOT: Slots = frozenset({WHOLE})
+
+
+#: Reads fields of rows: (distinct keys, paths, writable) to (ids, each path's values), as
+#: :meth:`~expstore.storage.base.Storage.fetch_columns` does.
+ReadColumns = Callable[[list[int], Sequence[str], bool], tuple[list[str], list[Any]]]
+
+
+class RawRows(Protocol):
+    """Whole rows as the database gives them, and their decoding: what the cache keeps of
+    a whole row is what was read (immutable text, bytes and numbers, compact and no work
+    for Python's garbage collector), decoded afresh each time it is handed out."""
+
+    def read_raw(self, keys: list[int]) -> tuple[list[tuple[Any, ...]], dict[str, bytes]]:
+        """The rows among the distinct ``keys`` (each a tuple, its key first, its id
+        second), in no particular order, and the stored arrays they refer to by digest."""
+
+    def decode_raw(self, raw: Sequence[tuple[Any, ...]], arrays: dict[str, bytes]) -> list[DataRow]:
+        """The rows ``raw`` holds, decoded (new objects every call)."""
+
+    def digests_of(self, raw: tuple[Any, ...]) -> list[str]:
+        """The digests of the stored arrays one raw row refers to."""
+
+
+class RowCache:
+    """A byte-bounded LRU of decoded rows for one storage (see the module's text)."""
+
+    def __init__(self, budget_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+        self.budget = check_int("cache_bytes", budget_bytes, minimum=0)
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()
+        self._lock = threading.Lock()
+        self._epoch: Hashable = None
+        self._bytes = 0
+        self._hits = self._misses = self._evictions = self._resets = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A storage sent to another process takes its budget, not its rows.
+        return {"budget": self.budget}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["budget"])  # type: ignore[misc]
+
+    @property
+    def enabled(self) -> bool:
+        return self.budget > 0
+
+    def stats(self) -> CacheStats:
+        with self._lock:
+            return CacheStats(
+                self.budget,
+                self._bytes,
+                len(self._entries),
+                self._hits,
+                self._misses,
+                self._evictions,
+                self._resets,
+            )
+
+    def clear(self) -> None:
+        """Forget every row (the counters stay)."""
+        with self._lock:
+            self._forget_all()
+
+    def reset(self) -> None:
+        """Forget every row because the database was made anew (counted in ``resets``)."""
+        with self._lock:
+            if self._entries:
+                self._resets += 1
+            self._forget_all()
+
+    def _forget_all(self) -> None:
+        self._entries.clear()
+        self._bytes = 0
+
+    def resize(self, budget_bytes: int) -> None:
+        """Set the budget (0 turns the cache off and empties it)."""
+        budget = check_int("cache_bytes", budget_bytes, minimum=0)
+        with self._lock:
+            self.budget = budget
+            self._shrink()
+
+    def _shrink(self) -> None:
+        entries = self._entries
+        while self._bytes > self.budget and entries:
+            _, old = entries.popitem(last=False)
+            self._bytes -= old.nbytes
+            self._evictions += 1
+
+    # -- the fetch -----------------------------------------------------------------------
+    def _begin(self, epoch: Hashable, distinct: list[int], slot: Slots) -> dict[int, _Entry]:
+        """The entries held of ``distinct`` keys with every slot, counted as hits (the rest
+        as misses); another ``epoch`` than the last one's empties the cache first."""
+        with self._lock:
+            if epoch != self._epoch:
+                if self._entries:
+                    self._resets += 1
+                self._forget_all()
+                self._epoch = epoch
+            held = self._held(distinct, slot)
+            self._hits += len(held)
+            self._misses += len(distinct) - len(held)
+            return held
+
+    def fetch_rows(
+        self, epoch: Hashable, keys: Sequence[int] | np.ndarray, source: RawRows
+    ) -> tuple[list[DataRow], list[tuple[int, str]]]:
+        """``(rows, hits)``: the whole rows with ``keys`` (in order, repeats kept, rows not
+        found left out), those held decoded from what the cache kept, the others read
+        (and kept); ``hits`` are the ``(key, id)`` pairs the cache served."""
+        wanted = [int(k) for k in keys]
+        distinct = list(dict.fromkeys(wanted))
+        held = self._begin(epoch, distinct, _WHOLE_SLOT)
+        hits = [(k, e.id) for k, e in held.items()]
+        raw: dict[int, tuple[Any, ...]] = {k: e.values[WHOLE] for k, e in held.items()}
+        arrays: dict[str, bytes] = {}
+        for entry in held.values():
+            if entry.arrays:
+                arrays.update(entry.arrays)
+        missing = [k for k in distinct if k not in held]
+        if missing:
+            read, found = source.read_raw(missing)
+            arrays.update(found)
+            fresh: dict[int, _Entry] = {}
+            for r in read:
+                r = tuple(r)
+                entry = fresh[r[0]] = _Entry(r[1])
+                entry.values[WHOLE] = raw[r[0]] = r
+                entry.nbytes += _footprint_raw(r)
+                if found:
+                    entry.arrays = {d: found[d] for d in source.digests_of(r) if d in found}
+                    entry.nbytes += sum(map(len, entry.arrays.values()))
+            with self._lock:
+                if epoch == self._epoch:
+                    self._insert(fresh)
+        present = [k for k in wanted if k in raw]
+        return source.decode_raw([raw[k] for k in present], arrays), hits
+
+    def fetch_columns(
+        self,
+        epoch: Hashable,
+        keys: Sequence[int] | np.ndarray,
+        paths: Sequence[str],
+        writable: bool,
+        read: ReadColumns,
+    ) -> tuple[list[str], list[Any], list[tuple[int, str]]]:
+        """``(ids, columns, hits)``: the values at ``paths`` of the rows with ``keys`` (in
+        order, repeats kept, rows not found left out) as ``read`` gives them, those held
+        from the cache, only the others read (and kept); ``hits`` are the ``(key, id)``
+        pairs the cache served."""
+        wanted = [int(k) for k in keys]
+        distinct = list(dict.fromkeys(wanted))
+        slots = frozenset(paths)
+        held = self._begin(epoch, distinct, slots)
+        hits = [(k, e.id) for k, e in held.items()]
+        missing = [k for k in distinct if k not in held]
+        if missing:
+            ids, columns = read(missing, paths, writable)
+            if len(ids) != len(missing):
+                # A row chosen was deleted before this read: the batch is read whole, as
+                # without a cache (the caller chooses again; nothing of it is kept).
+                return (*read(wanted, paths, writable), [])
+            with collector_paused():
+                fresh = self._keep(epoch, missing, ids, columns, paths)
+            if not held and len(distinct) == len(wanted):
+                # Nothing came from the cache and no row repeats: what was read is the
+                # answer (the cache kept copies of its own).
+                return ids, columns, []
+            held.update(fresh)
+        present = [k for k in wanted if k in held]
+        ids = [held[k].id for k in present]
+        out = [_assemble([held[k].values[p] for k in present], writable) for p in paths]
+        return ids, out, hits
+
+    def _held(self, distinct: list[int], slots: Slots) -> dict[int, _Entry]:
+        """The entries of ``distinct`` keys that hold every slot, moved to the recent end."""
+        entries = self._entries
+        held: dict[int, _Entry] = {}
+        for key in distinct:
+            entry = entries.get(key)
+            if entry is not None and entry.values.keys() >= slots:
+                held[key] = entry
+                entries.move_to_end(key)
+        return held
+
+    def _keep(
+        self,
+        epoch: Hashable,
+        keys: list[int],
+        ids: list[str],
+        columns: list[Any],
+        paths: Sequence[str],
+    ) -> dict[int, _Entry]:
+        """Entries for the fields just read (``keys`` aligned with ``ids``), copies of
+        their own with arrays read-only, kept within the budget; returned whether kept or
+        not (a batch may outgrow the budget)."""
+        fresh: dict[int, _Entry] = {}
+        for i, (key, row_id) in enumerate(zip(keys, ids, strict=True)):
+            entry = fresh[key] = _Entry(row_id)
+            for path, values in zip(paths, columns, strict=True):
+                entry.values[path] = value = _frozen(values[i])
+                entry.nbytes += _footprint(value)
+        with self._lock:
+            if epoch == self._epoch:
+                self._insert(fresh)
+        return fresh
+
+    def _insert(self, fresh: dict[int, _Entry]) -> None:
+        entries = self._entries
+        for key, entry in fresh.items():
+            old = entries.pop(key, None)
+            if old is not None:  # a row held for other fields: one entry for all of them
+                self._bytes -= old.nbytes
+                kept = {s: v for s, v in old.values.items() if s not in entry.values}
+                if kept:
+                    entry.values.update(kept)
+                    entry.nbytes += old.nbytes - _ENTRY_OVERHEAD
+                    if old.arrays and not entry.arrays:
+                        entry.arrays = old.arrays
+            if entry.nbytes > self.budget:
+                continue
+            entries[key] = entry
+            self._bytes += entry.nbytes
+        self._shrink()
+
+
+# -- copies and sizes ----------------------------------------------------------------------
+def copy_value(value: Any, *, frozen: bool = False) -> Any:
+    """A copy of a decoded value that shares nothing mutable with it: dicts and lists
+    copied through, arrays copied (read-only copies when ``frozen``); strings, numbers,
+    None and MISSING as they are."""
+    kind = type(value)
+    if kind is dict:
+        return {k: copy_value(v, frozen=frozen) for k, v in value.items()}
+    if kind is list:
+        return [copy_value(v, frozen=frozen) for v in value]
+    if kind is np.ndarray:
+        out = value.copy()
+        if frozen:
+            out.flags.writeable = False
+        return out
+    if kind in _IMMUTABLE or value is MISSING:
+        return value
+    return copy.deepcopy(value)  # anything else a codec extension decodes to
+
+
+_IMMUTABLE = frozenset({str, int, float, bool, type(None), bytes, tuple})
+
+
+def _frozen(value: Any) -> Any:
+    """What the cache keeps of one fetched value: read-only arrays, copied containers."""
+    if type(value) is np.ndarray and not value.flags.writeable and value.base is None:
+        return value
+    return copy_value(value, frozen=True)
+
+
+def _assemble(values: list[Any], writable: bool) -> Any:
+    """One path's values over the batch from the cache: an array whose first axis is the
+    rows when every value is an array of one dtype and shape (as a fetch stacks a tensor
+    field), else a list of copies (read-only arrays are shared when ``writable`` is off)."""
+    if values and all(type(v) is np.ndarray for v in values):
+        first = values[0]
+        if all(v.dtype == first.dtype and v.shape == first.shape for v in values):
+            return np.stack(values)
+    if writable:
+        return [copy_value(v) for v in values]
+    return [v if type(v) is np.ndarray else copy_value(v) for v in values]
+
+
+def _footprint(value: Any) -> int:
+    """About what ``value`` takes in memory: an array's bytes and header, containers with
+    what they hold."""
+    kind = type(value)
+    if kind is np.ndarray:
+        return int(value.nbytes) + 128
+    if kind is dict:
+        return sys.getsizeof(value) + sum(_footprint(k) + _footprint(v) for k, v in value.items())
+    if kind is list:
+        return sys.getsizeof(value) + sum(map(_footprint, value))
+    return sys.getsizeof(value)
+
+
+def _footprint_raw(raw: tuple[Any, ...]) -> int:
+    """What a row as read takes: its tuple and the text, bytes and numbers in it."""
+    return sys.getsizeof(raw) + sum(map(sys.getsizeof, raw))
