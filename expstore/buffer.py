@@ -48,7 +48,7 @@ from .samplers.group import GroupSampler
 from .samplers.random_task import RandomTaskSampler
 from .samplers.uniform import UniformSampler
 from .storage.base import Storage
-from .storage.cache import CacheStats, RowCache
+from .storage.cache import CacheStats
 from .storage.reader import RowsPage
 from .storage.sql import SqlStorage
 from .storage.writer import StoreReport
@@ -128,12 +128,13 @@ class ReplayBuffer:
                 f"got {type(storage).__name__}"
             )
         if cache_bytes is not None:  # (a storage opened here has it already: the same)
-            if not isinstance(storage, SqlStorage):
+            sql = storage
+            if not isinstance(sql, SqlStorage):
                 raise InvalidArgumentError(
                     f"cache_bytes is for a SqlStorage (a database URL); this storage is a "
-                    f"{type(storage).__name__}, which keeps no row cache: leave it unset"
+                    f"{type(sql).__name__}, which keeps no row cache: leave it unset"
                 )
-            storage.set_cache_bytes(cache_bytes)
+            sql.set_cache_bytes(cache_bytes)
         self.storage: Storage = storage
 
     @property
@@ -724,10 +725,10 @@ class ReplayBuffer:
         """What this handle's decoded-row cache holds and how it has served: budget, bytes
         and rows held, hits, misses, evictions (``.hit_rate``); a budget of 0 when the
         storage has no cache (see ``cache_bytes``)."""
-        cache = getattr(self.storage, "row_cache", None)
-        if not isinstance(cache, RowCache):
+        sql = self.storage
+        if not isinstance(sql, SqlStorage):
             return CacheStats(0, 0, 0, 0, 0, 0, 0)
-        return cache.stats()
+        return sql.row_cache.stats()
 
     # -- lifecycle -----------------------------------------------------------------------
     def close(self) -> None:

@@ -14,11 +14,11 @@ under the storage's :attr:`~expstore.storage.base.Storage.identity`.
 An entry is one row: its id and what was fetched of it. Fields a converter reads are
 kept decoded, per field path, so converters reading different fields share entries; arrays
 are kept read-only and other values are copied when handed out. A whole row
-(:class:`~expstore.model.rows.DataRow`, AWorld's path) is kept as the database gave it
-(its text, bytes and numbers: compact, immutable, and no work for Python's garbage
-collector, which millions of cached model objects would slow for the whole process) and
-decoded afresh each time, which skips the read but not the decode. Either way a caller's
-batch is its own: mutating it never changes the cache or another batch.
+(:class:`~expstore.model.rows.DataRow`, AWorld's path) is first kept as the database gave
+it (its text, bytes and numbers: no copy, so a row read once costs what it did); the first
+time it is served again it is decoded and kept decoded, as a frozen copy, so later hits
+cost a copy of the row rather than a decode. Either way a caller's batch is its own:
+mutating it never changes the cache or another batch.
 
 The cache holds at most its budget in bytes (the arrays' bytes and an estimate of the
 Python objects around them) and forgets the least recently used rows first. A row larger
@@ -39,7 +39,7 @@ import numpy as np
 
 from .._args import check_int
 from ..model.paths import MISSING
-from ..model.rows import DataRow
+from ..model.rows import DataRow, Experience, ExpMeta, trusted_many
 from .reader import collector_paused
 
 __all__ = ["DEFAULT_CACHE_BYTES", "CacheStats", "RawRows", "RowCache", "copy_value"]
@@ -195,17 +195,27 @@ class RowCache:
         self, epoch: Hashable, keys: Sequence[int] | np.ndarray, source: RawRows
     ) -> tuple[list[DataRow], list[tuple[int, str]]]:
         """``(rows, hits)``: the whole rows with ``keys`` (in order, repeats kept, rows not
-        found left out), those held decoded from what the cache kept, the others read
-        (and kept); ``hits`` are the ``(key, id)`` pairs the cache served."""
+        found left out); ``hits`` are the ``(key, id)`` pairs the cache served.
+
+        A row read is kept as read (no copy: the cold path costs what it did); the first
+        time it is served again it is decoded with the rows read and kept decoded from
+        then on (a frozen copy), so later hits cost a copy, not a decode."""
         wanted = [int(k) for k in keys]
         distinct = list(dict.fromkeys(wanted))
         held = self._begin(epoch, distinct, _WHOLE_SLOT)
         hits = [(k, e.id) for k, e in held.items()]
-        raw: dict[int, tuple[Any, ...]] = {k: e.values[WHOLE] for k, e in held.items()}
+        ready: dict[int, DataRow] = {}  # held decoded
+        raw: dict[int, tuple[Any, ...]] = {}  # to decode: held as read, and read now
         arrays: dict[str, bytes] = {}
-        for entry in held.values():
-            if entry.arrays:
-                arrays.update(entry.arrays)
+        for key, entry in held.items():
+            value = entry.values[WHOLE]
+            if type(value) is tuple:
+                raw[key] = value
+                if entry.arrays:
+                    arrays.update(entry.arrays)
+            else:
+                ready[key] = value
+        promote = list(raw)
         missing = [k for k in distinct if k not in held]
         if missing:
             read, found = source.read_raw(missing)
@@ -222,8 +232,40 @@ class RowCache:
             with self._lock:
                 if epoch == self._epoch:
                     self._insert(fresh)
-        present = [k for k in wanted if k in raw]
-        return source.decode_raw([raw[k] for k in present], arrays), hits
+        made: dict[int, DataRow] = {}
+        if raw:
+            order = list(raw)
+            made = dict(zip(order, source.decode_raw([raw[k] for k in order], arrays), strict=True))
+        with collector_paused():
+            if ready:
+                order = list(ready)
+                made.update(zip(order, copy_rows([ready[k] for k in order]), strict=True))
+            if promote:
+                sizes: list[int] = []
+                frozen = copy_rows([made[k] for k in promote], frozen=True, sizes=sizes)
+                self._promote(epoch, promote, frozen, sizes)
+        return [made[k] for k in wanted if k in made], hits
+
+    def _promote(
+        self, epoch: Hashable, keys: list[int], rows: list[DataRow], sizes: list[int]
+    ) -> None:
+        """Keep these rows decoded (held as read until now); ``sizes``: what each takes."""
+        with self._lock:
+            if epoch != self._epoch:
+                return
+            for key, row, size in zip(keys, rows, sizes, strict=True):
+                entry = self._entries.get(key)
+                if entry is None or type(entry.values.get(WHOLE)) is not tuple:
+                    continue
+                before = entry.nbytes
+                entry.nbytes -= _footprint_raw(entry.values[WHOLE])
+                if entry.arrays:
+                    entry.nbytes -= sum(map(len, entry.arrays.values()))
+                    entry.arrays = None
+                entry.values[WHOLE] = row
+                entry.nbytes += size
+                self._bytes += entry.nbytes - before
+            self._shrink()
 
     def fetch_columns(
         self,
@@ -334,6 +376,32 @@ def copy_value(value: Any, *, frozen: bool = False) -> Any:
 
 
 _IMMUTABLE = frozenset({str, int, float, bool, type(None), bytes, tuple})
+_SCALAR_BYTES = 32  # an int, a float, a bool: about what each takes
+
+
+def _freeze(value: Any, size: list[int]) -> Any:
+    """:func:`copy_value` with ``frozen=True`` that also adds about what the copy takes in
+    memory to ``size[0]`` (one walk for both)."""
+    kind = type(value)
+    if kind is dict:
+        size[0] += sys.getsizeof(value)
+        return {k: _freeze(v, size) for k, v in value.items()}
+    if kind is list:
+        size[0] += sys.getsizeof(value)
+        return [_freeze(v, size) for v in value]
+    if kind is np.ndarray:
+        out = value.copy()
+        out.flags.writeable = False
+        size[0] += out.nbytes + 128
+        return out
+    if kind is str:
+        size[0] += 49 + len(value)
+        return value
+    if kind in _IMMUTABLE or value is MISSING:
+        size[0] += _SCALAR_BYTES
+        return value
+    size[0] += sys.getsizeof(value)
+    return copy.deepcopy(value)
 
 
 def _frozen(value: Any) -> Any:
@@ -341,6 +409,40 @@ def _frozen(value: Any) -> Any:
     if type(value) is np.ndarray and not value.flags.writeable and value.base is None:
         return value
     return copy_value(value, frozen=True)
+
+
+def copy_rows(
+    rows: Sequence[DataRow], *, frozen: bool = False, sizes: list[int] | None = None
+) -> list[DataRow]:
+    """Copies of decoded rows sharing nothing mutable with them (arrays read-only when
+    ``frozen``), made as the reader makes rows (:func:`~expstore.model.rows.trusted_many`:
+    their values were validated when stored). With ``sizes`` (and ``frozen``), about what
+    each copy takes in memory is appended to it."""
+    metas = trusted_many(ExpMeta, (dict(r.exp_meta.__dict__) for r in rows))
+    if sizes is not None:
+        contents = []
+        for r in rows:
+            size = [_ROW_OVERHEAD + sys.getsizeof(r.id)]
+            contents.append({name: _freeze(v, size) for name, v in r.exp_data.__dict__.items()})
+            sizes.append(size[0])
+    else:
+        contents = [
+            {name: copy_value(v, frozen=frozen) for name, v in r.exp_data.__dict__.items()}
+            for r in rows
+        ]
+    data = trusted_many(Experience, contents)
+    return trusted_many(
+        DataRow,
+        (
+            {"exp_meta": m, "exp_data": d, "id": r.id}
+            for m, d, r in zip(metas, data, rows, strict=True)
+        ),
+    )
+
+
+#: Three pydantic model objects with their dicts and fields-sets, and the metadata's
+#: dozen scalars: what a row takes beside its payload.
+_ROW_OVERHEAD = 3 * 400 + 12 * 60
 
 
 def _assemble(values: list[Any], writable: bool) -> Any:

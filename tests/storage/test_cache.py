@@ -80,15 +80,18 @@ def test_seeded_samples_equal_those_without_a_cache(
 def test_batches_are_the_callers_own(buffer: ReplayBuffer) -> None:
     buffer.store_batch(make_rows(4, tensor=True))
     keys = buffer.storage.key_index()["key"]
-    rows = buffer.storage.fetch(keys).rows
-    assert rows is not None
-    rows[0].exp_data.state["obs"][:] = -1  # the caller's rows are writable and its own
-    rows[0].exp_data.state["url"] = "changed"
-    rows[0].exp_meta.step = 99
-    again = buffer.storage.fetch(keys).rows
-    assert again is not None
-    assert again[0].exp_data.state["obs"].tolist() == [0.0] * 8
-    assert again[0].exp_data.state["url"] == "https://x/0" and again[0].exp_meta.step == 0
+    # Read (kept as read), served again (decoded, then kept decoded), served from that:
+    # each time the caller's own rows.
+    for _ in range(4):
+        rows = buffer.storage.fetch(np.r_[keys, keys[:1]]).rows
+        assert rows is not None and len(rows) == 5
+        assert rows[0].exp_data.state["obs"].tolist() == [0.0] * 8
+        assert rows[0].exp_data.state["url"] == "https://x/0" and rows[0].exp_meta.step == 0
+        rows[0].exp_data.state["obs"][:] = -1  # writable, and its own
+        rows[0].exp_data.state["url"] = "changed"
+        rows[0].exp_meta.step = 99
+        rows[0].exp_data.actions.append("x")
+    assert buffer.cache_stats().hits == 12
     # Fields: writable arrays when asked, and lists of copies.
     many = NumpyConverter({"s": "exp_data.state"})
     for _ in range(2):
@@ -128,10 +131,10 @@ def test_the_cache_stays_within_its_budget(db_url: str, buffer_name: str) -> Non
         buf.storage.fetch([key], ["exp_data.state.obs"])
         assert buf.cache_stats().misses == stats.misses + 2
         # Off: nothing kept; bad budgets refused.
-        buf.storage.set_cache_bytes(0)
+        buf.sql.set_cache_bytes(0)
         assert buf.cache_stats().rows == 0
         with pytest.raises(InvalidArgumentError, match="cache_bytes"):
-            buf.storage.set_cache_bytes(-1)
+            buf.sql.set_cache_bytes(-1)
     with pytest.raises(ExpstoreError, match="cache_bytes"):
         ReplayBuffer(db_url, name=buffer_name, cache_bytes="lots")  # type: ignore[arg-type]
 
