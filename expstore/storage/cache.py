@@ -97,9 +97,8 @@ ReadColumns = Callable[[list[int], Sequence[str], bool], tuple[list[str], list[A
 
 
 class RawRows(Protocol):
-    """Whole rows as the database gives them, and their decoding: what the cache keeps of
-    a whole row is what was read (immutable text, bytes and numbers, compact and no work
-    for Python's garbage collector), decoded afresh each time it is handed out."""
+    """Whole rows as the database gives them, and their decoding: a whole row is kept as
+    read (immutable text, bytes and numbers: no copy) until it is first served again."""
 
     def read_raw(self, keys: list[int]) -> tuple[list[tuple[Any, ...]], dict[str, bytes]]:
         """The rows among the distinct ``keys`` (each a tuple, its key first, its id
@@ -455,7 +454,8 @@ def _assemble(values: list[Any], writable: bool) -> Any:
             return np.stack(values)
     if writable:
         return [copy_value(v) for v in values]
-    return [v if type(v) is np.ndarray else copy_value(v) for v in values]
+    # A view of a read-only array cannot be made writable (the array itself could).
+    return [v.view() if type(v) is np.ndarray else copy_value(v) for v in values]
 
 
 def _footprint(value: Any) -> int:

@@ -107,6 +107,16 @@ def test_batches_are_the_callers_own(buffer: ReplayBuffer) -> None:
     assert fetched.columns is not None
     assert fetched.columns[0][0]["url"] == "https://x/0"
     assert fetched.columns[1][0].tolist() == [0.0] * 8
+    # Arrays handed out read-only (writable=False, not stacked) cannot be made writable.
+    ragged = make_row("r", "agent0", 9, state={"obs": np.ones(3, np.float32)})
+    buffer.store(ragged)
+    both = [*keys[:1], buffer.storage.key_index()["key"][-1]]
+    for _ in range(2):
+        (obs,) = buffer.storage.fetch(both, ["exp_data.state.obs"], writable=False).columns or []
+        assert isinstance(obs, list) and not obs[0].flags.writeable
+        with pytest.raises(ValueError):
+            obs[0].flags.writeable = True
+    assert buffer.cache_stats().hits >= 2
 
 
 def test_the_cache_stays_within_its_budget(db_url: str, buffer_name: str) -> None:
