@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 BATCH = 256
-PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/expstore_bench"
 
 
 # -- the TorchRL side (runs in TorchRL's virtualenv) -------------------------------------------
@@ -460,17 +460,19 @@ def choices(args: argparse.Namespace) -> None:
             ("recency", lambda: RecencySampler(seed=0)),
         ):
             for cond_label, cond in (("all rows", None), ("task_name == group3", condition)):
-                sampler = make()
-                whole = _median_ms(
-                    partial(buffer.sample, sampler, cond, converter, BATCH), args.repeats
-                )
-                chooser = make()
-                choose = _median_ms(
-                    partial(chooser.choose, buffer.storage, BATCH, cond), args.repeats
-                )
+                figures = []
+                for flat in (True, False):
+                    sampler = make()
+                    sampler.flat = flat
+                    sample = partial(buffer.sample, sampler, cond, converter, BATCH)
+                    chooser = make()
+                    chooser.flat = flat
+                    choose = partial(chooser.choose, buffer.storage, BATCH, cond)
+                    figures += [_median_ms(sample, args.repeats), _median_ms(choose, args.repeats)]
                 print(
-                    f"  {label:<12} {cond_label:<20} sample {whole:7.3f} ms, "
-                    f"of which the choice {choose:7.3f} ms"
+                    f"  {label:<12} {cond_label:<20} key space: sample {figures[0]:7.3f} ms, "
+                    f"choice {figures[1]:7.3f} ms; key index: sample {figures[2]:7.3f} ms, "
+                    f"choice {figures[3]:7.3f} ms"
                 )
         buffer.close()
 
