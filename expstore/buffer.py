@@ -41,9 +41,9 @@ from .features.eviction import Eviction
 from .features.rate_limiter import RateLimiter, RateLimitStats
 from .io import to_arrow
 from .model.rows import DataRow
-from .prefetch import Prefetcher
+from .prefetch import Hooks, Prefetcher
 from .query import QueryCondition
-from .samplers.base import Sampler, TaskSampler, as_sampler, draw
+from .samplers.base import SampleInfo, Sampler, TaskSampler, as_sampler, draw
 from .samplers.group import GroupSampler
 from .samplers.random_task import RandomTaskSampler
 from .samplers.uniform import UniformSampler
@@ -472,28 +472,54 @@ class ReplayBuffer:
         num_batches: int | None = None,
     ) -> Prefetcher[Any]:
         """Batches as :meth:`sample` makes them, ``num_batches`` of them (None: endless),
-        up to ``prefetch`` made ahead in a background thread while the caller trains on
-        the last one (TorchRL's ``prefetch``; 0: each made when asked). ::
+        made ahead in a background thread while the caller trains on the last one
+        (TorchRL's ``prefetch``): ``prefetch`` waiting and one being made (0: each made
+        when asked). ::
 
             with buffer.batches(per, converter=conv, batch_size=256, prefetch=2) as stream:
                 for batch in stream:
                     loss = train_step(batch)
 
         The batches are those :meth:`sample` would give called in a loop (a seeded sampler
-        gives the same ones); an error (EmptyBufferError, a lost database) is raised at
-        the batch it belongs to and ends the stream. A batch made ahead was chosen before
-        what the caller did meanwhile (a priority update, a delete) reached the database,
-        as in TorchRL; the sampler must not be used elsewhere while the stream runs.
-        ``close()`` (or the ``with`` block's end) stops the thread; ``stream.waited_s``
-        is the time the caller waited for batches."""
+        gives the same ones). ``stream.last_info`` describes the batch last handed out (its
+        keys, ids and importance weights): while the stream runs, ``sampler.last_info`` is
+        the thread's, of a batch made ahead (a dict converter's batch carries its own
+        ``weights`` and ``ids``). An error (EmptyBufferError, a lost database) is raised
+        at the batch it belongs to and ends the stream. A batch made ahead was chosen
+        before what the caller did meanwhile (a priority update, a delete) reached the
+        database, as in TorchRL; the sampler must not be used elsewhere while the stream
+        runs. A sampler with ``consume_after`` is refused (dropped batches would spend
+        rows).
+        ``close()`` (or the ``with`` block's end) stops the thread: batches made ahead
+        are dropped, their rate-limit count given back and the sampler's epoch rewound
+        to the first of them. ``stream.waited_s`` is the time the caller waited."""
         chooser = as_sampler(UniformSampler() if sampler is None else sampler)
         builder = as_converter(DefaultConverter() if converter is None else converter)
         check_batch_size(batch_size)
+        if prefetch and chooser.consume_after is not None:
+            raise InvalidArgumentError(
+                f"a sampler with consume_after={chooser.consume_after} counts each row's "
+                "draws as its batch is made, so batches made ahead and then dropped would "
+                "spend rows no one got: use prefetch=0 (or claims, which give rows back)"
+            )
+        storage = self.storage
 
-        def make() -> Any:
-            return self.sample(chooser, query_condition, builder, batch_size)
+        def make() -> tuple[Any, SampleInfo | None]:
+            batch = self.sample(chooser, query_condition, builder, batch_size)
+            return batch, chooser.last_info
 
-        return Prefetcher(make, prefetch=prefetch, num_batches=num_batches)
+        def deliver(item: tuple[Any, SampleInfo | None]) -> tuple[Any, SampleInfo | None]:
+            return item  # the batch, and its info as the stream's last_info
+
+        def discard(item: tuple[Any, SampleInfo | None]) -> None:
+            info = item[1]
+            if info is not None and len(info.ids) and storage.sampling_limited():
+                storage.refund_samples(len(info.ids))  # the rate limit's count goes back
+
+        hooks: Hooks[tuple[Any, SampleInfo | None]] = Hooks(
+            mark=chooser.mark, rewind=chooser.rewind, discard=discard, deliver=deliver
+        )
+        return Prefetcher(make, prefetch=prefetch, num_batches=num_batches, hooks=hooks)
 
     def sample_task(
         self,

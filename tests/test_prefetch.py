@@ -127,6 +127,87 @@ def test_bad_arguments_are_refused(buffer: ReplayBuffer) -> None:
     assert not _prefetch_threads()
 
 
+def test_a_consume_after_sampler_is_refused(buffer: ReplayBuffer) -> None:
+    buffer.store_batch(make_rows(5, tensor=True))
+    with pytest.raises(InvalidArgumentError, match="consume_after"):
+        buffer.batches(UniformSampler(consume_after=1), prefetch=2)
+    with buffer.batches(UniformSampler(consume_after=1), None, CONV, 2, prefetch=0) as it:
+        assert len(next(it)["i"]) == 2  # made when asked: nothing is spent ahead
+
+
+def _filled(it: Prefetcher[Any]) -> bool:
+    worker = it._worker
+    return worker is not None and worker.queue.full()
+
+
+def test_closing_gives_back_what_was_made_ahead(buffer: ReplayBuffer) -> None:
+    """An epoch rewinds to the first batch not handed out; a rate limit's count of the
+    dropped batches goes back."""
+    from expstore.features.rate_limiter import RateLimiter
+
+    buffer.store_batch(make_rows(40, tensor=True))
+    epoch = UniformSampler(seed=1, replacement=False)
+    it = buffer.batches(epoch, None, CONV, 4, prefetch=2)
+    seen = next(it)["i"].tolist()
+    assert _wait_until(lambda: _filled(it))
+    it.close()
+    while len(seen) < 40:  # the epoch goes on from the first batch the caller never got
+        seen += buffer.sample(epoch, None, CONV, 4)["i"].tolist()
+    assert sorted(seen) == list(range(40))
+    buffer.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=100.0, error_buffer=1e6))
+    before = buffer.rate_limit_stats()
+    assert before is not None
+    it = buffer.batches(UniformSampler(seed=2), None, CONV, 4, prefetch=2)
+    next(it)
+    next(it)
+    assert _wait_until(lambda: _filled(it))
+    it.close()
+    after = buffer.rate_limit_stats()
+    assert after is not None and after.sampled - before.sampled == 8  # two batches of 4
+
+
+def test_close_does_not_wait_out_a_rate_limit(buffer: ReplayBuffer) -> None:
+    from expstore.features.rate_limiter import RateLimiter
+
+    buffer.set_rate_limiter(
+        RateLimiter(min_size=1, samples_per_insert=1.0, error_buffer=8.0, timeout=60.0)
+    )
+    buffer.store_batch(make_rows(8))
+    it = buffer.batches(UniformSampler(seed=0), None, _FailsAt(10**9), 4, prefetch=2)
+    next(it)
+    time.sleep(0.3)  # the thread now waits for budget the caller will never add
+    started = time.monotonic()
+    it.close()
+    assert time.monotonic() - started < 30  # not the limiter's 60 s
+
+
+def test_the_stream_describes_the_batch_it_handed_out(buffer: ReplayBuffer) -> None:
+    buffer.store_batch(make_rows(100))
+    sampler = PrioritizedSampler(seed=0)
+    with buffer.batches(sampler, None, None, 8, prefetch=2, num_batches=5) as it:
+        for batch in it:
+            assert _wait_until(lambda: _filled(it) or it.batches == 5)
+            assert [r.id for r in batch] == it.last_info.ids
+            assert it.last_info.weights is not None and len(it.last_info.weights) == 8
+
+
+def test_close_from_another_thread_ends_a_waiting_next() -> None:
+    it = Prefetcher(lambda: time.sleep(0.2) or 1, prefetch=1)
+    got: list[object] = []
+    waiting = threading.Thread(target=lambda: got.append(next(it, "ended")), daemon=True)
+    it.close()
+    waiting.start()
+    waiting.join(30)
+    assert got == ["ended"]
+    it = Prefetcher(lambda: time.sleep(60) or 1, prefetch=1)  # a batch never made
+    waiting = threading.Thread(target=lambda: got.append(next(it, "ended")), daemon=True)
+    waiting.start()
+    time.sleep(0.1)
+    it.close()
+    waiting.join(30)
+    assert got == ["ended", "ended"]
+
+
 def test_the_prefetcher_on_its_own() -> None:
     counter = iter(range(100))
     with Prefetcher(lambda: next(counter), prefetch=3, num_batches=5) as it:

@@ -3,13 +3,17 @@ row sampled again costs a dictionary look-up instead of a read and a decode.
 
 Rows are written once and never change (priorities, claims, draw counts and versions live
 in tables of their own), and a key is never handed out twice in a database's life (see
-:mod:`expstore.db.row_ids`). So what was decoded for a key stays what the database holds
-under it for as long as the row exists, and the cache never has to ask whether an entry
-is stale. It never decides which rows a batch holds: a sampler chooses from the database
-every time (deleted, evicted, stale, spent and claimed rows are not chosen), and the cache
-only saves fetching and decoding the rows chosen. A database made anew under a running
-process (its buffer row created again, so keys may repeat) empties it: entries are kept
-under the storage's :attr:`~expstore.storage.base.Storage.identity`.
+:mod:`expstore.db.row_ids`; a database restored from a backup of itself hands out keys
+again under the same creation time: reopen its handles). So what was decoded for a key
+stays what the database holds under it for as long as the row exists, and the cache never
+has to ask whether an entry is stale. It never decides which rows a batch holds: a sampler
+chooses from the database every time (deleted, evicted, stale, spent and claimed rows are
+not chosen), and the cache only saves fetching and decoding the rows chosen. (A row
+deleted between the choice and the fetch: a read leaves it out and the caller chooses
+again; a hit returns it, as a read would had the delete committed just after it.) A
+database made anew under a running process (its buffer row created again, so keys may
+repeat) empties it: entries are kept under the storage's
+:attr:`~expstore.storage.base.Storage.identity`.
 
 An entry is one row: its id and what was fetched of it. Fields a converter reads are
 kept decoded, per field path, so converters reading different fields share entries; arrays
@@ -29,6 +33,7 @@ iterator and the trainer).
 from __future__ import annotations
 
 import copy
+import os
 import sys
 import threading
 from collections import OrderedDict
@@ -74,16 +79,23 @@ class CacheStats(NamedTuple):
 
 
 class _Entry:
-    """One row: its id, what is held of it per slot (a field path, or WHOLE for the row as
-    read), the stored arrays a whole row refers to by digest, and what it all costs."""
+    """One row: its id, what is held of it per slot (a field path; WHOLE for the whole
+    row, as read (:class:`_Raw`) or decoded), and what it all costs."""
 
-    __slots__ = ("arrays", "id", "nbytes", "values")
+    __slots__ = ("id", "nbytes", "values")
 
     def __init__(self, row_id: str) -> None:
         self.id = row_id
         self.values: dict[str | None, Any] = {}
-        self.arrays: dict[str, bytes] | None = None
         self.nbytes = _ENTRY_OVERHEAD + sys.getsizeof(row_id)
+
+
+class _Raw(NamedTuple):
+    """A whole row as read, with the stored arrays it refers to by digest (one value, so
+    a promotion in another thread replaces both at once)."""
+
+    row: tuple[Any, ...]
+    arrays: dict[str, bytes] | None
 
 
 #: The slots a fetch needs of an entry.
@@ -118,9 +130,12 @@ class RowCache:
         self.budget = check_int("cache_bytes", budget_bytes, minimum=0)
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._lock = threading.Lock()
+        self._pid = os.getpid()
         self._epoch: Hashable = None
         self._bytes = 0
         self._hits = self._misses = self._evictions = self._resets = 0
+        #: Per path, whether its last read came stacked (see :meth:`fetch_columns`).
+        self._stacked: dict[str, bool] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         # A storage sent to another process takes its budget, not its rows.
@@ -129,12 +144,22 @@ class RowCache:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["budget"])  # type: ignore[misc]
 
+    def _guard(self) -> threading.Lock:
+        """The lock, made anew (and the rows forgotten) in a process forked from the one
+        that made it: a thread of the parent (a prefetching stream) may have held it at
+        the fork, and would never release it here."""
+        if self._pid != os.getpid():
+            self._lock = threading.Lock()
+            self._pid = os.getpid()
+            self._forget_all()
+        return self._lock
+
     @property
     def enabled(self) -> bool:
         return self.budget > 0
 
     def stats(self) -> CacheStats:
-        with self._lock:
+        with self._guard():
             return CacheStats(
                 self.budget,
                 self._bytes,
@@ -147,12 +172,12 @@ class RowCache:
 
     def clear(self) -> None:
         """Forget every row (the counters stay)."""
-        with self._lock:
+        with self._guard():
             self._forget_all()
 
     def reset(self) -> None:
         """Forget every row because the database was made anew (counted in ``resets``)."""
-        with self._lock:
+        with self._guard():
             if self._entries:
                 self._resets += 1
             self._forget_all()
@@ -164,7 +189,7 @@ class RowCache:
     def resize(self, budget_bytes: int) -> None:
         """Set the budget (0 turns the cache off and empties it)."""
         budget = check_int("cache_bytes", budget_bytes, minimum=0)
-        with self._lock:
+        with self._guard():
             self.budget = budget
             self._shrink()
 
@@ -179,7 +204,7 @@ class RowCache:
     def _begin(self, epoch: Hashable, distinct: list[int], slot: Slots) -> dict[int, _Entry]:
         """The entries held of ``distinct`` keys with every slot, counted as hits (the rest
         as misses); another ``epoch`` than the last one's empties the cache first."""
-        with self._lock:
+        with self._guard():
             if epoch != self._epoch:
                 if self._entries:
                     self._resets += 1
@@ -207,11 +232,11 @@ class RowCache:
         raw: dict[int, tuple[Any, ...]] = {}  # to decode: held as read, and read now
         arrays: dict[str, bytes] = {}
         for key, entry in held.items():
-            value = entry.values[WHOLE]
-            if type(value) is tuple:
-                raw[key] = value
-                if entry.arrays:
-                    arrays.update(entry.arrays)
+            value = entry.values[WHOLE]  # (one read: a promotion replaces it whole)
+            if type(value) is _Raw:
+                raw[key] = value.row
+                if value.arrays:
+                    arrays.update(value.arrays)
             else:
                 ready[key] = value
         promote = list(raw)
@@ -223,12 +248,11 @@ class RowCache:
             for r in read:
                 r = tuple(r)
                 entry = fresh[r[0]] = _Entry(r[1])
-                entry.values[WHOLE] = raw[r[0]] = r
-                entry.nbytes += _footprint_raw(r)
-                if found:
-                    entry.arrays = {d: found[d] for d in source.digests_of(r) if d in found}
-                    entry.nbytes += sum(map(len, entry.arrays.values()))
-            with self._lock:
+                mine = {d: found[d] for d in source.digests_of(r) if d in found} if found else None
+                entry.values[WHOLE] = _Raw(r, mine)
+                raw[r[0]] = r
+                entry.nbytes += _footprint_raw(r) + sum(map(len, (mine or {}).values()))
+            with self._guard():
                 if epoch == self._epoch:
                     self._insert(fresh)
         made: dict[int, DataRow] = {}
@@ -249,18 +273,17 @@ class RowCache:
         self, epoch: Hashable, keys: list[int], rows: list[DataRow], sizes: list[int]
     ) -> None:
         """Keep these rows decoded (held as read until now); ``sizes``: what each takes."""
-        with self._lock:
+        with self._guard():
             if epoch != self._epoch:
                 return
             for key, row, size in zip(keys, rows, sizes, strict=True):
                 entry = self._entries.get(key)
-                if entry is None or type(entry.values.get(WHOLE)) is not tuple:
+                if entry is None or type(entry.values.get(WHOLE)) is not _Raw:
                     continue
                 before = entry.nbytes
-                entry.nbytes -= _footprint_raw(entry.values[WHOLE])
-                if entry.arrays:
-                    entry.nbytes -= sum(map(len, entry.arrays.values()))
-                    entry.arrays = None
+                entry.nbytes -= _footprint_raw(entry.values[WHOLE].row) + sum(
+                    map(len, (entry.values[WHOLE].arrays or {}).values())
+                )
                 entry.values[WHOLE] = row
                 entry.nbytes += size
                 self._bytes += entry.nbytes - before
@@ -286,6 +309,11 @@ class RowCache:
         missing = [k for k in distinct if k not in held]
         if missing:
             ids, columns = read(missing, paths, writable)
+            for path, values in zip(paths, columns, strict=True):
+                # Whether the database's values at this path came stacked (a tensor field
+                # the decoder stacks) or as a list (parts walked in Python, say): the
+                # cache hands them out in the same form.
+                self._stacked[path] = type(values) is np.ndarray
             if len(ids) != len(missing):
                 # A row chosen was deleted before this read: the batch is read whole, as
                 # without a cache (the caller chooses again; nothing of it is kept).
@@ -299,7 +327,11 @@ class RowCache:
             held.update(fresh)
         present = [k for k in wanted if k in held]
         ids = [held[k].id for k in present]
-        out = [_assemble([held[k].values[p] for k in present], writable) for p in paths]
+        stacked = self._stacked
+        out = [
+            _assemble([held[k].values[p] for k in present], writable, stacked.get(p, True))
+            for p in paths
+        ]
         return ids, out, hits
 
     def _held(self, distinct: list[int], slots: Slots) -> dict[int, _Entry]:
@@ -330,7 +362,7 @@ class RowCache:
             for path, values in zip(paths, columns, strict=True):
                 entry.values[path] = value = _frozen(values[i])
                 entry.nbytes += _footprint(value)
-        with self._lock:
+        with self._guard():
             if epoch == self._epoch:
                 self._insert(fresh)
         return fresh
@@ -345,8 +377,6 @@ class RowCache:
                 if kept:
                     entry.values.update(kept)
                     entry.nbytes += old.nbytes - _ENTRY_OVERHEAD
-                    if old.arrays and not entry.arrays:
-                        entry.arrays = old.arrays
             if entry.nbytes > self.budget:
                 continue
             entries[key] = entry
@@ -394,7 +424,7 @@ def _freeze(value: Any, size: list[int]) -> Any:
         size[0] += out.nbytes + 128
         return out
     if kind is str:
-        size[0] += 49 + len(value)
+        size[0] += sys.getsizeof(value)
         return value
     if kind in _IMMUTABLE or value is MISSING:
         size[0] += _SCALAR_BYTES
@@ -444,11 +474,12 @@ def copy_rows(
 _ROW_OVERHEAD = 3 * 400 + 12 * 60
 
 
-def _assemble(values: list[Any], writable: bool) -> Any:
-    """One path's values over the batch from the cache: an array whose first axis is the
-    rows when every value is an array of one dtype and shape (as a fetch stacks a tensor
-    field), else a list of copies (read-only arrays are shared when ``writable`` is off)."""
-    if values and all(type(v) is np.ndarray for v in values):
+def _assemble(values: list[Any], writable: bool, stack: bool = True) -> Any:
+    """One path's values over the batch from the cache: with ``stack``, an array whose
+    first axis is the rows when every value is an array of one dtype and shape (as a fetch
+    stacks a tensor field), else a list of copies (read-only arrays shared, as views, when
+    ``writable`` is off)."""
+    if stack and values and all(type(v) is np.ndarray for v in values):
         first = values[0]
         if all(v.dtype == first.dtype and v.shape == first.shape for v in values):
             return np.stack(values)

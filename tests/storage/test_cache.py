@@ -5,6 +5,9 @@ it, each batch the caller's own, never a row the database would not have chosen.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -238,7 +241,7 @@ def test_rows_as_cached_decode_like_rows_read(buffer: ReplayBuffer) -> None:
             {
                 "exp_meta": {"task_id": "t", "agent_id": "a", "step": i},
                 "exp_data": {
-                    "state": {"img": np.full((64, 64, 8), i, np.uint8)},  # stored by digest
+                    "state": {"img": np.full((128, 128, 8), i, np.uint8)},  # by digest (128 KiB)
                     "actions": [{"click": [i, i]}],
                     "messages": [{"role": "user", "content": f"m{i}"}],
                     "reward_t": 1.0,
@@ -249,14 +252,71 @@ def test_rows_as_cached_decode_like_rows_read(buffer: ReplayBuffer) -> None:
     ]
     buffer.store_batch(rows)
     keys = buffer.storage.key_index()["key"]
+    assert buffer.array_stats()[0] == 3  # the images are stored by digest
     cold = buffer.storage.fetch(keys).rows
-    warm = buffer.storage.fetch(keys).rows
-    assert cold is not None and warm is not None
-    assert buffer.cache_stats().hits == 3
-    for c, w, r in zip(cold, warm, rows, strict=True):
-        assert c == w and w.id == r.id
-        assert np.array_equal(w.exp_data.state["img"], r.exp_data.state["img"])
-        assert w.exp_data.state["img"] is not c.exp_data.state["img"]
+    for _ in range(2):  # the first hit decodes what was read, the next copies it decoded
+        warm = buffer.storage.fetch(keys).rows
+        assert cold is not None and warm is not None
+        for c, w, r in zip(cold, warm, rows, strict=True):
+            assert c == w and w.id == r.id
+            assert np.array_equal(w.exp_data.state["img"], r.exp_data.state["img"])
+            assert w.exp_data.state["img"] is not c.exp_data.state["img"]
+    assert buffer.cache_stats().hits == 6
+
+
+def test_text_is_counted_by_what_it_takes(buffer: ReplayBuffer) -> None:
+    """A string of wide characters takes 2-4 bytes a character: the budget counts that."""
+    text = "\u6587\u5b57\U0001f600" * 3000
+    buffer.store(make_row("t", "agent0", 0, state={"text": text}))
+    key = buffer.storage.key_index()["key"][-1]
+    for _ in range(2):  # read, then decoded on its first hit
+        buffer.storage.fetch([key])
+    assert buffer.cache_stats().bytes >= sys.getsizeof(text)
+
+
+def test_values_come_in_the_form_the_database_gave(buffer: ReplayBuffer) -> None:
+    """A path the database cannot follow (a key with a quote) comes as a list of arrays,
+    not stacked: the same from the cache."""
+    buffer.store_batch(
+        [make_row("t", "agent0", i, state={'a"b': np.full(3, i, np.float32)}) for i in range(4)]
+    )
+    keys = buffer.storage.key_index()["key"]
+    path = ['exp_data.state.a"b']
+    cold = (buffer.storage.fetch(keys, path).columns or [])[0]
+    warm = (buffer.storage.fetch(keys, path).columns or [])[0]
+    assert buffer.cache_stats().hits == 4
+    assert type(cold) is type(warm)
+    assert [np.asarray(v).tolist() for v in cold] == [np.asarray(v).tolist() for v in warm]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_while_another_thread_holds_the_cache_can_fetch(tmp_path: Path) -> None:
+    with ReplayBuffer(f"sqlite:///{tmp_path / 'f.db'}", name="b") as buf:
+        buf.store_batch(make_rows(10))
+        keys = buf.storage.key_index()["key"]
+        buf.storage.fetch(keys)
+        lock = buf.sql.row_cache._lock
+        held, release = threading.Event(), threading.Event()
+
+        def prefetching() -> None:  # a draw inside the cache's lock at the fork
+            with lock:
+                held.set()
+                release.wait()
+
+        threading.Thread(target=prefetching, daemon=True).start()
+        held.wait()
+        child = mp.get_context("fork").Process(target=_fetch_all, args=(buf,))
+        child.start()
+        release.set()
+        child.join(120)
+        if child.is_alive():
+            child.kill()
+        assert child.exitcode == 0
+
+
+def _fetch_all(buf: ReplayBuffer) -> None:
+    rows = buf.storage.fetch(buf.storage.key_index()["key"]).rows
+    assert rows is not None and len(rows) == 10
 
 
 def test_the_cache_itself() -> None:
