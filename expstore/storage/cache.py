@@ -53,6 +53,12 @@ __all__ = ["DEFAULT_CACHE_BYTES", "CacheStats", "RawRows", "RowCache", "copy_val
 #: observation; ``cache_bytes=0`` turns the cache off.
 DEFAULT_CACHE_BYTES = 256 * 2**20
 
+#: What one key noted as read once takes (a set's slot and an int): the note of keys
+#: read once (the doorkeeper, see RowCache._admitted) gets a sixteenth of the budget.
+_SEEN_KEY_BYTES = 64
+#: ... and notes at least this many keys (a budget under 4 MiB notes more than its share).
+_SEEN_KEYS_MIN = 4096
+
 #: The entry's slot for the whole row (a fetch without paths).
 WHOLE = None
 
@@ -136,6 +142,8 @@ class RowCache:
         self._hits = self._misses = self._evictions = self._resets = 0
         #: Per path, whether its last read came stacked (see :meth:`fetch_columns`).
         self._stacked: dict[str, bool] = {}
+        #: Keys of fields read once (see :meth:`_admitted`).
+        self._seen: set[int] = set()
 
     def __getstate__(self) -> dict[str, Any]:
         # A storage sent to another process takes its budget, not its rows.
@@ -184,6 +192,7 @@ class RowCache:
 
     def _forget_all(self) -> None:
         self._entries.clear()
+        self._seen.clear()
         self._bytes = 0
 
     def resize(self, budget_bytes: int) -> None:
@@ -195,7 +204,8 @@ class RowCache:
 
     def _shrink(self) -> None:
         entries = self._entries
-        while self._bytes > self.budget and entries:
+        limit = self.budget - self.budget // 16  # (the rest: the note of keys read once)
+        while self._bytes > limit and entries:
             _, old = entries.popitem(last=False)
             self._bytes -= old.nbytes
             self._evictions += 1
@@ -324,6 +334,11 @@ class RowCache:
                 # Nothing came from the cache and no row repeats: what was read is the
                 # answer (the cache kept copies of its own).
                 return ids, columns, []
+            for i, key in enumerate(missing):
+                if key not in fresh:  # not admitted: in this batch only, as read
+                    entry = fresh[key] = _Entry(ids[i])
+                    for path, values in zip(paths, columns, strict=True):
+                        entry.values[path] = values[i]
             held.update(fresh)
         present = [k for k in wanted if k in held]
         ids = [held[k].id for k in present]
@@ -353,11 +368,14 @@ class RowCache:
         columns: list[Any],
         paths: Sequence[str],
     ) -> dict[int, _Entry]:
-        """Entries for the fields just read (``keys`` aligned with ``ids``), copies of
-        their own with arrays read-only, kept within the budget; returned whether kept or
-        not (a batch may outgrow the budget)."""
+        """Entries for the fields just read (``keys`` aligned with ``ids``) that were read
+        before (see :meth:`_admitted`): copies of their own with arrays read-only, kept
+        within the budget, and returned whether kept or not (a batch may outgrow it)."""
         fresh: dict[int, _Entry] = {}
+        admitted = self._admitted(keys)
         for i, (key, row_id) in enumerate(zip(keys, ids, strict=True)):
+            if i not in admitted:
+                continue
             entry = fresh[key] = _Entry(row_id)
             for path, values in zip(paths, columns, strict=True):
                 entry.values[path] = value = _frozen(values[i])
@@ -366,6 +384,22 @@ class RowCache:
             if epoch == self._epoch:
                 self._insert(fresh)
         return fresh
+
+    def _admitted(self, keys: list[int]) -> set[int]:
+        """The positions of ``keys`` read once before (kept now); the others are noted.
+
+        A row is kept on its second read, not its first (a doorkeeper, as TinyLFU's): a
+        copy per row read costs a cold sample about a tenth of its time, and rows drawn
+        once in a long while (a buffer much larger than the budget, uniform draws) would
+        only churn the cache. The note is a set of keys, emptied when full: a sixteenth of
+        the budget, at :data:`_SEEN_KEY_BYTES` a key (the rows get the rest)."""
+        with self._guard():
+            seen = self._seen
+            admitted = {i for i, key in enumerate(keys) if key in seen}
+            if len(seen) + len(keys) > max(_SEEN_KEYS_MIN, self.budget // 16 // _SEEN_KEY_BYTES):
+                seen.clear()
+            seen.update(keys)
+            return admitted
 
     def _insert(self, fresh: dict[int, _Entry]) -> None:
         entries = self._entries
@@ -377,7 +411,7 @@ class RowCache:
                 if kept:
                     entry.values.update(kept)
                     entry.nbytes += old.nbytes - _ENTRY_OVERHEAD
-            if entry.nbytes > self.budget:
+            if entry.nbytes > self.budget - self.budget // 16:
                 continue
             entries[key] = entry
             self._bytes += entry.nbytes

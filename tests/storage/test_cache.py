@@ -40,20 +40,25 @@ def test_a_row_sampled_again_comes_from_the_cache(buffer: ReplayBuffer) -> None:
     keys = buffer.storage.key_index()["key"][:10]
     first = buffer.storage.fetch(keys, FIELDS.paths)
     stats = buffer.cache_stats()
-    assert (stats.hits, stats.misses, stats.rows) == (0, 10, 10)
-    assert 0 < stats.bytes <= stats.budget_bytes
-    again = buffer.storage.fetch(keys[::-1], FIELDS.paths)
+    assert (stats.hits, stats.misses, stats.rows) == (0, 10, 0)  # noted, not kept
+    buffer.storage.fetch(keys[:6], FIELDS.paths)  # read again: kept
     stats = buffer.cache_stats()
-    assert (stats.hits, stats.misses) == (10, 10) and stats.hit_rate == 0.5
+    assert (stats.hits, stats.misses, stats.rows) == (0, 16, 6)
+    assert 0 < stats.bytes <= stats.budget_bytes
+    again = buffer.storage.fetch(keys[::-1], FIELDS.paths)  # 6 held, 4 kept now
     assert again.ids == first.ids[::-1]
     for got, want in zip(again.columns or [], first.columns or [], strict=True):
         assert np.array_equal(np.asarray(got), np.asarray(want)[::-1])
+    stats = buffer.cache_stats()
+    assert (stats.hits, stats.misses, stats.rows) == (6, 20, 10)
+    buffer.storage.fetch(keys, FIELDS.paths)
+    assert buffer.cache_stats().hits == 16 and buffer.cache_stats().hit_rate == 16 / 36
     # A converter reading fewer fields is served by the same entries; one reading another
     # field reads only that row's fields again, into the same entry.
     buffer.storage.fetch(keys[:3], ["exp_data.state.i"])
-    assert buffer.cache_stats().hits == 13
+    assert buffer.cache_stats().hits == 19
     buffer.storage.fetch(keys[:3], ["exp_data.state.url"])
-    assert buffer.cache_stats().misses == 13 and buffer.cache_stats().rows == 10
+    assert buffer.cache_stats().misses == 23 and buffer.cache_stats().rows == 10
 
 
 @pytest.mark.parametrize("sampler_name", ["uniform", "prioritized", "recency"])
@@ -127,8 +132,9 @@ def test_the_cache_stays_within_its_budget(db_url: str, buffer_name: str) -> Non
         buf.store_batch(make_rows(200, tensor=True))
         keys = buf.storage.key_index()["key"]
         for start in range(0, 200, 25):
-            fetched = buf.storage.fetch(keys[start : start + 25], FIELDS.paths)
-            assert fetched.ids and buf.cache_stats().bytes <= 20_000
+            for _ in range(2):  # (a row is kept when it is read again)
+                fetched = buf.storage.fetch(keys[start : start + 25], FIELDS.paths)
+                assert fetched.ids and buf.cache_stats().bytes <= 20_000
         stats = buf.cache_stats()
         assert stats.evictions > 0 and 0 < stats.rows < 200
         # The most recent rows are held; the first ones went.
@@ -214,8 +220,9 @@ def test_a_database_made_anew_empties_the_cache(tmp_path: Path) -> None:
     url = f"sqlite:///{path}"
     with ReplayBuffer(url, name="b") as buf:
         buf.store_batch(make_rows(5, tensor=True))
-        buf.sample(UniformSampler(seed=0), None, FIELDS, 5)
-        assert buf.cache_stats().rows > 0
+        buf.storage.fetch(buf.storage.key_index()["key"], FIELDS.paths)
+        buf.storage.fetch(buf.storage.key_index()["key"], FIELDS.paths)
+        assert buf.cache_stats().rows == 5
         path.unlink()
         buf.storage.close()
         with ReplayBuffer(url, name="b") as other:  # another database, keys from 1 again
@@ -283,6 +290,7 @@ def test_values_come_in_the_form_the_database_gave(buffer: ReplayBuffer) -> None
     keys = buffer.storage.key_index()["key"]
     path = ['exp_data.state.a"b']
     cold = (buffer.storage.fetch(keys, path).columns or [])[0]
+    buffer.storage.fetch(keys, path)  # kept
     warm = (buffer.storage.fetch(keys, path).columns or [])[0]
     assert buffer.cache_stats().hits == 4
     assert type(cold) is type(warm)
@@ -333,12 +341,14 @@ def test_the_cache_itself() -> None:
 
     ids, cols, hits = cache.fetch_columns("e", [1, 2, 2, 3], ["p"], True, read)
     assert ids == ["id1", "id2", "id2", "id3"] and cols[0][:, 0].tolist() == [1, 2, 2, 3]
-    assert calls == [[1, 2, 3]] and hits == []
+    assert calls == [[1, 2, 3]] and hits == [] and cache.stats().rows == 0  # noted
+    ids, cols, hits = cache.fetch_columns("e", [3, 4], ["p"], True, read)
+    assert calls[-1] == [3, 4] and hits == [] and cache.stats().rows == 1  # 3 kept
     ids, cols, hits = cache.fetch_columns("e", [3, 4], ["p"], True, read)
     assert calls[-1] == [4] and hits == [(3, "id3")] and ids == ["id3", "id4"]
-    assert cols[0][:, 0].tolist() == [3, 4]
+    assert cols[0][:, 0].tolist() == [3, 4] and cache.stats().rows == 2
     cache.fetch_columns("other", [3], ["p"], True, read)  # another epoch: emptied first
-    assert calls[-1] == [3] and cache.stats().resets == 1
+    assert calls[-1] == [3] and cache.stats().resets == 1 and cache.stats().rows == 0
 
 
 # -- processes deleting, evicting, claiming and setting versions while one samples --------
