@@ -234,7 +234,7 @@ class RowCache:
         A row read is kept as read (no copy: the cold path costs what it did); the first
         time it is served again it is decoded with the rows read and kept decoded from
         then on (a frozen copy), so later hits cost a copy, not a decode."""
-        wanted = [int(k) for k in keys]
+        wanted = _key_list(keys)
         distinct = list(dict.fromkeys(wanted))
         held = self._begin(epoch, distinct, _WHOLE_SLOT)
         hits = [(k, e.id) for k, e in held.items()]
@@ -311,29 +311,29 @@ class RowCache:
         order, repeats kept, rows not found left out) as ``read`` gives them, those held
         from the cache, only the others read (and kept); ``hits`` are the ``(key, id)``
         pairs the cache served."""
-        wanted = [int(k) for k in keys]
+        wanted = _key_list(keys)
         distinct = list(dict.fromkeys(wanted))
         slots = frozenset(paths)
         held = self._begin(epoch, distinct, slots)
+        if not held:
+            # Nothing held (a cold cache, a large buffer): what is read is the answer, and
+            # the cache keeps copies of its own of the rows it admits.
+            ids, columns = read(wanted, paths, writable)
+            self._learn_forms(paths, columns)
+            if len(ids) == len(wanted):  # (else rows went: the caller chooses again)
+                at = None if len(distinct) == len(wanted) else _first_places(wanted)
+                self._keep(epoch, distinct, ids, columns, paths, at)
+            return ids, columns, []
         hits = [(k, e.id) for k, e in held.items()]
         missing = [k for k in distinct if k not in held]
         if missing:
             ids, columns = read(missing, paths, writable)
-            for path, values in zip(paths, columns, strict=True):
-                # Whether the database's values at this path came stacked (a tensor field
-                # the decoder stacks) or as a list (parts walked in Python, say): the
-                # cache hands them out in the same form.
-                self._stacked[path] = type(values) is np.ndarray
+            self._learn_forms(paths, columns)
             if len(ids) != len(missing):
                 # A row chosen was deleted before this read: the batch is read whole, as
                 # without a cache (the caller chooses again; nothing of it is kept).
                 return (*read(wanted, paths, writable), [])
-            with collector_paused():
-                fresh = self._keep(epoch, missing, ids, columns, paths)
-            if not held and len(distinct) == len(wanted):
-                # Nothing came from the cache and no row repeats: what was read is the
-                # answer (the cache kept copies of its own).
-                return ids, columns, []
+            fresh = self._keep(epoch, missing, ids, columns, paths)
             for i, key in enumerate(missing):
                 if key not in fresh:  # not admitted: in this batch only, as read
                     entry = fresh[key] = _Entry(ids[i])
@@ -348,6 +348,13 @@ class RowCache:
             for p in paths
         ]
         return ids, out, hits
+
+    def _learn_forms(self, paths: Sequence[str], columns: list[Any]) -> None:
+        """Note whether the database's values at each path came stacked (a tensor field
+        the decoder stacks) or as a list (parts walked in Python, say): the cache hands
+        them out in the same form."""
+        for path, values in zip(paths, columns, strict=True):
+            self._stacked[path] = type(values) is np.ndarray
 
     def _held(self, distinct: list[int], slots: Slots) -> dict[int, _Entry]:
         """The entries of ``distinct`` keys that hold every slot, moved to the recent end."""
@@ -367,26 +374,37 @@ class RowCache:
         ids: list[str],
         columns: list[Any],
         paths: Sequence[str],
+        at: dict[int, int] | None = None,
     ) -> dict[int, _Entry]:
-        """Entries for the fields just read (``keys`` aligned with ``ids``) that were read
-        before (see :meth:`_admitted`): copies of their own with arrays read-only, kept
-        within the budget, and returned whether kept or not (a batch may outgrow it)."""
+        """Entries for the fields just read of the distinct ``keys`` (at positions ``at``
+        of ``ids`` and the columns, by default one after the other) that were read before
+        (see :meth:`_admitted`): copies of their own with arrays read-only, kept within
+        the budget, and returned whether kept or not (a batch may outgrow it)."""
         fresh: dict[int, _Entry] = {}
         admitted = self._admitted(keys)
-        for i, (key, row_id) in enumerate(zip(keys, ids, strict=True)):
-            if i not in admitted:
-                continue
-            entry = fresh[key] = _Entry(row_id)
-            for path, values in zip(paths, columns, strict=True):
-                entry.values[path] = value = _frozen(values[i])
-                entry.nbytes += _footprint(value)
+        if not admitted:
+            return fresh
+        where = at
+        if where is None:  # (a few admitted: look them up; many: index them all)
+            where = (
+                {key: keys.index(key) for key in admitted}
+                if len(admitted) <= 8
+                else {key: i for i, key in enumerate(keys)}
+            )
+        with collector_paused():
+            for key in admitted:
+                i = where[key]
+                entry = fresh[key] = _Entry(ids[i])
+                for path, values in zip(paths, columns, strict=True):
+                    entry.values[path] = value = _frozen(values[i])
+                    entry.nbytes += _footprint(value)
         with self._guard():
             if epoch == self._epoch:
                 self._insert(fresh)
         return fresh
 
     def _admitted(self, keys: list[int]) -> set[int]:
-        """The positions of ``keys`` read once before (kept now); the others are noted.
+        """Those of the distinct ``keys`` read once before (kept now); all are noted.
 
         A row is kept on its second read, not its first (a doorkeeper, as TinyLFU's): a
         copy per row read costs a cold sample about a tenth of its time, and rows drawn
@@ -395,7 +413,7 @@ class RowCache:
         the budget, at :data:`_SEEN_KEY_BYTES` a key (the rows get the rest)."""
         with self._guard():
             seen = self._seen
-            admitted = {i for i, key in enumerate(keys) if key in seen}
+            admitted = seen.intersection(keys)
             if len(seen) + len(keys) > max(_SEEN_KEYS_MIN, self.budget // 16 // _SEEN_KEY_BYTES):
                 seen.clear()
             seen.update(keys)
@@ -416,6 +434,18 @@ class RowCache:
             entries[key] = entry
             self._bytes += entry.nbytes
         self._shrink()
+
+
+def _key_list(keys: Sequence[int] | np.ndarray) -> list[int]:
+    return keys.tolist() if isinstance(keys, np.ndarray) else [int(k) for k in keys]
+
+
+def _first_places(wanted: list[int]) -> dict[int, int]:
+    """Each key's first position in ``wanted``."""
+    places: dict[int, int] = {}
+    for i, key in enumerate(wanted):
+        places.setdefault(key, i)
+    return places
 
 
 # -- copies and sizes ----------------------------------------------------------------------
