@@ -205,6 +205,7 @@ def vs_torchrl(args: argparse.Namespace, torchrl: TorchRL | None) -> None:
             build(url, name, n, dim)
             budget = int(n * (dim * 4 + 700) * 1.2) + (64 << 20)
             warm = ReplayBuffer(url, name=name, cache_bytes=budget)
+            cold = ReplayBuffer(url, name=name, cache_bytes=budget)  # emptied before each call
             off = ReplayBuffer(url, name=name, cache_bytes=0)
             started = time.perf_counter()
             warm_all(warm, converter.paths)
@@ -228,8 +229,8 @@ def vs_torchrl(args: argparse.Namespace, torchrl: TorchRL | None) -> None:
                 ),
                 "expstore cold": partial(
                     cold_median,
-                    warm,
-                    partial(warm.sample, UniformSampler(seed=1), None, converter, BATCH),
+                    cold,
+                    partial(cold.sample, UniformSampler(seed=1), None, converter, BATCH),
                     args.repeats,
                 ),
             }
@@ -252,6 +253,7 @@ def vs_torchrl(args: argparse.Namespace, torchrl: TorchRL | None) -> None:
                 f"warm / off: {med['expstore warm'] / med['expstore off']:.3f}x"
             )
             warm.close()
+            cold.close()
             off.close()
 
 
@@ -276,6 +278,7 @@ def aworld_backend(args: argparse.Namespace, backend: str) -> None:
             url = url.replace(".db", "_json.db")
         build(url, name, n, dim, json_bytes=300)
         buffer = ReplayBuffer(url, name=name, cache_bytes=1 << 30)
+        cold = ReplayBuffer(url, name=name, cache_bytes=1 << 30)  # emptied before each call
         off = ReplayBuffer(url, name=name, cache_bytes=0)
         doc_bytes = len(buffer.storage._reader.read_raw([1])[0][0][columns.index("data")])
         engine = create_sql_engine(buffer.storage.url)
@@ -317,8 +320,8 @@ def aworld_backend(args: argparse.Namespace, backend: str) -> None:
                 ),
                 "sample cold": partial(
                     cold_median,
-                    buffer,
-                    partial(buffer.sample, UniformSampler(seed=2), None, None, BATCH),
+                    cold,
+                    partial(cold.sample, UniformSampler(seed=2), None, None, BATCH),
                     args.repeats,
                 ),
                 "sample off": partial(
@@ -343,6 +346,7 @@ def aworld_backend(args: argparse.Namespace, backend: str) -> None:
         connection.close()
         engine.dispose()
         buffer.close()
+        cold.close()
         off.close()
 
 

