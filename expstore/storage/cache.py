@@ -231,8 +231,8 @@ class RowCache:
         """``(rows, hits)``: the whole rows with ``keys`` (in order, repeats kept, rows not
         found left out); ``hits`` are the ``(key, id)`` pairs the cache served.
 
-        A row read is kept as read (no copy: the cold path costs what it did); the first
-        time it is served again it is decoded with the rows read and kept decoded from
+        A row read again (see :meth:`_admitted`) is kept as read (no copy); the first time
+        it is served from the cache it is decoded with the rows read and kept decoded from
         then on (a frozen copy), so later hits cost a copy, not a decode."""
         wanted = _key_list(keys)
         distinct = list(dict.fromkeys(wanted))
@@ -254,17 +254,24 @@ class RowCache:
         if missing:
             read, found = source.read_raw(missing)
             arrays.update(found)
-            fresh: dict[int, _Entry] = {}
-            for r in read:
-                r = tuple(r)
-                entry = fresh[r[0]] = _Entry(r[1])
-                mine = {d: found[d] for d in source.digests_of(r) if d in found} if found else None
-                entry.values[WHOLE] = _Raw(r, mine)
-                raw[r[0]] = r
-                entry.nbytes += _footprint_raw(r) + sum(map(len, (mine or {}).values()))
-            with self._guard():
-                if epoch == self._epoch:
-                    self._insert(fresh)
+            raw.update((r[0], r) for r in read)
+            admitted = self._admitted(missing)  # (kept on their second read)
+            if admitted:
+                fresh: dict[int, _Entry] = {}
+                for key in admitted:
+                    r = raw.get(key)
+                    if r is None:  # (deleted since it was chosen)
+                        continue
+                    r = raw[key] = tuple(r)
+                    entry = fresh[key] = _Entry(r[1])
+                    mine = (
+                        {d: found[d] for d in source.digests_of(r) if d in found} if found else None
+                    )
+                    entry.values[WHOLE] = _Raw(r, mine)
+                    entry.nbytes += _footprint_raw(r) + sum(map(len, (mine or {}).values()))
+                with self._guard():
+                    if epoch == self._epoch:
+                        self._insert(fresh)
         made: dict[int, DataRow] = {}
         if raw:
             order = list(raw)
