@@ -38,6 +38,7 @@ import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
+from itertools import repeat
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -129,12 +130,244 @@ class RawRows(Protocol):
         """The digests of the stored arrays one raw row refers to."""
 
 
+#: The slab of a path whose values are floats, or ints (within int64).
+_FLOAT_SPEC: tuple[np.dtype[Any], tuple[int, ...]] = (np.dtype(np.float64), ())
+_INT_SPEC: tuple[np.dtype[Any], tuple[int, ...]] = (np.dtype(np.int64), ())
+
+#: What a row held by slot costs beside its values: its key in the map, its slot's
+#: places in the lists and arrays.
+_SLOT_OVERHEAD = 200
+
+
+class _Column:
+    """One path's values by slot: in a slab (one array whose first axis is the slots)
+    when they are arrays of the path's first dtype and shape, else as objects."""
+
+    __slots__ = ("held", "in_slab", "objects", "slab", "spec")
+
+    def __init__(self, capacity: int) -> None:
+        self.held = np.zeros(capacity, bool)
+        self.in_slab = np.zeros(capacity, bool)
+        self.objects: list[Any] = [None] * capacity
+        self.slab: np.ndarray | None = None
+        self.spec: tuple[np.dtype[Any], tuple[int, ...]] | None = None
+
+    def grow(self, capacity: int) -> None:
+        extra = capacity - len(self.held)
+        self.held = np.concatenate([self.held, np.zeros(extra, bool)])
+        self.in_slab = np.concatenate([self.in_slab, np.zeros(extra, bool)])
+        self.objects.extend([None] * extra)
+        if self.slab is not None:
+            slab = np.empty((capacity, *self.slab.shape[1:]), self.slab.dtype)
+            slab[: len(self.slab)] = self.slab
+            self.slab = slab
+
+    def fits(self, value: Any) -> bool:
+        """Whether ``value`` goes in the slab, made for the first value that comes: an
+        array (its dtype and shape), or a float or an int (a column's: float64 or int64,
+        handed back as Python numbers)."""
+        kind = type(value)
+        if kind is np.ndarray:
+            if value.dtype.hasobject:
+                return False
+            spec = (value.dtype, value.shape)
+        elif kind is float:
+            spec = _FLOAT_SPEC
+        elif kind is int and -(2**63) <= value < 2**63:
+            spec = _INT_SPEC
+        else:
+            return False
+        if self.spec is None:
+            self.spec = spec
+            self.slab = np.empty((len(self.held), *spec[1]), spec[0])
+        return self.spec == spec
+
+    @property
+    def scalars(self) -> bool:
+        """Whether the slab holds Python numbers (handed back as such)."""
+        return self.spec is _FLOAT_SPEC or self.spec is _INT_SPEC
+
+
+class _Fields:
+    """Fields of rows by slot: a map from key to slot, and per path a :class:`_Column`.
+    A batch of rows held is found with one pass of the map and gathered from a slab with
+    one numpy take (no Python object per row to touch). Forgotten by CLOCK: a slot used
+    since the hand last passed is spared once. The caller holds the cache's lock."""
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        self.slot_of: dict[int, int] = {}
+        self.key_at: list[int] = []  # per slot ever made: its key, -1 when free
+        self.id_at: list[str] = []  # its row's id, "" when free
+        self.ref = np.zeros(0, bool)
+        self.size = np.zeros(0, np.int64)
+        self.columns: dict[str, _Column] = {}
+        self.free: list[int] = []
+        self.hand = 0
+        self.bytes = 0
+        self.used = 0
+
+    def find(self, keys: list[int], paths: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """``(slots, ok)`` for ``keys``: each one's slot (-1: none) and whether it holds
+        every path; the slots held are marked used."""
+        slots = np.fromiter(map(self.slot_of.get, keys, repeat(-1)), np.intp, len(keys))
+        ok = slots >= 0
+        if ok.any():
+            safe = np.where(ok, slots, 0)
+            for path in paths:
+                column = self.columns.get(path)
+                if column is None:
+                    ok[:] = False
+                    break
+                ok &= column.held[safe]
+            self.ref[slots[ok]] = True
+        return slots, ok
+
+    def gather(
+        self, path: str, slots: np.ndarray, writable: bool, stack: bool, *, listed: bool = False
+    ) -> Any:
+        """The values at ``path`` of ``slots``: one array taken from the slab when all are
+        there (and ``stack``), else a list of copies (read-only arrays as views when not
+        ``writable``)."""
+        column = self.columns[path]
+        slab = column.slab
+        if slab is not None and column.in_slab[slots].all():
+            if column.scalars:
+                return slab[slots].tolist()  # Python numbers, as a column is read
+            if not listed and stack:
+                return slab[slots]  # (a new array: a take copies)
+        out: list[Any] = []
+        for slot in slots.tolist():
+            if column.in_slab[slot]:
+                assert slab is not None
+                if column.scalars:
+                    out.append(slab[slot].item())
+                    continue
+                value = slab[slot].copy()  # (a view would let the caller write the slab)
+                value.flags.writeable = writable  # (as a read gives it)
+                out.append(value)
+                continue
+            value = column.objects[slot]
+            if type(value) is np.ndarray and not writable:
+                out.append(value.view())
+            else:
+                out.append(copy_value(value))
+        return out
+
+    def put(
+        self,
+        keys: list[int],
+        ids: list[str],
+        columns: list[Any],
+        paths: Sequence[str],
+        at: list[int],
+    ) -> None:
+        """Hold the values of ``keys`` at ``paths``: ``columns[j][at[i]]`` is key i's value
+        at path j (a path a row holds already is left as it is: rows never change)."""
+        slots = np.array([self._slot(k, i) for k, i in zip(keys, ids, strict=True)], np.intp)
+        places = np.array(at, np.intp)
+        for path, values in zip(paths, columns, strict=True):
+            column = self.columns.get(path)
+            if column is None:
+                column = self.columns[path] = _Column(len(self.ref))
+            new = ~column.held[slots]
+            into, of = slots[new], places[new]
+            if not len(into):
+                continue
+            if type(values) is np.ndarray and column.fits(values[of[0]]):
+                assert column.slab is not None
+                column.slab[into] = values[of]  # one copy for the whole batch
+                column.in_slab[into] = True
+                column.held[into] = True
+                row_bytes = values[of[0]].nbytes
+                self.size[into] += row_bytes
+                self.bytes += row_bytes * len(into)
+                continue
+            for slot, i in zip(into.tolist(), of.tolist(), strict=True):
+                value = values[i]
+                if column.fits(value):
+                    assert column.slab is not None
+                    column.slab[slot] = value
+                    column.in_slab[slot] = True
+                    size = int(column.slab[slot].nbytes) or 8
+                else:
+                    column.objects[slot] = value = _frozen(value)
+                    size = _footprint(value)
+                column.held[slot] = True
+                self.size[slot] += size
+                self.bytes += size
+
+    def _slot(self, key: int, row_id: str) -> int:
+        slot = self.slot_of.get(key)
+        if slot is not None:
+            return slot
+        if self.free:
+            slot = self.free.pop()
+        else:
+            slot = len(self.key_at)
+            self.key_at.append(-1)
+            self.id_at.append("")
+            if slot >= len(self.ref):
+                self._grow(max(64, len(self.ref) * 3 // 2))
+        self.slot_of[key] = slot
+        self.key_at[slot] = key
+        self.id_at[slot] = row_id
+        self.ref[slot] = True
+        size = _SLOT_OVERHEAD + sys.getsizeof(row_id)
+        self.size[slot] = size
+        self.bytes += size
+        self.used += 1
+        return slot
+
+    def _grow(self, capacity: int) -> None:
+        extra = capacity - len(self.ref)
+        self.ref = np.concatenate([self.ref, np.zeros(extra, bool)])
+        self.size = np.concatenate([self.size, np.zeros(extra, np.int64)])
+        for column in self.columns.values():
+            column.grow(capacity)
+
+    def evict_to(self, limit: int) -> int:
+        """Forget slots by CLOCK until the bytes held are at most ``limit``; how many."""
+        count = len(self.key_at)
+        evicted = 0
+        while self.bytes > limit and self.used:
+            slot = self.hand
+            self.hand = (slot + 1) % count
+            if self.key_at[slot] < 0:
+                continue
+            if self.ref[slot]:
+                self.ref[slot] = False
+                continue
+            self._forget(slot)
+            evicted += 1
+        return evicted
+
+    def _forget(self, slot: int) -> None:
+        del self.slot_of[self.key_at[slot]]
+        self.key_at[slot] = -1
+        self.id_at[slot] = ""
+        for column in self.columns.values():
+            column.held[slot] = False
+            column.in_slab[slot] = False
+            column.objects[slot] = None
+        self.bytes -= int(self.size[slot])
+        self.size[slot] = 0
+        self.ref[slot] = False
+        self.free.append(slot)
+        self.used -= 1
+
+
 class RowCache:
     """A byte-bounded LRU of decoded rows for one storage (see the module's text)."""
 
     def __init__(self, budget_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         self.budget = check_int("cache_bytes", budget_bytes, minimum=0)
+        #: Whole rows, least recently used first.
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
+        #: Fields by slot (see :class:`_Fields`).
+        self._fields = _Fields()
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._epoch: Hashable = None
@@ -170,8 +403,8 @@ class RowCache:
         with self._guard():
             return CacheStats(
                 self.budget,
-                self._bytes,
-                len(self._entries),
+                self._bytes + self._fields.bytes,
+                len(self._entries) + self._fields.used,
                 self._hits,
                 self._misses,
                 self._evictions,
@@ -186,12 +419,13 @@ class RowCache:
     def reset(self) -> None:
         """Forget every row because the database was made anew (counted in ``resets``)."""
         with self._guard():
-            if self._entries:
+            if self._entries or self._fields.used:
                 self._resets += 1
             self._forget_all()
 
     def _forget_all(self) -> None:
         self._entries.clear()
+        self._fields.clear()
         self._seen.clear()
         self._bytes = 0
 
@@ -203,9 +437,15 @@ class RowCache:
             self._shrink()
 
     def _shrink(self) -> None:
-        entries = self._entries
-        limit = self.budget - self.budget // 16  # (the rest: the note of keys read once)
-        while self._bytes > limit and entries:
+        """Forget rows until what is held fits the budget (less the note of keys read
+        once): from whole rows (least recently used first) or fields (CLOCK), whichever
+        holds more."""
+        entries, fields = self._entries, self._fields
+        limit = self.budget - self.budget // 16
+        while self._bytes + fields.bytes > limit and (entries or fields.used):
+            if fields.bytes >= self._bytes:
+                self._evictions += fields.evict_to(max(0, limit - self._bytes))
+                continue
             _, old = entries.popitem(last=False)
             self._bytes -= old.nbytes
             self._evictions += 1
@@ -215,11 +455,7 @@ class RowCache:
         """The entries held of ``distinct`` keys with every slot, counted as hits (the rest
         as misses); another ``epoch`` than the last one's empties the cache first."""
         with self._guard():
-            if epoch != self._epoch:
-                if self._entries:
-                    self._resets += 1
-                self._forget_all()
-                self._epoch = epoch
+            self._check_epoch(epoch)
             held = self._held(distinct, slot)
             self._hits += len(held)
             self._misses += len(distinct) - len(held)
@@ -320,41 +556,62 @@ class RowCache:
         pairs the cache served."""
         wanted = _key_list(keys)
         distinct = list(dict.fromkeys(wanted))
-        slots = frozenset(paths)
-        held = self._begin(epoch, distinct, slots)
-        if not held:
+        fields = self._fields
+        with self._guard():
+            self._check_epoch(epoch)
+            slots, ok = fields.find(distinct, paths)
+            n_held = int(ok.sum())
+            self._hits += n_held
+            self._misses += len(distinct) - n_held
+            if n_held == len(distinct):  # all held: gathered in the lock (slots move)
+                if len(distinct) == len(wanted):
+                    where = slots
+                else:
+                    at = dict(zip(distinct, slots.tolist(), strict=True))
+                    where = np.fromiter(map(at.__getitem__, wanted), np.intp, len(wanted))
+                id_of = fields.id_at.__getitem__
+                ids = list(map(id_of, where.tolist()))
+                stacked = self._stacked
+                out = [fields.gather(p, where, writable, stacked.get(p, True)) for p in paths]
+                hits = list(zip(distinct, map(id_of, slots.tolist()), strict=True))
+                return ids, out, hits
+        if not n_held:
             # Nothing held (a cold cache, a large buffer): what is read is the answer, and
             # the cache keeps copies of its own of the rows it admits.
             ids, columns = read(wanted, paths, writable)
             self._learn_forms(paths, columns)
             if len(ids) == len(wanted):  # (else rows went: the caller chooses again)
-                at = None if len(distinct) == len(wanted) else _first_places(wanted)
-                self._keep(epoch, distinct, ids, columns, paths, at)
+                places = range(len(wanted)) if len(distinct) == len(wanted) else None
+                self._keep(epoch, distinct, ids, columns, paths, wanted, places)
             return ids, columns, []
-        hits = [(k, e.id) for k, e in held.items()]
-        missing = [k for k in distinct if k not in held]
-        if missing:
-            ids, columns = read(missing, paths, writable)
-            self._learn_forms(paths, columns)
-            if len(ids) != len(missing):
-                # A row chosen was deleted before this read: the batch is read whole, as
-                # without a cache (the caller chooses again; nothing of it is kept).
+        # Some held, some not: the others are read, and the batch put together by row.
+        held_keys = [k for k, good in zip(distinct, ok.tolist(), strict=True) if good]
+        missing = [k for k, good in zip(distinct, ok.tolist(), strict=True) if not good]
+        ids, columns = read(missing, paths, writable)
+        self._learn_forms(paths, columns)
+        if len(ids) != len(missing):
+            # A row chosen was deleted before this read: the batch is read whole, as
+            # without a cache (the caller chooses again; nothing of it is kept).
+            return (*read(wanted, paths, writable), [])
+        self._keep(epoch, missing, ids, columns, paths, missing, range(len(missing)))
+        with self._guard():
+            if epoch != self._epoch:  # (made anew meanwhile: read it all)
                 return (*read(wanted, paths, writable), [])
-            fresh = self._keep(epoch, missing, ids, columns, paths)
-            for i, key in enumerate(missing):
-                if key not in fresh:  # not admitted: in this batch only, as read
-                    entry = fresh[key] = _Entry(ids[i])
-                    for path, values in zip(paths, columns, strict=True):
-                        entry.values[path] = values[i]
-            held.update(fresh)
-        present = [k for k in wanted if k in held]
-        ids = [held[k].id for k in present]
-        stacked = self._stacked
-        out = [
-            _assemble([held[k].values[p] for k in present], writable, stacked.get(p, True))
-            for p in paths
-        ]
-        return ids, out, hits
+            slots, ok = fields.find(held_keys, paths)
+            if not ok.all():  # (evicted meanwhile by another thread: read it all)
+                return (*read(wanted, paths, writable), [])
+            from_cache = [fields.gather(p, slots, writable, False, listed=True) for p in paths]
+            held_ids = [fields.id_at[s] for s in slots.tolist()]
+        source: dict[int, tuple[int, int]] = {k: (0, i) for i, k in enumerate(held_keys)}
+        source.update((k, (1, i)) for i, k in enumerate(missing))
+        order = [source[k] for k in wanted]
+        out_ids = [held_ids[i] if side == 0 else ids[i] for side, i in order]
+        out = []
+        for p, cached, fresh in zip(paths, from_cache, columns, strict=True):
+            values = [cached[i] if side == 0 else fresh[i] for side, i in order]
+            out.append(_assemble(values, writable, self._stacked.get(p, True)))
+        hits = list(zip(held_keys, held_ids, strict=True))
+        return out_ids, out, hits
 
     def _learn_forms(self, paths: Sequence[str], columns: list[Any]) -> None:
         """Note whether the database's values at each path came stacked (a tensor field
@@ -362,6 +619,14 @@ class RowCache:
         them out in the same form."""
         for path, values in zip(paths, columns, strict=True):
             self._stacked[path] = type(values) is np.ndarray
+
+    def _check_epoch(self, epoch: Hashable) -> None:
+        """Another ``epoch`` than the last one's empties the cache first (in the lock)."""
+        if epoch != self._epoch:
+            if self._entries or self._fields.used:
+                self._resets += 1
+            self._forget_all()
+            self._epoch = epoch
 
     def _held(self, distinct: list[int], slots: Slots) -> dict[int, _Entry]:
         """The entries of ``distinct`` keys that hold every slot, moved to the recent end."""
@@ -381,34 +646,26 @@ class RowCache:
         ids: list[str],
         columns: list[Any],
         paths: Sequence[str],
-        at: dict[int, int] | None = None,
-    ) -> dict[int, _Entry]:
-        """Entries for the fields just read of the distinct ``keys`` (at positions ``at``
-        of ``ids`` and the columns, by default one after the other) that were read before
-        (see :meth:`_admitted`): copies of their own with arrays read-only, kept within
-        the budget, and returned whether kept or not (a batch may outgrow it)."""
-        fresh: dict[int, _Entry] = {}
+        read_keys: list[int],
+        places: Sequence[int] | None,
+    ) -> None:
+        """Keep the fields just read of the distinct ``keys`` that were read before (see
+        :meth:`_admitted`): ``ids`` and ``columns`` run over ``read_keys`` (``places``:
+        where each of ``keys`` is in them; None: found by key), copied into the cache."""
         admitted = self._admitted(keys)
         if not admitted:
-            return fresh
-        where = at
-        if where is None:  # (a few admitted: look them up; many: index them all)
-            where = (
-                {key: keys.index(key) for key in admitted}
-                if len(admitted) <= 8
-                else {key: i for i, key in enumerate(keys)}
-            )
-        with collector_paused():
-            for key in admitted:
-                i = where[key]
-                entry = fresh[key] = _Entry(ids[i])
-                for path, values in zip(paths, columns, strict=True):
-                    entry.values[path] = value = _frozen(values[i])
-                    entry.nbytes += _footprint(value)
-        with self._guard():
-            if epoch == self._epoch:
-                self._insert(fresh)
-        return fresh
+            return
+        if places is None or len(admitted) < len(keys):
+            first = _first_places(read_keys)
+            chosen = [k for k in keys if k in admitted]
+            at = [first[k] for k in chosen]
+        else:
+            chosen, at = keys, list(places)
+        with collector_paused(), self._guard():
+            if epoch != self._epoch:
+                return
+            self._fields.put(chosen, [ids[i] for i in at], columns, paths, at)
+            self._shrink()
 
     def _admitted(self, keys: list[int]) -> set[int]:
         """Those of the distinct ``keys`` read once before (kept now); all are noted.

@@ -558,7 +558,7 @@ class SqlStorage(Storage):
             )
             fetched = Fetched(ids, columns=columns)
         if hits:  # a call by id soon after (a priority update) finds these rows by key
-            self._handle.remember_keys(hits, 1)
+            self._handle.remember_pairs(hits)
         return fetched
 
     def _read_columns(

@@ -271,6 +271,43 @@ def test_rows_as_cached_decode_like_rows_read(buffer: ReplayBuffer) -> None:
     assert buffer.cache_stats().hits == 6
 
 
+def test_values_stay_right_as_rows_come_and_go(db_url: str, buffer_name: str) -> None:
+    """Rows forgotten (CLOCK) and their slots given to others, paths added to rows held,
+    repeats, mixed batches of held and read rows: every batch equals one read without a
+    cache."""
+    rows = [
+        make_row(
+            f"t{i % 5}",
+            "agent0",
+            i,
+            reward=float(i) / 3,
+            state={"obs": np.full(16, i, np.float32), "i": i, "tag": {"n": [i]}},
+        )
+        for i in range(120)
+    ]
+    cached, plain = _pair(db_url, buffer_name, cache_bytes=15_000)
+    with cached, plain:
+        cached.store_batch(rows)
+        keys = cached.storage.key_index()["key"]
+        rng = np.random.default_rng(3)
+        paths_sets = [FIELDS.paths, ["exp_data.state.obs"], ["exp_data.state.tag", "reward_t"]]
+        for n in range(150):
+            chosen = keys[rng.integers(0, 40 if n % 3 else 120, 12)]
+            paths = paths_sets[n % 3]
+            writable = bool(n % 2)
+            got = cached.storage.fetch(chosen, paths, writable=writable)
+            want = plain.storage.fetch(chosen, paths, writable=writable)
+            assert got.ids == want.ids
+            for a, b in zip(got.columns or [], want.columns or [], strict=True):
+                assert type(a) is type(b)
+                assert [np.asarray(v).tolist() if isinstance(v, np.ndarray) else v for v in a] == [
+                    np.asarray(v).tolist() if isinstance(v, np.ndarray) else v for v in b
+                ]
+            stats = cached.cache_stats()
+            assert stats.bytes <= 15_000
+        assert stats.hits > 100 and stats.evictions > 100, stats
+
+
 def test_text_is_counted_by_what_it_takes(buffer: ReplayBuffer) -> None:
     """A string of wide characters takes 2-4 bytes a character: the budget counts that."""
     text = "\u6587\u5b57\U0001f600" * 3000
