@@ -357,24 +357,22 @@ def prefetch(args: argparse.Namespace) -> None:
 
     converter = TensorConverter({"obs": "exp_data.state.obs", "reward": "exp_data.reward_t"})
     n, dim = args.rows[0], 1024
-    a = np.random.default_rng(0).random((300, 300))
 
-    def matmul() -> None:  # about 2 ms of numpy (BLAS lets go of the GIL)
-        for _ in range(reps):
-            a @ a
+    def busy() -> None:  # 2 ms of Python holding the GIL
+        end = time.perf_counter() + 0.002
+        while time.perf_counter() < end:
+            pass
 
-    reps = 1
-    one = _median_ms(matmul, 50) / 1e3
-    reps = max(1, round(0.002 / one))
-    steps = {"sleep 2 ms": partial(time.sleep, 0.002), "numpy 2 ms": matmul}
+    steps = {
+        "sleep 2 ms (the GIL let go, as by GPU kernels)": partial(time.sleep, 0.002),
+        "Python busy 2 ms (the GIL held)": busy,
+    }
     for backend in args.backends:
         url, name = _urls(args, n, dim)[backend]
         build(url, name, n, dim)
         buffer = ReplayBuffer(url, name=name, cache_bytes=int(n * 5000 * 1.2))
         warm_all(buffer, converter.paths)
         print(f"\n{backend}: a loop training 2 ms per step, batches of 256 from {n:,} rows")
-        step_ms = _median_ms(matmul, 50)
-        print(f"  (the numpy step takes {step_ms:.2f} ms alone)")
         for label, train in steps.items():
             for ahead in (0, 2):
                 stream = buffer.batches(
@@ -431,7 +429,8 @@ def memory_child(args: argparse.Namespace) -> None:
     base = _rss()
     peak = 0
     for start in range(0, n, 2000):
-        buffer.storage.fetch(keys[start : start + 2000], converter.paths, writable=False)
+        for _ in range(2):  # (a row is kept on its second read)
+            buffer.storage.fetch(keys[start : start + 2000], converter.paths, writable=False)
         peak = max(peak, _rss() - base)
     gc.collect()
     after = _rss() - base
