@@ -100,5 +100,5 @@ def _tensor_digest(spec: Any, part: PartDecoder | None, path: str) -> tuple[str,
         raise part.damaged(f"{path} refers to tensor data but the row has no blob")
     if checked.offset + checked.nbytes > len(part.buf):
         raise part.damaged(f"{path} needs bytes beyond the end of the blob")
-    array = np.frombuffer(part.buf, checked.np_dtype, checked.count, checked.offset)
+    array = np.frombuffer(part.buf, checked.dtype, checked.size, checked.offset)
     return checked.kind, array_digest(array.reshape(checked.shape))
