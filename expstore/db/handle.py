@@ -146,27 +146,39 @@ class BufferHandle:
         """The WHERE clauses for this buffer's rows matching ``query_condition``."""
         return [rows.c.buffer_id == self.buffer_id, *self.matching(query_condition)]
 
-    def matching(self, query_condition: QueryCondition) -> list[ColumnElement[bool]]:
+    def matching(
+        self, query_condition: QueryCondition, *, probe: bool = False
+    ) -> list[ColumnElement[bool]]:
         """The WHERE clauses of ``query_condition`` alone (none for None), for rows already
         known to be the buffer's. ``changed()`` on a path the buffer tracks reads its flags
-        (the tracked paths are read again for each condition that has one)."""
+        (the tracked paths are read again for each condition that has one): the rows
+        flagged, for a statement they drive (a count, a scan), or with ``probe`` (a few
+        rows chosen already) each row's flag looked up."""
         condition = as_condition(query_condition)
         flags = None
         if condition is not None and _has_changed(condition):
             self.tracked_paths()
-            flags = self.change_flags
+            flags = self.probe_flags if probe else self.change_flags
         compiled = to_sql(condition, rows, self.dialect.name, flags)
         return [] if compiled is None else [compiled]
 
     def tracked_paths(self) -> dict[str, int]:
         """The buffer's tracked paths (see :mod:`expstore.features.changes`) and their ids,
-        read now (an in-memory database has no other handle: what this one tracked)."""
+        read now: on the connection the thread is using, if any (the statement's own
+        snapshot), else on one of its own. An in-memory database has no other handle:
+        what this one tracked."""
         if not self.connections.memory:
             stmt = select(tracked_paths.c.path, tracked_paths.c.id).where(
                 tracked_paths.c.buffer_id == self.buffer_id
             )
-            with self.errors("read the tracked paths"), self.read() as conn:
-                self.note_tracked({str(p): int(i) for p, i in conn.execute(stmt)})
+            held = self.connections.held()
+            with self.errors("read the tracked paths"):
+                if held is not None:
+                    found = held.execute(stmt).all()
+                else:
+                    with self.read() as conn:
+                        found = conn.execute(stmt).all()
+            self.note_tracked({str(p): int(i) for p, i in found})
         return self.tracked
 
     def note_tracked(self, found: dict[str, int]) -> None:
@@ -190,6 +202,19 @@ class BufferHandle:
             flag == bindparam(None, not c.changed, type_=Boolean()),
         )
         return table.c.key.in_(keys)
+
+    def probe_flags(self, c: Changed, table: Table) -> ColumnElement[bool] | None:
+        """:meth:`change_flags` for a few rows known already: each row's flag, by key."""
+        path_id = self.tracked.get(c.target.canonical)
+        if path_id is None:
+            return None
+        flag = changes.c.same_next if c.towards == "next" else changes.c.same_previous
+        found = select(changes.c.key).where(
+            changes.c.path_id == bindparam(None, path_id, type_=Integer()),
+            changes.c.key == table.c.key,
+            flag == bindparam(None, not c.changed, type_=Boolean()),
+        )
+        return found.correlate(table).exists()
 
     def statement(self, key: tuple[Any, ...], build: Callable[[], Select[Any]]) -> CompiledSelect:
         """The statement ``build()`` makes, compiled once for this database and kept."""

@@ -45,6 +45,7 @@ __all__ = [
     "Noted",
     "after_insert",
     "check_path",
+    "keys_above",
     "note",
     "refresh",
     "tasks_of",
@@ -56,11 +57,12 @@ __all__ = [
 _CHUNK = 500
 _ID_AT = WRITE_COLUMNS.index("id")
 _TASK_AT = WRITE_COLUMNS.index("task_id")
+_STEP_AT = WRITE_COLUMNS.index("step")
 _DATA_AT = WRITE_COLUMNS.index("data")
 _BLOB_AT = WRITE_COLUMNS.index("tensors")
 
-#: Per new row: (id, task_id, the digest at each tracked path in order).
-Noted = list[tuple[str, Any, list[str | None]]]
+#: Per new row: (id, task_id, step, the digest at each tracked path in order).
+Noted = list[tuple[str, Any, Any, list[str | None]]]
 
 
 def check_path(path: Any) -> FieldPath:
@@ -109,30 +111,37 @@ def note(
         for values in chunk:
             row_id = values[_ID_AT]
             noted.append(
-                (row_id, values[_TASK_AT], [digest_of(f, values, row_id) for f in fields])
+                (
+                    row_id,
+                    values[_TASK_AT],
+                    values[_STEP_AT],
+                    [digest_of(f, values, row_id) for f in fields],
+                )
             )
         yield chunk
 
 
-def after_insert(conn: Connection, buffer_id: int, ids: Sequence[int], noted: Noted,
-                 keys: dict[str, int]) -> None:  # fmt: skip
-    """The digests of rows just inserted (``keys``: their keys by id; rows not inserted
-    left out) at the tracked paths ``ids`` (in the order of their digests in ``noted``),
-    and the flags of every row of their tasks, in the caller's transaction."""
-    values = [
-        {"path_id": path_id, "key": keys[row_id], "digest": digests[at]}
-        for row_id, _, digests in noted
-        if row_id in keys
-        for at, path_id in enumerate(ids)
-    ]
-    for start in range(0, len(values), _CHUNK * 4):
-        conn.execute(
-            insert(changes).values(same_previous=False, same_next=False),
-            values[start : start + _CHUNK * 4],
-        )
-    tasks = {task for row_id, task, _ in noted if row_id in keys and task is not None}
-    for path_id in ids:
-        refresh(conn, buffer_id, path_id, tasks)
+def after_insert(
+    conn: Connection, buffer_id: int, ids: Sequence[int], noted: Noted, keys: dict[str, int]
+) -> None:
+    """The digests and flags of rows just inserted (``keys``: their keys by id; rows not
+    inserted left out) at the tracked paths ``ids`` (in the order of their digests in
+    ``noted``), and the flags of the rows of their tasks they change, in the caller's
+    transaction. Each new row is inserted with its flags final (no update of it)."""
+    new = [(task, step, keys[row_id], digests) for row_id, task, step, digests in noted
+           if row_id in keys]  # fmt: skip
+    tasks = {task for task, _, _, _ in new if task is not None}
+    for at, path_id in enumerate(ids):
+        mine = [(task, step, key, digests[at], None, None) for task, step, key, digests in new]
+        stored = _stored(conn, buffer_id, path_id, tasks)
+        _set_flags(conn, path_id, stored + mine)
+
+
+def keys_above(conn: Connection, buffer_id: int, newest: int) -> dict[str, int]:
+    """The keys of the buffer's rows above ``newest`` by id: a write's own rows, when
+    ``newest`` is the largest key before it (writers of a buffer take turns)."""
+    stmt = select(rows.c.id, rows.c.key).where(rows.c.buffer_id == buffer_id, rows.c.key > newest)
+    return {str(i): int(k) for i, k in conn.execute(stmt)}
 
 
 def tasks_of(conn: Connection, handle: BufferHandle, keys: Sequence[int]) -> set[Any]:
@@ -145,34 +154,44 @@ def tasks_of(conn: Connection, handle: BufferHandle, keys: Sequence[int]) -> set
 def refresh(conn: Connection, buffer_id: int, path_id: int, tasks: Iterable[Any] | None) -> int:
     """Set the flags of every row of ``tasks`` (None: of the whole buffer) at the tracked
     path ``path_id`` from the digests stored; returns how many changed."""
+    return _set_flags(conn, path_id, _stored(conn, buffer_id, path_id, tasks))
+
+
+def _stored(
+    conn: Connection, buffer_id: int, path_id: int, tasks: Iterable[Any] | None
+) -> list[tuple[Any, ...]]:
+    """(task_id, step, key, digest, same_previous, same_next) of the stored rows of
+    ``tasks`` (None: every task) at the tracked path."""
     joined = rows.join(changes, and_(changes.c.key == rows.c.key, changes.c.path_id == path_id))
     base = (
         select(
-            rows.c.task_id, rows.c.step, rows.c.key, changes.c.digest,
-            changes.c.same_previous, changes.c.same_next,
+            rows.c.task_id,
+            rows.c.step,
+            rows.c.key,
+            changes.c.digest,
+            changes.c.same_previous,
+            changes.c.same_next,
         )  # fmt: skip
         .select_from(joined)
         .where(rows.c.buffer_id == buffer_id, rows.c.task_id.is_not(None))
-        .order_by(rows.c.task_id, rows.c.step, rows.c.key)
     )
     if tasks is None:
-        parts: list[Any] = [base]
-    else:
-        wanted = sorted(tasks)
-        parts = [
-            base.where(rows.c.task_id.in_(wanted[i : i + _CHUNK]))
-            for i in range(0, len(wanted), _CHUNK)
-        ]
-    fixed = 0
-    for stmt in parts:
-        fixed += _set_flags(conn, path_id, conn.execute(stmt).all())
-    return fixed
+        return [tuple(r) for r in conn.execute(base)]
+    wanted = sorted(tasks)
+    found: list[tuple[Any, ...]] = []
+    for i in range(0, len(wanted), _CHUNK):
+        part = base.where(rows.c.task_id.in_(wanted[i : i + _CHUNK]))
+        found += [tuple(r) for r in conn.execute(part)]
+    return found
 
 
-def _set_flags(conn: Connection, path_id: int, found: Sequence[Any]) -> int:
-    """Flags from rows ordered by (task_id, step, key); writes those that differ. A row's
-    previous step is the last row of the step group before its own in the same task, its
-    next the first row of the group after."""
+def _set_flags(conn: Connection, path_id: int, found: list[tuple[Any, ...]]) -> int:
+    """The flags of rows (task_id, step, key, digest, same_previous, same_next) of whole
+    tasks: a row's previous step is the last row of the step group before its own in its
+    task, its next the first row of the group after. Rows whose flags are None are new
+    (inserted with theirs; a NULL task_id has no neighbour); stored rows whose flags differ
+    are updated. Returns how many were written."""
+    found.sort(key=lambda r: (r[0] is None, r[0] or "", r[1], r[2]))
     groups: list[tuple[Any, int, int]] = []  # (task_id, start, stop) of each step group
     start, n = 0, len(found)
     while start < n:
@@ -183,18 +202,24 @@ def _set_flags(conn: Connection, path_id: int, found: Sequence[Any]) -> int:
         groups.append((task, start, stop))
         start = stop
     wrong: list[dict[str, Any]] = []
+    fresh: list[dict[str, Any]] = []
     for g, (task, start, stop) in enumerate(groups):
         before = after = None
-        if g and groups[g - 1][0] == task:
-            before = found[groups[g - 1][2] - 1][3]
-        if g + 1 < len(groups) and groups[g + 1][0] == task:
-            after = found[groups[g + 1][1]][3]
+        if task is not None:
+            if g and groups[g - 1][0] == task:
+                before = found[groups[g - 1][2] - 1][3]
+            if g + 1 < len(groups) and groups[g + 1][0] == task:
+                after = found[groups[g + 1][1]][3]
         for i in range(start, stop):
             _, _, key, digest, same_previous, same_next = found[i]
             sp = digest is not None and digest == before
             sn = digest is not None and digest == after
-            if bool(same_previous) != sp or bool(same_next) != sn:
+            if same_previous is None:
+                fresh.append({"key": key, "digest": digest, "same_previous": sp, "same_next": sn})
+            elif bool(same_previous) != sp or bool(same_next) != sn:
                 wrong.append({"k": key, "sp": sp, "sn": sn})
+    for i in range(0, len(fresh), _CHUNK * 4):
+        conn.execute(insert(changes).values(path_id=path_id), fresh[i : i + _CHUNK * 4])
     if wrong:
         stmt = (
             update(changes)
@@ -202,7 +227,7 @@ def _set_flags(conn: Connection, path_id: int, found: Sequence[Any]) -> int:
             .values(same_previous=bindparam("sp"), same_next=bindparam("sn"))
         )
         conn.execute(stmt, wrong)
-    return len(wrong)
+    return len(wrong) + len(fresh)
 
 
 def track(handle: BufferHandle, conn: Connection, path: Any) -> bool:
@@ -214,10 +239,14 @@ def track(handle: BufferHandle, conn: Connection, path: Any) -> bool:
         return False
     conn.execute(insert(tracked_paths).values(buffer_id=buffer_id, path=field.canonical))
     path_id = tracked(conn, buffer_id)[field.canonical]
-    read = [rows.c.key, rows.c.id]
-    read += [rows.c[field.column.name]] if field.column is not None else [rows.c.data, rows.c.tensors]
+    read = [rows.c.key, rows.c.id, rows.c.task_id, rows.c.step]
+    if field.column is not None:
+        read.append(rows.c[field.column.name])
+    else:
+        read += [rows.c.data, rows.c.tensors]
+    found: list[tuple[Any, ...]] = []
     after = None
-    while True:
+    while True:  # every row's digest (in memory: about 200 bytes a row), then the flags
         stmt = select(*read).where(rows.c.buffer_id == buffer_id)
         if after is not None:
             stmt = stmt.where(rows.c.key > after)
@@ -225,17 +254,13 @@ def track(handle: BufferHandle, conn: Connection, path: Any) -> bool:
         if not got:
             break
         after = got[-1][0]
-        if field.column is not None:
-            values = [{"key": r[0], "digest": column_digest(r[2])} for r in got]
-        else:
-            values = [
-                {"key": r[0], "digest": _payload_digest(field, r[2], r[3], r[1])} for r in got
-            ]
-        conn.execute(
-            insert(changes).values(path_id=path_id, same_previous=False, same_next=False),
-            values,
-        )
-    refresh(conn, buffer_id, path_id, None)
+        for r in got:
+            if field.column is not None:
+                digest = column_digest(r[4])
+            else:
+                digest = _payload_digest(field, r[4], r[5], r[1])
+            found.append((r[2], r[3], r[0], digest, None, None))
+    _set_flags(conn, path_id, found)
     return True
 
 

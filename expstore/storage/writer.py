@@ -342,16 +342,21 @@ def write_in(
         # the rows it removes.
         newest = (
             task_stats.newest_key(conn, handle.buffer_id)
-            if evicts or summaries is not None
+            if evicts or summaries is not None or tracked or stored
             else None
         )
         removed = Removed(newest if evicts else None)
         if stored:
             before = None if summaries is None else newest
             handle.dialect.insert_rows(conn, chunks)
-            arrays.store_arrays(handle, conn, batch.external, setting.compression)
+            # The rows above the buffer's largest key before the write are the write's.
+            keys = None
+            if noted or batch.external:
+                assert newest is not None
+                keys = changes.keys_above(conn, handle.buffer_id, newest)
+            arrays.store_arrays(handle, conn, batch.external, setting.compression, keys)
             if noted:
-                keys = ids_to_keys(handle, conn, [row_id for row_id, _, _ in noted])
+                assert keys is not None
                 changes.after_insert(conn, handle.buffer_id, list(tracked.values()), noted, keys)
             count_inserted(handle, conn, stored)
             if before is not None:
