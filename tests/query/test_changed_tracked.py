@@ -82,9 +82,7 @@ def _model(buffer: ReplayBuffer, field: str) -> dict[str, Any]:
 def _check(tracked: ReplayBuffer, twin: ReplayBuffer) -> None:
     assert sorted(r.id for r in tracked.query(None)) == sorted(r.id for r in twin.query(None))
     assert _answers(tracked, PROBED) == _answers(twin, PROBED)
-    assert _answers(tracked, ("exp_data.state.small",)) == _model(
-        tracked, "exp_data.state.small"
-    )
+    assert _answers(tracked, ("exp_data.state.small",)) == _model(tracked, "exp_data.state.small")
 
 
 _rows = st.lists(
