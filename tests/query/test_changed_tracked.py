@@ -4,19 +4,27 @@ arrays aside, which the probe cannot see: those against a Python model)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sqlalchemy import select
 
 from expstore import ReplayBuffer
+from expstore.db.schema import rows
 from expstore.errors import InvalidArgumentError
-from expstore.query import Condition, QueryBuilder
+from expstore.query import Condition, QueryBuilder, to_sql
 from expstore.samplers import UniformSampler
 from tests.helpers import make_row
+from tests.query.changes_actor import rows_for
+
+ROOT = Path(__file__).resolve().parents[2]
 
 RNG = np.random.default_rng(5)
 PAGES = [RNG.integers(0, 255, (160, 160, 3), dtype=np.uint8) for _ in range(3)]  # by digest
@@ -226,3 +234,44 @@ def test_a_removed_step_s_neighbours_compare_with_the_steps_beyond_it(
     buffer.set_retention(2, "fifo")  # steps 0 and 2 go: 3 is the first step now
     assert sorted(r.exp_meta.step for r in buffer.query(unchanged)) == [4]
     assert sorted(r.exp_meta.step for r in buffer.query(unchanged_next)) == [3]
+
+
+def _probed(buffer: ReplayBuffer, condition: Condition) -> list[str]:
+    """The ids the correlated probe finds (the flags left aside)."""
+    handle = buffer.sql.handle
+    where = to_sql(condition, rows, handle.dialect.name)
+    stmt = select(rows.c.id).where(rows.c.buffer_id == handle.buffer_id, where)
+    with handle.read() as conn:
+        return sorted(conn.execute(stmt).scalars())
+
+
+@pytest.mark.parametrize(
+    "point", ["before-flags", "after-flags", "before-refresh", "after-refresh"]
+)
+def test_a_writer_killed_inside_its_write_leaves_the_flags_of_the_last_commit(
+    db_url: str, buffer_name: str, point: str
+) -> None:
+    with ReplayBuffer(db_url, name=buffer_name, capacity=8) as buffer:
+        buffer.track_changes("exp_data.state.url")
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.query.changes_actor", db_url, buffer_name, point],
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": ""},
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == -9  # it died where it was told to
+    with ReplayBuffer(db_url, name=buffer_name) as buffer:
+        assert buffer.count() == 8  # the second write's eviction, committed
+        for text in (
+            "changed(exp_data.state.url)",
+            "unchanged(exp_data.state.url)",
+            "changed(exp_data.state.url, next)",
+            "unchanged(exp_data.state.url, next)",
+        ):
+            condition = Condition.parse(text)
+            assert sorted(r.id for r in buffer.query(condition)) == _probed(buffer, condition)
+        buffer.store_batch(rows_for(2))  # and it goes on, exact
+        for text in ("unchanged(exp_data.state.url)", "unchanged(exp_data.state.url, next)"):
+            condition = Condition.parse(text)
+            assert sorted(r.id for r in buffer.query(condition)) == _probed(buffer, condition)
