@@ -275,3 +275,33 @@ def test_a_writer_killed_inside_its_write_leaves_the_flags_of_the_last_commit(
         for text in ("unchanged(exp_data.state.url)", "unchanged(exp_data.state.url, next)"):
             condition = Condition.parse(text)
             assert sorted(r.id for r in buffer.query(condition)) == _probed(buffer, condition)
+
+
+def test_every_write_path_keeps_the_flags(db_url: str, buffer_name: str) -> None:
+    """extend (columns), and an ack that stores completions into a tracked buffer."""
+    with (
+        ReplayBuffer(db_url, name=buffer_name) as rollouts,
+        ReplayBuffer(db_url, name=buffer_name + "_prompts") as prompts,
+    ):
+        rollouts.track_changes("exp_data.state.small")
+        rollouts.track_changes("exp_data.state.url")
+        for step, page in enumerate([0, 0, 1, 1]):
+            rollouts.extend(
+                {
+                    "task_id": ["E0", "E1"],
+                    "agent_id": "w",
+                    "step": step,
+                    "state": {"small": np.stack([SMALL[page]] * 2), "url": [f"u{page}"] * 2},
+                }
+            )
+        prompts.store_batch([make_row("p", "w", 0, state={"q": 1})])
+        claim = prompts.claim(1, consumer="actor")
+        claim.ack(produce=[_row("E0", 9, 1), _row("E0", 5, 1)], into=rollouts)
+        small = Condition.parse("unchanged(exp_data.state.small)")
+        url = Condition.parse("unchanged(exp_data.state.url)")
+        got = sorted((r.exp_meta.task_id, r.exp_meta.step) for r in rollouts.query(small))
+        assert got == [("E0", 1), ("E0", 3), ("E0", 5), ("E0", 9), ("E1", 1), ("E1", 3)]
+        assert sorted(r.id for r in rollouts.query(url)) == _probed(rollouts, url)
+        assert sorted(r.id for r in rollouts.query(small)) == sorted(
+            r.id for r in rollouts.query(url)
+        )
