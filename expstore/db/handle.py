@@ -24,7 +24,7 @@ from .engine import Connections
 from .schema import changes, rows, tracked_paths
 from .tuning import Tuning
 
-__all__ = ["BufferHandle", "retried"]
+__all__ = ["BufferHandle", "has_changed", "retried"]
 
 _T = TypeVar("_T")
 
@@ -156,7 +156,7 @@ class BufferHandle:
         rows chosen already) each row's flag looked up."""
         condition = as_condition(query_condition)
         flags = None
-        if condition is not None and _has_changed(condition):
+        if has_changed(condition):
             self.tracked_paths()
             flags = self.probe_flags if probe else self.change_flags
         compiled = to_sql(condition, rows, self.dialect.name, flags)
@@ -230,11 +230,13 @@ class BufferHandle:
         return self.url.render_as_string(hide_password=True)
 
 
-def _has_changed(condition: Condition) -> bool:
+def has_changed(query_condition: QueryCondition | Condition) -> bool:
+    """Whether the condition holds a ``changed()``/``unchanged()`` anywhere."""
+    condition = as_condition(query_condition)
     if isinstance(condition, Changed):
         return True
     if isinstance(condition, (And, Or)):
-        return any(_has_changed(c) for c in condition.conditions)
+        return any(has_changed(c) for c in condition.conditions)
     return False
 
 

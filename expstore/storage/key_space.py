@@ -33,7 +33,7 @@ import numpy as np
 from sqlalchemy import Connection, and_, bindparam, func, or_, select
 
 from ..db.compiled import CompiledSelect
-from ..db.handle import BufferHandle
+from ..db.handle import BufferHandle, has_changed
 from ..db.schema import loose_scan, priorities, rows
 from ..errors import InvalidArgumentError
 from ..features.draw_counts import unspent_clause
@@ -256,6 +256,10 @@ class SqlKeySpace(KeySpace):
 
         narrowed = (self.max_staleness, self.consume_after)
         key = ("probe", condition_key(self.query_condition), narrowed, names)
+        if self.signature is not None and has_changed(self.query_condition):
+            # Compiled again when the buffer's version moves (tracking a path bumps it), so
+            # that changed() follows another process's track_changes/untrack_changes.
+            key = (*key, self.signature.version)
         if handle.dialect.name == "postgresql":
             # With the buffer in the WHERE clause, the (buffer_id, key) index, or under a
             # condition an index (buffer_id, column, key) on its column, answers the probe

@@ -507,6 +507,8 @@ class SqlStorage(Storage):
         with handle.errors(f"track changes of {path}"), handle.write() as conn:
             registry.lock_buffer(handle, conn, buffers.c.id)
             done = changes.track(handle, conn, path)
+            if done:  # readers' statements compiled with the tracked paths: anew
+                registry.bump_version(handle, conn)
             found = changes.tracked(conn, handle.buffer_id)
         handle.note_tracked(found)
         return done
@@ -518,6 +520,8 @@ class SqlStorage(Storage):
         with handle.errors(f"stop tracking changes of {path}"), handle.write() as conn:
             registry.lock_buffer(handle, conn, buffers.c.id)
             done = changes.untrack(handle, conn, path)
+            if done:  # readers' statements compiled with the tracked paths: anew
+                registry.bump_version(handle, conn)
             found = changes.tracked(conn, handle.buffer_id)
         handle.note_tracked(found)
         return done

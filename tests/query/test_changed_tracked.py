@@ -18,7 +18,7 @@ from sqlalchemy import select
 
 from expstore import ReplayBuffer
 from expstore.db.schema import rows
-from expstore.errors import InvalidArgumentError
+from expstore.errors import EmptyBufferError, InvalidArgumentError
 from expstore.query import Condition, QueryBuilder, to_sql
 from expstore.samplers import UniformSampler
 from tests.helpers import make_row
@@ -305,3 +305,21 @@ def test_every_write_path_keeps_the_flags(db_url: str, buffer_name: str) -> None
         assert sorted(r.id for r in rollouts.query(small)) == sorted(
             r.id for r in rollouts.query(url)
         )
+
+
+def test_a_sampler_of_another_handle_follows_untracking(db_url: str, buffer_name: str) -> None:
+    with (
+        ReplayBuffer(db_url, name=buffer_name) as one,
+        ReplayBuffer(db_url, name=buffer_name) as other,
+    ):
+        one.track_changes("exp_data.state.small")
+        one.store_batch([_row("A", s, p) for s, p in enumerate([0, 0, 1, 1])])
+        unchanged = Condition.parse("unchanged(exp_data.state.small)")
+        drawn = other.sample(UniformSampler(seed=0), unchanged, batch_size=8)
+        assert {r.exp_meta.step for r in drawn} == {1, 3}
+        one.untrack_changes("exp_data.state.small")  # the probe again: none is unchanged
+        with pytest.raises(EmptyBufferError, match="no rows match"):
+            other.sample(UniformSampler(seed=0), unchanged, batch_size=8)
+        one.track_changes("exp_data.state.small")
+        drawn = other.sample(UniformSampler(seed=0), unchanged, batch_size=8)
+        assert {r.exp_meta.step for r in drawn} == {1, 3}
