@@ -30,7 +30,7 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, delete, insert, select, update
+from sqlalchemy import Connection, and_, bindparam, delete, insert, select, text, update
 
 from ..codec.decode import PartDecoder
 from ..codec.tracked import column_digest, node_at, value_digest
@@ -88,8 +88,17 @@ def digest_of(field: FieldPath, values: Sequence[Any], row_id: str) -> str | Non
     """The digest at ``field`` of one encoded row (WRITE_COLUMNS order; its document as
     JSON text or already parsed)."""
     if field.column is not None:
-        return column_digest(values[WRITE_COLUMNS.index(field.column.name)])
+        return _column_digest(field, values[WRITE_COLUMNS.index(field.column.name)])
     return _payload_digest(field, values[_DATA_AT], values[_BLOB_AT], row_id)
+
+
+def _column_digest(field: FieldPath, value: Any) -> str | None:
+    """A column's digest, its value as the column's type (an int in a float column, as
+    a write may hand it over, reads back as a float)."""
+    assert field.column is not None
+    if value is not None and field.column.python is float and type(value) is not float:
+        value = float(value)
+    return column_digest(value)
 
 
 def _payload_digest(field: FieldPath, doc: Any, blob: Any, row_id: str) -> str | None:
@@ -218,8 +227,7 @@ def _set_flags(conn: Connection, path_id: int, found: list[tuple[Any, ...]]) -> 
                 fresh.append({"key": key, "digest": digest, "same_previous": sp, "same_next": sn})
             elif bool(same_previous) != sp or bool(same_next) != sn:
                 wrong.append({"k": key, "sp": sp, "sn": sn})
-    for i in range(0, len(fresh), _CHUNK * 4):
-        conn.execute(insert(changes).values(path_id=path_id), fresh[i : i + _CHUNK * 4])
+    _insert(conn, path_id, fresh)
     if wrong:
         stmt = (
             update(changes)
@@ -228,6 +236,36 @@ def _set_flags(conn: Connection, path_id: int, found: list[tuple[Any, ...]]) -> 
         )
         conn.execute(stmt, wrong)
     return len(wrong) + len(fresh)
+
+
+#: Postgres: new rows' flags in one statement of four arrays (an executemany sends a
+#: statement a row).
+_UNNEST = text(
+    "INSERT INTO expstore_changes (path_id, key, digest, same_previous, same_next) "
+    "SELECT :path_id, k, d, p, n FROM unnest(CAST(:keys AS BIGINT[]), "
+    "CAST(:digests AS VARCHAR[]), CAST(:previous AS BOOLEAN[]), CAST(:next AS BOOLEAN[])) "
+    "AS t(k, d, p, n)"
+)
+
+
+def _insert(conn: Connection, path_id: int, fresh: list[dict[str, Any]]) -> None:
+    if not fresh:
+        return
+    if conn.dialect.name != "postgresql":
+        conn.execute(insert(changes).values(path_id=path_id), fresh)
+        return
+    for i in range(0, len(fresh), _CHUNK * 20):
+        part = fresh[i : i + _CHUNK * 20]
+        conn.execute(
+            _UNNEST,
+            {
+                "path_id": path_id,
+                "keys": [f["key"] for f in part],
+                "digests": [f["digest"] for f in part],
+                "previous": [f["same_previous"] for f in part],
+                "next": [f["same_next"] for f in part],
+            },
+        )
 
 
 def track(handle: BufferHandle, conn: Connection, path: Any) -> bool:
@@ -256,7 +294,7 @@ def track(handle: BufferHandle, conn: Connection, path: Any) -> bool:
         after = got[-1][0]
         for r in got:
             if field.column is not None:
-                digest = column_digest(r[4])
+                digest = _column_digest(field, r[4])
             else:
                 digest = _payload_digest(field, r[4], r[5], r[1])
             found.append((r[2], r[3], r[0], digest, None, None))
