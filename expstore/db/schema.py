@@ -392,19 +392,18 @@ tracked_paths = Table(
 changes = Table(
     "expstore_changes",
     metadata,
+    _row_key(),  # first in the primary key, which the rows' ON DELETE CASCADE looks up
     Column(
         "path_id",
         Integer,
         ForeignKey("expstore_tracked_paths.id", ondelete="CASCADE"),
         primary_key=True,
     ),
-    _row_key(),
     Column("digest", String(32), nullable=True),
     Column("same_previous", Boolean, nullable=False),
     Column("same_next", Boolean, nullable=False),
     Index(None, "path_id", "same_previous", "key"),
     Index(None, "path_id", "same_next", "key"),
-    Index(None, "key"),
 )
 
 #: An actor's saved progress on a claimed row (a prompt): the partial rollout so far, as

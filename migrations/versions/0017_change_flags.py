@@ -2,9 +2,9 @@
 
 - ``expstore_tracked_paths``: ``(id, buffer_id, path)``, the paths whose changes a buffer
   tracks (``buffer.track_changes(path)``).
-- ``expstore_changes``: ``(path_id, key, digest, same_previous, same_next)``, per row and
-  tracked path, with indexes on ``(path_id, same_previous, key)``, ``(path_id, same_next,
-  key)`` and ``(key)`` (the rows' ON DELETE CASCADE).
+- ``expstore_changes``: ``(key, path_id, digest, same_previous, same_next)``, per row and
+  tracked path (primary key ``(key, path_id)``, which the rows' ON DELETE CASCADE looks
+  up), with indexes on ``(path_id, same_previous, key)`` and ``(path_id, same_next, key)``.
 
 New tables only: nothing stored is rewritten. A downgrade drops them (``changed()`` then
 compares the steps as it did before, by a correlated probe).
@@ -46,8 +46,8 @@ def upgrade() -> None:
     )
     op.create_table(
         "expstore_changes",
-        sa.Column("path_id", sa.Integer(), nullable=False),
         sa.Column("key", _KEY, autoincrement=False, nullable=False),
+        sa.Column("path_id", sa.Integer(), nullable=False),
         sa.Column("digest", sa.String(32), nullable=True),
         sa.Column("same_previous", sa.Boolean(), nullable=False),
         sa.Column("same_next", sa.Boolean(), nullable=False),
@@ -63,9 +63,8 @@ def upgrade() -> None:
             name=op.f("fk_expstore_changes_key_expstore_rows"),
             ondelete="CASCADE",
         ),
-        sa.PrimaryKeyConstraint("path_id", "key", name=op.f("pk_expstore_changes")),
+        sa.PrimaryKeyConstraint("key", "path_id", name=op.f("pk_expstore_changes")),
     )
-    op.create_index(op.f("ix_expstore_changes_key"), "expstore_changes", ["key"])
     op.create_index(
         op.f("ix_expstore_changes_path_id_same_previous_key"),
         "expstore_changes",
@@ -79,7 +78,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    for name in ("key", "path_id_same_previous_key", "path_id_same_next_key"):
+    for name in ("path_id_same_previous_key", "path_id_same_next_key"):
         op.drop_index(op.f(f"ix_expstore_changes_{name}"), table_name="expstore_changes")
     op.drop_table("expstore_changes")
     op.drop_table("expstore_tracked_paths")
