@@ -255,7 +255,7 @@ class SqlKeySpace(KeySpace):
             return chosen.where(handle.dialect.key_in(), *clauses)
 
         narrowed = (self.max_staleness, self.consume_after)
-        key = ("probe", condition_key(self.query_condition), narrowed, names)
+        key: tuple[Any, ...] = ("probe", condition_key(self.query_condition), narrowed, names)
         if self.signature is not None and has_changed(self.query_condition):
             # Compiled again when the buffer's version moves (tracking a path bumps it), so
             # that changed() follows another process's track_changes/untrack_changes.
