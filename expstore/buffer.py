@@ -17,7 +17,7 @@ from typing import Any, Literal, overload
 import numpy as np
 from sqlalchemy.engine import URL
 
-from ._args import check_consumer, check_flag
+from ._args import check_batch_size, check_consumer, check_flag
 from .claims import (
     DEFAULT_LEASE_S,
     Claim,
@@ -41,12 +41,14 @@ from .features.eviction import Eviction
 from .features.rate_limiter import RateLimiter, RateLimitStats
 from .io import to_arrow
 from .model.rows import DataRow
+from .prefetch import Hooks, Prefetcher
 from .query import QueryCondition
-from .samplers.base import Sampler, TaskSampler, as_sampler, draw
+from .samplers.base import SampleInfo, Sampler, TaskSampler, as_sampler, draw
 from .samplers.group import GroupSampler
 from .samplers.random_task import RandomTaskSampler
 from .samplers.uniform import UniformSampler
 from .storage.base import Storage
+from .storage.cache import CacheStats
 from .storage.reader import RowsPage
 from .storage.sql import SqlStorage
 from .storage.writer import StoreReport
@@ -78,6 +80,11 @@ class ReplayBuffer:
     - ``tuning``: a :class:`~expstore.db.tuning.Tuning` for the storage opened at a URL,
       knobs for tests and measurements (default ``Tuning()``): how much it keeps or reads
       at a time, never what the buffer holds or the distribution a draw follows.
+    - ``cache_bytes``: the budget in bytes of this handle's decoded-row cache (default
+      256 MiB; 0 turns it off): rows sampled again are not read and decoded again. It never
+      chooses rows (the database does, every draw), so a row deleted, evicted, stale, spent
+      or claimed is never returned from it. See :meth:`cache_stats` and
+      :mod:`expstore.storage.cache`.
     """
 
     def __init__(
@@ -92,6 +99,7 @@ class ReplayBuffer:
         read_your_writes: bool = False,
         max_lag_s: float | None = None,
         tuning: Tuning | None = None,
+        cache_bytes: int | None = None,
     ) -> None:
         if storage is None:
             storage = "sqlite://"
@@ -106,6 +114,7 @@ class ReplayBuffer:
                 read_your_writes=read_your_writes,
                 max_lag_s=max_lag_s,
                 tuning=tuning,
+                cache_bytes=cache_bytes,
             )
         elif read_urls is not None or tuning is not None:
             given = "read_urls" if read_urls is not None else "tuning"
@@ -118,6 +127,14 @@ class ReplayBuffer:
                 "ReplayBuffer(storage=...) expects None, a database URL or a Storage, "
                 f"got {type(storage).__name__}"
             )
+        if cache_bytes is not None:  # (a storage opened here has it already: the same)
+            sql = storage
+            if not isinstance(sql, SqlStorage):
+                raise InvalidArgumentError(
+                    f"cache_bytes is for a SqlStorage (a database URL); this storage is a "
+                    f"{type(sql).__name__}, which keeps no row cache: leave it unset"
+                )
+            sql.set_cache_bytes(cache_bytes)
         self.storage: Storage = storage
 
     @property
@@ -459,6 +476,66 @@ class ReplayBuffer:
         )
         return builder.attach_info(builder.build(fetched), info)
 
+    def batches(
+        self,
+        sampler: Any = None,
+        query_condition: QueryCondition = None,
+        converter: Any = None,
+        batch_size: int = 1000,
+        *,
+        prefetch: int = 2,
+        num_batches: int | None = None,
+    ) -> Prefetcher[Any]:
+        """Batches as :meth:`sample` makes them, ``num_batches`` of them (None: endless),
+        made ahead in a background thread while the caller trains on the last one
+        (TorchRL's ``prefetch``): ``prefetch`` waiting and one being made (0: each made
+        when asked). ::
+
+            with buffer.batches(per, converter=conv, batch_size=256, prefetch=2) as stream:
+                for batch in stream:
+                    loss = train_step(batch)
+
+        The batches are those :meth:`sample` would give called in a loop (a seeded sampler
+        gives the same ones). ``stream.last_info`` describes the batch last handed out (its
+        keys, ids and importance weights): while the stream runs, ``sampler.last_info`` is
+        the thread's, of a batch made ahead (a dict converter's batch carries its own
+        ``weights`` and ``ids``). An error (EmptyBufferError, a lost database) is raised
+        at the batch it belongs to and ends the stream. A batch made ahead was chosen
+        before what the caller did meanwhile (a priority update, a delete) reached the
+        database, as in TorchRL; the sampler must not be used elsewhere while the stream
+        runs. A sampler with ``consume_after`` is refused (dropped batches would spend
+        rows).
+        ``close()`` (or the ``with`` block's end) stops the thread: batches made ahead
+        are dropped, their rate-limit count given back and the sampler's epoch rewound
+        to the first of them. ``stream.waited_s`` is the time the caller waited."""
+        chooser = as_sampler(UniformSampler() if sampler is None else sampler)
+        builder = as_converter(DefaultConverter() if converter is None else converter)
+        check_batch_size(batch_size)
+        if prefetch and chooser.consume_after is not None:
+            raise InvalidArgumentError(
+                f"a sampler with consume_after={chooser.consume_after} counts each row's "
+                "draws as its batch is made, so batches made ahead and then dropped would "
+                "spend rows no one got: use prefetch=0 (or claims, which give rows back)"
+            )
+        storage = self.storage
+
+        def make() -> tuple[Any, SampleInfo | None]:
+            batch = self.sample(chooser, query_condition, builder, batch_size)
+            return batch, chooser.last_info
+
+        def deliver(item: tuple[Any, SampleInfo | None]) -> tuple[Any, SampleInfo | None]:
+            return item  # the batch, and its info as the stream's last_info
+
+        def discard(item: tuple[Any, SampleInfo | None]) -> None:
+            info = item[1]
+            if info is not None and len(info.ids) and storage.sampling_limited():
+                storage.refund_samples(len(info.ids))  # the rate limit's count goes back
+
+        hooks: Hooks[tuple[Any, SampleInfo | None]] = Hooks(
+            mark=chooser.mark, rewind=chooser.rewind, discard=discard, deliver=deliver
+        )
+        return Prefetcher(make, prefetch=prefetch, num_batches=num_batches, hooks=hooks)
+
     def sample_task(
         self,
         sampler: TaskSampler | None = None,
@@ -684,6 +761,15 @@ class ReplayBuffer:
         """What the rate limit counted (inserted, sampled) and whether a sample or a write
         could go now; None without a limit."""
         return self.sql.rate_limits.stats()
+
+    def cache_stats(self) -> CacheStats:
+        """What this handle's decoded-row cache holds and how it has served: budget, bytes
+        and rows held, hits, misses, evictions (``.hit_rate``); a budget of 0 when the
+        storage has no cache (see ``cache_bytes``)."""
+        sql = self.storage
+        if not isinstance(sql, SqlStorage):
+            return CacheStats(0, 0, 0, 0, 0, 0, 0)
+        return sql.row_cache.stats()
 
     # -- lifecycle -----------------------------------------------------------------------
     def close(self) -> None:

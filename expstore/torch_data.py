@@ -131,7 +131,7 @@ class SampledBatches(IterableDataset):  # type: ignore[type-arg]
     """A torch IterableDataset of sampled batches: each item is ``buffer.sample(...)``.
 
     ``SampledBatches(buffer, sampler=None, batch_size=32, converter=None, num_batches=None,
-    *, query_condition=None)``
+    *, query_condition=None, prefetch=0)``
 
     ``num_batches=None`` streams forever; otherwise that many batches in total, shared out
     among DataLoader workers. Items are whole batches, so the DataLoader takes
@@ -148,6 +148,10 @@ class SampledBatches(IterableDataset):  # type: ignore[type-arg]
     run reproducible. A persistent worker keeps its stream across epochs. Without
     workers, the sampler's own stream is used as it is. A sampler's own state (such as
     ``UniformSampler(replacement=False)``'s epoch) is per worker.
+
+    ``prefetch=k`` makes up to ``k`` batches ahead in a background thread of the process
+    that iterates (``buffer.batches``): the main process without workers, each worker with
+    them (where the DataLoader's own ``prefetch_factor`` also queues batches).
     """
 
     def __init__(
@@ -159,8 +163,10 @@ class SampledBatches(IterableDataset):  # type: ignore[type-arg]
         num_batches: int | None = None,
         *,
         query_condition: QueryCondition = None,
+        prefetch: int = 0,
     ) -> None:
         self.buffer = buffer
+        self.prefetch = check_int("prefetch", prefetch, minimum=0)
         self.sampler = sampler if sampler is not None else UniformSampler()
         self.batch_size = check_batch_size(batch_size)
         self.converter = converter if converter is not None else DefaultConverter()
@@ -192,10 +198,15 @@ class SampledBatches(IterableDataset):  # type: ignore[type-arg]
                     entropy.append(int(seed))
                 sampler.reseed(np.random.SeedSequence(entropy))
         count = None if self.num_batches is None else len(range(worker, self.num_batches, workers))
-        produced = 0
-        while count is None or produced < count:
-            yield self.buffer.sample(sampler, self.query_condition, self.converter, self.batch_size)
-            produced += 1
+        with self.buffer.batches(
+            sampler,
+            self.query_condition,
+            self.converter,
+            self.batch_size,
+            prefetch=self.prefetch,
+            num_batches=count,
+        ) as stream:
+            yield from stream
 
     def loader(self, **kwargs: Any) -> DataLoader:  # type: ignore[type-arg]
         """A DataLoader yielding these batches as they are (``batch_size=None``)."""

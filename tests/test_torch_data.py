@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from expstore import DataRow, ReplayBuffer, StorageError
+from expstore import DataRow, InvalidArgumentError, ReplayBuffer, StorageError
 from expstore.converters import Converter, TensorConverter
 from expstore.query import QueryBuilder
 from expstore.samplers import PrioritizedSampler, Sampler, UniformSampler
@@ -211,6 +211,22 @@ def test_without_workers_the_stream_is_the_samplers_own(buffer: ReplayBuffer) ->
     with pytest.raises(TypeError, match="endless"):
         len(endless)
     assert len(SampledBatches(buffer, None, 4, None, num_batches=7)) == 7
+
+
+def test_prefetched_batches_are_the_same_with_and_without_workers(buffer: ReplayBuffer) -> None:
+    buffer.store_batch(make_rows(60))
+
+    def run(prefetch: int, workers: int) -> list[tuple[int, ...]]:
+        torch.manual_seed(7)
+        batches = SampledBatches(
+            buffer, UniformSampler(seed=3), 4, WhoConverter(), num_batches=6, prefetch=prefetch
+        )
+        return [tuple(b["i"]) for b in batches.loader(num_workers=workers)]
+
+    assert run(2, 0) == run(0, 0) and len(run(2, 0)) == 6
+    assert run(2, 2) == run(0, 2)
+    with pytest.raises(InvalidArgumentError):
+        SampledBatches(buffer, prefetch=-1)
 
 
 def test_an_in_memory_buffer_cannot_go_to_spawned_workers() -> None:

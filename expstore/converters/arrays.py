@@ -182,6 +182,15 @@ def stack_values(
             return values.astype(dtype or values.dtype, copy=False), None
         values = list(values)
     first = values[0] if values else None
+    kind_of_first = type(first)
+    if (kind_of_first is float or kind_of_first is int) and all(
+        type(v) is kind_of_first for v in values
+    ):  # a numeric column (rewards, steps): one array at once
+        try:
+            natural = np.float64 if kind_of_first is float else np.int64
+            return np.array(values, dtype=dtype or natural), None
+        except OverflowError:  # ints beyond int64: value by value, as below
+            pass
     if type(first) is np.ndarray and first.dtype.kind in "biufc":
         # The common case, in one pass: arrays of one shape and dtype (a tensor field).
         shape, kind = first.shape, first.dtype

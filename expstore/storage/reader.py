@@ -291,6 +291,20 @@ class RowReader:
             handle.remember_keys(fetched, at_id)
         return fetched, found
 
+    def read_raw(self, keys: list[int]) -> tuple[list[tuple[Any, ...]], dict[str, bytes]]:
+        """The whole rows among the distinct ``keys`` as read (:data:`ROW_COLUMNS`, the key
+        first, the id second), in no particular order, and the stored arrays they refer to
+        by digest (what the row cache keeps, :mod:`expstore.storage.cache`)."""
+        return self.rows_with_arrays(keys, ROW_COLUMNS, (_AT_DATA,))
+
+    def decode_raw(self, raw: Sequence[tuple[Any, ...]], arrays: dict[str, bytes]) -> list[DataRow]:
+        """The rows as :meth:`read_raw` read them, decoded (new objects every call)."""
+        return decode_rows(raw, self.documents, arrays)
+
+    def digests_of(self, raw: tuple[Any, ...]) -> list[str]:
+        """The digests of the stored arrays a row as read refers to."""
+        return sorted(digests_in([raw[_AT_DATA]]))
+
     def fetch_keys(self, keys: Sequence[int] | np.ndarray) -> list[DataRow]:
         """The rows with these keys in the given order (repeats allowed; vanished keys
         skipped)."""

@@ -60,7 +60,8 @@ from ..model.columnar import column_error, parse_columns
 from ..model.rows import DataRow
 from ..query import QueryCondition
 from . import writer
-from .base import KeySpace, Storage, Values
+from .base import Fetched, KeySpace, Storage, Values
+from .cache import DEFAULT_CACHE_BYTES, RowCache
 from .column_rows import encoded_columns
 from .fetch import FieldFetcher
 from .key_index import KeyIndex
@@ -92,6 +93,9 @@ class SqlStorage(Storage):
     - ``tuning``: a :class:`~expstore.db.tuning.Tuning`, knobs for tests and measurements
       (default ``Tuning()``): how much this storage keeps or reads at a time, never what
       the buffer holds or the distribution a draw follows.
+    - ``cache_bytes``: the budget of this handle's decoded-row cache, which samples and
+      claims fetch through (default :data:`~expstore.storage.cache.DEFAULT_CACHE_BYTES`,
+      256 MiB; 0 turns it off; see :mod:`expstore.storage.cache`).
     """
 
     def __init__(
@@ -106,6 +110,7 @@ class SqlStorage(Storage):
         read_your_writes: bool = False,
         max_lag_s: float | None = None,
         tuning: Tuning | None = None,
+        cache_bytes: int | None = None,
     ) -> None:
         if not isinstance(name, str) or not name or len(name) > 255:
             raise InvalidArgumentError(
@@ -129,7 +134,10 @@ class SqlStorage(Storage):
         self._ready_groups = ReadyGroups(handle)
         self._limits = RateLimits(handle)
         self._index.on_limit = self._limits.observe
+        #: The decoded-row cache :meth:`fetch` goes through (see ``cache_bytes``).
+        self.row_cache = RowCache(DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes)
         handle.caches += [
+            self.row_cache.reset,
             self._index.clear,
             self._spaces.clear,
             self._groups.clear,
@@ -560,6 +568,41 @@ class SqlStorage(Storage):
         """The rows with these keys in the given order (repeats allowed; vanished keys skipped)."""
         return self._reader.fetch_keys(keys)
 
+    def fetch(
+        self,
+        keys: Sequence[int] | np.ndarray,
+        paths: Sequence[str] | None = None,
+        *,
+        writable: bool = True,
+    ) -> Fetched:
+        """The rows with these keys: whole (``paths=None``) or the values at ``paths``,
+        through the :attr:`row_cache` (rows it holds are not read again; see
+        :mod:`expstore.storage.cache`)."""
+        cache = self.row_cache
+        if not cache.enabled:
+            return super().fetch(keys, paths, writable=writable)
+        epoch = self.identity
+        if paths is None:
+            rows_, hits = cache.fetch_rows(epoch, keys, self._reader)
+            fetched = Fetched([row.id for row in rows_], rows=rows_)
+        else:
+            ids, columns, hits = cache.fetch_columns(
+                epoch, keys, paths, writable, self._read_columns
+            )
+            fetched = Fetched(ids, columns=columns)
+        if hits:  # a call by id soon after (a priority update) finds these rows by key
+            self._handle.remember_keys(hits, 1)
+        return fetched
+
+    def _read_columns(
+        self, keys: list[int], paths: Sequence[str], writable: bool
+    ) -> tuple[list[str], list[Values]]:
+        return self.fetch_columns(keys, paths, writable=writable)
+
+    def set_cache_bytes(self, budget_bytes: int) -> None:
+        """Resize this handle's row cache (0 turns it off and empties it)."""
+        self.row_cache.resize(budget_bytes)
+
     def fetch_columns(
         self, keys: Sequence[int] | np.ndarray, paths: Sequence[str], *, writable: bool = True
     ) -> tuple[list[str], list[Values]]:
@@ -590,7 +633,8 @@ class SqlStorage(Storage):
                 normalise_url(u).render_as_string(hide_password=False) for u in read["read_urls"]
             ]
         url = self.url.render_as_string(hide_password=False)
-        return (_reopen, (url, self.name, read, self._handle.tuning))
+        budget = None if self.row_cache is None else self.row_cache.budget
+        return (_reopen, (url, self.name, read, self._handle.tuning, budget))
 
     def __repr__(self) -> str:
         url = self._handle.shown_url()
@@ -598,11 +642,15 @@ class SqlStorage(Storage):
 
 
 def _reopen(
-    url: str, name: str, read: dict[str, Any] | None = None, tuning: Tuning | None = None
+    url: str,
+    name: str,
+    read: dict[str, Any] | None = None,
+    tuning: Tuning | None = None,
+    cache_bytes: int | None = None,
 ) -> SqlStorage:
     """The storage in another process: the buffer's retention comes from the database, the
-    handle's tuning along with it."""
-    return SqlStorage(url, name=name, tuning=tuning, **(read or {}))
+    handle's tuning and its cache's budget (not its rows) along with it."""
+    return SqlStorage(url, name=name, tuning=tuning, cache_bytes=cache_bytes, **(read or {}))
 
 
 def describe_database(

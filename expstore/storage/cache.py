@@ -1,0 +1,578 @@
+"""The decoded-row cache: what a fetch of chosen rows decoded, kept in this process so a
+row sampled again costs a dictionary look-up instead of a read and a decode.
+
+Rows are written once and never change (priorities, claims, draw counts and versions live
+in tables of their own), and a key is never handed out twice in a database's life (see
+:mod:`expstore.db.row_ids`; a database restored from a backup of itself hands out keys
+again under the same creation time: reopen its handles). So what was decoded for a key
+stays what the database holds under it for as long as the row exists, and the cache never
+has to ask whether an entry is stale. It never decides which rows a batch holds: a sampler
+chooses from the database every time (deleted, evicted, stale, spent and claimed rows are
+not chosen), and the cache only saves fetching and decoding the rows chosen. (A row
+deleted between the choice and the fetch: a read leaves it out and the caller chooses
+again; a hit returns it, as a read would had the delete committed just after it.) A
+database made anew under a running process (its buffer row created again, so keys may
+repeat) empties it: entries are kept under the storage's
+:attr:`~expstore.storage.base.Storage.identity`.
+
+An entry is one row: its id and what was fetched of it. Fields a converter reads are
+kept decoded, per field path, so converters reading different fields share entries; arrays
+are kept read-only and other values are copied when handed out. A whole row
+(:class:`~expstore.model.rows.DataRow`, AWorld's path) is first kept as the database gave
+it (its text, bytes and numbers: no copy, so a row read once costs what it did); the first
+time it is served again it is decoded and kept decoded, as a frozen copy, so later hits
+cost a copy of the row rather than a decode. Either way a caller's batch is its own:
+mutating it never changes the cache or another batch.
+
+The cache holds at most its budget in bytes (the arrays' bytes and an estimate of the
+Python objects around them) and forgets the least recently used rows first. A row larger
+than the whole budget is not kept. It is safe to use from several threads (a prefetching
+iterator and the trainer).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+from .._args import check_int
+from ..model.paths import MISSING
+from ..model.rows import DataRow, Experience, ExpMeta, trusted_many
+from .reader import collector_paused
+
+__all__ = ["DEFAULT_CACHE_BYTES", "CacheStats", "RawRows", "RowCache", "copy_value"]
+
+#: The budget a storage's cache gets unless told otherwise: enough for 64k rows of a 4 KB
+#: observation; ``cache_bytes=0`` turns the cache off.
+DEFAULT_CACHE_BYTES = 256 * 2**20
+
+#: What one key noted as read once takes (a set's slot and an int): the note of keys
+#: read once (the doorkeeper, see RowCache._admitted) gets a sixteenth of the budget.
+_SEEN_KEY_BYTES = 64
+#: ... and notes at least this many keys (a budget under 4 MiB notes more than its share).
+_SEEN_KEYS_MIN = 4096
+
+#: The entry's slot for the whole row (a fetch without paths).
+WHOLE = None
+
+#: What one entry costs beside its values: the entry, its dict and the LRU's node.
+_ENTRY_OVERHEAD = 360
+
+
+class CacheStats(NamedTuple):
+    """What a storage's row cache holds and how it has served (``buffer.cache_stats()``)."""
+
+    budget_bytes: int  # 0: the cache is off
+    bytes: int  # held now, never above the budget
+    rows: int  # rows held now
+    hits: int  # rows served from the cache
+    misses: int  # rows fetched from the database
+    evictions: int  # rows forgotten to stay within the budget
+    resets: int  # times it was emptied because the database was made anew
+
+    @property
+    def hit_rate(self) -> float:
+        """Hits over rows asked for (0.0 before any)."""
+        asked = self.hits + self.misses
+        return self.hits / asked if asked else 0.0
+
+
+class _Entry:
+    """One row: its id, what is held of it per slot (a field path; WHOLE for the whole
+    row, as read (:class:`_Raw`) or decoded), and what it all costs."""
+
+    __slots__ = ("id", "nbytes", "values")
+
+    def __init__(self, row_id: str) -> None:
+        self.id = row_id
+        self.values: dict[str | None, Any] = {}
+        self.nbytes = _ENTRY_OVERHEAD + sys.getsizeof(row_id)
+
+
+class _Raw(NamedTuple):
+    """A whole row as read, with the stored arrays it refers to by digest (one value, so
+    a promotion in another thread replaces both at once)."""
+
+    row: tuple[Any, ...]
+    arrays: dict[str, bytes] | None
+
+
+#: The slots a fetch needs of an entry.
+Slots = frozenset[str | None]
+_WHOLE_SLOT: Slots = frozenset({WHOLE})
+
+
+#: Reads fields of rows: (distinct keys, paths, writable) to (ids, each path's values), as
+#: :meth:`~expstore.storage.base.Storage.fetch_columns` does.
+ReadColumns = Callable[[list[int], Sequence[str], bool], tuple[list[str], list[Any]]]
+
+
+class RawRows(Protocol):
+    """Whole rows as the database gives them, and their decoding: a whole row is kept as
+    read (immutable text, bytes and numbers: no copy) until it is first served again."""
+
+    def read_raw(self, keys: list[int]) -> tuple[list[tuple[Any, ...]], dict[str, bytes]]:
+        """The rows among the distinct ``keys`` (each a tuple, its key first, its id
+        second), in no particular order, and the stored arrays they refer to by digest."""
+
+    def decode_raw(self, raw: Sequence[tuple[Any, ...]], arrays: dict[str, bytes]) -> list[DataRow]:
+        """The rows ``raw`` holds, decoded (new objects every call)."""
+
+    def digests_of(self, raw: tuple[Any, ...]) -> list[str]:
+        """The digests of the stored arrays one raw row refers to."""
+
+
+class RowCache:
+    """A byte-bounded LRU of decoded rows for one storage (see the module's text)."""
+
+    def __init__(self, budget_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+        self.budget = check_int("cache_bytes", budget_bytes, minimum=0)
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._epoch: Hashable = None
+        self._bytes = 0
+        self._hits = self._misses = self._evictions = self._resets = 0
+        #: Per path, whether its last read came stacked (see :meth:`fetch_columns`).
+        self._stacked: dict[str, bool] = {}
+        #: Keys of fields read once (see :meth:`_admitted`).
+        self._seen: set[int] = set()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A storage sent to another process takes its budget, not its rows.
+        return {"budget": self.budget}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["budget"])  # type: ignore[misc]
+
+    def _guard(self) -> threading.Lock:
+        """The lock, made anew (and the rows forgotten) in a process forked from the one
+        that made it: a thread of the parent (a prefetching stream) may have held it at
+        the fork, and would never release it here."""
+        if self._pid != os.getpid():
+            self._lock = threading.Lock()
+            self._pid = os.getpid()
+            self._forget_all()
+        return self._lock
+
+    @property
+    def enabled(self) -> bool:
+        return self.budget > 0
+
+    def stats(self) -> CacheStats:
+        with self._guard():
+            return CacheStats(
+                self.budget,
+                self._bytes,
+                len(self._entries),
+                self._hits,
+                self._misses,
+                self._evictions,
+                self._resets,
+            )
+
+    def clear(self) -> None:
+        """Forget every row (the counters stay)."""
+        with self._guard():
+            self._forget_all()
+
+    def reset(self) -> None:
+        """Forget every row because the database was made anew (counted in ``resets``)."""
+        with self._guard():
+            if self._entries:
+                self._resets += 1
+            self._forget_all()
+
+    def _forget_all(self) -> None:
+        self._entries.clear()
+        self._seen.clear()
+        self._bytes = 0
+
+    def resize(self, budget_bytes: int) -> None:
+        """Set the budget (0 turns the cache off and empties it)."""
+        budget = check_int("cache_bytes", budget_bytes, minimum=0)
+        with self._guard():
+            self.budget = budget
+            self._shrink()
+
+    def _shrink(self) -> None:
+        entries = self._entries
+        limit = self.budget - self.budget // 16  # (the rest: the note of keys read once)
+        while self._bytes > limit and entries:
+            _, old = entries.popitem(last=False)
+            self._bytes -= old.nbytes
+            self._evictions += 1
+
+    # -- the fetch -----------------------------------------------------------------------
+    def _begin(self, epoch: Hashable, distinct: list[int], slot: Slots) -> dict[int, _Entry]:
+        """The entries held of ``distinct`` keys with every slot, counted as hits (the rest
+        as misses); another ``epoch`` than the last one's empties the cache first."""
+        with self._guard():
+            if epoch != self._epoch:
+                if self._entries:
+                    self._resets += 1
+                self._forget_all()
+                self._epoch = epoch
+            held = self._held(distinct, slot)
+            self._hits += len(held)
+            self._misses += len(distinct) - len(held)
+            return held
+
+    def fetch_rows(
+        self, epoch: Hashable, keys: Sequence[int] | np.ndarray, source: RawRows
+    ) -> tuple[list[DataRow], list[tuple[int, str]]]:
+        """``(rows, hits)``: the whole rows with ``keys`` (in order, repeats kept, rows not
+        found left out); ``hits`` are the ``(key, id)`` pairs the cache served.
+
+        A row read again (see :meth:`_admitted`) is kept as read (no copy); the first time
+        it is served from the cache it is decoded with the rows read and kept decoded from
+        then on (a frozen copy), so later hits cost a copy, not a decode."""
+        wanted = _key_list(keys)
+        distinct = list(dict.fromkeys(wanted))
+        held = self._begin(epoch, distinct, _WHOLE_SLOT)
+        hits = [(k, e.id) for k, e in held.items()]
+        ready: dict[int, DataRow] = {}  # held decoded
+        raw: dict[int, tuple[Any, ...]] = {}  # to decode: held as read, and read now
+        arrays: dict[str, bytes] = {}
+        for key, entry in held.items():
+            value = entry.values[WHOLE]  # (one read: a promotion replaces it whole)
+            if type(value) is _Raw:
+                raw[key] = value.row
+                if value.arrays:
+                    arrays.update(value.arrays)
+            else:
+                ready[key] = value
+        promote = list(raw)
+        missing = [k for k in distinct if k not in held]
+        if missing:
+            read, found = source.read_raw(missing)
+            arrays.update(found)
+            raw.update((r[0], r) for r in read)
+            admitted = self._admitted(missing)  # (kept on their second read)
+            if admitted:
+                fresh: dict[int, _Entry] = {}
+                for key in admitted:
+                    r = raw.get(key)
+                    if r is None:  # (deleted since it was chosen)
+                        continue
+                    r = raw[key] = tuple(r)
+                    entry = fresh[key] = _Entry(r[1])
+                    mine = (
+                        {d: found[d] for d in source.digests_of(r) if d in found} if found else None
+                    )
+                    entry.values[WHOLE] = _Raw(r, mine)
+                    entry.nbytes += _footprint_raw(r) + sum(map(len, (mine or {}).values()))
+                with self._guard():
+                    if epoch == self._epoch:
+                        self._insert(fresh)
+        made: dict[int, DataRow] = {}
+        if raw:
+            order = list(raw)
+            made = dict(zip(order, source.decode_raw([raw[k] for k in order], arrays), strict=True))
+        with collector_paused():
+            if ready:
+                order = list(ready)
+                made.update(zip(order, copy_rows([ready[k] for k in order]), strict=True))
+            if promote:
+                sizes: list[int] = []
+                frozen = copy_rows([made[k] for k in promote], frozen=True, sizes=sizes)
+                self._promote(epoch, promote, frozen, sizes)
+        return [made[k] for k in wanted if k in made], hits
+
+    def _promote(
+        self, epoch: Hashable, keys: list[int], rows: list[DataRow], sizes: list[int]
+    ) -> None:
+        """Keep these rows decoded (held as read until now); ``sizes``: what each takes."""
+        with self._guard():
+            if epoch != self._epoch:
+                return
+            for key, row, size in zip(keys, rows, sizes, strict=True):
+                entry = self._entries.get(key)
+                if entry is None or type(entry.values.get(WHOLE)) is not _Raw:
+                    continue
+                before = entry.nbytes
+                entry.nbytes -= _footprint_raw(entry.values[WHOLE].row) + sum(
+                    map(len, (entry.values[WHOLE].arrays or {}).values())
+                )
+                entry.values[WHOLE] = row
+                entry.nbytes += size
+                self._bytes += entry.nbytes - before
+            self._shrink()
+
+    def fetch_columns(
+        self,
+        epoch: Hashable,
+        keys: Sequence[int] | np.ndarray,
+        paths: Sequence[str],
+        writable: bool,
+        read: ReadColumns,
+    ) -> tuple[list[str], list[Any], list[tuple[int, str]]]:
+        """``(ids, columns, hits)``: the values at ``paths`` of the rows with ``keys`` (in
+        order, repeats kept, rows not found left out) as ``read`` gives them, those held
+        from the cache, only the others read (and kept); ``hits`` are the ``(key, id)``
+        pairs the cache served."""
+        wanted = _key_list(keys)
+        distinct = list(dict.fromkeys(wanted))
+        slots = frozenset(paths)
+        held = self._begin(epoch, distinct, slots)
+        if not held:
+            # Nothing held (a cold cache, a large buffer): what is read is the answer, and
+            # the cache keeps copies of its own of the rows it admits.
+            ids, columns = read(wanted, paths, writable)
+            self._learn_forms(paths, columns)
+            if len(ids) == len(wanted):  # (else rows went: the caller chooses again)
+                at = None if len(distinct) == len(wanted) else _first_places(wanted)
+                self._keep(epoch, distinct, ids, columns, paths, at)
+            return ids, columns, []
+        hits = [(k, e.id) for k, e in held.items()]
+        missing = [k for k in distinct if k not in held]
+        if missing:
+            ids, columns = read(missing, paths, writable)
+            self._learn_forms(paths, columns)
+            if len(ids) != len(missing):
+                # A row chosen was deleted before this read: the batch is read whole, as
+                # without a cache (the caller chooses again; nothing of it is kept).
+                return (*read(wanted, paths, writable), [])
+            fresh = self._keep(epoch, missing, ids, columns, paths)
+            for i, key in enumerate(missing):
+                if key not in fresh:  # not admitted: in this batch only, as read
+                    entry = fresh[key] = _Entry(ids[i])
+                    for path, values in zip(paths, columns, strict=True):
+                        entry.values[path] = values[i]
+            held.update(fresh)
+        present = [k for k in wanted if k in held]
+        ids = [held[k].id for k in present]
+        stacked = self._stacked
+        out = [
+            _assemble([held[k].values[p] for k in present], writable, stacked.get(p, True))
+            for p in paths
+        ]
+        return ids, out, hits
+
+    def _learn_forms(self, paths: Sequence[str], columns: list[Any]) -> None:
+        """Note whether the database's values at each path came stacked (a tensor field
+        the decoder stacks) or as a list (parts walked in Python, say): the cache hands
+        them out in the same form."""
+        for path, values in zip(paths, columns, strict=True):
+            self._stacked[path] = type(values) is np.ndarray
+
+    def _held(self, distinct: list[int], slots: Slots) -> dict[int, _Entry]:
+        """The entries of ``distinct`` keys that hold every slot, moved to the recent end."""
+        entries = self._entries
+        held: dict[int, _Entry] = {}
+        for key in distinct:
+            entry = entries.get(key)
+            if entry is not None and entry.values.keys() >= slots:
+                held[key] = entry
+                entries.move_to_end(key)
+        return held
+
+    def _keep(
+        self,
+        epoch: Hashable,
+        keys: list[int],
+        ids: list[str],
+        columns: list[Any],
+        paths: Sequence[str],
+        at: dict[int, int] | None = None,
+    ) -> dict[int, _Entry]:
+        """Entries for the fields just read of the distinct ``keys`` (at positions ``at``
+        of ``ids`` and the columns, by default one after the other) that were read before
+        (see :meth:`_admitted`): copies of their own with arrays read-only, kept within
+        the budget, and returned whether kept or not (a batch may outgrow it)."""
+        fresh: dict[int, _Entry] = {}
+        admitted = self._admitted(keys)
+        if not admitted:
+            return fresh
+        where = at
+        if where is None:  # (a few admitted: look them up; many: index them all)
+            where = (
+                {key: keys.index(key) for key in admitted}
+                if len(admitted) <= 8
+                else {key: i for i, key in enumerate(keys)}
+            )
+        with collector_paused():
+            for key in admitted:
+                i = where[key]
+                entry = fresh[key] = _Entry(ids[i])
+                for path, values in zip(paths, columns, strict=True):
+                    entry.values[path] = value = _frozen(values[i])
+                    entry.nbytes += _footprint(value)
+        with self._guard():
+            if epoch == self._epoch:
+                self._insert(fresh)
+        return fresh
+
+    def _admitted(self, keys: list[int]) -> set[int]:
+        """Those of the distinct ``keys`` read once before (kept now); all are noted.
+
+        A row is kept on its second read, not its first (a doorkeeper, as TinyLFU's): a
+        copy per row read costs a cold sample about a tenth of its time, and rows drawn
+        once in a long while (a buffer much larger than the budget, uniform draws) would
+        only churn the cache. The note is a set of keys, emptied when full: a sixteenth of
+        the budget, at :data:`_SEEN_KEY_BYTES` a key (the rows get the rest)."""
+        with self._guard():
+            seen = self._seen
+            admitted = seen.intersection(keys)
+            if len(seen) + len(keys) > max(_SEEN_KEYS_MIN, self.budget // 16 // _SEEN_KEY_BYTES):
+                seen.clear()
+            seen.update(keys)
+            return admitted
+
+    def _insert(self, fresh: dict[int, _Entry]) -> None:
+        entries = self._entries
+        for key, entry in fresh.items():
+            old = entries.pop(key, None)
+            if old is not None:  # a row held for other fields: one entry for all of them
+                self._bytes -= old.nbytes
+                kept = {s: v for s, v in old.values.items() if s not in entry.values}
+                if kept:
+                    entry.values.update(kept)
+                    entry.nbytes += old.nbytes - _ENTRY_OVERHEAD
+            if entry.nbytes > self.budget - self.budget // 16:
+                continue
+            entries[key] = entry
+            self._bytes += entry.nbytes
+        self._shrink()
+
+
+def _key_list(keys: Sequence[int] | np.ndarray) -> list[int]:
+    return keys.tolist() if isinstance(keys, np.ndarray) else [int(k) for k in keys]
+
+
+def _first_places(wanted: list[int]) -> dict[int, int]:
+    """Each key's first position in ``wanted``."""
+    places: dict[int, int] = {}
+    for i, key in enumerate(wanted):
+        places.setdefault(key, i)
+    return places
+
+
+# -- copies and sizes ----------------------------------------------------------------------
+def copy_value(value: Any, *, frozen: bool = False) -> Any:
+    """A copy of a decoded value that shares nothing mutable with it: dicts and lists
+    copied through, arrays copied (read-only copies when ``frozen``); strings, numbers,
+    None and MISSING as they are."""
+    kind = type(value)
+    if kind is dict:
+        return {k: copy_value(v, frozen=frozen) for k, v in value.items()}
+    if kind is list:
+        return [copy_value(v, frozen=frozen) for v in value]
+    if kind is np.ndarray:
+        out = value.copy()
+        if frozen:
+            out.flags.writeable = False
+        return out
+    if kind in _IMMUTABLE or value is MISSING:
+        return value
+    return copy.deepcopy(value)  # anything else a codec extension decodes to
+
+
+_IMMUTABLE = frozenset({str, int, float, bool, type(None), bytes, tuple})
+_SCALAR_BYTES = 32  # an int, a float, a bool: about what each takes
+
+
+def _freeze(value: Any, size: list[int]) -> Any:
+    """:func:`copy_value` with ``frozen=True`` that also adds about what the copy takes in
+    memory to ``size[0]`` (one walk for both)."""
+    kind = type(value)
+    if kind is dict:
+        size[0] += sys.getsizeof(value)
+        return {k: _freeze(v, size) for k, v in value.items()}
+    if kind is list:
+        size[0] += sys.getsizeof(value)
+        return [_freeze(v, size) for v in value]
+    if kind is np.ndarray:
+        out = value.copy()
+        out.flags.writeable = False
+        size[0] += out.nbytes + 128
+        return out
+    if kind is str:
+        size[0] += sys.getsizeof(value)
+        return value
+    if kind in _IMMUTABLE or value is MISSING:
+        size[0] += _SCALAR_BYTES
+        return value
+    size[0] += sys.getsizeof(value)
+    return copy.deepcopy(value)
+
+
+def _frozen(value: Any) -> Any:
+    """What the cache keeps of one fetched value: read-only arrays, copied containers."""
+    if type(value) is np.ndarray and not value.flags.writeable and value.base is None:
+        return value
+    return copy_value(value, frozen=True)
+
+
+def copy_rows(
+    rows: Sequence[DataRow], *, frozen: bool = False, sizes: list[int] | None = None
+) -> list[DataRow]:
+    """Copies of decoded rows sharing nothing mutable with them (arrays read-only when
+    ``frozen``), made as the reader makes rows (:func:`~expstore.model.rows.trusted_many`:
+    their values were validated when stored). With ``sizes`` (and ``frozen``), about what
+    each copy takes in memory is appended to it."""
+    metas = trusted_many(ExpMeta, (dict(r.exp_meta.__dict__) for r in rows))
+    if sizes is not None:
+        contents = []
+        for r in rows:
+            size = [_ROW_OVERHEAD + sys.getsizeof(r.id)]
+            contents.append({name: _freeze(v, size) for name, v in r.exp_data.__dict__.items()})
+            sizes.append(size[0])
+    else:
+        contents = [
+            {name: copy_value(v, frozen=frozen) for name, v in r.exp_data.__dict__.items()}
+            for r in rows
+        ]
+    data = trusted_many(Experience, contents)
+    return trusted_many(
+        DataRow,
+        (
+            {"exp_meta": m, "exp_data": d, "id": r.id}
+            for m, d, r in zip(metas, data, rows, strict=True)
+        ),
+    )
+
+
+#: Three pydantic model objects with their dicts and fields-sets, and the metadata's
+#: dozen scalars: what a row takes beside its payload.
+_ROW_OVERHEAD = 3 * 400 + 12 * 60
+
+
+def _assemble(values: list[Any], writable: bool, stack: bool = True) -> Any:
+    """One path's values over the batch from the cache: with ``stack``, an array whose
+    first axis is the rows when every value is an array of one dtype and shape (as a fetch
+    stacks a tensor field), else a list of copies (read-only arrays shared, as views, when
+    ``writable`` is off)."""
+    if stack and values and all(type(v) is np.ndarray for v in values):
+        first = values[0]
+        if all(v.dtype == first.dtype and v.shape == first.shape for v in values):
+            return np.stack(values)
+    if writable:
+        return [copy_value(v) for v in values]
+    # A view of a read-only array cannot be made writable (the array itself could).
+    return [v.view() if type(v) is np.ndarray else copy_value(v) for v in values]
+
+
+def _footprint(value: Any) -> int:
+    """About what ``value`` takes in memory: an array's bytes and header, containers with
+    what they hold."""
+    kind = type(value)
+    if kind is np.ndarray:
+        return int(value.nbytes) + 128
+    if kind is dict:
+        return sys.getsizeof(value) + sum(_footprint(k) + _footprint(v) for k, v in value.items())
+    if kind is list:
+        return sys.getsizeof(value) + sum(map(_footprint, value))
+    return sys.getsizeof(value)
+
+
+def _footprint_raw(raw: tuple[Any, ...]) -> int:
+    """What a row as read takes: its tuple and the text, bytes and numbers in it."""
+    return sys.getsizeof(raw) + sum(map(sys.getsizeof, raw))
