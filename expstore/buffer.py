@@ -296,6 +296,21 @@ class ReplayBuffer:
         """Drop the index :meth:`create_index` made on ``path``; whether there was one."""
         return self.sql.drop_index(path)
 
+    def track_changes(self, path: str) -> bool:
+        """Track whether the value at ``path`` (``"exp_data.state.screenshot"``, or a
+        column) equals the previous and the next step's of each trajectory, so that
+        ``changed(path)`` and ``unchanged(path)`` cost about what an indexed filter costs
+        instead of a probe per row, and small arrays (kept in their rows' blobs) compare by
+        value too. Every write and removal keeps the flags, in its transaction; the rows
+        stored now are done in one transaction. Kept in the database for every handle of
+        the buffer; returns whether the path was not tracked already (see
+        :mod:`expstore.features.changes`)."""
+        return self.sql.track_changes(path)
+
+    def untrack_changes(self, path: str) -> bool:
+        """Stop tracking ``path`` (:meth:`track_changes`); whether it was tracked."""
+        return self.sql.untrack_changes(path)
+
     def create_summary(
         self, *, step: int = 200_000, progress: Callable[[int], object] | None = None
     ) -> None:

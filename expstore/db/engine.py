@@ -244,6 +244,23 @@ class Connections:
         self.engine = create_sql_engine(url)
         self._write_engine = self.engine.execution_options(expstore_begin="IMMEDIATE")
         self.on_fork: list[Callable[[], None]] = []
+        self._held = threading.local()
+
+    @contextmanager
+    def _holding(self, conn: Connection) -> Iterator[Connection]:
+        """``conn``, known to :meth:`held` in this thread until the block ends."""
+        stack = self._held.__dict__.setdefault("stack", [])
+        stack.append(conn)
+        try:
+            yield conn
+        finally:
+            stack.pop()
+
+    def held(self) -> Connection | None:
+        """The connection this thread reads or writes through now (the innermost), if any:
+        a small read a statement needs can share it (and its snapshot)."""
+        stack = self._held.__dict__.get("stack")
+        return stack[-1] if stack else None
 
     @property
     def write_engine(self) -> Engine:
@@ -275,7 +292,7 @@ class Connections:
         routed = None if self.router is None else self.router.connect()
         if routed is None:
             try:
-                with self._lock, engine.connect() as conn:
+                with self._lock, engine.connect() as conn, self._holding(conn):
                     yield conn
             except DBAPIError as exc:
                 if connection_lost(exc):  # cut under the read (e.g. a server restart)
@@ -288,7 +305,7 @@ class Connections:
         conn, replica = routed
         assert self.router is not None
         try:
-            with conn:
+            with conn, self._holding(conn):
                 yield conn
         except DBAPIError as exc:
             if connection_lost(exc):  # the replica went away
@@ -306,11 +323,11 @@ class Connections:
     def write(self) -> Iterator[Connection]:
         router = self.router
         if router is None or not router.read_your_writes:
-            with self._lock, self._engines()[1].begin() as conn:
+            with self._lock, self._engines()[1].begin() as conn, self._holding(conn):
                 yield conn
             return
         with self._lock, self._engines()[1].connect() as conn:
-            with conn.begin():
+            with conn.begin(), self._holding(conn):
                 yield conn
             try:
                 router.wrote(conn)  # committed: the LSN the next replica read waits for

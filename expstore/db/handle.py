@@ -10,7 +10,7 @@ from itertools import islice
 from operator import itemgetter
 from typing import Any, NamedTuple, TypeVar
 
-from sqlalchemy import Connection, Select
+from sqlalchemy import Boolean, Connection, Integer, Select, Table, bindparam, select
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
@@ -18,13 +18,14 @@ from sqlalchemy.sql.elements import ColumnElement
 from .._retry import CONFLICT
 from ..errors import StorageError
 from ..query import QueryCondition, to_sql
+from ..query.conditions import And, Changed, Condition, Or, as_condition
 from .compiled import CompiledSelect
 from .dialects import Dialect, dialect_for
 from .engine import Connections
-from .schema import rows
+from .schema import changes, rows, tracked_paths
 from .tuning import Tuning
 
-__all__ = ["BufferHandle", "retried"]
+__all__ = ["BufferHandle", "has_changed", "retried"]
 
 _T = TypeVar("_T")
 
@@ -76,6 +77,10 @@ class BufferHandle:
         #: How to forget what the storage's parts cache of the buffer: run in a forked
         #: child, and when the database turns out to have been made anew.
         self.caches: list[Callable[[], None]] = []
+        #: The buffer's tracked paths and their ids, as last read (see tracked_paths), and a
+        #: number that grows whenever they change, for statements compiled with them.
+        self.tracked: dict[str, int] = {}
+        self.tracked_version = 0
 
     def forget_caches(self) -> None:
         """Forget everything cached of the buffer (see :attr:`caches`)."""
@@ -155,11 +160,75 @@ class BufferHandle:
         """The WHERE clauses for this buffer's rows matching ``query_condition``."""
         return [rows.c.buffer_id == self.buffer_id, *self.matching(query_condition)]
 
-    def matching(self, query_condition: QueryCondition) -> list[ColumnElement[bool]]:
+    def matching(
+        self, query_condition: QueryCondition, *, probe: bool = False
+    ) -> list[ColumnElement[bool]]:
         """The WHERE clauses of ``query_condition`` alone (none for None), for rows already
-        known to be the buffer's."""
-        compiled = to_sql(query_condition, rows, self.dialect.name)
+        known to be the buffer's. ``changed()`` on a path the buffer tracks reads its flags
+        (the tracked paths are read again for each condition that has one): the rows
+        flagged, for a statement they drive (a count, a scan), or with ``probe`` (a few
+        rows chosen already) each row's flag looked up."""
+        condition = as_condition(query_condition)
+        flags = None
+        if has_changed(condition):
+            self.tracked_paths()
+            flags = self.probe_flags if probe else self.change_flags
+        compiled = to_sql(condition, rows, self.dialect.name, flags)
         return [] if compiled is None else [compiled]
+
+    def tracked_paths(self) -> dict[str, int]:
+        """The buffer's tracked paths (see :mod:`expstore.features.changes`) and their ids,
+        read now: on the connection the thread is using, if any (the statement's own
+        snapshot), else on one of its own. An in-memory database has no other handle:
+        what this one tracked."""
+        if not self.connections.memory:
+            stmt = select(tracked_paths.c.path, tracked_paths.c.id).where(
+                tracked_paths.c.buffer_id == self.buffer_id
+            )
+            held = self.connections.held()
+            with self.errors("read the tracked paths"):
+                if held is not None:
+                    found = held.execute(stmt).all()
+                else:
+                    with self.read() as conn:
+                        found = conn.execute(stmt).all()
+            self.note_tracked({str(p): int(i) for p, i in found})
+        return self.tracked
+
+    def note_tracked(self, found: dict[str, int]) -> None:
+        """Take the tracked paths just read: statements compiled with others are dropped."""
+        if found != self.tracked:
+            self.tracked = found
+            self.tracked_version += 1
+            self._statements.clear()
+            self.plans.clear()
+
+    def change_flags(self, c: Changed, table: Table) -> ColumnElement[bool] | None:
+        """``changed()`` on a tracked path: the rows whose flag says so, by the index on
+        (path, flag, key); None for a path not tracked (see
+        :data:`~expstore.query.compiler.ChangeFlags`)."""
+        path_id = self.tracked.get(c.target.canonical)
+        if path_id is None:
+            return None
+        flag = changes.c.same_next if c.towards == "next" else changes.c.same_previous
+        keys = select(changes.c.key).where(
+            changes.c.path_id == bindparam(None, path_id, type_=Integer()),
+            flag == bindparam(None, not c.changed, type_=Boolean()),
+        )
+        return table.c.key.in_(keys)
+
+    def probe_flags(self, c: Changed, table: Table) -> ColumnElement[bool] | None:
+        """:meth:`change_flags` for a few rows known already: each row's flag, by key."""
+        path_id = self.tracked.get(c.target.canonical)
+        if path_id is None:
+            return None
+        flag = changes.c.same_next if c.towards == "next" else changes.c.same_previous
+        found = select(changes.c.key).where(
+            changes.c.path_id == bindparam(None, path_id, type_=Integer()),
+            changes.c.key == table.c.key,
+            flag == bindparam(None, not c.changed, type_=Boolean()),
+        )
+        return found.correlate(table).exists()
 
     def statement(self, key: tuple[Any, ...], build: Callable[[], Select[Any]]) -> CompiledSelect:
         """The statement ``build()`` makes, compiled once for this database and kept."""
@@ -173,6 +242,16 @@ class BufferHandle:
 
     def shown_url(self) -> str:
         return self.url.render_as_string(hide_password=True)
+
+
+def has_changed(query_condition: QueryCondition | Condition) -> bool:
+    """Whether the condition holds a ``changed()``/``unchanged()`` anywhere."""
+    condition = as_condition(query_condition)
+    if isinstance(condition, Changed):
+        return True
+    if isinstance(condition, (And, Or)):
+        return any(has_changed(c) for c in condition.conditions)
+    return False
 
 
 class _TranslateErrors:

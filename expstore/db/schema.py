@@ -366,6 +366,46 @@ array_refs = Table(
     Index(None, "buffer_id", "digest"),
 )
 
+#: Paths whose changes a buffer tracks (``buffer.track_changes(path)``, see
+#: :mod:`expstore.features.changes`): ``id`` names the path in ``expstore_changes``, never
+#: given again, so a statement compiled for a path untracked since finds no flags of a
+#: path tracked anew.
+tracked_paths = Table(
+    "expstore_tracked_paths",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column(
+        "buffer_id",
+        Integer,
+        ForeignKey("expstore_buffers.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("path", String(1000), nullable=False),
+    UniqueConstraint("buffer_id", "path"),
+)
+
+#: Per row and tracked path: the digest of the row's value there (NULL: nothing to compare,
+#: see :mod:`expstore.codec.tracked`) and whether it equals the previous step's and the next
+#: step's of the same trajectory, kept exact by every write and removal in their
+#: transaction. ``changed(path)`` reads the flags through the two indexes, which hold the
+#: keys in order (an index-only semi-join with the rows).
+changes = Table(
+    "expstore_changes",
+    metadata,
+    _row_key(),  # first in the primary key, which the rows' ON DELETE CASCADE looks up
+    Column(
+        "path_id",
+        Integer,
+        ForeignKey("expstore_tracked_paths.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("digest", String(32), nullable=True),
+    Column("same_previous", Boolean, nullable=False),
+    Column("same_next", Boolean, nullable=False),
+    Index(None, "path_id", "same_previous", "key"),
+    Index(None, "path_id", "same_next", "key"),
+)
+
 #: An actor's saved progress on a claimed row (a prompt): the partial rollout so far, as
 #: JSON text, saved by the claim that holds the row (``claim.save_progress``) and read by
 #: whoever claims it next (``claim.progress``); an ack removes it, and it goes with its row.

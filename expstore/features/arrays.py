@@ -98,14 +98,20 @@ def set_compression(
 
 
 def store_arrays(
-    handle: BufferHandle, conn: Connection, externals: Externals, compression: str | None
+    handle: BufferHandle,
+    conn: Connection,
+    externals: Externals,
+    compression: str | None,
+    keys: Mapping[str, int] | None = None,
 ) -> int:
     """Store the arrays the rows just inserted refer to that the buffer lacks, and the
     rows' references, in the caller's transaction; returns how many arrays were new. Rows
-    of ``externals`` that were not inserted (left out as duplicates) are skipped."""
+    of ``externals`` that were not inserted (left out as duplicates) are skipped.
+    ``keys``: the inserted rows' keys by id, if the caller has them."""
     if not externals:
         return 0
-    keys = ids_to_keys(handle, conn, list(externals))
+    if keys is None:
+        keys = ids_to_keys(handle, conn, list(externals))
     buffer_id = handle.buffer_id
     refs: dict[tuple[int, str], None] = {}
     wanted: dict[str, Any] = {}

@@ -19,7 +19,7 @@ from .._args import check_int
 from ..db.handle import BufferHandle
 from ..db.schema import buffers, rows
 from ..errors import InvalidArgumentError, RetentionConflictError
-from . import arrays, tombstones
+from . import arrays, changes, tombstones
 from .eviction import EVICTION_POLICIES, OLDEST_FIRST_POLICIES, evict
 from .stats import task_stats
 
@@ -215,10 +215,14 @@ def remove(
     keep, last = tombstones.kept_tombstones(conn, handle.buffer_id)
     tombstones.record(handle, conn, doomed, reason, policy, keep, last)
     referred = arrays.referred_by(handle, conn, doomed)
+    tracked = changes.tracked(conn, handle.buffer_id)
+    touched = changes.tasks_of(conn, handle, doomed) if tracked else set()
     bound = {"keys": dialect.key_set(doomed)}
     gone = int(conn.execute(_delete_keys(dialect), bound).rowcount)
     if referred:  # their references went with the rows (ON DELETE CASCADE)
         arrays.sweep(conn, handle.buffer_id, referred)
+    for path_id in tracked.values():  # their flags went with them: their tasks' anew
+        changes.refresh(conn, handle.buffer_id, path_id, touched)
     if gone and kept is not None and removal is not None:
         task_stats.after_delete(handle, conn, kept, removal)
     count_removed(handle, conn, gone)

@@ -65,7 +65,13 @@ from ..model.paths import FieldPath
 from ._like import ESCAPE, like_to_glob
 from .conditions import And, Changed, Comparison, Condition, Or, as_condition
 
-__all__ = ["DIALECTS", "json_text", "sqlite_json_path", "to_sql"]
+__all__ = ["DIALECTS", "ChangeFlags", "json_text", "sqlite_json_path", "to_sql"]
+
+#: How ``changed()`` on a tracked path compiles: given the condition and the rows table, the
+#: expression reading the path's flags, or None for a path no one tracks (then the compiler
+#: probes the neighbour of each row). Given by the storage, which knows the tracked paths
+#: (see :mod:`expstore.features.changes`).
+ChangeFlags = Callable[[Changed, Table], "ColumnElement[bool] | None"]
 
 _PG_TYPES: dict[Kind, str] = {"number": "number", "string": "string", "bool": "boolean"}
 _SQLITE_TYPES: dict[Kind, tuple[str, ...]] = {
@@ -78,12 +84,16 @@ _TEXT_OPS = _ORDERING | {"like", "not_like"}
 
 
 def to_sql(
-    condition: Condition | Mapping[str, Any] | None, table: Table, dialect_name: str
+    condition: Condition | Mapping[str, Any] | None,
+    table: Table,
+    dialect_name: str,
+    flags: ChangeFlags | None = None,
 ) -> ColumnElement[bool] | None:
     """The WHERE expression for ``condition`` over ``table``'s columns, or None for None.
 
     ``table`` has the columns of ``expstore.db.schema.rows``; ``dialect_name`` is
-    ``"sqlite"`` or ``"postgresql"``.
+    ``"sqlite"`` or ``"postgresql"``; ``flags`` compiles ``changed()`` on tracked paths
+    (see :data:`ChangeFlags`).
 
     >>> from expstore.db.schema import rows
     >>> print(to_sql({"field": "task_id", "value": "t1", "op": "eq"}, rows, "sqlite"))
@@ -97,7 +107,7 @@ def to_sql(
     built = as_condition(condition)
     if built is None:
         return None
-    return _COMPILERS[dialect_name](table).condition(built)
+    return _COMPILERS[dialect_name](table, flags).condition(built)
 
 
 def json_value(field: FieldPath, table: Table, dialect_name: str) -> ColumnElement[Any]:
@@ -194,8 +204,9 @@ def _render_joined(element: _Joined, compiler: Any, **kw: Any) -> str:
 class _Compiler(ABC):
     """Conditions to SQL: what both dialects share here, their differences in subclasses."""
 
-    def __init__(self, table: Table) -> None:
+    def __init__(self, table: Table, flags: ChangeFlags | None = None) -> None:
         self.table = table
+        self.flags = flags
 
     def condition(self, condition: Condition) -> ColumnElement[bool]:
         if isinstance(condition, And):
@@ -231,8 +242,12 @@ class _Compiler(ABC):
         """The value at ``c.target`` compared with the previous step of the same trajectory
         (same buffer and task_id, the largest step below this row's; or the next, the
         smallest above), found by a correlated probe of the ``(buffer_id, task_id, step)``
-        index."""
+        index; on a tracked path, the flags the storage keeps (see :data:`ChangeFlags`)."""
         table = self.table
+        if self.flags is not None:
+            tracked = self.flags(c, table)
+            if tracked is not None:
+                return tracked
         forward = c.towards == "next"
         other = table.alias("expstore_next" if forward else "expstore_previous")
         here = self.change_key(c.target)

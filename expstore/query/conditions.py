@@ -323,10 +323,12 @@ class Changed(Condition):
     What is compared is what the database sees: the digest of an array stored by digest
     (64 KiB or more: a screenshot), the JSON of any other payload value, the value of a
     column. An array kept in its row's blob (smaller) has no digest, so it is never
-    *unchanged*. The first step of a trajectory has no previous step: it counts as changed
-    (and with ``next``, the last step has no next one: it counts as changed). Compiled to
-    SQL only: a single row
-    cannot tell, so :meth:`matches` raises QueryError.
+    *unchanged*, unless the buffer tracks the path (``buffer.track_changes(path)``): then
+    each row's digest of the value, whatever its size, and flags kept by every write answer
+    it (see :mod:`expstore.features.changes`). The first step of a trajectory has no
+    previous step: it counts as changed (and with ``next``, the last step has no next one:
+    it counts as changed). Compiled to SQL only: a single row cannot tell, so
+    :meth:`matches` raises QueryError.
 
     >>> print(Changed("exp_data.state.screenshot"))
     changed(exp_data.state.screenshot)

@@ -33,7 +33,7 @@ import numpy as np
 from sqlalchemy import Connection, and_, bindparam, func, or_, select
 
 from ..db.compiled import CompiledSelect
-from ..db.handle import BufferHandle
+from ..db.handle import BufferHandle, has_changed
 from ..db.schema import loose_scan, priorities, rows
 from ..errors import InvalidArgumentError
 from ..features.draw_counts import unspent_clause
@@ -211,10 +211,10 @@ class SqlKeySpace(KeySpace):
             self.handle, self.conn, oldest, self.low, self.max_key, limit
         )
 
-    def matching(self) -> list[Any]:
+    def matching(self, probe: bool = False) -> list[Any]:
         """The WHERE clauses of the condition, max_staleness and consume_after (the buffer
-        aside)."""
-        clauses = self.handle.matching(self.query_condition)
+        aside); ``probe``: for a few candidate keys (see :meth:`BufferHandle.matching`)."""
+        clauses = self.handle.matching(self.query_condition, probe=probe)
         if self.max_staleness is not None:
             clauses.append(fresh_clause(self.handle.buffer_id, self.max_staleness))
         if self.consume_after is not None:
@@ -248,14 +248,18 @@ class SqlKeySpace(KeySpace):
         selected = [_column(n, handle.dialect) for n in names]
 
         def build(covering: bool = False) -> Any:  # only when not compiled yet
-            clauses = self.matching()
+            clauses = self.matching(probe=True)
             if covering:
                 clauses.insert(0, rows.c.buffer_id == handle.buffer_id)
             chosen = select(rows.c.key, *(c.selected for c in selected), rows.c.buffer_id)
             return chosen.where(handle.dialect.key_in(), *clauses)
 
         narrowed = (self.max_staleness, self.consume_after)
-        key = ("probe", condition_key(self.query_condition), narrowed, names)
+        key: tuple[Any, ...] = ("probe", condition_key(self.query_condition), narrowed, names)
+        if self.signature is not None and has_changed(self.query_condition):
+            # Compiled again when the buffer's version moves (tracking a path bumps it), so
+            # that changed() follows another process's track_changes/untrack_changes.
+            key = (*key, self.signature.version)
         if handle.dialect.name == "postgresql":
             # With the buffer in the WHERE clause, the (buffer_id, key) index, or under a
             # condition an index (buffer_id, column, key) on its column, answers the probe

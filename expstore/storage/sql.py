@@ -46,7 +46,7 @@ from ..db.replicas import ReadRouter
 from ..db.schema import buffers, rows
 from ..db.tuning import Tuning
 from ..errors import InvalidArgumentError, RowValidationError, StorageError, UnsupportedTypeError
-from ..features import arrays, draw_counts, priorities, registry, tombstones, versions
+from ..features import arrays, changes, draw_counts, priorities, registry, tombstones, versions
 from ..features.claims.queue import ClaimQueue
 from ..features.claims.ready_groups import ReadyGroups
 from ..features.dedup import Dedup
@@ -504,6 +504,39 @@ class SqlStorage(Storage):
     def drop_index(self, path: str) -> bool:
         """Drop the index :meth:`create_index` made on ``path``; whether there was one."""
         return path_indexes.drop_path_index(self._handle, path)
+
+    def track_changes(self, path: str) -> bool:
+        """Keep, for every row, whether the value at ``path`` equals the previous and the
+        next step's, so ``changed(path)`` reads flags instead of probing each row's
+        neighbour; the rows stored are done now, in one transaction. Whether the path was
+        not tracked already (see :mod:`expstore.features.changes`)."""
+        handle = self._handle
+        changes.check_path(path)
+        with handle.errors(f"track changes of {path}"), handle.write() as conn:
+            registry.lock_buffer(handle, conn, buffers.c.id)
+            done = changes.track(handle, conn, path)
+            if done:  # readers' statements compiled with the tracked paths: anew
+                registry.bump_version(handle, conn)
+            found = changes.tracked(conn, handle.buffer_id)
+        handle.note_tracked(found)
+        return done
+
+    def untrack_changes(self, path: str) -> bool:
+        """Stop tracking ``path`` (its flags go); whether it was tracked."""
+        handle = self._handle
+        changes.check_path(path)
+        with handle.errors(f"stop tracking changes of {path}"), handle.write() as conn:
+            registry.lock_buffer(handle, conn, buffers.c.id)
+            done = changes.untrack(handle, conn, path)
+            if done:  # readers' statements compiled with the tracked paths: anew
+                registry.bump_version(handle, conn)
+            found = changes.tracked(conn, handle.buffer_id)
+        handle.note_tracked(found)
+        return done
+
+    def tracked_changes(self) -> list[str]:
+        """The paths whose changes the buffer tracks."""
+        return sorted(self._handle.tracked_paths())
 
     def create_summary(
         self,

@@ -38,7 +38,7 @@ from ..errors import (
     RowValidationError,
     UnsupportedTypeError,
 )
-from ..features import arrays
+from ..features import arrays, changes
 from ..features.dedup import check_dedup, without_duplicates
 from ..features.eviction import EVERY_WRITE_POLICIES
 from ..features.rate_limits import RateLimits, WriteBlocked, limited_flag
@@ -329,6 +329,11 @@ def write_in(
             kept = without_duplicates(handle, conn, encoded, dedup)
             stored = len(kept)
             chunks = iter([kept[i : i + WRITE_CHUNK] for i in range(0, stored, WRITE_CHUNK)])
+        tracked = changes.tracked(conn, handle.buffer_id)
+        noted: changes.Noted = []
+        if tracked:  # each new row's digests at the tracked paths, as it goes in
+            fields = [changes.check_path(path) for path in tracked]
+            chunks = changes.note(chunks, fields, noted)
         if limited:  # exact: the samples counted only grow meanwhile
             RateLimits(handle).check_write(conn, stored)
         evicts = capacity is not None or policy in EVERY_WRITE_POLICIES
@@ -337,14 +342,22 @@ def write_in(
         # the rows it removes.
         newest = (
             task_stats.newest_key(conn, handle.buffer_id)
-            if evicts or summaries is not None
+            if evicts or summaries is not None or tracked or stored
             else None
         )
         removed = Removed(newest if evicts else None)
         if stored:
             before = None if summaries is None else newest
             handle.dialect.insert_rows(conn, chunks)
-            arrays.store_arrays(handle, conn, batch.external, setting.compression)
+            # The rows above the buffer's largest key before the write are the write's.
+            keys = None
+            if noted or batch.external:
+                assert newest is not None
+                keys = changes.keys_above(conn, handle.buffer_id, newest)
+            arrays.store_arrays(handle, conn, batch.external, setting.compression, keys)
+            if noted:
+                assert keys is not None
+                changes.after_insert(conn, handle.buffer_id, list(tracked.values()), noted, keys)
             count_inserted(handle, conn, stored)
             if before is not None:
                 task_stats.merge_new(handle, conn, before)

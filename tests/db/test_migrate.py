@@ -321,3 +321,27 @@ def test_revision_0015_counts_what_each_consumer_acked_before_it(fresh_url: str)
     counted = text("SELECT consumer, acked FROM expstore_consumers ORDER BY consumer")
     with engine.connect() as conn:
         assert [tuple(r) for r in conn.execute(counted)] == [("learner", 3), ("other", 1)]
+
+
+def test_revision_0017_adds_tracked_changes_and_drops_them_keeping_the_rows(
+    fresh_url: str,
+) -> None:
+    engine = _writer(fresh_url)
+    migrate.upgrade(engine)
+    changed = QueryBuilder().unchanged("task_id").build()
+    with ReplayBuffer(fresh_url, name="old") as buf:
+        buf.store_batch(make_rows(8, tasks=1))
+        buf.track_changes("task_id")
+        tracked = buf.count(changed)
+        assert tracked == 7  # every step but the first
+    migrate.downgrade(engine, "0016")
+    with engine.connect() as conn:
+        assert not inspect(conn).has_table("expstore_changes")
+        assert not inspect(conn).has_table("expstore_tracked_paths")
+        assert conn.execute(text("SELECT count(*) FROM expstore_rows")).scalar_one() == 8
+    migrate.upgrade(engine)
+    with ReplayBuffer(fresh_url, name="old") as buf:
+        assert buf.sql.tracked_changes() == []
+        assert buf.count(changed) == tracked  # by the probe again
+        buf.track_changes("task_id")
+        assert buf.count(changed) == tracked
