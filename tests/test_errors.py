@@ -38,8 +38,10 @@ def test_no_module_raises_a_builtin_exception_on_purpose() -> None:
         f"{path.relative_to(PACKAGE)}:{line} raises {name}"
         for path in sorted(PACKAGE.rglob("*.py"))
         for line, name in _raises(ast.parse(path.read_text()))
-        # AttributeError is the protocol of a module's __getattr__.
-        if name in BUILTIN_ERRORS and name not in ("NotImplementedError", "AttributeError")
+        # AttributeError is the protocol of a module's __getattr__, StopIteration an
+        # iterator's (expstore.prefetch).
+        if name in BUILTIN_ERRORS
+        and name not in ("NotImplementedError", "AttributeError", "StopIteration")
     ]
     assert not offenders, "raise an ExpstoreError subclass instead:\n" + "\n".join(offenders)
 

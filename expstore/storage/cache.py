@@ -563,7 +563,7 @@ class RowCache:
             n_held = int(ok.sum())
             self._hits += n_held
             self._misses += len(distinct) - n_held
-            if n_held == len(distinct):  # all held: gathered in the lock (slots move)
+            if distinct and n_held == len(distinct):  # all held: gathered in the lock
                 if len(distinct) == len(wanted):
                     where = slots
                 else:

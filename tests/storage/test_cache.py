@@ -364,6 +364,14 @@ def _fetch_all(buf: ReplayBuffer) -> None:
     assert rows is not None and len(rows) == 10
 
 
+def test_no_keys_give_no_rows(buffer: ReplayBuffer) -> None:
+    buffer.store_batch(make_rows(3, tensor=True))
+    for paths in (FIELDS.paths, None):
+        fetched = buffer.storage.fetch(np.array([], np.int64), paths)
+        assert fetched.ids == []
+        assert fetched.columns is None or all(len(c) == 0 for c in fetched.columns)
+
+
 def test_the_cache_itself() -> None:
     cache = RowCache(0)
     assert not cache.enabled
