@@ -132,7 +132,7 @@ def _urls(args: argparse.Namespace, n: int, dim: int) -> dict[str, tuple[str, st
 def build(url: str, name: str, n: int, dim: int, *, json_bytes: int = 0) -> None:
     from expstore import ReplayBuffer
 
-    with ReplayBuffer(url, name=name, cache_bytes=0) as buffer:
+    with ReplayBuffer(url, name=name, cache_bytes=0, upgrade=True) as buffer:
         if buffer.count() == n:
             return
         buffer.clear()
@@ -280,7 +280,8 @@ def aworld_backend(args: argparse.Namespace, backend: str) -> None:
         buffer = ReplayBuffer(url, name=name, cache_bytes=1 << 30)
         cold = ReplayBuffer(url, name=name, cache_bytes=1 << 30)  # emptied before each call
         off = ReplayBuffer(url, name=name, cache_bytes=0)
-        doc_bytes = len(buffer.storage._reader.read_raw([1])[0][0][columns.index("data")])
+        first = int(buffer.storage.key_index()["key"][0])
+        doc_bytes = len(str(buffer.storage._reader.read_raw([first])[0][0][columns.index("data")]))
         engine = create_sql_engine(buffer.storage.url)
         connection = engine.raw_connection()
         sqlite = backend == "sqlite"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,14 @@ CONV = NumpyConverter({"obs": "exp_data.state.obs", "i": "exp_data.state.i"})
 
 def _prefetch_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "expstore-prefetch"]
+
+
+@pytest.fixture(autouse=True)
+def _no_thread_outlives_a_test() -> Iterator[None]:
+    """A prefetch thread left running would hold locks a process forked later (a
+    DataLoader worker in another test) inherits held."""
+    yield
+    assert _wait_until(lambda: not _prefetch_threads())
 
 
 def _wait_until(check: Any, seconds: float = 30.0) -> bool:
@@ -170,7 +178,7 @@ def test_close_does_not_wait_out_a_rate_limit(buffer: ReplayBuffer) -> None:
     from expstore.features.rate_limiter import RateLimiter
 
     buffer.set_rate_limiter(
-        RateLimiter(min_size=1, samples_per_insert=1.0, error_buffer=8.0, timeout=60.0)
+        RateLimiter(min_size=1, samples_per_insert=1.0, error_buffer=8.0, timeout=4.0)
     )
     buffer.store_batch(make_rows(8))
     it = buffer.batches(UniformSampler(seed=0), None, _FailsAt(10**9), 4, prefetch=2)
@@ -178,7 +186,10 @@ def test_close_does_not_wait_out_a_rate_limit(buffer: ReplayBuffer) -> None:
     time.sleep(0.3)  # the thread now waits for budget the caller will never add
     started = time.monotonic()
     it.close()
-    assert time.monotonic() - started < 30  # not the limiter's 60 s
+    assert time.monotonic() - started < 3  # not the limiter's 4 s
+    # The thread ends when the limiter gives up; nothing of it outlives the test (a
+    # thread left running would hold locks a forked process inherits held).
+    assert _wait_until(lambda: not _prefetch_threads())
 
 
 def test_the_stream_describes_the_batch_it_handed_out(buffer: ReplayBuffer) -> None:
@@ -199,13 +210,15 @@ def test_close_from_another_thread_ends_a_waiting_next() -> None:
     waiting.start()
     waiting.join(30)
     assert got == ["ended"]
-    it = Prefetcher(lambda: time.sleep(60) or 1, prefetch=1)  # a batch never made
+    release = threading.Event()
+    it = Prefetcher(lambda: release.wait(60) or 1, prefetch=1)  # a batch not made yet
     waiting = threading.Thread(target=lambda: got.append(next(it, "ended")), daemon=True)
     waiting.start()
     time.sleep(0.1)
     it.close()
     waiting.join(30)
     assert got == ["ended", "ended"]
+    release.set()  # (the batch being made ends, and is dropped)
 
 
 def test_the_prefetcher_on_its_own() -> None:
