@@ -429,9 +429,9 @@ def memory_child(args: argparse.Namespace) -> None:
     gc.collect()
     base = _rss()
     peak = 0
-    for start in range(0, n, 2000):
+    for start in range(0, n, 256):  # batches as a sampler's
         for _ in range(2):  # (a row is kept on its second read)
-            buffer.storage.fetch(keys[start : start + 2000], converter.paths, writable=False)
+            buffer.storage.fetch(keys[start : start + 256], converter.paths, writable=False)
         peak = max(peak, _rss() - base)
     gc.collect()
     after = _rss() - base
@@ -440,7 +440,7 @@ def memory_child(args: argparse.Namespace) -> None:
         f"\nmemory: budget {budget / 2**20:.0f} MiB; filled from {n:,} rows of 4 KB "
         f"({n * dim * 4 / 2**20:.0f} MiB of arrays): holds {stats.rows:,} rows, "
         f"{stats.bytes / 2**20:.1f} MiB by its count, {stats.evictions:,} evicted; RSS grew "
-        f"{after / 2**20:.1f} MiB (peak {peak / 2**20:.1f} MiB while fetching batches of 2,000)"
+        f"{after / 2**20:.1f} MiB (peak {peak / 2**20:.1f} MiB while fetching batches of 256)"
     )
     buffer.close()
 

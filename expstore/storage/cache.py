@@ -436,12 +436,16 @@ class RowCache:
             self.budget = budget
             self._shrink()
 
+    def _limit(self) -> int:
+        """What the rows may take: the budget less an eighth (a sixteenth for the note of
+        keys read once, a sixteenth for what a process's allocator keeps around them)."""
+        return self.budget - self.budget // 8
+
     def _shrink(self) -> None:
-        """Forget rows until what is held fits the budget (less the note of keys read
-        once): from whole rows (least recently used first) or fields (CLOCK), whichever
-        holds more."""
+        """Forget rows until what is held fits :meth:`_limit`: from whole rows (least
+        recently used first) or fields (CLOCK), whichever holds more."""
         entries, fields = self._entries, self._fields
-        limit = self.budget - self.budget // 16
+        limit = self._limit()
         while self._bytes + fields.bytes > limit and (entries or fields.used):
             if fields.bytes >= self._bytes:
                 self._evictions += fields.evict_to(max(0, limit - self._bytes))
@@ -693,7 +697,7 @@ class RowCache:
                 if kept:
                     entry.values.update(kept)
                     entry.nbytes += old.nbytes - _ENTRY_OVERHEAD
-            if entry.nbytes > self.budget - self.budget // 16:
+            if entry.nbytes > self._limit():
                 continue
             entries[key] = entry
             self._bytes += entry.nbytes
