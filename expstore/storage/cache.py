@@ -15,19 +15,20 @@ database made anew under a running process (its buffer row created again, so key
 repeat) empties it: entries are kept under the storage's
 :attr:`~expstore.storage.base.Storage.identity`.
 
-An entry is one row: its id and what was fetched of it. Fields a converter reads are
-kept decoded, per field path, so converters reading different fields share entries; arrays
-are kept read-only and other values are copied when handed out. A whole row
-(:class:`~expstore.model.rows.DataRow`, AWorld's path) is first kept as the database gave
-it (its text, bytes and numbers: no copy, so a row read once costs what it did); the first
-time it is served again it is decoded and kept decoded, as a frozen copy, so later hits
-cost a copy of the row rather than a decode. Either way a caller's batch is its own:
-mutating it never changes the cache or another batch.
+Fields a converter reads are held by slot (:class:`_Fields`): per path, arrays of one
+dtype and shape (or a column's numbers) in one slab, other values as read-only copies, so
+converters reading different fields of a row share its slot and a batch held is gathered
+by one numpy take. A whole row (:class:`~expstore.model.rows.DataRow`, AWorld's path) is
+first kept as the database gave it (its text, bytes and numbers: no copy); the first time
+it is served again it is decoded and kept decoded, as a frozen copy, so later hits cost a
+copy of the row rather than a decode. Either way a caller's batch is its own: mutating it
+never changes the cache or another batch. A row is kept on its second read, not its first
+(:meth:`RowCache._admitted`).
 
 The cache holds at most its budget in bytes (the arrays' bytes and an estimate of the
-Python objects around them) and forgets the least recently used rows first. A row larger
-than the whole budget is not kept. It is safe to use from several threads (a prefetching
-iterator and the trainer).
+Python objects around them; rows get seven eighths of it) and forgets fields by CLOCK and
+whole rows least recently used first. A row larger than the whole budget is not kept. It
+is safe to use from several threads (a prefetching iterator and the trainer).
 """
 
 from __future__ import annotations
@@ -60,10 +61,7 @@ _SEEN_KEY_BYTES = 64
 #: ... and notes at least this many keys (a budget under 4 MiB notes more than its share).
 _SEEN_KEYS_MIN = 4096
 
-#: The entry's slot for the whole row (a fetch without paths).
-WHOLE = None
-
-#: What one entry costs beside its values: the entry, its dict and the LRU's node.
+#: What one whole-row entry costs beside its row: the entry and the LRU's node.
 _ENTRY_OVERHEAD = 360
 
 
@@ -86,15 +84,15 @@ class CacheStats(NamedTuple):
 
 
 class _Entry:
-    """One row: its id, what is held of it per slot (a field path; WHOLE for the whole
-    row, as read (:class:`_Raw`) or decoded), and what it all costs."""
+    """One whole row: its id, the row as read (:class:`_Raw`) or decoded, and what it
+    costs."""
 
-    __slots__ = ("id", "nbytes", "values")
+    __slots__ = ("id", "nbytes", "value")
 
-    def __init__(self, row_id: str) -> None:
+    def __init__(self, row_id: str, value: _Raw | DataRow, nbytes: int) -> None:
         self.id = row_id
-        self.values: dict[str | None, Any] = {}
-        self.nbytes = _ENTRY_OVERHEAD + sys.getsizeof(row_id)
+        self.value = value
+        self.nbytes = _ENTRY_OVERHEAD + sys.getsizeof(row_id) + nbytes
 
 
 class _Raw(NamedTuple):
@@ -103,11 +101,6 @@ class _Raw(NamedTuple):
 
     row: tuple[Any, ...]
     arrays: dict[str, bytes] | None
-
-
-#: The slots a fetch needs of an entry.
-Slots = frozenset[str | None]
-_WHOLE_SLOT: Slots = frozenset({WHOLE})
 
 
 #: Reads fields of rows: (distinct keys, paths, writable) to (ids, each path's values), as
@@ -293,8 +286,9 @@ class _Fields:
                     column.in_slab[slot] = True
                     size = int(column.slab[slot].nbytes) or 8
                 else:
-                    column.objects[slot] = value = _frozen(value)
-                    size = _footprint(value)
+                    sized = [0]
+                    column.objects[slot] = _freeze(value, sized)
+                    size = sized[0]
                 column.held[slot] = True
                 self.size[slot] += size
                 self.bytes += size
@@ -455,12 +449,12 @@ class RowCache:
             self._evictions += 1
 
     # -- the fetch -----------------------------------------------------------------------
-    def _begin(self, epoch: Hashable, distinct: list[int], slot: Slots) -> dict[int, _Entry]:
-        """The entries held of ``distinct`` keys with every slot, counted as hits (the rest
-        as misses); another ``epoch`` than the last one's empties the cache first."""
+    def _begin(self, epoch: Hashable, distinct: list[int]) -> dict[int, _Entry]:
+        """The whole rows held of ``distinct`` keys, counted as hits (the rest as misses);
+        another ``epoch`` than the last one's empties the cache first."""
         with self._guard():
             self._check_epoch(epoch)
-            held = self._held(distinct, slot)
+            held = self._held(distinct)
             self._hits += len(held)
             self._misses += len(distinct) - len(held)
             return held
@@ -476,14 +470,14 @@ class RowCache:
         then on (a frozen copy), so later hits cost a copy, not a decode."""
         wanted = _key_list(keys)
         distinct = list(dict.fromkeys(wanted))
-        held = self._begin(epoch, distinct, _WHOLE_SLOT)
+        held = self._begin(epoch, distinct)
         hits = [(k, e.id) for k, e in held.items()]
         ready: dict[int, DataRow] = {}  # held decoded
         raw: dict[int, tuple[Any, ...]] = {}  # to decode: held as read, and read now
         arrays: dict[str, bytes] = {}
         for key, entry in held.items():
-            value = entry.values[WHOLE]  # (one read: a promotion replaces it whole)
-            if type(value) is _Raw:
+            value = entry.value  # (one read: a promotion replaces it whole)
+            if isinstance(value, _Raw):
                 raw[key] = value.row
                 if value.arrays:
                     arrays.update(value.arrays)
@@ -503,12 +497,11 @@ class RowCache:
                     if r is None:  # (deleted since it was chosen)
                         continue
                     r = raw[key] = tuple(r)
-                    entry = fresh[key] = _Entry(r[1])
                     mine = (
                         {d: found[d] for d in source.digests_of(r) if d in found} if found else None
                     )
-                    entry.values[WHOLE] = _Raw(r, mine)
-                    entry.nbytes += _footprint_raw(r) + sum(map(len, (mine or {}).values()))
+                    kept = _Raw(r, mine)
+                    fresh[key] = _Entry(r[1], kept, _footprint_raw(kept))
                 with self._guard():
                     if epoch == self._epoch:
                         self._insert(fresh)
@@ -522,7 +515,7 @@ class RowCache:
                 made.update(zip(order, copy_rows([ready[k] for k in order]), strict=True))
             if promote:
                 sizes: list[int] = []
-                frozen = copy_rows([made[k] for k in promote], frozen=True, sizes=sizes)
+                frozen = copy_rows([made[k] for k in promote], sizes=sizes)
                 self._promote(epoch, promote, frozen, sizes)
         return [made[k] for k in wanted if k in made], hits
 
@@ -535,14 +528,11 @@ class RowCache:
                 return
             for key, row, size in zip(keys, rows, sizes, strict=True):
                 entry = self._entries.get(key)
-                if entry is None or type(entry.values.get(WHOLE)) is not _Raw:
+                if entry is None or not isinstance(entry.value, _Raw):
                     continue
                 before = entry.nbytes
-                entry.nbytes -= _footprint_raw(entry.values[WHOLE].row) + sum(
-                    map(len, (entry.values[WHOLE].arrays or {}).values())
-                )
-                entry.values[WHOLE] = row
-                entry.nbytes += size
+                entry.nbytes += size - _footprint_raw(entry.value)
+                entry.value = row
                 self._bytes += entry.nbytes - before
             self._shrink()
 
@@ -632,13 +622,13 @@ class RowCache:
             self._forget_all()
             self._epoch = epoch
 
-    def _held(self, distinct: list[int], slots: Slots) -> dict[int, _Entry]:
-        """The entries of ``distinct`` keys that hold every slot, moved to the recent end."""
+    def _held(self, distinct: list[int]) -> dict[int, _Entry]:
+        """The whole rows held of ``distinct`` keys, moved to the recent end."""
         entries = self._entries
         held: dict[int, _Entry] = {}
         for key in distinct:
             entry = entries.get(key)
-            if entry is not None and entry.values.keys() >= slots:
+            if entry is not None:
                 held[key] = entry
                 entries.move_to_end(key)
         return held
@@ -691,12 +681,8 @@ class RowCache:
         entries = self._entries
         for key, entry in fresh.items():
             old = entries.pop(key, None)
-            if old is not None:  # a row held for other fields: one entry for all of them
+            if old is not None:  # (kept meanwhile by another thread: this one replaces it)
                 self._bytes -= old.nbytes
-                kept = {s: v for s, v in old.values.items() if s not in entry.values}
-                if kept:
-                    entry.values.update(kept)
-                    entry.nbytes += old.nbytes - _ENTRY_OVERHEAD
             if entry.nbytes > self._limit():
                 continue
             entries[key] = entry
@@ -717,20 +703,16 @@ def _first_places(wanted: list[int]) -> dict[int, int]:
 
 
 # -- copies and sizes ----------------------------------------------------------------------
-def copy_value(value: Any, *, frozen: bool = False) -> Any:
+def copy_value(value: Any) -> Any:
     """A copy of a decoded value that shares nothing mutable with it: dicts and lists
-    copied through, arrays copied (read-only copies when ``frozen``); strings, numbers,
-    None and MISSING as they are."""
+    copied through, arrays copied; strings, numbers, None and MISSING as they are."""
     kind = type(value)
     if kind is dict:
-        return {k: copy_value(v, frozen=frozen) for k, v in value.items()}
+        return {k: copy_value(v) for k, v in value.items()}
     if kind is list:
-        return [copy_value(v, frozen=frozen) for v in value]
+        return [copy_value(v) for v in value]
     if kind is np.ndarray:
-        out = value.copy()
-        if frozen:
-            out.flags.writeable = False
-        return out
+        return value.copy()
     if kind in _IMMUTABLE or value is MISSING:
         return value
     return copy.deepcopy(value)  # anything else a codec extension decodes to
@@ -741,8 +723,8 @@ _SCALAR_BYTES = 32  # an int, a float, a bool: about what each takes
 
 
 def _freeze(value: Any, size: list[int]) -> Any:
-    """:func:`copy_value` with ``frozen=True`` that also adds about what the copy takes in
-    memory to ``size[0]`` (one walk for both)."""
+    """What the cache keeps of a value: :func:`copy_value`'s copy with its arrays
+    read-only, adding about what it takes in memory to ``size[0]`` (one walk for both)."""
     kind = type(value)
     if kind is dict:
         size[0] += sys.getsizeof(value)
@@ -765,20 +747,11 @@ def _freeze(value: Any, size: list[int]) -> Any:
     return copy.deepcopy(value)
 
 
-def _frozen(value: Any) -> Any:
-    """What the cache keeps of one fetched value: read-only arrays, copied containers."""
-    if type(value) is np.ndarray and not value.flags.writeable and value.base is None:
-        return value
-    return copy_value(value, frozen=True)
-
-
-def copy_rows(
-    rows: Sequence[DataRow], *, frozen: bool = False, sizes: list[int] | None = None
-) -> list[DataRow]:
-    """Copies of decoded rows sharing nothing mutable with them (arrays read-only when
-    ``frozen``), made as the reader makes rows (:func:`~expstore.model.rows.trusted_many`:
-    their values were validated when stored). With ``sizes`` (and ``frozen``), about what
-    each copy takes in memory is appended to it."""
+def copy_rows(rows: Sequence[DataRow], *, sizes: list[int] | None = None) -> list[DataRow]:
+    """Copies of decoded rows sharing nothing mutable with them, made as the reader makes
+    rows (:func:`~expstore.model.rows.trusted_many`: their values were validated when
+    stored). With ``sizes``, the copies the cache keeps (:func:`_freeze`: arrays
+    read-only), and about what each takes in memory appended to ``sizes``."""
     metas = trusted_many(ExpMeta, (dict(r.exp_meta.__dict__) for r in rows))
     if sizes is not None:
         contents = []
@@ -787,10 +760,7 @@ def copy_rows(
             contents.append({name: _freeze(v, size) for name, v in r.exp_data.__dict__.items()})
             sizes.append(size[0])
     else:
-        contents = [
-            {name: copy_value(v, frozen=frozen) for name, v in r.exp_data.__dict__.items()}
-            for r in rows
-        ]
+        contents = [{name: copy_value(v) for name, v in r.exp_data.__dict__.items()} for r in rows]
     data = trusted_many(Experience, contents)
     return trusted_many(
         DataRow,
@@ -821,19 +791,12 @@ def _assemble(values: list[Any], writable: bool, stack: bool = True) -> Any:
     return [v.view() if type(v) is np.ndarray else copy_value(v) for v in values]
 
 
-def _footprint(value: Any) -> int:
-    """About what ``value`` takes in memory: an array's bytes and header, containers with
-    what they hold."""
-    kind = type(value)
-    if kind is np.ndarray:
-        return int(value.nbytes) + 128
-    if kind is dict:
-        return sys.getsizeof(value) + sum(_footprint(k) + _footprint(v) for k, v in value.items())
-    if kind is list:
-        return sys.getsizeof(value) + sum(map(_footprint, value))
-    return sys.getsizeof(value)
-
-
-def _footprint_raw(raw: tuple[Any, ...]) -> int:
-    """What a row as read takes: its tuple and the text, bytes and numbers in it."""
-    return sys.getsizeof(raw) + sum(map(sys.getsizeof, raw))
+def _footprint_raw(raw: _Raw) -> int:
+    """What a row as read takes: its tuple, the text, bytes and numbers in it, and the
+    stored arrays it refers to."""
+    row = raw.row
+    return (
+        sys.getsizeof(row)
+        + sum(map(sys.getsizeof, row))
+        + sum(map(len, (raw.arrays or {}).values()))
+    )
