@@ -207,28 +207,29 @@ class BufferHandle:
         """``changed()`` on a tracked path: the rows whose flag says so, by the index on
         (path, flag, key); None for a path not tracked (see
         :data:`~expstore.query.compiler.ChangeFlags`)."""
-        path_id = self.tracked.get(c.target.canonical)
-        if path_id is None:
+        flagged = self._flagged(c)
+        if flagged is None:
             return None
-        flag = changes.c.same_next if c.towards == "next" else changes.c.same_previous
-        keys = select(changes.c.key).where(
-            changes.c.path_id == bindparam(None, path_id, type_=Integer()),
-            flag == bindparam(None, not c.changed, type_=Boolean()),
-        )
-        return table.c.key.in_(keys)
+        return table.c.key.in_(flagged)
 
     def probe_flags(self, c: Changed, table: Table) -> ColumnElement[bool] | None:
         """:meth:`change_flags` for a few rows known already: each row's flag, by key."""
+        flagged = self._flagged(c)
+        if flagged is None:
+            return None
+        return flagged.where(changes.c.key == table.c.key).correlate(table).exists()
+
+    def _flagged(self, c: Changed) -> Select[Any] | None:
+        """The keys whose flag on ``c``'s tracked path says what ``c`` asks (None: the
+        path is not tracked)."""
         path_id = self.tracked.get(c.target.canonical)
         if path_id is None:
             return None
         flag = changes.c.same_next if c.towards == "next" else changes.c.same_previous
-        found = select(changes.c.key).where(
+        return select(changes.c.key).where(
             changes.c.path_id == bindparam(None, path_id, type_=Integer()),
-            changes.c.key == table.c.key,
             flag == bindparam(None, not c.changed, type_=Boolean()),
         )
-        return found.correlate(table).exists()
 
     def statement(self, key: tuple[Any, ...], build: Callable[[], Select[Any]]) -> CompiledSelect:
         """The statement ``build()`` makes, compiled once for this database and kept."""

@@ -510,25 +510,23 @@ class SqlStorage(Storage):
         next step's, so ``changed(path)`` reads flags instead of probing each row's
         neighbour; the rows stored are done now, in one transaction. Whether the path was
         not tracked already (see :mod:`expstore.features.changes`)."""
-        handle = self._handle
-        changes.check_path(path)
-        with handle.errors(f"track changes of {path}"), handle.write() as conn:
-            registry.lock_buffer(handle, conn, buffers.c.id)
-            done = changes.track(handle, conn, path)
-            if done:  # readers' statements compiled with the tracked paths: anew
-                registry.bump_version(handle, conn)
-            found = changes.tracked(conn, handle.buffer_id)
-        handle.note_tracked(found)
-        return done
+        return self._set_tracking(path, changes.track, f"track changes of {path}")
 
     def untrack_changes(self, path: str) -> bool:
         """Stop tracking ``path`` (its flags go); whether it was tracked."""
+        return self._set_tracking(path, changes.untrack, f"stop tracking changes of {path}")
+
+    def _set_tracking(
+        self, path: str, change: Callable[[BufferHandle, Connection, str], bool], what: str
+    ) -> bool:
+        """``change`` (track or untrack) ``path`` holding the buffer's row; readers'
+        statements, compiled with the tracked paths, are made anew when it did."""
         handle = self._handle
         changes.check_path(path)
-        with handle.errors(f"stop tracking changes of {path}"), handle.write() as conn:
+        with handle.errors(what), handle.write() as conn:
             registry.lock_buffer(handle, conn, buffers.c.id)
-            done = changes.untrack(handle, conn, path)
-            if done:  # readers' statements compiled with the tracked paths: anew
+            done = change(handle, conn, path)
+            if done:
                 registry.bump_version(handle, conn)
             found = changes.tracked(conn, handle.buffer_id)
         handle.note_tracked(found)
