@@ -10,7 +10,7 @@ from itertools import islice
 from operator import itemgetter
 from typing import Any, NamedTuple, TypeVar
 
-from sqlalchemy import Boolean, Connection, Integer, Select, Table, bindparam, select
+from sqlalchemy import BigInteger, Connection, Select, Table, bindparam, select
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
@@ -22,12 +22,46 @@ from ..query.conditions import And, Changed, Condition, Or, as_condition
 from .compiled import CompiledSelect
 from .dialects import Dialect, dialect_for
 from .engine import Connections
-from .schema import changes, rows, tracked_paths
+from .schema import rows, tracked_paths
 from .tuning import Tuning
 
-__all__ = ["BufferHandle", "has_changed", "retried"]
+__all__ = [
+    "BufferHandle",
+    "TrackedPath",
+    "flag_bit",
+    "has_changed",
+    "retried",
+    "tracked_of",
+    "tracked_statement",
+]
 
 _T = TypeVar("_T")
+
+class TrackedPath(NamedTuple):
+    """A path a buffer tracks (see :mod:`expstore.features.changes`): its id in
+    ``expstore_changes`` and its slot in the rows' ``change_flags``."""
+
+    id: int
+    slot: int
+
+
+def flag_bit(slot: int, towards_next: bool) -> int:
+    """The bit of ``change_flags`` that says a row's value at the path of ``slot`` equals
+    the previous step's (or with ``towards_next``, the next step's)."""
+    return 1 << (2 * slot + towards_next)
+
+
+def tracked_statement(buffer_id: int) -> Select[Any]:
+    """``SELECT path, id, slot`` of the buffer's tracked paths."""
+    return select(tracked_paths.c.path, tracked_paths.c.id, tracked_paths.c.slot).where(
+        tracked_paths.c.buffer_id == buffer_id
+    )
+
+
+def tracked_of(found: Sequence[Any]) -> dict[str, TrackedPath]:
+    """The rows of :func:`tracked_statement` by path."""
+    return {str(r[0]): TrackedPath(int(r[1]), int(r[2])) for r in found}
+
 
 #: SQLSTATEs of a transaction the server rolled back for a conflict with another.
 _CONFLICTS = frozenset({"40001", "40P01"})
@@ -77,9 +111,10 @@ class BufferHandle:
         #: How to forget what the storage's parts cache of the buffer: run in a forked
         #: child, and when the database turns out to have been made anew.
         self.caches: list[Callable[[], None]] = []
-        #: The buffer's tracked paths and their ids, as last read (see tracked_paths), and a
-        #: number that grows whenever they change, for statements compiled with them.
-        self.tracked: dict[str, int] = {}
+        #: The buffer's tracked paths, their ids and slots, as last read (see
+        #: tracked_paths), and a number that grows whenever they change, for statements
+        #: compiled with them.
+        self.tracked: dict[str, TrackedPath] = {}
         self.tracked_version = 0
 
     def forget_caches(self) -> None:
@@ -160,31 +195,26 @@ class BufferHandle:
         """The WHERE clauses for this buffer's rows matching ``query_condition``."""
         return [rows.c.buffer_id == self.buffer_id, *self.matching(query_condition)]
 
-    def matching(
-        self, query_condition: QueryCondition, *, probe: bool = False
-    ) -> list[ColumnElement[bool]]:
+    def matching(self, query_condition: QueryCondition) -> list[ColumnElement[bool]]:
         """The WHERE clauses of ``query_condition`` alone (none for None), for rows already
-        known to be the buffer's. ``changed()`` on a path the buffer tracks reads its flags
-        (the tracked paths are read again for each condition that has one): the rows
-        flagged, for a statement they drive (a count, a scan), or with ``probe`` (a few
-        rows chosen already) each row's flag looked up."""
+        known to be the buffer's. ``changed()`` on a path the buffer tracks tests the path's
+        bit of the rows' ``change_flags`` (the tracked paths are read again for each
+        condition that has one)."""
         condition = as_condition(query_condition)
         flags = None
         if has_changed(condition):
             self.tracked_paths()
-            flags = self.probe_flags if probe else self.change_flags
+            flags = self.change_flags
         compiled = to_sql(condition, rows, self.dialect.name, flags)
         return [] if compiled is None else [compiled]
 
-    def tracked_paths(self) -> dict[str, int]:
-        """The buffer's tracked paths (see :mod:`expstore.features.changes`) and their ids,
-        read now: on the connection the thread is using, if any (the statement's own
+    def tracked_paths(self) -> dict[str, TrackedPath]:
+        """The buffer's tracked paths (see :mod:`expstore.features.changes`), their ids and
+        slots, read now: on the connection the thread is using, if any (the statement's own
         snapshot), else on one of its own. An in-memory database has no other handle:
         what this one tracked."""
         if not self.connections.memory:
-            stmt = select(tracked_paths.c.path, tracked_paths.c.id).where(
-                tracked_paths.c.buffer_id == self.buffer_id
-            )
+            stmt = tracked_statement(self.buffer_id)
             held = self.connections.held()
             with self.errors("read the tracked paths"):
                 if held is not None:
@@ -192,10 +222,10 @@ class BufferHandle:
                 else:
                     with self.read() as conn:
                         found = conn.execute(stmt).all()
-            self.note_tracked({str(p): int(i) for p, i in found})
+            self.note_tracked(tracked_of(found))
         return self.tracked
 
-    def note_tracked(self, found: dict[str, int]) -> None:
+    def note_tracked(self, found: dict[str, TrackedPath]) -> None:
         """Take the tracked paths just read: statements compiled with others are dropped."""
         if found != self.tracked:
             self.tracked = found
@@ -204,32 +234,17 @@ class BufferHandle:
             self.plans.clear()
 
     def change_flags(self, c: Changed, table: Table) -> ColumnElement[bool] | None:
-        """``changed()`` on a tracked path: the rows whose flag says so, by the index on
-        (path, flag, key); None for a path not tracked (see
+        """``changed()`` on a tracked path: the test of the path's bit of the rows'
+        ``change_flags`` (set: the same as the neighbour), which the ``(buffer_id,
+        change_flags)`` index answers; None for a path not tracked (see
         :data:`~expstore.query.compiler.ChangeFlags`)."""
-        flagged = self._flagged(c)
-        if flagged is None:
+        found = self.tracked.get(c.target.canonical)
+        if found is None:
             return None
-        return table.c.key.in_(flagged)
-
-    def probe_flags(self, c: Changed, table: Table) -> ColumnElement[bool] | None:
-        """:meth:`change_flags` for a few rows known already: each row's flag, by key."""
-        flagged = self._flagged(c)
-        if flagged is None:
-            return None
-        return flagged.where(changes.c.key == table.c.key).correlate(table).exists()
-
-    def _flagged(self, c: Changed) -> Select[Any] | None:
-        """The keys whose flag on ``c``'s tracked path says what ``c`` asks (None: the
-        path is not tracked)."""
-        path_id = self.tracked.get(c.target.canonical)
-        if path_id is None:
-            return None
-        flag = changes.c.same_next if c.towards == "next" else changes.c.same_previous
-        return select(changes.c.key).where(
-            changes.c.path_id == bindparam(None, path_id, type_=Integer()),
-            flag == bindparam(None, not c.changed, type_=Boolean()),
-        )
+        bit = flag_bit(found.slot, c.towards == "next")
+        masked = table.c.change_flags.op("&")(bindparam(None, bit, type_=BigInteger()))
+        zero = bindparam(None, 0, type_=BigInteger())
+        return masked == zero if c.changed else masked != zero
 
     def statement(self, key: tuple[Any, ...], build: Callable[[], Select[Any]]) -> CompiledSelect:
         """The statement ``build()`` makes, compiled once for this database and kept."""

@@ -187,11 +187,16 @@ rows = Table(
     # store_batch(..., dedup=...); see expstore.features.dedup. NULL for rows stored before
     # schema revision 0005.
     Column("content_hash", String(32), nullable=True),
+    # Whether the row's value at each tracked path equals the previous and the next step's
+    # (two bits per path: see expstore.features.changes), so changed(path) is a test of a
+    # column through an index. 0 when the buffer tracks nothing (schema revision 0018).
+    Column("change_flags", BigInteger, nullable=False, server_default="0"),
     UniqueConstraint("buffer_id", "id"),
     Index(None, "buffer_id", "key"),
     Index(None, "buffer_id", "task_id", "step"),
     Index(None, "buffer_id", "content_hash"),
     *(index for spec in COLUMNS if spec.indexed for index in _column_indexes(spec.name)),
+    *_column_indexes("change_flags"),
 )
 
 
@@ -368,8 +373,9 @@ array_refs = Table(
 
 #: Paths whose changes a buffer tracks (``buffer.track_changes(path)``, see
 #: :mod:`expstore.features.changes`): ``id`` names the path in ``expstore_changes``, never
-#: given again, so a statement compiled for a path untracked since finds no flags of a
-#: path tracked anew.
+#: given again; ``slot`` is the pair of bits the path's flags take in the rows'
+#: ``change_flags`` (bit ``2 * slot``: same as the previous step, ``2 * slot + 1``: same as
+#: the next), given again once the path is untracked (its bits are cleared then).
 tracked_paths = Table(
     "expstore_tracked_paths",
     metadata,
@@ -381,14 +387,14 @@ tracked_paths = Table(
         nullable=False,
     ),
     Column("path", String(1000), nullable=False),
+    Column("slot", Integer, nullable=False, server_default="0"),
     UniqueConstraint("buffer_id", "path"),
+    Index(None, "buffer_id", "slot", unique=True),
 )
 
 #: Per row and tracked path: the digest of the row's value there (NULL: nothing to compare,
-#: see :mod:`expstore.codec.tracked`) and whether it equals the previous step's and the next
-#: step's of the same trajectory, kept exact by every write and removal in their
-#: transaction. ``changed(path)`` reads the flags through the two indexes, which hold the
-#: keys in order (an index-only semi-join with the rows).
+#: see :mod:`expstore.codec.tracked`), from which every write and removal sets the rows'
+#: ``change_flags`` again in their transaction.
 changes = Table(
     "expstore_changes",
     metadata,
@@ -400,10 +406,6 @@ changes = Table(
         primary_key=True,
     ),
     Column("digest", String(32), nullable=True),
-    Column("same_previous", Boolean, nullable=False),
-    Column("same_next", Boolean, nullable=False),
-    Index(None, "path_id", "same_previous", "key"),
-    Index(None, "path_id", "same_next", "key"),
 )
 
 #: An actor's saved progress on a claimed row (a prompt): the partial rollout so far, as

@@ -221,8 +221,8 @@ def remove(
     gone = int(conn.execute(_delete_keys(dialect), bound).rowcount)
     if referred:  # their references went with the rows (ON DELETE CASCADE)
         arrays.sweep(conn, handle.buffer_id, referred)
-    for path_id in tracked.values():  # their flags went with them: their tasks' anew
-        changes.refresh(conn, handle.buffer_id, path_id, touched)
+    if tracked:  # their digests went with them: the flags of their tasks' rows anew
+        changes.refresh(conn, handle.buffer_id, tracked.values(), touched)
     if gone and kept is not None and removal is not None:
         task_stats.after_delete(handle, conn, kept, removal)
     count_removed(handle, conn, gone)

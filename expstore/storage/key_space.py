@@ -211,10 +211,10 @@ class SqlKeySpace(KeySpace):
             self.handle, self.conn, oldest, self.low, self.max_key, limit
         )
 
-    def matching(self, probe: bool = False) -> list[Any]:
+    def matching(self) -> list[Any]:
         """The WHERE clauses of the condition, max_staleness and consume_after (the buffer
-        aside); ``probe``: for a few candidate keys (see :meth:`BufferHandle.matching`)."""
-        clauses = self.handle.matching(self.query_condition, probe=probe)
+        aside)."""
+        clauses = self.handle.matching(self.query_condition)
         if self.max_staleness is not None:
             clauses.append(fresh_clause(self.handle.buffer_id, self.max_staleness))
         if self.consume_after is not None:
@@ -248,7 +248,7 @@ class SqlKeySpace(KeySpace):
         selected = [_column(n, handle.dialect) for n in names]
 
         def build(covering: bool = False) -> Any:  # only when not compiled yet
-            clauses = self.matching(probe=True)
+            clauses = self.matching()
             if covering:
                 clauses.insert(0, rows.c.buffer_id == handle.buffer_id)
             chosen = select(rows.c.key, *(c.selected for c in selected), rows.c.buffer_id)

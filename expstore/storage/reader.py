@@ -54,7 +54,7 @@ ROW_COLUMNS: list[Any] = [
     *(
         cast(c, Text).label("data") if c.name == "data" else c
         for c in rows.c
-        if c.name not in ("key", "buffer_id", "content_hash")
+        if c.name not in ("key", "buffer_id", "content_hash", "change_flags")
     ),
 ]
 _NAMES = [c.name for c in ROW_COLUMNS]

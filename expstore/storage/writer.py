@@ -68,8 +68,9 @@ __all__ = [
 #: Rows encoded and sent per round trip inside one store_batch transaction.
 WRITE_CHUNK = 1000
 
-# The encoded tuple is (buffer_id, id, *metadata, *scalars, data, tensors, content_hash):
-# WRITE_COLUMNS.
+# The encoded tuple is (buffer_id, id, *metadata, *scalars, data, tensors, content_hash,
+# change_flags): WRITE_COLUMNS. change_flags is 0 as encoded; a write to a buffer that tracks
+# changes sets it (see expstore.features.changes).
 assert WRITE_COLUMNS == (
     "buffer_id",
     "id",
@@ -78,6 +79,7 @@ assert WRITE_COLUMNS == (
     "data",
     "tensors",
     "content_hash",
+    "change_flags",
 )
 _meta_values = itemgetter(*META_COLUMNS)
 #: The metadata a row's content hash covers: all but execute_time (a retried rollout is
@@ -330,10 +332,6 @@ def write_in(
             stored = len(kept)
             chunks = iter([kept[i : i + WRITE_CHUNK] for i in range(0, stored, WRITE_CHUNK)])
         tracked = changes.tracked(conn, handle.buffer_id)
-        noted: changes.Noted = []
-        if tracked:  # each new row's digests at the tracked paths, as it goes in
-            fields = [changes.check_path(path) for path in tracked]
-            chunks = changes.note(chunks, fields, noted)
         if limited:  # exact: the samples counted only grow meanwhile
             RateLimits(handle).check_write(conn, stored)
         evicts = capacity is not None or policy in EVERY_WRITE_POLICIES
@@ -348,16 +346,23 @@ def write_in(
         removed = Removed(newest if evicts else None)
         if stored:
             before = None if summaries is None else newest
+            pending = None
+            if tracked:  # each new row's flags at the tracked paths, as it goes in
+                assert newest is not None
+                flagged, pending = changes.before_insert(
+                    conn, handle.buffer_id, tracked, chunks, newest
+                )
+                chunks = iter(flagged)
             handle.dialect.insert_rows(conn, chunks)
             # The rows above the buffer's largest key before the write are the write's.
             keys = None
-            if noted or batch.external:
+            if pending is not None or batch.external:
                 assert newest is not None
                 keys = changes.keys_above(conn, handle.buffer_id, newest)
             arrays.store_arrays(handle, conn, batch.external, setting.compression, keys)
-            if noted:
+            if pending is not None:
                 assert keys is not None
-                changes.after_insert(conn, handle.buffer_id, list(tracked.values()), noted, keys)
+                changes.after_insert(conn, handle.buffer_id, pending, keys)
             count_inserted(handle, conn, stored)
             if before is not None:
                 task_stats.merge_new(handle, conn, before)
@@ -446,7 +451,7 @@ def _encode(
             external[row.id] = held
         scalars = _scalar_values(d)
         digest = content_hash(_hashed_meta(m), scalars, doc, blob)
-        append((buffer_id, row.id, *_meta_values(m), *scalars, doc, blob, digest))
+        append((buffer_id, row.id, *_meta_values(m), *scalars, doc, blob, digest, 0))
     return out, payloads
 
 

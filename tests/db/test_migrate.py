@@ -345,3 +345,43 @@ def test_revision_0017_adds_tracked_changes_and_drops_them_keeping_the_rows(
         assert buf.count(changed) == tracked  # by the probe again
         buf.track_changes("task_id")
         assert buf.count(changed) == tracked
+
+
+def test_revision_0018_moves_the_flags_onto_the_rows_and_back(fresh_url: str) -> None:
+    """Downgraded to 0017, the flags are back in expstore_changes; upgraded again, the rows
+    carry them and changed() answers as before, on both paths a buffer tracks."""
+    engine = _writer(fresh_url)
+    migrate.upgrade(engine)
+    conditions = [
+        QueryBuilder().unchanged("task_id").build(),
+        QueryBuilder().unchanged("agent_id", "next").build(),
+        QueryBuilder().changed("agent_id").build(),
+    ]
+    with ReplayBuffer(fresh_url, name="old") as buf:
+        buf.store_batch(make_rows(12, tasks=2))
+        buf.track_changes("task_id")
+        buf.track_changes("agent_id")
+        before = [buf.count(c) for c in conditions]
+    migrate.downgrade(engine, "0017")
+    with engine.connect() as conn:
+        found = conn.execute(
+            text(
+                "SELECT p.path, sum(CASE WHEN c.same_previous THEN 1 ELSE 0 END), "
+                "sum(CASE WHEN c.same_next THEN 1 ELSE 0 END) FROM expstore_changes c "
+                "JOIN expstore_tracked_paths p ON p.id = c.path_id GROUP BY p.path ORDER BY p.path"
+            )
+        ).all()
+        assert not any(
+            c["name"] == "change_flags" for c in inspect(conn).get_columns("expstore_rows")
+        )
+    assert [(p, int(a), int(b)) for p, a, b in found] == [
+        ("exp_meta.agent_id", *[before[1]] * 2),
+        ("exp_meta.task_id", before[0], before[0]),
+    ]
+    migrate.upgrade(engine)
+    with ReplayBuffer(fresh_url, name="old") as buf:
+        assert buf.sql.tracked_changes() == ["exp_meta.agent_id", "exp_meta.task_id"]
+        assert [buf.count(c) for c in conditions] == before
+        buf.untrack_changes("task_id")
+        buf.untrack_changes("agent_id")
+        assert [buf.count(c) for c in conditions] == before  # by the probe

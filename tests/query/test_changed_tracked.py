@@ -323,3 +323,49 @@ def test_a_sampler_of_another_handle_follows_untracking(db_url: str, buffer_name
         one.track_changes("exp_data.state.small")
         drawn = other.sample(UniformSampler(seed=0), unchanged, batch_size=8)
         assert {r.exp_meta.step for r in drawn} == {1, 3}
+
+
+def test_each_path_keeps_its_own_bits_and_an_untracked_path_s_slot_is_cleared_for_reuse(
+    buffer: ReplayBuffer,
+) -> None:
+    """Paths share the rows' change_flags, two bits each: tracking, untracking and tracking
+    another in the freed slot never lets one path's flags answer for another's."""
+    pages = [0, 0, 1, 1, 1, 2, 0]
+    buffer.store_batch([_row("A", s, p) for s, p in enumerate(pages)])
+    url_same = Condition.parse("unchanged(exp_data.state.url)")
+    agent_same = Condition.parse("unchanged(agent_id)")
+    probed = {c: buffer.count(c) for c in (url_same, agent_same)}
+    buffer.track_changes("exp_data.state.url")
+    buffer.track_changes("agent_id")
+    assert {c: buffer.count(c) for c in probed} == probed
+    with buffer.sql.handle.connections.engine.connect() as conn:
+        flags = sorted(conn.execute(select(rows.c.change_flags)).scalars())
+    assert max(flags) > 3  # the second path's bits are above the first's
+    buffer.untrack_changes("exp_data.state.url")
+    assert buffer.count(url_same) == probed[url_same]  # by the probe again
+    assert buffer.count(agent_same) == probed[agent_same]
+    buffer.track_changes("exp_data.state.screen")  # takes the freed slot, cleared
+    screen_same = Condition.parse("unchanged(exp_data.state.screen)")
+    assert buffer.count(screen_same) == 3
+    assert buffer.count(agent_same) == probed[agent_same]
+    buffer.untrack_changes("exp_data.state.screen")
+    buffer.untrack_changes("agent_id")
+    with buffer.sql.handle.connections.engine.connect() as conn:
+        assert set(conn.execute(select(rows.c.change_flags)).scalars()) == {0}
+
+
+def test_a_buffer_tracks_at_most_31_paths_and_the_32nd_is_refused(buffer: ReplayBuffer) -> None:
+    buffer.store_batch([make_row("A", "a", s, state={f"p{i}": s // 2 for i in range(32)})
+                        for s in range(4)])  # fmt: skip
+    for i in range(31):
+        assert buffer.track_changes(f"exp_data.state.p{i}")
+    with pytest.raises(InvalidArgumentError, match="tracks 31 paths already.*untrack_changes"):
+        buffer.track_changes("exp_data.state.p31")
+    assert len(buffer.sql.tracked_changes()) == 31
+    last = Condition.parse("unchanged(exp_data.state.p30)")
+    assert sorted(r.exp_meta.step for r in buffer.query(last)) == [1, 3]
+    buffer.untrack_changes("exp_data.state.p0")
+    assert buffer.track_changes("exp_data.state.p31")
+    assert sorted(r.exp_meta.step for r in buffer.query(last)) == [1, 3]
+    newest = Condition.parse("unchanged(exp_data.state.p31)")
+    assert sorted(r.exp_meta.step for r in buffer.query(newest)) == [1, 3]
