@@ -33,6 +33,7 @@ from .converters.base import BatchT, Converter, as_converter
 from .converters.default import DefaultConverter
 from .db.tuning import Tuning
 from .errors import InvalidArgumentError, UnknownConsumerError, UnsupportedTypeError
+from .features.arrays import ArraySetting
 from .features.claims.prompts import AdmissionState
 from .features.claims.queue import Lineage, QueueStats
 from .features.claims.ready_groups import GroupTally
@@ -380,7 +381,11 @@ class ReplayBuffer:
         )
 
     def set_compression(
-        self, compression: str | None = "auto", *, max_array_bytes: int | None = None
+        self,
+        compression: str | None = "auto",
+        *,
+        max_array_bytes: int | None = None,
+        fields: Mapping[str, str | None] | None = None,
     ) -> None:
         """Set how this buffer compresses the arrays it stores by digest (each array of
         64 KiB or more is stored once per buffer, however many rows hold it) for every
@@ -388,9 +393,19 @@ class ReplayBuffer:
         images when it is much smaller), ``"zstd"``, ``"png"`` or ``"webp"`` (lossless,
         for uint8 images; zstd for other arrays; needs ``expstore[images]``) or None (raw).
         ``max_array_bytes`` refuses larger arrays at store time (default 512 MiB; None: keep
-        the setting). Rows stored before stay as they are, readable. See
+        the setting). ``fields`` sets the compression of the arrays under payload paths
+        over that, the most specific path winning: ``{"exp_data.state.screenshot": "png",
+        "exp_data.state.noise": None}`` (None: keep the paths set; ``{}``: drop them).
+        Rows stored before stay as they are, readable. See
         :mod:`expstore.codec.compression`."""
-        self.storage.set_compression(compression, max_array_bytes=max_array_bytes)
+        self.storage.set_compression(
+            compression, max_array_bytes=max_array_bytes, fields=fields
+        )
+
+    def compression_setting(self) -> ArraySetting:
+        """The buffer's setting for arrays stored by digest, as every writer reads it:
+        ``compression``, ``max_array_bytes`` and ``fields`` (per payload path)."""
+        return self.storage.compression_setting()
 
     def array_stats(self) -> tuple[int, int, int]:
         """(arrays stored by digest, their own bytes, their stored bytes) of this buffer."""

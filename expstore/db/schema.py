@@ -116,6 +116,9 @@ buffers = Table(
     # every writer; rows written under another setting stay readable.
     Column("compression", String(16), nullable=True),
     Column("max_array_bytes", BigInteger, nullable=True),
+    # Per payload path, the compression of the arrays under it, over the buffer's (a JSON
+    # object of canonical paths to the values of ``compression``; NULL: none).
+    Column("compression_fields", Text, nullable=True),
     UniqueConstraint("name"),
 )
 

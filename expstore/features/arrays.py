@@ -15,15 +15,20 @@ Reads fetch the arrays their rows refer to in the same read (:func:`fetch_arrays
 row and its arrays are one snapshot; a read of fields that hold no array never touches
 this table.
 
-The buffer's setting (``compression``, ``max_array_bytes``) lives in its row of
-``expstore_buffers``, the same for every writer, read by each write as it takes the row.
+The buffer's setting (``compression``, ``max_array_bytes``, and per payload path the
+compression of the arrays under it, ``fields``) lives in its row of ``expstore_buffers``,
+the same for every writer, read by each write as it takes the row. Under a path of
+``fields`` the most specific path that holds an array sets its codec; an array stored once
+for two paths keeps the codec of the first row that stored it.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, case, delete, exists, func, insert, null, select, update
@@ -35,18 +40,26 @@ from ..codec.compression import (
     check_compression,
     pack_array,
 )
+from ..codec.tracked import node_at
+from ..db.dialects import WRITE_COLUMNS
 from ..db.handle import BufferHandle
 from ..db.row_ids import ids_to_keys
 from ..db.schema import array_refs, arrays, buffers
+from ..errors import InvalidArgumentError, QueryError
+from ..model.paths import FieldPath
+from ..query.fields import resolve_field
 
 __all__ = [
     "ArraySetting",
     "Externals",
     "array_stats",
+    "check_fields",
     "check_setting",
     "digests_in",
     "drop_all",
     "fetch_arrays",
+    "note_codecs",
+    "read_setting",
     "referred_by",
     "set_compression",
     "setting_of",
@@ -65,36 +78,132 @@ _PACKERS = 2
 
 
 class ArraySetting(NamedTuple):
-    """A buffer's setting for arrays: the codec of new arrays and the largest array."""
+    """A buffer's setting for arrays: the codec of new arrays, the largest array, and per
+    payload path (canonical) the codec of the arrays under it."""
 
     compression: str | None = "auto"
     max_array_bytes: int = DEFAULT_MAX_ARRAY_BYTES
+    fields: Mapping[str, str | None] = MappingProxyType({})
 
 
-def setting_of(compression: str | None, max_array_bytes: int | None) -> ArraySetting:
-    """The setting as the buffer's row stores it (NULL: the default)."""
-    mode = "auto" if compression is None else (None if compression == "none" else compression)
+def setting_of(
+    compression: str | None, max_array_bytes: int | None, fields: str | None = None
+) -> ArraySetting:
+    """The setting as the buffer's row stores it (NULL: the default; ``"none"``: raw)."""
+    mode = _mode(compression)
+    by_path = {} if fields is None else {p: _mode(c) for p, c in json.loads(fields).items()}
     return ArraySetting(
-        mode, DEFAULT_MAX_ARRAY_BYTES if max_array_bytes is None else int(max_array_bytes)
+        mode,
+        DEFAULT_MAX_ARRAY_BYTES if max_array_bytes is None else int(max_array_bytes),
+        MappingProxyType(by_path),
     )
 
 
-def check_setting(compression: Any, max_array_bytes: Any) -> None:
-    """InvalidArgumentError (or MissingDependencyError) unless both are valid."""
+def read_setting(conn: Connection, buffer_id: int) -> ArraySetting:
+    """The buffer's setting as its row holds it now."""
+    stmt = select(
+        buffers.c.compression, buffers.c.max_array_bytes, buffers.c.compression_fields
+    ).where(buffers.c.id == buffer_id)
+    return setting_of(*conn.execute(stmt).one())
+
+
+def _mode(stored: str | None) -> str | None:
+    return "auto" if stored is None else (None if stored == "none" else stored)
+
+
+def check_setting(compression: Any, max_array_bytes: Any, fields: Any = None) -> None:
+    """InvalidArgumentError (or MissingDependencyError) unless all are valid."""
     check_compression(compression)
     check_int("max_array_bytes", max_array_bytes, minimum=EXTERNAL_THRESHOLD, optional=True)
+    if fields is not None:
+        check_fields(fields)
+
+
+def check_fields(fields: Any) -> dict[str, str | None]:
+    """``fields`` (payload paths to compression settings) by canonical path, or
+    InvalidArgumentError saying what is wrong."""
+    if not isinstance(fields, Mapping):
+        raise InvalidArgumentError(
+            "fields must map payload paths to compression settings, like "
+            f"{{'exp_data.state.screenshot': 'png'}}, got {fields!r}. Nothing was changed"
+        )
+    out: dict[str, str | None] = {}
+    for path, codec in fields.items():
+        try:
+            field = resolve_field(path)
+        except QueryError as exc:
+            raise InvalidArgumentError(
+                f"cannot set the compression of {path!r}: {exc}. Nothing was changed"
+            ) from None
+        if field.column is not None:
+            raise InvalidArgumentError(
+                f"cannot set the compression of {path!r}: it is a column, which holds no "
+                "arrays; name a payload path such as 'exp_data.state.screenshot'. Nothing "
+                "was changed"
+            )
+        try:
+            out[field.canonical] = check_compression(codec)
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(f"fields[{path!r}]: {exc}") from None
+    return out
 
 
 def set_compression(
-    handle: BufferHandle, conn: Connection, compression: Any, max_array_bytes: Any
+    handle: BufferHandle,
+    conn: Connection,
+    compression: Any,
+    max_array_bytes: Any,
+    fields: Any = None,
 ) -> None:
     """Store the buffer's setting in the caller's transaction (which holds its row).
-    ``max_array_bytes`` None keeps the one stored."""
+    ``max_array_bytes`` and ``fields`` None keep the ones stored; ``fields`` empty drops
+    them."""
     check_setting(compression, max_array_bytes)
-    values: dict[str, Any] = {"compression": "none" if compression is None else compression}
+    values: dict[str, Any] = {"compression": _stored(compression)}
     if max_array_bytes is not None:
         values["max_array_bytes"] = max_array_bytes
+    if fields is not None:
+        by_path = check_fields(fields)
+        values["compression_fields"] = (
+            json.dumps({p: _stored(c) for p, c in sorted(by_path.items())}) if by_path else None
+        )
     conn.execute(update(buffers).where(buffers.c.id == handle.buffer_id).values(values))
+
+
+def _stored(compression: str | None) -> str:
+    return "none" if compression is None else compression
+
+
+_ID_AT = WRITE_COLUMNS.index("id")
+_DATA_AT = WRITE_COLUMNS.index("data")
+
+
+def note_codecs(
+    setting: ArraySetting,
+    chunks: Iterable[list[tuple[Any, ...]]],
+    externals: Externals,
+    codecs: dict[str, str | None],
+) -> Iterator[list[tuple[Any, ...]]]:
+    """``chunks`` (encoded rows) as they are, noting in ``codecs`` the codec of each array
+    stored by digest under a path of ``setting.fields`` (the most specific path wins) as
+    the rows go by; ``externals`` holds the arrays of each row encoded so far."""
+    rules: list[tuple[FieldPath, str | None]] = sorted(
+        ((resolve_field(path), codec) for path, codec in setting.fields.items()),
+        key=lambda rule: len(rule[0].steps),
+    )
+    for chunk in chunks:
+        for values in chunk:
+            if values[_ID_AT] not in externals:
+                continue
+            doc = values[_DATA_AT]
+            if type(doc) is not dict:
+                doc = json.loads(doc)
+            for field, codec in rules:
+                node = node_at(doc, str(field.top), field.steps)
+                if type(node) is dict or type(node) is list:
+                    for digest in _DIGEST.findall(json.dumps(node)):
+                        codecs[digest] = codec
+        yield chunk
 
 
 def store_arrays(
@@ -103,11 +212,13 @@ def store_arrays(
     externals: Externals,
     compression: str | None,
     keys: Mapping[str, int] | None = None,
+    codecs: Mapping[str, str | None] | None = None,
 ) -> int:
     """Store the arrays the rows just inserted refer to that the buffer lacks, and the
     rows' references, in the caller's transaction; returns how many arrays were new. Rows
     of ``externals`` that were not inserted (left out as duplicates) are skipped.
-    ``keys``: the inserted rows' keys by id, if the caller has them."""
+    ``keys``: the inserted rows' keys by id, if the caller has them; ``codecs``: the
+    compression of some arrays by digest, over ``compression`` (see :func:`note_codecs`)."""
     if not externals:
         return 0
     if keys is None:
@@ -126,7 +237,8 @@ def store_arrays(
     new = [(digest, array) for digest, array in wanted.items() if digest not in present]
     for start in range(0, len(new), _PACKERS * 4):
         part = new[start : start + _PACKERS * 4]
-        packed = _packed(part, compression)
+        packed = _packed([(d, a, compression if codecs is None else codecs.get(d, compression))
+                          for d, a in part])  # fmt: skip
         conn.execute(
             insert(arrays),
             [
@@ -142,11 +254,12 @@ def store_arrays(
     return len(new)
 
 
-def _packed(part: list[tuple[str, Any]], compression: str | None) -> list[bytes]:
-    if len(part) == 1 or compression is None:
-        return [pack_array(a, d, compression) for d, a in part]
+def _packed(part: list[tuple[str, Any, str | None]]) -> list[bytes]:
+    """Each array (digest, array, compression) packed (in threads when it pays)."""
+    if len(part) == 1 or all(codec is None for _, _, codec in part):
+        return [pack_array(a, d, codec) for d, a, codec in part]
     with ThreadPoolExecutor(_PACKERS, thread_name_prefix="expstore-pack") as pool:
-        return list(pool.map(lambda item: pack_array(item[1], item[0], compression), part))
+        return list(pool.map(lambda item: pack_array(item[1], item[0], item[2]), part))
 
 
 def _present(conn: Connection, buffer_id: int, digests: list[str]) -> set[str]:

@@ -34,6 +34,7 @@ import numpy as np
 
 from .._args import check_int
 from ..errors import InvalidArgumentError
+from ..features.arrays import ArraySetting
 from ..features.state import Signature, moved_on
 from ..features.versions import oldest_fresh
 from ..model.rows import DataRow
@@ -157,11 +158,20 @@ class Storage(ABC):
 
     @abstractmethod
     def set_compression(
-        self, compression: str | None, *, max_array_bytes: int | None = None
+        self,
+        compression: str | None,
+        *,
+        max_array_bytes: int | None = None,
+        fields: Mapping[str, str | None] | None = None,
     ) -> None:
         """Set how the buffer compresses arrays it stores by digest from now on
-        (``"auto"``, ``"zstd"``, ``"png"``, ``"webp"`` or None) and the largest array a row
-        may hold (None: keep the setting), for every writer."""
+        (``"auto"``, ``"zstd"``, ``"png"``, ``"webp"`` or None), per payload path over that
+        (``fields``; None: keep the setting, empty: none), and the largest array a row may
+        hold (None: keep the setting), for every writer."""
+
+    @abstractmethod
+    def compression_setting(self) -> ArraySetting:
+        """The buffer's setting for arrays stored by digest, as every writer reads it."""
 
     @abstractmethod
     def array_stats(self) -> tuple[int, int, int]:

@@ -370,16 +370,25 @@ class SqlStorage(Storage):
         return evicted
 
     def set_compression(
-        self, compression: str | None, *, max_array_bytes: int | None = None
+        self,
+        compression: str | None,
+        *,
+        max_array_bytes: int | None = None,
+        fields: Mapping[str, str | None] | None = None,
     ) -> None:
-        """Set how arrays stored by digest are compressed from now on and the largest array
-        a row may hold, for every writer (rows stored before stay as they are, readable);
-        see :mod:`expstore.codec.compression`."""
+        """Set how arrays stored by digest are compressed from now on (per payload path
+        over that: ``fields``) and the largest array a row may hold, for every writer (rows
+        stored before stay as they are, readable); see :mod:`expstore.codec.compression`."""
         handle = self._handle
-        arrays.check_setting(compression, max_array_bytes)
+        arrays.check_setting(compression, max_array_bytes, fields)
         with handle.errors("change the compression"), handle.write() as conn:
             registry.lock_buffer(handle, conn, buffers.c.id)
-            arrays.set_compression(handle, conn, compression, max_array_bytes)
+            arrays.set_compression(handle, conn, compression, max_array_bytes, fields)
+
+    def compression_setting(self) -> arrays.ArraySetting:
+        handle = self._handle
+        with handle.errors("read the compression setting"), handle.read() as conn:
+            return arrays.read_setting(conn, handle.buffer_id)
 
     def array_stats(self) -> tuple[int, int, int]:
         handle = self._handle

@@ -308,7 +308,7 @@ def write_in(
         # Writers of a buffer take turns on its row, so keys are handed out in commit order
         # (readers' cached key indexes only ever need the keys above the largest they saw)
         # and a capacity stays exact.
-        capacity, policy, limited, since, through, compression, largest = lock_buffer(
+        capacity, policy, limited, since, through, compression, largest, by_path = lock_buffer(
             handle,
             conn,
             buffers.c.capacity,
@@ -318,8 +318,9 @@ def write_in(
             buffers.c.summary_through,
             buffers.c.compression,
             buffers.c.max_array_bytes,
+            buffers.c.compression_fields,
         )
-        setting = arrays.setting_of(compression, largest)
+        setting = arrays.setting_of(compression, largest, by_path)
         batch.max_array_bytes = setting.max_array_bytes
         batch.external.clear()  # (a write tried again encodes its rows again)
         summaries = task_stats.SummaryState.of(since, through)
@@ -331,6 +332,9 @@ def write_in(
             kept = without_duplicates(handle, conn, encoded, dedup)
             stored = len(kept)
             chunks = iter([kept[i : i + WRITE_CHUNK] for i in range(0, stored, WRITE_CHUNK)])
+        codecs: dict[str, str | None] = {}
+        if setting.fields:  # the codec of each array under a path that has its own
+            chunks = arrays.note_codecs(setting, chunks, batch.external, codecs)
         tracked = changes.tracked(conn, handle.buffer_id)
         if limited:  # exact: the samples counted only grow meanwhile
             RateLimits(handle).check_write(conn, stored)
@@ -359,7 +363,9 @@ def write_in(
             if pending is not None or batch.external:
                 assert newest is not None
                 keys = changes.keys_above(conn, handle.buffer_id, newest)
-            arrays.store_arrays(handle, conn, batch.external, setting.compression, keys)
+            arrays.store_arrays(
+                handle, conn, batch.external, setting.compression, keys, codecs
+            )
             if pending is not None:
                 assert keys is not None
                 changes.after_insert(conn, handle.buffer_id, pending, keys)

@@ -152,6 +152,85 @@ def test_the_setting_is_kept_in_the_database_for_every_writer(
         assert consistent(two) == 3
 
 
+def _codecs(buffer: ReplayBuffer) -> dict[str, str]:
+    """The codec each stored array of the buffer was packed with, by digest."""
+    with buffer.sql.handle.read() as conn:
+        stmt = select(arrays.c.digest, arrays.c.data).where(
+            arrays.c.buffer_id == buffer.sql.buffer_id
+        )
+        return {d: stored_codec(bytes(data)) for d, data in conn.execute(stmt)}
+
+
+def test_fields_set_the_compression_under_their_paths_the_most_specific_winning(
+    db_url: str, buffer_name: str
+) -> None:
+    rng = np.random.default_rng(3)
+    noise = [rng.integers(0, 255, EXTERNAL_THRESHOLD, dtype=np.uint8) for _ in range(2)]
+    floats = np.linspace(0, 1, EXTERNAL_THRESHOLD // 4, dtype=np.float32)
+    with (
+        ReplayBuffer(db_url, name=buffer_name) as one,
+        ReplayBuffer(db_url, name=buffer_name) as two,
+    ):
+        assert one.compression_setting().fields == {}
+        one.set_compression(
+            "zstd",
+            fields={
+                "exp_data.state": None,  # raw under state...
+                "exp_data.state.frames": "png",  # ...but for frames (a list of images)
+                "exp_data.next_state.screen": "png",
+            },
+        )
+        setting = two.compression_setting()  # kept in the database for every handle
+        assert setting.compression == "zstd"
+        assert dict(setting.fields) == {
+            "exp_data.state": None,
+            "exp_data.state.frames": "png",
+            "exp_data.next_state.screen": "png",
+        }
+        row = make_row(
+            "t", "a", 0,
+            state={"noise": noise[0], "frames": [PAGES[0], PAGES[1]]},
+            next_state={"screen": PAGES[2], "floats": floats},
+            actions=[{"noise": noise[1]}],
+        )  # fmt: skip
+        two.store_batch([row])
+        found = _codecs(two)
+        d = array_digest
+        assert found[d(noise[0])] == "raw"
+        assert found[d(PAGES[0])] == found[d(PAGES[1])] == found[d(PAGES[2])] == "png"
+        assert found[d(floats)] in ("zstd", "zstd+shuffle")  # the buffer's own setting
+        assert found[d(noise[1])] in ("zstd", "raw")  # zstd that gains nothing is raw
+        (back,) = list(two.query())
+        assert np.array_equal(back.exp_data.state["frames"][1], PAGES[1])
+        assert np.array_equal(back.exp_data.next_state["floats"], floats)
+        one.set_compression("zstd")  # fields None: kept
+        assert len(two.compression_setting().fields) == 3
+        one.set_compression("auto", fields={})  # dropped
+        assert two.compression_setting() == ("auto", one.compression_setting().max_array_bytes, {})
+        consistent(two)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"reward_t": "zstd"}, "it is a column, which holds no arrays"),
+        ({"exp_data.nosuch.x": "zstd"}, "cannot set the compression of 'exp_data.nosuch.x'"),
+        ({"exp_data.state.screen": "gzip"}, r"fields\['exp_data.state.screen'\]: compression must"),
+        (["exp_data.state.screen"], "fields must map payload paths to compression settings"),
+    ],
+)
+def test_bad_fields_are_refused_and_change_nothing(
+    buffer: ReplayBuffer, fields: object, message: str
+) -> None:
+    buffer.set_compression("png", fields={"exp_data.state.screen": None})
+    before = buffer.compression_setting()
+    with pytest.raises(InvalidArgumentError, match=message):
+        buffer.set_compression("zstd", fields=fields)  # type: ignore[arg-type]
+    assert buffer.compression_setting() == before
+    buffer.store_batch(shots("t", [0]))
+    assert list(_codecs(buffer).values()) == ["raw"]
+
+
 def test_an_array_over_the_maximum_stores_nothing(buffer: ReplayBuffer) -> None:
     buffer.store_batch(shots("t", [0]))
     buffer.set_compression("auto", max_array_bytes=EXTERNAL_THRESHOLD)
