@@ -82,6 +82,7 @@ class EncodedColumns(RowSource):
                 docs,
                 blobs,
                 digests,
+                repeat(0, len(ids)),  # change_flags: a write to a tracked buffer sets them
                 strict=True,
             )
         )
