@@ -393,9 +393,11 @@ class ReplayBuffer:
         images when it is much smaller), ``"zstd"``, ``"png"`` or ``"webp"`` (lossless,
         for uint8 images; zstd for other arrays; needs ``expstore[images]``) or None (raw).
         ``max_array_bytes`` refuses larger arrays at store time (default 512 MiB; None: keep
-        the setting). ``fields`` sets the compression of the arrays under payload paths
-        over that, the most specific path winning: ``{"exp_data.state.screenshot": "png",
-        "exp_data.state.noise": None}`` (None: keep the paths set; ``{}``: drop them).
+        the setting). ``compression`` is always set (a call with ``fields`` alone sets it
+        to ``"auto"``: pass the buffer's own to keep it). ``fields`` sets the compression of
+        the arrays under payload paths over that, the most specific path winning:
+        ``{"exp_data.state.screenshot": "png", "exp_data.state.noise": None}`` (None: keep
+        the paths set; ``{}``: drop them).
         Rows stored before stay as they are, readable. See
         :mod:`expstore.codec.compression`."""
         self.storage.set_compression(

@@ -28,7 +28,6 @@ import json
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, case, delete, exists, func, insert, null, select, update
@@ -40,7 +39,7 @@ from ..codec.compression import (
     check_compression,
     pack_array,
 )
-from ..codec.tracked import node_at
+from ..codec.format import ESCAPED_KEY, TENSOR_KEY
 from ..db.dialects import WRITE_COLUMNS
 from ..db.handle import BufferHandle
 from ..db.row_ids import ids_to_keys
@@ -81,9 +80,9 @@ class ArraySetting(NamedTuple):
     """A buffer's setting for arrays: the codec of new arrays, the largest array, and per
     payload path (canonical) the codec of the arrays under it."""
 
-    compression: str | None = "auto"
-    max_array_bytes: int = DEFAULT_MAX_ARRAY_BYTES
-    fields: Mapping[str, str | None] = MappingProxyType({})
+    compression: str | None
+    max_array_bytes: int
+    fields: dict[str, str | None]
 
 
 def setting_of(
@@ -95,7 +94,7 @@ def setting_of(
     return ArraySetting(
         mode,
         DEFAULT_MAX_ARRAY_BYTES if max_array_bytes is None else int(max_array_bytes),
-        MappingProxyType(by_path),
+        by_path,
     )
 
 
@@ -185,8 +184,9 @@ def note_codecs(
     codecs: dict[str, str | None],
 ) -> Iterator[list[tuple[Any, ...]]]:
     """``chunks`` (encoded rows) as they are, noting in ``codecs`` the codec of each array
-    stored by digest under a path of ``setting.fields`` (the most specific path wins) as
-    the rows go by; ``externals`` holds the arrays of each row encoded so far."""
+    stored by digest under a path of ``setting.fields`` as the rows go by (in a row, the
+    most specific path wins; an array in several rows keeps the codec of the first);
+    ``externals`` holds the arrays of each row encoded so far."""
     rules: list[tuple[FieldPath, str | None]] = sorted(
         ((resolve_field(path), codec) for path, codec in setting.fields.items()),
         key=lambda rule: len(rule[0].steps),
@@ -198,12 +198,33 @@ def note_codecs(
             doc = values[_DATA_AT]
             if type(doc) is not dict:
                 doc = json.loads(doc)
+            mine: dict[str, str | None] = {}
             for field, codec in rules:
-                node = node_at(doc, str(field.top), field.steps)
+                node = _node(doc, str(field.top), field.steps)
                 if type(node) is dict or type(node) is list:
                     for digest in _DIGEST.findall(json.dumps(node)):
-                        codecs[digest] = codec
+                        mine[digest] = codec
+            for digest, codec in mine.items():
+                codecs.setdefault(digest, codec)
         yield chunk
+
+
+def _node(doc: dict[str, Any], top: str, steps: Sequence[str | int]) -> Any:
+    """The document's node at the path (None when nothing is there), seeing through the
+    objects the codec wrapped because their keys are reserved (see
+    :data:`~expstore.codec.format.ESCAPED_KEY`)."""
+    node: Any = doc
+    for step in (top, *steps):
+        if type(node) is dict and len(node) == 1:
+            if ESCAPED_KEY in node:
+                node = node[ESCAPED_KEY]
+            elif TENSOR_KEY in node:  # a placeholder: no path goes into it
+                return None
+        if type(step) is int:
+            node = node[step] if type(node) is list and 0 <= step < len(node) else None
+        else:
+            node = node.get(step) if type(node) is dict else None
+    return node
 
 
 def store_arrays(

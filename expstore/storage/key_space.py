@@ -42,7 +42,7 @@ from ..features.priorities import logged_priorities
 from ..features.state import Signature, StateReader
 from ..features.versions import FreshBounds, fresh_clause
 from ..model.layout import COLUMNS_BY_NAME, ColumnSpec
-from ..query import QueryCondition, condition_key
+from ..query import QueryCondition
 from ..query.fields import resolve_field
 from .base import Arrays, Kept, KeySpace, PriorityBounds
 from .key_index import _column, _to_arrays
@@ -241,6 +241,16 @@ class SqlKeySpace(KeySpace):
         found.sort(key=lambda r: r[0])
         return _to_arrays(found, selected)
 
+    def compiled_key(self) -> tuple[Any, ...]:
+        """:meth:`condition_key` for the statements compiled with the condition: with the
+        buffer's version when it holds a ``changed()``, so that they are compiled again when
+        the version moves (tracking or untracking a path bumps it, and a path's slot in the
+        rows' flags may go to another path) and follow another process's tracking."""
+        key = self.condition_key()
+        if self.signature is not None and has_changed(self.query_condition):
+            key = (*key, self.signature.version)
+        return key
+
     def _probe_statement(self, names: tuple[str, ...]) -> tuple[CompiledSelect, bool]:
         """The statement probing candidate keys (reading ``names`` too), and whether
         SQLite answers it by an index on the condition (see :meth:`_covers`)."""
@@ -254,12 +264,7 @@ class SqlKeySpace(KeySpace):
             chosen = select(rows.c.key, *(c.selected for c in selected), rows.c.buffer_id)
             return chosen.where(handle.dialect.key_in(), *clauses)
 
-        narrowed = (self.max_staleness, self.consume_after)
-        key: tuple[Any, ...] = ("probe", condition_key(self.query_condition), narrowed, names)
-        if self.signature is not None and has_changed(self.query_condition):
-            # Compiled again when the buffer's version moves (tracking a path bumps it), so
-            # that changed() follows another process's track_changes/untrack_changes.
-            key = (*key, self.signature.version)
+        key = ("probe", self.compiled_key(), names)
         if handle.dialect.name == "postgresql":
             # With the buffer in the WHERE clause, the (buffer_id, key) index, or under a
             # condition an index (buffer_id, column, key) on its column, answers the probe
@@ -335,7 +340,7 @@ class SqlKeySpace(KeySpace):
             found = select(rows.c.key).where(mine, *held, after, *self.matching())
             return found.order_by(*order).limit(1)
 
-        statement = handle.statement(("first matching", name, self.condition_key()), build)
+        statement = handle.statement(("first matching", name, self.compiled_key()), build)
         found = statement.run(self.conn, value=value, start=start)
         return int(found[0][0]) if found else None
 
@@ -480,7 +485,7 @@ class SqlKeySpace(KeySpace):
             form = "least of all"
         else:
             form = "walk"
-        key = ("least priority", self.condition_key(), walk is None, form)
+        key = ("least priority", self.compiled_key(), walk is None, form)
 
         def lowest() -> Any:  # the first `walk` entries of the priority index
             entries = select(priorities.c.key, priorities.c.priority).where(mine)

@@ -60,8 +60,11 @@ def _drop_column(table: str, column: str) -> None:
 
 
 def _bit(slot: sa.ColumnElement[int], towards_next: bool) -> sa.ColumnElement[int]:
-    """``1 << (2 * slot + towards_next)`` in SQL (both backends shift a BIGINT)."""
-    return sa.literal(1, sa.BigInteger()).op("<<")(slot * 2 + int(towards_next))
+    """``1 << (2 * slot + towards_next)`` in SQL, shifting a BIGINT on both backends (a
+    bare 1 is an int4 on Postgres, whose shifts wrap at 32 bits; offline SQL prints the
+    literal bare, so the cast is written out)."""
+    one = sa.cast(sa.literal(1, sa.BigInteger()), sa.BigInteger())
+    return one.op("<<")(slot * 2 + int(towards_next))
 
 
 def upgrade() -> None:

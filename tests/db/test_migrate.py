@@ -385,3 +385,13 @@ def test_revision_0018_moves_the_flags_onto_the_rows_and_back(fresh_url: str) ->
         buf.untrack_changes("task_id")
         buf.untrack_changes("agent_id")
         assert [buf.count(c) for c in conditions] == before  # by the probe
+
+
+def test_revision_0018_shifts_bigints_in_offline_sql_for_postgres() -> None:
+    """Offline SQL prints literals bare, and a bare 1 is an int4 on Postgres, whose shifts
+    wrap at 32 bits (slot 16 and up): the migration's shifts are of a cast BIGINT."""
+    url = "postgresql+psycopg://postgres@127.0.0.1:5432/not_connected"
+    sql = migrate.upgrade_sql(url, from_revision="0017", revision="0018")
+    shifts = [line for line in sql.splitlines() if "<<" in line]
+    assert shifts
+    assert all("CAST(1 AS BIGINT) <<" in line for line in shifts)

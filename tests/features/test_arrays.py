@@ -210,6 +210,29 @@ def test_fields_set_the_compression_under_their_paths_the_most_specific_winning(
         consistent(two)
 
 
+def test_fields_see_through_escaped_objects_and_the_first_row_sets_a_shared_array(
+    buffer: ReplayBuffer,
+) -> None:
+    """A path under an object the codec escaped (a reserved key beside it) still sets its
+    arrays' codec; an array two rows hold under paths of different codecs keeps the first
+    row's."""
+    buffer.set_compression("zstd", fields={"exp_data.state.img": None, "exp_data.actions": "zstd"})
+    shared = np.full((128, 256, 3), 7, np.uint8)  # zstd gains on it
+    buffer.store_batch(
+        [
+            make_row("t", "a", 0, state={"__float__": 1, "img": PAGES[0]}),
+            make_row("t", "a", 1, actions=[shared]),  # zstd (first)
+            make_row("t", "a", 2, state={"img": shared}),  # raw asked: stored already
+        ]
+    )
+    found = _codecs(buffer)
+    assert found[array_digest(PAGES[0])] == "raw"
+    assert found[array_digest(shared)] == "zstd"
+    (row,) = [r for r in buffer.query() if r.exp_meta.step == 0]
+    assert row.exp_data.state["__float__"] == 1
+    assert np.array_equal(row.exp_data.state["img"], PAGES[0])
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [

@@ -20,7 +20,7 @@ from expstore import ReplayBuffer
 from expstore.db.schema import rows
 from expstore.errors import EmptyBufferError, InvalidArgumentError
 from expstore.query import Condition, QueryBuilder, to_sql
-from expstore.samplers import UniformSampler
+from expstore.samplers import StratifiedSampler, UniformSampler
 from tests.helpers import make_row
 from tests.query.changes_actor import rows_for
 
@@ -370,3 +370,39 @@ def test_a_buffer_tracks_at_most_31_paths_and_the_32nd_is_refused(buffer: Replay
     assert sorted(r.exp_meta.step for r in buffer.query(last)) == [1, 3]
     newest = Condition.parse("unchanged(exp_data.state.p31)")
     assert sorted(r.exp_meta.step for r in buffer.query(newest)) == [1, 3]
+
+
+def test_statements_compiled_for_a_path_follow_its_slot_going_to_another_path(
+    db_url: str, buffer_name: str
+) -> None:
+    """Another handle untracks X and tracks Y, which takes X's slot: this handle's
+    statements compiled for unchanged(X) (a probe, a stratified draw's first match) are
+    compiled again, never reading Y's bits as X's."""
+    xs = [0, 0, 1, 1, 2, 2, 3, 3]  # unchanged(x): steps 1, 3, 5, 7 (agent a1)
+    ys = [0, 1, 1, 2, 3, 3, 4, 4]  # unchanged(y): steps 2, 5, 7
+    unchanged_x = Condition.parse("unchanged(exp_data.state.x)")
+    with (
+        ReplayBuffer(db_url, name=buffer_name) as one,
+        ReplayBuffer(db_url, name=buffer_name) as other,
+    ):
+        one.store_batch([make_row("A", f"a{s % 2}", s, state={"x": xs[s], "y": ys[s]})
+                         for s in range(8)])  # fmt: skip
+        one.track_changes("exp_data.state.x")
+
+        def first_a0(space: Any) -> Any:
+            return space.first_matching("agent_id", "a0", space.min_key)
+
+        assert other.sql.key_space(unchanged_x, first_a0) is None  # a0's steps all change
+        batch = other.sample(
+            StratifiedSampler(by="exp_meta.agent_id", seed=0), unchanged_x, batch_size=16
+        )
+        assert {r.exp_meta.step for r in batch} <= {1, 3, 5, 7}
+        one.untrack_changes("exp_data.state.x")
+        one.track_changes("exp_data.state.y")  # slot 0 again
+        assert other.sql.key_space(unchanged_x, first_a0) is None  # by the probe now
+        for seed in range(3):
+            batch = other.sample(
+                StratifiedSampler(by="exp_meta.agent_id", seed=seed), unchanged_x, batch_size=16
+            )
+            assert {r.exp_meta.step for r in batch} <= {1, 3, 5, 7}
+        one.clear()
