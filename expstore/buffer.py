@@ -396,8 +396,9 @@ class ReplayBuffer:
         the setting). ``compression`` is always set (a call with ``fields`` alone sets it
         to ``"auto"``: pass the buffer's own to keep it). ``fields`` sets the compression of
         the arrays under payload paths over that, the most specific path winning:
-        ``{"exp_data.state.screenshot": "png", "exp_data.state.noise": None}`` (None: keep
-        the paths set; ``{}``: drop them).
+        ``{"exp_data.state.screenshot": "png", "exp_data.state.noise": None}`` (a codec of
+        None stores that path's arrays raw). ``fields=None`` keeps the paths set and
+        ``fields={}`` drops them.
         Rows stored before stay as they are, readable. See
         :mod:`expstore.codec.compression`."""
         self.storage.set_compression(

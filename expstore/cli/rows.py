@@ -111,8 +111,10 @@ def query(
     """Show the rows matching a filter.
 
     The filter language: comparisons (= != > >= < <=), in (...), not in (...),
-    like '%x%', not like, between a and b, is null, is not null, combined with
-    and / or (and binds tighter) and parentheses. Strings take single quotes.
+    like '%x%', not like, between a and b, is null, is not null,
+    changed(path) / unchanged(path) (against the previous step of the task;
+    changed(path, next): the next), combined with and / or (and binds tighter)
+    and parentheses. Strings take single quotes.
     Fields: task_id, agent_id, step, reward_t, done, ... and paths into the
     data such as exp_data.state.url or exp_data.actions.0.name.
 
