@@ -42,7 +42,7 @@ steps written a step at a time pay for their length on each write.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -404,8 +404,24 @@ def track(handle: BufferHandle, conn: Connection, path: Any) -> bool:
                 digest = _payload_digest(field, r[2], r[3], r[1])
             fresh.append((int(r[0]), digest))
         _insert(conn, mine.id, fresh)
-    _settle(conn, buffer_id, [mine], None)
+    for tasks in _task_pages(conn, buffer_id):  # the flags, a page of tasks at a time
+        _settle(conn, buffer_id, [mine], tasks)
     return True
+
+
+def _task_pages(conn: Connection, buffer_id: int) -> Iterator[list[Any]]:
+    """The buffer's task ids in order, :data:`_CHUNK` at a time (by the ``(buffer_id,
+    task_id, step)`` index), so that setting every row's flags holds one page's rows in
+    memory, not the buffer's."""
+    after: Any = None
+    while True:
+        stmt = select(rows.c.task_id).where(rows.c.buffer_id == buffer_id)
+        stmt = stmt.where(rows.c.task_id.is_not(None) if after is None else rows.c.task_id > after)
+        page = list(conn.execute(stmt.distinct().order_by(rows.c.task_id).limit(_CHUNK)).scalars())
+        if not page:
+            return
+        yield page
+        after = page[-1]
 
 
 def untrack(handle: BufferHandle, conn: Connection, path: Any) -> bool:

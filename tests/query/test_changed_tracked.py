@@ -406,3 +406,18 @@ def test_statements_compiled_for_a_path_follow_its_slot_going_to_another_path(
             )
             assert {r.exp_meta.step for r in batch} <= {1, 3, 5, 7}
         one.clear()
+
+
+def test_tracking_a_buffer_of_many_tasks_sets_them_page_by_page(buffer: ReplayBuffer) -> None:
+    """track_changes sets the flags of the rows stored a page of tasks at a time (bounded
+    memory): every page's tasks, across page edges, as the probe answers."""
+    buffer.store_batch(
+        [make_row(f"t{t:04d}", "a", s, state={"v": (t * s) % 3}) for t in range(1_100)
+         for s in range(3)]
+    )  # fmt: skip
+    conditions = [Condition.parse(c) for c in ("unchanged(exp_data.state.v)",
+                  "changed(exp_data.state.v, next)")]  # fmt: skip
+    probed = [sorted(r.id for r in buffer.query(c)) for c in conditions]
+    assert buffer.track_changes("exp_data.state.v")
+    assert [sorted(r.id for r in buffer.query(c)) for c in conditions] == probed
+    assert len(probed[0]) > 700  # tasks 0, 3, 6... keep v; the others change
