@@ -24,16 +24,18 @@ import numpy as np
 
 from .decode import PartDecoder
 from .digests import array_digest
-from .format import TENSOR_KEY
+from .format import ESCAPED_KEY, TENSOR_KEY
 
 __all__ = ["column_digest", "node_at", "value_digest"]
 
 _MISSING = object()
 
 
-def node_at(doc: Any, top: str, steps: Sequence[str | int]) -> Any:
+def node_at(doc: Any, top: str, steps: Sequence[str | int], *, unescape: bool = False) -> Any:
     """The document's node at ``top`` and ``steps``, read as the conditions read a path (a
-    key must meet an object, an index a list); :data:`_MISSING` when nothing is there."""
+    key must meet an object, an index a list); :data:`_MISSING` when nothing is there.
+    ``unescape``: a key also goes into an object the codec escaped because its keys are
+    reserved (:data:`~expstore.codec.format.ESCAPED_KEY`), which conditions do not."""
     node = doc.get(top, _MISSING) if type(doc) is dict else _MISSING
     for step in steps:
         if node is _MISSING:
@@ -43,7 +45,9 @@ def node_at(doc: Any, top: str, steps: Sequence[str | int]) -> Any:
                 return _MISSING
             node = node[step]
         else:
-            if type(node) is not dict or _is_tensor(node):
+            if unescape and type(node) is dict and len(node) == 1 and ESCAPED_KEY in node:
+                node = node[ESCAPED_KEY]
+            elif type(node) is not dict or _is_tensor(node):
                 return _MISSING
             node = node.get(step, _MISSING)
     return node

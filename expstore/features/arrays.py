@@ -39,7 +39,7 @@ from ..codec.compression import (
     check_compression,
     pack_array,
 )
-from ..codec.format import ESCAPED_KEY, TENSOR_KEY
+from ..codec.tracked import node_at
 from ..db.dialects import WRITE_COLUMNS
 from ..db.handle import BufferHandle
 from ..db.row_ids import ids_to_keys
@@ -200,31 +200,13 @@ def note_codecs(
                 doc = json.loads(doc)
             mine: dict[str, str | None] = {}
             for field, codec in rules:
-                node = _node(doc, str(field.top), field.steps)
+                node = node_at(doc, str(field.top), field.steps, unescape=True)
                 if type(node) is dict or type(node) is list:
                     for digest in _DIGEST.findall(json.dumps(node)):
                         mine[digest] = codec
             for digest, codec in mine.items():
                 codecs.setdefault(digest, codec)
         yield chunk
-
-
-def _node(doc: dict[str, Any], top: str, steps: Sequence[str | int]) -> Any:
-    """The document's node at the path (None when nothing is there), seeing through the
-    objects the codec wrapped because their keys are reserved (see
-    :data:`~expstore.codec.format.ESCAPED_KEY`)."""
-    node: Any = doc
-    for step in (top, *steps):
-        if type(node) is dict and len(node) == 1:
-            if ESCAPED_KEY in node:
-                node = node[ESCAPED_KEY]
-            elif TENSOR_KEY in node:  # a placeholder: no path goes into it
-                return None
-        if type(step) is int:
-            node = node[step] if type(node) is list and 0 <= step < len(node) else None
-        else:
-            node = node.get(step) if type(node) is dict else None
-    return node
 
 
 def store_arrays(
