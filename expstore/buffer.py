@@ -401,9 +401,7 @@ class ReplayBuffer:
         ``fields={}`` drops them.
         Rows stored before stay as they are, readable. See
         :mod:`expstore.codec.compression`."""
-        self.storage.set_compression(
-            compression, max_array_bytes=max_array_bytes, fields=fields
-        )
+        self.storage.set_compression(compression, max_array_bytes=max_array_bytes, fields=fields)
 
     def compression_setting(self) -> ArraySetting:
         """The buffer's setting for arrays stored by digest, as every writer reads it:

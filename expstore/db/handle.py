@@ -18,24 +18,17 @@ from sqlalchemy.sql.elements import ColumnElement
 from .._retry import CONFLICT
 from ..errors import StorageError
 from ..query import QueryCondition, to_sql
-from ..query.conditions import And, Changed, Condition, Or, as_condition
+from ..query.conditions import Changed, as_condition, has_changed
 from .compiled import CompiledSelect
 from .dialects import Dialect, dialect_for
 from .engine import Connections
 from .schema import rows, tracked_paths
 from .tuning import Tuning
 
-__all__ = [
-    "BufferHandle",
-    "TrackedPath",
-    "flag_bit",
-    "has_changed",
-    "retried",
-    "tracked_of",
-    "tracked_statement",
-]
+__all__ = ["BufferHandle", "TrackedPath", "flag_bit", "read_tracked", "retried"]
 
 _T = TypeVar("_T")
+
 
 class TrackedPath(NamedTuple):
     """A path a buffer tracks (see :mod:`expstore.features.changes`): its id in
@@ -51,16 +44,13 @@ def flag_bit(slot: int, towards_next: bool) -> int:
     return 1 << (2 * slot + towards_next)
 
 
-def tracked_statement(buffer_id: int) -> Select[Any]:
-    """``SELECT path, id, slot`` of the buffer's tracked paths."""
-    return select(tracked_paths.c.path, tracked_paths.c.id, tracked_paths.c.slot).where(
+def read_tracked(conn: Connection, buffer_id: int) -> dict[str, TrackedPath]:
+    """The buffer's tracked paths (canonical spelling), their ids and slots, read on
+    ``conn``."""
+    stmt = select(tracked_paths.c.path, tracked_paths.c.id, tracked_paths.c.slot).where(
         tracked_paths.c.buffer_id == buffer_id
     )
-
-
-def tracked_of(found: Sequence[Any]) -> dict[str, TrackedPath]:
-    """The rows of :func:`tracked_statement` by path."""
-    return {str(r[0]): TrackedPath(int(r[1]), int(r[2])) for r in found}
+    return {str(path): TrackedPath(int(i), int(slot)) for path, i, slot in conn.execute(stmt)}
 
 
 #: SQLSTATEs of a transaction the server rolled back for a conflict with another.
@@ -112,10 +102,8 @@ class BufferHandle:
         #: child, and when the database turns out to have been made anew.
         self.caches: list[Callable[[], None]] = []
         #: The buffer's tracked paths, their ids and slots, as last read (see
-        #: tracked_paths), and a number that grows whenever they change, for statements
-        #: compiled with them.
+        #: tracked_paths); the statements compiled are dropped whenever they change.
         self.tracked: dict[str, TrackedPath] = {}
-        self.tracked_version = 0
 
     def forget_caches(self) -> None:
         """Forget everything cached of the buffer (see :attr:`caches`)."""
@@ -144,9 +132,7 @@ class BufferHandle:
             for r in fetched[-keep:]:  # a row read again moves to the newest end
                 recent.pop(r[at_id], None)
                 recent[r[at_id]] = r[0]
-            if len(recent) > keep:
-                for stale in list(islice(recent, len(recent) - keep // 2)):
-                    del recent[stale]
+            self._trim_recent(keep)
 
     def remember_pairs(self, pairs: Sequence[tuple[int, str]]) -> None:
         """:meth:`remember_keys` of ``(key, id)`` pairs served without a read (from a row
@@ -157,9 +143,15 @@ class BufferHandle:
             recent = self.recent_keys
             tail = pairs[-keep:]
             recent.update(zip(map(itemgetter(1), tail), map(itemgetter(0), tail), strict=True))
-            if len(recent) > keep:
-                for stale in list(islice(recent, len(recent) - keep // 2)):
-                    del recent[stale]
+            self._trim_recent(keep)
+
+    def _trim_recent(self, keep: int) -> None:
+        """Past ``keep`` keys remembered, forget the oldest down to half of it (the caller
+        holds the lock)."""
+        recent = self.recent_keys
+        if len(recent) > keep:
+            for stale in list(islice(recent, len(recent) - keep // 2)):
+                del recent[stale]
 
     def remembered_keys(self, ids: Sequence[str]) -> dict[str, int]:
         """The keys remembered for those of ``ids`` read lately."""
@@ -214,22 +206,20 @@ class BufferHandle:
         snapshot), else on one of its own. An in-memory database has no other handle:
         what this one tracked."""
         if not self.connections.memory:
-            stmt = tracked_statement(self.buffer_id)
             held = self.connections.held()
             with self.errors("read the tracked paths"):
                 if held is not None:
-                    found = held.execute(stmt).all()
+                    found = read_tracked(held, self.buffer_id)
                 else:
                     with self.read() as conn:
-                        found = conn.execute(stmt).all()
-            self.note_tracked(tracked_of(found))
+                        found = read_tracked(conn, self.buffer_id)
+            self.note_tracked(found)
         return self.tracked
 
     def note_tracked(self, found: dict[str, TrackedPath]) -> None:
         """Take the tracked paths just read: statements compiled with others are dropped."""
         if found != self.tracked:
             self.tracked = found
-            self.tracked_version += 1
             self._statements.clear()
             self.plans.clear()
 
@@ -258,16 +248,6 @@ class BufferHandle:
 
     def shown_url(self) -> str:
         return self.url.render_as_string(hide_password=True)
-
-
-def has_changed(query_condition: QueryCondition | Condition) -> bool:
-    """Whether the condition holds a ``changed()``/``unchanged()`` anywhere."""
-    condition = as_condition(query_condition)
-    if isinstance(condition, Changed):
-        return True
-    if isinstance(condition, (And, Or)):
-        return any(has_changed(c) for c in condition.conditions)
-    return False
 
 
 class _TranslateErrors:

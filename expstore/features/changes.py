@@ -51,7 +51,7 @@ from sqlalchemy import Connection, and_, bindparam, delete, insert, select, text
 from ..codec.decode import PartDecoder
 from ..codec.tracked import column_digest, node_at, value_digest
 from ..db.dialects import WRITE_COLUMNS
-from ..db.handle import BufferHandle, TrackedPath, flag_bit, tracked_of, tracked_statement
+from ..db.handle import BufferHandle, TrackedPath, flag_bit, read_tracked
 from ..db.schema import changes, rows, tracked_paths
 from ..errors import CodecError, InvalidArgumentError, QueryError
 from ..model.paths import FieldPath
@@ -66,7 +66,6 @@ __all__ = [
     "refresh",
     "tasks_of",
     "track",
-    "tracked",
     "untrack",
 ]
 
@@ -95,11 +94,6 @@ def check_path(path: Any) -> FieldPath:
             f"cannot track changes of {path!r}: {exc}. Nothing was changed"
         ) from None
     return field
-
-
-def tracked(conn: Connection, buffer_id: int) -> dict[str, TrackedPath]:
-    """The buffer's tracked paths (canonical spelling), their ids and slots."""
-    return tracked_of(conn.execute(tracked_statement(buffer_id)).all())
 
 
 def _mask(slot: int) -> int:
@@ -170,22 +164,18 @@ def _bits(found: list[_Entry], slot: int) -> dict[int, int]:
 
 
 def _stored(
-    conn: Connection, buffer_id: int, path_id: int, tasks: Iterable[Any] | None
+    conn: Connection, buffer_id: int, path_id: int, tasks: list[Any]
 ) -> tuple[list[_Entry], dict[int, int]]:
-    """The entries of the stored rows of ``tasks`` (None: every task) at the tracked path,
-    and their ``change_flags`` by key."""
+    """The entries of the stored rows of ``tasks`` at the tracked path, and their
+    ``change_flags`` by key."""
     joined = rows.join(changes, and_(changes.c.key == rows.c.key, changes.c.path_id == path_id))
     base = (
         select(rows.c.task_id, rows.c.step, rows.c.key, changes.c.digest, rows.c.change_flags)
         .select_from(joined)
         .where(rows.c.buffer_id == buffer_id, rows.c.task_id.is_not(None))
     )
-    if tasks is None:
-        parts = [base]
-    else:
-        wanted = sorted(tasks)
-        parts = [base.where(rows.c.task_id.in_(wanted[i : i + _CHUNK]))
-                 for i in range(0, len(wanted), _CHUNK)]  # fmt: skip
+    parts = [base.where(rows.c.task_id.in_(tasks[i : i + _CHUNK]))
+             for i in range(0, len(tasks), _CHUNK)]  # fmt: skip
     entries: list[_Entry] = []
     flags: dict[int, int] = {}
     for part in parts:
@@ -195,18 +185,19 @@ def _stored(
     return entries, flags
 
 
-def _settle(
+def refresh(
     conn: Connection,
     buffer_id: int,
     paths: Iterable[TrackedPath],
-    tasks: Iterable[Any] | None,
+    tasks: Iterable[Any],
     new: Mapping[int, list[_Entry]] | None = None,
 ) -> dict[int, int]:
-    """Set the flags at ``paths`` of the stored rows of ``tasks`` (None: every task) from
-    the digests stored, with the rows about to be inserted (``new``: their entries by path
-    id, under keys above every stored one) as their neighbours; rewrites the stored rows
-    whose flags change and returns the new rows' flags by key."""
-    tasks = None if tasks is None else sorted(tasks)
+    """Set the flags at ``paths`` of the stored rows of ``tasks`` from the digests stored
+    (after a removal: of the tasks of the rows it removed), with the rows about to be
+    inserted (``new``: their entries by path id, under keys above every stored one) as
+    their neighbours; rewrites the stored rows whose flags change and returns the new
+    rows' flags by key."""
+    tasks = sorted(tasks)
     stored_flags: dict[int, int] = {}
     computed: dict[int, int] = {}
     mask = 0
@@ -288,7 +279,7 @@ def before_insert(
             pending.tasks.add(task)
             for path, digest in zip(pending.paths, digests, strict=True):
                 entries[path.id].append((task, values[_STEP_AT], key, digest))
-    flags = _settle(conn, buffer_id, pending.paths, pending.tasks, entries)
+    flags = refresh(conn, buffer_id, pending.paths, pending.tasks, entries)
     key = newest
     for chunk in out:
         for at, values in enumerate(chunk):
@@ -312,14 +303,7 @@ def after_insert(conn: Connection, buffer_id: int, pending: Pending, keys: dict[
     # Keys are positive: a row left out (-1) is out of order too.
     in_order = all(a < b for a, b in zip([0, *inserted], inserted, strict=False))
     if not in_order:
-        _settle(conn, buffer_id, pending.paths, pending.tasks)
-
-
-def keys_above(conn: Connection, buffer_id: int, newest: int) -> dict[str, int]:
-    """The keys of the buffer's rows above ``newest`` by id: a write's own rows, when
-    ``newest`` is the largest key before it (writers of a buffer take turns)."""
-    stmt = select(rows.c.id, rows.c.key).where(rows.c.buffer_id == buffer_id, rows.c.key > newest)
-    return {str(i): int(k) for i, k in conn.execute(stmt)}
+        refresh(conn, buffer_id, pending.paths, pending.tasks)
 
 
 def tasks_of(conn: Connection, handle: BufferHandle, keys: Sequence[int]) -> set[Any]:
@@ -327,14 +311,6 @@ def tasks_of(conn: Connection, handle: BufferHandle, keys: Sequence[int]) -> set
     stmt = select(rows.c.task_id).where(handle.dialect.key_in(rows.c.key)).distinct()
     found = conn.execute(stmt, {"keys": handle.dialect.key_set(list(keys))}).scalars()
     return {t for t in found if t is not None}
-
-
-def refresh(
-    conn: Connection, buffer_id: int, paths: Iterable[TrackedPath], tasks: Iterable[Any] | None
-) -> None:
-    """Set the flags at ``paths`` of every row of ``tasks`` (None: of the whole buffer) from
-    the digests stored (after a removal, for the tasks of the rows it removed)."""
-    _settle(conn, buffer_id, paths, tasks)
 
 
 #: Postgres: new rows' digests in one statement of two arrays.
@@ -367,7 +343,7 @@ def track(handle: BufferHandle, conn: Connection, path: Any) -> bool:
     digests and flags of every stored row; whether it was not tracked already."""
     field = check_path(path)
     buffer_id = handle.buffer_id
-    found = tracked(conn, buffer_id)
+    found = read_tracked(conn, buffer_id)
     if field.canonical in found:
         return False
     taken = {p.slot for p in found.values()}
@@ -381,7 +357,7 @@ def track(handle: BufferHandle, conn: Connection, path: Any) -> bool:
     conn.execute(
         insert(tracked_paths).values(buffer_id=buffer_id, path=field.canonical, slot=free[0])
     )
-    mine = tracked(conn, buffer_id)[field.canonical]
+    mine = read_tracked(conn, buffer_id)[field.canonical]
     read = [rows.c.key, rows.c.id]
     if field.column is not None:
         read.append(rows.c[field.column.name])
@@ -405,7 +381,7 @@ def track(handle: BufferHandle, conn: Connection, path: Any) -> bool:
             fresh.append((int(r[0]), digest))
         _insert(conn, mine.id, fresh)
     for tasks in _task_pages(conn, buffer_id):  # the flags, a page of tasks at a time
-        _settle(conn, buffer_id, [mine], tasks)
+        refresh(conn, buffer_id, [mine], tasks)
     return True
 
 
@@ -428,7 +404,7 @@ def untrack(handle: BufferHandle, conn: Connection, path: Any) -> bool:
     """Stop tracking ``path``: its bits of every row are cleared (its slot may be given to
     another path) and its digests go (ON DELETE CASCADE); whether it was tracked."""
     field = check_path(path)
-    found = tracked(conn, handle.buffer_id).get(field.canonical)
+    found = read_tracked(conn, handle.buffer_id).get(field.canonical)
     if found is None:
         return False
     mask = _mask(found.slot)

@@ -16,7 +16,7 @@ from sqlalchemy import Connection, delete, select, update
 from sqlalchemy.sql.elements import ColumnElement
 
 from .._args import check_int
-from ..db.handle import BufferHandle
+from ..db.handle import BufferHandle, read_tracked
 from ..db.schema import buffers, rows
 from ..errors import InvalidArgumentError, RetentionConflictError
 from . import arrays, changes, tombstones
@@ -215,7 +215,7 @@ def remove(
     keep, last = tombstones.kept_tombstones(conn, handle.buffer_id)
     tombstones.record(handle, conn, doomed, reason, policy, keep, last)
     referred = arrays.referred_by(handle, conn, doomed)
-    tracked = changes.tracked(conn, handle.buffer_id)
+    tracked = read_tracked(conn, handle.buffer_id)
     touched = changes.tasks_of(conn, handle, doomed) if tracked else set()
     bound = {"keys": dialect.key_set(doomed)}
     gone = int(conn.execute(_delete_keys(dialect), bound).rowcount)

@@ -56,6 +56,7 @@ __all__ = [
     "as_condition",
     "condition_key",
     "depth_error",
+    "has_changed",
     "parse_where",
     "value_kind",
 ]
@@ -386,6 +387,16 @@ def as_condition(condition: Condition | Mapping[str, Any] | None) -> Condition |
         "query_condition must be a Condition (from QueryBuilder().build()), its dict form, "
         f"or None; got {type(condition).__name__}{hint}"
     )
+
+
+def has_changed(query_condition: QueryCondition) -> bool:
+    """Whether the condition holds a ``changed()``/``unchanged()`` anywhere."""
+    condition = as_condition(query_condition)
+    if isinstance(condition, Changed):
+        return True
+    if isinstance(condition, (And, Or)):
+        return any(has_changed(c) for c in condition.conditions)
+    return False
 
 
 def condition_key(query_condition: QueryCondition) -> str:

@@ -33,7 +33,7 @@ import numpy as np
 from sqlalchemy import Connection, and_, bindparam, func, or_, select
 
 from ..db.compiled import CompiledSelect
-from ..db.handle import BufferHandle, has_changed
+from ..db.handle import BufferHandle
 from ..db.schema import loose_scan, priorities, rows
 from ..errors import InvalidArgumentError
 from ..features.draw_counts import unspent_clause
@@ -43,6 +43,7 @@ from ..features.state import Signature, StateReader
 from ..features.versions import FreshBounds, fresh_clause
 from ..model.layout import COLUMNS_BY_NAME, ColumnSpec
 from ..query import QueryCondition
+from ..query.conditions import has_changed
 from ..query.fields import resolve_field
 from .base import Arrays, Kept, KeySpace, PriorityBounds
 from .key_index import _column, _to_arrays

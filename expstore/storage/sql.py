@@ -41,7 +41,7 @@ from sqlalchemy.engine import URL
 from .._args import check_text
 from ..db import migrate, path_indexes
 from ..db.engine import create_sql_engine, is_memory, normalise_url
-from ..db.handle import BufferHandle
+from ..db.handle import BufferHandle, read_tracked
 from ..db.replicas import ReadRouter
 from ..db.schema import buffers, rows
 from ..db.tuning import Tuning
@@ -537,7 +537,7 @@ class SqlStorage(Storage):
             done = change(handle, conn, path)
             if done:
                 registry.bump_version(handle, conn)
-            found = changes.tracked(conn, handle.buffer_id)
+            found = read_tracked(conn, handle.buffer_id)
         handle.note_tracked(found)
         return done
 

@@ -21,16 +21,16 @@ from operator import is_not, itemgetter
 from typing import Any, NamedTuple
 
 from pydantic import ValidationError
-from sqlalchemy import Connection
+from sqlalchemy import Connection, select
 from sqlalchemy.exc import IntegrityError
 
 from .._retry import RATE_LIMIT_WAIT
 from ..codec import HEADER_SIZE, PayloadWriter
 from ..codec.compression import DEFAULT_MAX_ARRAY_BYTES, EXTERNAL_THRESHOLD
 from ..db.dialects import WRITE_COLUMNS
-from ..db.handle import BufferHandle, retried
+from ..db.handle import BufferHandle, read_tracked, retried
 from ..db.row_ids import ids_to_keys
-from ..db.schema import buffers
+from ..db.schema import buffers, rows
 from ..errors import (
     CodecError,
     DuplicateIdError,
@@ -335,7 +335,7 @@ def write_in(
         codecs: dict[str, str | None] = {}
         if setting.fields:  # the codec of each array under a path that has its own
             chunks = arrays.note_codecs(setting, chunks, batch.external, codecs)
-        tracked = changes.tracked(conn, handle.buffer_id)
+        tracked = read_tracked(conn, handle.buffer_id)
         if limited:  # exact: the samples counted only grow meanwhile
             RateLimits(handle).check_write(conn, stored)
         evicts = capacity is not None or policy in EVERY_WRITE_POLICIES
@@ -344,7 +344,7 @@ def write_in(
         # the rows it removes.
         newest = (
             task_stats.newest_key(conn, handle.buffer_id)
-            if evicts or summaries is not None or tracked or stored
+            if evicts or summaries is not None or stored
             else None
         )
         removed = Removed(newest if evicts else None)
@@ -362,10 +362,8 @@ def write_in(
             keys = None
             if pending is not None or batch.external:
                 assert newest is not None
-                keys = changes.keys_above(conn, handle.buffer_id, newest)
-            arrays.store_arrays(
-                handle, conn, batch.external, setting.compression, keys, codecs
-            )
+                keys = _keys_above(conn, handle.buffer_id, newest)
+            arrays.store_arrays(handle, conn, batch.external, setting.compression, keys, codecs)
             if pending is not None:
                 assert keys is not None
                 changes.after_insert(conn, handle.buffer_id, pending, keys)
@@ -388,6 +386,13 @@ def write_in(
         removed.new,
     )
     return capacity, policy, report
+
+
+def _keys_above(conn: Connection, buffer_id: int, newest: int) -> dict[str, int]:
+    """The keys of the buffer's rows above ``newest`` by id: a write's own rows, when
+    ``newest`` is the largest key before it (writers of a buffer take turns)."""
+    stmt = select(rows.c.id, rows.c.key).where(rows.c.buffer_id == buffer_id, rows.c.key > newest)
+    return {str(i): int(k) for i, k in conn.execute(stmt)}
 
 
 def _encoded_chunks(handle: BufferHandle, batch: RowSource) -> Iterator[list[tuple[Any, ...]]]:
