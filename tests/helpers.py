@@ -1,15 +1,20 @@
-"""Row factories and a thread runner shared by the tests."""
+"""Row factories, a thread runner and a killed-actor runner shared by the tests."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from sqlalchemy import text
 
 from expstore import DataRow, Experience, ExpMeta
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_row(
@@ -73,3 +78,16 @@ def drop_pg_database(conn: Any, name: str) -> None:
         {"name": name},
     )
     conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+
+
+def killed_actor(module: str, *args: str) -> None:
+    """Run ``python -m module *args`` (a test actor that SIGKILLs itself at a point of its
+    write) from the repository's root, and check that it died by the kill."""
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": ""},
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == -9  # it died where it was told to

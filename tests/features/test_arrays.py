@@ -5,8 +5,6 @@ setting kept in the database; reads that never touch arrays they do not need."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,9 +21,8 @@ from expstore.io import export_rows, import_rows
 from expstore.query import QueryBuilder
 from expstore.storage.reader import RowReader
 from tests.features.arrays_actor import rows_for, screenshots
-from tests.helpers import in_threads, make_row
+from tests.helpers import in_threads, killed_actor, make_row
 
-ROOT = Path(__file__).resolve().parents[2]
 PAGES = screenshots(4)
 
 
@@ -106,14 +103,7 @@ def test_a_writer_killed_inside_its_write_leaves_no_dangling_reference_and_no_or
 ) -> None:
     with ReplayBuffer(db_url, name=buffer_name, capacity=8):
         pass
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.features.arrays_actor", db_url, buffer_name, point],
-        cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT), "PATH": ""},
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == -9  # it died where it was told to
+    killed_actor("tests.features.arrays_actor", db_url, buffer_name, point)
     with ReplayBuffer(db_url, name=buffer_name) as buffer:
         assert {r.exp_meta.task_id for r in buffer.query()} == {"b0", "b1"}  # 12 rows, cap 8
         consistent(buffer)

@@ -4,10 +4,7 @@ arrays aside, which the probe cannot see: those against a Python model)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import uuid
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,10 +18,8 @@ from expstore.db.schema import rows
 from expstore.errors import EmptyBufferError, InvalidArgumentError
 from expstore.query import Condition, QueryBuilder, to_sql
 from expstore.samplers import StratifiedSampler, UniformSampler
-from tests.helpers import make_row
+from tests.helpers import killed_actor, make_row
 from tests.query.changes_actor import rows_for
-
-ROOT = Path(__file__).resolve().parents[2]
 
 RNG = np.random.default_rng(5)
 PAGES = [RNG.integers(0, 255, (160, 160, 3), dtype=np.uint8) for _ in range(3)]  # by digest
@@ -253,14 +248,7 @@ def test_a_writer_killed_inside_its_write_leaves_the_flags_of_the_last_commit(
 ) -> None:
     with ReplayBuffer(db_url, name=buffer_name, capacity=8) as buffer:
         buffer.track_changes("exp_data.state.url")
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.query.changes_actor", db_url, buffer_name, point],
-        cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT), "PATH": ""},
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == -9  # it died where it was told to
+    killed_actor("tests.query.changes_actor", db_url, buffer_name, point)
     with ReplayBuffer(db_url, name=buffer_name) as buffer:
         assert buffer.count() == 8  # the second write's eviction, committed
         for text in (
