@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import ipaddress
+import socket
 from typing import Annotated
 
 import typer
@@ -37,6 +39,16 @@ def ui(
         ),
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535, metavar="N")] = 8765,
+    allow_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-host",
+            metavar="NAME",
+            help="A host name (or NAME:PORT) browsers may reach the viewer by, besides "
+            "localhost, 127.0.0.1, [::1] and --host; repeat for more. Every other Host "
+            "header is refused (DNS rebinding).",
+        ),
+    ] = None,
     allow_delete: Annotated[
         bool,
         typer.Option(
@@ -55,6 +67,12 @@ def ui(
     \b
     Example:
       expstore ui runs/agents.db --buffer rollouts
+
+    \b
+    The viewer answers only to the names it is reached by: localhost, 127.0.0.1 and [::1]
+    on its port, and the --host address. Bound to every address (--host 0.0.0.0), name
+    the ones other machines use:
+      expstore ui runs/agents.db --host 0.0.0.0 --allow-host gpu-box --allow-host 10.0.0.7
     """
     db = database or db
     url = parse_url(db)
@@ -67,14 +85,17 @@ def ui(
     uvicorn = require("uvicorn", "the viewer (expstore ui)")
     from ..ui import make_app
 
+    listening = _bind(host, port)  # before saying "serving": a port in use is said once
+    port = listening.getsockname()[1]
     app = make_app(
         url.render_as_string(hide_password=False),
         buffer=buffer,
         allow_delete=allow_delete,
         live_every=live_every,
+        hosts=_host_names(host, port, allow_host or []),
     )
     shown = f"[{host}]" if ":" in host else host
-    where = f"http://{shown}:{port}/" + (f"b/{buffer}/rows" if buffer else "")
+    where = f"http://{shown}:{port}/" + (f"b/{_segment(buffer)}/rows" if buffer else "")
     mode = "with deletes enabled" if allow_delete else "read-only"
     typer.echo(f"expstore ui: serving {show_url(url)} {mode} at {where}")
     if _loopback(host):
@@ -85,7 +106,52 @@ def ui(
             "can read every row" + (" and delete rows" if allow_delete else "")
         )
     typer.echo("  press Ctrl+C to stop")
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    config = uvicorn.Config(app, log_level="warning")
+    uvicorn.Server(config).run(sockets=[listening])
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port``; CliError when the address can't be had."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as uvicorn binds
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except (OSError, OverflowError) as exc:
+        sock.close()
+        reason = getattr(exc, "strerror", None) or str(exc)
+        hint = (
+            "another program (or another expstore ui) is using it: choose another with --port"
+            if getattr(exc, "errno", None) == errno.EADDRINUSE
+            else "choose another --host or --port"
+        )
+        raise CliError(f"cannot listen on {host}:{port}: {reason}; {hint}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _host_names(host: str, port: int, extra: list[str]) -> list[str]:
+    """The Host headers the viewer answers to: the loopback names and the bound address on
+    its port, and what --allow-host names (with the port unless it gives one)."""
+    names = ["localhost", "127.0.0.1", "[::1]"]
+    if host not in ("0.0.0.0", "::", ""):
+        names.append(f"[{host}]" if ":" in host else host)
+    for name in extra:
+        name = name.strip()
+        bare = ":" in name and not name.startswith("[") and name.count(":") > 1
+        names.append(f"[{name}]" if bare else name)
+    return [n if _has_port(n) else f"{n}:{port}" for n in names]
+
+
+def _has_port(name: str) -> bool:
+    return name.rpartition("]")[2].count(":") == 1 if name.startswith("[") else ":" in name
+
+
+def _segment(buffer: str) -> str:
+    from ..ui import buffer_segment
+
+    return buffer_segment(buffer)
 
 
 def _loopback(host: str) -> bool:

@@ -206,6 +206,10 @@ class RowsPage(NamedTuple):
     keys: list[int]
 
 
+#: The longest cursor :func:`_position` reads (a position holds a key and one column's value).
+_MAX_CURSOR = 16 * 1024
+
+
 def _cursor(position: tuple[Any, ...]) -> str:
     """An opaque, URL-safe cursor for a keyset position."""
     text = json.dumps(list(position), separators=(",", ":"))
@@ -217,10 +221,12 @@ def _position(cursor: Any, column_name: str) -> tuple[Any, ...]:
     InvalidArgumentError for anything else."""
     want = 1 if column_name == "key" else 2
     try:
+        if len(cursor) > _MAX_CURSOR:
+            raise ValueError("longer than any cursor this reader makes")
         padded = cursor + "=" * (-len(cursor) % 4)
         position = json.loads(base64.urlsafe_b64decode(padded.encode()).decode())
-    except (TypeError, ValueError, UnicodeError, AttributeError):
-        position = None
+    except (TypeError, ValueError, UnicodeError, AttributeError, RecursionError):
+        position = None  # RecursionError: a list nested thousands deep, never a cursor
     kinds = {
         "number": (int, float),
         "string": (str,),

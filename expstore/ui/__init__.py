@@ -10,6 +10,6 @@ live state). Read-only unless told otherwise; needs ``pip install 'expstore[ui]'
 
 from __future__ import annotations
 
-from .app import make_app
+from .app import LOOPBACK_HOSTS, buffer_segment, make_app
 
-__all__ = ["make_app"]
+__all__ = ["LOOPBACK_HOSTS", "buffer_segment", "make_app"]

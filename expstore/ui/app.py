@@ -7,12 +7,22 @@ inline script and nothing from another origin, and with the templates, CSS and s
 shipped in the wheel. Bad input (an unknown buffer, a malformed ``where``, an id that
 does not exist, a page too large, a path outside the static folder) gets a page saying
 what went wrong with a 4xx status; the server goes on serving.
+
+The app answers only to the host names it is given (``hosts``: the loopback names by
+default), so a page of another site that rebinds its own name to this machine's address
+(DNS rebinding) gets a 400 and no data. A delete must carry an ``Origin`` (or ``Referer``)
+naming the viewer itself; a POST that names none, or that a browser marks as coming from
+another site, deletes nothing. Every response, errors and crashes included, carries the
+security headers.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
@@ -27,31 +37,53 @@ from . import charts
 from .media import PngCache, array_line, images_in, is_array, preview, short_json
 from .reads import MAX_ROWS_SHOWN, ArrayRef, Brief, NotFound, Viewer, image_paths
 
-__all__ = ["make_app"]
+__all__ = ["LOOPBACK_HOSTS", "buffer_segment", "make_app"]
+
+#: The names a browser on this machine reaches a loopback-bound viewer by.
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 
 HERE = Path(__file__).resolve().parent
 _CSP = (
     "default-src 'none'; img-src 'self'; style-src 'self'; script-src 'self'; "
     "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
+#: On every response. ``same-origin`` (not ``no-referrer``): a browser then sends the
+#: viewer's own form posts with an Origin that names it (``no-referrer`` makes it "null"),
+#: and tells no other site anything.
+_SECURITY_HEADERS = {
+    "Content-Security-Policy": _CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "X-Frame-Options": "DENY",
+}
+_log = logging.getLogger("expstore.ui")
 
 
 def make_app(
-    url: str, *, buffer: str | None = None, allow_delete: bool = False, live_every: float = 5.0
+    url: str,
+    *,
+    buffer: str | None = None,
+    allow_delete: bool = False,
+    live_every: float = 5.0,
+    hosts: Iterable[str] = LOOPBACK_HOSTS,
 ) -> Any:
     """The viewer of the database at ``url`` as an ASGI app (serve it with uvicorn).
-    ``buffer``: where ``/`` leads (the buffers page without it)."""
+    ``buffer``: where ``/`` leads (the buffers page without it). ``hosts``: the names
+    requests may carry in their ``Host`` header, each ``name`` (any port) or
+    ``name:port``; an IPv6 address in brackets (``[::1]:8765``). Any other host gets a
+    400 (``expstore ui`` passes the names of the address it binds, on its port)."""
     for module in ("starlette", "jinja2"):
         require(module, "the viewer (expstore ui)")
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
-    from starlette.middleware.base import BaseHTTPMiddleware
+    from starlette.middleware import Middleware
     from starlette.requests import Request
     from starlette.responses import JSONResponse, RedirectResponse, Response
     from starlette.routing import Mount, Route
     from starlette.staticfiles import StaticFiles
     from starlette.templating import Jinja2Templates
 
+    allowed = _host_list(hosts)
     viewer = Viewer(url, live_every=live_every)
     pngs = PngCache()
     templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -60,19 +92,19 @@ def make_app(
     env.globals.update(allow_delete=allow_delete, database=_shown(url), max_rows=MAX_ROWS_SHOWN)
     env.filters["when"] = _when
     env.filters["pretty"] = _pretty
-    env.filters["bufferpath"] = _q
+    env.filters["bufferpath"] = buffer_segment
 
     def page(request: Request, name: str, code: int = 200, **context: Any) -> Response:
         return templates.TemplateResponse(request, name, context, status_code=code)
 
     def home(request: Request) -> Response:
         if buffer is not None and "all" not in request.query_params:
-            return RedirectResponse(f"/b/{_q(buffer)}/rows", status_code=302)
+            return RedirectResponse(f"/b/{buffer_segment(buffer)}/rows", status_code=302)
         revision, found = viewer.overview()
         return page(request, "buffers.html", revision=revision, buffers=found)
 
     def rows_page(request: Request) -> Response:
-        name = request.path_params["buffer"]
+        name = _buffer_name(request)
         q = request.query_params
         where = q.get("where", "")
         columns = tuple(c.strip() for c in q.get("cols", "").split(",") if c.strip())
@@ -106,7 +138,7 @@ def make_app(
         base = {k: v for k, v in base.items() if v and not (k == "order" and v == "key")}
         next_url = None
         if view.next is not None:
-            next_url = f"/b/{_q(name)}/rows?" + urlencode(
+            next_url = f"/b/{buffer_segment(name)}/rows?" + urlencode(
                 {**base, "after": view.next, "limit": view.limit}
             )
         return page(
@@ -122,11 +154,11 @@ def make_app(
             order=view.order_by,
             limit=view.limit,
             next_url=next_url,
-            first_url=f"/b/{_q(name)}/rows?" + urlencode({**base, "limit": view.limit}),
+            first_url=f"/b/{buffer_segment(name)}/rows?" + urlencode({**base, "limit": view.limit}),
         )
 
     def row_page(request: Request) -> Response:
-        name = request.path_params["buffer"]
+        name = _buffer_name(request)
         row_id = _required(request, "id")
         row, lineage = viewer.record(name, row_id)
         return page(
@@ -140,7 +172,7 @@ def make_app(
         )
 
     def task_page(request: Request) -> Response:
-        name = request.path_params["buffer"]
+        name = _buffer_name(request)
         task_id = _required(request, "id")
         where = request.query_params.get("where", "")
         view = viewer.trajectory(name, task_id, where=where)
@@ -161,7 +193,7 @@ def make_app(
         def link(task: str | None) -> str | None:
             if task is None:
                 return None
-            return f"/b/{name}/task?" + urlencode(
+            return f"/b/{buffer_segment(name)}/task?" + urlencode(
                 {"id": task, **({"where": where} if where else {})}
             )
 
@@ -176,7 +208,7 @@ def make_app(
         )
 
     def group_page(request: Request) -> Response:
-        name = request.path_params["buffer"]
+        name = _buffer_name(request)
         key = _required(request, "key")
         by = request.query_params.get("by", "exp_meta.task_id")
         view = viewer.group(name, key, group_by=by)
@@ -197,7 +229,7 @@ def make_app(
         return page(request, "group.html", buffer=name, view=view, members=members)
 
     def image(request: Request) -> Response:
-        name = request.path_params["buffer"]
+        name = _buffer_name(request)
         row_id = _required(request, "id")
         path = _required(request, "path")
         thumb = request.query_params.get("thumb") == "1"
@@ -213,12 +245,12 @@ def make_app(
         return Response(data, media_type="image/png", headers=headers)
 
     def live_page(request: Request) -> Response:
-        name = request.path_params["buffer"]
+        name = _buffer_name(request)
         viewer.buffer(name)
         return page(request, "live.html", buffer=name, every=viewer.live_every)
 
     def live_json(request: Request) -> Response:
-        name = request.path_params["buffer"]
+        name = _buffer_name(request)
         snap = viewer.live(name)
         out = dict(snap)
         out["charts"] = {
@@ -235,15 +267,14 @@ def make_app(
         return JSONResponse(out, headers={"Cache-Control": "no-store"})
 
     async def delete_row(request: Request) -> Response:
-        name = request.path_params["buffer"]
+        name = _buffer_name(request)
         if not allow_delete:
             raise HTTPException(
                 403, "this viewer is read-only; start it with --allow-delete to delete rows"
             )
-        if not _same_origin(request):
-            raise HTTPException(
-                403, "a delete must come from this viewer's own page; nothing was deleted"
-            )
+        refused = _cross_site(request)
+        if refused is not None:
+            raise HTTPException(403, f"{refused}; nothing was deleted")
         form = await request.form()
         row_id, typed = str(form.get("id", "")), str(form.get("confirm", ""))
         if not row_id or typed != row_id:
@@ -252,15 +283,17 @@ def make_app(
             )
         viewer.record(name, row_id)  # NotFound if it is gone
         viewer.buffer(name).delete(Comparison("id", "eq", row_id))
-        return RedirectResponse(f"/b/{_q(name)}/rows", status_code=303)
+        return RedirectResponse(f"/b/{buffer_segment(name)}/rows", status_code=303)
 
     def buffer_home(request: Request) -> Response:
-        name = request.path_params["buffer"]
+        name = _buffer_name(request)
         viewer.buffer(name)
-        return RedirectResponse(f"/b/{_q(name)}/rows", status_code=302)
+        return RedirectResponse(f"/b/{buffer_segment(name)}/rows", status_code=302)
 
     async def errors(request: Request, exc: Exception) -> Response:
-        if isinstance(exc, HTTPException):
+        if isinstance(exc, HTTPException) and exc.status_code == 404 and exc.detail == "Not Found":
+            status, message = 404, _no_route(request.url.path)
+        elif isinstance(exc, HTTPException):
             status, message = exc.status_code, str(exc.detail)
         elif isinstance(exc, NotFound):
             status, message = 404, str(exc)
@@ -274,15 +307,9 @@ def make_app(
             return JSONResponse({"error": message}, status_code=status)
         return page(request, "error.html", status, status=status, message=message)
 
-    async def headers(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        response = await call_next(request)
-        response.headers["Content-Security-Policy"] = _CSP
-        response.headers["X-Content-Type-Options"] = "nosniff"
-        response.headers["Referrer-Policy"] = "no-referrer"
-        response.headers["X-Frame-Options"] = "DENY"
-        return response
+    def crashed(scope: Any) -> Response:
+        message = "the viewer failed on this page (its log says why); other pages still work"
+        return page(Request(scope), "error.html", 500, status=500, message=message)
 
     routes = [
         Route("/", home),
@@ -297,28 +324,157 @@ def make_app(
         Route("/b/{buffer}/delete", delete_row, methods=["POST"]),
         Mount("/static", app=StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
-    # ExpstoreError and HTTPException are handled inside the middleware stack (their pages
-    # get the security headers, and nothing is logged as a crash); anything else is a 500.
+    # ExpstoreError and HTTPException are handled inside the middleware stack (nothing is
+    # logged as a crash); the guard outside them checks the host, adds the security
+    # headers to every response, and turns anything else into a 500 page that has them.
     handlers: dict[Any, Any] = {ExpstoreError: errors, HTTPException: errors, 404: errors}
-    app = Starlette(routes=routes, exception_handlers=handlers)
-    app.add_middleware(BaseHTTPMiddleware, dispatch=headers)
+    guard = Middleware(_Guard, hosts=allowed, crashed=crashed)
+    app = Starlette(routes=routes, exception_handlers=handlers, middleware=[guard])
     app.state.viewer = viewer
     return app
 
 
-def _same_origin(request: Any) -> bool:
-    """Whether a POST comes from a page of this viewer: its Origin (or Referer) names this
-    host. A browser sends one of them; a page of another site cannot make it ours."""
-    sent = request.headers.get("origin") or request.headers.get("referer")
+class _Guard:
+    """Pure ASGI middleware around the whole app: refuses a ``Host`` not in ``hosts``,
+    adds the security headers to every response, and answers an unexpected exception with
+    ``crashed``'s page (logged) when no response has started."""
+
+    def __init__(self, app: Any, hosts: frozenset[str], crashed: Callable[[Any], Any]):
+        self.app, self.hosts, self.crashed = app, hosts, crashed
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        from starlette.datastructures import Headers, MutableHeaders
+        from starlette.responses import PlainTextResponse
+
+        started = False
+
+        async def send_guarded(message: Any) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                MutableHeaders(scope=message).update(_SECURITY_HEADERS)
+            await send(message)
+
+        host = Headers(scope=scope).get("host", "")
+        if not _host_allowed(host, self.hosts):
+            names = ", ".join(sorted(self.hosts))
+            refused = PlainTextResponse(
+                f"this viewer answers to {names}, not to the host {host!r}: a page of another "
+                "site may be trying to read it through DNS rebinding. To reach it under "
+                "another name, start it with --allow-host NAME.",
+                status_code=400,
+            )
+            await refused(scope, receive, send_guarded)
+            return
+        try:
+            await self.app(scope, receive, send_guarded)
+        except Exception:
+            _log.exception("expstore ui: %s %s failed", scope.get("method"), scope.get("path"))
+            if started:
+                raise
+            await self.crashed(scope)(scope, receive, send_guarded)
+
+
+def _host_list(hosts: Iterable[str]) -> frozenset[str]:
+    """``hosts`` checked and lower-cased; InvalidArgumentError names a malformed one."""
+    out = set()
+    for entry in [hosts] if isinstance(hosts, str) else hosts:
+        name, port = _split_host(entry.strip().lower())
+        if not name or (port is not None and not port.isdigit()):
+            raise InvalidArgumentError(
+                f"host {entry!r} is not a host name, an address or NAME:PORT "
+                "(an IPv6 address goes in brackets: [::1]:8765)"
+            )
+        out.add(name if port is None else f"{name}:{port}")
+    if not out:
+        raise InvalidArgumentError("the viewer needs at least one host name to answer to")
+    return frozenset(out)
+
+
+def _split_host(text: str) -> tuple[str, str | None]:
+    """``(name, port or None)`` of a ``Host`` header's value; IPv6 stays in brackets."""
+    if text.startswith("["):
+        end = text.find("]")
+        rest = text[end + 1 :]
+        if end < 0 or (rest and not rest.startswith(":")):
+            return "", None
+        return text[: end + 1], rest[1:] if rest else None
+    name, colon, port = text.partition(":")
+    return name, port if colon else None
+
+
+def _host_allowed(host: str, allowed: frozenset[str]) -> bool:
+    name, port = _split_host(host.strip().lower())
+    if not name:
+        return False
+    return name in allowed or (port is not None and f"{name}:{port}" in allowed)
+
+
+def _cross_site(request: Any) -> str | None:
+    """Why a POST may not come from a page of this viewer, or None when it does: a browser
+    sends ``Origin`` (or at least ``Referer``) naming the page's own origin, and
+    ``Sec-Fetch-Site: same-origin``; a page of another site can make neither name ours,
+    and a request naming no origin at all is refused too."""
+    fetch_site = request.headers.get("sec-fetch-site")
+    if fetch_site is not None and fetch_site != "same-origin":
+        return f"the browser marks this request as coming from {fetch_site!r}, not this viewer"
+    origin = request.headers.get("origin")
+    sent = origin if origin and origin != "null" else request.headers.get("referer")
     if not sent:
-        return True  # not a browser (curl, a script): no other site's page is involved
-    host = str(request.headers.get("host", ""))
-    return urlsplit(str(sent)).netloc == host
+        return (
+            "a delete must come from this viewer's own page (the request names no Origin "
+            "or Referer)"
+        )
+    ours = f"{request.url.scheme}://{request.headers.get('host', '')}"
+    theirs = urlsplit(str(sent))
+    if f"{theirs.scheme}://{theirs.netloc}" != ours:
+        return f"a delete must come from this viewer's own page, not from {sent[:80]!r}"
+    return None
 
 
-def _q(name: str) -> str:
-    """A buffer name as one segment of a URL path."""
+# A buffer name as one segment of a URL path. Browsers resolve the segments "." and ".."
+# (percent-encoded or not) before sending, and servers decode "%2F" into "/" before
+# routing; such names, and names that begin with "~", travel as "~" + base64url.
+_ENCODED = "~"
+
+
+def buffer_segment(name: str) -> str:
+    """A buffer name as one segment of a URL path (see :func:`_buffer_name`)."""
+    if name in ("", ".", "..") or "/" in name or name.startswith(_ENCODED):
+        packed = base64.urlsafe_b64encode(name.encode()).decode().rstrip("=")
+        return _ENCODED + packed
     return quote(name, safe="")
+
+
+def _buffer_name(request: Any) -> str:
+    """The buffer a page's path names, as :func:`buffer_segment` wrote it."""
+    segment = str(request.path_params["buffer"])
+    if not segment.startswith(_ENCODED):
+        return segment
+    packed = segment[len(_ENCODED) :]
+    try:
+        padded = packed + "=" * (-len(packed) % 4)
+        return base64.b64decode(padded, altchars=b"-_", validate=True).decode()
+    except (binascii.Error, ValueError):
+        raise InvalidArgumentError(
+            f"{segment!r} is not a buffer name this viewer wrote (a name written with "
+            f"{_ENCODED!r} is base64url); open the buffer from the buffers page, /?all=1"
+        ) from None
+
+
+def _no_route(path: str) -> str:
+    """The 404 message of a path that matches no page."""
+    if path.startswith("/b/"):
+        return (
+            f"no page at {path}: a buffer's pages are /b/NAME/rows, /row, /task, /group, "
+            "/live. A name holding '/', or named '.' or '..', cannot be typed into a path "
+            f"(browsers and servers rewrite those); its links are written as {_ENCODED}... "
+            "on the buffers page, /?all=1"
+        )
+    return f"no page at {path}; the buffers are listed at /?all=1"
 
 
 def _required(request: Any, name: str) -> str:
@@ -356,7 +512,7 @@ def _pretty(value: Any) -> str:
 
 def _image_url(buffer: str, row_id: str, path: str, thumb: bool = True) -> str:
     query = {"id": row_id, "path": path, **({"thumb": "1"} if thumb else {})}
-    return f"/b/{_q(buffer)}/image?" + urlencode(query)
+    return f"/b/{buffer_segment(buffer)}/image?" + urlencode(query)
 
 
 def _cell(buffer: str, row: Brief, path: str) -> dict[str, Any]:
@@ -366,9 +522,15 @@ def _cell(buffer: str, row: Brief, path: str) -> dict[str, Any]:
     if value is MISSING or value is None:
         return {"text": ""}
     if path == "id":
-        return {"text": row.id, "href": f"/b/{_q(buffer)}/row?" + urlencode({"id": row.id})}
+        return {
+            "text": row.id,
+            "href": f"/b/{buffer_segment(buffer)}/row?" + urlencode({"id": row.id}),
+        }
     if path in ("exp_meta.task_id", "task_id"):
-        return {"text": str(value), "href": f"/b/{_q(buffer)}/task?" + urlencode({"id": value})}
+        return {
+            "text": str(value),
+            "href": f"/b/{buffer_segment(buffer)}/task?" + urlencode({"id": value}),
+        }
     if isinstance(value, ArrayRef):
         shown = [_image_url(buffer, row.id, value.path)] if value.image else []
         return {"text": str(value), "images": shown}

@@ -21,10 +21,18 @@ from expstore.ui import make_app  # noqa: E402
 from tests.helpers import make_row  # noqa: E402
 from tests.ui.conftest import XSS, UiData, screenshot  # noqa: E402
 
+#: Where the tests' client says it reaches the viewer (a name the viewer answers to).
+BASE = "http://localhost:8765"
+
+
+def viewer(app: object, *, raise_server_exceptions: bool = True) -> TestClient:
+    """A test client that reaches ``app`` as a browser on this machine would."""
+    return TestClient(app, base_url=BASE, raise_server_exceptions=raise_server_exceptions)  # type: ignore[arg-type]
+
 
 @pytest.fixture
 def client(ui_data: UiData) -> TestClient:
-    return TestClient(make_app(ui_data.url), raise_server_exceptions=False)
+    return viewer(make_app(ui_data.url), raise_server_exceptions=False)
 
 
 def links(html: str, pattern: str) -> list[str]:
@@ -182,7 +190,7 @@ def test_the_live_numbers_follow_writes_and_cost_three_statements_per_refresh(
     ui_data: UiData,
 ) -> None:
     app = make_app(ui_data.url, live_every=3600.0)
-    client = TestClient(app)
+    client = viewer(app)
     first = client.get(f"/b/{ui_data.groups}/live.json").json()
     assert first["rows"] == 24 and first["policy_version"] == 3
     assert first["claims"] == {"learner-0": {"leased": 4, "expired": 0}}
@@ -194,7 +202,7 @@ def test_the_live_numbers_follow_writes_and_cost_three_statements_per_refresh(
         client.get(f"/b/{ui_data.groups}/live.json")
     assert app.state.viewer.live_statements == 3
     live = make_app(ui_data.url, live_every=0.0)
-    client = TestClient(live)
+    client = viewer(live)
     client.get(f"/b/{ui_data.groups}/live.json")
     with ReplayBuffer(ui_data.url, name=ui_data.groups) as buffer:
         buffer.store_batch([buffer.get("g5-0").model_copy(update={"id": "new"})])
@@ -204,11 +212,12 @@ def test_the_live_numbers_follow_writes_and_cost_three_statements_per_refresh(
 
 
 def test_the_viewer_is_read_only_unless_deletes_are_allowed(ui_data: UiData) -> None:
-    plain = TestClient(make_app(ui_data.url), raise_server_exceptions=False)
+    plain = viewer(make_app(ui_data.url), raise_server_exceptions=False)
     refused = plain.post(f"/b/{ui_data.web}/delete", data={"id": "web-0-0", "confirm": "web-0-0"})
     assert refused.status_code == 403 and "read-only" in refused.text
     assert 'name="confirm"' not in plain.get(f"/b/{ui_data.web}/row?id=web-0-0").text
-    allowed = TestClient(make_app(ui_data.url, allow_delete=True), raise_server_exceptions=False)
+    allowed = viewer(make_app(ui_data.url, allow_delete=True), raise_server_exceptions=False)
+    allowed.headers["Origin"] = BASE  # as a browser posts the row page's form
     assert 'name="confirm"' in allowed.get(f"/b/{ui_data.web}/row?id=web-0-0").text
     wrong = allowed.post(f"/b/{ui_data.web}/delete", data={"id": "web-0-0", "confirm": "web-0"})
     assert wrong.status_code == 400 and "type its id again" in wrong.text
@@ -217,6 +226,7 @@ def test_the_viewer_is_read_only_unless_deletes_are_allowed(ui_data: UiData) -> 
     done = allowed.post(
         f"/b/{ui_data.web}/delete",
         data={"id": "web-0-0", "confirm": "web-0-0"},
+        headers={"Origin": BASE},
         follow_redirects=False,
     )
     assert done.status_code == 303
@@ -240,7 +250,7 @@ def test_buffer_names_that_need_quoting_work_everywhere(db_url: str, buffer_name
     name = buffer_name + " a&b?c#d"
     with ReplayBuffer(db_url, name=name) as buffer:
         buffer.store_batch([make_row("t0", step=i) for i in range(3)])
-    client = TestClient(make_app(db_url), raise_server_exceptions=False)
+    client = viewer(make_app(db_url), raise_server_exceptions=False)
     home = client.get("/?all=1")
     hrefs = links(home.text, r'href="(/b/[^"]*' + re.escape(buffer_name) + r'[^"]*/rows)"')
     assert hrefs and client.get(hrefs[0]).status_code == 200
@@ -255,7 +265,7 @@ def test_next_trajectory_follows_first_rows_when_tasks_interleave(
     with ReplayBuffer(db_url, name=buffer_name) as buffer:
         order = ["A", "B", "A", "B", "A", "C", "B", "C"]
         buffer.store_batch([make_row(t, step=i) for i, t in enumerate(order)])
-    client = TestClient(make_app(db_url))
+    client = viewer(make_app(db_url))
     seen, task = [], "A"
     while task is not None and len(seen) < 10:
         seen.append(task)
@@ -282,7 +292,7 @@ def test_small_uint8_arrays_get_no_thumbnail_and_errors_get_the_headers(
                 )
             ]
         )
-    client = TestClient(make_app(db_url), raise_server_exceptions=False)
+    client = viewer(make_app(db_url), raise_server_exceptions=False)
     page = client.get(f"/b/{buffer_name}/rows")
     assert "uint8 4x4x3" in page.text and 'class="thumb"' not in page.text
     missing = client.get(f"/b/{buffer_name}/row?id=nope")
@@ -291,7 +301,7 @@ def test_small_uint8_arrays_get_no_thumbnail_and_errors_get_the_headers(
 
 
 def test_a_delete_from_another_site_is_refused(ui_data: UiData) -> None:
-    client = TestClient(make_app(ui_data.url, allow_delete=True), raise_server_exceptions=False)
+    client = viewer(make_app(ui_data.url, allow_delete=True), raise_server_exceptions=False)
     forged = client.post(
         f"/b/{ui_data.web}/delete",
         data={"id": "web-0-0", "confirm": "web-0-0"},
@@ -303,7 +313,7 @@ def test_a_delete_from_another_site_is_refused(ui_data: UiData) -> None:
     mine = client.post(
         f"/b/{ui_data.web}/delete",
         data={"id": "web-0-0", "confirm": "web-0-0"},
-        headers={"Origin": "http://testserver"},
+        headers={"Origin": BASE},
         follow_redirects=False,
     )
     assert mine.status_code == 303

@@ -14,15 +14,18 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from expstore import DataRow, Experience, ExpMeta, ReplayBuffer
+from tests.helpers import make_row
 from tests.ui.conftest import UiData
 
 ROOT = Path(__file__).resolve().parents[2]
+ATTACKER = "attacker.example"
 CHROMIUM = next(
     (
         p
@@ -58,7 +61,9 @@ def browser() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        launched = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        # attacker.example resolves to this machine, as a DNS-rebinding site makes its name do
+        rules = f"--host-resolver-rules=MAP {ATTACKER} 127.0.0.1"
+        launched = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", rules])
         yield launched
         launched.close()
 
@@ -68,13 +73,11 @@ def db_url(tmp_path: Path) -> str:  # one backend is enough here: test_app.py ru
     return f"sqlite:///{tmp_path / 'ui.db'}"
 
 
-@pytest.fixture
-def server(ui_data: UiData) -> Iterator[str]:
+@contextmanager
+def serve(app: Any) -> Iterator[str]:
+    """``app`` served by uvicorn on a free loopback port, for the length of the block."""
     import uvicorn
 
-    from expstore.ui import make_app
-
-    app = make_app(ui_data.url, live_every=0.5)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -85,9 +88,19 @@ def server(ui_data: UiData) -> Iterator[str]:
     while not run.started:
         assert time.monotonic() < deadline, "the server did not start"
         time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    run.should_exit = True
-    thread.join(10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        run.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture
+def server(ui_data: UiData) -> Iterator[str]:
+    from expstore.ui import make_app
+
+    with serve(make_app(ui_data.url, live_every=0.5)) as url:
+        yield url
 
 
 @pytest.fixture
@@ -222,3 +235,67 @@ def test_an_xss_attempt_is_inert(page: Any, server: str, ui_data: UiData) -> Non
         assert page.locator("img[src=x]").count() == 0
         assert "window.__pwned = 1" in page.locator("main").inner_text()
     assert page.dialogs == []
+
+
+def test_a_rebinding_site_reads_nothing_and_deletes_nothing(browser: Any, ui_data: UiData) -> None:
+    """A page of another site whose name resolves to this machine (DNS rebinding) is
+    answered 400 on every route; its form posted to the viewer deletes nothing; the
+    viewer's own delete form, in the same browser, works."""
+    from expstore.ui import make_app
+
+    context = browser.new_context()
+    page = context.new_page()
+    with serve(make_app(ui_data.url, allow_delete=True)) as viewer:
+        port = viewer.rsplit(":", 1)[1]
+        rebound = f"http://{ATTACKER}:{port}"
+        for path in ("/?all=1", f"/b/{ui_data.web}/rows", f"/b/{ui_data.groups}/live.json"):
+            answer = page.goto(rebound + path)
+            assert answer is not None and answer.status == 400, path
+            assert "DNS rebinding" in page.content() and "web-0-0" not in page.content()
+        read = page.evaluate(
+            "url => fetch(url).then(r => r.status)", f"{rebound}/b/{ui_data.web}/rows"
+        )
+        assert read == 400
+        # another site's page posts the delete form to the viewer's real address
+        forged = (
+            f'<form id="f" method="post" action="{viewer}/b/{ui_data.web}/delete">'
+            '<input name="id" value="web-0-0"><input name="confirm" value="web-0-0"></form>'
+            "<script>document.getElementById('f').submit()</script>"
+        )
+        page.route(
+            f"http://{ATTACKER}/**",
+            lambda route: route.fulfill(body=forged, content_type="text/html"),
+        )
+        with page.expect_navigation(url=f"**/b/{ui_data.web}/delete"):
+            page.goto(f"http://{ATTACKER}/win-a-prize")
+        assert "nothing was deleted" in page.content()
+        with ReplayBuffer(ui_data.url, name=ui_data.web) as buffer:
+            assert buffer.get("web-0-0") is not None
+        # the viewer's own form: the browser sends its Origin, and the row goes
+        page.goto(f"{viewer}/b/{ui_data.web}/row?id=web-0-0")
+        page.fill("input[name=confirm]", "web-0-0")
+        page.click("form.danger button")
+        page.wait_for_url(f"**/b/{ui_data.web}/rows")
+        with ReplayBuffer(ui_data.url, name=ui_data.web) as buffer:
+            assert buffer.get("web-0-0") is None and len(buffer) == 19
+    context.close()
+
+
+def test_buffer_names_a_browser_would_rewrite_open_from_their_links(
+    page: Any, server: str, ui_data: UiData
+) -> None:
+    """'..' and '.' (which browsers resolve away, encoded or not), a name with '/' (which
+    servers decode before routing) and one holding '%2e%2e' each open their own rows."""
+    names = ["..", ".", "runs/web/2026", "x %2e%2e"]
+    for i, name in enumerate(names):
+        with ReplayBuffer(ui_data.url, name=name) as buffer:
+            buffer.store_batch([make_row(f"task-of-{i}", step=s) for s in range(2)])
+    for name in names:
+        page.goto(server + "/?all=1")
+        page.get_by_role("link", name=name, exact=True).click()
+        page.wait_for_url("**/rows")
+        assert page.locator("header nav b").inner_text() == name
+        assert f"task-of-{names.index(name)}" in page.locator("main").inner_text()
+        page.locator("a", has_text=f"task-of-{names.index(name)}").first.click()
+        page.wait_for_url("**/task?**")
+        assert page.locator("header nav b").inner_text() == name
