@@ -221,12 +221,12 @@ def _position(cursor: Any, column_name: str) -> tuple[Any, ...]:
     InvalidArgumentError for anything else."""
     want = 1 if column_name == "key" else 2
     try:
-        if len(cursor) > _MAX_CURSOR:
-            raise ValueError("longer than any cursor this reader makes")
         padded = cursor + "=" * (-len(cursor) % 4)
-        position = json.loads(base64.urlsafe_b64decode(padded.encode()).decode())
+        text = base64.urlsafe_b64decode(padded.encode()).decode()
+        # (longer than any position, or a list nested thousands deep: never a cursor)
+        position = json.loads(text) if len(cursor) <= _MAX_CURSOR else None
     except (TypeError, ValueError, UnicodeError, AttributeError, RecursionError):
-        position = None  # RecursionError: a list nested thousands deep, never a cursor
+        position = None
     kinds = {
         "number": (int, float),
         "string": (str,),
