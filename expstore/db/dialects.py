@@ -8,6 +8,7 @@ The query compiler keeps the JSON-path differences in one place of its own
 
 from __future__ import annotations
 
+import itertools
 import random
 import sqlite3
 import time
@@ -58,7 +59,24 @@ _COLUMN_LIST = ", ".join(f'"{c}"' for c in WRITE_COLUMNS)
 #: Encoded rows, one tuple per row in WRITE_COLUMNS order, a chunk at a time.
 Chunks = Iterator[list[tuple[Any, ...]]]
 #: The largest row key ever handed out (kept by SQLite writers, see SqliteDialect).
+#: Rows a Postgres write inserts with one INSERT statement; more go by COPY.
+SMALL_INSERT = 64
+
 _ISSUED = select(counters.c.value).where(counters.c.name == ROW_KEY)
+#: SQLite's key state: the largest key of the table, and the largest ever handed out.
+_KEY_STATE = [
+    select(func.max(rows.c.key)).scalar_subquery(),
+    _ISSUED.scalar_subquery(),
+]
+#: Raise the largest key handed out to the table's largest (before a removal).
+_RAISE_ISSUED = (
+    sqlite_insert(counters)
+    .values(name=ROW_KEY, value=select(func.max(rows.c.key)).scalar_subquery())
+    .on_conflict_do_update(
+        index_elements=["name"],
+        set_={"value": func.max(counters.c.value, literal_column("excluded.value"))},
+    )
+)
 
 
 class Dialect(ABC):
@@ -121,8 +139,29 @@ class Dialect(ABC):
         return self.upsert(table).from_select(["key", *columns], chosen)
 
     @abstractmethod
-    def insert_rows(self, conn: Connection, chunks: Chunks) -> None:
-        """Insert encoded rows, chunk by chunk as the encoder hands them over."""
+    def insert_rows(
+        self, conn: Connection, chunks: Chunks, key_state: Sequence[Any] | None = None
+    ) -> None:
+        """Insert encoded rows, chunk by chunk as the encoder hands them over
+        (``key_state``: the values of :meth:`key_state` as the write read them with the
+        buffer's row, which it holds; None: read them now)."""
+
+    def key_state(self) -> list[Any]:
+        """Scalar subqueries the writer reads with the buffer's row, for
+        :meth:`insert_rows` to hand keys out (none: the database does it alone)."""
+        return []
+
+    def before_delete(self, conn: Connection) -> None:
+        """Called in a transaction that holds a buffer's row, before rows are deleted."""
+        return None
+
+    def state_check(self, buffer_id: Any) -> list[Any]:
+        """Two values read with a buffer's row taken for a write: where they differ, the
+        row changed while the statement waited for it, and what the statement read of
+        other tables (in the snapshot it started with) must be read again. None where a
+        write's statements never wait inside a statement (SQLite: BEGIN IMMEDIATE waits
+        before the first)."""
+        return []
 
     @abstractmethod
     def ids_statement(self, buffer_id: int, ids: list[str]) -> Select[Any]:
@@ -228,13 +267,20 @@ class SqliteDialect(Dialect):
         pairs = ",".join(f"[{int(k)},{float(v)!r}]" for k, v in zip(keys, values, strict=True))
         return {"pairs": f"[{pairs}]"}
 
-    def insert_rows(self, conn: Connection, chunks: Chunks) -> None:
+    def key_state(self) -> list[Any]:
+        return _KEY_STATE
+
+    def insert_rows(
+        self, conn: Connection, chunks: Chunks, key_state: Sequence[Any] | None = None
+    ) -> None:
         # The DB-API's executemany directly: the values are already in column order.
         # SQLite gives a new row the table's largest key + 1, which is the key of a deleted
         # row when the newest rows were deleted: then the keys are given here, above the
-        # largest ever handed out (expstore_counters.row_key; writers take turns on SQLite).
-        largest = conn.execute(select(func.max(rows.c.key))).scalar()
-        issued = conn.execute(_ISSUED).scalar()
+        # largest ever handed out (expstore_counters.row_key, which every removal raises
+        # to the largest key before it deletes: see before_delete; writers take turns).
+        if key_state is None:
+            key_state = tuple(conn.execute(select(*_KEY_STATE)).one())
+        largest, issued = key_state
         next_key = None if issued is None or (largest or 0) >= issued else issued + 1
         for params in chunks:
             if next_key is None:
@@ -243,13 +289,10 @@ class SqliteDialect(Dialect):
             keyed = [(key, *p) for key, p in enumerate(params, next_key)]
             conn.exec_driver_sql(self._insert_keyed, keyed)
             next_key += len(params)
-        conn.execute(
-            sqlite_insert(counters)
-            .values(name=ROW_KEY, value=select(func.max(rows.c.key)).scalar_subquery())
-            .on_conflict_do_update(
-                index_elements=["name"], set_={"value": literal_column("excluded.value")}
-            )
-        )
+
+    def before_delete(self, conn: Connection) -> None:
+        # The largest key handed out so far, kept before rows may go (see insert_rows).
+        conn.execute(_RAISE_ISSUED)
 
     def ids_statement(self, buffer_id: int, ids: list[str]) -> Select[Any]:
         return select(rows.c.id, rows.c.key).where(
@@ -318,6 +361,7 @@ class PostgresDialect(Dialect):
     def __init__(self) -> None:
         self.copy_types = [_copy_type(rows.c[name].type) for name in WRITE_COLUMNS]
         self._copy = f"COPY {rows.name} ({_COLUMN_LIST}) FROM STDIN (FORMAT BINARY)"
+        self._small: dict[int, str] = {}
         self._data_at = WRITE_COLUMNS.index("data")
         self._unchecked = 0
         self._may_analyze = True
@@ -349,7 +393,9 @@ class PostgresDialect(Dialect):
     def key_value_params(self, keys: Sequence[int], values: Sequence[float]) -> dict[str, Any]:
         return {"keys": [int(k) for k in keys], "values": [float(v) for v in values]}
 
-    def insert_rows(self, conn: Connection, chunks: Chunks) -> None:
+    def insert_rows(
+        self, conn: Connection, chunks: Chunks, key_state: Sequence[Any] | None = None
+    ) -> None:
         import psycopg
         from psycopg.copy import QueuedLibpqWriter
         from psycopg.types.json import Jsonb
@@ -357,6 +403,30 @@ class PostgresDialect(Dialect):
         raw = conn.connection.driver_connection
         assert raw is not None
         data_at = self._data_at
+        chunks = iter(chunks)
+        first = next(chunks, None)
+        if first is None:
+            return
+        following = next(chunks, None)
+        if following is None and len(first) <= SMALL_INSERT:
+            # A few rows (a step of vector envs, a GRPO group): one INSERT of them all, one
+            # round trip, a statement psycopg prepares once per row count; a COPY through
+            # a thread costs more than the rows.
+            values = [
+                (*p[:data_at], Jsonb(p[data_at], dumps=_as_is), *p[data_at + 1 :]) for p in first
+            ]
+            statement = self._small_insert(len(values))
+            try:
+                with raw.cursor() as cursor:
+                    cursor.execute(statement, [v for row in values for v in row])
+            except psycopg.errors.IntegrityError as exc:
+                raise IntegrityError(statement, None, exc) from exc
+            except psycopg.DataError as exc:
+                raise DataError(statement, None, exc) from exc
+            except psycopg.Error as exc:
+                raise OperationalError(statement, None, exc) from exc
+            return
+        chunks = itertools.chain([first], [] if following is None else [following], chunks)
         try:
             # The queued writer sends to the server from a thread of its own, so encoding
             # the next rows overlaps the network and the server's work.
@@ -375,6 +445,24 @@ class PostgresDialect(Dialect):
             raise DataError(self._copy, None, exc) from exc
         except psycopg.Error as exc:
             raise OperationalError(self._copy, None, exc) from exc
+
+    def state_check(self, buffer_id: Any) -> list[Any]:
+        # READ COMMITTED: a SELECT ... FOR UPDATE that waited for another writer returns
+        # the row as that writer left it (its xmin), but its subqueries read the snapshot
+        # taken before the wait. Every change to what they read touches the buffer's row.
+        held = buffers.alias("held")
+        before: Select[Any] = select(literal_column("held.xmin::text"))
+        before = before.where(held.c.id == buffer_id)
+        return [literal_column(f"{buffers.name}.xmin::text"), before.scalar_subquery()]
+
+    def _small_insert(self, n: int) -> str:
+        """``INSERT`` of ``n`` rows in WRITE_COLUMNS order, every value a placeholder."""
+        found = self._small.get(n)
+        if found is None:
+            row = "(" + ", ".join(["%s"] * len(WRITE_COLUMNS)) + ")"
+            found = f"INSERT INTO {rows.name} ({_COLUMN_LIST}) VALUES " + ", ".join([row] * n)
+            self._small[n] = found
+        return found
 
     def ids_statement(self, buffer_id: int, ids: list[str]) -> Select[Any]:
         # Each id's key by a subquery on the (buffer_id, id) unique index, which Postgres

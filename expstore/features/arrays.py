@@ -47,6 +47,7 @@ from ..db.schema import array_refs, arrays, buffers
 from ..errors import InvalidArgumentError, QueryError
 from ..model.paths import FieldPath
 from ..query.fields import resolve_field
+from .lifecycle import RemoveContext, RowFeature, WriteContext, register
 
 __all__ = [
     "ArraySetting",
@@ -358,3 +359,65 @@ def array_stats(conn: Connection, buffer_id: int) -> tuple[int, int, int]:
     ).where(arrays.c.buffer_id == buffer_id)  # fmt: skip
     count, own, stored = conn.execute(stmt).one()
     return int(count), int(own), int(stored)
+
+
+class ArraysInUse(NamedTuple):
+    """The arrays feature's setting for one write: how arrays are stored, and whether the
+    buffer holds any stored by digest (a removal looks for references only then)."""
+
+    setting: ArraySetting
+    holds: bool
+
+
+class _ArraysFeature(RowFeature):
+    """Arrays stored once by digest: every write encodes under the buffer's setting and
+    stores the arrays its rows refer to; a removal sweeps arrays no row refers to any
+    more (only in a buffer that holds some)."""
+
+    name = "arrays"
+    order = 40
+
+    def columns(self, buffer_id: Any) -> list[Any]:
+        held = select(arrays.c.digest).where(arrays.c.buffer_id == buffer_id).exists()
+        return [
+            buffers.c.compression,
+            buffers.c.max_array_bytes,
+            buffers.c.compression_fields,
+            held,
+        ]
+
+    def setting(self, values: Sequence[Any]) -> Any:
+        return ArraysInUse(setting_of(values[0], values[1], values[2]), bool(values[3]))
+
+    def prepare(self, ctx: WriteContext, setting: Any) -> None:
+        ctx.batch.max_array_bytes = setting.setting.max_array_bytes
+        ctx.batch.external.clear()  # (a write tried again encodes its rows again)
+
+    def before_insert(self, ctx: WriteContext, setting: Any) -> None:
+        if setting.setting.fields:  # the codec of each array under a path that has its own
+            codecs: dict[str, str | None] = {}
+            ctx.notes[self.name] = codecs
+            ctx.chunks = note_codecs(setting.setting, ctx.chunks, ctx.batch.external, codecs)
+
+    def after_insert(self, ctx: WriteContext, setting: Any) -> None:
+        external = ctx.batch.external
+        if not external:
+            return
+        codecs = ctx.notes.get(self.name, {})
+        store_arrays(
+            ctx.handle, ctx.conn, external, setting.setting.compression, ctx.new_keys(), codecs
+        )
+        # removals later in this transaction (the write's eviction) look for references
+        ctx.state.settings[self.name] = setting._replace(holds=True)
+
+    def before_remove(self, ctx: RemoveContext, setting: Any) -> None:
+        if setting.holds:
+            ctx.notes[self.name] = referred_by(ctx.handle, ctx.conn, ctx.keys)
+
+    def after_remove(self, ctx: RemoveContext, setting: Any) -> None:
+        referred = ctx.notes.get(self.name)
+        if referred:  # their references went with the rows (ON DELETE CASCADE)
+            sweep(ctx.conn, ctx.handle.buffer_id, referred)
+
+
+register(_ArraysFeature())

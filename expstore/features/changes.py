@@ -56,6 +56,7 @@ from ..db.schema import changes, rows, tracked_paths
 from ..errors import CodecError, InvalidArgumentError, QueryError
 from ..model.paths import FieldPath
 from ..query.fields import resolve_field
+from .lifecycle import RemoveContext, RowFeature, WriteContext, register
 
 __all__ = [
     "MAX_TRACKED",
@@ -416,3 +417,47 @@ def untrack(handle: BufferHandle, conn: Connection, path: Any) -> bool:
     )
     conn.execute(delete(tracked_paths).where(tracked_paths.c.id == found.id))
     return True
+
+
+class _TrackingFeature(RowFeature):
+    """Tracked paths: a write sets its rows' change flags as they go in and notes their
+    digests; a removal sets the flags of the tasks it touched again."""
+
+    name = "tracking"
+    order = 50
+
+    def columns(self, buffer_id: Any) -> list[Any]:
+        mine = tracked_paths.c.buffer_id == buffer_id
+        return [select(tracked_paths.c.id).where(mine).exists()]
+
+    def setting(self, values: Sequence[Any]) -> Any:
+        return True if values[0] else None
+
+    def before_insert(self, ctx: WriteContext, setting: Any) -> None:
+        tracked = read_tracked(ctx.conn, ctx.handle.buffer_id)
+        if not tracked or not ctx.stored:
+            return
+        flagged, pending = before_insert(
+            ctx.conn, ctx.handle.buffer_id, tracked, ctx.chunks, ctx.state.newest
+        )
+        ctx.chunks = iter(flagged)
+        ctx.notes[self.name] = pending
+
+    def after_insert(self, ctx: WriteContext, setting: Any) -> None:
+        pending = ctx.notes.get(self.name)
+        if pending is not None:
+            after_insert(ctx.conn, ctx.handle.buffer_id, pending, ctx.new_keys())
+
+    def before_remove(self, ctx: RemoveContext, setting: Any) -> None:
+        tracked = read_tracked(ctx.conn, ctx.handle.buffer_id)
+        if tracked:
+            ctx.notes[self.name] = (tracked, tasks_of(ctx.conn, ctx.handle, ctx.keys))
+
+    def after_remove(self, ctx: RemoveContext, setting: Any) -> None:
+        found = ctx.notes.get(self.name)
+        if found is not None:  # their digests went with them: their tasks' flags anew
+            tracked, touched = found
+            refresh(ctx.conn, ctx.handle.buffer_id, tracked.values(), touched)
+
+
+register(_TrackingFeature())

@@ -29,6 +29,7 @@ from .._retry import RATE_LIMIT_WAIT, Waiting
 from ..db.handle import BufferHandle
 from ..db.schema import buffers, discard_counts, discarded_rows, rate_limits, rows
 from ..errors import InvalidArgumentError, RateLimitedError
+from .lifecycle import RowFeature, WriteContext, register
 from .rate_limiter import RateLimiter, RateLimitStats
 from .registry import lock_buffer
 
@@ -149,6 +150,9 @@ class RateLimits:
                 discarded_total(handle.buffer_id),
                 buffers.c.capacity,
             )
+            # Touch the buffer's row: a writer that waited on it reads the limit anew.
+            mine = buffers.c.id == handle.buffer_id
+            conn.execute(update(buffers).where(mine).values(version=buffers.c.version))
             if limiter is None:
                 conn.execute(delete(rate_limits).where(this))
                 return
@@ -453,3 +457,24 @@ def _describe(row: Any) -> str:
 
 def _ago(now: float, at: Any) -> str:
     return f"{max(0.0, now - float(at)):.1f} s ago"
+
+
+class _RateLimitFeature(RowFeature):
+    """A write to a rate-limited buffer checks its budget first (WriteBlocked: the writer
+    rolls back, waits for samplers and tries again)."""
+
+    name = "rate_limit"
+    order = 10
+
+    def columns(self, buffer_id: Any) -> list[Any]:
+        return [limited_flag(buffer_id)]
+
+    def setting(self, values: Sequence[Any]) -> Any:
+        return True if values[0] else None
+
+    def before_insert(self, ctx: WriteContext, setting: Any) -> None:
+        # exact: the samples counted only grow meanwhile
+        RateLimits(ctx.handle).check_write(ctx.conn, ctx.stored)
+
+
+register(_RateLimitFeature())

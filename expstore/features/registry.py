@@ -9,19 +9,21 @@ writer in at a time.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, delete, select, update
 from sqlalchemy.sql.elements import ColumnElement
 
 from .._args import check_int
-from ..db.handle import BufferHandle, read_tracked
+from ..db.handle import BufferHandle
 from ..db.schema import buffers, rows
 from ..errors import InvalidArgumentError, RetentionConflictError
-from . import arrays, changes, tombstones
-from .eviction import EVICTION_POLICIES, OLDEST_FIRST_POLICIES, evict
-from .stats import task_stats
+from . import arrays, changes, tombstones  # noqa: F401 (their row features register)
+from .eviction import EVERY_WRITE_POLICIES, EVICTION_POLICIES, OLDEST_FIRST_POLICIES, evict
+from .lifecycle import BufferState, RemoveContext, Removed, RowFeature, WriteContext, read_state
+from .lifecycle import register as register_feature
+from .stats import task_stats  # noqa: F401 (its row feature registers)
 
 __all__ = [
     "BufferInfo",
@@ -34,6 +36,7 @@ __all__ = [
     "lock_buffer",
     "open_buffer",
     "Removed",
+    "Retention",
     "remove",
     "set_retention",
     "settle_retention",
@@ -155,26 +158,6 @@ def count_removed(handle: BufferHandle, conn: Connection, n: int) -> None:
         conn.execute(update(buffers).where(this).values(row_count=buffers.c.row_count - n))
 
 
-class Removed:
-    """What removals in one transaction took, by reason (``capacity``, ``stale``,
-    ``delete``, ``clear``), and how many of them had keys above ``newer_than`` (a write's
-    own rows, evicted by the write that stored them)."""
-
-    def __init__(self, newer_than: int | None = None) -> None:
-        self.newer_than = newer_than
-        self.by_reason: dict[str, int] = {}
-        self.new = 0
-
-    def add(self, reason: str, keys: Iterable[int], count: int) -> None:
-        self.by_reason[reason] = self.by_reason.get(reason, 0) + count
-        if self.newer_than is not None:
-            self.new += sum(1 for k in keys if k > self.newer_than)
-
-    @property
-    def total(self) -> int:
-        return sum(self.by_reason.values())
-
-
 _DELETE_KEYS: dict[str, Any] = {}
 
 
@@ -189,18 +172,18 @@ def _delete_keys(dialect: Any) -> Any:
 def remove(
     handle: BufferHandle,
     conn: Connection,
-    kept: task_stats.SummaryState | None,
     where: Sequence[ColumnElement[bool]],
     reason: str = "delete",
     policy: str | None = None,
     removed: Removed | None = None,
+    state: BufferState | None = None,
 ) -> int:
     """Delete the buffer's rows matching ``where`` in the caller's transaction (which holds
     the buffer's row), each leaving a tombstone that says ``reason`` (and the eviction
     ``policy``, for evictions; see :mod:`expstore.features.tombstones`), keeping its row
-    count and, where it keeps them (``kept``, its summary state as the transaction read
-    it), the summaries of the tasks those rows belonged to; returns how many went (and
-    counts them in ``removed``, if given).
+    count and what the buffer's features keep of its rows (the row lifecycle's removal
+    hooks, :mod:`expstore.features.lifecycle`: ``state`` as the transaction read it, or
+    read now); returns how many went (and counts them in ``removed``, if given).
 
     The rows to go are read and locked first, in key order, then recorded and deleted by
     their keys: the tombstones are exactly the rows deleted, with their consumption
@@ -211,20 +194,14 @@ def remove(
     doomed = [int(k) for k in conn.execute(doomed_stmt).scalars()]
     if not doomed:
         return 0
-    removal = None if kept is None else task_stats.before_delete(handle, conn, kept, where)
-    keep, last = tombstones.kept_tombstones(conn, handle.buffer_id)
-    tombstones.record(handle, conn, doomed, reason, policy, keep, last)
-    referred = arrays.referred_by(handle, conn, doomed)
-    tracked = read_tracked(conn, handle.buffer_id)
-    touched = changes.tasks_of(conn, handle, doomed) if tracked else set()
+    if state is None:
+        state = read_state(handle, conn, locked=False)
+    ctx = RemoveContext(handle, conn, state, doomed, where, reason, policy)
+    state.run("before_remove", ctx)
+    dialect.before_delete(conn)
     bound = {"keys": dialect.key_set(doomed)}
-    gone = int(conn.execute(_delete_keys(dialect), bound).rowcount)
-    if referred:  # their references went with the rows (ON DELETE CASCADE)
-        arrays.sweep(conn, handle.buffer_id, referred)
-    if tracked:  # their digests went with them: the flags of their tasks' rows anew
-        changes.refresh(conn, handle.buffer_id, tracked.values(), touched)
-    if gone and kept is not None and removal is not None:
-        task_stats.after_delete(handle, conn, kept, removal)
+    ctx.gone = gone = int(conn.execute(_delete_keys(dialect), bound).rowcount)
+    state.run("after_remove", ctx)
     count_removed(handle, conn, gone)
     if removed is not None:
         removed.add(reason, doomed, gone)
@@ -236,22 +213,60 @@ def evict_beyond(
     conn: Connection,
     capacity: int | None,
     policy: str,
-    kept: task_stats.SummaryState | None,
     removed: Removed | None = None,
+    state: BufferState | None = None,
 ) -> int:
     """Evict rows beyond ``capacity`` (None: unlimited) by ``policy`` inside the caller's
-    transaction (``kept``: the buffer's summary state, see :func:`remove`; ``removed``:
-    counts what went, by reason); readers see FIFO eviction by the buffer's smallest key,
-    any other by a new version."""
+    transaction (``state``: the buffer's, see :func:`remove`; ``removed``: counts what
+    went, by reason); readers see FIFO eviction by the buffer's smallest key, any other by
+    a new version."""
     limit = None if capacity is None else int(capacity)
+    if state is None:
+        state = read_state(handle, conn, locked=False)
 
     def by(where: Sequence[ColumnElement[bool]], reason: str) -> int:
-        return remove(handle, conn, kept, where, reason, policy, removed)
+        return remove(handle, conn, where, reason, policy, removed, state)
 
     evicted = evict(conn, handle.buffer_id, limit, policy, by, handle.dialect.now())
     if evicted and policy not in OLDEST_FIRST_POLICIES:
         bump_version(handle, conn)
     return evicted
+
+
+class Retention(NamedTuple):
+    """The buffer's retention as a write found it."""
+
+    capacity: int | None
+    policy: str
+
+    @property
+    def evicts(self) -> bool:
+        """Whether a write may evict (a capacity, or a policy that looks every write)."""
+        return self.capacity is not None or self.policy in EVERY_WRITE_POLICIES
+
+
+class _RetentionFeature(RowFeature):
+    """The buffer's capacity and eviction policy: last in every write, the rows beyond
+    them go."""
+
+    name = "retention"
+    order = 90
+
+    def columns(self, buffer_id: Any) -> list[Any]:
+        return [buffers.c.capacity, buffers.c.eviction]
+
+    def setting(self, values: Sequence[Any]) -> Any:
+        capacity = None if values[0] is None else int(values[0])
+        return Retention(capacity, values[1] or "fifo")
+
+    def after_write(self, ctx: WriteContext, setting: Any) -> None:
+        if setting.evicts:
+            evict_beyond(
+                ctx.handle, ctx.conn, setting.capacity, setting.policy, ctx.removed, ctx.state
+            )
+
+
+register_feature(_RetentionFeature())
 
 
 def set_retention(
@@ -292,9 +307,7 @@ def set_retention(
         if keep_tombstones is not None:
             keep, last = tombstones.kept_tombstones(conn, handle.buffer_id)
             tombstones.trim(conn, handle.buffer_id, keep, last)
-        evicted = evict_beyond(
-            handle, conn, capacity, policy, task_stats.state(conn, handle.buffer_id)
-        )
+        evicted = evict_beyond(handle, conn, capacity, policy)
     return int(evicted), policy
 
 

@@ -42,6 +42,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from ..db.handle import BufferHandle
 from ..db.schema import buffers, checkpoints, consumption, rows, tombstones
+from .lifecycle import RemoveContext, RowFeature, register
 
 __all__ = [
     "DEFAULT_KEEP",
@@ -293,3 +294,26 @@ def reasons_of(
     if unknown > 0:
         counts["unknown", None] = unknown
     return counts
+
+
+class _TombstonesFeature(RowFeature):
+    """Every removal leaves the tombstones of the newest ``keep`` rows it takes (none when
+    the buffer keeps none)."""
+
+    name = "tombstones"
+    order = 20
+
+    def columns(self, buffer_id: Any) -> list[Any]:
+        return [buffers.c.keep_tombstones]
+
+    def setting(self, values: Sequence[Any]) -> Any:
+        keep = DEFAULT_KEEP if values[0] is None else int(values[0])
+        return keep or None
+
+    def before_remove(self, ctx: RemoveContext, setting: Any) -> None:
+        # read now, not from the state: an earlier removal of the transaction moved it
+        keep, last = kept_tombstones(ctx.conn, ctx.handle.buffer_id)
+        record(ctx.handle, ctx.conn, ctx.keys, ctx.reason, ctx.policy, keep, last)
+
+
+register(_TombstonesFeature())

@@ -30,7 +30,6 @@ from ..db.schema import buffers, loose_scan, rows
 from ..errors import PolicyVersionError
 from .eviction import EVERY_WRITE_POLICIES
 from .registry import evict_beyond, lock_buffer
-from .stats import task_stats
 
 _T = TypeVar("_T")
 
@@ -93,7 +92,7 @@ def set_version_in(handle: BufferHandle, conn: Connection, version: int, *, forc
     )
     if policy not in EVERY_WRITE_POLICIES:
         return 0
-    return evict_beyond(handle, conn, capacity, policy, task_stats.state(conn, handle.buffer_id))
+    return evict_beyond(handle, conn, capacity, policy)
 
 
 def fresh(version: Any, oldest: Any) -> ColumnElement[bool]:

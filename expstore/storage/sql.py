@@ -328,8 +328,7 @@ class SqlStorage(Storage):
         where = handle.matching(query_condition)
         with handle.errors("delete rows"), handle.write() as conn:
             registry.lock_buffer(handle, conn, buffers.c.id)  # see clear()
-            kept = task_stats.state(conn, handle.buffer_id)
-            count = registry.remove(handle, conn, kept, where)
+            count = registry.remove(handle, conn, where)
             if count:
                 registry.bump_version(handle, conn)
         return count
@@ -342,6 +341,7 @@ class SqlStorage(Storage):
             # sees every committed insert, and the count loses none in progress.
             registry.lock_buffer(handle, conn, buffers.c.id)
             tombstones.record_clear(handle, conn)
+            handle.dialect.before_delete(conn)
             gone = conn.execute(delete(rows).where(rows.c.buffer_id == handle.buffer_id)).rowcount
             arrays.drop_all(conn, handle.buffer_id)
             registry.count_removed(handle, conn, gone)

@@ -21,16 +21,15 @@ from operator import is_not, itemgetter
 from typing import Any, NamedTuple
 
 from pydantic import ValidationError
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection
 from sqlalchemy.exc import IntegrityError
 
 from .._retry import RATE_LIMIT_WAIT
 from ..codec import HEADER_SIZE, PayloadWriter
 from ..codec.compression import DEFAULT_MAX_ARRAY_BYTES, EXTERNAL_THRESHOLD
 from ..db.dialects import WRITE_COLUMNS
-from ..db.handle import BufferHandle, read_tracked, retried
+from ..db.handle import BufferHandle, retried
 from ..db.row_ids import ids_to_keys
-from ..db.schema import buffers, rows
 from ..errors import (
     CodecError,
     DuplicateIdError,
@@ -38,12 +37,10 @@ from ..errors import (
     RowValidationError,
     UnsupportedTypeError,
 )
-from ..features import arrays, changes
 from ..features.dedup import check_dedup, without_duplicates
-from ..features.eviction import EVERY_WRITE_POLICIES
-from ..features.rate_limits import RateLimits, WriteBlocked, limited_flag
-from ..features.registry import Removed, count_inserted, evict_beyond, lock_buffer
-from ..features.stats import task_stats
+from ..features.lifecycle import Removed, WriteContext, read_state
+from ..features.rate_limits import RateLimits, WriteBlocked
+from ..features.registry import Retention, count_inserted
 from ..model.layout import (
     COLUMNS,
     ID_COLUMN,
@@ -299,78 +296,33 @@ def write_in(
     handle: BufferHandle, conn: Connection, batch: RowSource, dedup: str | None
 ) -> tuple[Any, str, StoreReport]:
     """The write of ``batch`` into the handle's buffer inside the caller's transaction
-    (``conn``, of the handle's database): the buffer's row taken first, dedup, the rate
-    limit's check (WriteBlocked: the caller rolls back, waits and tries again), the rows,
-    the eviction. Returns the retention it found and what it did. A duplicate id raises
-    IntegrityError: once rolled back, :func:`duplicate_of` says which ids."""
+    (``conn``, of the handle's database), as the row lifecycle has it
+    (:mod:`expstore.features.lifecycle`): the buffer's state read with its row taken,
+    the rows encoded (dedup), then the hooks of the features this buffer uses around the
+    insert (a rate limit's check may raise WriteBlocked: the caller rolls back, waits and
+    tries again; eviction comes last). Returns the retention it found and what it did. A
+    duplicate id raises IntegrityError: once rolled back, :func:`duplicate_of` says
+    which ids."""
     try:
-        # The buffer's retention as it is now (another process may have changed it).
-        # Writers of a buffer take turns on its row, so keys are handed out in commit order
-        # (readers' cached key indexes only ever need the keys above the largest they saw)
-        # and a capacity stays exact.
-        capacity, policy, limited, since, through, compression, largest, by_path = lock_buffer(
-            handle,
-            conn,
-            buffers.c.capacity,
-            buffers.c.eviction,
-            limited_flag(handle.buffer_id),
-            buffers.c.summary_from,
-            buffers.c.summary_through,
-            buffers.c.compression,
-            buffers.c.max_array_bytes,
-            buffers.c.compression_fields,
-        )
-        setting = arrays.setting_of(compression, largest, by_path)
-        batch.max_array_bytes = setting.max_array_bytes
-        batch.external.clear()  # (a write tried again encodes its rows again)
-        summaries = task_stats.SummaryState.of(since, through)
-        policy = policy or "fifo"
-        chunks = _encoded_chunks(handle, batch)
-        stored = len(batch)
+        # Writers of a buffer take turns on its row, so keys are handed out in commit
+        # order (readers' cached key indexes only ever need the keys above the largest they
+        # saw), a capacity stays exact, and the rows above the largest key now are this
+        # write's.
+        state = read_state(handle, conn)
+        ctx = WriteContext(handle, conn, state, batch, iter(()), len(batch), Removed(state.newest))
+        state.run("prepare", ctx)
+        ctx.chunks = _encoded_chunks(handle, batch)
         if dedup is not None:  # exact: writers of the buffer take turns
-            encoded = [row for chunk in chunks for row in chunk]
+            encoded = [row for chunk in ctx.chunks for row in chunk]
             kept = without_duplicates(handle, conn, encoded, dedup)
-            stored = len(kept)
-            chunks = iter([kept[i : i + WRITE_CHUNK] for i in range(0, stored, WRITE_CHUNK)])
-        codecs: dict[str, str | None] = {}
-        if setting.fields:  # the codec of each array under a path that has its own
-            chunks = arrays.note_codecs(setting, chunks, batch.external, codecs)
-        tracked = read_tracked(conn, handle.buffer_id)
-        if limited:  # exact: the samples counted only grow meanwhile
-            RateLimits(handle).check_write(conn, stored)
-        evicts = capacity is not None or policy in EVERY_WRITE_POLICIES
-        # The rows above the buffer's largest key now are this write's (writers take turns
-        # on the buffer's row): task summaries merge them, and an eviction tells them among
-        # the rows it removes.
-        newest = (
-            task_stats.newest_key(conn, handle.buffer_id)
-            if evicts or summaries is not None or stored
-            else None
-        )
-        removed = Removed(newest if evicts else None)
-        if stored:
-            before = None if summaries is None else newest
-            pending = None
-            if tracked:  # each new row's flags at the tracked paths, as it goes in
-                assert newest is not None
-                flagged, pending = changes.before_insert(
-                    conn, handle.buffer_id, tracked, chunks, newest
-                )
-                chunks = iter(flagged)
-            handle.dialect.insert_rows(conn, chunks)
-            # The rows above the buffer's largest key before the write are the write's.
-            keys = None
-            if pending is not None or batch.external:
-                assert newest is not None
-                keys = _keys_above(conn, handle.buffer_id, newest)
-            arrays.store_arrays(handle, conn, batch.external, setting.compression, keys, codecs)
-            if pending is not None:
-                assert keys is not None
-                changes.after_insert(conn, handle.buffer_id, pending, keys)
-            count_inserted(handle, conn, stored)
-            if before is not None:
-                task_stats.merge_new(handle, conn, before)
-        evict_beyond(handle, conn, capacity, policy, summaries, removed)
+            ctx.stored = len(kept)
+            ctx.chunks = iter([kept[i : i + WRITE_CHUNK] for i in range(0, len(kept), WRITE_CHUNK)])
+        state.run("before_insert", ctx)
+        if ctx.stored:
+            handle.dialect.insert_rows(conn, ctx.chunks, state.keys)
+            count_inserted(handle, conn, ctx.stored)
+            state.run("after_insert", ctx)
+        state.run("after_write", ctx)
     except UnicodeEncodeError as exc:  # a string the row's validation could not see
         text = exc.object[exc.start : exc.end]
         raise CodecError(
@@ -378,21 +330,16 @@ def write_in(
             f"({exc.reason}) and no database can store; decode the text with "
             "errors='replace' or store its bytes. Nothing was stored"
         ) from exc
+    removed = ctx.removed
     report = StoreReport(
-        stored,
-        len(batch) - stored,
+        ctx.stored,
+        len(batch) - ctx.stored,
         removed.by_reason.get("capacity", 0),
         removed.by_reason.get("stale", 0),
         removed.new,
     )
-    return capacity, policy, report
-
-
-def _keys_above(conn: Connection, buffer_id: int, newest: int) -> dict[str, int]:
-    """The keys of the buffer's rows above ``newest`` by id: a write's own rows, when
-    ``newest`` is the largest key before it (writers of a buffer take turns)."""
-    stmt = select(rows.c.id, rows.c.key).where(rows.c.buffer_id == buffer_id, rows.c.key > newest)
-    return {str(i): int(k) for i, k in conn.execute(stmt)}
+    retention: Retention = state.setting("retention")
+    return retention.capacity, retention.policy, report
 
 
 def _encoded_chunks(handle: BufferHandle, batch: RowSource) -> Iterator[list[tuple[Any, ...]]]:

@@ -31,7 +31,6 @@ from ...db.schema import buffers, rows
 from ...errors import RowsEvictedError
 from ..eviction import stale_rows
 from ..registry import buffer_row, bump_version, lock_buffer, remove
-from ..stats import task_stats
 from ..tombstones import reasons_of
 
 __all__ = ["AckRetention"]
@@ -82,9 +81,8 @@ class AckRetention:
         if acked < len(self._keys) and not self._allow_evicted:
             raise self._evicted_error(conn, acked)
         if self._stale and acked:
-            kept = task_stats.state(conn, handle.buffer_id)
             where = [self._claimed(), stale_rows(handle.buffer_id)]
-            if remove(handle, conn, kept, where, "stale", "stale"):
+            if remove(handle, conn, where, "stale", "stale"):
                 bump_version(handle, conn)
 
     def _evicted_error(self, conn: Connection, acked: int) -> RowsEvictedError:

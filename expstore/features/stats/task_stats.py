@@ -60,6 +60,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from ...db.handle import BufferHandle
 from ...db.schema import buffers, newest_first, rows, task_stats
+from ..lifecycle import RemoveContext, RowFeature, WriteContext, register
 
 __all__ = [
     "BUILD_STEP",
@@ -460,3 +461,31 @@ def set_state(conn: Connection, buffer_id: int, since: int | None, through: int 
         .where(buffers.c.id == buffer_id)
         .values(summary_from=since, summary_through=through)
     )
+
+
+class _TaskStatsFeature(RowFeature):
+    """A buffer that keeps task summaries merges each write's rows into them and takes
+    each removal's out."""
+
+    name = "task_stats"
+    order = 30
+
+    def columns(self, buffer_id: Any) -> list[Any]:
+        return [buffers.c.summary_from, buffers.c.summary_through]
+
+    def setting(self, values: Sequence[Any]) -> Any:
+        return SummaryState.of(values[0], values[1])
+
+    def after_insert(self, ctx: WriteContext, setting: Any) -> None:
+        merge_new(ctx.handle, ctx.conn, ctx.state.newest)
+
+    def before_remove(self, ctx: RemoveContext, setting: Any) -> None:
+        ctx.notes[self.name] = before_delete(ctx.handle, ctx.conn, setting, ctx.where)
+
+    def after_remove(self, ctx: RemoveContext, setting: Any) -> None:
+        removal = ctx.notes.get(self.name)
+        if ctx.gone and removal is not None:
+            after_delete(ctx.handle, ctx.conn, setting, removal)
+
+
+register(_TaskStatsFeature())

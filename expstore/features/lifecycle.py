@@ -1,0 +1,259 @@
+"""The row lifecycle: what happens around a buffer's rows as they are written and removed,
+as one loop over the features that buffer uses.
+
+A feature that acts on rows (a rate limit, tracked paths, arrays stored by digest, task
+summaries, retention, tombstones) is a :class:`RowFeature` registered once with
+:func:`register`. It says which values of the buffer's row it needs (:meth:`columns`) and
+what they mean for this buffer (:meth:`setting`: ``None`` when the buffer does not use
+it), and has hooks at the points of a row's life:
+
+- a write (``storage.writer``): :meth:`prepare` before the rows are encoded,
+  :meth:`before_insert` with the encoded chunks (it may replace them),
+  :meth:`after_insert` once they are in (:meth:`WriteContext.new_keys` reads their keys,
+  once, for every feature that asks), :meth:`after_write` last (eviction);
+- a removal (:func:`~expstore.features.registry.remove`, evictions, retention):
+  :meth:`before_remove` with the keys about to go, :meth:`after_remove` once they are gone.
+
+Every write reads the buffer's row once, locked, with one statement built from the
+registered features' columns (compiled once per backend), into a :class:`BufferState`;
+the write, and every removal in its transaction, then calls only the hooks of the
+features whose setting is not ``None``. A buffer that uses no feature runs none of their
+statements and none of their hooks: the state read, the insert and the buffer's counters
+are the whole write (``tests/features/test_lifecycle.py`` counts them). Models: Reverb's
+table with its extensions, SQLAlchemy's ``before_insert``/``after_insert`` events,
+TorchRL's writer owning the write policy.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from sqlalchemy import Connection, Integer, bindparam, select
+from sqlalchemy.sql.elements import BindParameter, ColumnElement
+
+from ..db.handle import BufferHandle
+from ..db.schema import buffers, newest_first, rows
+from ..errors import InvalidArgumentError
+
+__all__ = [
+    "BufferState",
+    "RemoveContext",
+    "Removed",
+    "RowFeature",
+    "WriteContext",
+    "read_state",
+    "register",
+    "registered",
+]
+
+
+class Removed:
+    """What removals in one transaction took, by reason (``capacity``, ``stale``,
+    ``delete``, ``clear``), and how many of them had keys above ``newer_than`` (a write's
+    own rows, evicted by the write that stored them)."""
+
+    def __init__(self, newer_than: int | None = None) -> None:
+        self.newer_than = newer_than
+        self.by_reason: dict[str, int] = {}
+        self.new = 0
+
+    def add(self, reason: str, keys: Iterable[int], count: int) -> None:
+        self.by_reason[reason] = self.by_reason.get(reason, 0) + count
+        if self.newer_than is not None:
+            self.new += sum(1 for k in keys if k > self.newer_than)
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_reason.values())
+
+
+@dataclass
+class BufferState:
+    """The buffer's row as one write (and the removals in its transaction) found it:
+    ``newest``, its largest key (0 when empty); ``keys``, what the backend needs to hand
+    keys out (see :meth:`~expstore.db.dialects.Dialect.key_state`); and each registered
+    feature's setting by name (``None``: the buffer does not use it)."""
+
+    newest: int
+    keys: tuple[Any, ...]
+    settings: dict[str, Any]
+
+    def setting(self, name: str) -> Any:
+        return self.settings.get(name)
+
+    def hooked(self, hook: str) -> Iterator[tuple[RowFeature, Any]]:
+        """The features this buffer uses that have ``hook`` (a method they override), in
+        their order, with their settings."""
+        for feature in _HOOKED[hook]:
+            found = self.settings.get(feature.name)
+            if found is not None:
+                yield feature, found
+
+    def run(self, hook: str, ctx: WriteContext | RemoveContext) -> None:
+        """``hook(ctx, setting)`` of each feature this buffer uses that has it."""
+        for feature, setting in list(self.hooked(hook)):
+            getattr(feature, hook)(ctx, setting)
+
+
+@dataclass
+class WriteContext:
+    """One write of a batch, in its transaction: what the hooks read and change."""
+
+    handle: BufferHandle
+    conn: Connection
+    state: BufferState
+    #: The rows being written (a :class:`~expstore.storage.writer.RowSource`).
+    batch: Any
+    #: The encoded rows, chunk by chunk, as the insert will take them.
+    chunks: Iterator[list[tuple[Any, ...]]]
+    #: How many rows of the batch go in (fewer than the batch after dedup).
+    stored: int
+    removed: Removed
+    #: What a feature keeps between its hooks in this write, under its name.
+    notes: dict[str, Any] = field(default_factory=dict)
+    _keys: dict[str, int] | None = None
+
+    def new_keys(self) -> dict[str, int]:
+        """The keys of this write's rows by id, read once (writers of a buffer take turns,
+        so the rows above the largest key before the write are the write's)."""
+        if self._keys is None:
+            stmt = select(rows.c.id, rows.c.key).where(
+                rows.c.buffer_id == self.handle.buffer_id, rows.c.key > self.state.newest
+            )
+            self._keys = {str(i): int(k) for i, k in self.conn.execute(stmt)}
+        return self._keys
+
+
+@dataclass
+class RemoveContext:
+    """One removal of a buffer's rows, in the caller's transaction (which holds the
+    buffer's row)."""
+
+    handle: BufferHandle
+    conn: Connection
+    state: BufferState
+    #: The keys of the rows going, ascending, locked.
+    keys: list[int]
+    #: The condition that chose them (some summaries are computed from it).
+    where: Sequence[ColumnElement[bool]]
+    reason: str
+    #: The eviction policy, for evictions.
+    policy: str | None
+    #: How many went (set after the delete).
+    gone: int = 0
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+class RowFeature(ABC):
+    """A feature that joins the row lifecycle (see the module). Subclasses set ``name``
+    (unique) and ``order`` (hooks run in ascending order), and override the hooks they
+    need; the rest do nothing."""
+
+    name: ClassVar[str]
+    order: ClassVar[int] = 50
+
+    @abstractmethod
+    def columns(self, buffer_id: BindParameter[int]) -> Sequence[ColumnElement[Any]]:
+        """What the feature reads of the buffer with every write: columns of
+        ``expstore_buffers`` or scalar subqueries (``buffer_id``: the buffer's id, bound)."""
+
+    @abstractmethod
+    def setting(self, values: Sequence[Any]) -> Any:
+        """The feature's setting for this buffer from those values, in their order;
+        ``None`` when the buffer does not use the feature (then no hook of it runs)."""
+
+    def prepare(self, ctx: WriteContext, setting: Any) -> None:
+        """Before the batch is encoded."""
+        return None
+
+    def before_insert(self, ctx: WriteContext, setting: Any) -> None:
+        """With the encoded rows (``ctx.chunks``), before they go in."""
+        return None
+
+    def after_insert(self, ctx: WriteContext, setting: Any) -> None:
+        """Once the rows are in (``ctx.new_keys()``: their keys)."""
+        return None
+
+    def after_write(self, ctx: WriteContext, setting: Any) -> None:
+        """Last in the write's transaction, after every feature's :meth:`after_insert`."""
+        return None
+
+    def before_remove(self, ctx: RemoveContext, setting: Any) -> None:
+        """With the keys about to go (``ctx.keys``), still present."""
+        return None
+
+    def after_remove(self, ctx: RemoveContext, setting: Any) -> None:
+        """Once they are gone (``ctx.gone``: how many)."""
+        return None
+
+
+_FEATURES: list[RowFeature] = []
+HOOKS = ("prepare", "before_insert", "after_insert", "after_write", "before_remove", "after_remove")
+#: The registered features that override each hook, in their order.
+_HOOKED: dict[str, list[RowFeature]] = {hook: [] for hook in HOOKS}
+#: (the statement, each feature's span of its columns, where the key state ends)
+_Compiled = tuple[Any, list[tuple[RowFeature, int, int]], int, int]
+#: The state statement, by backend (built from the features registered at first use).
+_STATEMENTS: dict[tuple[str, bool], _Compiled] = {}
+
+
+def register(feature: RowFeature) -> RowFeature:
+    """Add ``feature`` to every buffer's lifecycle (once per name; at import of its
+    module)."""
+    if any(f.name == feature.name for f in _FEATURES):
+        raise InvalidArgumentError(f"a row feature named {feature.name!r} is registered already")
+    _FEATURES.append(feature)
+    _FEATURES.sort(key=lambda f: f.order)
+    for hook, having in _HOOKED.items():
+        having[:] = [
+            f for f in _FEATURES if getattr(type(f), hook) is not getattr(RowFeature, hook)
+        ]
+    _STATEMENTS.clear()
+    return feature
+
+
+def registered() -> list[RowFeature]:
+    """The registered features, in hook order."""
+    return list(_FEATURES)
+
+
+def _statement(handle: BufferHandle, locked: bool) -> _Compiled:
+    dialect = handle.dialect
+    found = _STATEMENTS.get((dialect.name, locked))
+    if found is not None:
+        return found
+    buffer_id = bindparam("buffer_id", type_=Integer)
+    newest = newest_first(select(rows.c.key), buffer_id).limit(1).scalar_subquery()  # type: ignore[arg-type]
+    columns: list[Any] = [buffers.c.name, buffers.c.created_at, newest, *dialect.key_state()]
+    keys_end = len(columns)
+    if locked:
+        columns.extend(dialect.state_check(buffer_id))
+    check_end = len(columns)
+    spans = []
+    for feature in _FEATURES:
+        own = list(feature.columns(buffer_id))
+        spans.append((feature, len(columns), len(columns) + len(own)))
+        columns.extend(own)
+    stmt: Any = select(*columns).where(buffers.c.id == buffer_id)
+    if locked:
+        stmt = dialect.locked(stmt)
+    found = _STATEMENTS[(dialect.name, locked)] = (stmt, spans, keys_end, check_end)
+    return found
+
+
+def read_state(handle: BufferHandle, conn: Connection, *, locked: bool = True) -> BufferState:
+    """The buffer's state in one statement (``locked``: its row held until the
+    transaction ends; StorageError if the row no longer is the handle's buffer)."""
+    stmt, spans, keys_end, check_end = _statement(handle, locked)
+    found = conn.execute(stmt, {"buffer_id": handle.buffer_id}).first()
+    if found is None:
+        raise handle.recreated(None)
+    handle.check_row(found[0], float(found[1]))
+    if check_end > keys_end and found[keys_end] != found[keys_end + 1]:
+        # The row changed while this waited for it: read again, holding it now.
+        return read_state(handle, conn, locked=False)
+    settings = {feature.name: feature.setting(found[start:stop]) for feature, start, stop in spans}
+    return BufferState(int(found[2] or 0), tuple(found[3:keys_end]), settings)
