@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Select
+from sqlalchemy import Connection
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 
-__all__ = ["CompiledSelect"]
+__all__ = ["CompiledSelect", "CompiledWrite"]
 
 
 class CompiledSelect:
@@ -28,7 +28,7 @@ class CompiledSelect:
     str, float, bytes, lists of ints for Postgres arrays): no bind processors run on them.
     """
 
-    def __init__(self, stmt: Select[Any], dialect: Dialect) -> None:
+    def __init__(self, stmt: Any, dialect: Dialect) -> None:
         compiled = stmt.compile(dialect=dialect)
         self.sql = str(compiled)
         positional: Sequence[str] | None = compiled.positiontup
@@ -49,7 +49,8 @@ class CompiledSelect:
         self._order = list(positional) if dialect.positional and positional is not None else None
         self._error: type[Exception] = dialect.loaded_dbapi.Error
         self._dialect = dialect
-        self._types = [column.type.dialect_impl(dialect) for column in stmt.selected_columns]
+        selected = getattr(stmt, "selected_columns", None) or []
+        self._types = [column.type.dialect_impl(dialect) for column in selected]
         # Result processors need the driver's type codes: set at the first run.
         self._processors: list[tuple[int, Any]] | None = None
 
@@ -79,6 +80,8 @@ class CompiledSelect:
         cursor = driver.cursor()
         try:
             cursor.execute(self.sql, args)
+            if not self._types:  # an UPDATE, INSERT or DELETE: how many rows it changed
+                return [(cursor.rowcount,)]
             fetched: list[Any] = cursor.fetchall()
             processors = self._processors
             if processors is None:
@@ -110,6 +113,18 @@ class CompiledSelect:
         for i, processor in processors:
             row[i] = processor(row[i])
         return row
+
+
+class CompiledWrite(CompiledSelect):
+    """An UPDATE, INSERT or DELETE (no RETURNING) compiled once for one dialect;
+    :meth:`execute` returns how many rows it changed."""
+
+    def __init__(self, stmt: Any, dialect: Dialect) -> None:
+        super().__init__(stmt, dialect)
+        self._types = []
+
+    def execute(self, conn: Connection, **params: Any) -> int:
+        return int(self.run(conn, **params)[0][0])
 
 
 def _close_quietly(cursor: Any) -> None:

@@ -19,7 +19,7 @@ from .._retry import CONFLICT
 from ..errors import StorageError
 from ..query import QueryCondition, to_sql
 from ..query.conditions import Changed, as_condition, has_changed
-from .compiled import CompiledSelect
+from .compiled import CompiledSelect, CompiledWrite
 from .dialects import Dialect, dialect_for
 from .engine import Connections
 from .schema import rows, tracked_paths
@@ -93,6 +93,7 @@ class BufferHandle:
         #: read): another value when its database was made anew under this handle.
         self.created_at: float | None = None
         self._statements: dict[tuple[Any, ...], CompiledSelect] = {}
+        self._writes: dict[str, CompiledWrite] = {}
         #: Choices made once per statement from the database's plan (see key_space).
         self.plans: dict[tuple[Any, ...], bool] = {}
         #: The keys of rows read lately, by id (see remember_keys).
@@ -244,6 +245,14 @@ class BufferHandle:
                 self._statements.clear()
             compiled = CompiledSelect(build(), self.connections.engine.dialect)
             self._statements[key] = compiled
+        return compiled
+
+    def write_statement(self, key: str, build: Callable[[], Any]) -> CompiledWrite:
+        """The UPDATE/INSERT/DELETE ``build()`` makes, compiled once for this database
+        and kept for the handle's life (bound parameters only: nothing per buffer)."""
+        compiled = self._writes.get(key)
+        if compiled is None:
+            compiled = self._writes[key] = CompiledWrite(build(), self.connections.engine.dialect)
         return compiled
 
     def shown_url(self) -> str:

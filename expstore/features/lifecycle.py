@@ -248,9 +248,12 @@ def read_state(handle: BufferHandle, conn: Connection, *, locked: bool = True) -
     """The buffer's state in one statement (``locked``: its row held until the
     transaction ends; StorageError if the row no longer is the handle's buffer)."""
     stmt, spans, keys_end, check_end = _statement(handle, locked)
-    found = conn.execute(stmt, {"buffer_id": handle.buffer_id}).first()
-    if found is None:
+    # compiled once per handle, run on the driver's cursor
+    compiled = handle.statement(("buffer state", locked), lambda: stmt)
+    got = compiled.run(conn, buffer_id=handle.buffer_id)
+    if not got:
         raise handle.recreated(None)
+    found = got[0]
     handle.check_row(found[0], float(found[1]))
     if check_end > keys_end and found[keys_end] != found[keys_end + 1]:
         # The row changed while this waited for it: read again, holding it now.

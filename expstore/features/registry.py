@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, delete, select, update
+from sqlalchemy import BigInteger, Connection, Integer, bindparam, delete, select, update
 from sqlalchemy.sql.elements import ColumnElement
 
 from .._args import check_int
@@ -138,15 +138,21 @@ def bump_version(handle: BufferHandle, conn: Connection, counter: Any = buffers.
 
 def count_inserted(handle: BufferHandle, conn: Connection, n: int) -> None:
     """Count ``n`` rows stored into the buffer, and when (the caller holds its row)."""
-    this = buffers.c.id == handle.buffer_id
-    conn.execute(
-        update(buffers)
-        .where(this)
-        .values(
-            inserted=buffers.c.inserted + n,
-            row_count=buffers.c.row_count + n,
-            inserted_at=handle.dialect.now(),
+
+    def build() -> Any:
+        added = bindparam("n", type_=BigInteger)
+        return (
+            update(buffers)
+            .where(buffers.c.id == bindparam("buffer_id", type_=Integer))
+            .values(
+                inserted=buffers.c.inserted + added,
+                row_count=buffers.c.row_count + added,
+                inserted_at=handle.dialect.now(),
+            )
         )
+
+    handle.write_statement("count inserted", build).execute(
+        conn, buffer_id=handle.buffer_id, n=n
     )
 
 

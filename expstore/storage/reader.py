@@ -224,7 +224,7 @@ def _position(cursor: Any, column_name: str) -> tuple[Any, ...]:
         padded = cursor + "=" * (-len(cursor) % 4)
         text = base64.urlsafe_b64decode(padded.encode()).decode()
         # (longer than any position, or a list nested thousands deep: never a cursor)
-        position = json.loads(text) if len(cursor) <= _MAX_CURSOR else None
+        position: Any = json.loads(text) if len(cursor) <= _MAX_CURSOR else None
     except (TypeError, ValueError, UnicodeError, AttributeError, RecursionError):
         position = None
     kinds = {

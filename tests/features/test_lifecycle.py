@@ -1,23 +1,18 @@
 """The row lifecycle (expstore.features.lifecycle), on both backends: a write or a removal
 runs the statements of the features the buffer uses and of no other. Each feature is
-turned on in a buffer of its own and its statements counted against a plain buffer's.
-
-Statements are counted as SQLAlchemy runs them (the engine's ``before_cursor_execute``).
-The few rows a Postgres write inserts go through psycopg's own cursor (one INSERT), so
-they are not in the Postgres lists; SQLite's INSERT is."""
+turned on in a buffer of its own and its statements counted against a plain buffer's, as
+the driver sends them (expstore.db.trace)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
-from sqlalchemy import event
-from sqlalchemy.engine import Engine
 
 from expstore import RateLimiter, ReplayBuffer
+from expstore.db.trace import driver_statements
 from expstore.features.lifecycle import HOOKS, RowFeature, registered
 from tests.helpers import make_row
 
@@ -31,18 +26,8 @@ FEATURE_TABLES = {
 }
 
 
-@contextmanager
-def statements() -> Iterator[list[str]]:
-    seen: list[str] = []
-
-    def spy(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        seen.append(" ".join(statement.split()))
-
-    event.listen(Engine, "before_cursor_execute", spy)
-    try:
-        yield seen
-    finally:
-        event.remove(Engine, "before_cursor_execute", spy)
+def statements(buffer: ReplayBuffer) -> Any:
+    return driver_statements(buffer.sql._handle.connections.engine)
 
 
 def batch(step: int, n: int = 8, *, big: bool = False) -> list[Any]:
@@ -59,7 +44,7 @@ def the_write(buffer: ReplayBuffer, *, big: bool = False) -> list[str]:
     """The statements of one write of 8 rows, after a few to warm up."""
     for step in range(3):
         buffer.store_batch(batch(step, big=big))
-    with statements() as seen:
+    with statements(buffer) as seen:
         buffer.store_batch(batch(100, big=big))
     return seen
 
@@ -78,16 +63,14 @@ def test_a_plain_write_is_the_state_read_the_insert_and_the_counters(
 ) -> None:
     with ReplayBuffer(db_url, name=buffer_name) as buffer:
         seen = the_write(buffer)
-    kinds = [s.split(" ")[0] + " " + s.split(" ")[1] for s in seen]
-    if db_url.startswith("sqlite"):
-        assert kinds == [
-            "BEGIN IMMEDIATE",
-            "SELECT expstore_buffers.name,",
-            "INSERT INTO",
-            "UPDATE expstore_buffers",
-        ]
-    else:  # the INSERT goes on psycopg's cursor
-        assert kinds == ["SELECT expstore_buffers.name,", "UPDATE expstore_buffers"]
+    kinds = [" ".join(s.split(" ")[:2]) for s in seen]
+    assert kinds == [
+        "BEGIN IMMEDIATE" if db_url.startswith("sqlite") else "BEGIN",
+        "SELECT expstore_buffers.name,",
+        "INSERT INTO",
+        "UPDATE expstore_buffers",
+        "COMMIT",
+    ]
     for tables in FEATURE_TABLES.values():
         assert naming(seen, tables) == []
 
@@ -121,13 +104,13 @@ def test_arrays_and_eviction_run_only_in_buffers_that_have_them(
     with ReplayBuffer(db_url, name=buffer_name + "_big") as buffer:
         seen = the_write(buffer, big=True)
         assert naming(seen, FEATURE_TABLES["arrays"])
-        with statements() as removal:
+        with statements(buffer) as removal:
             assert buffer.delete({"field": "exp_meta.step", "value": 0, "op": "eq"}) == 8
         assert naming(removal, FEATURE_TABLES["arrays"])  # references looked for, swept
         assert naming(removal, FEATURE_TABLES["tombstones"])
     with ReplayBuffer(db_url, name=buffer_name) as buffer:
         the_write(buffer)
-        with statements() as removal:
+        with statements(buffer) as removal:
             assert buffer.delete({"field": "exp_meta.step", "value": 0, "op": "eq"}) == 8
         assert naming(removal, FEATURE_TABLES["arrays"]) == []
         assert naming(removal, FEATURE_TABLES["tracking"]) == []
