@@ -71,7 +71,7 @@ _KEY_STATE = [
 #: Raise the largest key handed out to the table's largest (before a removal).
 _RAISE_ISSUED = (
     sqlite_insert(counters)
-    .values(name=ROW_KEY, value=select(func.max(rows.c.key)).scalar_subquery())
+    .values(name=ROW_KEY, value=select(func.coalesce(func.max(rows.c.key), 0)).scalar_subquery())
     .on_conflict_do_update(
         index_elements=["name"],
         set_={"value": func.max(counters.c.value, literal_column("excluded.value"))},
@@ -151,8 +151,10 @@ class Dialect(ABC):
         :meth:`insert_rows` to hand keys out (none: the database does it alone)."""
         return []
 
-    def before_delete(self, conn: Connection) -> None:
-        """Called in a transaction that holds a buffer's row, before rows are deleted."""
+    def before_delete(self, conn: Connection, top: int, key_state: Sequence[Any]) -> None:
+        """Called in a transaction that holds a buffer's row, before rows are deleted
+        (``top``: the largest key of those; ``key_state``: :meth:`key_state`'s values as
+        the transaction read them)."""
         return None
 
     def state_check(self, buffer_id: Any) -> list[Any]:
@@ -290,8 +292,15 @@ class SqliteDialect(Dialect):
             conn.exec_driver_sql(self._insert_keyed, keyed)
             next_key += len(params)
 
-    def before_delete(self, conn: Connection) -> None:
+    def before_delete(self, conn: Connection, top: int, key_state: Sequence[Any]) -> None:
         # The largest key handed out so far, kept before rows may go (see insert_rows).
+        # Rows all below the table's largest key as this transaction first read it take
+        # nothing from the top: that key is still there (keys only grow), or a removal of
+        # this transaction took it and raised the counter above these (the oldest rows an
+        # eviction takes).
+        largest = key_state[0] if key_state else None
+        if largest is not None and top < largest:
+            return
         conn.execute(_RAISE_ISSUED)
 
     def ids_statement(self, buffer_id: int, ids: list[str]) -> Select[Any]:

@@ -5,7 +5,7 @@ call.
 SQLAlchemy's ``before_cursor_execute`` misses what runs on the driver's own cursor (the
 compiled hot statements, Postgres's INSERT and COPY), so this watches the driver: SQLite's
 trace callback (every statement, ``BEGIN``/``COMMIT`` included; an ``executemany`` is
-one entry however many rows it binds) and, on Postgres, a psycopg cursor class that notes
+one entry however many rows it binds, and so is a DELETE whose foreign keys cascade) and, on Postgres, a psycopg cursor class that notes
 each ``execute``/``executemany``/``copy``, plus ``BEGIN`` and ``COMMIT``/``ROLLBACK``,
 which psycopg sends as statements of their own. Connections made while tracing are
 traced; those the pool held before are closed first.
@@ -32,8 +32,10 @@ def driver_statements(engine: Engine) -> Iterator[list[str]]:
 
     def note(sql: Any) -> None:
         text = " ".join(str(sql).split())
-        if sqlite and seen and text.startswith("INSERT") and _head(text) == _head(seen[-1]):
-            return  # sqlite3 traces each row of an executemany, its values written in
+        if sqlite and seen and _head(text) == _head(seen[-1]):
+            # sqlite3 traces each row of an executemany (its values written in), and a
+            # DELETE again for each foreign key it cascades to
+            return
         seen.append(text)
 
     def connected(dbapi_connection: Any, record: Any) -> None:

@@ -77,13 +77,22 @@ def stale_rows(buffer_id: int) -> ColumnElement[bool]:
     return rows.c.policy_version < oldest.scalar_subquery()
 
 
-def _fifo(conn: Connection, buffer_id: int, capacity: int, remove: Remove, now: Any) -> int:
+def _fifo(
+    conn: Connection,
+    buffer_id: int,
+    capacity: int,
+    remove: Remove,
+    now: Any,
+    count: int | None = None,
+) -> int:
     # The buffer's row count (kept in this transaction by every write and delete, ``remove``
-    # included, see expstore.features.registry) says how many of the oldest rows go: the
-    # first key to keep is found by an offset of that excess from the oldest end, so a
-    # write costs the same whatever the capacity.
-    held = select(buffers.c.row_count).where(buffers.c.id == buffer_id)
-    excess = int(conn.execute(held).scalar_one()) - capacity
+    # included, see expstore.features.registry; or given) says how many of the oldest rows
+    # go: the first key to keep is found by an offset of that excess from the oldest end,
+    # so a write costs the same whatever the capacity.
+    if count is None:
+        held = select(buffers.c.row_count).where(buffers.c.id == buffer_id)
+        count = int(conn.execute(held).scalar_one())
+    excess = count - capacity
     if excess <= 0:
         return 0
     threshold = oldest_first(select(rows.c.key), buffer_id).limit(1).offset(excess)
@@ -132,9 +141,19 @@ def _task_fifo(conn: Connection, buffer_id: int, capacity: int, remove: Remove, 
     return remove([rows.c.task_id.in_(doomed)], "capacity")
 
 
-def _stale(conn: Connection, buffer_id: int, capacity: int, remove: Remove, now: Any) -> int:
+def _stale(
+    conn: Connection,
+    buffer_id: int,
+    capacity: int,
+    remove: Remove,
+    now: Any,
+    count: int | None = None,
+) -> int:
     evicted = remove([stale_rows(buffer_id), not_leased(now)], "stale")
-    return evicted + (_fifo(conn, buffer_id, capacity, remove, now) if capacity else 0)
+    if not capacity:
+        return evicted
+    left = None if count is None else count - evicted
+    return evicted + _fifo(conn, buffer_id, capacity, remove, now, left)
 
 
 #: Policies that only ever delete a buffer's oldest rows (every key below some key), which
@@ -162,10 +181,15 @@ def evict(
     policy: str,
     remove: Remove,
     now: Any,
+    count: int | None = None,
 ) -> int:
     """Delete rows of ``buffer_id`` beyond ``capacity`` (None: unlimited, for policies that
     evict without one) by ``policy``, through ``remove``; ``now`` is the database's clock
-    (leases are live until then). Returns how many went."""
+    (leases are live until then); ``count``, the buffer's rows when the caller knows
+    them (FIFO then reads no count). Returns how many went."""
     if capacity is None and policy not in EVERY_WRITE_POLICIES:
         return 0
+    if policy in ("fifo", "stale"):  # (the others count the rows they rank)
+        counted = _fifo if policy == "fifo" else _stale
+        return counted(conn, buffer_id, capacity or 0, remove, now, count)
     return EVICTION_POLICIES[policy](conn, buffer_id, capacity or 0, remove, now)

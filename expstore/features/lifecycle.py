@@ -55,10 +55,14 @@ class Removed:
     ``delete``, ``clear``), and how many of them had keys above ``newer_than`` (a write's
     own rows, evicted by the write that stored them)."""
 
-    def __init__(self, newer_than: int | None = None) -> None:
+    def __init__(self, newer_than: int | None = None, *, deferred: bool = False) -> None:
         self.newer_than = newer_than
         self.by_reason: dict[str, int] = {}
         self.new = 0
+        #: ``deferred``: the caller updates the buffer's row count once, at its end, by
+        #: ``uncounted`` (a write, which also counts its inserts there).
+        self.deferred = deferred
+        self.uncounted = 0
 
     def add(self, reason: str, keys: Iterable[int], count: int) -> None:
         self.by_reason[reason] = self.by_reason.get(reason, 0) + count

@@ -136,23 +136,25 @@ def bump_version(handle: BufferHandle, conn: Connection, counter: Any = buffers.
     return int(conn.execute(select(counter).where(this)).scalar_one())
 
 
-def count_inserted(handle: BufferHandle, conn: Connection, n: int) -> None:
-    """Count ``n`` rows stored into the buffer, and when (the caller holds its row)."""
+def count_inserted(handle: BufferHandle, conn: Connection, n: int, removed: int = 0) -> None:
+    """Count ``n`` rows stored into the buffer, and when, and ``removed`` rows deleted
+    (the caller holds its row)."""
 
     def build() -> Any:
         added = bindparam("n", type_=BigInteger)
+        gone = bindparam("removed", type_=BigInteger)
         return (
             update(buffers)
             .where(buffers.c.id == bindparam("buffer_id", type_=Integer))
             .values(
                 inserted=buffers.c.inserted + added,
-                row_count=buffers.c.row_count + added,
+                row_count=buffers.c.row_count + added - gone,
                 inserted_at=handle.dialect.now(),
             )
         )
 
     handle.write_statement("count inserted", build).execute(
-        conn, buffer_id=handle.buffer_id, n=n
+        conn, buffer_id=handle.buffer_id, n=n, removed=removed
     )
 
 
@@ -204,11 +206,14 @@ def remove(
         state = read_state(handle, conn, locked=False)
     ctx = RemoveContext(handle, conn, state, doomed, where, reason, policy)
     state.run("before_remove", ctx)
-    dialect.before_delete(conn)
+    dialect.before_delete(conn, doomed[-1], state.keys)
     bound = {"keys": dialect.key_set(doomed)}
     ctx.gone = gone = int(conn.execute(_delete_keys(dialect), bound).rowcount)
     state.run("after_remove", ctx)
-    count_removed(handle, conn, gone)
+    if removed is not None and removed.deferred:
+        removed.uncounted += gone
+    else:
+        count_removed(handle, conn, gone)
     if removed is not None:
         removed.add(reason, doomed, gone)
     return gone
@@ -221,11 +226,13 @@ def evict_beyond(
     policy: str,
     removed: Removed | None = None,
     state: BufferState | None = None,
+    count: int | None = None,
 ) -> int:
     """Evict rows beyond ``capacity`` (None: unlimited) by ``policy`` inside the caller's
     transaction (``state``: the buffer's, see :func:`remove`; ``removed``: counts what
-    went, by reason); readers see FIFO eviction by the buffer's smallest key, any other by
-    a new version."""
+    went, by reason; ``count``: the buffer's rows now, when the caller knows it);
+    readers see FIFO eviction by the buffer's smallest key, any other by a new
+    version."""
     limit = None if capacity is None else int(capacity)
     if state is None:
         state = read_state(handle, conn, locked=False)
@@ -233,17 +240,18 @@ def evict_beyond(
     def by(where: Sequence[ColumnElement[bool]], reason: str) -> int:
         return remove(handle, conn, where, reason, policy, removed, state)
 
-    evicted = evict(conn, handle.buffer_id, limit, policy, by, handle.dialect.now())
+    evicted = evict(conn, handle.buffer_id, limit, policy, by, handle.dialect.now(), count)
     if evicted and policy not in OLDEST_FIRST_POLICIES:
         bump_version(handle, conn)
     return evicted
 
 
 class Retention(NamedTuple):
-    """The buffer's retention as a write found it."""
+    """The buffer's retention as a write found it, and its row count then."""
 
     capacity: int | None
     policy: str
+    rows: int
 
     @property
     def evicts(self) -> bool:
@@ -259,16 +267,20 @@ class _RetentionFeature(RowFeature):
     order = 90
 
     def columns(self, buffer_id: Any) -> list[Any]:
-        return [buffers.c.capacity, buffers.c.eviction]
+        return [buffers.c.capacity, buffers.c.eviction, buffers.c.row_count]
 
     def setting(self, values: Sequence[Any]) -> Any:
         capacity = None if values[0] is None else int(values[0])
-        return Retention(capacity, values[1] or "fifo")
+        return Retention(capacity, values[1] or "fifo", int(values[2] or 0))
 
     def after_write(self, ctx: WriteContext, setting: Any) -> None:
         if setting.evicts:
+            # the rows now: as the state read them, with this write's in and its removals
+            # so far out (the write counts both on the buffer's row at its end)
+            removed = ctx.removed
+            now = setting.rows + ctx.stored - removed.total
             evict_beyond(
-                ctx.handle, ctx.conn, setting.capacity, setting.policy, ctx.removed, ctx.state
+                ctx.handle, ctx.conn, setting.capacity, setting.policy, removed, ctx.state, now
             )
 
 

@@ -304,16 +304,18 @@ class _TombstonesFeature(RowFeature):
     order = 20
 
     def columns(self, buffer_id: Any) -> list[Any]:
-        return [buffers.c.keep_tombstones]
+        newest = select(func.max(_T.seq)).where(_T.buffer_id == buffer_id).scalar_subquery()
+        return [buffers.c.keep_tombstones, newest]
 
     def setting(self, values: Sequence[Any]) -> Any:
         keep = DEFAULT_KEEP if values[0] is None else int(values[0])
-        return keep or None
+        return (keep, int(values[1] or 0)) if keep else None
 
     def before_remove(self, ctx: RemoveContext, setting: Any) -> None:
-        # read now, not from the state: an earlier removal of the transaction moved it
-        keep, last = kept_tombstones(ctx.conn, ctx.handle.buffer_id)
-        record(ctx.handle, ctx.conn, ctx.keys, ctx.reason, ctx.policy, keep, last)
+        keep, last = setting
+        newest = record(ctx.handle, ctx.conn, ctx.keys, ctx.reason, ctx.policy, keep, last)
+        # the next removal of this transaction numbers its tombstones on from these
+        ctx.state.settings[self.name] = (keep, newest)
 
 
 register(_TombstonesFeature())

@@ -341,7 +341,7 @@ class SqlStorage(Storage):
             # sees every committed insert, and the count loses none in progress.
             registry.lock_buffer(handle, conn, buffers.c.id)
             tombstones.record_clear(handle, conn)
-            handle.dialect.before_delete(conn)
+            handle.dialect.before_delete(conn, 2**63 - 1, ())  # every row: the top too
             gone = conn.execute(delete(rows).where(rows.c.buffer_id == handle.buffer_id)).rowcount
             arrays.drop_all(conn, handle.buffer_id)
             registry.count_removed(handle, conn, gone)

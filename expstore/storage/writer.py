@@ -40,7 +40,7 @@ from ..errors import (
 from ..features.dedup import check_dedup, without_duplicates
 from ..features.lifecycle import Removed, WriteContext, read_state
 from ..features.rate_limits import RateLimits, WriteBlocked
-from ..features.registry import Retention, count_inserted
+from ..features.registry import Retention, count_inserted, count_removed
 from ..model.layout import (
     COLUMNS,
     ID_COLUMN,
@@ -309,7 +309,9 @@ def write_in(
         # saw), a capacity stays exact, and the rows above the largest key now are this
         # write's.
         state = read_state(handle, conn)
-        ctx = WriteContext(handle, conn, state, batch, iter(()), len(batch), Removed(state.newest))
+        # (removals' counts are deferred to the write's one update of the buffer's row)
+        removed = Removed(state.newest, deferred=True)
+        ctx = WriteContext(handle, conn, state, batch, iter(()), len(batch), removed)
         state.run("prepare", ctx)
         ctx.chunks = _encoded_chunks(handle, batch)
         if dedup is not None:  # exact: writers of the buffer take turns
@@ -320,9 +322,12 @@ def write_in(
         state.run("before_insert", ctx)
         if ctx.stored:
             handle.dialect.insert_rows(conn, ctx.chunks, state.keys)
-            count_inserted(handle, conn, ctx.stored)
             state.run("after_insert", ctx)
         state.run("after_write", ctx)
+        if ctx.stored:
+            count_inserted(handle, conn, ctx.stored, removed.uncounted)
+        else:
+            count_removed(handle, conn, removed.uncounted)
     except UnicodeEncodeError as exc:  # a string the row's validation could not see
         text = exc.object[exc.start : exc.end]
         raise CodecError(
@@ -330,7 +335,6 @@ def write_in(
             f"({exc.reason}) and no database can store; decode the text with "
             "errors='replace' or store its bytes. Nothing was stored"
         ) from exc
-    removed = ctx.removed
     report = StoreReport(
         ctx.stored,
         len(batch) - ctx.stored,
