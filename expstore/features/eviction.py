@@ -96,7 +96,10 @@ def _fifo(
     if excess <= 0:
         return 0
     threshold = oldest_first(select(rows.c.key), buffer_id).limit(1).offset(excess)
-    return remove([rows.c.key < threshold.scalar_subquery()], "capacity")
+    # The buffer as a range too: the planner then walks the (buffer_id, key) index from
+    # the buffer's oldest key, not the primary key's range over every other buffer's rows.
+    in_buffer = [rows.c.buffer_id >= buffer_id, rows.c.buffer_id <= buffer_id]
+    return remove([*in_buffer, rows.c.key < threshold.scalar_subquery()], "capacity")
 
 
 def _keep_ranked(
