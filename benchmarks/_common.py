@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import statistics
 import time
+import uuid
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 
-__all__ = ["LockWatch", "lock_waits", "ms"]
+__all__ = ["LockWatch", "fresh_pg_database", "lock_waits", "ms"]
 
 
 def ms(seconds: list[float]) -> float:
@@ -67,3 +70,20 @@ class LockWatch:
         if on:
             note += " (" + ", ".join(f"{n}x {what}" for what, n in sorted(on.items())) + ")"
         return note
+
+
+def fresh_pg_database(server: str) -> tuple[str, Callable[[], None]]:
+    """A new, empty database on the Postgres server at ``server``: its URL, and a function
+    that drops it (ending its sessions)."""
+    url = make_url(server)
+    name = f"expstore_bench_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+
+    def drop() -> None:
+        with admin.connect() as c:
+            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+    return url.set(database=name).render_as_string(hide_password=False), drop

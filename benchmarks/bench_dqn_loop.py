@@ -28,17 +28,18 @@ import copy
 import os
 import random
 import statistics
+import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import fresh_pg_database  # noqa: E402
 
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 CAPACITY = 10_000
@@ -200,21 +201,6 @@ def run(store: Any, steps: int, seed: int, learning_starts: int) -> dict[str, An
     }
 
 
-def fresh_pg(server: str) -> tuple[str, Callable[[], None]]:
-    url = make_url(server)
-    name = f"expstore_bench_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f'CREATE DATABASE "{name}"'))
-
-    def drop() -> None:
-        with admin.connect() as c:
-            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-    return url.set(database=name).render_as_string(hide_password=False), drop
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=4000)
@@ -243,7 +229,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         measure(ExpstoreStore(f"sqlite:///{folder}/dqn.db", "expstore SQLite", args.seed))
     if not args.skip_pg:
-        url, drop = fresh_pg(args.pg)
+        url, drop = fresh_pg_database(args.pg)
         try:
             measure(ExpstoreStore(url, "expstore Postgres", args.seed))
         finally:

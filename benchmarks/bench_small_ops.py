@@ -35,10 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import fresh_pg_database  # noqa: E402
+
 from expstore import DataRow, Experience, ExpMeta, ReplayBuffer  # noqa: E402
 from expstore.db.dialects import WRITE_COLUMNS  # noqa: E402
 from expstore.db.trace import driver_statements  # noqa: E402
@@ -132,21 +133,6 @@ def statements_per_call(buffer: ReplayBuffer, call: Callable[[], None], calls: i
     return (len(seen) - before) / calls
 
 
-def fresh_pg(server: str) -> tuple[str, Callable[[], None]]:
-    url = make_url(server)
-    name = f"expstore_bench_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f'CREATE DATABASE "{name}"'))
-
-    def drop() -> None:
-        with admin.connect() as c:
-            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-    return url.set(database=name).render_as_string(hide_password=False), drop
-
-
 class Calls:
     """``op`` calls of ``n`` rows on ``buffer``, their arguments made beforehand."""
 
@@ -229,7 +215,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         run(f"sqlite:///{folder}/small.db", "SQLite", args)
     if not args.skip_pg:
-        url, drop = fresh_pg(args.pg)
+        url, drop = fresh_pg_database(args.pg)
         try:
             run(url, "Postgres", args)
         finally:
