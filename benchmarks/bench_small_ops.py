@@ -200,24 +200,118 @@ def run(url: str, label: str, args: argparse.Namespace) -> list[str]:
     return lines
 
 
+def coordination(url: str, label: str) -> list[str]:
+    """Statements (Postgres: round trips) of the claim cycle and of a draw, counted
+    only (the timings of these calls are bench_actors.py's and bench_cache.py's)."""
+    from expstore import PrioritizedSampler, UniformSampler
+
+    rng = np.random.default_rng(1)
+    prompts = ReplayBuffer(url, name="coord_prompts")
+    rollouts = ReplayBuffer(url, name="coord_rollouts")
+    plain = ReplayBuffer(url, name="coord_plain")
+    prompts.store_prompts(
+        [
+            DataRow(
+                id=f"p{i}",
+                exp_meta=ExpMeta(task_id=f"p{i}", agent_id="dataset", step=0),
+                exp_data=Experience(state={"question": f"q{i}"}),
+            )
+            for i in range(200)
+        ],
+        n_samples=4,
+    )
+    plain.store_batch(datarows(64, 0, rng))
+    for step in range(1, 40):
+        plain.store_batch(datarows(64, step, rng))
+    me = prompts.consumer("actor-0")
+    learner = plain.consumer("learner-0")
+    uniform, per = UniformSampler(seed=0), PrioritizedSampler(seed=0)
+
+    def produced(pid: str) -> list[DataRow]:
+        return [
+            DataRow(
+                id=f"{pid}/c{c}",
+                exp_meta=ExpMeta(task_id=pid, agent_id="actor", step=c),
+                exp_data=Experience(state={"tokens": rng.integers(0, 50_000, 64)}),
+            )
+            for c in range(4)
+        ]
+
+    def counted(
+        what: str, call: Callable[[], Any], each: int = 10, on: ReplayBuffer = prompts
+    ) -> None:
+        call()  # a new connection's own statements, and each statement's first compile
+        with driver_statements(on.sql._handle.connections.engine) as seen:
+            call()
+            before = len(seen)
+            for _ in range(each):
+                call()
+        per_call = (len(seen) - before) / each
+        lines.append(f"| {label} | {what} | {per_call:.1f} |")
+        print(lines[-1], flush=True)
+
+    lines: list[str] = []
+    counted("`claim(1)` + `release()`", lambda: me.claim(1).release())
+    counted("`claim(1)` + `ack()`", lambda: me.claim(1).ack())
+
+    def cycle() -> None:
+        claim = me.claim(1)
+        claim.save_progress({"tokens": [1, 2, 3]})
+        claim.ack(produce={claim.ids[0]: produced(claim.ids[0])}, into=rollouts)
+
+    counted("`claim(1)` + `save_progress` + `ack(produce=4 rows, into=...)`", cycle)
+    counted(
+        "learner: `claim(32)` + `ack(checkpoint=...)`",
+        lambda: learner.claim(32).ack(checkpoint={"step": 1}),
+        each=3,
+        on=plain,
+    )
+    draw = [
+        ("`sample(32)` uniform, warm", lambda: plain.sample(uniform, None, None, 32)),
+        ("`sample(32)` prioritized, warm", lambda: plain.sample(per, None, None, 32)),
+    ]
+    for what, call in draw:
+        counted(what, call, on=plain)
+    ids = [r.id for r in plain.sample(uniform, None, None, 32)]
+    counted(
+        "`update_priorities(32 ids)`", lambda: plain.update_priorities(ids, [1.0] * 32), on=plain
+    )
+    for buffer in (prompts, rollouts, plain):
+        buffer.close()
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--warm", type=int, default=2000, help="rows written before timing")
     parser.add_argument("--pg", default=os.environ.get("EXPSTORE_TEST_PG_URL", DEFAULT_PG))
     parser.add_argument("--skip-pg", action="store_true")
+    parser.add_argument("--only-statements", action="store_true", help="the second table only")
     args = parser.parse_args()
-    print(
-        "| backend | call | expstore (median) | floor (median) | ratio (target <= 2x) "
-        "| statements | floor's |"
-    )
-    print("|---|---|---|---|---|---|---|")
+    if not args.only_statements:
+        print(
+            "| backend | call | expstore (median) | floor (median) | ratio (target <= 2x) "
+            "| statements | floor's |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        with tempfile.TemporaryDirectory() as folder:
+            run(f"sqlite:///{folder}/small.db", "SQLite", args)
+        if not args.skip_pg:
+            url, drop = fresh_pg_database(args.pg)
+            try:
+                run(url, "Postgres", args)
+            finally:
+                drop()
+    print()
+    print("| backend | calls | statements (Postgres: round trips) |")
+    print("|---|---|---|")
     with tempfile.TemporaryDirectory() as folder:
-        run(f"sqlite:///{folder}/small.db", "SQLite", args)
+        coordination(f"sqlite:///{folder}/coord.db", "SQLite")
     if not args.skip_pg:
         url, drop = fresh_pg_database(args.pg)
         try:
-            run(url, "Postgres", args)
+            coordination(url, "Postgres")
         finally:
             drop()
 

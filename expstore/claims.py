@@ -89,7 +89,7 @@ from .features.claims.prompts import (
     set_targets,
     store_admission,
 )
-from .features.claims.queue import Claimed, ClaimQueue, Scope, ShortClaim
+from .features.claims.queue import Claimed, ClaimQueue, RateLimitFound, Scope, ShortClaim
 from .features.claims.ready_groups import GroupTally
 from .features.claims.steps import StepParts, commit_step
 from .features.dedup import Dedup, check_dedup
@@ -815,7 +815,10 @@ def claim_rows(
         if waiting is not None:
             _wait_for_claimable(sql, claimable, need, min_n, waiting, wait_s, what)
         want, counted = n, 0
-        if sql.sampling_limited():
+        # A buffer last seen without a rate limit is claimed from at once: the claim's
+        # own transaction checks there still is none (no round trip of its own).
+        unlimited = not sql.rate_limits.maybe_limited()
+        if not unlimited:
             # Counted against the rate limit before the claim, so only as many rows as are
             # claimable now: a learner polling an empty queue must not count samples that a
             # writer held by block_writers could pass against. With min_n, as many as the
@@ -830,8 +833,19 @@ def claim_rows(
                 want = counted or want
         try:
             claimed = queue.claim(
-                want, scope, consumer, lease, candidates, groups, epoch, at_least=min_n or 0
+                want,
+                scope,
+                consumer,
+                lease,
+                candidates,
+                groups,
+                epoch,
+                at_least=min_n or 0,
+                unlimited=unlimited,
             )
+        except RateLimitFound:  # set since this handle last looked: count, then claim
+            sql.rate_limits.observe(True)
+            continue
         except AdmissionBlocked as blocked:
             sql.refund_samples(counted)
             state: AdmissionState = blocked.args[0]

@@ -3,12 +3,13 @@ feature costs nothing where it is unused, and for benchmarks that print statemen
 call.
 
 SQLAlchemy's ``before_cursor_execute`` misses what runs on the driver's own cursor (the
-compiled hot statements, Postgres's INSERT and COPY), so this watches the driver: SQLite's
-trace callback (every statement, ``BEGIN``/``COMMIT`` included; an ``executemany`` is
-one entry however many rows it binds, and so is a DELETE whose foreign keys cascade) and, on Postgres, a psycopg cursor class that notes
-each ``execute``/``executemany``/``copy``, plus ``BEGIN`` and ``COMMIT``/``ROLLBACK``,
-which psycopg sends as statements of their own. Connections made while tracing are
-traced; those the pool held before are closed first.
+compiled hot statements, Postgres's INSERT and COPY), so this watches the driver:
+SQLite's trace callback (every statement, ``BEGIN``/``COMMIT`` included; an
+``executemany`` is one entry however many rows it binds, and so is a DELETE whose foreign
+keys cascade) and, on Postgres, a psycopg cursor class that notes each ``execute``,
+``executemany`` and ``copy``, plus ``BEGIN`` and ``COMMIT``/``ROLLBACK``, which psycopg
+sends as statements of their own. Connections made while tracing are traced; those the
+pool held before are closed first.
 """
 
 from __future__ import annotations

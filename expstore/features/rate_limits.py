@@ -153,6 +153,7 @@ class RateLimits:
             # Touch the buffer's row: a writer that waited on it reads the limit anew.
             mine = buffers.c.id == handle.buffer_id
             conn.execute(update(buffers).where(mine).values(version=buffers.c.version))
+            self.observe(limiter is not None)  # (a hint this handle's claims check again)
             if limiter is None:
                 conn.execute(delete(rate_limits).where(this))
                 return
@@ -248,6 +249,11 @@ class RateLimits:
         )
 
     # -- samplers ------------------------------------------------------------------------
+    def maybe_limited(self) -> bool:
+        """Whether the buffer had a limit when this handle last looked (read now if it
+        never did): for a caller that checks again in its own transaction."""
+        return self.limited() if self.seen is None else bool(self.seen[1])
+
     def limited(self, since: float | None = None) -> bool:
         """Whether the buffer has a limit: as a key index read after ``since`` (a monotonic
         time) told, else read now (no write lock)."""

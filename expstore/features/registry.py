@@ -114,13 +114,18 @@ def lock_buffer(handle: BufferHandle, conn: Connection, *columns: Any) -> tuple[
 
 
 def buffer_row(
-    handle: BufferHandle, conn: Connection, *columns: Any, locked: bool = False
+    handle: BufferHandle,
+    conn: Connection,
+    *columns: Any,
+    locked: bool = False,
+    params: dict[str, Any] | None = None,
 ) -> tuple[Any, ...]:
-    """``columns`` of the buffer's row (``locked``: until the transaction ends); StorageError
-    if the row no longer is the handle's buffer (the database made anew since it opened)."""
+    """``columns`` of the buffer's row (``locked``: until the transaction ends; ``params``:
+    values of parameters they bind); StorageError if the row no longer is the handle's
+    buffer (the database made anew since it opened)."""
     stmt = select(buffers.c.name, buffers.c.created_at, *columns)
     stmt = stmt.where(buffers.c.id == handle.buffer_id)
-    found = conn.execute(handle.dialect.locked(stmt) if locked else stmt).first()
+    found = conn.execute(handle.dialect.locked(stmt) if locked else stmt, params or {}).first()
     if found is None:
         raise handle.recreated(None)
     handle.check_row(found[0], float(found[1]))

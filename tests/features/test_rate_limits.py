@@ -91,6 +91,30 @@ def test_claims_count_against_the_budget_too(buf: ReplayBuffer) -> None:
     assert buf.rate_limit_stats().sampled == 10  # type: ignore[union-attr]
 
 
+def test_a_limit_set_by_another_process_holds_a_claim_made_as_without_one(
+    db_url: str, buffer_name: str
+) -> None:
+    """A handle that last saw no limit claims at once, its transaction checking there is
+    still none: a limit set meanwhile by another handle rolls that claim back, and the
+    claim counts against the limit like any other."""
+    url, name = db_url, buffer_name
+    buf = ReplayBuffer(url, name=name)
+    buf.store_batch(make_rows(12))
+    assert len(buf.claim(2, consumer="c")) == 2  # no limit seen
+    with ReplayBuffer(url, name=name) as other:
+        other.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=0.5, timeout=0.05))
+    assert len(buf.claim(4, consumer="c")) == 4  # counted: a budget of 6 samples
+    assert buf.rate_limit_stats().sampled == 4  # type: ignore[union-attr]
+    with pytest.raises(RateLimitedError):  # 2 left: a claim of 4 waits, raises
+        buf.claim(4, consumer="c")
+    assert buf.queue_stats().leased == 6  # the refused claim took nothing
+    with ReplayBuffer(url, name=name) as other:
+        other.set_rate_limiter(None)
+    assert len(buf.claim(4, consumer="c")) == 4  # the limit gone: not counted
+    assert buf.rate_limit_stats() is None
+    buf.close()
+
+
 def test_blocked_writers_wait_for_samplers(buf: ReplayBuffer) -> None:
     limiter = RateLimiter(
         min_size=2, samples_per_insert=1.0, error_buffer=4, block_writers=True, timeout=0.1

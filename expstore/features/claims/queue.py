@@ -60,6 +60,7 @@ from ...errors import (
     UnknownConsumerError,
 )
 from ...query import QueryCondition, condition_key
+from ..rate_limits import limited_flag
 from ..registry import buffer_row
 from ..versions import fresh_clause, oldest_fresh
 from .epochs import hold_epoch, next_epoch
@@ -89,6 +90,11 @@ _DRAW_ROUNDS = 4
 class ShortClaim(Exception):
     """Internal: a claim found fewer rows than it must take at least (rolled back, nothing
     taken); ``args[0]``: how many it found."""
+
+
+class RateLimitFound(Exception):
+    """Internal: a claim made as for a buffer without a rate limit found one (rolled back,
+    nothing taken): count against it first, then claim again."""
 
 
 class Claimed(NamedTuple):
@@ -198,13 +204,16 @@ class ClaimQueue:
         groups: GroupTaker | None = None,
         epoch: int = 0,
         at_least: int = 0,
+        unlimited: bool = False,
     ) -> Claimed:
         """Claim up to ``n`` claimable rows matching the condition: oldest first, or, with
         ``candidates`` (a function giving up to that many keys chosen by a sampler), among
         the keys it chooses. ``epoch``: the consumer's incarnation claiming (0: a plain
         claim), FencedError unless it is the consumer's current one. With ``at_least``, a
         claim that finds fewer rows takes none (its transaction rolled back) and raises
-        :class:`ShortClaim`."""
+        :class:`ShortClaim`. ``unlimited``: the caller counted nothing against a rate limit,
+        believing the buffer has none; the claim checks in its transaction (no round trip
+        of its own) and, finding one, takes nothing and raises :class:`RateLimitFound`."""
         handle = self._handle
         claim_id = uuid.uuid4().hex
         now = handle.dialect.now()  # evaluated by each statement: no round trip of its own
@@ -215,7 +224,11 @@ class ClaimQueue:
             floors.clear()
             committed.clear()
             with handle.errors("claim rows"), handle.write() as conn:
-                buffer_row(handle, conn)  # still the handle's buffer
+                if unlimited:  # still the handle's buffer, and still without a limit
+                    if buffer_row(handle, conn, limited_flag(handle.buffer_id))[0]:
+                        raise RateLimitFound  # rolls the transaction back
+                else:
+                    buffer_row(handle, conn)  # still the handle's buffer
                 hold_epoch(handle, conn, consumer, epoch, "claim", shared=True)
                 entry = {
                     "buffer_id": handle.buffer_id,
@@ -562,14 +575,16 @@ class ClaimQueue:
                 )
                 .values(acked=consumers.c.acked + acked)
             )
-        if present:  # the work is done: its saved progress goes
+        if present and retention.saved:  # the work is done: its saved progress goes
             dialect = self._handle.dialect
             conn.execute(
                 delete(progress).where(dialect.key_in(progress.c.key)),
                 {"keys": dialect.key_set(claim.keys.tolist())},
             )
         # The groups whose first row this ack consumed leave the ready-group index.
-        forget_consumed(self._handle, conn, [k for k in claim.keys.tolist() if k not in again])
+        if retention.grouped:
+            consumed = [k for k in claim.keys.tolist() if k not in again]
+            forget_consumed(self._handle, conn, consumed)
         return acked
 
     def retention(self, claim: Claimed, *, allow_evicted: bool) -> AckRetention:

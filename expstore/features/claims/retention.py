@@ -27,7 +27,7 @@ import numpy as np
 from sqlalchemy import Connection, bindparam, select
 
 from ...db.handle import BufferHandle
-from ...db.schema import buffers, rows
+from ...db.schema import buffers, progress, ready_groups, rows
 from ...errors import RowsEvictedError
 from ..eviction import stale_rows
 from ..registry import buffer_row, bump_version, lock_buffer, remove
@@ -49,6 +49,10 @@ class AckRetention:
         self._keys = sorted({int(k) for k in keys})
         self._allow_evicted = allow_evicted
         self._stale = False
+        #: Whether the claim's rows have saved progress, and are first rows of groups in
+        #: the ready-group index (read by :meth:`hold_buffer`): what the ack clears.
+        self.saved = True
+        self.grouped = True
 
     def _claimed(self) -> Any:
         # The values inline: a claim may hold more keys than a statement may bind.
@@ -59,7 +63,19 @@ class AckRetention:
         """Check the buffer is still the handle's; with eviction ``"stale"`` lock its row
         (the ack may evict), first, as writers take it."""
         handle = self._handle
-        (policy,) = buffer_row(handle, conn, buffers.c.eviction)
+        dialect = handle.dialect
+        saved = select(progress.c.key).where(dialect.key_in(progress.c.key)).exists()
+        first = ready_groups.c.first_key
+        grouped = select(first).where(dialect.key_in(first)).exists()
+        policy, saved_, grouped_ = buffer_row(
+            handle,
+            conn,
+            buffers.c.eviction,
+            saved,
+            grouped,
+            params={"keys": dialect.key_set(self._keys)},
+        )
+        self.saved, self.grouped = bool(saved_), bool(grouped_)
         self._stale = policy == "stale"
         if self._stale:
             lock_buffer(handle, conn)
