@@ -48,6 +48,9 @@ class CompiledSelect:
             self._defaults[name] = value if processor is None else processor(value)
         self._order = list(positional) if dialect.positional and positional is not None else None
         self._error: type[Exception] = dialect.loaded_dbapi.Error
+        # Statements run on every call are prepared on the server where the driver can
+        # (psycopg; SQLAlchemy turns its automatic preparing off); sqlite3 caches its own.
+        self._prepare = dialect.driver == "psycopg"
         self._dialect = dialect
         selected = getattr(stmt, "selected_columns", None) or []
         self._types = [column.type.dialect_impl(dialect) for column in selected]
@@ -79,7 +82,10 @@ class CompiledSelect:
         assert driver is not None
         cursor = driver.cursor()
         try:
-            cursor.execute(self.sql, args)
+            if self._prepare:  # psycopg: parsed and planned once per connection
+                cursor.execute(self.sql, args, prepare=True)
+            else:
+                cursor.execute(self.sql, args)
             if not self._types:  # an UPDATE, INSERT or DELETE: how many rows it changed
                 return [(cursor.rowcount,)]
             fetched: list[Any] = cursor.fetchall()

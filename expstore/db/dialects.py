@@ -427,7 +427,10 @@ class PostgresDialect(Dialect):
             statement = self._small_insert(len(values))
             try:
                 with raw.cursor() as cursor:
-                    cursor.execute(statement, [v for row in values for v in row])
+                    # prepared once per connection and row count (SQLAlchemy turns
+                    # psycopg's automatic preparing off)
+                    flat = [v for row in values for v in row]
+                    cursor.execute(statement, flat, prepare=True)
             except psycopg.errors.IntegrityError as exc:
                 raise IntegrityError(statement, None, exc) from exc
             except psycopg.DataError as exc:
