@@ -26,6 +26,9 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import fresh_pg_database  # noqa: E402
 
 from expstore import DataRow, Experience, ExpMeta, NumpyConverter, ReplayBuffer  # noqa: E402
 from expstore.codec.compression import pack_array  # noqa: E402
@@ -240,25 +243,6 @@ def changed_vs_indexed(url: str, steps: int, repeats: int, tracked: bool) -> dic
     return out
 
 
-def own_database(server_url: str) -> tuple[str, Any]:
-    """A fresh Postgres database on the server of ``server_url`` and the function that drops
-    it (the benchmark never writes into a database it did not make)."""
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
-    name = f"bench_media_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-
-    def drop() -> None:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-    return make_url(server_url).set(database=name).render_as_string(hide_password=False), drop
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--screens", default="/work/scratch/screens")
@@ -288,7 +272,7 @@ def main() -> None:
             folder = tempfile.mkdtemp(prefix="bench_media_")
             url = f"sqlite:///{folder}/media.db"
         else:
-            url, drop = own_database(given)
+            url, drop = fresh_pg_database(given)
         try:
             if not args.only_changed:
                 report(label, url, images, args)
