@@ -97,16 +97,18 @@ def test_clear_while_a_write_is_in_progress_keeps_the_count(
     buffer.store_batch(make_rows(4))
     real = registry.count_inserted
 
-    def slow(handle, conn, n):  # noqa: ANN001, ANN202
-        real(handle, conn, n)
+    def slow(handle, conn, n, removed=0):  # noqa: ANN001, ANN202
+        real(handle, conn, n, removed)
         time.sleep(0.4)  # the write holds the buffer's row, rows inserted, not committed
 
     monkeypatch.setattr(writer, "count_inserted", slow)
-    storing = threading.Thread(target=buffer.store_batch, args=(make_rows(3),))
+    stored: list[int] = []
+    storing = threading.Thread(target=lambda: stored.append(buffer.store_batch(make_rows(3))))
     storing.start()
     time.sleep(0.15)
     buffer.clear()  # waits for the write, then deletes its rows too
     storing.join()
+    assert stored == [3]  # the write went through (a failed one would prove nothing)
     assert _check(buffer) == 0
 
 
