@@ -47,6 +47,7 @@ __all__ = [
     "read_state",
     "register",
     "registered",
+    "unregister",
 ]
 
 
@@ -219,6 +220,18 @@ def register(feature: RowFeature) -> RowFeature:
     return feature
 
 
+def unregister(name: str) -> None:
+    """Take the feature named ``name`` out of every buffer's lifecycle (a plugin's, or a
+    test's); InvalidArgumentError if none is registered by that name."""
+    found = [f for f in _FEATURES if f.name == name]
+    if not found:
+        raise InvalidArgumentError(f"no row feature named {name!r} is registered")
+    _FEATURES.remove(found[0])
+    for having in _HOOKED.values():
+        having[:] = [f for f in having if f.name != name]
+    _STATEMENTS.clear()
+
+
 def registered() -> list[RowFeature]:
     """The registered features, in hook order."""
     return list(_FEATURES)
@@ -253,7 +266,8 @@ def read_state(handle: BufferHandle, conn: Connection, *, locked: bool = True) -
     transaction ends; StorageError if the row no longer is the handle's buffer)."""
     stmt, spans, keys_end, check_end = _statement(handle, locked)
     # compiled once per handle, run on the driver's cursor
-    compiled = handle.statement(("buffer state", locked), lambda: stmt)
+    key = ("buffer state", locked, len(_FEATURES))  # (a feature registered later: anew)
+    compiled = handle.statement(key, lambda: stmt)
     got = compiled.run(conn, buffer_id=handle.buffer_id)
     if not got:
         raise handle.recreated(None)

@@ -12,8 +12,17 @@ import numpy as np
 import pytest
 
 from expstore import RateLimiter, ReplayBuffer
+from expstore.db.schema import buffers
 from expstore.db.trace import driver_statements
-from expstore.features.lifecycle import HOOKS, RowFeature, registered
+from expstore.features.lifecycle import (
+    HOOKS,
+    RemoveContext,
+    RowFeature,
+    WriteContext,
+    register,
+    registered,
+    unregister,
+)
 from tests.helpers import make_row
 
 #: Tables only a feature's own statements name (the state read names them in subqueries).
@@ -133,3 +142,55 @@ def test_every_feature_registers_once_with_the_hooks_it_has() -> None:
     assert {
         h for h in HOOKS if getattr(type(by_name["retention"]), h) is not getattr(RowFeature, h)
     } == {"after_write"}
+
+
+class _Audit(RowFeature):
+    """A feature of the test's own: it keeps, in Python, what each hook saw, for buffers
+    whose capacity is 30 (its setting: None for every other buffer)."""
+
+    name = "test_audit"
+    order = 60
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, Any]] = []
+
+    def columns(self, buffer_id: Any) -> list[Any]:
+        return [buffers.c.capacity]
+
+    def setting(self, values: Any) -> Any:
+        return "audited" if values[0] == 30 else None
+
+    def after_insert(self, ctx: WriteContext, setting: Any) -> None:
+        self.seen.append(("inserted", sorted(ctx.new_keys().values())))
+
+    def before_remove(self, ctx: RemoveContext, setting: Any) -> None:
+        self.seen.append((ctx.reason, list(ctx.keys)))
+
+
+def test_a_feature_of_ones_own_joins_every_write_and_removal_of_the_buffers_using_it(
+    db_url: str, buffer_name: str
+) -> None:
+    audit = _Audit()
+    register(audit)
+    try:
+        with pytest.raises(Exception, match="registered already"):
+            register(_Audit())
+        with ReplayBuffer(db_url, name=buffer_name + "_other", capacity=50) as other:
+            other.store_batch(batch(0))
+            other.delete({"field": "exp_meta.step", "value": 0, "op": "eq"})
+        assert audit.seen == []  # a buffer that does not use it: none of its hooks ran
+        with ReplayBuffer(db_url, name=buffer_name, capacity=30) as buffer:
+            for step in range(4):  # 32 rows into 30: the last write evicts 2
+                buffer.store_batch(batch(step))
+            keys = [k for kind, ks in audit.seen if kind == "inserted" for k in ks]
+            assert len(keys) == 32 and keys == sorted(keys)
+            assert [(kind, len(ks)) for kind, ks in audit.seen[-2:]] == [
+                ("inserted", 8),
+                ("capacity", 2),
+            ]
+            assert audit.seen[-1][1] == keys[:2]  # the oldest two went
+    finally:
+        unregister("test_audit")
+    assert "test_audit" not in [f.name for f in registered()]
+    with pytest.raises(Exception, match="no row feature"):
+        unregister("test_audit")
