@@ -122,12 +122,8 @@ class CompiledSelect:
 
 
 class CompiledWrite(CompiledSelect):
-    """An UPDATE, INSERT or DELETE (no RETURNING) compiled once for one dialect;
-    :meth:`execute` returns how many rows it changed."""
-
-    def __init__(self, stmt: Any, dialect: Dialect) -> None:
-        super().__init__(stmt, dialect)
-        self._types = []
+    """An UPDATE, INSERT or DELETE (no RETURNING: it selects no columns) compiled once for
+    one dialect; :meth:`execute` returns how many rows it changed."""
 
     def execute(self, conn: Connection, **params: Any) -> int:
         return int(self.run(conn, **params)[0][0])

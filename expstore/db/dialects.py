@@ -14,6 +14,7 @@ import sqlite3
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 from typing import cast as as_type
 
@@ -357,6 +358,22 @@ def _copy_type(sql_type: Any) -> str:
     raise UnsupportedTypeError(f"no COPY type for {sql_type!r}")  # pragma: no cover
 
 
+@contextmanager
+def _as_sqlalchemy_errors(statement: str) -> Iterator[None]:
+    """psycopg's errors raised inside, surfaced as SQLAlchemy's ``Connection.execute``
+    would raise them (for statements run on psycopg's own cursor)."""
+    import psycopg
+
+    try:
+        yield
+    except psycopg.errors.IntegrityError as exc:
+        raise IntegrityError(statement, None, exc) from exc
+    except psycopg.DataError as exc:
+        raise DataError(statement, None, exc) from exc
+    except psycopg.Error as exc:
+        raise OperationalError(statement, None, exc) from exc
+
+
 def _as_is(text: str) -> str:
     """psycopg's JSON dumps for a document the codec already serialised."""
     return text
@@ -406,13 +423,16 @@ class PostgresDialect(Dialect):
     def insert_rows(
         self, conn: Connection, chunks: Chunks, key_state: Sequence[Any] | None = None
     ) -> None:
-        import psycopg
         from psycopg.copy import QueuedLibpqWriter
         from psycopg.types.json import Jsonb
 
         raw = conn.connection.driver_connection
         assert raw is not None
         data_at = self._data_at
+
+        def as_sent(p: tuple[Any, ...]) -> tuple[Any, ...]:  # the codec's JSON, as JSONB
+            return (*p[:data_at], Jsonb(p[data_at], dumps=_as_is), *p[data_at + 1 :])
+
         chunks = iter(chunks)
         first = next(chunks, None)
         if first is None:
@@ -420,44 +440,24 @@ class PostgresDialect(Dialect):
         following = next(chunks, None)
         if following is None and len(first) <= SMALL_INSERT:
             # A few rows (a step of vector envs, a GRPO group): one INSERT of them all, one
-            # round trip, a statement psycopg prepares once per row count; a COPY through
-            # a thread costs more than the rows.
-            values = [
-                (*p[:data_at], Jsonb(p[data_at], dumps=_as_is), *p[data_at + 1 :]) for p in first
-            ]
-            statement = self._small_insert(len(values))
-            try:
-                with raw.cursor() as cursor:
-                    # prepared once per connection and row count (SQLAlchemy turns
-                    # psycopg's automatic preparing off)
-                    flat = [v for row in values for v in row]
-                    cursor.execute(statement, flat, prepare=True)
-            except psycopg.errors.IntegrityError as exc:
-                raise IntegrityError(statement, None, exc) from exc
-            except psycopg.DataError as exc:
-                raise DataError(statement, None, exc) from exc
-            except psycopg.Error as exc:
-                raise OperationalError(statement, None, exc) from exc
+            # round trip, prepared once per connection and row count (SQLAlchemy turns
+            # psycopg's automatic preparing off); a COPY through a thread costs more.
+            statement = self._small_insert(len(first))
+            with _as_sqlalchemy_errors(statement), raw.cursor() as cursor:
+                cursor.execute(statement, [v for p in first for v in as_sent(p)], prepare=True)
             return
         chunks = itertools.chain([first], [] if following is None else [following], chunks)
-        try:
-            # The queued writer sends to the server from a thread of its own, so encoding
-            # the next rows overlaps the network and the server's work.
-            with (
-                raw.cursor() as cursor,
-                cursor.copy(self._copy, writer=QueuedLibpqWriter(cursor)) as copy,
-            ):
-                copy.set_types(self.copy_types)
-                for params in chunks:  # one COPY for the whole batch: no stall per chunk
-                    for p in params:
-                        document = Jsonb(p[data_at], dumps=_as_is)
-                        copy.write_row(p[:data_at] + (document,) + p[data_at + 1 :])
-        except psycopg.errors.IntegrityError as exc:  # surface as SQLAlchemy's errors do
-            raise IntegrityError(self._copy, None, exc) from exc
-        except psycopg.DataError as exc:
-            raise DataError(self._copy, None, exc) from exc
-        except psycopg.Error as exc:
-            raise OperationalError(self._copy, None, exc) from exc
+        # The queued writer sends to the server from a thread of its own, so encoding the
+        # next rows overlaps the network and the server's work.
+        with (
+            _as_sqlalchemy_errors(self._copy),
+            raw.cursor() as cursor,
+            cursor.copy(self._copy, writer=QueuedLibpqWriter(cursor)) as copy,
+        ):
+            copy.set_types(self.copy_types)
+            for params in chunks:  # one COPY for the whole batch: no stall per chunk
+                for p in params:
+                    copy.write_row(as_sent(p))
 
     def state_check(self, buffer_id: Any) -> list[Any]:
         # READ COMMITTED: a SELECT ... FOR UPDATE that waited for another writer returns
