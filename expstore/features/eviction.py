@@ -114,13 +114,27 @@ def _keep_ranked(
     return remove([rows.c.key.not_in(keep)], "capacity")
 
 
-def _max_reward(conn: Connection, buffer_id: int, capacity: int, remove: Remove, now: Any) -> int:
+def _max_reward(
+    conn: Connection,
+    buffer_id: int,
+    capacity: int,
+    remove: Remove,
+    now: Any,
+    count: int | None = None,  # (it counts the rows it ranks)
+) -> int:
     return _keep_ranked(
         conn, buffer_id, capacity, remove, rows.c.reward_t.desc().nulls_last(), rows.c.key.desc()
     )
 
 
-def _task_fifo(conn: Connection, buffer_id: int, capacity: int, remove: Remove, now: Any) -> int:
+def _task_fifo(
+    conn: Connection,
+    buffer_id: int,
+    capacity: int,
+    remove: Remove,
+    now: Any,
+    count: int | None = None,  # (it counts the rows it ranks)
+) -> int:
     tasks = (
         select(
             rows.c.task_id,
@@ -163,7 +177,9 @@ def _stale(
 #: readers' cached key indexes follow from the buffer's smallest key, with no reload.
 OLDEST_FIRST_POLICIES = frozenset({"fifo"})
 
-EVICTION_POLICIES: dict[str, Callable[[Connection, int, int, Remove, Any], int]] = {
+#: Each policy: (conn, buffer_id, capacity, remove, now, count) -> rows removed; ``count``
+#: the buffer's rows when the caller knows them (None: the policy reads what it needs).
+EVICTION_POLICIES: dict[str, Callable[[Connection, int, int, Remove, Any, int | None], int]] = {
     "fifo": _fifo,
     "max_reward": _max_reward,
     "task_fifo": _task_fifo,
@@ -192,7 +208,4 @@ def evict(
     them (FIFO then reads no count). Returns how many went."""
     if capacity is None and policy not in EVERY_WRITE_POLICIES:
         return 0
-    if policy in ("fifo", "stale"):  # (the others count the rows they rank)
-        counted = _fifo if policy == "fifo" else _stale
-        return counted(conn, buffer_id, capacity or 0, remove, now, count)
-    return EVICTION_POLICIES[policy](conn, buffer_id, capacity or 0, remove, now)
+    return EVICTION_POLICIES[policy](conn, buffer_id, capacity or 0, remove, now, count)
