@@ -83,16 +83,20 @@ def ui(
             + (", ".join(repr(n) for n in names) or "none")
         )
     uvicorn = require("uvicorn", "the viewer (expstore ui)")
-    from ..ui import make_app
+    from ..ui import LOOPBACK_HOSTS, make_app
 
     listening = _bind(host, port)  # before saying "serving": a port in use is said once
     port = listening.getsockname()[1]
+    # The names it answers to: the loopback names, the bound address unless it is every
+    # address, and --allow-host's, each on the viewer's port unless it gives its own.
+    bound = [] if host in ("0.0.0.0", "::", "") else [host]
     app = make_app(
         url.render_as_string(hide_password=False),
         buffer=buffer,
         allow_delete=allow_delete,
         live_every=live_every,
-        hosts=_host_names(host, port, allow_host or []),
+        hosts=[*LOOPBACK_HOSTS, *bound, *(allow_host or [])],
+        port=port,
     )
     shown = f"[{host}]" if ":" in host else host
     where = f"http://{shown}:{port}/" + (f"b/{_segment(buffer)}/rows" if buffer else "")
@@ -129,23 +133,6 @@ def _bind(host: str, port: int) -> socket.socket:
         raise CliError(f"cannot listen on {host}:{port}: {reason}; {hint}") from None
     sock.set_inheritable(True)
     return sock
-
-
-def _host_names(host: str, port: int, extra: list[str]) -> list[str]:
-    """The Host headers the viewer answers to: the loopback names and the bound address on
-    its port, and what --allow-host names (with the port unless it gives one)."""
-    names = ["localhost", "127.0.0.1", "[::1]"]
-    if host not in ("0.0.0.0", "::", ""):
-        names.append(f"[{host}]" if ":" in host else host)
-    for name in extra:
-        name = name.strip()
-        bare = ":" in name and not name.startswith("[") and name.count(":") > 1
-        names.append(f"[{name}]" if bare else name)
-    return [n if _has_port(n) else f"{n}:{port}" for n in names]
-
-
-def _has_port(name: str) -> bool:
-    return name.rpartition("]")[2].count(":") == 1 if name.startswith("[") else ":" in name
 
 
 def _segment(buffer: str) -> str:

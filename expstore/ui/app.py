@@ -66,12 +66,14 @@ def make_app(
     allow_delete: bool = False,
     live_every: float = 5.0,
     hosts: Iterable[str] = LOOPBACK_HOSTS,
+    port: int | None = None,
 ) -> Any:
     """The viewer of the database at ``url`` as an ASGI app (serve it with uvicorn).
     ``buffer``: where ``/`` leads (the buffers page without it). ``hosts``: the names
-    requests may carry in their ``Host`` header, each ``name`` (any port) or
-    ``name:port``; an IPv6 address in brackets (``[::1]:8765``). Any other host gets a
-    400 (``expstore ui`` passes the names of the address it binds, on its port)."""
+    requests may carry in their ``Host`` header, each ``name`` or ``name:port``; an IPv6
+    address bare or in brackets (``[::1]:8765``). A name without a port is allowed on
+    ``port`` (None: on any). Any other host gets a 400 (``expstore ui`` passes the names
+    of the address it binds and its port)."""
     for module in ("starlette", "jinja2"):
         require(module, "the viewer (expstore ui)")
     from starlette.applications import Starlette
@@ -83,7 +85,7 @@ def make_app(
     from starlette.staticfiles import StaticFiles
     from starlette.templating import Jinja2Templates
 
-    allowed = _host_list(hosts)
+    allowed = _host_list(hosts, port)
     viewer = Viewer(url, live_every=live_every)
     pngs = PngCache()
     templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -378,17 +380,22 @@ class _Guard:
             await self.crashed(scope)(scope, receive, send_guarded)
 
 
-def _host_list(hosts: Iterable[str]) -> frozenset[str]:
-    """``hosts`` checked and lower-cased; InvalidArgumentError names a malformed one."""
+def _host_list(hosts: Iterable[str], port: int | None = None) -> frozenset[str]:
+    """``hosts`` checked and lower-cased, those without a port on ``port`` (None: on
+    any); InvalidArgumentError names a malformed one."""
     out = set()
     for entry in [hosts] if isinstance(hosts, str) else hosts:
-        name, port = _split_host(entry.strip().lower())
-        if not name or (port is not None and not port.isdigit()):
+        text = entry.strip().lower()
+        if text.count(":") > 1 and not text.startswith("["):
+            text = f"[{text}]"  # a bare IPv6 address
+        name, given = _split_host(text)
+        if not name or (given is not None and not given.isdigit()):
             raise InvalidArgumentError(
                 f"host {entry!r} is not a host name, an address or NAME:PORT "
-                "(an IPv6 address goes in brackets: [::1]:8765)"
+                "(an IPv6 address with a port goes in brackets: [::1]:8765)"
             )
-        out.add(name if port is None else f"{name}:{port}")
+        pinned = given if given is not None or port is None else str(port)
+        out.add(name if pinned is None else f"{name}:{pinned}")
     if not out:
         raise InvalidArgumentError("the viewer needs at least one host name to answer to")
     return frozenset(out)

@@ -88,6 +88,11 @@ def test_the_names_a_viewer_answers_to_can_be_pinned_to_a_port(ui_data: UiData) 
         assert client.get("/?all=1", headers={"Host": host}).status_code == 200, host
     for host in ("localhost:8766", "localhost", "[::1]:80", "127.0.0.1:8765", "evil:8765"):
         assert client.get("/?all=1", headers={"Host": host}).status_code == 400, host
+    pinned = client_of(make_app(ui_data.url, hosts=["localhost", "::1", "gpu-box:9000"], port=8765))
+    for host in ("localhost:8765", "[::1]:8765", "gpu-box:9000"):
+        assert pinned.get("/?all=1", headers={"Host": host}).status_code == 200, host
+    for host in ("localhost:8766", "localhost", "[::1]:9000", "gpu-box:8765"):
+        assert pinned.get("/?all=1", headers={"Host": host}).status_code == 400, host
     for bad in (["localhost:port"], ["[::1"], [":8765"], []):
         with pytest.raises(InvalidArgumentError, match="host"):
             make_app(ui_data.url, hosts=bad)
