@@ -36,6 +36,21 @@ from ..tombstones import reasons_of
 __all__ = ["AckRetention"]
 
 
+_CLEARED: dict[str, tuple[Any, Any]] = {}
+
+
+def _cleared_by_ack(dialect: Any) -> tuple[Any, Any]:
+    """Whether any of the bound ``keys`` has saved progress, and whether any is the first
+    row of a group in the ready-group index: built once per backend."""
+    found = _CLEARED.get(dialect.name)
+    if found is None:
+        saved = select(progress.c.key).where(dialect.key_in(progress.c.key)).exists()
+        first = ready_groups.c.first_key
+        grouped = select(first).where(dialect.key_in(first)).exists()
+        found = _CLEARED[dialect.name] = (saved, grouped)
+    return found
+
+
 class AckRetention:
     """The retention side of one ack of the claim whose rows are ``keys``:
     :meth:`hold_buffer` before the consumer's row is locked, :meth:`hold_rows` before the
@@ -64,15 +79,11 @@ class AckRetention:
         (the ack may evict), first, as writers take it."""
         handle = self._handle
         dialect = handle.dialect
-        saved = select(progress.c.key).where(dialect.key_in(progress.c.key)).exists()
-        first = ready_groups.c.first_key
-        grouped = select(first).where(dialect.key_in(first)).exists()
         policy, saved_, grouped_ = buffer_row(
             handle,
             conn,
             buffers.c.eviction,
-            saved,
-            grouped,
+            *_cleared_by_ack(dialect),
             params={"keys": dialect.key_set(self._keys)},
         )
         self.saved, self.grouped = bool(saved_), bool(grouped_)
