@@ -82,9 +82,10 @@ class ReplayBuffer:
       knobs for tests and measurements (default ``Tuning()``): how much it keeps or reads
       at a time, never what the buffer holds or the distribution a draw follows.
     - ``cache_bytes``: the budget in bytes of this handle's decoded-row cache (default
-      256 MiB; 0 turns it off): rows sampled again are not read and decoded again. It never
-      chooses rows (the database does, every draw), so a row deleted, evicted, stale, spent
-      or claimed is never returned from it. See :meth:`cache_stats` and
+      an eighth of the machine's memory, at least 256 MiB; 0 turns it off): rows sampled
+      again are not read and decoded again. It never chooses rows (the database does,
+      every draw), so a row deleted, evicted, stale, spent or claimed is never returned
+      from it. See :meth:`cache_stats` and
       :mod:`expstore.storage.cache`.
     """
 

@@ -168,6 +168,10 @@ def numpy_stand_in(torch_dtype: Any) -> Any | None:
     return None
 
 
+#: The array dtype of a column of Python numbers of one type.
+_NATURAL: dict[type, Any] = {float: np.float64, int: np.int64, bool: np.bool_}
+
+
 def stack_values(
     name: str, values: list[Any] | np.ndarray, dtype: Any = None, pad_value: float = 0
 ) -> tuple[np.ndarray, np.ndarray | None]:
@@ -183,14 +187,21 @@ def stack_values(
         values = list(values)
     first = values[0] if values else None
     kind_of_first = type(first)
-    if (kind_of_first is float or kind_of_first is int) and all(
-        type(v) is kind_of_first for v in values
-    ):  # a numeric column (rewards, steps): one array at once
+    if kind_of_first in _NATURAL and all(type(v) is kind_of_first for v in values):
+        # a numeric column (rewards, steps, done flags): one array at once
         try:
-            natural = np.float64 if kind_of_first is float else np.int64
+            natural = _NATURAL[kind_of_first]
             return np.array(values, dtype=dtype or natural), None
         except OverflowError:  # ints beyond int64: value by value, as below
             pass
+    if kind_of_first is list and all(type(v) is list for v in values):
+        # lists of numbers of one length (actions): numpy reads them at once
+        try:
+            array = np.array(values)
+        except (ValueError, OverflowError):  # ragged, or ints beyond int64: as below
+            array = None
+        if array is not None and array.dtype.kind in "biufc" and array.ndim >= 2:
+            return array.astype(dtype or array.dtype, copy=False), None
     if type(first) is np.ndarray and first.dtype.kind in "biufc":
         # The common case, in one pass: arrays of one shape and dtype (a tensor field).
         shape, kind = first.shape, first.dtype

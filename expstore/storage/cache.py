@@ -22,7 +22,8 @@ by one numpy take. A whole row (:class:`~expstore.model.rows.DataRow`, AWorld's 
 first kept as the database gave it (its text, bytes and numbers: no copy); the first time
 it is served again it is decoded and kept decoded, as a frozen copy, so later hits cost a
 copy of the row rather than a decode. Either way a caller's batch is its own: mutating it
-never changes the cache or another batch. A row is kept on its second read, not its first
+never changes the cache or another batch. A row is kept on its first read while the cache
+holds less than half of what it may, and on its second read beyond that
 (:meth:`RowCache._admitted`).
 
 The cache holds at most its budget in bytes (the arrays' bytes and an estimate of the
@@ -51,9 +52,22 @@ from .reader import collector_paused
 
 __all__ = ["DEFAULT_CACHE_BYTES", "CacheStats", "RawRows", "RowCache", "copy_value"]
 
-#: The budget a storage's cache gets unless told otherwise: enough for 64k rows of a 4 KB
-#: observation; ``cache_bytes=0`` turns the cache off.
-DEFAULT_CACHE_BYTES = 256 * 2**20
+
+def _default_budget() -> int:
+    """An eighth of the machine's memory, at least 256 MiB (where the machine does not say
+    how much it has: 256 MiB). A budget is a bound, not an allocation: a buffer smaller than
+    it takes only what its rows take."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # (no sysconf: Windows)
+        total = 0
+    return max(256 * 2**20, total // 8)
+
+
+#: The budget a storage's cache gets unless told otherwise: an eighth of the machine's
+#: memory, at least 256 MiB (3 GiB on a 24 GiB machine: a buffer of 700k rows of a 4 KB
+#: observation); ``cache_bytes=0`` turns the cache off.
+DEFAULT_CACHE_BYTES = _default_budget()
 
 #: What one key noted as read once takes (a set's slot and an int): the note of keys
 #: read once (the doorkeeper, see RowCache._admitted) gets a sixteenth of the budget.
@@ -123,9 +137,33 @@ class RawRows(Protocol):
         """The digests of the stored arrays one raw row refers to."""
 
 
-#: The slab of a path whose values are floats, or ints (within int64).
-_FLOAT_SPEC: tuple[np.dtype[Any], tuple[int, ...]] = (np.dtype(np.float64), ())
-_INT_SPEC: tuple[np.dtype[Any], tuple[int, ...]] = (np.dtype(np.int64), ())
+#: A slab's spec: its rows' dtype and shape, and whether they are handed back as Python
+#: values (numbers, or lists of numbers of one length and type) rather than arrays.
+_Spec = tuple[np.dtype[Any], tuple[int, ...], bool]
+#: The slab's dtype for Python numbers of each type (ints within int64).
+_PYTHON_DTYPES = {float: np.dtype(np.float64), int: np.dtype(np.int64), bool: np.dtype(np.bool_)}
+_INT64 = (-(2**63), 2**63)
+
+
+def _python_spec(value: Any) -> _Spec | None:
+    """The slab spec of a Python number, or of a list of numbers of one type (whose
+    ``tolist()`` from the slab gives it back as it was), or None."""
+    kind = type(value)
+    if kind is list:
+        if not value:
+            return None
+        kind = type(value[0])
+        dtype = _PYTHON_DTYPES.get(kind)
+        if dtype is None or any(type(v) is not kind for v in value):
+            return None
+        if kind is int and not (_INT64[0] <= min(value) and max(value) < _INT64[1]):
+            return None
+        return (dtype, (len(value),), True)
+    dtype = _PYTHON_DTYPES.get(kind)
+    if dtype is None or (kind is int and not _INT64[0] <= value < _INT64[1]):
+        return None
+    return (dtype, (), True)
+
 
 #: What a row held by slot costs beside its values: its key in the map, its slot's
 #: places in the lists and arrays.
@@ -143,7 +181,7 @@ class _Column:
         self.in_slab = np.zeros(capacity, bool)
         self.objects: list[Any] = [None] * capacity
         self.slab: np.ndarray | None = None
-        self.spec: tuple[np.dtype[Any], tuple[int, ...]] | None = None
+        self.spec: _Spec | None = None
 
     def grow(self, capacity: int) -> None:
         extra = capacity - len(self.held)
@@ -157,19 +195,17 @@ class _Column:
 
     def fits(self, value: Any) -> bool:
         """Whether ``value`` goes in the slab, made for the first value that comes: an
-        array (its dtype and shape), or a float or an int (a column's: float64 or int64,
-        handed back as Python numbers)."""
-        kind = type(value)
-        if kind is np.ndarray:
+        array (its dtype and shape), or a float, an int or a bool (a column's), or a list
+        of them of one type (an action), handed back as Python values."""
+        spec: _Spec | None
+        if type(value) is np.ndarray:
             if value.dtype.hasobject:
                 return False
-            spec = (value.dtype, value.shape)
-        elif kind is float:
-            spec = _FLOAT_SPEC
-        elif kind is int and -(2**63) <= value < 2**63:
-            spec = _INT_SPEC
+            spec = (value.dtype, value.shape, False)
         else:
-            return False
+            spec = _python_spec(value)
+            if spec is None:
+                return False
         if self.spec is None:
             self.spec = spec
             self.slab = np.empty((len(self.held), *spec[1]), spec[0])
@@ -177,8 +213,9 @@ class _Column:
 
     @property
     def scalars(self) -> bool:
-        """Whether the slab holds Python numbers (handed back as such)."""
-        return self.spec is _FLOAT_SPEC or self.spec is _INT_SPEC
+        """Whether the slab holds Python values (numbers or lists of them, handed back as
+        such by ``tolist()``)."""
+        return self.spec is not None and self.spec[2]
 
 
 class _Fields:
@@ -219,27 +256,31 @@ class _Fields:
         return slots, ok
 
     def gather(
-        self, path: str, slots: np.ndarray, writable: bool, stack: bool, *, listed: bool = False
+        self, path: str, slots: np.ndarray, writable: bool, stack: bool, *, whole: bool = False
     ) -> Any:
         """The values at ``path`` of ``slots``: one array taken from the slab when all are
         there (and ``stack``), else a list of copies (read-only arrays as views when not
-        ``writable``)."""
+        ``writable``). ``whole``: a slab's numbers come as an array too (for
+        :func:`_merge`)."""
         column = self.columns[path]
         slab = column.slab
         if slab is not None and column.in_slab[slots].all():
             if column.scalars:
-                return slab[slots].tolist()  # Python numbers, as a column is read
-            if not listed and stack:
+                # Python values, as they were read
+                return slab[slots] if whole else slab[slots].tolist()
+            if stack:
                 return slab[slots]  # (a new array: a take copies)
         out: list[Any] = []
         for slot in slots.tolist():
             if column.in_slab[slot]:
                 assert slab is not None
                 if column.scalars:
-                    out.append(slab[slot].item())
+                    out.append(slab[slot].tolist())
                     continue
                 value = slab[slot].copy()  # (a view would let the caller write the slab)
-                value.flags.writeable = writable  # (as a read gives it)
+                if not writable:  # as a read gives it: read-only, and not to be made writable
+                    value.flags.writeable = False
+                    value = value.view()
                 out.append(value)
                 continue
             value = column.objects[slot]
@@ -594,16 +635,25 @@ class RowCache:
             slots, ok = fields.find(held_keys, paths)
             if not ok.all():  # (evicted meanwhile by another thread: read it all)
                 return (*read(wanted, paths, writable), [])
-            from_cache = [fields.gather(p, slots, writable, False, listed=True) for p in paths]
+            stacked = self._stacked
+            from_cache = [
+                fields.gather(p, slots, writable, stacked.get(p, True), whole=True) for p in paths
+            ]
+            numbers = [fields.columns[p].scalars for p in paths]
             held_ids = [fields.id_at[s] for s in slots.tolist()]
-        source: dict[int, tuple[int, int]] = {k: (0, i) for i, k in enumerate(held_keys)}
-        source.update((k, (1, i)) for i, k in enumerate(missing))
-        order = [source[k] for k in wanted]
-        out_ids = [held_ids[i] if side == 0 else ids[i] for side, i in order]
-        out = []
-        for p, cached, fresh in zip(paths, from_cache, columns, strict=True):
-            values = [cached[i] if side == 0 else fresh[i] for side, i in order]
-            out.append(_assemble(values, writable, self._stacked.get(p, True)))
+        # Each wanted row's side (the cache's, the read's) and place in it.
+        side = {k: False for k in held_keys}
+        side.update((k, True) for k in missing)
+        place = {k: i for i, k in enumerate(held_keys)}
+        place.update((k, i) for i, k in enumerate(missing))
+        fresh_side = np.fromiter(map(side.__getitem__, wanted), bool, len(wanted))
+        where_in = np.fromiter(map(place.__getitem__, wanted), np.intp, len(wanted))
+        sides = zip(fresh_side.tolist(), where_in.tolist(), strict=True)
+        out_ids = [ids[i] if f else held_ids[i] for f, i in sides]
+        out = [
+            _merge(cached, fresh, fresh_side, where_in, writable, stacked.get(p, True), number)
+            for p, cached, fresh, number in zip(paths, from_cache, columns, numbers, strict=True)
+        ]
         hits = list(zip(held_keys, held_ids, strict=True))
         return out_ids, out, hits
 
@@ -662,14 +712,20 @@ class RowCache:
             self._shrink()
 
     def _admitted(self, keys: list[int]) -> set[int]:
-        """Those of the distinct ``keys`` read once before (kept now); all are noted.
+        """The distinct ``keys`` to keep now: all of them while the cache holds less than
+        half of what it may (nothing would be forgotten for them); beyond that, those read
+        once before, all being noted.
 
-        A row is kept on its second read, not its first (a doorkeeper, as TinyLFU's): a
-        copy per row read costs a cold sample about a tenth of its time, and rows drawn
-        once in a long while (a buffer much larger than the budget, uniform draws) would
-        only churn the cache. The note is a set of keys, emptied when full: a sixteenth of
-        the budget, at :data:`_SEEN_KEY_BYTES` a key (the rows get the rest)."""
+        Past half, a row is kept on its second read, not its first (a doorkeeper, as
+        TinyLFU's): rows drawn once in a long while (a buffer much larger than the budget,
+        uniform draws) would only churn the cache. Below it, a row written and then drawn
+        (a trainer's new rows) is served from the cache from its second draw on. The note
+        is a set of keys, emptied when full: a sixteenth of the budget, at
+        :data:`_SEEN_KEY_BYTES` a key (the rows get the rest)."""
         with self._guard():
+            if self._bytes + self._fields.bytes < self._limit() // 2:
+                # Room to spare: nothing would be forgotten for them, so nothing churns.
+                return set(keys)
             seen = self._seen
             admitted = seen.intersection(keys)
             if len(seen) + len(keys) > max(_SEEN_KEYS_MIN, self.budget // 16 // _SEEN_KEY_BYTES):
@@ -719,6 +775,7 @@ def copy_value(value: Any) -> Any:
 
 
 _IMMUTABLE = frozenset({str, int, float, bool, type(None), bytes, tuple})
+_NUMBERS = frozenset({int, float, bool})
 _SCALAR_BYTES = 32  # an int, a float, a bool: about what each takes
 
 
@@ -789,6 +846,49 @@ def _assemble(values: list[Any], writable: bool, stack: bool = True) -> Any:
         return [copy_value(v) for v in values]
     # A view of a read-only array cannot be made writable (the array itself could).
     return [v.view() if type(v) is np.ndarray else copy_value(v) for v in values]
+
+
+def _merge(
+    cached: Any,
+    fresh: Any,
+    fresh_side: np.ndarray,
+    at: np.ndarray,
+    writable: bool,
+    stack: bool,
+    numbers: bool,
+) -> Any:
+    """One path's values over a batch partly held (``cached``, from :meth:`_Fields.gather`
+    with ``whole``) and partly read (``fresh``): row i is ``fresh[at[i]]`` where
+    ``fresh_side[i]``, else ``cached[at[i]]``. Two arrays of rows of one dtype and shape
+    (a stacked field held in a slab) merge in two numpy takes; a slab of numbers
+    (``numbers``: a column's) gives Python numbers, as a column is read; anything else is
+    put together row by row."""
+    if numbers and type(cached) is np.ndarray:
+        cached = cached.tolist()
+        if type(fresh) is list and all(type(v) in _NUMBERS for v in fresh):
+            # (immutable: nothing to copy)
+            return [
+                fresh[i] if f else cached[i]
+                for f, i in zip(fresh_side.tolist(), at.tolist(), strict=True)
+            ]
+    if (
+        stack
+        and type(cached) is np.ndarray
+        and type(fresh) is np.ndarray
+        and cached.dtype == fresh.dtype
+        and cached.shape[1:] == fresh.shape[1:]
+    ):
+        out = np.empty((len(at), *cached.shape[1:]), cached.dtype)
+        out[fresh_side] = fresh[at[fresh_side]]
+        out[~fresh_side] = cached[at[~fresh_side]]
+        return out
+    if type(cached) is np.ndarray:  # rows of a slab, each as :meth:`_Fields.gather` gives it
+        cached.flags.writeable = writable  # (its rows: views the caller cannot make writable)
+        cached = list(cached)
+    values = [
+        fresh[i] if f else cached[i] for f, i in zip(fresh_side.tolist(), at.tolist(), strict=True)
+    ]
+    return _assemble(values, writable, stack)
 
 
 def _footprint_raw(raw: _Raw) -> int:

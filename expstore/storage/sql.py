@@ -95,7 +95,8 @@ class SqlStorage(Storage):
       the buffer holds or the distribution a draw follows.
     - ``cache_bytes``: the budget of this handle's decoded-row cache, which samples and
       claims fetch through (default :data:`~expstore.storage.cache.DEFAULT_CACHE_BYTES`,
-      256 MiB; 0 turns it off; see :mod:`expstore.storage.cache`).
+      an eighth of the machine's memory, at least 256 MiB; 0 turns it off; see
+      :mod:`expstore.storage.cache`).
     """
 
     def __init__(
