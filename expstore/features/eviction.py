@@ -32,12 +32,12 @@ removed with.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Protocol, get_args
 
 from sqlalchemy import Connection, and_, func, select
 from sqlalchemy.sql.elements import ColumnElement
 
-from ..db.schema import buffers, consumption, oldest_first, rows
+from ..db.schema import buffers, consumption, rows
 
 __all__ = [
     "EVERY_WRITE_POLICIES",
@@ -50,10 +50,17 @@ __all__ = [
     "stale_rows",
 ]
 
-#: Deletes the buffer's rows matching some WHERE clauses, giving the reason (``"capacity"``
-#: or ``"stale"``) their tombstones record, and returns how many went (the registry's,
-#: which also keeps the buffer's row count and task summaries).
-Remove = Callable[[Sequence[ColumnElement[bool]], str], int]
+
+class Remove(Protocol):
+    """Deletes rows of the buffer, giving the reason (``"capacity"`` or ``"stale"``) their
+    tombstones record, and returns how many went (the registry's, which also runs the
+    removal hooks of the buffer's features)."""
+
+    def __call__(self, where: Sequence[ColumnElement[bool]], reason: str) -> int:
+        """The rows matching some WHERE clauses."""
+
+    def oldest(self, n: int, reason: str) -> int:
+        """The buffer's ``n`` oldest rows (by a statement compiled once)."""
 
 
 def not_leased(now: Any) -> ColumnElement[bool]:
@@ -95,11 +102,7 @@ def _fifo(
     excess = count - capacity
     if excess <= 0:
         return 0
-    threshold = oldest_first(select(rows.c.key), buffer_id).limit(1).offset(excess)
-    # The buffer as a range too: the planner then walks the (buffer_id, key) index from
-    # the buffer's oldest key, not the primary key's range over every other buffer's rows.
-    in_buffer = [rows.c.buffer_id >= buffer_id, rows.c.buffer_id <= buffer_id]
-    return remove([*in_buffer, rows.c.key < threshold.scalar_subquery()], "capacity")
+    return remove.oldest(excess, "capacity")
 
 
 def _keep_ranked(

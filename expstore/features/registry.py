@@ -17,7 +17,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from .._args import check_int
 from ..db.handle import BufferHandle
-from ..db.schema import buffers, rows
+from ..db.schema import buffers, oldest_first, rows
 from ..errors import InvalidArgumentError, RetentionConflictError
 from . import arrays, changes, tombstones  # noqa: F401 (their row features register)
 from .eviction import EVERY_WRITE_POLICIES, EVICTION_POLICIES, OLDEST_FIRST_POLICIES, evict
@@ -190,6 +190,7 @@ def remove(
     policy: str | None = None,
     removed: Removed | None = None,
     state: BufferState | None = None,
+    doomed: list[int] | None = None,
 ) -> int:
     """Delete the buffer's rows matching ``where`` in the caller's transaction (which holds
     the buffer's row), each leaving a tombstone that says ``reason`` (and the eviction
@@ -198,13 +199,15 @@ def remove(
     hooks, :mod:`expstore.features.lifecycle`: ``state`` as the transaction read it, or
     read now); returns how many went (and counts them in ``removed``, if given).
 
-    The rows to go are read and locked first, in key order, then recorded and deleted by
-    their keys: the tombstones are exactly the rows deleted, with their consumption
-    record as the last ack before the delete left it."""
+    The rows to go are read and locked first, in key order (``doomed``: the caller read
+    and locked them, the keys of exactly the rows ``where`` matches), then recorded and
+    deleted by their keys: the tombstones are exactly the rows deleted, with their
+    consumption record as the last ack before the delete left it."""
     dialect = handle.dialect
-    mine = [rows.c.buffer_id == handle.buffer_id, *where]
-    doomed_stmt = dialect.locked(select(rows.c.key).where(*mine).order_by(rows.c.key))
-    doomed = [int(k) for k in conn.execute(doomed_stmt).scalars()]
+    if doomed is None:
+        mine = [rows.c.buffer_id == handle.buffer_id, *where]
+        doomed_stmt = dialect.locked(select(rows.c.key).where(*mine).order_by(rows.c.key))
+        doomed = [int(k) for k in conn.execute(doomed_stmt).scalars()]
     if not doomed:
         return 0
     if state is None:
@@ -212,8 +215,8 @@ def remove(
     ctx = RemoveContext(handle, conn, state, doomed, where, reason, policy)
     state.run("before_remove", ctx)
     dialect.before_delete(conn, doomed[-1], state.keys)
-    bound = {"keys": dialect.key_set(doomed)}
-    ctx.gone = gone = int(conn.execute(_delete_keys(dialect), bound).rowcount)
+    deleting = handle.write_statement("delete keys", lambda: _delete_keys(dialect))
+    ctx.gone = gone = deleting.execute(conn, keys=dialect.key_set(doomed))
     state.run("after_remove", ctx)
     if removed is not None and removed.deferred:
         removed.uncounted += gone
@@ -241,14 +244,50 @@ def evict_beyond(
     limit = None if capacity is None else int(capacity)
     if state is None:
         state = read_state(handle, conn, locked=False)
-
-    def by(where: Sequence[ColumnElement[bool]], reason: str) -> int:
-        return remove(handle, conn, where, reason, policy, removed, state)
-
+    by = _Remover(handle, conn, policy, removed, state)
     evicted = evict(conn, handle.buffer_id, limit, policy, by, handle.dialect.now(), count)
     if evicted and policy not in OLDEST_FIRST_POLICIES:
         bump_version(handle, conn)
     return evicted
+
+
+class _Remover:
+    """:class:`~expstore.features.eviction.Remove` for one eviction: :func:`remove` in the
+    caller's transaction."""
+
+    def __init__(
+        self,
+        handle: BufferHandle,
+        conn: Connection,
+        policy: str,
+        removed: Removed | None,
+        state: BufferState,
+    ) -> None:
+        self.handle, self.conn, self.policy = handle, conn, policy
+        self.removed, self.state = removed, state
+
+    def __call__(self, where: Sequence[ColumnElement[bool]], reason: str) -> int:
+        return remove(self.handle, self.conn, where, reason, self.policy, self.removed, self.state)
+
+    def oldest(self, n: int, reason: str) -> int:
+        handle = self.handle
+        b = handle.buffer_id
+
+        def build() -> Any:
+            # The buffer as a range: the planner walks the (buffer_id, key) index from the
+            # buffer's oldest key, not the primary key's range over other buffers' rows.
+            first = oldest_first(select(rows.c.key), b).limit(bindparam("n", type_=Integer))
+            return handle.dialect.locked(first)
+
+        found = handle.statement(("oldest rows", b), build).run(self.conn, n=n)
+        doomed = [int(k) for (k,) in found]
+        if not doomed:
+            return 0
+        # exactly the rows at or below the last of them (a hook may ask which)
+        where = [rows.c.buffer_id == b, rows.c.key <= doomed[-1]]
+        return remove(
+            handle, self.conn, where, reason, self.policy, self.removed, self.state, doomed
+        )
 
 
 class Retention(NamedTuple):

@@ -178,7 +178,9 @@ def record(
         "reason": reason,
         "policy": policy,
     }
-    conn.execute(_record_statement(handle), params)
+    handle.write_statement("record tombstones", lambda: _record_statement(handle)).execute(
+        conn, **params
+    )
     newest = last + len(chosen)
     trim(conn, handle.buffer_id, keep, newest)
     return newest

@@ -6,7 +6,8 @@ writer encodes one by one; here the typed columns are checked whole
 and a block of tensor bytes (:mod:`expstore.codec.columns`), and each row's content digest
 from text written column by column. A batch this cannot express exactly (a column that
 fails a check, a payload the template cannot hold) goes the row path, which also gives
-the errors; rows 0 and N-1 are encoded both ways and must agree before the batch is used.
+the errors; rows 0 and N-1 are encoded both ways and must agree before the batch is used,
+the first time a batch of its layout comes (:meth:`EncodedColumns.layout`).
 """
 
 from __future__ import annotations
@@ -62,6 +63,21 @@ class EncodedColumns(RowSource):
     @property
     def ids(self) -> Sequence[str]:
         return self._ids
+
+    def layout(self) -> tuple[Any, ...]:
+        """What decides how the batch is encoded, but its values: the payload's template
+        and slots, the tensors' places, which columns vary, and the type of each column's
+        first value (the values themselves were checked when the batch was planned)."""
+        plan = self.payloads
+        return (
+            plan.format,
+            tuple(slot.text for slot in plan.order),
+            tuple(plan.offsets),
+            plan.size,
+            tuple(self.varying),
+            tuple(type(column[0]) if len(column) else None for column in self.meta),
+            tuple(type(column[0]) if len(column) else None for column in self.scalars),
+        )
 
     def encode(self, start: int, stop: int, buffer_id: int) -> list[tuple[Any, ...]]:
         stop = min(stop, len(self._ids))
@@ -119,6 +135,9 @@ def encoded_columns(columns: Columns) -> EncodedColumns | None:
     if plan is None:
         return None
     encoded = EncodedColumns(columns, values, plan)
+    layout = encoded.layout()
+    if layout in _AGREED:
+        return encoded
     for i in {0, n - 1}:
         try:
             expected = encode_chunk([encoded.row(i)], 0)  # type: ignore[list-item]
@@ -126,4 +145,14 @@ def encoded_columns(columns: Columns) -> EncodedColumns | None:
                 return None  # pragma: no cover - a batch the template does not express
         except Exception:  # noqa: BLE001 - whatever the row path says, it says it
             return None
+    if len(_AGREED) >= _AGREED_MAX:
+        _AGREED.clear()
+    _AGREED.add(layout)
     return encoded
+
+
+#: Layouts (:meth:`EncodedColumns.layout`) whose encoding agreed with the row path's: a
+#: batch of one of them is encoded the same way (its values were checked as it was
+#: planned), so a trainer's ``extend`` of the same columns every step checks it once.
+_AGREED: set[tuple[Any, ...]] = set()
+_AGREED_MAX = 256

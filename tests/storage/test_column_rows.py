@@ -225,3 +225,35 @@ def test_values_the_row_path_refuses_or_converts_are_left_to_it(
             buf.extend({**_base(3), "state": sparse})
         assert buf.extend({**_base(3), "state": masked}) == 3  # as the row path stores it
         assert len(buf) == 3
+
+
+def test_a_layout_is_checked_against_the_row_path_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trainer's extend of the same columns every step: rows 0 and N-1 are encoded both
+    ways the first time a layout comes, not at every call; another layout (a column of
+    another type, another constant in the document) is checked again."""
+    import expstore.storage.column_rows as column_rows
+
+    checked: list[int] = []
+    real = column_rows.encode_chunk
+
+    def counting(chunk: Any, buffer_id: int, *args: Any, **kwargs: Any) -> Any:
+        checked.append(len(chunk))
+        return real(chunk, buffer_id, *args, **kwargs)
+
+    monkeypatch.setattr(column_rows, "encode_chunk", counting)
+    monkeypatch.setattr(column_rows, "_AGREED", set())
+    rng = np.random.default_rng(0)
+
+    def step(k: int, **extra: Any) -> dict[str, Any]:
+        return {**_base(8), "step": k, "state": {"obs": rng.random((8, 4))}, **extra}
+
+    assert _both_ways(step(1))
+    first = len(checked)
+    assert first == 2  # rows 0 and 7, once each
+    for k in range(2, 6):
+        assert _both_ways(step(k))  # (compares every row itself)
+    assert len(checked) == first
+    assert _both_ways(step(6, reward_t=np.ones(8)))  # another column: checked
+    assert len(checked) == first + 2
+    assert _both_ways(step(7, next_state={"lr": 0.1}))  # another document: checked
+    assert len(checked) == first + 4
