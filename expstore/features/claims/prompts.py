@@ -314,10 +314,21 @@ def admission_state(
     )
 
 
-def admit(handle: BufferHandle, conn: Connection, now: Any) -> AdmissionState | None:
+def has_admission(buffer_id: Any) -> Any:
+    """Whether the buffer has an admission bound, as an expression (for a statement that
+    reads it with others: a claim's first)."""
+    return select(_A.buffer_id).where(_A.buffer_id == buffer_id).exists()
+
+
+def admit(
+    handle: BufferHandle, conn: Connection, now: Any, *, bounded: bool = True
+) -> AdmissionState | None:
     """Before a claim of the buffer's rows takes any: lock the buffer's admission row and
-    count (None: the buffer has no admission bound). Raises :class:`AdmissionBlocked`
-    when no room is left."""
+    count (None: the buffer has no admission bound; ``bounded=False``: the claim's first
+    statement found none, and nothing is read). Raises :class:`AdmissionBlocked` when no
+    room is left."""
+    if not bounded:
+        return None
     settings = admission_settings(handle, conn, lock=True)
     if settings is None:
         return None

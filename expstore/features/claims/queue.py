@@ -39,7 +39,20 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
-from sqlalchemy import Connection, Text, and_, delete, func, literal, or_, select, true, update
+from sqlalchemy import (
+    Connection,
+    Integer,
+    Text,
+    and_,
+    bindparam,
+    delete,
+    func,
+    literal,
+    or_,
+    select,
+    true,
+    update,
+)
 from sqlalchemy.sql.elements import ColumnElement
 
 from ..._args import check_checkpoint
@@ -63,8 +76,8 @@ from ...query import QueryCondition, condition_key
 from ..rate_limits import limited_flag
 from ..registry import buffer_row
 from ..versions import fresh_clause, oldest_fresh
-from .epochs import hold_epoch, next_epoch
-from .prompts import admit, admitted, count_completions, needs_of
+from .epochs import check_epoch, current_epoch, hold_epoch, next_epoch
+from .prompts import admit, admitted, count_completions, has_admission, needs_of
 from .ready_groups import forget_consumed
 from .reports import Lineage, QueueStats, checkpoint_value, queue_stats, row_lineage
 from .retention import AckRetention
@@ -90,6 +103,11 @@ _DRAW_ROUNDS = 4
 class ShortClaim(Exception):
     """Internal: a claim found fewer rows than it must take at least (rolled back, nothing
     taken); ``args[0]``: how many it found."""
+
+
+class _StaleFound(Exception):
+    """Internal: an ack found the buffer's eviction "stale" after locking the consumer's
+    row (rolled back, nothing written): it starts again, locking the buffer's row first."""
 
 
 class RateLimitFound(Exception):
@@ -184,6 +202,9 @@ class ClaimQueue:
         #: Per scope: where a FIFO claim starts (see :class:`_Floor`); set once a claim
         #: has committed.
         self._floors: dict[str, _Floor] = {}
+        #: Whether this handle's last ack found the buffer's eviction "stale" (its acks
+        #: lock the buffer's row first; see :meth:`_finish`).
+        self._stale_seen = False
 
     @property
     def handle(self) -> BufferHandle:
@@ -224,12 +245,12 @@ class ClaimQueue:
             floors.clear()
             committed.clear()
             with handle.errors("claim rows"), handle.write() as conn:
-                if unlimited:  # still the handle's buffer, and still without a limit
-                    if buffer_row(handle, conn, limited_flag(handle.buffer_id))[0]:
-                        raise RateLimitFound  # rolls the transaction back
-                else:
-                    buffer_row(handle, conn)  # still the handle's buffer
-                hold_epoch(handle, conn, consumer, epoch, "claim", shared=True)
+                # One statement: still the handle's buffer, whether it has a rate limit
+                # and an admission bound, and the consumer's epoch (its row held shared).
+                limited, current, bounded = self._claim_head(conn, consumer)
+                if unlimited and limited:  # a limit set since the caller looked
+                    raise RateLimitFound  # rolls the transaction back
+                check_epoch(handle, conn, consumer, epoch, "claim", current, shared=True)
                 entry = {
                     "buffer_id": handle.buffer_id,
                     "claim_id": claim_id,
@@ -240,7 +261,7 @@ class ClaimQueue:
                 }
                 stamps: list[float] = []  # when the entries were written, by the database
                 # A prompt queue's admission bound: its row held until the claim commits.
-                admission = admit(handle, conn, now)
+                admission = admit(handle, conn, now, bounded=bounded)
                 want = n
                 if admission is not None and admission.capacity is not None:
                     want = min(n, admission.capacity)  # every row needs one at least
@@ -266,6 +287,32 @@ class ClaimQueue:
             then()
         keys_ = np.asarray(keys, dtype=np.int64)
         return Claimed(claim_id, consumer, keys_, at, at + lease_s, epoch)
+
+    def _claim_head(self, conn: Connection, consumer: str) -> tuple[bool, Any, bool]:
+        """A claim's first statement: checks the buffer's row is still the handle's
+        buffer; returns whether the buffer has a rate limit, the consumer's epoch (None: no
+        row yet), its row locked shared until the transaction ends, and whether the buffer
+        has an admission bound. Compiled once per handle."""
+        handle = self._handle
+
+        def build() -> Any:
+            buffer_id = bindparam("buffer_id", type_=Integer)
+            return select(
+                buffers.c.name,
+                buffers.c.created_at,
+                limited_flag(buffer_id),
+                current_epoch(handle, shared=True),
+                has_admission(buffer_id),
+            ).where(buffers.c.id == buffer_id)
+
+        found = handle.statement(("claim head",), build).run(
+            conn, buffer_id=handle.buffer_id, consumer=consumer
+        )
+        if not found:
+            raise handle.recreated(None)
+        name, created_at, limited, current, bounded = found[0]
+        handle.check_row(name, float(created_at))
+        return bool(limited), current, bool(bounded)
 
     def _take(
         self,
@@ -506,15 +553,57 @@ class ClaimQueue:
 
         def write() -> _T:
             with handle.errors(f"{action} a claim"), handle.write() as conn:
-                if retention is None:
-                    buffer_row(handle, conn)  # still the handle's buffer
+                if retention is not None and self._stale_seen:
+                    retention.hold_buffer(conn)  # the buffer's row locked: the ack may evict
+                    self._stale_seen = retention.stale
+                    hold_epoch(handle, conn, claim.consumer, claim.epoch, action)
                 else:
-                    retention.hold_buffer(conn)  # that too, locked if the ack may evict
-                hold_epoch(handle, conn, claim.consumer, claim.epoch, action)
+                    # One statement: still the handle's buffer (and what the ack clears),
+                    # and the consumer's epoch, its row locked. The buffer's row is not
+                    # locked: an ack that finds it may evict starts again, locking it
+                    # first (the lock order: the buffer's row, then the consumer's).
+                    current = self._finish_head(conn, claim.consumer, retention)
+                    if retention is not None and retention.stale:
+                        self._stale_seen = True
+                        raise _StaleFound  # rolled back before anything was written
+                    check_epoch(handle, conn, claim.consumer, claim.epoch, action, current)
                 return body(conn)
 
+        def again() -> _T:
+            try:
+                return write()
+            except _StaleFound:
+                return write()
+
         # A deadlock with a claim taking the rows over (Postgres) rolls it back: again.
-        return retried(write)
+        return retried(again)
+
+    def _finish_head(self, conn: Connection, consumer: str, retention: AckRetention | None) -> Any:
+        """The first statement of an ack, release or renewal: checks the buffer's row is
+        still the handle's buffer, reads what an ack's ``retention`` needs of it, and
+        returns the consumer's epoch (None: no row yet), its row locked until the
+        transaction ends. Compiled once per handle."""
+        handle = self._handle
+        extra = () if retention is None else retention.columns()
+
+        def build() -> Any:
+            buffer_id = bindparam("buffer_id", type_=Integer)
+            return select(
+                buffers.c.name, buffers.c.created_at, *extra, current_epoch(handle)
+            ).where(buffers.c.id == buffer_id)
+
+        params: dict[str, Any] = {"buffer_id": handle.buffer_id, "consumer": consumer}
+        if retention is not None:
+            params["keys"] = retention.handle_keys()
+        key = ("finish head", retention is not None)
+        found = handle.statement(key, build).run(conn, **params)
+        if not found:
+            raise handle.recreated(None)
+        name, created_at, *read, current = found[0]
+        handle.check_row(name, float(created_at))
+        if retention is not None:
+            retention.take(tuple(read))
+        return current
 
     def finish_in(
         self, conn: Connection, claim: Claimed, action: str, values: dict[str, Any]
