@@ -107,6 +107,11 @@ class AckRetention:
         self._stale = policy == "stale"
         return self._stale
 
+    @property
+    def keys(self) -> list[int]:
+        """The claim's keys, sorted, each once."""
+        return self._keys
+
     def hold_rows(self, conn: Connection) -> None:
         """Lock the claim's rows against deletion (Postgres), before their entries."""
         handle = self._handle

@@ -18,10 +18,10 @@ from tests.helpers import make_rows
 #: Statements of each call (SQLite, Postgres), warm: its connection made, its statements
 #: compiled, the handle's FIFO floor set. Lower them here when a change cuts one.
 EXPECTED = {
-    "claim(1) + release()": (14, 16),
-    "claim(1) + ack()": (14, 18),
-    "claim(1) + save_progress + ack(produce=4 rows, into=...)": (28, 33),
-    "learner: claim(32) + ack(checkpoint=...)": (16, 20),
+    "claim(1) + release()": (14, 10),
+    "claim(1) + ack()": (14, 12),
+    "claim(1) + save_progress + ack(produce=4 rows, into=...)": (26, 25),
+    "learner: claim(32) + ack(checkpoint=...)": (16, 13),
 }
 
 
