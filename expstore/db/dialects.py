@@ -93,6 +93,9 @@ class Dialect(ABC):
     #: Whether transactions lock rows (:meth:`locked`, :meth:`key_shared`) to take turns
     #: with each other; False where one writer runs at a time anyway (SQLite).
     locks_rows: bool = False
+    #: Whether a statement may hold INSERT/UPDATE ... RETURNING in its WITH clause
+    #: (Postgres): a claim is then one statement per round.
+    modifying_ctes: bool = False
 
     def json_text(self, path: FieldPath) -> ColumnElement[Any]:
         """The JSON text of the value at a payload path of the rows' document (NULL where
@@ -384,6 +387,7 @@ class PostgresDialect(Dialect):
     # psycopg releases the GIL while it waits on the server.
     encodes_in_thread = True
     locks_rows = True
+    modifying_ctes = True
 
     def __init__(self) -> None:
         self.copy_types = [_copy_type(rows.c[name].type) for name in WRITE_COLUMNS]

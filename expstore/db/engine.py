@@ -9,6 +9,7 @@ storage (a DataLoader worker, say) gets fresh connections on first use.
 from __future__ import annotations
 
 import os
+import select
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -17,7 +18,7 @@ from typing import Any, Protocol
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError, NoSuchModuleError
 from sqlalchemy.pool import StaticPool
 
 from .._optional import require
@@ -86,7 +87,8 @@ def create_sql_engine(url: str | URL) -> Engine:
     if backend == "postgresql":
         if parsed.get_driver_name() == "psycopg":
             require("psycopg", "a PostgreSQL URL")
-        kwargs: dict[str, Any] = {"pool_pre_ping": True}
+        # No pre-ping (a round trip at every checkout): see _set_up_postgres's checkout.
+        kwargs: dict[str, Any] = {}
     elif backend == "sqlite":
         kwargs = {"connect_args": {"check_same_thread": False, "timeout": _SQLITE_BUSY_MS / 1000}}
         if is_memory(parsed):
@@ -145,6 +147,36 @@ def _set_up_postgres(engine: Engine) -> None:
                 pass
         cursor.close()
         dbapi_connection.autocommit = autocommit
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+        # A connection idle in the pool has nothing to read unless the server ended it
+        # (pg_terminate_backend, a restart: its goodbye and the socket's end wait there)
+        # or sent something unasked (a notice). Only then is it pinged, a round trip;
+        # one that fails is replaced by a new connection (SQLAlchemy's DisconnectionError
+        # on checkout), as pool_pre_ping would, without a round trip on every checkout.
+        if not _pending(dbapi_connection, error):
+            return
+        try:
+            cursor = dbapi_connection.cursor()
+            try:
+                cursor.execute(";")
+            finally:
+                cursor.close()
+        except error as exc:
+            raise DisconnectionError(f"the connection was closed by the server: {exc}") from exc
+
+
+def _pending(dbapi_connection: Any, error: type[Exception]) -> bool:
+    """Whether the idle connection's socket has anything to read, or is gone (``error``:
+    the driver's base error class)."""
+    if getattr(dbapi_connection, "closed", False):
+        return True
+    try:
+        ready, _, _ = select.select([dbapi_connection.fileno()], [], [], 0)
+    except (OSError, ValueError, error):
+        return True
+    return bool(ready)
 
 
 def read_only_if_unwritable(url: URL) -> URL:

@@ -42,8 +42,9 @@ class WriteBlocked(Exception):
     """Internal: a write must wait for samplers (rolled back, retried by the writer)."""
 
 
-def limited_flag(buffer_id: int) -> Any:
-    """A scalar subquery: whether the buffer has a rate limit (for one-round-trip reads)."""
+def limited_flag(buffer_id: Any) -> Any:
+    """A scalar subquery: whether the buffer ``buffer_id`` (a value or a bound parameter)
+    has a rate limit (for one-round-trip reads)."""
     return (
         select(func.count()).select_from(rate_limits).where(_R.buffer_id == buffer_id)
     ).scalar_subquery()

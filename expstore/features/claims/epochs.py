@@ -26,13 +26,15 @@ then the consumer's row, then consumption entries.
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, select
+from typing import Any
+
+from sqlalchemy import Connection, Integer, String, bindparam, select
 
 from ...db.handle import BufferHandle
 from ...db.schema import consumers
 from ...errors import FencedError
 
-__all__ = ["hold_epoch", "next_epoch"]
+__all__ = ["check_epoch", "current_epoch", "hold_epoch", "next_epoch"]
 
 _C = consumers.c
 
@@ -52,6 +54,20 @@ def next_epoch(handle: BufferHandle, conn: Connection, consumer: str) -> int:
     return int(bumped)
 
 
+def current_epoch(handle: BufferHandle, *, shared: bool = False) -> Any:
+    """A scalar subquery: the epoch of the consumer bound as ``consumer`` of the buffer
+    bound as ``buffer_id`` (NULL for a name without a row), its row locked until the
+    transaction ends (``shared``: as claims lock it). For a statement that reads it with
+    others (the buffer's row first, which it does not lock: the lock order holds)."""
+    dialect = handle.dialect
+    lock = dialect.share_locked if shared else dialect.locked
+    mine = select(_C.epoch).where(
+        _C.buffer_id == bindparam("buffer_id", type_=Integer),
+        _C.consumer == bindparam("consumer", type_=String),
+    )
+    return lock(mine).scalar_subquery()
+
+
 def hold_epoch(
     handle: BufferHandle,
     conn: Connection,
@@ -65,19 +81,39 @@ def hold_epoch(
     a new epoch only, as claims do) and raise FencedError, changing nothing, unless
     ``epoch`` is its current epoch (0 for a name never opened). ``action`` says what was
     refused ("ack", "claim", ...)."""
-    dialect = handle.dialect
-    lock = dialect.share_locked if shared else dialect.locked
-    mine = select(_C.epoch).where(_C.buffer_id == handle.buffer_id, _C.consumer == consumer)
-    current = conn.execute(lock(mine)).scalar_one_or_none()
+    found = _read_epoch(handle, conn, consumer, shared)
+    check_epoch(handle, conn, consumer, epoch, action, found, shared=shared)
+
+
+def _read_epoch(handle: BufferHandle, conn: Connection, consumer: str, shared: bool) -> Any:
+    """The consumer's epoch, its row locked (None: the name has no row)."""
+    key = ("consumer epoch", shared)
+    stmt = handle.statement(key, lambda: select(current_epoch(handle, shared=shared)))
+    return stmt.run(conn, buffer_id=handle.buffer_id, consumer=consumer)[0][0]
+
+
+def check_epoch(
+    handle: BufferHandle,
+    conn: Connection,
+    consumer: str,
+    epoch: int,
+    action: str,
+    current: Any,
+    *,
+    shared: bool = False,
+) -> None:
+    """:func:`hold_epoch` once the consumer's epoch was read, its row locked (``current``:
+    what :func:`current_epoch` gave; None: the name has no row yet, which a plain claim
+    makes and locks here)."""
     if current is None:
         if epoch == 0:
             # A row to hold, so that a consumer opened meanwhile waits for this write (or
             # this write for it) instead of passing it unseen.
-            insert = dialect.upsert(consumers).values(
+            insert = handle.dialect.upsert(consumers).values(
                 buffer_id=handle.buffer_id, consumer=consumer, last_seq=0, epoch=0
             )
             conn.execute(insert.on_conflict_do_nothing(index_elements=[_C.buffer_id, _C.consumer]))
-            current = conn.execute(lock(mine)).scalar_one()
+            current = _read_epoch(handle, conn, consumer, shared)
         else:
             current = 0
     if int(current) != epoch:

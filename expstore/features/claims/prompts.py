@@ -191,7 +191,6 @@ def record_produced(
         rows.c.buffer_id == into.buffer_id, rows.c.key > above, rows.c.id.in_(wanted)
     )
     key_of = {str(i): int(k) for k, i in conn.execute(stmt).all()}
-    now = float(conn.execute(select(into.dialect.now())).scalar_one())
     entries = [
         {
             "key": key_of[i],
@@ -201,14 +200,14 @@ def record_produced(
             "prompt_buffer_id": prompt_buffer_id,
             "prompt_key": prompt,
             "prompt_id": None if prompt is None else prompt_ids.get(prompt),
-            "produced_at": now,
         }
         for prompt, ids in ids_by_prompt
         for i in ids
         if i in key_of
     ]
     if entries:
-        conn.execute(produced.insert(), entries)
+        # The database's clock in the statement (no round trip of its own).
+        conn.execute(produced.insert().values(produced_at=into.dialect.now()), entries)
     stored: dict[int, int] = {}
     for prompt, ids in ids_by_prompt:
         if prompt is not None:
@@ -314,10 +313,21 @@ def admission_state(
     )
 
 
-def admit(handle: BufferHandle, conn: Connection, now: Any) -> AdmissionState | None:
+def has_admission(buffer_id: Any) -> Any:
+    """Whether the buffer has an admission bound, as an expression (for a statement that
+    reads it with others: a claim's first)."""
+    return select(_A.buffer_id).where(_A.buffer_id == buffer_id).exists()
+
+
+def admit(
+    handle: BufferHandle, conn: Connection, now: Any, *, bounded: bool = True
+) -> AdmissionState | None:
     """Before a claim of the buffer's rows takes any: lock the buffer's admission row and
-    count (None: the buffer has no admission bound). Raises :class:`AdmissionBlocked`
-    when no room is left."""
+    count (None: the buffer has no admission bound; ``bounded=False``: the claim's first
+    statement found none, and nothing is read). Raises :class:`AdmissionBlocked` when no
+    room is left."""
+    if not bounded:
+        return None
     settings = admission_settings(handle, conn, lock=True)
     if settings is None:
         return None

@@ -39,7 +39,26 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
-from sqlalchemy import Connection, Text, and_, delete, func, literal, or_, select, true, update
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Double,
+    Integer,
+    String,
+    Text,
+    and_,
+    bindparam,
+    cast,
+    delete,
+    func,
+    literal,
+    null,
+    or_,
+    select,
+    true,
+    union_all,
+    update,
+)
 from sqlalchemy.sql.elements import ColumnElement
 
 from ..._args import check_checkpoint
@@ -63,8 +82,8 @@ from ...query import QueryCondition, condition_key
 from ..rate_limits import limited_flag
 from ..registry import buffer_row
 from ..versions import fresh_clause, oldest_fresh
-from .epochs import hold_epoch, next_epoch
-from .prompts import admit, admitted, count_completions, needs_of
+from .epochs import check_epoch, current_epoch, hold_epoch, next_epoch
+from .prompts import admit, admitted, count_completions, has_admission, needs_of
 from .ready_groups import forget_consumed
 from .reports import Lineage, QueueStats, checkpoint_value, queue_stats, row_lineage
 from .retention import AckRetention
@@ -90,6 +109,11 @@ _DRAW_ROUNDS = 4
 class ShortClaim(Exception):
     """Internal: a claim found fewer rows than it must take at least (rolled back, nothing
     taken); ``args[0]``: how many it found."""
+
+
+class _StaleFound(Exception):
+    """Internal: an ack found the buffer's eviction "stale" after locking the consumer's
+    row (rolled back, nothing written): it starts again, locking the buffer's row first."""
 
 
 class RateLimitFound(Exception):
@@ -166,6 +190,19 @@ class Scope(NamedTuple):
         return f"{condition_key(self.condition)}|{self.max_staleness}"
 
 
+class _Entry(NamedTuple):
+    """A claim's consumption entry as an ack, release or renewal finds it."""
+
+    key: int
+    consumer: str | None
+    acked_at: float | None
+
+
+def _bound(value: Any) -> bool:
+    """Whether a value set on entries is a plain value (bound), not SQL."""
+    return not isinstance(value, ColumnElement)
+
+
 class _Floor(NamedTuple):
     """Where a FIFO claim of a scope starts looking, as a handle saw it last."""
 
@@ -184,6 +221,9 @@ class ClaimQueue:
         #: Per scope: where a FIFO claim starts (see :class:`_Floor`); set once a claim
         #: has committed.
         self._floors: dict[str, _Floor] = {}
+        #: Whether this handle's last ack found the buffer's eviction "stale" (its acks
+        #: lock the buffer's row first; see :meth:`_finish`).
+        self._stale_seen = False
 
     @property
     def handle(self) -> BufferHandle:
@@ -224,12 +264,12 @@ class ClaimQueue:
             floors.clear()
             committed.clear()
             with handle.errors("claim rows"), handle.write() as conn:
-                if unlimited:  # still the handle's buffer, and still without a limit
-                    if buffer_row(handle, conn, limited_flag(handle.buffer_id))[0]:
-                        raise RateLimitFound  # rolls the transaction back
-                else:
-                    buffer_row(handle, conn)  # still the handle's buffer
-                hold_epoch(handle, conn, consumer, epoch, "claim", shared=True)
+                # One statement: still the handle's buffer, whether it has a rate limit
+                # and an admission bound, and the consumer's epoch (its row held shared).
+                limited, current, bounded = self._claim_head(conn, consumer)
+                if unlimited and limited:  # a limit set since the caller looked
+                    raise RateLimitFound  # rolls the transaction back
+                check_epoch(handle, conn, consumer, epoch, "claim", current, shared=True)
                 entry = {
                     "buffer_id": handle.buffer_id,
                     "claim_id": claim_id,
@@ -240,7 +280,7 @@ class ClaimQueue:
                 }
                 stamps: list[float] = []  # when the entries were written, by the database
                 # A prompt queue's admission bound: its row held until the claim commits.
-                admission = admit(handle, conn, now)
+                admission = admit(handle, conn, now, bounded=bounded)
                 want = n
                 if admission is not None and admission.capacity is not None:
                     want = min(n, admission.capacity)  # every row needs one at least
@@ -248,7 +288,9 @@ class ClaimQueue:
                     keys, then = groups(self, conn, want, now, entry, stamps)
                     committed.append(then)
                 elif candidates is None:
-                    keys = self._claim_oldest(conn, want, scope, now, entry, stamps, floors)
+                    keys = self._claim_oldest(
+                        conn, want, scope, now, entry, stamps, floors, lease_s
+                    )
                 else:
                     keys = self._claim_drawn(conn, want, scope, now, entry, stamps, candidates)
                 if admission is not None:
@@ -266,6 +308,32 @@ class ClaimQueue:
             then()
         keys_ = np.asarray(keys, dtype=np.int64)
         return Claimed(claim_id, consumer, keys_, at, at + lease_s, epoch)
+
+    def _claim_head(self, conn: Connection, consumer: str) -> tuple[bool, Any, bool]:
+        """A claim's first statement: checks the buffer's row is still the handle's
+        buffer; returns whether the buffer has a rate limit, the consumer's epoch (None: no
+        row yet), its row locked shared until the transaction ends, and whether the buffer
+        has an admission bound. Compiled once per handle."""
+        handle = self._handle
+
+        def build() -> Any:
+            buffer_id = bindparam("buffer_id", type_=Integer)
+            return select(
+                buffers.c.name,
+                buffers.c.created_at,
+                limited_flag(buffer_id),
+                current_epoch(handle, shared=True),
+                has_admission(buffer_id),
+            ).where(buffers.c.id == buffer_id)
+
+        found = handle.statement(("claim head",), build).run(
+            conn, buffer_id=handle.buffer_id, consumer=consumer
+        )
+        if not found:
+            raise handle.recreated(None)
+        name, created_at, limited, current, bounded = found[0]
+        handle.check_row(name, float(created_at))
+        return bool(limited), current, bool(bounded)
 
     def _take(
         self,
@@ -351,8 +419,11 @@ class ClaimQueue:
         entry: dict[str, Any],
         stamps: list[float],
         floors: dict[str, _Floor],
+        lease_s: float,
     ) -> list[int]:
         handle = self._handle
+        if handle.dialect.modifying_ctes:
+            return self._claim_oldest_at_once(conn, n, scope, entry, stamps, floors, lease_s)
         where = scope.where(handle)
         floor_key = scope.key
         oldest = self._oldest(conn, scope)
@@ -380,6 +451,166 @@ class ClaimQueue:
                 break
         floors[floor_key] = _Floor(scan_from if floor is None else floor, oldest)
         return taken
+
+    def _claim_oldest_at_once(
+        self,
+        conn: Connection,
+        n: int,
+        scope: Scope,
+        entry: dict[str, Any],
+        stamps: list[float],
+        floors: dict[str, _Floor],
+        lease_s: float,
+    ) -> list[int]:
+        """:meth:`_claim_oldest` where one statement may write in its WITH clause
+        (Postgres): each round is one statement (see :meth:`_oldest_statement`) that
+        finds where to start, reads the candidates, locks those no other transaction
+        holds and writes their entries. The same steps as the statements of
+        :meth:`_claim_oldest` (the same floor, the same candidates, the same locks and
+        the same upsert whose WHERE is evaluated on the newest committed entry), in one
+        snapshot: a row whose claim committed after it was taken is met by the insert's
+        conflict, and passed over."""
+        oldest = self._oldest(conn, scope)
+        floor = self._floors.get(scope.key)
+        start = 0 if floor is None else floor.key
+        if floor is not None and oldest is not None:
+            if floor.oldest is None or oldest < floor.oldest:
+                start = 0  # the version forced back: every row may be in scope again
+        reopen = start > 0
+        taken: list[int] = []
+        held: int | None = None
+        while len(taken) < n:
+            want = n - len(taken)
+            statement = self._oldest_statement(scope, reopen)
+            found: list[int] = []
+            got: set[int] = set()
+            for key, at, kind in statement.run(
+                conn,
+                start=start,
+                want=want,
+                claim_id=entry["claim_id"],
+                consumer=entry["consumer"],
+                lease_s=lease_s,
+            ):
+                if kind == 0:
+                    found.append(int(key))
+                elif kind == 3:
+                    start = int(key)  # lowered where rows below the floor came back
+                else:
+                    got.add(int(key))
+                    stamps.append(float(at))
+            found.sort()
+            taken.extend(k for k in found if k in got)
+            if held is None and len(got) < len(found):
+                # Held by a claimer still in its transaction (or taken since our read):
+                # the floor stays below it until its entry commits.
+                held = min(set(found) - got)
+            reopen = False
+            if found:
+                start = found[-1] + 1
+            if len(found) < want:
+                break
+        floors[scope.key] = _Floor(start if held is None else held, oldest)
+        return taken
+
+    def _oldest_statement(self, scope: Scope, reopen: bool) -> Any:
+        """One round of a FIFO claim as one statement, compiled once per handle and scope
+        (``reopen``: the round starts at the handle's floor, lowered to the smallest key
+        below it whose row came back, released or its lease run out). Its rows: ``(key,
+        NULL, 0)`` per candidate, ``(key, claimed_at, 1 or 2)`` per row taken (a new entry,
+        an entry that changed hands), ``(start, NULL, 3)`` where it started."""
+        handle = self._handle
+
+        def build() -> Any:
+            dialect = handle.dialect
+            now = dialect.now()
+            start: Any = bindparam("start", type_=BigInteger)
+            lease_until = now + bindparam("lease_s", type_=Double)
+            claim_id = bindparam("claim_id", type_=String)
+            consumer = bindparam("consumer", type_=String)
+            if reopen:
+                # The few unacked entries below the floor, through the (buffer_id,
+                # acked_at, lease_until) index, whose rows match the condition.
+                below = (
+                    select(func.min(rows.c.key))
+                    .select_from(consumption.join(rows, rows.c.key == _C.key))
+                    .where(
+                        _C.buffer_id == handle.buffer_id,
+                        _held_entry(now),
+                        _C.key < start,
+                        *scope.matching(handle),
+                    )
+                    .correlate(None)
+                    .scalar_subquery()
+                )
+                start = func.least(start, below)
+            begin = select(start.label("start")).cte("begin")
+            candidates = (
+                oldest_first(select(rows.c.key), handle.buffer_id)
+                .where(
+                    *scope.where(handle),
+                    rows.c.key >= select(begin.c.start).scalar_subquery(),
+                    unblocked(now),
+                )
+                .limit(bindparam("want", type_=Integer))
+                .cte("candidates")
+            )
+            # Still claimable by this statement's snapshot, and not held by another.
+            free = dialect.skip_locked(
+                select(rows.c.key).where(rows.c.key.in_(select(candidates.c.key)), unblocked(now))
+            ).cte("free")
+            # Rows never claimed get an entry; DO NOTHING leaves an existing entry unlocked.
+            new = (
+                dialect.upsert(consumption)
+                .from_select(
+                    [
+                        "key",
+                        "buffer_id",
+                        "claim_id",
+                        "consumer",
+                        "claimed_at",
+                        "lease_until",
+                        "times_claimed",
+                    ],
+                    select(
+                        free.c.key,
+                        literal(handle.buffer_id),
+                        claim_id,
+                        consumer,
+                        now,
+                        lease_until,
+                        literal(1),
+                    ),
+                )
+                .on_conflict_do_nothing(index_elements=[_C.key])
+                .returning(_C.key, _C.claimed_at)
+                .cte("new")
+            )
+            # Rows released, or whose lease ran out: their entry changes hands.
+            again = (
+                update(consumption)
+                .where(_C.key.in_(select(free.c.key)), _held_entry(now))
+                .values(
+                    {
+                        _C.claim_id: claim_id,
+                        _C.consumer: consumer,
+                        _C.claimed_at: now,
+                        _C.lease_until: lease_until,
+                        _C.times_claimed: _C.times_claimed + 1,
+                    }
+                )
+                .returning(_C.key, _C.claimed_at)
+                .cte("again")
+            )
+            nothing = cast(null(), Double)
+            return union_all(
+                select(candidates.c.key, nothing, literal(0)),
+                select(new.c.key, new.c.claimed_at, literal(1)),
+                select(again.c.key, again.c.claimed_at, literal(2)),
+                select(begin.c.start, nothing, literal(3)),
+            )
+
+        return handle.statement(("claim oldest", scope.key, reopen), build)
 
     def _oldest(self, conn: Connection, scope: Scope) -> int | None:
         """The oldest fresh version of a scope with max_staleness now (-1 while the buffer
@@ -467,6 +698,13 @@ class ClaimQueue:
         mine = select(_C.key, _C.consumer, _C.acked_at).where(_C.claim_id == claim.claim_id)
         # Locked in key order, as claims lock them (else the two can deadlock on Postgres).
         held = list(conn.execute(handle.dialect.locked(mine.order_by(_C.key))).all())
+        self._check_own(conn, claim, action, held)
+        return held
+
+    def _check_own(self, conn: Connection, claim: Claimed, action: str, held: list[Any]) -> None:
+        """The typed error when the claim's entries ``held`` (locked) are not the claim's
+        to finish any more."""
+        handle = self._handle
         if any(e.consumer != claim.consumer for e in held):
             raise ClaimOwnerError(
                 f"claim {claim.claim_id} belongs to consumer {held[0].consumer!r}, not "
@@ -489,7 +727,6 @@ class ClaimQueue:
                 f"consumer has them now. Nothing was changed; {action} a new claim, and use "
                 "a longer lease_s (or claim.renew()) for work that takes longer"
             )
-        return held
 
     def _finish(
         self,
@@ -506,15 +743,57 @@ class ClaimQueue:
 
         def write() -> _T:
             with handle.errors(f"{action} a claim"), handle.write() as conn:
-                if retention is None:
-                    buffer_row(handle, conn)  # still the handle's buffer
+                if retention is not None and self._stale_seen:
+                    retention.hold_buffer(conn)  # the buffer's row locked: the ack may evict
+                    self._stale_seen = retention.stale
+                    hold_epoch(handle, conn, claim.consumer, claim.epoch, action)
                 else:
-                    retention.hold_buffer(conn)  # that too, locked if the ack may evict
-                hold_epoch(handle, conn, claim.consumer, claim.epoch, action)
+                    # One statement: still the handle's buffer (and what the ack clears),
+                    # and the consumer's epoch, its row locked. The buffer's row is not
+                    # locked: an ack that finds it may evict starts again, locking it
+                    # first (the lock order: the buffer's row, then the consumer's).
+                    current = self._finish_head(conn, claim.consumer, retention)
+                    if retention is not None and retention.stale:
+                        self._stale_seen = True
+                        raise _StaleFound  # rolled back before anything was written
+                    check_epoch(handle, conn, claim.consumer, claim.epoch, action, current)
                 return body(conn)
 
+        def again() -> _T:
+            try:
+                return write()
+            except _StaleFound:
+                return write()
+
         # A deadlock with a claim taking the rows over (Postgres) rolls it back: again.
-        return retried(write)
+        return retried(again)
+
+    def _finish_head(self, conn: Connection, consumer: str, retention: AckRetention | None) -> Any:
+        """The first statement of an ack, release or renewal: checks the buffer's row is
+        still the handle's buffer, reads what an ack's ``retention`` needs of it, and
+        returns the consumer's epoch (None: no row yet), its row locked until the
+        transaction ends. Compiled once per handle."""
+        handle = self._handle
+        extra = () if retention is None else retention.columns()
+
+        def build() -> Any:
+            buffer_id = bindparam("buffer_id", type_=Integer)
+            return select(
+                buffers.c.name, buffers.c.created_at, *extra, current_epoch(handle)
+            ).where(buffers.c.id == buffer_id)
+
+        params: dict[str, Any] = {"buffer_id": handle.buffer_id, "consumer": consumer}
+        if retention is not None:
+            params["keys"] = retention.handle_keys()
+        key = ("finish head", retention is not None)
+        found = handle.statement(key, build).run(conn, **params)
+        if not found:
+            raise handle.recreated(None)
+        name, created_at, *read, current = found[0]
+        handle.check_row(name, float(created_at))
+        if retention is not None:
+            retention.take(tuple(read))
+        return current
 
     def finish_in(
         self, conn: Connection, claim: Claimed, action: str, values: dict[str, Any]
@@ -522,10 +801,117 @@ class ClaimQueue:
         """In the caller's transaction (which holds the consumer's row, its epoch checked):
         check the claim is the consumer's to ``action``, then set ``values`` on its
         entries; returns how many."""
-        held = self._own_entries(conn, claim, action)
-        if held:
-            conn.execute(update(consumption).where(_C.claim_id == claim.claim_id).values(**values))
-        return len(held)
+        return self._finish_entries(conn, claim, action, values, count_acked=False)[0]
+
+    def _finish_entries(
+        self,
+        conn: Connection,
+        claim: Claimed,
+        action: str,
+        values: dict[str, Any],
+        *,
+        count_acked: bool,
+        hold_rows: list[int] | None = None,
+    ) -> tuple[int, bool]:
+        """:meth:`finish_in`; with ``count_acked`` (an ack none of whose rows can be
+        released again), where one statement can also write (Postgres), the entries set
+        are added to the consumer's ``acked`` count by the same statement. ``hold_rows``
+        (an ack, Postgres): the claim's keys, whose rows the statement locks against
+        deletion before the entries (see :meth:`AckRetention.hold_rows`). Returns how
+        many entries, and whether they were counted so."""
+        if not self._handle.dialect.modifying_ctes:
+            held = self._own_entries(conn, claim, action)
+            if held:
+                stmt = update(consumption).where(_C.claim_id == claim.claim_id).values(**values)
+                conn.execute(stmt)
+            return len(held), False
+        # One statement: the entries locked in key order (as claims lock them), checked
+        # below; set only when all are the consumer's and none acked (the check raises,
+        # rolling the transaction back, otherwise).
+        statement = self._finish_statement(
+            tuple(sorted(values)), values, count_acked, hold_rows is not None
+        )
+        params = {f"v_{name}": value for name, value in values.items() if _bound(value)}
+        if hold_rows is not None:
+            params["keys"] = self._handle.dialect.key_set(hold_rows)
+        found = statement.run(
+            conn,
+            claim_id=claim.claim_id,
+            consumer=claim.consumer,
+            buffer_id=self._handle.buffer_id,
+            **params,
+        )
+        held = [_Entry(int(k), c, a) for k, c, a in found]
+        self._check_own(conn, claim, action, held)
+        return len(held), count_acked
+
+    def _finish_statement(
+        self, names: tuple[str, ...], values: dict[str, Any], count_acked: bool, rows_too: bool
+    ) -> Any:
+        """The statement of :meth:`_finish_entries` on Postgres, compiled once per handle
+        and shape: ``values`` that are SQL (the database's clock) are written in, the rest
+        bound as ``v_<name>``. ``rows_too``: the rows of the keys bound as ``keys`` are
+        locked ``FOR KEY SHARE`` in key order before any entry is (the entries' scan
+        waits on the count of them, which Postgres evaluates once, before its first row
+        is locked)."""
+        handle = self._handle
+
+        def build() -> Any:
+            claim_id = bindparam("claim_id", type_=String)
+            consumer = bindparam("consumer", type_=String)
+            mine = _C.claim_id == claim_id
+            if rows_too:
+                kept = handle.dialect.key_shared(
+                    select(rows.c.key).where(handle.dialect.key_in()).order_by(rows.c.key)
+                ).cte("kept")
+                first = select(func.count()).select_from(kept).scalar_subquery()
+                mine = and_(mine, first >= 0)
+            held = (
+                select(_C.key, _C.consumer, _C.acked_at)
+                .where(mine)
+                .order_by(_C.key)
+                .with_for_update()
+                .cte("held")
+            )
+            wrong = (
+                select(func.count())
+                .select_from(held)
+                .where(or_(held.c.consumer != consumer, held.c.acked_at.is_not(None)))
+                .scalar_subquery()
+            )
+            setting = {
+                _C[name]: values[name]
+                if not _bound(values[name])
+                else bindparam(f"v_{name}", type_=_C[name].type)
+                for name in names
+            }
+            # The count reads every entry of held (locking them all) before any is set.
+            done = (
+                update(consumption)
+                .where(_C.claim_id == claim_id, wrong == 0)
+                .values(setting)
+                .returning(_C.key)
+                .cte("done")
+            )
+            stmt = select(held.c.key, held.c.consumer, held.c.acked_at).add_cte(done)
+            if count_acked:
+                bump = (
+                    update(consumers)
+                    .where(
+                        consumers.c.buffer_id == bindparam("buffer_id", type_=Integer),
+                        consumers.c.consumer == consumer,
+                    )
+                    .values(
+                        acked=consumers.c.acked
+                        + select(func.count()).select_from(done).scalar_subquery()
+                    )
+                    .returning(consumers.c.acked)
+                    .cte("counted")
+                )
+                stmt = stmt.add_cte(bump)
+            return stmt.order_by(held.c.key)
+
+        return handle.statement(("finish", names, count_acked, rows_too), build)
 
     def ack_in(
         self,
@@ -548,11 +934,21 @@ class ClaimQueue:
         if retention is None:
             retention = self.retention(claim, allow_evicted=False)
             retention.hold_buffer(conn)
-        retention.hold_rows(conn)
+        at_once = self._handle.dialect.modifying_ctes
+        if not at_once:
+            retention.hold_rows(conn)  # else by the statement that acks the entries
         done: dict[str, Any] = {"acked_at": now, "lease_until": None}
         if checkpoint_seq is not None:
             done["checkpoint_seq"] = checkpoint_seq
-        present = self.finish_in(conn, claim, "ack", done)
+        # Without completions none can be released again: all are counted as acked.
+        present, counted = self._finish_entries(
+            conn,
+            claim,
+            "ack",
+            done,
+            count_acked=made is None,
+            hold_rows=retention.keys if at_once else None,
+        )
         retention.settle(conn, present)
         again = count_completions(self._handle, conn, claim.keys.tolist(), made, claim.claim_id)
         if again:  # short of their targets: claimable again for what they still need
@@ -566,7 +962,9 @@ class ClaimQueue:
             if short is not None:
                 short.extend(again)
         acked = present - len(again)
-        if acked:  # counted for a prompt queue's admission (the consumer's row is held)
+        if (
+            acked and not counted
+        ):  # counted for a prompt queue's admission (the consumer's row is held)
             conn.execute(
                 update(consumers)
                 .where(
@@ -687,6 +1085,10 @@ class ClaimQueue:
         """Store ``state`` (checked JSON text) as ``consumer``'s newest checkpoint in the
         caller's transaction; returns its number."""
         handle = self._handle
+        if handle.dialect.modifying_ctes:  # one statement: the number, then the checkpoint
+            numbered = handle.statement(("store checkpoint",), self._checkpoint_statement)
+            found = numbered.run(conn, buffer_id=handle.buffer_id, consumer=consumer, state=state)
+            return int(found[0][0])
         insert = handle.dialect.upsert(consumers)
         seq = conn.execute(
             insert.values(buffer_id=handle.buffer_id, consumer=consumer, last_seq=1)
@@ -707,6 +1109,39 @@ class ClaimQueue:
         )
         return int(seq)
 
+    def _checkpoint_statement(self) -> Any:
+        """:meth:`store_checkpoint` as one statement (Postgres): the consumer's next
+        checkpoint number, and the checkpoint stored under it; returns the number."""
+        dialect = self._handle.dialect
+        buffer_id = bindparam("buffer_id", type_=Integer)
+        consumer = bindparam("consumer", type_=String)
+        insert = dialect.upsert(consumers)
+        numbered = (
+            insert.values(buffer_id=buffer_id, consumer=consumer, last_seq=1)
+            .on_conflict_do_update(
+                index_elements=[consumers.c.buffer_id, consumers.c.consumer],
+                set_={"last_seq": consumers.c.last_seq + 1},
+            )
+            .returning(consumers.c.last_seq)
+            .cte("numbered")
+        )
+        stored = (
+            checkpoints.insert()
+            .from_select(
+                ["buffer_id", "consumer", "seq", "state", "created_at"],
+                select(
+                    buffer_id,
+                    consumer,
+                    numbered.c.last_seq,
+                    bindparam("state", type_=Text),
+                    dialect.now(),
+                ),
+            )
+            .returning(checkpoints.c.seq)
+            .cte("stored")
+        )
+        return select(stored.c.seq)
+
     # -- progress --------------------------------------------------------------------------
     def save_progress(self, claim: Claimed, keys: list[int], state: str) -> None:
         """Store ``state`` (JSON text) as the progress of the rows ``keys`` of ``claim``, in
@@ -714,28 +1149,37 @@ class ClaimQueue:
         released, its lease not run out); LeaseExpiredError, saving nothing, otherwise."""
         handle = self._handle
         dialect = handle.dialect
-        now = dialect.now()
-        held = select(_C.key, _C.buffer_id, _C.claim_id, literal(state, Text), now).where(
-            dialect.key_in(_C.key),
-            _C.claim_id == claim.claim_id,
-            _C.acked_at.is_(None),
-            _C.lease_until >= now,
-        )
-        insert = dialect.upsert(progress).from_select(
-            ["key", "buffer_id", "claim_id", "state", "saved_at"], held
-        )
-        stmt = insert.on_conflict_do_update(
-            index_elements=[progress.c.key],
-            set_={
-                "claim_id": insert.excluded.claim_id,
-                "state": insert.excluded.state,
-                "saved_at": insert.excluded.saved_at,
-            },
-        ).returning(progress.c.key)
+
+        def build() -> Any:
+            now = dialect.now()
+            claim_id = bindparam("claim_id", type_=String)
+            text = bindparam("state", type_=Text)
+            held = select(_C.key, _C.buffer_id, _C.claim_id, text, now).where(
+                dialect.key_in(_C.key),
+                _C.claim_id == claim_id,
+                _C.acked_at.is_(None),
+                _C.lease_until >= now,
+            )
+            insert = dialect.upsert(progress).from_select(
+                ["key", "buffer_id", "claim_id", "state", "saved_at"], held
+            )
+            return insert.on_conflict_do_update(
+                index_elements=[progress.c.key],
+                set_={
+                    "claim_id": insert.excluded.claim_id,
+                    "state": insert.excluded.state,
+                    "saved_at": insert.excluded.saved_at,
+                },
+            )  # its row count: the rows saved (each inserted or updated once)
+
+        stmt = handle.write_statement("save progress", build)
 
         def write() -> int:
-            with handle.errors("save progress"), handle.write() as conn:
-                return len(conn.execute(stmt, {"keys": dialect.key_set(keys)}).all())
+            # One statement that commits on its own: no BEGIN or COMMIT round trips.
+            with handle.errors("save progress"), handle.single() as conn:
+                return stmt.execute(
+                    conn, keys=dialect.key_set(keys), claim_id=claim.claim_id, state=state
+                )
 
         if retried(write) < len(keys):
             raise LeaseExpiredError(

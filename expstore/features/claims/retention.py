@@ -74,22 +74,43 @@ class AckRetention:
         keys: Any = bindparam("claim_keys", self._keys, expanding=True, literal_execute=True)
         return rows.c.key.in_(keys)
 
+    @property
+    def stale(self) -> bool:
+        """Whether the buffer's eviction is ``"stale"`` (as :meth:`take` last read it): the
+        ack may evict, so it locks the buffer's row before anything else."""
+        return self._stale
+
     def hold_buffer(self, conn: Connection) -> None:
         """Check the buffer is still the handle's; with eviction ``"stale"`` lock its row
         (the ack may evict), first, as writers take it."""
         handle = self._handle
-        dialect = handle.dialect
-        policy, saved_, grouped_ = buffer_row(
-            handle,
-            conn,
-            buffers.c.eviction,
-            *_cleared_by_ack(dialect),
-            params={"keys": dialect.key_set(self._keys)},
-        )
+        found = buffer_row(handle, conn, *self.columns(), params={"keys": self.handle_keys()})
+        if self.take(found):
+            lock_buffer(handle, conn)
+
+    def columns(self) -> tuple[Any, ...]:
+        """What :meth:`hold_buffer` reads of the buffer's row, as expressions (for one
+        statement that reads them with others; its ``keys``: :meth:`handle_keys`): the
+        eviction policy, whether the claim's rows have saved progress, whether any is the
+        first row of a ready group."""
+        return (buffers.c.eviction, *_cleared_by_ack(self._handle.dialect))
+
+    def handle_keys(self) -> Any:
+        """The claim's keys, bound as :meth:`columns` take them."""
+        return self._handle.dialect.key_set(self._keys)
+
+    def take(self, found: tuple[Any, ...]) -> bool:
+        """Take the values :meth:`columns` read; returns whether the ack may evict (eviction
+        ``"stale"``: then the buffer's row must be locked before anything else)."""
+        policy, saved_, grouped_ = found
         self.saved, self.grouped = bool(saved_), bool(grouped_)
         self._stale = policy == "stale"
-        if self._stale:
-            lock_buffer(handle, conn)
+        return self._stale
+
+    @property
+    def keys(self) -> list[int]:
+        """The claim's keys, sorted, each once."""
+        return self._keys
 
     def hold_rows(self, conn: Connection) -> None:
         """Lock the claim's rows against deletion (Postgres), before their entries."""

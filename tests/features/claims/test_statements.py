@@ -1,0 +1,151 @@
+"""Statements per claim call, as the driver sends them (expstore.db.trace), on both
+backends, so the counts of the claim cycle cannot grow unseen (issue 44). Counts, not
+timings: on Postgres each statement counted is a round trip (BEGIN and COMMIT included;
+a connection taken from the pool is not pinged unless its socket has something to read,
+see expstore.db.engine)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from expstore import DataRow, Experience, ExpMeta, ReplayBuffer
+from expstore.db.trace import driver_statements
+from tests.helpers import make_rows
+
+#: Statements of each call (SQLite, Postgres), warm: its connection made, its statements
+#: compiled, the handle's FIFO floor set. Lower them here when a change cuts one.
+EXPECTED = {
+    "claim(1) + release()": (14, 8),
+    "claim(1) + ack()": (14, 9),
+    "claim(1) + save_progress + ack(produce=4 rows, into=...)": (26, 21),
+    "learner: claim(32) + ack(checkpoint=...)": (16, 10),
+}
+
+
+def _prompt(i: int) -> DataRow:
+    return DataRow(
+        id=f"p{i}",
+        exp_meta=ExpMeta(task_id=f"p{i}", agent_id="dataset", step=0),
+        exp_data=Experience(state={"question": f"q{i}"}),
+    )
+
+
+@pytest.fixture
+def prompts(db_url: str, buffer_name: str) -> Iterator[ReplayBuffer]:
+    with ReplayBuffer(db_url, name=buffer_name) as buffer:
+        buffer.store_prompts([_prompt(i) for i in range(40)], n_samples=4)
+        yield buffer
+
+
+def counted(buffer: ReplayBuffer, call: Callable[[], Any]) -> list[str]:
+    """The statements of one ``call()``, warm (two calls before, one traced first: a new
+    connection's own statements)."""
+    call()
+    call()
+    with driver_statements(buffer.sql._handle.connections.engine) as seen:
+        call()
+        before = len(seen)
+        call()
+    return seen[before:]
+
+
+def expected(db_url: str, what: str) -> int:
+    return EXPECTED[what][0 if db_url.startswith("sqlite") else 1]
+
+
+def test_claim_and_release(db_url: str, prompts: ReplayBuffer) -> None:
+    me = prompts.consumer("actor-0")
+    seen = counted(prompts, lambda: me.claim(1).release())
+    assert len(seen) == expected(db_url, "claim(1) + release()"), seen
+
+
+def test_claim_and_ack(db_url: str, prompts: ReplayBuffer) -> None:
+    me = prompts.consumer("actor-0")
+    seen = counted(prompts, lambda: me.claim(1).ack())
+    assert len(seen) == expected(db_url, "claim(1) + ack()"), seen
+
+
+def test_a_prompts_cycle(db_url: str, prompts: ReplayBuffer, buffer_name: str) -> None:
+    rng = np.random.default_rng(0)
+    me = prompts.consumer("actor-0")
+    with ReplayBuffer(db_url, name=buffer_name + "_out") as rollouts:
+
+        def cycle() -> None:
+            claim = me.claim(1)
+            claim.save_progress({"tokens": [1, 2, 3]})
+            made = [
+                DataRow(
+                    exp_meta=ExpMeta(task_id=claim.ids[0], agent_id="actor", step=c),
+                    exp_data=Experience(state={"tokens": rng.integers(0, 50_000, 8)}),
+                )
+                for c in range(4)
+            ]
+            claim.ack(produce={claim.ids[0]: made}, into=rollouts)
+
+        seen = counted(prompts, cycle)
+    what = "claim(1) + save_progress + ack(produce=4 rows, into=...)"
+    assert len(seen) == expected(db_url, what), seen
+
+
+def test_a_learners_step(db_url: str, buf: ReplayBuffer) -> None:
+    buf.store_batch(make_rows(256))
+    learner = buf.consumer("learner-0")
+    seen = counted(buf, lambda: learner.claim(32).ack(checkpoint={"step": 1}))
+    assert len(seen) == expected(db_url, "learner: claim(32) + ack(checkpoint=...)"), seen
+
+
+def test_a_claim_reads_the_buffer_the_epoch_and_the_bounds_in_one_statement(
+    db_url: str, prompts: ReplayBuffer
+) -> None:
+    """No statement of its own for the consumer's epoch, the rate limit or the admission
+    bound (a buffer without one reads none of its settings); the same for an ack's
+    epoch."""
+    me = prompts.consumer("actor-0")
+    seen = counted(prompts, lambda: me.claim(1).ack())
+    firsts = [s for s in seen if s.startswith("SELECT expstore_buffers.name")]
+    assert len(firsts) == 2  # the claim's first statement, the ack's
+    assert all("expstore_consumers.epoch" in s for s in firsts)
+    assert "expstore_admission" in firsts[0] and "expstore_rate_limits" in firsts[0]
+    alone = [s for s in seen if s.startswith(("SELECT expstore_consumers", "SELECT (SELECT"))]
+    assert alone == []
+    assert not [s for s in seen if s.startswith("SELECT expstore_admission")]
+
+
+def test_a_connection_the_server_ended_while_pooled_is_replaced_not_used(
+    pg_url: str, buffer_name: str
+) -> None:
+    """Without a ping at every checkout: a pooled connection whose backend the server
+    terminated (its goodbye waiting on the socket) is replaced at checkout, and the
+    next claim and ack go through."""
+    from sqlalchemy import create_engine, text
+
+    with ReplayBuffer(pg_url, name=buffer_name) as buffer:
+        buffer.store_batch(make_rows(8))
+        learner = buffer.consumer("learner-0")
+        learner.claim(2).ack()
+        admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
+        try:
+            with admin.connect() as conn:
+                ended = (
+                    conn.execute(
+                        text(
+                            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                            "AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+                        )
+                    )
+                    .scalars()
+                    .all()
+                )
+                assert ended  # the buffer's pooled connection
+                conn.execute(text("SELECT pg_terminate_backend(p) FROM unnest(:p) p"), {"p": ended})
+                gone = text("SELECT count(*) FROM pg_stat_activity WHERE pid = any(:p)")
+                while conn.execute(gone, {"p": ended}).scalar_one():
+                    pass  # until the server has ended them (a condition, not a pause)
+            claim = learner.claim(2)
+            assert len(claim) == 2 and claim.ack() == 2
+        finally:
+            admin.dispose()
