@@ -88,7 +88,12 @@ def create_sql_engine(url: str | URL) -> Engine:
         if parsed.get_driver_name() == "psycopg":
             require("psycopg", "a PostgreSQL URL")
         # No pre-ping (a round trip at every checkout): see _set_up_postgres's checkout.
-        kwargs: dict[str, Any] = {}
+        # A connection given back ends what it read with COMMIT, not ROLLBACK: psycopg
+        # forgets every prepared statement at a rollback (and deallocates them, a round
+        # trip), so the hot statements expstore prepares (see _set_up_postgres) would be
+        # planned again at every call. A transaction that failed is still rolled back by
+        # whoever ran it; one left aborted is ended by the COMMIT (Postgres rolls it back).
+        kwargs: dict[str, Any] = {"pool_reset_on_return": "commit"}
     elif backend == "sqlite":
         kwargs = {"connect_args": {"check_same_thread": False, "timeout": _SQLITE_BUSY_MS / 1000}}
         if is_memory(parsed):
@@ -123,20 +128,29 @@ _PG_SETTINGS = (
 )
 
 
+#: psycopg's prepare_threshold: executions of a statement before psycopg prepares it
+#: unasked (never, in practice); ``prepare=True`` still prepares.
+_NEVER_ON_ITS_OWN = 2**62
+
+
 def _set_up_postgres(engine: Engine) -> None:
     error = engine.dialect.loaded_dbapi.Error
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-        # A plan for the values at hand every time: psycopg prepares a statement run five
-        # times, after which Postgres may switch to one generic plan for every buffer,
-        # whose sizes differ by orders of magnitude (measured: the FIFO DELETE's generic
-        # plan took 0.7-1.8 s against 30 ms from its tenth run on, at 100k rows of 2M).
-        # Not preparing keeps the server's own cached plans (foreign key checks) as they
-        # are, where plan_cache_mode = force_custom_plan re-planned every check (claims:
-        # 256 inserts 4 -> 14 ms).
+        # Nothing prepared on its own: psycopg prepares a statement run five times, after
+        # which Postgres may switch to one generic plan for every buffer, whose sizes
+        # differ by orders of magnitude (measured: the old FIFO DELETE's generic plan took
+        # 0.7-1.8 s against 30 ms from its tenth run on, at 100k rows of 2M). Only the hot
+        # statements compiled once (expstore.db.compiled), each a look-up by an index
+        # whatever the buffer's size, ask to be prepared (``prepare=True``): planning them
+        # cost more than running them (the state read: 0.6-0.7 ms to plan, 0.15 ms to
+        # run). (A threshold of None would refuse those too.) Not preparing the rest keeps
+        # the server's own cached plans (foreign key checks) as they are, where
+        # plan_cache_mode = force_custom_plan re-planned every check (claims: 256 inserts
+        # 4 -> 14 ms).
         if hasattr(dbapi_connection, "prepare_threshold"):
-            dbapi_connection.prepare_threshold = None
+            dbapi_connection.prepare_threshold = _NEVER_ON_ITS_OWN
         autocommit = dbapi_connection.autocommit
         dbapi_connection.autocommit = True
         cursor = dbapi_connection.cursor()
