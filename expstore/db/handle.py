@@ -78,7 +78,7 @@ _STATEMENTS = 64
 class BufferHandle:
     """One named buffer of one database, as the storage's parts see it.
 
-    ``buffer_id`` is set when the storage opens (see :mod:`expstore.features.registry`);
+    ``buffer_id`` is set when the storage opens (see :mod:`expstore.lifecycle.registry`);
     ``tuning`` holds the storage's knobs (see :class:`~expstore.db.tuning.Tuning`).
     """
 

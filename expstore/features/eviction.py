@@ -86,7 +86,7 @@ def _fifo(
     count: int | None = None,
 ) -> int:
     # The buffer's row count (kept in this transaction by every write and delete, ``remove``
-    # included, see expstore.features.registry; or given) says how many of the oldest rows
+    # included, see expstore.lifecycle.registry; or given) says how many of the oldest rows
     # go: the first key to keep is found by an offset of that excess from the oldest end,
     # so a write costs the same whatever the capacity.
     if count is None:

@@ -28,8 +28,9 @@ from .._args import check_int
 from ..db.handle import BufferHandle
 from ..db.schema import buffers, loose_scan, rows
 from ..errors import PolicyVersionError
+from ..lifecycle.registry import lock_buffer
+from .capacity import evict_beyond
 from .eviction import EVERY_WRITE_POLICIES
-from .registry import evict_beyond, lock_buffer
 
 _T = TypeVar("_T")
 

@@ -35,8 +35,8 @@ import numpy as np
 from .._args import check_int
 from ..errors import InvalidArgumentError
 from ..features.arrays import ArraySetting
-from ..features.state import Signature, moved_on
 from ..features.versions import oldest_fresh
+from ..lifecycle.reader_state import Signature, moved_on
 from ..model.rows import DataRow
 from ..query import QueryCondition, condition_key
 
@@ -538,7 +538,7 @@ class Kept:
 
     Between two draws of a target, rows only leave its matching rows, or new ones arrive
     with higher keys, as long as the buffer moved on by inserts, FIFO eviction, priority
-    updates and draws counted (:func:`~expstore.features.state.moved_on`), and the oldest
+    updates and draws counted (:func:`~expstore.lifecycle.reader_state.moved_on`), and the oldest
     fresh version did not go back: evicted, spent and stale rows leave, nothing else
     changes. What was found then stays true but for those two changes, which the finder
     checks; anything else (deletes, updates, a policy version set back) finds it again.

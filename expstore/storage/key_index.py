@@ -32,7 +32,7 @@ from ..db.handle import BufferHandle
 from ..db.schema import priorities, rows
 from ..errors import CodecError
 from ..features.priorities import logged_priorities
-from ..features.state import Signature, State, moved_on, read_state
+from ..lifecycle.reader_state import Signature, State, moved_on, read_state
 from ..query import QueryCondition, condition_key
 from ..query.fields import resolve_field
 
@@ -124,7 +124,7 @@ class KeyIndex:
 
     def state(self, conn: Connection) -> State:
         """The buffer's signature, its current policy version and its row count, in one
-        round trip (:func:`~expstore.features.state.read_state`), telling
+        round trip (:func:`~expstore.lifecycle.reader_state.read_state`), telling
         :attr:`on_limit` whether the buffer has a rate limit."""
         return read_state(self.handle, conn, self.on_limit)
 

@@ -5,7 +5,7 @@ which costs time and memory in proportion to the buffer. A :class:`KeySpace` hol
 numbers instead, read in one round trip with the buffer's signature: the range its keys lie
 in (``min_key`` .. ``max_key``: writers hand keys out in commit order and FIFO eviction
 removes the oldest) and how many rows it holds (``rows``, kept by every write, see
-:mod:`expstore.features.registry`). A sampler draws candidate keys in that range and asks
+:mod:`expstore.lifecycle.registry`). A sampler draws candidate keys in that range and asks
 :meth:`KeySpace.probe` which of them are rows of the buffer matching the condition (one
 indexed lookup per candidate); the ones that are, drawn uniformly, are a uniform draw among
 the matching rows (rejection sampling, :mod:`expstore.samplers.flat`). So the cost of a
@@ -39,8 +39,8 @@ from ..errors import InvalidArgumentError
 from ..features.draw_counts import unspent_clause
 from ..features.groups import GroupSpec, count_groups, groups_first_at
 from ..features.priorities import logged_priorities
-from ..features.state import Signature, StateReader
 from ..features.versions import FreshBounds, fresh_clause
+from ..lifecycle.reader_state import Signature, StateReader
 from ..model.layout import COLUMNS_BY_NAME, ColumnSpec
 from ..query import QueryCondition
 from ..query.conditions import has_changed
@@ -74,7 +74,7 @@ class KeySpaces:
         state: StateReader,
     ) -> None:
         self.handle = handle
-        #: Reads the buffer's state (see :data:`~expstore.features.state.StateReader`).
+        #: Reads the buffer's state (see :data:`~expstore.lifecycle.reader_state.StateReader`).
         self.state = state
         #: Candidate keys probed by draws over the key space so far, to see what a draw
         #: costs.

@@ -29,7 +29,7 @@ from ..db.row_ids import by_keys
 from ..db.schema import buffers, rows
 from ..errors import CodecError, InvalidArgumentError, UnsupportedTypeError
 from ..features.arrays import digests_in, fetch_arrays
-from ..features.registry import buffer_row
+from ..lifecycle.registry import buffer_row
 from ..model.layout import (
     COLUMNS,
     COLUMNS_BY_NAME,

@@ -5,7 +5,7 @@ The storage is a thin front over one module per role, which a reader can find by
 - :mod:`~expstore.db.engine`: engines and fork-aware connections;
 - :mod:`~expstore.db.dialects`: what SQLite and Postgres each do their own way;
 - :mod:`~expstore.db.handle`: which buffer, its statements, error translation;
-- :mod:`~expstore.features.registry`: the buffer's row, its retention and version counters;
+- :mod:`~expstore.lifecycle.registry`: the buffer's row, its retention and version counters;
 - :mod:`~expstore.features.eviction`: the retention policies;
 - :mod:`~expstore.storage.writer`: checking, encoding and inserting a batch, duplicates;
 - :mod:`~expstore.storage.reader`: whole rows by id, key, condition, page and task;
@@ -46,16 +46,18 @@ from ..db.replicas import ReadRouter
 from ..db.schema import buffers, rows
 from ..db.tuning import Tuning
 from ..errors import InvalidArgumentError, RowValidationError, StorageError, UnsupportedTypeError
-from ..features import arrays, changes, draw_counts, priorities, registry, tombstones, versions
+from ..features import arrays, changes, draw_counts, priorities, tombstones, versions
+from ..features import capacity as retention
 from ..features.claims.queue import ClaimQueue
 from ..features.claims.ready_groups import ReadyGroups
 from ..features.dedup import Dedup
 from ..features.eviction import Eviction
 from ..features.groups import GroupIndex, GroupSpec
 from ..features.rate_limits import RateLimits, discard_once
-from ..features.registry import BufferInfo
 from ..features.stats import summary_build, task_stats
 from ..features.stats.summary import summarise
+from ..lifecycle import registry
+from ..lifecycle.registry import BufferInfo
 from ..model.columnar import column_error, parse_columns
 from ..model.rows import DataRow
 from ..query import QueryCondition
@@ -117,7 +119,7 @@ class SqlStorage(Storage):
                 f"name must be a non-empty string of at most 255 chars, got {name!r}"
             )
         check_text("name", name)
-        registry.check_retention(capacity, eviction)
+        retention.check_retention(capacity, eviction)
         self.name = name
         self._upgrade = upgrade
         #: The URL as :attr:`identity` gives it (made on first use).
@@ -148,7 +150,7 @@ class SqlStorage(Storage):
             connections = handle.connections
             migrate.ensure_schema(connections.engine, connections.write_engine, upgrade=upgrade)
             handle.buffer_id = registry.open_buffer(handle)
-            self.capacity, self.eviction = registry.settle_retention(handle, capacity, eviction)
+            self.capacity, self.eviction = retention.settle_retention(handle, capacity, eviction)
             self._read: dict[str, Any] = {
                 "read_urls": None if read_urls is None else list(read_urls),
                 "read_your_writes": read_your_writes,
@@ -363,7 +365,7 @@ class SqlStorage(Storage):
         new capacity go now, in the same transaction. ``max_staleness``: the ``"stale"``
         policy's k; ``tombstones``: how many tombstones of rows gone the buffer keeps
         (None: keep the setting). Returns how many rows went."""
-        evicted, self.eviction = registry.set_retention(
+        evicted, self.eviction = retention.set_retention(
             self._handle, capacity, eviction, max_staleness, tombstones
         )
         self.capacity = capacity
@@ -664,7 +666,7 @@ def describe_database(
     url: str | URL, *, count_rows: bool = True
 ) -> tuple[str | None, list[BufferInfo] | None]:
     """What the database at ``url`` holds, creating nothing: its schema revision (None: no
-    expstore tables) and its buffers (:func:`~expstore.features.registry.list_buffers`;
+    expstore tables) and its buffers (:func:`~expstore.lifecycle.registry.list_buffers`;
     None unless the revision is this expstore's). What ``expstore buffers`` lists and
     every reading command checks first."""
     engine = create_sql_engine(normalise_url(url))

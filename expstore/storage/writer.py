@@ -37,10 +37,11 @@ from ..errors import (
     RowValidationError,
     UnsupportedTypeError,
 )
+from ..features.capacity import Retention
 from ..features.dedup import check_dedup, without_duplicates
-from ..features.lifecycle import Removed, WriteContext, read_state
 from ..features.rate_limits import RateLimits, WriteBlocked
-from ..features.registry import Retention, count_inserted, count_removed
+from ..lifecycle.hooks import Removed, WriteContext, read_state
+from ..lifecycle.registry import count_inserted, count_removed
 from ..model.layout import (
     COLUMNS,
     ID_COLUMN,
@@ -297,7 +298,7 @@ def write_in(
 ) -> tuple[Any, str, StoreReport]:
     """The write of ``batch`` into the handle's buffer inside the caller's transaction
     (``conn``, of the handle's database), as the row lifecycle has it
-    (:mod:`expstore.features.lifecycle`): the buffer's state read with its row taken,
+    (:mod:`expstore.lifecycle.hooks`): the buffer's state read with its row taken,
     the rows encoded (dedup), then the hooks of the features this buffer uses around the
     insert (a rate limit's check may raise WriteBlocked: the caller rolls back, waits and
     tries again; eviction comes last). Returns the retention it found and what it did. A

@@ -18,7 +18,7 @@ from expstore import (
 )
 from expstore.errors import InvalidArgumentError, StorageError
 from expstore.features.rate_limits import discard
-from expstore.features.registry import lock_buffer
+from expstore.lifecycle.registry import lock_buffer
 from tests.helpers import make_row, make_rows
 
 

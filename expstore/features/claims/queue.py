@@ -59,9 +59,9 @@ from ...errors import (
     LeaseExpiredError,
     UnknownConsumerError,
 )
+from ...lifecycle.reader_state import limited_flag
+from ...lifecycle.registry import buffer_row
 from ...query import QueryCondition, condition_key
-from ..rate_limits import limited_flag
-from ..registry import buffer_row
 from ..versions import fresh_clause, oldest_fresh
 from .epochs import hold_epoch, next_epoch
 from .prompts import admit, admitted, count_completions, needs_of

@@ -29,8 +29,8 @@ from sqlalchemy import Connection, bindparam, select
 from ...db.handle import BufferHandle
 from ...db.schema import buffers, progress, ready_groups, rows
 from ...errors import RowsEvictedError
+from ...lifecycle.registry import buffer_row, bump_version, lock_buffer, remove
 from ..eviction import stale_rows
-from ..registry import buffer_row, bump_version, lock_buffer, remove
 from ..tombstones import reasons_of
 
 __all__ = ["AckRetention"]

@@ -25,8 +25,8 @@ import numpy as np
 
 from ...db.handle import retried
 from ...db.schema import buffers
+from ...lifecycle.registry import buffer_row, lock_buffer
 from ..priorities import Update, update_priorities_in
-from ..registry import buffer_row, lock_buffer
 from ..versions import set_version_in
 from .epochs import hold_epoch
 from .queue import Claimed, ClaimQueue

@@ -17,7 +17,7 @@ from ...db.handle import BufferHandle
 from ...db.schema import buffers, oldest_first, rows
 from ...db.schema import task_stats as task_table
 from ...errors import StorageError
-from .. import registry
+from ...lifecycle import registry
 from . import task_stats
 
 __all__ = [

@@ -60,7 +60,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from ...db.handle import BufferHandle
 from ...db.schema import buffers, newest_first, rows, task_stats
-from ..lifecycle import RemoveContext, RowFeature, WriteContext, register
+from ...lifecycle.hooks import RemoveContext, RowFeature, WriteContext, register
 
 __all__ = [
     "BUILD_STEP",

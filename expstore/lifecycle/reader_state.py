@@ -16,13 +16,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, func, select
 
 from ..db.handle import BufferHandle
-from ..db.schema import buffers, newest_first, oldest_first, rows
-from .rate_limits import limited_flag
+from ..db.schema import buffers, newest_first, oldest_first, rate_limits, rows
 
-__all__ = ["Signature", "State", "StateReader", "moved_on", "read_state"]
+__all__ = ["Signature", "State", "StateReader", "limited_flag", "moved_on", "read_state"]
 
 
 class Signature(NamedTuple):
@@ -40,6 +39,13 @@ State = tuple[Signature, int | None, int]
 #: How a cache reads :data:`State` on a connection (the storage's key index's read, which
 #: also tells the rate limit whether the buffer has one).
 StateReader = Callable[[Connection], State]
+
+
+def limited_flag(buffer_id: int) -> Any:
+    """A scalar subquery: whether the buffer has a rate limit (for one-round-trip reads)."""
+    return (
+        select(func.count()).select_from(rate_limits).where(rate_limits.c.buffer_id == buffer_id)
+    ).scalar_subquery()
 
 
 def moved_on(cached: Signature, now: Signature) -> bool:
