@@ -38,12 +38,12 @@ from .features.claims.prompts import AdmissionState
 from .features.claims.queue import Lineage, QueueStats
 from .features.claims.ready_groups import GroupTally
 from .features.dedup import Dedup
-from .features.eviction import Eviction
 from .features.rate_limiter import RateLimiter, RateLimitStats
 from .io import to_arrow
 from .model.rows import DataRow
 from .prefetch import Hooks, Prefetcher
 from .query import QueryCondition
+from .retention.eviction import Eviction
 from .samplers.base import SampleInfo, Sampler, TaskSampler, as_sampler, draw
 from .samplers.group import GroupSampler
 from .samplers.random_task import RandomTaskSampler
@@ -375,7 +375,7 @@ class ReplayBuffer:
         Every row that goes (evicted, or deleted) leaves a tombstone, so :meth:`lineage`
         still answers for it; ``tombstones`` is how many the buffer keeps, the newest
         (default 100,000; 0: none; None: keep the setting). See
-        :mod:`expstore.features.tombstones`."""
+        :mod:`expstore.retention.tombstones`."""
         return self.storage.set_retention(
             capacity, eviction, max_staleness=max_staleness, tombstones=tombstones
         )

@@ -109,7 +109,7 @@ buffers = Table(
     Column("summary_from", BigInteger, nullable=True),
     Column("summary_through", BigInteger, nullable=True),
     # How many tombstones of rows that left the buffer it keeps (expstore_tombstones, see
-    # expstore.features.tombstones): NULL for the default, 0 for none.
+    # expstore.retention.tombstones): NULL for the default, 0 for none.
     Column("keep_tombstones", BigInteger, nullable=True),
     # How arrays stored by digest are compressed (expstore.codec.compression; NULL: "auto",
     # "none": raw) and the largest array a row may hold (NULL: the default), the same for
@@ -621,7 +621,7 @@ Index(
     postgresql_where=task_stats.c.dirty,
 )
 
-#: A compact record of each row that left a buffer (see :mod:`expstore.features.tombstones`):
+#: A compact record of each row that left a buffer (see :mod:`expstore.retention.tombstones`):
 #: when and why it went (``reason``: ``capacity``, ``stale``, ``delete`` or ``clear``; the
 #: buffer's eviction ``policy`` for the first two) and its consumption record as it was
 #: then, written in the transaction that deleted the row. ``seq`` numbers a buffer's

@@ -2,7 +2,7 @@
 readers use to tell whether their cached key indexes are still current; the removal of a
 buffer's rows, through the row lifecycle's removal hooks. Its retention (capacity and
 eviction policy, the same for every handle and process that writes) is
-:mod:`expstore.features.capacity`.
+:mod:`expstore.retention.capacity`.
 
 Every change to a buffer takes its row first (:func:`lock_buffer`), so changes take turns
 in one order: on Postgres by ``FOR UPDATE``; SQLite's ``BEGIN IMMEDIATE`` already lets one
@@ -135,7 +135,7 @@ def remove(
 ) -> int:
     """Delete the buffer's rows matching ``where`` in the caller's transaction (which holds
     the buffer's row), each leaving a tombstone that says ``reason`` (and the eviction
-    ``policy``, for evictions; see :mod:`expstore.features.tombstones`), keeping its row
+    ``policy``, for evictions; see :mod:`expstore.retention.tombstones`), keeping its row
     count and what the buffer's features keep of its rows (the row lifecycle's removal
     hooks, :mod:`expstore.lifecycle.hooks`: ``state`` as the transaction read it, or
     read now); returns how many went (and counts them in ``removed``, if given).

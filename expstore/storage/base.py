@@ -42,8 +42,8 @@ from ..query import QueryCondition, condition_key
 
 if TYPE_CHECKING:
     from ..features.dedup import Dedup
-    from ..features.eviction import Eviction
     from ..features.groups import GroupSpec
+    from ..retention.eviction import Eviction
 
 
 __all__ = [

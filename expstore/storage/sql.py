@@ -6,7 +6,7 @@ The storage is a thin front over one module per role, which a reader can find by
 - :mod:`~expstore.db.dialects`: what SQLite and Postgres each do their own way;
 - :mod:`~expstore.db.handle`: which buffer, its statements, error translation;
 - :mod:`~expstore.lifecycle.registry`: the buffer's row, its retention and version counters;
-- :mod:`~expstore.features.eviction`: the retention policies;
+- :mod:`~expstore.retention.eviction`: the retention policies;
 - :mod:`~expstore.storage.writer`: checking, encoding and inserting a batch, duplicates;
 - :mod:`~expstore.storage.reader`: whole rows by id, key, condition, page and task;
 - :mod:`~expstore.storage.fetch`: a few fields of chosen rows;
@@ -46,12 +46,10 @@ from ..db.replicas import ReadRouter
 from ..db.schema import buffers, rows
 from ..db.tuning import Tuning
 from ..errors import InvalidArgumentError, RowValidationError, StorageError, UnsupportedTypeError
-from ..features import arrays, changes, draw_counts, priorities, tombstones, versions
-from ..features import capacity as retention
+from ..features import arrays, changes, draw_counts, priorities, versions
 from ..features.claims.queue import ClaimQueue
 from ..features.claims.ready_groups import ReadyGroups
 from ..features.dedup import Dedup
-from ..features.eviction import Eviction
 from ..features.groups import GroupIndex, GroupSpec
 from ..features.rate_limits import RateLimits, discard_once
 from ..features.stats import summary_build, task_stats
@@ -61,6 +59,9 @@ from ..lifecycle.registry import BufferInfo
 from ..model.columnar import column_error, parse_columns
 from ..model.rows import DataRow
 from ..query import QueryCondition
+from ..retention import capacity as retention
+from ..retention import tombstones
+from ..retention.eviction import Eviction
 from . import writer
 from .base import Fetched, KeySpace, Storage, Values
 from .cache import DEFAULT_CACHE_BYTES, RowCache
@@ -86,7 +87,7 @@ class SqlStorage(Storage):
     - ``name``: one database holds many buffers, isolated from each other.
     - ``capacity``: at most this many rows remain after every write; ``eviction`` chooses
       which go (``fifo``, the default, ``max_reward``, ``task_fifo``; see
-      :mod:`expstore.features.eviction`). Both are kept with the buffer in the database, so
+      :mod:`expstore.retention.eviction`). Both are kept with the buffer in the database, so
       every handle and process that writes evicts alike: the first handle to give them
       sets them, a handle that gives neither uses them, and one that asks for others
       raises :class:`~expstore.errors.RetentionConflictError` (a ValueError).

@@ -37,7 +37,6 @@ from ..errors import (
     RowValidationError,
     UnsupportedTypeError,
 )
-from ..features.capacity import Retention
 from ..features.dedup import check_dedup, without_duplicates
 from ..features.rate_limits import RateLimits, WriteBlocked
 from ..lifecycle.hooks import Removed, WriteContext, read_state
@@ -52,6 +51,7 @@ from ..model.layout import (
     ColumnSpec,
 )
 from ..model.rows import DataRow
+from ..retention.capacity import Retention
 
 __all__ = [
     "WRITE_CHUNK",

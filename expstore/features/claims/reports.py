@@ -18,8 +18,8 @@ from ...db.row_ids import ids_to_keys
 from ...db.schema import buffers, checkpoints, consumption, produced, progress, rows, targets
 from ...errors import UnsupportedTypeError
 from ...query import QueryCondition
+from ...retention.tombstones import buried
 from ..draw_counts import times_sampled
-from ..tombstones import buried
 
 __all__ = [
     "IN_FLIGHT_SHOWN",

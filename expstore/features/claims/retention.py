@@ -30,8 +30,8 @@ from ...db.handle import BufferHandle
 from ...db.schema import buffers, progress, ready_groups, rows
 from ...errors import RowsEvictedError
 from ...lifecycle.registry import buffer_row, bump_version, lock_buffer, remove
-from ..eviction import stale_rows
-from ..tombstones import reasons_of
+from ...retention.eviction import stale_rows
+from ...retention.tombstones import reasons_of
 
 __all__ = ["AckRetention"]
 

@@ -25,7 +25,7 @@ committed write never leaves more than ``capacity`` rows.
 Capacity is exact and evicts leased rows too (a claim does not grow the buffer beyond
 it): the ack of a claim whose rows went raises
 :class:`~expstore.errors.RowsEvictedError`. Every row that goes leaves a tombstone (see
-:mod:`expstore.features.tombstones`) with the reason (``"capacity"`` or ``"stale"``) it is
+:mod:`expstore.retention.tombstones`) with the reason (``"capacity"`` or ``"stale"``) it is
 removed with.
 """
 
