@@ -18,6 +18,7 @@ import numpy as np
 from sqlalchemy.engine import URL
 
 from ._args import check_batch_size, check_consumer, check_flag
+from .arrays.stored_once import ArraySetting
 from .claims import (
     DEFAULT_LEASE_S,
     Claim,
@@ -33,7 +34,6 @@ from .converters.base import BatchT, Converter, as_converter
 from .converters.default import DefaultConverter
 from .db.tuning import Tuning
 from .errors import InvalidArgumentError, UnknownConsumerError, UnsupportedTypeError
-from .features.arrays import ArraySetting
 from .features.claims.prompts import AdmissionState
 from .features.claims.queue import Lineage, QueueStats
 from .features.claims.ready_groups import GroupTally

@@ -364,7 +364,7 @@ arrays = Table(
 
 #: Which row refers to which stored array: written with the row, gone with it (ON DELETE
 #: CASCADE); an array no row refers to any more is deleted in the same transaction
-#: (:mod:`expstore.features.arrays`).
+#: (:mod:`expstore.arrays.stored_once`).
 array_refs = Table(
     "expstore_array_refs",
     metadata,

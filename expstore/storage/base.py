@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 import numpy as np
 
 from .._args import check_int
+from ..arrays.stored_once import ArraySetting
 from ..errors import InvalidArgumentError
-from ..features.arrays import ArraySetting
 from ..features.versions import oldest_fresh
 from ..lifecycle.reader_state import Signature, moved_on
 from ..model.rows import DataRow

@@ -39,6 +39,7 @@ from sqlalchemy import Connection, delete
 from sqlalchemy.engine import URL
 
 from .._args import check_text
+from ..arrays import stored_once as arrays
 from ..db import migrate, path_indexes
 from ..db.engine import create_sql_engine, is_memory, normalise_url
 from ..db.handle import BufferHandle, read_tracked
@@ -46,7 +47,7 @@ from ..db.replicas import ReadRouter
 from ..db.schema import buffers, rows
 from ..db.tuning import Tuning
 from ..errors import InvalidArgumentError, RowValidationError, StorageError, UnsupportedTypeError
-from ..features import arrays, changes, draw_counts, priorities, versions
+from ..features import changes, draw_counts, priorities, versions
 from ..features.claims.queue import ClaimQueue
 from ..features.claims.ready_groups import ReadyGroups
 from ..features.dedup import Dedup

@@ -139,7 +139,7 @@ class RowSource(ABC):
 
     The writer sets :attr:`max_array_bytes` from the buffer's row before encoding; encoding
     fills :attr:`external` with the arrays each row refers to by digest (see
-    :mod:`expstore.features.arrays`)."""
+    :mod:`expstore.arrays.stored_once`)."""
 
     max_array_bytes: int = DEFAULT_MAX_ARRAY_BYTES
 
