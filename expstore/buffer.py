@@ -305,7 +305,7 @@ class ReplayBuffer:
         value too. Every write and removal keeps the flags, in its transaction; the rows
         stored now are done in one transaction. Kept in the database for every handle of
         the buffer; returns whether the path was not tracked already (see
-        :mod:`expstore.features.changes`)."""
+        :mod:`expstore.tracking.changes`)."""
         return self.sql.track_changes(path)
 
     def untrack_changes(self, path: str) -> bool:

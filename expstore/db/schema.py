@@ -191,7 +191,7 @@ rows = Table(
     # schema revision 0005.
     Column("content_hash", String(32), nullable=True),
     # Whether the row's value at each tracked path equals the previous and the next step's
-    # (two bits per path: see expstore.features.changes), so changed(path) is a test of a
+    # (two bits per path: see expstore.tracking.changes), so changed(path) is a test of a
     # column through an index. 0 when the buffer tracks nothing (schema revision 0018).
     Column("change_flags", BigInteger, nullable=False, server_default="0"),
     UniqueConstraint("buffer_id", "id"),
@@ -375,7 +375,7 @@ array_refs = Table(
 )
 
 #: Paths whose changes a buffer tracks (``buffer.track_changes(path)``, see
-#: :mod:`expstore.features.changes`): ``id`` names the path in ``expstore_changes``, never
+#: :mod:`expstore.tracking.changes`): ``id`` names the path in ``expstore_changes``, never
 #: given again; ``slot`` is the pair of bits the path's flags take in the rows'
 #: ``change_flags`` (bit ``2 * slot``: same as the previous step, ``2 * slot + 1``: same as
 #: the next), given again once the path is untracked (its bits are cleared then).

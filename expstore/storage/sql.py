@@ -47,7 +47,7 @@ from ..db.replicas import ReadRouter
 from ..db.schema import buffers, rows
 from ..db.tuning import Tuning
 from ..errors import InvalidArgumentError, RowValidationError, StorageError, UnsupportedTypeError
-from ..features import changes, draw_counts, priorities, versions
+from ..features import draw_counts, priorities, versions
 from ..features.claims.queue import ClaimQueue
 from ..features.claims.ready_groups import ReadyGroups
 from ..features.dedup import Dedup
@@ -63,6 +63,7 @@ from ..query import QueryCondition
 from ..retention import capacity as retention
 from ..retention import tombstones
 from ..retention.eviction import Eviction
+from ..tracking import changes
 from . import writer
 from .base import Fetched, KeySpace, Storage, Values
 from .cache import DEFAULT_CACHE_BYTES, RowCache
@@ -522,7 +523,7 @@ class SqlStorage(Storage):
         """Keep, for every row, whether the value at ``path`` equals the previous and the
         next step's, so ``changed(path)`` reads flags instead of probing each row's
         neighbour; the rows stored are done now, in one transaction. Whether the path was
-        not tracked already (see :mod:`expstore.features.changes`)."""
+        not tracked already (see :mod:`expstore.tracking.changes`)."""
         return self._set_tracking(path, changes.track, f"track changes of {path}")
 
     def untrack_changes(self, path: str) -> bool:

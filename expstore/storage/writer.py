@@ -68,7 +68,7 @@ WRITE_CHUNK = 1000
 
 # The encoded tuple is (buffer_id, id, *metadata, *scalars, data, tensors, content_hash,
 # change_flags): WRITE_COLUMNS. change_flags is 0 as encoded; a write to a buffer that tracks
-# changes sets it (see expstore.features.changes).
+# changes sets it (see expstore.tracking.changes).
 assert WRITE_COLUMNS == (
     "buffer_id",
     "id",
