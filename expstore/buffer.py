@@ -38,8 +38,8 @@ from .features.claims.prompts import AdmissionState
 from .features.claims.queue import Lineage, QueueStats
 from .features.claims.ready_groups import GroupTally
 from .features.dedup import Dedup
-from .features.rate_limiter import RateLimiter, RateLimitStats
 from .io import to_arrow
+from .limits.rate_limiter import RateLimiter, RateLimitStats
 from .model.rows import DataRow
 from .prefetch import Hooks, Prefetcher
 from .query import QueryCondition
@@ -761,7 +761,7 @@ class ReplayBuffer:
         per consumer."""
         return self.sql.claims.stats(query_condition)
 
-    # -- rate limits (expstore.features.rate_limiter) ----------------------------------------
+    # -- rate limits (expstore.limits.rate_limiter) ----------------------------------------
     def set_rate_limiter(self, limiter: RateLimiter | None) -> None:
         """Limit sampling (and, with ``block_writers``, writing) of this buffer for every
         process, as Reverb's rate limiters: ``RateLimiter(min_size=..., samples_per_insert=

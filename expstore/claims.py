@@ -93,8 +93,8 @@ from .features.claims.queue import Claimed, ClaimQueue, RateLimitFound, Scope, S
 from .features.claims.ready_groups import GroupTally
 from .features.claims.steps import StepParts, commit_step
 from .features.dedup import Dedup, check_dedup
-from .features.rate_limits import WriteBlocked
 from .features.versions import check_version
+from .limits.counters import WriteBlocked
 from .model.rows import DataRow
 from .query import And, QueryCondition, as_condition
 from .samplers.base import KeySampler, SampleInfo

@@ -95,7 +95,7 @@ buffers = Table(
     # When the last write inserted rows (database clock; NULL: never), for the waits'
     # messages; and rows ever inserted that can never be drawn (discarded: groups that a
     # group condition refuses, rows gone stale), which rate limits do not count as
-    # inserted (see expstore.features.rate_limits.discard).
+    # inserted (see expstore.limits.counters.discard).
     Column("inserted_at", Double, nullable=True),
     Column("discarded", BigInteger, nullable=False, server_default="0"),
     # The rows the buffer holds now, kept by every write, delete and eviction in its own
@@ -472,7 +472,7 @@ admission = Table(
 #: Rows of a buffer a group claim's index found can never be drawn (their group complete
 #: but refused by the group condition, or stale), each recorded once whichever index
 #: found it, so the rate limit counts it as discarded once (see
-#: :func:`expstore.features.rate_limits.discard_once`); the entry goes with its row.
+#: :func:`expstore.limits.counters.discard_once`); the entry goes with its row.
 discarded_rows = Table(
     "expstore_discarded",
     metadata,
@@ -549,7 +549,7 @@ sample_counts = Table(
 #: A buffer's rate limit (Reverb's ``RateLimiter``): its settings and the samples counted so
 #: far, one row per limited buffer, apart from ``expstore_buffers`` so that samplers
 #: counting never wait for writers holding the buffer's row (see
-#: :mod:`expstore.features.rate_limits`).
+#: :mod:`expstore.limits.counters`).
 rate_limits = Table(
     "expstore_rate_limits",
     metadata,

@@ -66,7 +66,7 @@ def read_state(
 ) -> State:
     """The buffer's signature, its current policy version and its row count, in one
     round trip; ``on_limit`` is told whether the buffer has a rate limit (read in the same
-    round trip; see :mod:`expstore.features.rate_limits`). A buffer row that no longer
+    round trip; see :mod:`expstore.limits.counters`). A buffer row that no longer
     holds the handle's buffer raises StorageError (:meth:`BufferHandle.check_row`)."""
     buffer_id = handle.buffer_id
 

@@ -857,7 +857,7 @@ def draw(
     and matching (the version may have moved) and chooses only the rest, after a rate
     limit's wait no more rows than the limit counted.
 
-    Under a rate limit (:mod:`expstore.features.rate_limiter`) the batch is counted before it is
+    Under a rate limit (:mod:`expstore.limits.rate_limiter`) the batch is counted before it is
     fetched, waiting while the budget is spent (RateLimitedError after the limiter's
     timeout); a batch chosen again larger than counted counts the rest; rows chosen but
     not returned are given back.

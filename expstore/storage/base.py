@@ -294,7 +294,7 @@ class Storage(ABC):
     def acquire_samples(self, n: int, since: float | None = None) -> tuple[int, bool]:
         """Count ``n`` samples against the buffer's rate limit, waiting while it is spent;
         returns (samples counted, whether it waited); (0, False) for a buffer without a
-        limit (see :mod:`expstore.features.rate_limiter`)."""
+        limit (see :mod:`expstore.limits.rate_limiter`)."""
 
     @abstractmethod
     def refund_samples(self, n: int) -> None:

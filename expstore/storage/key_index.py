@@ -101,7 +101,7 @@ class KeyIndex:
         #: Rows fetched from the database so far, to see what refreshing costs.
         self.rows_read = 0
         #: Told at each freshness check whether the buffer has a rate limit (read in the
-        #: same round trip; see :mod:`expstore.features.rate_limits`).
+        #: same round trip; see :mod:`expstore.limits.counters`).
         self.on_limit: Callable[[bool], None] | None = None
 
     def __getstate__(self) -> dict[str, Any]:

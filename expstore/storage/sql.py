@@ -12,7 +12,7 @@ The storage is a thin front over one module per role, which a reader can find by
 - :mod:`~expstore.storage.fetch`: a few fields of chosen rows;
 - :mod:`~expstore.features.priorities`: stored priorities and their log;
 - :mod:`~expstore.features.versions`: the current policy version and what is stale;
-- :mod:`~expstore.features.rate_limits`: rate limits and their counters;
+- :mod:`~expstore.limits.counters`: rate limits and their counters;
 - :mod:`~expstore.storage.key_index`: the cached key arrays samplers choose from;
 - :mod:`~expstore.features.groups`: group summaries (GRPO groups), and
   :mod:`~expstore.features.claims.groups`: claiming whole groups;
@@ -52,11 +52,11 @@ from ..features.claims.queue import ClaimQueue
 from ..features.claims.ready_groups import ReadyGroups
 from ..features.dedup import Dedup
 from ..features.groups import GroupIndex, GroupSpec
-from ..features.rate_limits import RateLimits, discard_once
 from ..features.stats import summary_build, task_stats
 from ..features.stats.summary import summarise
 from ..lifecycle import registry
 from ..lifecycle.registry import BufferInfo
+from ..limits.counters import RateLimits, discard_once
 from ..model.columnar import column_error, parse_columns
 from ..model.rows import DataRow
 from ..query import QueryCondition
@@ -225,7 +225,7 @@ class SqlStorage(Storage):
 
     @property
     def rate_limits(self) -> RateLimits:
-        """The buffer's rate limit (see :mod:`expstore.features.rate_limits`)."""
+        """The buffer's rate limit (see :mod:`expstore.limits.counters`)."""
         return self._limits
 
     def acquire_samples(self, n: int, since: float | None = None) -> tuple[int, bool]:
@@ -257,7 +257,7 @@ class SqlStorage(Storage):
     def discard_rows(self, conn: Connection, keys: list[int]) -> None:
         """Count the rows of ``keys`` that can never be drawn (groups a group claim's index
         left out for good) as discarded by the rate limit, each once, in ``conn``'s
-        transaction (see :func:`~expstore.features.rate_limits.discard_once`)."""
+        transaction (see :func:`~expstore.limits.counters.discard_once`)."""
         discard_once(self._handle, conn, keys)
 
     @property

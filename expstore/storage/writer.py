@@ -38,9 +38,9 @@ from ..errors import (
     UnsupportedTypeError,
 )
 from ..features.dedup import check_dedup, without_duplicates
-from ..features.rate_limits import RateLimits, WriteBlocked
 from ..lifecycle.hooks import Removed, WriteContext, read_state
 from ..lifecycle.registry import count_inserted, count_removed
+from ..limits.counters import RateLimits, WriteBlocked
 from ..model.layout import (
     COLUMNS,
     ID_COLUMN,
