@@ -325,7 +325,7 @@ class ReplayBuffer:
         step summarised). A long task (over 1,000 rows) whose extremes a delete took is
         read from its rows by stats until this is called again, which summarises it anew.
         Kept with the buffer for every process; safe to call again (a build cut short
-        goes on). See :mod:`expstore.features.stats.task_stats`."""
+        goes on). See :mod:`expstore.stats.task_stats`."""
         self.sql.create_summary(step=step, progress=progress)
 
     def drop_summary(self) -> bool:

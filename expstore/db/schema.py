@@ -103,7 +103,7 @@ buffers = Table(
     # FIFO eviction by an offset of the excess, and samplers' dense-key checks
     # (expstore.storage.key_space).
     Column("row_count", BigInteger, nullable=False, server_default="0"),
-    # Per-task summaries (expstore_task_stats, see expstore.features.stats.task_stats): NULL when
+    # Per-task summaries (expstore_task_stats, see expstore.stats.task_stats): NULL when
     # the buffer keeps none; else the largest key when they were created (writers summarise
     # the rows above it) and how far the rows up to it are summarised already.
     Column("summary_from", BigInteger, nullable=True),
@@ -573,7 +573,7 @@ rate_limits = Table(
 
 
 #: Per-task summaries of the buffers that keep them (``buffer.create_summary()``; see
-#: :mod:`expstore.features.stats.task_stats`): a task's rows, their rewards, times and policy
+#: :mod:`expstore.stats.task_stats`): a task's rows, their rewards, times and policy
 #: versions (counts, sums, sums of squares, extremes) and its last row (by step, then key).
 task_stats = Table(
     "expstore_task_stats",

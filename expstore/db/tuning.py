@@ -28,7 +28,7 @@ class Tuning:
     fresh_versions: int = 1024
     #: A task left with more rows than this, whose extremes or last row a delete took, is
     #: marked dirty instead of summarised again at once (which reads all its rows; see
-    #: :mod:`expstore.features.stats.task_stats`).
+    #: :mod:`expstore.stats.task_stats`).
     recompute_limit: int = 1000
     #: Keys (or other values) bound per statement when probing or listing (drivers cap
     #: bound parameters; see :mod:`expstore.storage.key_space`).

@@ -16,9 +16,9 @@ The storage is a thin front over one module per role, which a reader can find by
 - :mod:`~expstore.storage.key_index`: the cached key arrays samplers choose from;
 - :mod:`~expstore.features.groups`: group summaries (GRPO groups), and
   :mod:`~expstore.features.claims.groups`: claiming whole groups;
-- :mod:`~expstore.features.stats.summary`: stats as SQL aggregates;
-  :mod:`~expstore.features.stats.task_stats`: per-task summaries kept by writers, and
-  :mod:`~expstore.features.stats.summary_build`: creating, building and dropping them.
+- :mod:`~expstore.stats.summary`: stats as SQL aggregates;
+  :mod:`~expstore.stats.task_stats`: per-task summaries kept by writers, and
+  :mod:`~expstore.stats.summary_build`: creating, building and dropping them.
 
 Writes run in one transaction each: the insert and any eviction inside it, so a batch is
 stored whole or not at all. On SQLite, write transactions begin with ``BEGIN IMMEDIATE``
@@ -52,8 +52,6 @@ from ..features.claims.queue import ClaimQueue
 from ..features.claims.ready_groups import ReadyGroups
 from ..features.dedup import Dedup
 from ..features.groups import GroupIndex, GroupSpec
-from ..features.stats import summary_build, task_stats
-from ..features.stats.summary import summarise
 from ..lifecycle import registry
 from ..lifecycle.registry import BufferInfo
 from ..limits.counters import RateLimits, discard_once
@@ -63,6 +61,8 @@ from ..query import QueryCondition
 from ..retention import capacity as retention
 from ..retention import tombstones
 from ..retention.eviction import Eviction
+from ..stats import summary_build, task_stats
+from ..stats.summary import summarise
 from ..tracking import changes
 from . import writer
 from .base import Fetched, KeySpace, Storage, Values
@@ -556,7 +556,7 @@ class SqlStorage(Storage):
         step: int = task_stats.BUILD_STEP,
         progress: Callable[[int], object] | None = None,
     ) -> None:
-        """Keep per-task summaries (see :mod:`expstore.features.stats.task_stats`), building them
+        """Keep per-task summaries (see :mod:`expstore.stats.task_stats`), building them
         for the rows present ``step`` rows per transaction (``progress`` is told how many
         rows each step summarised)."""
         summary_build.create(self._handle, step, progress)
