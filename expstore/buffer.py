@@ -33,11 +33,11 @@ from .claims import (
 from .converters.base import BatchT, Converter, as_converter
 from .converters.default import DefaultConverter
 from .db.tuning import Tuning
+from .dedup import Dedup
 from .errors import InvalidArgumentError, UnknownConsumerError, UnsupportedTypeError
 from .features.claims.prompts import AdmissionState
 from .features.claims.queue import Lineage, QueueStats
 from .features.claims.ready_groups import GroupTally
-from .features.dedup import Dedup
 from .io import to_arrow
 from .limits.rate_limiter import RateLimiter, RateLimitStats
 from .model.rows import DataRow
@@ -412,7 +412,7 @@ class ReplayBuffer:
         """(arrays stored by digest, their own bytes, their stored bytes) of this buffer."""
         return self.storage.array_stats()
 
-    # -- policy versions (expstore.features.versions) -------------------------------------
+    # -- policy versions (expstore.policy_versions) -------------------------------------
     def set_policy_version(self, version: int, *, force: bool = False) -> int:
         """Publish the trainer's current policy version to every process sharing the
         buffer. Rows stamped with ``ExpMeta.policy_version`` older than ``version - k`` are

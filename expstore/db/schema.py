@@ -85,7 +85,7 @@ buffers = Table(
     Column("eviction", String(32), nullable=True),
     # Bumped by every priority update; expstore_priority_log holds the recent ones.
     Column("priority_version", BigInteger, nullable=False, server_default="0"),
-    # The trainer's current policy version (NULL: never set), see expstore.features.versions;
+    # The trainer's current policy version (NULL: never set), see expstore.policy_versions;
     # with eviction "stale", rows more than ``stale_after`` versions older go at each write.
     Column("policy_version", BigInteger, nullable=True),
     Column("stale_after", BigInteger, nullable=True),
@@ -187,7 +187,7 @@ rows = Table(
     Column("data", JsonType, nullable=False),
     Column("tensors", BlobType, nullable=True),
     # A digest of the row's content (everything but id and execute_time), for
-    # store_batch(..., dedup=...); see expstore.features.dedup. NULL for rows stored before
+    # store_batch(..., dedup=...); see expstore.dedup. NULL for rows stored before
     # schema revision 0005.
     Column("content_hash", String(32), nullable=True),
     # Whether the row's value at each tracked path equals the previous and the next step's
@@ -276,7 +276,7 @@ def _row_key() -> Column[Any]:
 
 
 #: Stored priorities (prioritized replay), one row per experience row that has one (see
-#: :mod:`expstore.features.priorities`). Kept apart from ``expstore_rows`` so that a
+#: :mod:`expstore.priorities`). Kept apart from ``expstore_rows`` so that a
 #: priority update writes a narrow row and two small indexes, not a new version of the
 #: payload and every index of ``expstore_rows``; a row without an entry has no priority.
 priorities = Table(

@@ -13,7 +13,7 @@ committed write never leaves more than ``capacity`` rows.
   evicted starts again from those steps.)
 - ``stale``: rows more than ``k`` policy versions older than the buffer's current version
   go (``set_retention(capacity, "stale", max_staleness=k)``; see
-  :mod:`expstore.features.versions`), at every write and when the version moves; rows without
+  :mod:`expstore.policy_versions`), at every write and when the version moves; rows without
   a version stay. Beyond ``capacity`` (if set), the oldest of the rest go, as ``fifo``.
 
   A stale row under a live lease (claimed, not acked, its lease not run out) stays until
@@ -70,7 +70,7 @@ def not_leased(now: Any) -> ColumnElement[bool]:
 def stale_rows(buffer_id: int) -> ColumnElement[bool]:
     """Rows the ``"stale"`` policy drops: more than the buffer's ``stale_after`` versions
     behind its current version (the complement of the freshness rule,
-    expstore.features.versions.fresh: rows without a version are never stale, "< oldest"
+    expstore.policy_versions.fresh: rows without a version are never stale, "< oldest"
     is NULL for them)."""
     this = buffers.c.id == buffer_id
     oldest = select(buffers.c.policy_version - buffers.c.stale_after).where(this)

@@ -35,14 +35,14 @@ import numpy as np
 from .._args import check_int
 from ..arrays.stored_once import ArraySetting
 from ..errors import InvalidArgumentError
-from ..features.versions import oldest_fresh
 from ..lifecycle.reader_state import Signature, moved_on
 from ..model.rows import DataRow
+from ..policy_versions import oldest_fresh
 from ..query import QueryCondition, condition_key
 
 if TYPE_CHECKING:
-    from ..features.dedup import Dedup
-    from ..features.groups import GroupSpec
+    from ..dedup import Dedup
+    from ..group_summaries import GroupSpec
     from ..retention.eviction import Eviction
 
 
@@ -180,7 +180,7 @@ class Storage(ABC):
     @abstractmethod
     def policy_version(self) -> int | None:
         """The buffer's current policy version (None: never set), which samplers with
-        ``max_staleness`` measure rows against; see :mod:`expstore.features.versions`."""
+        ``max_staleness`` measure rows against; see :mod:`expstore.policy_versions`."""
 
     @abstractmethod
     def set_policy_version(self, version: int, *, force: bool = False) -> int:
@@ -283,7 +283,7 @@ class Storage(ABC):
     def count_draws(self, keys: np.ndarray, limit: int) -> np.ndarray:
         """For samplers with ``consume_after=limit``: count one draw of each of ``keys``
         (distinct) whose row has had fewer than ``limit``, for every process together, and
-        return those keys (see :mod:`expstore.features.draw_counts`)."""
+        return those keys (see :mod:`expstore.draw_counts`)."""
 
     @abstractmethod
     def spent_keys(self, limit: int, among: np.ndarray | None = None) -> np.ndarray:
@@ -307,7 +307,7 @@ class Storage(ABC):
     @abstractmethod
     def groups(self, query_condition: QueryCondition, spec: GroupSpec) -> dict[str, Any]:
         """Summaries of the groups of matching rows, as arrays over the groups (see
-        :meth:`expstore.features.groups.GroupIndex.get`)."""
+        :meth:`expstore.group_summaries.GroupIndex.get`)."""
 
     @abstractmethod
     def close(self) -> None:

@@ -11,7 +11,7 @@ another eviction policy, a clear) bumps the version. So a cached index
 - after inserts fetches only the rows above its largest key;
 - after FIFO eviction drops its front;
 - after priority updates by any process patches its priorities from the priority log
-  (:mod:`expstore.features.priorities`), or reloads when the log does not reach back;
+  (:mod:`expstore.priorities`), or reloads when the log does not reach back;
 - after any other change reloads.
 """
 
@@ -31,8 +31,8 @@ from ..db.dialects import Dialect
 from ..db.handle import BufferHandle
 from ..db.schema import priorities, rows
 from ..errors import CodecError
-from ..features.priorities import logged_priorities
 from ..lifecycle.reader_state import Signature, State, moved_on, read_state
+from ..priorities import logged_priorities
 from ..query import QueryCondition, condition_key
 from ..query.fields import resolve_field
 

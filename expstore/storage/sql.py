@@ -10,11 +10,11 @@ The storage is a thin front over one module per role, which a reader can find by
 - :mod:`~expstore.storage.writer`: checking, encoding and inserting a batch, duplicates;
 - :mod:`~expstore.storage.reader`: whole rows by id, key, condition, page and task;
 - :mod:`~expstore.storage.fetch`: a few fields of chosen rows;
-- :mod:`~expstore.features.priorities`: stored priorities and their log;
-- :mod:`~expstore.features.versions`: the current policy version and what is stale;
+- :mod:`~expstore.priorities`: stored priorities and their log;
+- :mod:`~expstore.policy_versions`: the current policy version and what is stale;
 - :mod:`~expstore.limits.counters`: rate limits and their counters;
 - :mod:`~expstore.storage.key_index`: the cached key arrays samplers choose from;
-- :mod:`~expstore.features.groups`: group summaries (GRPO groups), and
+- :mod:`~expstore.group_summaries`: group summaries (GRPO groups), and
   :mod:`~expstore.features.claims.groups`: claiming whole groups;
 - :mod:`~expstore.stats.summary`: stats as SQL aggregates;
   :mod:`~expstore.stats.task_stats`: per-task summaries kept by writers, and
@@ -38,6 +38,8 @@ import numpy as np
 from sqlalchemy import Connection, delete
 from sqlalchemy.engine import URL
 
+from .. import draw_counts, priorities
+from .. import policy_versions as versions
 from .._args import check_text
 from ..arrays import stored_once as arrays
 from ..db import migrate, path_indexes
@@ -46,12 +48,11 @@ from ..db.handle import BufferHandle, read_tracked
 from ..db.replicas import ReadRouter
 from ..db.schema import buffers, rows
 from ..db.tuning import Tuning
+from ..dedup import Dedup
 from ..errors import InvalidArgumentError, RowValidationError, StorageError, UnsupportedTypeError
-from ..features import draw_counts, priorities, versions
 from ..features.claims.queue import ClaimQueue
 from ..features.claims.ready_groups import ReadyGroups
-from ..features.dedup import Dedup
-from ..features.groups import GroupIndex, GroupSpec
+from ..group_summaries import GroupIndex, GroupSpec
 from ..lifecycle import registry
 from ..lifecycle.registry import BufferInfo
 from ..limits.counters import RateLimits, discard_once
@@ -242,7 +243,7 @@ class SqlStorage(Storage):
 
     @property
     def group_index(self) -> GroupIndex:
-        """The cached group summaries (see :mod:`expstore.features.groups`)."""
+        """The cached group summaries (see :mod:`expstore.group_summaries`)."""
         return self._groups
 
     def groups(self, query_condition: QueryCondition, spec: GroupSpec) -> dict[str, Any]:
@@ -290,7 +291,7 @@ class SqlStorage(Storage):
 
         Rows are checked, encoded and written in chunks inside that transaction, so memory
         stays small; any failure (a value the codec or the model refuses, a duplicate id)
-        rolls it all back. ``dedup``: see :mod:`expstore.features.dedup`.
+        rolls it all back. ``dedup``: see :mod:`expstore.dedup`.
         """
         self.capacity, self.eviction, done = writer.store_batch(self._handle, rows_, dedup)
         return done if report else done.stored
@@ -414,7 +415,7 @@ class SqlStorage(Storage):
         Ids no longer in the buffer (evicted since they were sampled, say) are skipped; for
         an id given twice the last priority wins. This process's cached key index is
         patched in place, and the update is logged so that other processes patch theirs
-        too (see :mod:`expstore.features.priorities`).
+        too (see :mod:`expstore.priorities`).
         """
         return self.priorities_updated(priorities.update_priorities(self._handle, ids, priorities_))
 

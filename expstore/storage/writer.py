@@ -30,6 +30,7 @@ from ..codec.compression import DEFAULT_MAX_ARRAY_BYTES, EXTERNAL_THRESHOLD
 from ..db.dialects import WRITE_COLUMNS
 from ..db.handle import BufferHandle, retried
 from ..db.row_ids import ids_to_keys
+from ..dedup import check_dedup, without_duplicates
 from ..errors import (
     CodecError,
     DuplicateIdError,
@@ -37,7 +38,6 @@ from ..errors import (
     RowValidationError,
     UnsupportedTypeError,
 )
-from ..features.dedup import check_dedup, without_duplicates
 from ..lifecycle.hooks import Removed, WriteContext, read_state
 from ..lifecycle.registry import count_inserted, count_removed
 from ..limits.counters import RateLimits, WriteBlocked
@@ -232,7 +232,7 @@ def store_batch(
 ) -> tuple[int | None, str, StoreReport]:
     """Store every row in one transaction, or none; returns the buffer's retention as the
     write found it (capacity, eviction) and what the write did (see
-    :mod:`expstore.features.dedup` for ``dedup``)."""
+    :mod:`expstore.dedup` for ``dedup``)."""
     check_dedup(dedup)
     return store_rows(handle, prepare(rows), dedup)
 

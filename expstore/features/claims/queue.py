@@ -61,8 +61,8 @@ from ...errors import (
 )
 from ...lifecycle.reader_state import limited_flag
 from ...lifecycle.registry import buffer_row
+from ...policy_versions import fresh_clause, oldest_fresh
 from ...query import QueryCondition, condition_key
-from ..versions import fresh_clause, oldest_fresh
 from .epochs import hold_epoch, next_epoch
 from .prompts import admit, admitted, count_completions, needs_of
 from .ready_groups import forget_consumed

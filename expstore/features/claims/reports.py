@@ -16,10 +16,10 @@ from ..._args import check_text
 from ...db.handle import BufferHandle
 from ...db.row_ids import ids_to_keys
 from ...db.schema import buffers, checkpoints, consumption, produced, progress, rows, targets
+from ...draw_counts import times_sampled
 from ...errors import UnsupportedTypeError
 from ...query import QueryCondition
 from ...retention.tombstones import buried
-from ..draw_counts import times_sampled
 
 __all__ = [
     "IN_FLIGHT_SHOWN",

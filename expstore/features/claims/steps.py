@@ -26,8 +26,8 @@ import numpy as np
 from ...db.handle import retried
 from ...db.schema import buffers
 from ...lifecycle.registry import buffer_row, lock_buffer
-from ..priorities import Update, update_priorities_in
-from ..versions import set_version_in
+from ...policy_versions import set_version_in
+from ...priorities import Update, update_priorities_in
 from .epochs import hold_epoch
 from .queue import Claimed, ClaimQueue
 

@@ -21,13 +21,13 @@ import numpy as np
 from sqlalchemy import Connection, and_, bindparam, case, func, literal, not_, or_, select
 from sqlalchemy.sql.elements import ColumnElement
 
-from ..db.handle import BufferHandle
-from ..db.schema import rows
-from ..lifecycle.reader_state import Signature, StateReader
-from ..query import QueryCondition, condition_key
-from ..query.fields import resolve_field
-from ..query.groups import GroupCondition
-from .versions import fresh
+from .db.handle import BufferHandle
+from .db.schema import rows
+from .lifecycle.reader_state import Signature, StateReader
+from .policy_versions import fresh
+from .query import QueryCondition, condition_key
+from .query.fields import resolve_field
+from .query.groups import GroupCondition
 
 __all__ = [
     "GroupIndex",

@@ -24,13 +24,13 @@ import numpy as np
 from sqlalchemy import Connection, bindparam, func, or_, select, true, update
 from sqlalchemy.sql.elements import ColumnElement
 
-from .._args import check_int
-from ..db.handle import BufferHandle
-from ..db.schema import buffers, loose_scan, rows
-from ..errors import PolicyVersionError
-from ..lifecycle.registry import lock_buffer
-from ..retention.capacity import evict_beyond
-from ..retention.eviction import EVERY_WRITE_POLICIES
+from ._args import check_int
+from .db.handle import BufferHandle
+from .db.schema import buffers, loose_scan, rows
+from .errors import PolicyVersionError
+from .lifecycle.registry import lock_buffer
+from .retention.capacity import evict_beyond
+from .retention.eviction import EVERY_WRITE_POLICIES
 
 _T = TypeVar("_T")
 
