@@ -5,8 +5,9 @@ The storage is a thin front over one module per role, which a reader can find by
 - :mod:`~expstore.db.engine`: engines and fork-aware connections;
 - :mod:`~expstore.db.dialects`: what SQLite and Postgres each do their own way;
 - :mod:`~expstore.db.handle`: which buffer, its statements, error translation;
-- :mod:`~expstore.lifecycle.registry`: the buffer's row, its retention and version counters;
-- :mod:`~expstore.retention.eviction`: the retention policies;
+- :mod:`~expstore.lifecycle.registry`: the buffer's row and version counters;
+- :mod:`~expstore.retention.capacity`: the buffer's retention;
+  :mod:`~expstore.retention.eviction`: the retention policies;
 - :mod:`~expstore.storage.writer`: checking, encoding and inserting a batch, duplicates;
 - :mod:`~expstore.storage.reader`: whole rows by id, key, condition, page and task;
 - :mod:`~expstore.storage.fetch`: a few fields of chosen rows;
@@ -197,7 +198,8 @@ class SqlStorage(Storage):
     @property
     def handle(self) -> BufferHandle:
         """The buffer's handle (connections, dialect, compiled statements): what the
-        features of :mod:`expstore.features` take, for tools and tests that call them."""
+        features (:mod:`expstore.lifecycle` and the packages over it) take, for tools and
+        tests that call them."""
         return self._handle
 
     @property
