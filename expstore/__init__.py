@@ -47,8 +47,8 @@ from .errors import (
     WaitTimeoutError,
 )
 from .features.claims.prompts import AdmissionState
-from .features.rate_limiter import RateLimiter, RateLimitStats
 from .io import export_images, export_rows, import_rows
+from .limits.rate_limiter import RateLimiter, RateLimitStats
 from .model.rows import DataRow, Experience, ExpMeta
 from .query import Condition, QueryBuilder
 from .query.groups import GroupCondition, GroupStat

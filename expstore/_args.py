@@ -3,8 +3,8 @@ error (:class:`~expstore.errors.InvalidArgumentError`, UnsupportedTypeError, Que
 saying what was expected and what arrived.
 
 Checks that need a higher layer's concept stay with it: ``check_dedup``
-(:mod:`expstore.features.dedup`'s modes), ``check_retention``
-(:mod:`expstore.features.eviction`'s policies), ``check_pattern`` (the LIKE grammar of
+(:mod:`expstore.dedup`'s modes), ``check_retention``
+(:mod:`expstore.retention.eviction`'s policies), ``check_pattern`` (the LIKE grammar of
 :mod:`expstore.query._like`), ``check_revision`` (the migrations'
 revisions, :mod:`expstore.cli._common`); ``check_value`` is the codec's, below this module."""
 

@@ -88,7 +88,7 @@ CONFLICT = Backoff(first_s=0.01, factor=2.0, attempts=5)
 #: growing by half to 0.5 s, until the caller's timeout.
 CLAIM_POLL = Backoff(first_s=0.005, factor=1.5, longest_s=0.5)
 #: A sample or a write waiting for a rate limit's budget
-#: (:mod:`expstore.features.rate_limits`): 2 ms growing by half to 0.25 s, until the
+#: (:mod:`expstore.limits.counters`): 2 ms growing by half to 0.25 s, until the
 #: limiter's timeout.
 RATE_LIMIT_WAIT = Backoff(first_s=0.002, factor=1.5, longest_s=0.25)
 #: A SQLite file busy (locked by another connection) while it is switched to WAL

@@ -18,6 +18,7 @@ import numpy as np
 from sqlalchemy.engine import URL
 
 from ._args import check_batch_size, check_consumer, check_flag
+from .arrays.stored_once import ArraySetting
 from .claims import (
     DEFAULT_LEASE_S,
     Claim,
@@ -32,18 +33,17 @@ from .claims import (
 from .converters.base import BatchT, Converter, as_converter
 from .converters.default import DefaultConverter
 from .db.tuning import Tuning
+from .dedup import Dedup
 from .errors import InvalidArgumentError, UnknownConsumerError, UnsupportedTypeError
-from .features.arrays import ArraySetting
 from .features.claims.prompts import AdmissionState
 from .features.claims.queue import Lineage, QueueStats
 from .features.claims.ready_groups import GroupTally
-from .features.dedup import Dedup
-from .features.eviction import Eviction
-from .features.rate_limiter import RateLimiter, RateLimitStats
 from .io import to_arrow
+from .limits.rate_limiter import RateLimiter, RateLimitStats
 from .model.rows import DataRow
 from .prefetch import Hooks, Prefetcher
 from .query import QueryCondition
+from .retention.eviction import Eviction
 from .samplers.base import SampleInfo, Sampler, TaskSampler, as_sampler, draw
 from .samplers.group import GroupSampler
 from .samplers.random_task import RandomTaskSampler
@@ -306,7 +306,7 @@ class ReplayBuffer:
         value too. Every write and removal keeps the flags, in its transaction; the rows
         stored now are done in one transaction. Kept in the database for every handle of
         the buffer; returns whether the path was not tracked already (see
-        :mod:`expstore.features.changes`)."""
+        :mod:`expstore.tracking.changes`)."""
         return self.sql.track_changes(path)
 
     def untrack_changes(self, path: str) -> bool:
@@ -326,7 +326,7 @@ class ReplayBuffer:
         step summarised). A long task (over 1,000 rows) whose extremes a delete took is
         read from its rows by stats until this is called again, which summarises it anew.
         Kept with the buffer for every process; safe to call again (a build cut short
-        goes on). See :mod:`expstore.features.stats.task_stats`."""
+        goes on). See :mod:`expstore.stats.task_stats`."""
         self.sql.create_summary(step=step, progress=progress)
 
     def drop_summary(self) -> bool:
@@ -376,7 +376,7 @@ class ReplayBuffer:
         Every row that goes (evicted, or deleted) leaves a tombstone, so :meth:`lineage`
         still answers for it; ``tombstones`` is how many the buffer keeps, the newest
         (default 100,000; 0: none; None: keep the setting). See
-        :mod:`expstore.features.tombstones`."""
+        :mod:`expstore.retention.tombstones`."""
         return self.storage.set_retention(
             capacity, eviction, max_staleness=max_staleness, tombstones=tombstones
         )
@@ -413,7 +413,7 @@ class ReplayBuffer:
         """(arrays stored by digest, their own bytes, their stored bytes) of this buffer."""
         return self.storage.array_stats()
 
-    # -- policy versions (expstore.features.versions) -------------------------------------
+    # -- policy versions (expstore.policy_versions) -------------------------------------
     def set_policy_version(self, version: int, *, force: bool = False) -> int:
         """Publish the trainer's current policy version to every process sharing the
         buffer. Rows stamped with ``ExpMeta.policy_version`` older than ``version - k`` are
@@ -762,7 +762,7 @@ class ReplayBuffer:
         per consumer."""
         return self.sql.claims.stats(query_condition)
 
-    # -- rate limits (expstore.features.rate_limiter) ----------------------------------------
+    # -- rate limits (expstore.limits.rate_limiter) ----------------------------------------
     def set_rate_limiter(self, limiter: RateLimiter | None) -> None:
         """Limit sampling (and, with ``block_writers``, writing) of this buffer for every
         process, as Reverb's rate limiters: ``RateLimiter(min_size=..., samples_per_insert=

@@ -62,6 +62,7 @@ from .converters.base import Converter, as_converter
 from .converters.default import DefaultConverter
 from .db.engine import is_memory
 from .db.schema import rows as rows_table
+from .dedup import Dedup, check_dedup
 from .errors import (
     AdmissionTimeoutError,
     ClaimFinishedError,
@@ -92,10 +93,9 @@ from .features.claims.prompts import (
 from .features.claims.queue import Claimed, ClaimQueue, RateLimitFound, Scope, ShortClaim
 from .features.claims.ready_groups import GroupTally
 from .features.claims.steps import StepParts, commit_step
-from .features.dedup import Dedup, check_dedup
-from .features.rate_limits import WriteBlocked
-from .features.versions import check_version
+from .limits.counters import WriteBlocked
 from .model.rows import DataRow
+from .policy_versions import check_version
 from .query import And, QueryCondition, as_condition
 from .samplers.base import KeySampler, SampleInfo
 from .samplers.group import GroupSampler

@@ -31,7 +31,8 @@ def _map() -> list[str]:
 
 def _layers() -> list[set[str]]:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    (contract,) = config["tool"]["importlinter"]["contracts"]
+    contracts = config["tool"]["importlinter"]["contracts"]
+    (contract,) = [c for c in contracts if c.get("containers") == ["expstore"]]
     return [{part.strip() for part in re.split(r"[|:]", layer)} for layer in contract["layers"]]
 
 

@@ -151,7 +151,7 @@ def _filled(it: Prefetcher[Any]) -> bool:
 def test_closing_gives_back_what_was_made_ahead(buffer: ReplayBuffer) -> None:
     """An epoch rewinds to the first batch not handed out; a rate limit's count of the
     dropped batches goes back."""
-    from expstore.features.rate_limiter import RateLimiter
+    from expstore.limits.rate_limiter import RateLimiter
 
     buffer.store_batch(make_rows(40, tensor=True))
     epoch = UniformSampler(seed=1, replacement=False)
@@ -175,7 +175,7 @@ def test_closing_gives_back_what_was_made_ahead(buffer: ReplayBuffer) -> None:
 
 
 def test_close_does_not_wait_out_a_rate_limit(buffer: ReplayBuffer) -> None:
-    from expstore.features.rate_limiter import RateLimiter
+    from expstore.limits.rate_limiter import RateLimiter
 
     buffer.set_rate_limiter(
         RateLimiter(min_size=1, samples_per_insert=1.0, error_buffer=8.0, timeout=4.0)

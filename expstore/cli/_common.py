@@ -35,7 +35,7 @@ from .._optional import loaded_torch
 from ..buffer import ReplayBuffer
 from ..db import migrate
 from ..errors import ExpstoreError, QueryError, SchemaVersionError, StorageError
-from ..features.registry import BufferInfo
+from ..lifecycle.registry import BufferInfo
 from ..model.images import describe_image, looks_like_image
 from ..model.layout import META_COLUMNS, PAYLOAD_FIELDS, SCALAR_COLUMNS
 from ..model.rows import DataRow

@@ -9,7 +9,7 @@ from typing import Annotated, cast
 
 import typer
 
-from ..features.eviction import Eviction
+from ..retention.eviction import Eviction
 from ._common import (
     DEFAULT_URL,
     BufferOption,

@@ -85,7 +85,7 @@ def compute_stats(
 ) -> dict[str, Any]:
     """The statistics ``expstore stats`` prints, as a dict (what ``--json`` prints).
 
-    Without ``by`` the database computes them (:mod:`expstore.features.stats.summary`); with a
+    Without ``by`` the database computes them (:mod:`expstore.stats.summary`); with a
     per-agent or per-task table, from the matching rows' columns."""
     if by is None:
         summary = buffer.sql.summary(query_condition, success_above)

@@ -31,7 +31,7 @@ _T = TypeVar("_T")
 
 
 class TrackedPath(NamedTuple):
-    """A path a buffer tracks (see :mod:`expstore.features.changes`): its id in
+    """A path a buffer tracks (see :mod:`expstore.tracking.changes`): its id in
     ``expstore_changes`` and its slot in the rows' ``change_flags``."""
 
     id: int
@@ -78,7 +78,7 @@ _STATEMENTS = 64
 class BufferHandle:
     """One named buffer of one database, as the storage's parts see it.
 
-    ``buffer_id`` is set when the storage opens (see :mod:`expstore.features.registry`);
+    ``buffer_id`` is set when the storage opens (see :mod:`expstore.lifecycle.registry`);
     ``tuning`` holds the storage's knobs (see :class:`~expstore.db.tuning.Tuning`).
     """
 
@@ -202,7 +202,7 @@ class BufferHandle:
         return [] if compiled is None else [compiled]
 
     def tracked_paths(self) -> dict[str, TrackedPath]:
-        """The buffer's tracked paths (see :mod:`expstore.features.changes`), their ids and
+        """The buffer's tracked paths (see :mod:`expstore.tracking.changes`), their ids and
         slots, read now: on the connection the thread is using, if any (the statement's own
         snapshot), else on one of its own. An in-memory database has no other handle:
         what this one tracked."""

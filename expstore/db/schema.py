@@ -85,7 +85,7 @@ buffers = Table(
     Column("eviction", String(32), nullable=True),
     # Bumped by every priority update; expstore_priority_log holds the recent ones.
     Column("priority_version", BigInteger, nullable=False, server_default="0"),
-    # The trainer's current policy version (NULL: never set), see expstore.features.versions;
+    # The trainer's current policy version (NULL: never set), see expstore.policy_versions;
     # with eviction "stale", rows more than ``stale_after`` versions older go at each write.
     Column("policy_version", BigInteger, nullable=True),
     Column("stale_after", BigInteger, nullable=True),
@@ -95,7 +95,7 @@ buffers = Table(
     # When the last write inserted rows (database clock; NULL: never), for the waits'
     # messages; and rows ever inserted that can never be drawn (discarded: groups that a
     # group condition refuses, rows gone stale), which rate limits do not count as
-    # inserted (see expstore.features.rate_limits.discard).
+    # inserted (see expstore.limits.counters.discard).
     Column("inserted_at", Double, nullable=True),
     Column("discarded", BigInteger, nullable=False, server_default="0"),
     # The rows the buffer holds now, kept by every write, delete and eviction in its own
@@ -103,13 +103,13 @@ buffers = Table(
     # FIFO eviction by an offset of the excess, and samplers' dense-key checks
     # (expstore.storage.key_space).
     Column("row_count", BigInteger, nullable=False, server_default="0"),
-    # Per-task summaries (expstore_task_stats, see expstore.features.stats.task_stats): NULL when
+    # Per-task summaries (expstore_task_stats, see expstore.stats.task_stats): NULL when
     # the buffer keeps none; else the largest key when they were created (writers summarise
     # the rows above it) and how far the rows up to it are summarised already.
     Column("summary_from", BigInteger, nullable=True),
     Column("summary_through", BigInteger, nullable=True),
     # How many tombstones of rows that left the buffer it keeps (expstore_tombstones, see
-    # expstore.features.tombstones): NULL for the default, 0 for none.
+    # expstore.retention.tombstones): NULL for the default, 0 for none.
     Column("keep_tombstones", BigInteger, nullable=True),
     # How arrays stored by digest are compressed (expstore.codec.compression; NULL: "auto",
     # "none": raw) and the largest array a row may hold (NULL: the default), the same for
@@ -187,11 +187,11 @@ rows = Table(
     Column("data", JsonType, nullable=False),
     Column("tensors", BlobType, nullable=True),
     # A digest of the row's content (everything but id and execute_time), for
-    # store_batch(..., dedup=...); see expstore.features.dedup. NULL for rows stored before
+    # store_batch(..., dedup=...); see expstore.dedup. NULL for rows stored before
     # schema revision 0005.
     Column("content_hash", String(32), nullable=True),
     # Whether the row's value at each tracked path equals the previous and the next step's
-    # (two bits per path: see expstore.features.changes), so changed(path) is a test of a
+    # (two bits per path: see expstore.tracking.changes), so changed(path) is a test of a
     # column through an index. 0 when the buffer tracks nothing (schema revision 0018).
     Column("change_flags", BigInteger, nullable=False, server_default="0"),
     UniqueConstraint("buffer_id", "id"),
@@ -276,7 +276,7 @@ def _row_key() -> Column[Any]:
 
 
 #: Stored priorities (prioritized replay), one row per experience row that has one (see
-#: :mod:`expstore.features.priorities`). Kept apart from ``expstore_rows`` so that a
+#: :mod:`expstore.priorities`). Kept apart from ``expstore_rows`` so that a
 #: priority update writes a narrow row and two small indexes, not a new version of the
 #: payload and every index of ``expstore_rows``; a row without an entry has no priority.
 priorities = Table(
@@ -364,7 +364,7 @@ arrays = Table(
 
 #: Which row refers to which stored array: written with the row, gone with it (ON DELETE
 #: CASCADE); an array no row refers to any more is deleted in the same transaction
-#: (:mod:`expstore.features.arrays`).
+#: (:mod:`expstore.arrays.stored_once`).
 array_refs = Table(
     "expstore_array_refs",
     metadata,
@@ -375,7 +375,7 @@ array_refs = Table(
 )
 
 #: Paths whose changes a buffer tracks (``buffer.track_changes(path)``, see
-#: :mod:`expstore.features.changes`): ``id`` names the path in ``expstore_changes``, never
+#: :mod:`expstore.tracking.changes`): ``id`` names the path in ``expstore_changes``, never
 #: given again; ``slot`` is the pair of bits the path's flags take in the rows'
 #: ``change_flags`` (bit ``2 * slot``: same as the previous step, ``2 * slot + 1``: same as
 #: the next), given again once the path is untracked (its bits are cleared then).
@@ -472,7 +472,7 @@ admission = Table(
 #: Rows of a buffer a group claim's index found can never be drawn (their group complete
 #: but refused by the group condition, or stale), each recorded once whichever index
 #: found it, so the rate limit counts it as discarded once (see
-#: :func:`expstore.features.rate_limits.discard_once`); the entry goes with its row.
+#: :func:`expstore.limits.counters.discard_once`); the entry goes with its row.
 discarded_rows = Table(
     "expstore_discarded",
     metadata,
@@ -549,7 +549,7 @@ sample_counts = Table(
 #: A buffer's rate limit (Reverb's ``RateLimiter``): its settings and the samples counted so
 #: far, one row per limited buffer, apart from ``expstore_buffers`` so that samplers
 #: counting never wait for writers holding the buffer's row (see
-#: :mod:`expstore.features.rate_limits`).
+#: :mod:`expstore.limits.counters`).
 rate_limits = Table(
     "expstore_rate_limits",
     metadata,
@@ -573,7 +573,7 @@ rate_limits = Table(
 
 
 #: Per-task summaries of the buffers that keep them (``buffer.create_summary()``; see
-#: :mod:`expstore.features.stats.task_stats`): a task's rows, their rewards, times and policy
+#: :mod:`expstore.stats.task_stats`): a task's rows, their rewards, times and policy
 #: versions (counts, sums, sums of squares, extremes) and its last row (by step, then key).
 task_stats = Table(
     "expstore_task_stats",
@@ -621,7 +621,7 @@ Index(
     postgresql_where=task_stats.c.dirty,
 )
 
-#: A compact record of each row that left a buffer (see :mod:`expstore.features.tombstones`):
+#: A compact record of each row that left a buffer (see :mod:`expstore.retention.tombstones`):
 #: when and why it went (``reason``: ``capacity``, ``stale``, ``delete`` or ``clear``; the
 #: buffer's eviction ``policy`` for the first two) and its consumption record as it was
 #: then, written in the transaction that deleted the row. ``seq`` numbers a buffer's

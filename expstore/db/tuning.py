@@ -20,15 +20,15 @@ class Tuning:
     #: :meth:`~expstore.db.handle.BufferHandle.remember_keys`).
     recent_keys: int = 16384
     #: How many priority updates a buffer's log keeps, pruned by the handle that updates;
-    #: a reader further behind reloads (see :mod:`expstore.features.priorities`).
+    #: a reader further behind reloads (see :mod:`expstore.priorities`).
     priority_log_keep: int = 64
     #: Where fresh rows lie is worked out over at most this many policy versions (one
     #: index probe each); beyond it a draw does without (see
-    #: :class:`~expstore.features.versions.FreshBounds`).
+    #: :class:`~expstore.policy_versions.FreshBounds`).
     fresh_versions: int = 1024
     #: A task left with more rows than this, whose extremes or last row a delete took, is
     #: marked dirty instead of summarised again at once (which reads all its rows; see
-    #: :mod:`expstore.features.stats.task_stats`).
+    #: :mod:`expstore.stats.task_stats`).
     recompute_limit: int = 1000
     #: Keys (or other values) bound per statement when probing or listing (drivers cap
     #: bound parameters; see :mod:`expstore.storage.key_space`).

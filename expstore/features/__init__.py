@@ -1,8 +1,7 @@
-"""What a buffer keeps beside its rows, each in its own tables with its own statements: the
-buffer's row and retention (registry, eviction), the state read with every draw (state),
-policy versions and freshness (versions), priorities, draw counts (``consume_after``), rate
-limits (rate_limiter: the rule; rate_limits: its counters), dedup, group summaries
-(groups), claims (claims/: the queue, its reports, group claims) and statistics (stats/).
+"""Claims (claims/: the queue, its reports, group claims), here until they move to a package
+of their own; every other feature lives in its concept's package or module over
+:mod:`expstore.lifecycle` (retention, arrays, tracking, limits, stats, policy_versions,
+group_summaries, priorities, draw_counts, dedup).
 
 Features take a :class:`~expstore.db.handle.BufferHandle` and a connection; the storage
 (:mod:`expstore.storage`) composes them into its writes and draws, and the buffer reaches

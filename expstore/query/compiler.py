@@ -70,7 +70,7 @@ __all__ = ["DIALECTS", "ChangeFlags", "json_text", "sqlite_json_path", "to_sql"]
 #: How ``changed()`` on a tracked path compiles: given the condition and the rows table, the
 #: expression reading the path's flags, or None for a path no one tracks (then the compiler
 #: probes the neighbour of each row). Given by the storage, which knows the tracked paths
-#: (see :mod:`expstore.features.changes`).
+#: (see :mod:`expstore.tracking.changes`).
 ChangeFlags = Callable[[Changed, Table], "ColumnElement[bool] | None"]
 
 _PG_TYPES: dict[Kind, str] = {"number": "number", "string": "string", "bool": "boolean"}

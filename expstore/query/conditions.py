@@ -326,7 +326,7 @@ class Changed(Condition):
     column. An array kept in its row's blob (smaller) has no digest, so it is never
     *unchanged*, unless the buffer tracks the path (``buffer.track_changes(path)``): then
     each row's digest of the value, whatever its size, and flags kept by every write answer
-    it (see :mod:`expstore.features.changes`). The first step of a trajectory has no
+    it (see :mod:`expstore.tracking.changes`). The first step of a trajectory has no
     previous step: it counts as changed (and with ``next``, the last step has no next one:
     it counts as changed). Compiled to SQL only: a single row cannot tell, so
     :meth:`matches` raises QueryError.

@@ -54,8 +54,8 @@ from typing_extensions import Unpack
 
 from .._args import check_batch_size, check_int, check_staleness, seeded_rng
 from ..errors import ConnectionLostError, EmptyBufferError, StorageError, UnsupportedTypeError
-from ..features.versions import fresh_mask
 from ..model.rows import DataRow
+from ..policy_versions import fresh_mask
 from ..query import Condition, QueryCondition, as_condition
 from ..storage.base import Fetched, KeySpace, Storage
 from .flat import PROBE_BUDGET
@@ -388,7 +388,7 @@ class KeySampler(Sampler):
     database across every process (see :func:`draw`); and
     ``max_staleness=k``, with which rows whose ``policy_version`` is more than k behind the
     buffer's current version (:meth:`~expstore.ReplayBuffer.set_policy_version`) are not
-    drawn; rows without a version always are (see :mod:`expstore.features.versions`).
+    drawn; rows without a version always are (see :mod:`expstore.policy_versions`).
     """
 
     #: The key_index columns :meth:`sample_keys` reads, besides ``"key"``.
@@ -408,7 +408,7 @@ class KeySampler(Sampler):
     # ``super().__init__`` still draws (with no options and a random stream of its own).
     seed: Any = None
     #: Rows more than this many policy versions behind the buffer's current version are
-    #: not drawn (None: no limit); see :mod:`expstore.features.versions`.
+    #: not drawn (None: no limit); see :mod:`expstore.policy_versions`.
     max_staleness: int | None = None
     _rng: np.random.Generator | None = None
     _derived: DerivedArrays | None = None
@@ -464,7 +464,7 @@ class KeySampler(Sampler):
     # -- consume_after: the rows every process together has spent -------------------------
     # What a key sampler knows of them, so that it leaves them out of its key index rather
     # than have the database refuse them one by one (the counting itself is :func:`draw`'s,
-    # see :mod:`expstore.features.draw_counts`).
+    # see :mod:`expstore.draw_counts`).
     def forget_spent(self) -> None:
         """Forget the spent keys learned (of a buffer this sampler no longer draws from)."""
         state = self.key_state
@@ -857,7 +857,7 @@ def draw(
     and matching (the version may have moved) and chooses only the rest, after a rate
     limit's wait no more rows than the limit counted.
 
-    Under a rate limit (:mod:`expstore.features.rate_limiter`) the batch is counted before it is
+    Under a rate limit (:mod:`expstore.limits.rate_limiter`) the batch is counted before it is
     fetched, waiting while the budget is spent (RateLimitedError after the limiter's
     timeout); a batch chosen again larger than counted counts the rest; rows chosen but
     not returned are given back.

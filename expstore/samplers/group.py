@@ -15,8 +15,8 @@ from ..errors import InvalidArgumentError, UnsupportedTypeError
 from ..features.claims.groups import claimable_groups, group_taker
 from ..features.claims.queue import GroupTaker
 from ..features.claims.ready_groups import GroupOrder, GroupTally
-from ..features.groups import GroupSpec
-from ..features.versions import fresh_mask
+from ..group_summaries import GroupSpec
+from ..policy_versions import fresh_mask
 from ..query import QueryCondition
 from ..query.fields import resolve_field
 from ..query.groups import GroupCondition, GroupStat

@@ -10,7 +10,7 @@ from typing_extensions import Unpack
 
 from .._args import check_number
 from ..errors import EmptyBufferError
-from ..features.state import Signature
+from ..lifecycle.reader_state import Signature
 from ..query import QueryCondition
 from ..storage.base import KeySpace, Storage
 from .base import Choice, KeySampler, SamplerOptions

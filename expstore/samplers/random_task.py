@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .._args import check_batch_size, check_staleness, seeded_rng
-from ..features.versions import fresh_mask
+from ..policy_versions import fresh_mask
 from ..query import QueryCondition
 from ..storage.base import KeySpace, Storage
 from .base import (

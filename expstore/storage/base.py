@@ -33,17 +33,17 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 import numpy as np
 
 from .._args import check_int
+from ..arrays.stored_once import ArraySetting
 from ..errors import InvalidArgumentError
-from ..features.arrays import ArraySetting
-from ..features.state import Signature, moved_on
-from ..features.versions import oldest_fresh
+from ..lifecycle.reader_state import Signature, moved_on
 from ..model.rows import DataRow
+from ..policy_versions import oldest_fresh
 from ..query import QueryCondition, condition_key
 
 if TYPE_CHECKING:
-    from ..features.dedup import Dedup
-    from ..features.eviction import Eviction
-    from ..features.groups import GroupSpec
+    from ..dedup import Dedup
+    from ..group_summaries import GroupSpec
+    from ..retention.eviction import Eviction
 
 
 __all__ = [
@@ -180,7 +180,7 @@ class Storage(ABC):
     @abstractmethod
     def policy_version(self) -> int | None:
         """The buffer's current policy version (None: never set), which samplers with
-        ``max_staleness`` measure rows against; see :mod:`expstore.features.versions`."""
+        ``max_staleness`` measure rows against; see :mod:`expstore.policy_versions`."""
 
     @abstractmethod
     def set_policy_version(self, version: int, *, force: bool = False) -> int:
@@ -283,7 +283,7 @@ class Storage(ABC):
     def count_draws(self, keys: np.ndarray, limit: int) -> np.ndarray:
         """For samplers with ``consume_after=limit``: count one draw of each of ``keys``
         (distinct) whose row has had fewer than ``limit``, for every process together, and
-        return those keys (see :mod:`expstore.features.draw_counts`)."""
+        return those keys (see :mod:`expstore.draw_counts`)."""
 
     @abstractmethod
     def spent_keys(self, limit: int, among: np.ndarray | None = None) -> np.ndarray:
@@ -294,7 +294,7 @@ class Storage(ABC):
     def acquire_samples(self, n: int, since: float | None = None) -> tuple[int, bool]:
         """Count ``n`` samples against the buffer's rate limit, waiting while it is spent;
         returns (samples counted, whether it waited); (0, False) for a buffer without a
-        limit (see :mod:`expstore.features.rate_limiter`)."""
+        limit (see :mod:`expstore.limits.rate_limiter`)."""
 
     @abstractmethod
     def refund_samples(self, n: int) -> None:
@@ -307,7 +307,7 @@ class Storage(ABC):
     @abstractmethod
     def groups(self, query_condition: QueryCondition, spec: GroupSpec) -> dict[str, Any]:
         """Summaries of the groups of matching rows, as arrays over the groups (see
-        :meth:`expstore.features.groups.GroupIndex.get`)."""
+        :meth:`expstore.group_summaries.GroupIndex.get`)."""
 
     @abstractmethod
     def close(self) -> None:
@@ -538,7 +538,7 @@ class Kept:
 
     Between two draws of a target, rows only leave its matching rows, or new ones arrive
     with higher keys, as long as the buffer moved on by inserts, FIFO eviction, priority
-    updates and draws counted (:func:`~expstore.features.state.moved_on`), and the oldest
+    updates and draws counted (:func:`~expstore.lifecycle.reader_state.moved_on`), and the oldest
     fresh version did not go back: evicted, spent and stale rows leave, nothing else
     changes. What was found then stays true but for those two changes, which the finder
     checks; anything else (deletes, updates, a policy version set back) finds it again.

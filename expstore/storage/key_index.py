@@ -11,7 +11,7 @@ another eviction policy, a clear) bumps the version. So a cached index
 - after inserts fetches only the rows above its largest key;
 - after FIFO eviction drops its front;
 - after priority updates by any process patches its priorities from the priority log
-  (:mod:`expstore.features.priorities`), or reloads when the log does not reach back;
+  (:mod:`expstore.priorities`), or reloads when the log does not reach back;
 - after any other change reloads.
 """
 
@@ -31,8 +31,8 @@ from ..db.dialects import Dialect
 from ..db.handle import BufferHandle
 from ..db.schema import priorities, rows
 from ..errors import CodecError
-from ..features.priorities import logged_priorities
-from ..features.state import Signature, State, moved_on, read_state
+from ..lifecycle.reader_state import Signature, State, moved_on, read_state
+from ..priorities import logged_priorities
 from ..query import QueryCondition, condition_key
 from ..query.fields import resolve_field
 
@@ -101,7 +101,7 @@ class KeyIndex:
         #: Rows fetched from the database so far, to see what refreshing costs.
         self.rows_read = 0
         #: Told at each freshness check whether the buffer has a rate limit (read in the
-        #: same round trip; see :mod:`expstore.features.rate_limits`).
+        #: same round trip; see :mod:`expstore.limits.counters`).
         self.on_limit: Callable[[bool], None] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -124,7 +124,7 @@ class KeyIndex:
 
     def state(self, conn: Connection) -> State:
         """The buffer's signature, its current policy version and its row count, in one
-        round trip (:func:`~expstore.features.state.read_state`), telling
+        round trip (:func:`~expstore.lifecycle.reader_state.read_state`), telling
         :attr:`on_limit` whether the buffer has a rate limit."""
         return read_state(self.handle, conn, self.on_limit)
 

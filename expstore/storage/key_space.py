@@ -5,7 +5,7 @@ which costs time and memory in proportion to the buffer. A :class:`KeySpace` hol
 numbers instead, read in one round trip with the buffer's signature: the range its keys lie
 in (``min_key`` .. ``max_key``: writers hand keys out in commit order and FIFO eviction
 removes the oldest) and how many rows it holds (``rows``, kept by every write, see
-:mod:`expstore.features.registry`). A sampler draws candidate keys in that range and asks
+:mod:`expstore.lifecycle.registry`). A sampler draws candidate keys in that range and asks
 :meth:`KeySpace.probe` which of them are rows of the buffer matching the condition (one
 indexed lookup per candidate); the ones that are, drawn uniformly, are a uniform draw among
 the matching rows (rejection sampling, :mod:`expstore.samplers.flat`). So the cost of a
@@ -35,13 +35,13 @@ from sqlalchemy import Connection, and_, bindparam, func, or_, select
 from ..db.compiled import CompiledSelect
 from ..db.handle import BufferHandle
 from ..db.schema import loose_scan, priorities, rows
+from ..draw_counts import unspent_clause
 from ..errors import InvalidArgumentError
-from ..features.draw_counts import unspent_clause
-from ..features.groups import GroupSpec, count_groups, groups_first_at
-from ..features.priorities import logged_priorities
-from ..features.state import Signature, StateReader
-from ..features.versions import FreshBounds, fresh_clause
+from ..group_summaries import GroupSpec, count_groups, groups_first_at
+from ..lifecycle.reader_state import Signature, StateReader
 from ..model.layout import COLUMNS_BY_NAME, ColumnSpec
+from ..policy_versions import FreshBounds, fresh_clause
+from ..priorities import logged_priorities
 from ..query import QueryCondition
 from ..query.conditions import has_changed
 from ..query.fields import resolve_field
@@ -74,13 +74,13 @@ class KeySpaces:
         state: StateReader,
     ) -> None:
         self.handle = handle
-        #: Reads the buffer's state (see :data:`~expstore.features.state.StateReader`).
+        #: Reads the buffer's state (see :data:`~expstore.lifecycle.reader_state.StateReader`).
         self.state = state
         #: Candidate keys probed by draws over the key space so far, to see what a draw
         #: costs.
         self.keys_probed = 0
         #: Where fresh and stale rows lie, by server and oldest fresh version, kept across
-        #: draws (see :class:`expstore.features.versions.FreshBounds`).
+        #: draws (see :class:`expstore.policy_versions.FreshBounds`).
         self.fresh_bounds = FreshBounds()
         #: What draws over the key space found about their matching rows (the least
         #: priority, the values held), kept across draws.
@@ -165,7 +165,7 @@ class SqlKeySpace(KeySpace):
     def low(self) -> int:
         """The smallest key a matching row can have: ``min_key``, raised under
         ``max_staleness`` to the first fresh row's key
-        (:func:`~expstore.features.versions.first_fresh_key`), so that draws in a buffer
+        (:func:`~expstore.policy_versions.first_fresh_key`), so that draws in a buffer
         whose older versions went stale look for rows in its fresh part alone. Found once
         per oldest fresh version and kept by the storage (a bound it stays, see there);
         may exceed ``max_key`` when no row can match."""
@@ -184,7 +184,7 @@ class SqlKeySpace(KeySpace):
         needs no probe: a dense buffer without a condition or ``consume_after``, whose
         stale rows (under ``max_staleness``) all lie below its first fresh row (the usual
         buffer of an asynchronous run, its versions growing with its keys; see
-        :class:`~expstore.features.versions.FreshBounds`)."""
+        :class:`~expstore.policy_versions.FreshBounds`)."""
         if self._every_key is None:
             oldest = self.oldest
             self._every_key = (
@@ -203,7 +203,7 @@ class SqlKeySpace(KeySpace):
     def late_stale_keys(self, limit: int) -> np.ndarray | None:
         """The keys from :attr:`low` on of stale rows (late rollouts of older policies
         among the fresh ones), sorted; None when there are more than ``limit`` (kept by
-        the storage, see :meth:`~expstore.features.versions.FreshBounds.late`). Empty
+        the storage, see :meth:`~expstore.policy_versions.FreshBounds.late`). Empty
         without ``max_staleness``."""
         oldest = self.oldest
         if oldest is None or not self.rows:
@@ -348,7 +348,7 @@ class SqlKeySpace(KeySpace):
     def group_summaries(self, spec: GroupSpec, keys: np.ndarray) -> Arrays | None:
         """The summaries of the groups (of the matching rows, by ``spec``) whose first row
         is one of the candidate ``keys``, as
-        :meth:`~expstore.features.groups.GroupIndex.get` gives them; None when the group
+        :meth:`~expstore.group_summaries.GroupIndex.get` gives them; None when the group
         column has no index to find a group's rows by (a payload path, a column without
         one), so that each group would be a scan."""
         if _indexed_column(spec.group_by) is None:
@@ -362,7 +362,7 @@ class SqlKeySpace(KeySpace):
     def group_counts(self, spec: GroupSpec) -> tuple[int, int, int, int]:
         """How many groups (of the matching rows, by ``spec``) are ready, waiting, filtered
         and stale under this space's ``max_staleness`` (see
-        :func:`~expstore.features.groups.count_groups`)."""
+        :func:`~expstore.group_summaries.count_groups`)."""
         return count_groups(self.handle, self.conn, self.query_condition, spec, self.oldest)
 
     def count_by(self, name: str, values: Sequence[Any]) -> dict[Any, int]:
@@ -545,7 +545,7 @@ class SqlKeySpace(KeySpace):
     def logged_priorities(self, after: int) -> tuple[np.ndarray, np.ndarray] | None:
         """(keys, priorities) set by priority updates since the buffer's priority version
         ``after``, up to this space's; None when the log no longer reaches back that far
-        (see :func:`~expstore.features.priorities.logged_priorities`)."""
+        (see :func:`~expstore.priorities.logged_priorities`)."""
         upto = self.signature.priority_version if self.signature is not None else after
         return logged_priorities(self.handle, self.conn, after, upto)
 

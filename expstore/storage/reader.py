@@ -20,6 +20,7 @@ from sqlalchemy import Connection, Row, Select, Text, cast, func, select, tuple_
 from sqlalchemy.sql.elements import ColumnElement
 
 from .._args import check_int
+from ..arrays.stored_once import digests_in, fetch_arrays
 from ..codec import decode_payload
 from ..codec.decode import Arrays
 from ..codec.documents import DocumentDecoder
@@ -28,8 +29,7 @@ from ..db.handle import BufferHandle
 from ..db.row_ids import by_keys
 from ..db.schema import buffers, rows
 from ..errors import CodecError, InvalidArgumentError, UnsupportedTypeError
-from ..features.arrays import digests_in, fetch_arrays
-from ..features.registry import buffer_row
+from ..lifecycle.registry import buffer_row
 from ..model.layout import (
     COLUMNS,
     COLUMNS_BY_NAME,

@@ -5,20 +5,21 @@ The storage is a thin front over one module per role, which a reader can find by
 - :mod:`~expstore.db.engine`: engines and fork-aware connections;
 - :mod:`~expstore.db.dialects`: what SQLite and Postgres each do their own way;
 - :mod:`~expstore.db.handle`: which buffer, its statements, error translation;
-- :mod:`~expstore.features.registry`: the buffer's row, its retention and version counters;
-- :mod:`~expstore.features.eviction`: the retention policies;
+- :mod:`~expstore.lifecycle.registry`: the buffer's row and version counters;
+- :mod:`~expstore.retention.capacity`: the buffer's retention;
+  :mod:`~expstore.retention.eviction`: the retention policies;
 - :mod:`~expstore.storage.writer`: checking, encoding and inserting a batch, duplicates;
 - :mod:`~expstore.storage.reader`: whole rows by id, key, condition, page and task;
 - :mod:`~expstore.storage.fetch`: a few fields of chosen rows;
-- :mod:`~expstore.features.priorities`: stored priorities and their log;
-- :mod:`~expstore.features.versions`: the current policy version and what is stale;
-- :mod:`~expstore.features.rate_limits`: rate limits and their counters;
+- :mod:`~expstore.priorities`: stored priorities and their log;
+- :mod:`~expstore.policy_versions`: the current policy version and what is stale;
+- :mod:`~expstore.limits.counters`: rate limits and their counters;
 - :mod:`~expstore.storage.key_index`: the cached key arrays samplers choose from;
-- :mod:`~expstore.features.groups`: group summaries (GRPO groups), and
+- :mod:`~expstore.group_summaries`: group summaries (GRPO groups), and
   :mod:`~expstore.features.claims.groups`: claiming whole groups;
-- :mod:`~expstore.features.stats.summary`: stats as SQL aggregates;
-  :mod:`~expstore.features.stats.task_stats`: per-task summaries kept by writers, and
-  :mod:`~expstore.features.stats.summary_build`: creating, building and dropping them.
+- :mod:`~expstore.stats.summary`: stats as SQL aggregates;
+  :mod:`~expstore.stats.task_stats`: per-task summaries kept by writers, and
+  :mod:`~expstore.stats.summary_build`: creating, building and dropping them.
 
 Writes run in one transaction each: the insert and any eviction inside it, so a batch is
 stored whole or not at all. On SQLite, write transactions begin with ``BEGIN IMMEDIATE``
@@ -38,27 +39,33 @@ import numpy as np
 from sqlalchemy import Connection, delete
 from sqlalchemy.engine import URL
 
+from .. import draw_counts, priorities
+from .. import policy_versions as versions
 from .._args import check_text
+from ..arrays import stored_once as arrays
 from ..db import migrate, path_indexes
 from ..db.engine import create_sql_engine, is_memory, normalise_url
 from ..db.handle import BufferHandle, read_tracked
 from ..db.replicas import ReadRouter
 from ..db.schema import buffers, rows
 from ..db.tuning import Tuning
+from ..dedup import Dedup
 from ..errors import InvalidArgumentError, RowValidationError, StorageError, UnsupportedTypeError
-from ..features import arrays, changes, draw_counts, priorities, registry, tombstones, versions
 from ..features.claims.queue import ClaimQueue
 from ..features.claims.ready_groups import ReadyGroups
-from ..features.dedup import Dedup
-from ..features.eviction import Eviction
-from ..features.groups import GroupIndex, GroupSpec
-from ..features.rate_limits import RateLimits, discard_once
-from ..features.registry import BufferInfo
-from ..features.stats import summary_build, task_stats
-from ..features.stats.summary import summarise
+from ..group_summaries import GroupIndex, GroupSpec
+from ..lifecycle import registry
+from ..lifecycle.registry import BufferInfo
+from ..limits.counters import RateLimits, discard_once
 from ..model.columnar import column_error, parse_columns
 from ..model.rows import DataRow
 from ..query import QueryCondition
+from ..retention import capacity as retention
+from ..retention import tombstones
+from ..retention.eviction import Eviction
+from ..stats import summary_build, task_stats
+from ..stats.summary import summarise
+from ..tracking import changes
 from . import writer
 from .base import Fetched, KeySpace, Storage, Values
 from .cache import DEFAULT_CACHE_BYTES, RowCache
@@ -84,7 +91,7 @@ class SqlStorage(Storage):
     - ``name``: one database holds many buffers, isolated from each other.
     - ``capacity``: at most this many rows remain after every write; ``eviction`` chooses
       which go (``fifo``, the default, ``max_reward``, ``task_fifo``; see
-      :mod:`expstore.features.eviction`). Both are kept with the buffer in the database, so
+      :mod:`expstore.retention.eviction`). Both are kept with the buffer in the database, so
       every handle and process that writes evicts alike: the first handle to give them
       sets them, a handle that gives neither uses them, and one that asks for others
       raises :class:`~expstore.errors.RetentionConflictError` (a ValueError).
@@ -118,7 +125,7 @@ class SqlStorage(Storage):
                 f"name must be a non-empty string of at most 255 chars, got {name!r}"
             )
         check_text("name", name)
-        registry.check_retention(capacity, eviction)
+        retention.check_retention(capacity, eviction)
         self.name = name
         self._upgrade = upgrade
         #: The URL as :attr:`identity` gives it (made on first use).
@@ -149,7 +156,7 @@ class SqlStorage(Storage):
             connections = handle.connections
             migrate.ensure_schema(connections.engine, connections.write_engine, upgrade=upgrade)
             handle.buffer_id = registry.open_buffer(handle)
-            self.capacity, self.eviction = registry.settle_retention(handle, capacity, eviction)
+            self.capacity, self.eviction = retention.settle_retention(handle, capacity, eviction)
             self._read: dict[str, Any] = {
                 "read_urls": None if read_urls is None else list(read_urls),
                 "read_your_writes": read_your_writes,
@@ -192,7 +199,8 @@ class SqlStorage(Storage):
     @property
     def handle(self) -> BufferHandle:
         """The buffer's handle (connections, dialect, compiled statements): what the
-        features of :mod:`expstore.features` take, for tools and tests that call them."""
+        features (:mod:`expstore.lifecycle` and the packages over it) take, for tools and
+        tests that call them."""
         return self._handle
 
     @property
@@ -221,7 +229,7 @@ class SqlStorage(Storage):
 
     @property
     def rate_limits(self) -> RateLimits:
-        """The buffer's rate limit (see :mod:`expstore.features.rate_limits`)."""
+        """The buffer's rate limit (see :mod:`expstore.limits.counters`)."""
         return self._limits
 
     def acquire_samples(self, n: int, since: float | None = None) -> tuple[int, bool]:
@@ -238,7 +246,7 @@ class SqlStorage(Storage):
 
     @property
     def group_index(self) -> GroupIndex:
-        """The cached group summaries (see :mod:`expstore.features.groups`)."""
+        """The cached group summaries (see :mod:`expstore.group_summaries`)."""
         return self._groups
 
     def groups(self, query_condition: QueryCondition, spec: GroupSpec) -> dict[str, Any]:
@@ -253,7 +261,7 @@ class SqlStorage(Storage):
     def discard_rows(self, conn: Connection, keys: list[int]) -> None:
         """Count the rows of ``keys`` that can never be drawn (groups a group claim's index
         left out for good) as discarded by the rate limit, each once, in ``conn``'s
-        transaction (see :func:`~expstore.features.rate_limits.discard_once`)."""
+        transaction (see :func:`~expstore.limits.counters.discard_once`)."""
         discard_once(self._handle, conn, keys)
 
     @property
@@ -286,7 +294,7 @@ class SqlStorage(Storage):
 
         Rows are checked, encoded and written in chunks inside that transaction, so memory
         stays small; any failure (a value the codec or the model refuses, a duplicate id)
-        rolls it all back. ``dedup``: see :mod:`expstore.features.dedup`.
+        rolls it all back. ``dedup``: see :mod:`expstore.dedup`.
         """
         self.capacity, self.eviction, done = writer.store_batch(self._handle, rows_, dedup)
         return done if report else done.stored
@@ -364,7 +372,7 @@ class SqlStorage(Storage):
         new capacity go now, in the same transaction. ``max_staleness``: the ``"stale"``
         policy's k; ``tombstones``: how many tombstones of rows gone the buffer keeps
         (None: keep the setting). Returns how many rows went."""
-        evicted, self.eviction = registry.set_retention(
+        evicted, self.eviction = retention.set_retention(
             self._handle, capacity, eviction, max_staleness, tombstones
         )
         self.capacity = capacity
@@ -410,7 +418,7 @@ class SqlStorage(Storage):
         Ids no longer in the buffer (evicted since they were sampled, say) are skipped; for
         an id given twice the last priority wins. This process's cached key index is
         patched in place, and the update is logged so that other processes patch theirs
-        too (see :mod:`expstore.features.priorities`).
+        too (see :mod:`expstore.priorities`).
         """
         return self.priorities_updated(priorities.update_priorities(self._handle, ids, priorities_))
 
@@ -519,7 +527,7 @@ class SqlStorage(Storage):
         """Keep, for every row, whether the value at ``path`` equals the previous and the
         next step's, so ``changed(path)`` reads flags instead of probing each row's
         neighbour; the rows stored are done now, in one transaction. Whether the path was
-        not tracked already (see :mod:`expstore.features.changes`)."""
+        not tracked already (see :mod:`expstore.tracking.changes`)."""
         return self._set_tracking(path, changes.track, f"track changes of {path}")
 
     def untrack_changes(self, path: str) -> bool:
@@ -552,7 +560,7 @@ class SqlStorage(Storage):
         step: int = task_stats.BUILD_STEP,
         progress: Callable[[int], object] | None = None,
     ) -> None:
-        """Keep per-task summaries (see :mod:`expstore.features.stats.task_stats`), building them
+        """Keep per-task summaries (see :mod:`expstore.stats.task_stats`), building them
         for the rows present ``step`` rows per transaction (``progress`` is told how many
         rows each step summarised)."""
         summary_build.create(self._handle, step, progress)
@@ -665,7 +673,7 @@ def describe_database(
     url: str | URL, *, count_rows: bool = True
 ) -> tuple[str | None, list[BufferInfo] | None]:
     """What the database at ``url`` holds, creating nothing: its schema revision (None: no
-    expstore tables) and its buffers (:func:`~expstore.features.registry.list_buffers`;
+    expstore tables) and its buffers (:func:`~expstore.lifecycle.registry.list_buffers`;
     None unless the revision is this expstore's). What ``expstore buffers`` lists and
     every reading command checks first."""
     engine = create_sql_engine(normalise_url(url))

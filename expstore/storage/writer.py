@@ -30,6 +30,7 @@ from ..codec.compression import DEFAULT_MAX_ARRAY_BYTES, EXTERNAL_THRESHOLD
 from ..db.dialects import WRITE_COLUMNS
 from ..db.handle import BufferHandle, retried
 from ..db.row_ids import ids_to_keys
+from ..dedup import check_dedup, without_duplicates
 from ..errors import (
     CodecError,
     DuplicateIdError,
@@ -37,10 +38,9 @@ from ..errors import (
     RowValidationError,
     UnsupportedTypeError,
 )
-from ..features.dedup import check_dedup, without_duplicates
-from ..features.lifecycle import Removed, WriteContext, read_state
-from ..features.rate_limits import RateLimits, WriteBlocked
-from ..features.registry import Retention, count_inserted, count_removed
+from ..lifecycle.hooks import Removed, WriteContext, read_state
+from ..lifecycle.registry import count_inserted, count_removed
+from ..limits.counters import RateLimits, WriteBlocked
 from ..model.layout import (
     COLUMNS,
     ID_COLUMN,
@@ -51,6 +51,7 @@ from ..model.layout import (
     ColumnSpec,
 )
 from ..model.rows import DataRow
+from ..retention.capacity import Retention
 
 __all__ = [
     "WRITE_CHUNK",
@@ -67,7 +68,7 @@ WRITE_CHUNK = 1000
 
 # The encoded tuple is (buffer_id, id, *metadata, *scalars, data, tensors, content_hash,
 # change_flags): WRITE_COLUMNS. change_flags is 0 as encoded; a write to a buffer that tracks
-# changes sets it (see expstore.features.changes).
+# changes sets it (see expstore.tracking.changes).
 assert WRITE_COLUMNS == (
     "buffer_id",
     "id",
@@ -138,7 +139,7 @@ class RowSource(ABC):
 
     The writer sets :attr:`max_array_bytes` from the buffer's row before encoding; encoding
     fills :attr:`external` with the arrays each row refers to by digest (see
-    :mod:`expstore.features.arrays`)."""
+    :mod:`expstore.arrays.stored_once`)."""
 
     max_array_bytes: int = DEFAULT_MAX_ARRAY_BYTES
 
@@ -231,7 +232,7 @@ def store_batch(
 ) -> tuple[int | None, str, StoreReport]:
     """Store every row in one transaction, or none; returns the buffer's retention as the
     write found it (capacity, eviction) and what the write did (see
-    :mod:`expstore.features.dedup` for ``dedup``)."""
+    :mod:`expstore.dedup` for ``dedup``)."""
     check_dedup(dedup)
     return store_rows(handle, prepare(rows), dedup)
 
@@ -297,7 +298,7 @@ def write_in(
 ) -> tuple[Any, str, StoreReport]:
     """The write of ``batch`` into the handle's buffer inside the caller's transaction
     (``conn``, of the handle's database), as the row lifecycle has it
-    (:mod:`expstore.features.lifecycle`): the buffer's state read with its row taken,
+    (:mod:`expstore.lifecycle.hooks`): the buffer's state read with its row taken,
     the rows encoded (dedup), then the hooks of the features this buffer uses around the
     insert (a rate limit's check may raise WriteBlocked: the caller rolls back, waits and
     tries again; eviction comes last). Returns the retention it found and what it did. A

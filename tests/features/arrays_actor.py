@@ -40,7 +40,7 @@ def rows_for(batch: int, pages: list[np.ndarray]) -> list[Any]:
 
 def main(url: str, name: str, point: str) -> None:
     from expstore import ReplayBuffer
-    from expstore.features import arrays
+    from expstore.arrays import stored_once as arrays
 
     def die(*_: Any, **__: Any) -> None:
         os.kill(os.getpid(), signal.SIGKILL)

@@ -12,11 +12,11 @@ import pytest
 from sqlalchemy import Text, cast, select, update
 
 from expstore import CodecError, CorruptRowError, InvalidArgumentError, NumpyConverter, ReplayBuffer
+from expstore.arrays.stored_once import digests_in
 from expstore.codec import encode_payload
 from expstore.codec.compression import EXTERNAL_THRESHOLD, stored_codec
 from expstore.codec.digests import array_digest
 from expstore.db.schema import array_refs, arrays, rows
-from expstore.features.arrays import digests_in
 from expstore.io import export_rows, import_rows
 from expstore.query import QueryBuilder
 from expstore.storage.reader import RowReader
@@ -368,7 +368,7 @@ def test_large_stored_arrays_are_read_in_pieces(
     buffer: ReplayBuffer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """(Postgres sends a bytea as hex text and refuses a value of 1 GB or more.)"""
-    from expstore.features import arrays as arrays_feature
+    from expstore.arrays import stored_once as arrays_feature
 
     monkeypatch.setattr(arrays_feature, "PIECE", 1000)
     buffer.set_compression(None)

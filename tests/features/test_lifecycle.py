@@ -1,4 +1,4 @@
-"""The row lifecycle (expstore.features.lifecycle), on both backends: a write or a removal
+"""The row lifecycle (expstore.lifecycle.hooks), on both backends: a write or a removal
 runs the statements of the features the buffer uses and of no other. Each feature is
 turned on in a buffer of its own and its statements counted against a plain buffer's, as
 the driver sends them (expstore.db.trace)."""
@@ -14,7 +14,7 @@ import pytest
 from expstore import RateLimiter, ReplayBuffer
 from expstore.db.schema import buffers
 from expstore.db.trace import driver_statements
-from expstore.features.lifecycle import (
+from expstore.lifecycle.hooks import (
     HOOKS,
     RemoveContext,
     RowFeature,

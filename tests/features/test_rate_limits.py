@@ -17,8 +17,8 @@ from expstore import (
     UniformSampler,
 )
 from expstore.errors import InvalidArgumentError, StorageError
-from expstore.features.rate_limits import discard
-from expstore.features.registry import lock_buffer
+from expstore.lifecycle.registry import lock_buffer
+from expstore.limits.counters import discard
 from tests.helpers import make_row, make_rows
 
 

@@ -91,7 +91,7 @@ def test_clear_while_a_write_is_in_progress_keeps_the_count(
     import threading
     import time
 
-    from expstore.features import registry
+    from expstore.lifecycle import registry
     from expstore.storage import writer
 
     buffer.store_batch(make_rows(4))

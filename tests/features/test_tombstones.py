@@ -23,7 +23,7 @@ from expstore import (
     RowsEvictedError,
 )
 from expstore.db.schema import buffers, rows, tombstones
-from expstore.features.tombstones import DEFAULT_KEEP
+from expstore.retention.tombstones import DEFAULT_KEEP
 from tests.helpers import make_row, make_rows
 from tests.storage.crash_writer import BATCH
 

@@ -30,7 +30,7 @@ def rows_for(batch: int) -> list[Any]:
 
 def main(url: str, name: str, point: str) -> None:
     from expstore import ReplayBuffer
-    from expstore.features import changes
+    from expstore.tracking import changes
 
     def wrap(name_: str, before: bool) -> None:
         original = getattr(changes, name_)

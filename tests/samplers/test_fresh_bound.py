@@ -1,5 +1,5 @@
 """Draws with ``max_staleness`` over the key space look for rows from the first fresh row's
-key on (expstore.features.versions.first_fresh_key, KeySpace.low): exactly the fresh rows,
+key on (expstore.policy_versions.first_fresh_key, KeySpace.low): exactly the fresh rows,
 uniformly, on both backends, with probes in proportion to the batch when the stale rows
 are the older ones, whatever their share."""
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from expstore import EmptyBufferError, ReplayBuffer
-from expstore.features import versions
-from expstore.features.versions import first_fresh_key
+from expstore import policy_versions as versions
+from expstore.policy_versions import first_fresh_key
 from expstore.query import QueryBuilder
 from expstore.samplers import GroupSampler, RecencySampler, UniformSampler
 from expstore.storage import Tuning

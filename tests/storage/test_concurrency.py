@@ -116,7 +116,7 @@ def test_update_priorities_and_an_evicting_writer_never_deadlock(
     import threading
     import time
 
-    from expstore.features import priorities
+    from expstore import priorities
     from expstore.storage.sql import SqlStorage
     from tests.helpers import make_rows
 

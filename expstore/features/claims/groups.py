@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Connection
 
+from ...group_summaries import GroupSpec
 from ...query import QueryCondition
-from ..groups import GroupSpec
 from .queue import ClaimQueue, GroupTaker
 from .ready_groups import GroupOrder, GroupTally, ReadyGroups, Synced
 

@@ -44,7 +44,7 @@ from ...db.schema import (
     targets,
 )
 from ...errors import InvalidArgumentError
-from ..rate_limits import discarded_total
+from ...limits.counters import discarded_total
 
 __all__ = [
     "AdmissionBlocked",

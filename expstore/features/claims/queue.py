@@ -25,7 +25,7 @@ before the claims' entries.
 FIFO claims do not walk the consumed part of the buffer again on every call: each handle
 keeps, per condition, a key below which every matching row has a committed consumption
 entry. It may stay there because of the buffer's write order: every write to a buffer locks
-the buffer's row first (see :mod:`expstore.features.registry`), so a buffer's rows commit in
+the buffer's row first (see :mod:`expstore.lifecycle.registry`), so a buffer's rows commit in
 key order and a row committed later always has a greater key (a key is never handed out
 twice, on SQLite too: see :class:`~expstore.db.dialects.SqliteDialect`). Rows below
 that key that become claimable again (released, or their lease ran out) are found through the
@@ -78,10 +78,10 @@ from ...errors import (
     LeaseExpiredError,
     UnknownConsumerError,
 )
+from ...lifecycle.reader_state import limited_flag
+from ...lifecycle.registry import buffer_row
+from ...policy_versions import fresh_clause, oldest_fresh
 from ...query import QueryCondition, condition_key
-from ..rate_limits import limited_flag
-from ..registry import buffer_row
-from ..versions import fresh_clause, oldest_fresh
 from .epochs import check_epoch, current_epoch, hold_epoch, next_epoch
 from .prompts import admit, admitted, count_completions, has_admission, needs_of
 from .ready_groups import forget_consumed
@@ -168,7 +168,7 @@ GroupTaker = Callable[
 class Scope(NamedTuple):
     """Which rows a claim or a count is about: those matching ``condition`` and, with
     ``max_staleness``, no more than that many policy versions behind the buffer's current
-    one (evaluated by each statement, see :mod:`expstore.features.versions`)."""
+    one (evaluated by each statement, see :mod:`expstore.policy_versions`)."""
 
     condition: QueryCondition = None
     max_staleness: int | None = None

@@ -72,11 +72,11 @@ from ...db.schema import (
     rows,
 )
 from ...errors import QueryError
+from ...group_summaries import GroupSpec, group_column, summarise
+from ...policy_versions import fresh, oldest_fresh
 from ...query import QueryCondition, condition_key
 from ...query.conditions import Comparison
 from ...query.fields import resolve_field
-from ..groups import GroupSpec, group_column, summarise
-from ..versions import fresh, oldest_fresh
 
 __all__ = ["GroupOrder", "GroupTally", "ReadyGroups", "Synced", "forget_consumed"]
 

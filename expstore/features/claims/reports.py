@@ -16,10 +16,10 @@ from ..._args import check_text
 from ...db.handle import BufferHandle
 from ...db.row_ids import ids_to_keys
 from ...db.schema import buffers, checkpoints, consumption, produced, progress, rows, targets
+from ...draw_counts import times_sampled
 from ...errors import UnsupportedTypeError
 from ...query import QueryCondition
-from ..draw_counts import times_sampled
-from ..tombstones import buried
+from ...retention.tombstones import buried
 
 __all__ = [
     "IN_FLIGHT_SHOWN",
@@ -249,7 +249,7 @@ def _completions(handle: BufferHandle, conn: Connection) -> Completions | None:
 def row_lineage(handle: BufferHandle, ids: Sequence[str]) -> dict[str, Lineage]:
     """The consumption record of each stored row of ``ids`` (rows never claimed:
     ``unclaimed``), and of each row no longer stored whose tombstone the buffer keeps
-    (``evicted``, see :mod:`expstore.features.tombstones`); other ids are left out."""
+    (``evicted``, see :mod:`expstore.retention.tombstones`); other ids are left out."""
     if isinstance(ids, str) or not isinstance(ids, Iterable):
         what = "one string" if isinstance(ids, str) else f"{type(ids).__name__} {ids!r}"
         raise UnsupportedTypeError(f"lineage() needs a list of ids (str), got {what}")

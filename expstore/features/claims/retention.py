@@ -3,11 +3,11 @@
 - **Rows evicted before the ack.** Capacity is exact, so a claim's rows can go beyond it
   while leased (and any row by ``delete()``, or a stale one whose lease ran out). The ack
   of such a claim raises :class:`~expstore.errors.RowsEvictedError`, saying how many went
-  and why (from their tombstones, see :mod:`expstore.features.tombstones`), and changes
+  and why (from their tombstones, see :mod:`expstore.retention.tombstones`), and changes
   nothing: never a silent short count with the checkpoint stored. ``allow_evicted=True``
   acks the rows left and stores the checkpoint, knowingly.
 - **Stale rows kept for the claim.** Eviction ``"stale"`` passes over rows under a live
-  lease (see :mod:`expstore.features.eviction`); once acked they are stale like any
+  lease (see :mod:`expstore.retention.eviction`); once acked they are stale like any
   other, so the ack evicts them in its own transaction (tombstones recording the ack).
   Rows of a claim released, or whose lease ran out, go at the next write or version
   change instead.
@@ -29,9 +29,9 @@ from sqlalchemy import Connection, bindparam, select
 from ...db.handle import BufferHandle
 from ...db.schema import buffers, progress, ready_groups, rows
 from ...errors import RowsEvictedError
-from ..eviction import stale_rows
-from ..registry import buffer_row, bump_version, lock_buffer, remove
-from ..tombstones import reasons_of
+from ...lifecycle.registry import buffer_row, bump_version, lock_buffer, remove
+from ...retention.eviction import stale_rows
+from ...retention.tombstones import reasons_of
 
 __all__ = ["AckRetention"]
 

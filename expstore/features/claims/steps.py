@@ -6,8 +6,8 @@ epoch checked in the same transaction (see :mod:`expstore.features.claims.epochs
 After a crash the learner reads its checkpoint and the buffer's policy version, which
 always agree: either the whole step is there, or nothing of it. Each part is the code the
 standalone call runs (``ClaimQueue.ack_in``, ``ClaimQueue.store_checkpoint``,
-:func:`~expstore.features.versions.set_version_in`,
-:func:`~expstore.features.priorities.update_priorities_in`), here on the step's
+:func:`~expstore.policy_versions.set_version_in`,
+:func:`~expstore.priorities.update_priorities_in`), here on the step's
 connection.
 
 Order inside the transaction, which is also the locking order: the buffer's row (only
@@ -25,9 +25,9 @@ import numpy as np
 
 from ...db.handle import retried
 from ...db.schema import buffers
-from ..priorities import Update, update_priorities_in
-from ..registry import buffer_row, lock_buffer
-from ..versions import set_version_in
+from ...lifecycle.registry import buffer_row, lock_buffer
+from ...policy_versions import set_version_in
+from ...priorities import Update, update_priorities_in
 from .epochs import hold_epoch
 from .queue import Claimed, ClaimQueue
 

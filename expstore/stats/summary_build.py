@@ -1,8 +1,8 @@
 """Creating, building and dropping a buffer's task summaries (see
-:mod:`expstore.features.stats.task_stats`, which keeps them as rows come and go).
+:mod:`expstore.stats.task_stats`, which keeps them as rows come and go).
 
 :func:`create` marks the buffer as keeping summaries (writers merge their rows from then
-on), summarises the rows present :data:`~expstore.features.stats.task_stats.BUILD_STEP` at a time,
+on), summarises the rows present :data:`~expstore.stats.task_stats.BUILD_STEP` at a time,
 each step a short transaction of its own, then summarises again the tasks marked dirty.
 """
 
@@ -12,12 +12,12 @@ from collections.abc import Callable
 
 from sqlalchemy import Connection, delete, func, select
 
-from ..._args import check_int
-from ...db.handle import BufferHandle
-from ...db.schema import buffers, oldest_first, rows
-from ...db.schema import task_stats as task_table
-from ...errors import StorageError
-from .. import registry
+from .._args import check_int
+from ..db.handle import BufferHandle
+from ..db.schema import buffers, oldest_first, rows
+from ..db.schema import task_stats as task_table
+from ..errors import StorageError
+from ..lifecycle import registry
 from . import task_stats
 
 __all__ = [

@@ -21,13 +21,13 @@ import numpy as np
 from sqlalchemy import Connection, and_, bindparam, case, func, literal, not_, or_, select
 from sqlalchemy.sql.elements import ColumnElement
 
-from ..db.handle import BufferHandle
-from ..db.schema import rows
-from ..query import QueryCondition, condition_key
-from ..query.fields import resolve_field
-from ..query.groups import GroupCondition
-from .state import Signature, StateReader
-from .versions import fresh
+from .db.handle import BufferHandle
+from .db.schema import rows
+from .lifecycle.reader_state import Signature, StateReader
+from .policy_versions import fresh
+from .query import QueryCondition, condition_key
+from .query.fields import resolve_field
+from .query.groups import GroupCondition
 
 __all__ = [
     "GroupIndex",
@@ -71,7 +71,7 @@ class GroupIndex:
         state: StateReader,
     ) -> None:
         self.handle = handle
-        #: Reads the buffer's state (see :data:`~expstore.features.state.StateReader`).
+        #: Reads the buffer's state (see :data:`~expstore.lifecycle.reader_state.StateReader`).
         self.state = state
         self.entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         #: Groups summarised so far, to see what refreshing costs.

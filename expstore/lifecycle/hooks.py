@@ -11,7 +11,7 @@ it), and has hooks at the points of a row's life:
   :meth:`before_insert` with the encoded chunks (it may replace them),
   :meth:`after_insert` once they are in (:meth:`WriteContext.new_keys` reads their keys,
   once, for every feature that asks), :meth:`after_write` last (eviction);
-- a removal (:func:`~expstore.features.registry.remove`, evictions, retention):
+- a removal (:func:`~expstore.lifecycle.registry.remove`, evictions, retention):
   :meth:`before_remove` with the keys about to go, :meth:`after_remove` once they are gone.
 
 Every write reads the buffer's row once, locked, with one statement built from the

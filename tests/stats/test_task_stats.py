@@ -16,8 +16,8 @@ from sqlalchemy import select
 
 from expstore import QueryBuilder, ReplayBuffer
 from expstore.errors import InvalidArgumentError
-from expstore.features.stats import summary_build, task_stats
-from expstore.features.stats.summary import summarise
+from expstore.stats import summary_build, task_stats
+from expstore.stats.summary import summarise
 from expstore.storage import Tuning
 from tests.helpers import in_threads, make_row
 

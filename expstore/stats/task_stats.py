@@ -6,7 +6,7 @@ task: how many rows it has; the count, sum, sum of squares, smallest and largest
 rewards and policy versions (the version sums of ``version - version_base``, so large
 versions keep their digits); their first and last ``execute_time``; and the task's last
 row (by step, then insertion: its key, step and reward). The figures of the whole buffer
-are then sums and extremes over its tasks (:func:`expstore.features.stats.summary.summarise`),
+are then sums and extremes over its tasks (:func:`expstore.stats.summary.summarise`),
 and the success rate a count over the last rows, however many rows the buffer holds.
 
 Kept exact in the transaction of every change, which holds the buffer's row:
@@ -58,9 +58,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.elements import ColumnElement
 
-from ...db.handle import BufferHandle
-from ...db.schema import buffers, newest_first, rows, task_stats
-from ..lifecycle import RemoveContext, RowFeature, WriteContext, register
+from ..db.handle import BufferHandle
+from ..db.schema import buffers, newest_first, rows, task_stats
+from ..lifecycle.hooks import RemoveContext, RowFeature, WriteContext, register
 
 __all__ = [
     "BUILD_STEP",

@@ -18,10 +18,10 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection, select
 
-from ..db.dialects import WRITE_COLUMNS
-from ..db.handle import BufferHandle
-from ..db.schema import rows
-from ..errors import DuplicateContentError, InvalidArgumentError
+from .db.dialects import WRITE_COLUMNS
+from .db.handle import BufferHandle
+from .db.schema import rows
+from .errors import DuplicateContentError, InvalidArgumentError
 
 __all__ = ["Dedup", "DEDUP_MODES", "check_dedup", "without_duplicates"]
 

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 import numpy as np
 from sqlalchemy import ColumnElement, select
 
-from ..db.handle import BufferHandle, retried
-from ..db.schema import rows, sample_counts
+from .db.handle import BufferHandle, retried
+from .db.schema import rows, sample_counts
 
 __all__ = ["count_draws", "spent_keys", "times_sampled", "unspent_clause"]
 

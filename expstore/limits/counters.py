@@ -29,9 +29,10 @@ from .._retry import RATE_LIMIT_WAIT, Waiting
 from ..db.handle import BufferHandle
 from ..db.schema import buffers, discard_counts, discarded_rows, rate_limits, rows
 from ..errors import InvalidArgumentError, RateLimitedError
-from .lifecycle import RowFeature, WriteContext, register
+from ..lifecycle.hooks import RowFeature, WriteContext, register
+from ..lifecycle.reader_state import limited_flag
+from ..lifecycle.registry import lock_buffer
 from .rate_limiter import RateLimiter, RateLimitStats
-from .registry import lock_buffer
 
 __all__ = ["RateLimits", "WriteBlocked", "discard", "limited_flag"]
 
@@ -40,14 +41,6 @@ _R = rate_limits.c
 
 class WriteBlocked(Exception):
     """Internal: a write must wait for samplers (rolled back, retried by the writer)."""
-
-
-def limited_flag(buffer_id: Any) -> Any:
-    """A scalar subquery: whether the buffer ``buffer_id`` (a value or a bound parameter)
-    has a rate limit (for one-round-trip reads)."""
-    return (
-        select(func.count()).select_from(rate_limits).where(_R.buffer_id == buffer_id)
-    ).scalar_subquery()
 
 
 def discard(handle: BufferHandle, conn: Connection, n: int) -> None:

@@ -45,9 +45,9 @@ from ..db.handle import BufferHandle
 from ..db.row_ids import ids_to_keys
 from ..db.schema import array_refs, arrays, buffers
 from ..errors import InvalidArgumentError, QueryError
+from ..lifecycle.hooks import RemoveContext, RowFeature, WriteContext, register
 from ..model.paths import FieldPath
 from ..query.fields import resolve_field
-from .lifecycle import RemoveContext, RowFeature, WriteContext, register
 
 __all__ = [
     "ArraySetting",

@@ -14,10 +14,10 @@ from typing import Any
 
 from sqlalchemy import Connection, Float, and_, case, cast, false, func, select, union_all
 
-from ...db.handle import BufferHandle
-from ...db.schema import buffers, loose_scan, rows
-from ...db.schema import task_stats as task_stats_table
-from ...query import QueryCondition
+from ..db.handle import BufferHandle
+from ..db.schema import buffers, loose_scan, rows
+from ..db.schema import task_stats as task_stats_table
+from ..query import QueryCondition
 from . import task_stats
 
 __all__ = ["summarise"]
@@ -171,7 +171,7 @@ def _from_tasks(
     handle: BufferHandle, conn: Connection, success_above: float
 ) -> dict[str, Any] | None:
     """The whole buffer's summary from its task summaries (see
-    :mod:`expstore.features.stats.task_stats`): one row per task, however many rows the buffer
+    :mod:`expstore.stats.task_stats`): one row per task, however many rows the buffer
     holds (a dirty task's figures from its rows); None when it keeps none, or they are
     still being built. The caller's connection reads one snapshot."""
     kept = task_stats.state(conn, handle.buffer_id)

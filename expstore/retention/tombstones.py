@@ -42,7 +42,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from ..db.handle import BufferHandle
 from ..db.schema import buffers, checkpoints, consumption, rows, tombstones
-from .lifecycle import RemoveContext, RowFeature, register
+from ..lifecycle.hooks import RemoveContext, RowFeature, register
 
 __all__ = [
     "DEFAULT_KEEP",

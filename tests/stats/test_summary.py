@@ -1,4 +1,4 @@
-"""The database's summary of a buffer (expstore.features.stats.summary) gives the same figures as
+"""The database's summary of a buffer (expstore.stats.summary) gives the same figures as
 computing them from the rows' columns in numpy, on both backends."""
 
 from __future__ import annotations

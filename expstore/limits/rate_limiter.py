@@ -27,7 +27,7 @@ last inserted. ``RateLimiter.queue(max_backlog)`` bounds the backlog of rows ins
 not yet claimed (Reverb's ``Queue``). A call that could
 never go (a sample larger than the window writers are held to) raises
 :class:`~expstore.errors.InvalidArgumentError` at once. The counters live in the database
-(:mod:`expstore.features.rate_limits`) and survive restarts. Differences from Reverb: ``I``
+(:mod:`expstore.limits.counters`) and survive restarts. Differences from Reverb: ``I``
 counts inserts, not the table's size, so evictions do not lower it (which is why
 ``min_size`` above the buffer's capacity is refused). A discarded row leaves ``I`` for
 ``min_size`` (as Reverb's ``Delete`` lowers the size) *and* for the ratio: Reverb deletes
@@ -54,7 +54,7 @@ UNBOUNDED = 1e300
 @dataclass(frozen=True)
 class RateLimiter:
     """``RateLimiter(min_size=1, samples_per_insert=None, error_buffer=None, *,
-    block_writers=False, timeout=60.0)``; see :mod:`expstore.features.rate_limiter`."""
+    block_writers=False, timeout=60.0)``; see :mod:`expstore.limits.rate_limiter`."""
 
     min_size: int = 1
     samples_per_insert: float | None = None
@@ -95,7 +95,7 @@ class RateLimiter:
         wait while more than ``max_backlog`` rows are inserted and not yet claimed, nor
         discarded (rows of groups ready to claim and of groups still being written; rows a
         group condition refuses or that went stale are discarded, see
-        :func:`expstore.features.rate_limits.discard`). Learners claim as soon as a row is
+        :func:`expstore.limits.counters.discard`). Learners claim as soon as a row is
         there. It is ``RateLimiter(1, samples_per_insert=1.0, error_buffer=max_backlog - 1,
         block_writers=True)``: each row claimed once, the ratio of one sample per insert
         holds writers ``max_backlog`` rows ahead of the claims. A row claimed again (its

@@ -20,12 +20,12 @@ from collections.abc import Sequence
 import numpy as np
 from sqlalchemy import Connection, delete, select
 
-from .._args import check_priorities
-from ..db import schema
-from ..db.handle import BufferHandle
-from ..db.row_ids import ids_to_keys
-from ..db.schema import buffers, priority_log
-from .registry import bump_version, lock_buffer
+from ._args import check_priorities
+from .db import schema
+from .db.handle import BufferHandle
+from .db.row_ids import ids_to_keys
+from .db.schema import buffers, priority_log
+from .lifecycle.registry import bump_version, lock_buffer
 
 __all__ = ["Update", "logged_priorities", "update_priorities", "update_priorities_in"]
 

@@ -24,12 +24,13 @@ import numpy as np
 from sqlalchemy import Connection, bindparam, func, or_, select, true, update
 from sqlalchemy.sql.elements import ColumnElement
 
-from .._args import check_int
-from ..db.handle import BufferHandle
-from ..db.schema import buffers, loose_scan, rows
-from ..errors import PolicyVersionError
-from .eviction import EVERY_WRITE_POLICIES
-from .registry import evict_beyond, lock_buffer
+from ._args import check_int
+from .db.handle import BufferHandle
+from .db.schema import buffers, loose_scan, rows
+from .errors import PolicyVersionError
+from .lifecycle.registry import lock_buffer
+from .retention.capacity import evict_beyond
+from .retention.eviction import EVERY_WRITE_POLICIES
 
 _T = TypeVar("_T")
 
@@ -99,7 +100,7 @@ def fresh(version: Any, oldest: Any) -> ColumnElement[bool]:
     """The freshness rule in SQL: a row whose ``version`` (a group: its oldest row's) is
     ``oldest`` or newer, or that has none, is fresh. (:func:`fresh_mask` states it over
     a key index's arrays; the ``"stale"`` eviction policy deletes its complement, see
-    :mod:`expstore.features.eviction`.)"""
+    :mod:`expstore.retention.eviction`.)"""
     return or_(version.is_(None), version >= oldest)
 
 

@@ -54,9 +54,9 @@ from ..db.dialects import WRITE_COLUMNS
 from ..db.handle import BufferHandle, TrackedPath, flag_bit, read_tracked
 from ..db.schema import changes, rows, tracked_paths
 from ..errors import CodecError, InvalidArgumentError, QueryError
+from ..lifecycle.hooks import RemoveContext, RowFeature, WriteContext, register
 from ..model.paths import FieldPath
 from ..query.fields import resolve_field
-from .lifecycle import RemoveContext, RowFeature, WriteContext, register
 
 __all__ = [
     "MAX_TRACKED",

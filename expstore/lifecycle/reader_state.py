@@ -16,13 +16,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, func, select
 
 from ..db.handle import BufferHandle
-from ..db.schema import buffers, newest_first, oldest_first, rows
-from .rate_limits import limited_flag
+from ..db.schema import buffers, newest_first, oldest_first, rate_limits, rows
 
-__all__ = ["Signature", "State", "StateReader", "moved_on", "read_state"]
+__all__ = ["Signature", "State", "StateReader", "limited_flag", "moved_on", "read_state"]
 
 
 class Signature(NamedTuple):
@@ -40,6 +39,14 @@ State = tuple[Signature, int | None, int]
 #: How a cache reads :data:`State` on a connection (the storage's key index's read, which
 #: also tells the rate limit whether the buffer has one).
 StateReader = Callable[[Connection], State]
+
+
+def limited_flag(buffer_id: Any) -> Any:
+    """A scalar subquery: whether the buffer ``buffer_id`` (a value or a bound parameter)
+    has a rate limit (for one-round-trip reads)."""
+    return (
+        select(func.count()).select_from(rate_limits).where(rate_limits.c.buffer_id == buffer_id)
+    ).scalar_subquery()
 
 
 def moved_on(cached: Signature, now: Signature) -> bool:
@@ -60,7 +67,7 @@ def read_state(
 ) -> State:
     """The buffer's signature, its current policy version and its row count, in one
     round trip; ``on_limit`` is told whether the buffer has a rate limit (read in the same
-    round trip; see :mod:`expstore.features.rate_limits`). A buffer row that no longer
+    round trip; see :mod:`expstore.limits.counters`). A buffer row that no longer
     holds the handle's buffer raises StorageError (:meth:`BufferHandle.check_row`)."""
     buffer_id = handle.buffer_id
 

@@ -13,7 +13,7 @@ committed write never leaves more than ``capacity`` rows.
   evicted starts again from those steps.)
 - ``stale``: rows more than ``k`` policy versions older than the buffer's current version
   go (``set_retention(capacity, "stale", max_staleness=k)``; see
-  :mod:`expstore.features.versions`), at every write and when the version moves; rows without
+  :mod:`expstore.policy_versions`), at every write and when the version moves; rows without
   a version stay. Beyond ``capacity`` (if set), the oldest of the rest go, as ``fifo``.
 
   A stale row under a live lease (claimed, not acked, its lease not run out) stays until
@@ -25,7 +25,7 @@ committed write never leaves more than ``capacity`` rows.
 Capacity is exact and evicts leased rows too (a claim does not grow the buffer beyond
 it): the ack of a claim whose rows went raises
 :class:`~expstore.errors.RowsEvictedError`. Every row that goes leaves a tombstone (see
-:mod:`expstore.features.tombstones`) with the reason (``"capacity"`` or ``"stale"``) it is
+:mod:`expstore.retention.tombstones`) with the reason (``"capacity"`` or ``"stale"``) it is
 removed with.
 """
 
@@ -77,7 +77,7 @@ def not_leased(now: Any) -> ColumnElement[bool]:
 def stale_rows(buffer_id: int) -> ColumnElement[bool]:
     """Rows the ``"stale"`` policy drops: more than the buffer's ``stale_after`` versions
     behind its current version (the complement of the freshness rule,
-    expstore.features.versions.fresh: rows without a version are never stale, "< oldest"
+    expstore.policy_versions.fresh: rows without a version are never stale, "< oldest"
     is NULL for them)."""
     this = buffers.c.id == buffer_id
     oldest = select(buffers.c.policy_version - buffers.c.stale_after).where(this)
@@ -93,7 +93,7 @@ def _fifo(
     count: int | None = None,
 ) -> int:
     # The buffer's row count (kept in this transaction by every write and delete, ``remove``
-    # included, see expstore.features.registry; or given) says how many of the oldest rows
+    # included, see expstore.lifecycle.registry; or given) says how many of the oldest rows
     # go: the first key to keep is found by an offset of that excess from the oldest end,
     # so a write costs the same whatever the capacity.
     if count is None:

@@ -1,0 +1,196 @@
+"""The buffer registry: each named buffer's row in ``expstore_buffers``, and the counters
+readers use to tell whether their cached key indexes are still current; the removal of a
+buffer's rows, through the row lifecycle's removal hooks. Its retention (capacity and
+eviction policy, the same for every handle and process that writes) is
+:mod:`expstore.retention.capacity`.
+
+Every change to a buffer takes its row first (:func:`lock_buffer`), so changes take turns
+in one order: on Postgres by ``FOR UPDATE``; SQLite's ``BEGIN IMMEDIATE`` already lets one
+writer in at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from sqlalchemy import BigInteger, Connection, Integer, bindparam, delete, select, update
+from sqlalchemy.sql.elements import ColumnElement
+
+from ..db.handle import BufferHandle
+from ..db.schema import buffers, rows
+from .hooks import BufferState, RemoveContext, Removed, read_state
+
+__all__ = [
+    "BufferInfo",
+    "list_buffers",
+    "bump_version",
+    "count_inserted",
+    "count_removed",
+    "lock_buffer",
+    "open_buffer",
+    "Removed",
+    "remove",
+]
+
+
+def open_buffer(handle: BufferHandle) -> int:
+    """The id of the handle's buffer, adding its row if it has none yet (its
+    ``created_at`` goes to the handle)."""
+    find = select(buffers.c.id, buffers.c.created_at).where(buffers.c.name == handle.name)
+    with handle.read() as conn:
+        found = conn.execute(find).first()
+    if found is None:
+        with handle.write() as conn:
+            if conn.execute(find).first() is None:
+                handle.dialect.create_buffer(conn, handle.name)
+            found = conn.execute(find).one()
+    handle.created_at = float(found[1])
+    return int(found[0])
+
+
+def lock_buffer(handle: BufferHandle, conn: Connection, *columns: Any) -> tuple[Any, ...]:
+    """``columns`` of the buffer's row, locked until the transaction ends (StorageError if
+    the row no longer is the handle's buffer: see :meth:`BufferHandle.recreated`)."""
+    return buffer_row(handle, conn, *columns, locked=True)
+
+
+def buffer_row(
+    handle: BufferHandle,
+    conn: Connection,
+    *columns: Any,
+    locked: bool = False,
+    params: dict[str, Any] | None = None,
+) -> tuple[Any, ...]:
+    """``columns`` of the buffer's row (``locked``: until the transaction ends; ``params``:
+    values of parameters they bind); StorageError if the row no longer is the handle's
+    buffer (the database made anew since it opened)."""
+    stmt = select(buffers.c.name, buffers.c.created_at, *columns)
+    stmt = stmt.where(buffers.c.id == handle.buffer_id)
+    found = conn.execute(handle.dialect.locked(stmt) if locked else stmt, params or {}).first()
+    if found is None:
+        raise handle.recreated(None)
+    handle.check_row(found[0], float(found[1]))
+    return tuple(found[2:])
+
+
+def bump_version(handle: BufferHandle, conn: Connection, counter: Any = buffers.c.version) -> int:
+    """Mark a change other than an insert (``counter``: ``version``, or
+    ``priority_version`` for a priority update); returns its new value (the row is locked
+    until the transaction ends, so it is exact)."""
+    this = buffers.c.id == handle.buffer_id
+    conn.execute(update(buffers).where(this).values({counter: counter + 1}))
+    return int(conn.execute(select(counter).where(this)).scalar_one())
+
+
+def count_inserted(handle: BufferHandle, conn: Connection, n: int, removed: int = 0) -> None:
+    """Count ``n`` rows stored into the buffer, and when, and ``removed`` rows deleted
+    (the caller holds its row)."""
+
+    def build() -> Any:
+        added = bindparam("n", type_=BigInteger)
+        gone = bindparam("removed", type_=BigInteger)
+        return (
+            update(buffers)
+            .where(buffers.c.id == bindparam("buffer_id", type_=Integer))
+            .values(
+                inserted=buffers.c.inserted + added,
+                row_count=buffers.c.row_count + added - gone,
+                inserted_at=handle.dialect.now(),
+            )
+        )
+
+    handle.write_statement("count inserted", build).execute(
+        conn, buffer_id=handle.buffer_id, n=n, removed=removed
+    )
+
+
+def count_removed(handle: BufferHandle, conn: Connection, n: int) -> None:
+    """Count ``n`` rows deleted from the buffer in the caller's transaction (which holds
+    the buffer's row)."""
+    if n:
+        this = buffers.c.id == handle.buffer_id
+        conn.execute(update(buffers).where(this).values(row_count=buffers.c.row_count - n))
+
+
+_DELETE_KEYS: dict[str, Any] = {}
+
+
+def _delete_keys(dialect: Any) -> Any:
+    """``DELETE FROM expstore_rows`` of the bound ``keys``, built once per backend."""
+    stmt = _DELETE_KEYS.get(dialect.name)
+    if stmt is None:
+        stmt = _DELETE_KEYS[dialect.name] = delete(rows).where(dialect.key_in())
+    return stmt
+
+
+def remove(
+    handle: BufferHandle,
+    conn: Connection,
+    where: Sequence[ColumnElement[bool]],
+    reason: str = "delete",
+    policy: str | None = None,
+    removed: Removed | None = None,
+    state: BufferState | None = None,
+    doomed: list[int] | None = None,
+) -> int:
+    """Delete the buffer's rows matching ``where`` in the caller's transaction (which holds
+    the buffer's row), each leaving a tombstone that says ``reason`` (and the eviction
+    ``policy``, for evictions; see :mod:`expstore.retention.tombstones`), keeping its row
+    count and what the buffer's features keep of its rows (the row lifecycle's removal
+    hooks, :mod:`expstore.lifecycle.hooks`: ``state`` as the transaction read it, or
+    read now); returns how many went (and counts them in ``removed``, if given).
+
+    The rows to go are read and locked first, in key order (``doomed``: the caller read
+    and locked them, the keys of exactly the rows ``where`` matches), then recorded and
+    deleted by their keys: the tombstones are exactly the rows deleted, with their
+    consumption record as the last ack before the delete left it."""
+    dialect = handle.dialect
+    if doomed is None:
+        mine = [rows.c.buffer_id == handle.buffer_id, *where]
+        doomed_stmt = dialect.locked(select(rows.c.key).where(*mine).order_by(rows.c.key))
+        doomed = [int(k) for k in conn.execute(doomed_stmt).scalars()]
+    if not doomed:
+        return 0
+    if state is None:
+        state = read_state(handle, conn, locked=False)
+    ctx = RemoveContext(handle, conn, state, doomed, where, reason, policy)
+    state.run("before_remove", ctx)
+    dialect.before_delete(conn, doomed[-1], state.keys)
+    deleting = handle.write_statement("delete keys", lambda: _delete_keys(dialect))
+    ctx.gone = gone = deleting.execute(conn, keys=dialect.key_set(doomed))
+    state.run("after_remove", ctx)
+    if removed is not None and removed.deferred:
+        removed.uncounted += gone
+    else:
+        count_removed(handle, conn, gone)
+    if removed is not None:
+        removed.add(reason, doomed, gone)
+    return gone
+
+
+class BufferInfo(NamedTuple):
+    """One buffer of a database, as ``expstore buffers`` lists it."""
+
+    name: str
+    #: Its rows (None when not counted).
+    rows: int | None
+    capacity: int | None
+    eviction: str
+    policy_version: int | None
+
+
+def list_buffers(conn: Connection, *, count_rows: bool = True) -> list[BufferInfo]:
+    """Every buffer of the database on ``conn``, in order of creation; ``count_rows``:
+    with each one's rows (the row count every write, delete and eviction keeps on the
+    buffer's row: no pass over the rows)."""
+    found: Any = buffers.c.row_count if count_rows else None
+    stmt = select(
+        buffers.c.name, found, buffers.c.capacity, buffers.c.eviction, buffers.c.policy_version
+    )
+    return [
+        BufferInfo(
+            name, None if count is None else int(count), capacity, eviction or "fifo", version
+        )
+        for name, count, capacity, eviction, version in conn.execute(stmt.order_by(buffers.c.id))
+    ]
