@@ -172,11 +172,18 @@ def _set_up_postgres(engine: Engine) -> None:
         if not _pending(dbapi_connection, error):
             return
         try:
-            cursor = dbapi_connection.cursor()
+            # In autocommit, as SQLAlchemy's own ping: a statement would otherwise open a
+            # transaction that the caller, handed the connection, did not begin.
+            autocommit = dbapi_connection.autocommit
+            dbapi_connection.autocommit = True
             try:
-                cursor.execute(";")
+                cursor = dbapi_connection.cursor()
+                try:
+                    cursor.execute(";")
+                finally:
+                    cursor.close()
             finally:
-                cursor.close()
+                dbapi_connection.autocommit = autocommit
         except error as exc:
             raise DisconnectionError(f"the connection was closed by the server: {exc}") from exc
 
@@ -187,7 +194,12 @@ def _pending(dbapi_connection: Any, error: type[Exception]) -> bool:
     if getattr(dbapi_connection, "closed", False):
         return True
     try:
-        ready, _, _ = select.select([dbapi_connection.fileno()], [], [], 0)
+        fd = dbapi_connection.fileno()
+        if hasattr(select, "poll"):  # (select.select refuses descriptors from 1024 on)
+            poller = select.poll()
+            poller.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
+            return bool(poller.poll(0))
+        ready, _, _ = select.select([fd], [], [], 0)
     except (OSError, ValueError, error):
         return True
     return bool(ready)

@@ -47,3 +47,39 @@ def test_a_file_on_a_read_only_mount_opens_for_reading(
         with pytest.raises(StorageError, match="read-only here"):
             buffer.store_batch(make_rows(2))
         assert len(buffer) == 12
+
+
+def test_a_pooled_postgres_connection_with_something_to_read_is_pinged_outside_a_transaction(
+    pg_url: str,
+) -> None:
+    """A connection given back to the pool is pinged at its next checkout only when its
+    socket has something to read (here a notification; a server's goodbye likewise), and
+    the ping leaves no transaction open behind it: the caller may still switch it to
+    autocommit (as save_progress does) or to another isolation level."""
+    import select
+
+    import psycopg
+    from psycopg.pq import TransactionStatus
+    from sqlalchemy import text
+
+    from expstore.db.engine import create_sql_engine
+
+    engine = create_sql_engine(pg_url)
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("LISTEN expstore_ping_test"))
+            conn.commit()
+            raw = conn.connection.dbapi_connection
+            assert raw is not None
+        plain = pg_url.replace("postgresql+psycopg://", "postgresql://")
+        with psycopg.connect(plain, autocommit=True) as other:
+            other.execute("NOTIFY expstore_ping_test")
+        readable, _, _ = select.select([raw.fileno()], [], [], 30)  # (a wait, not a timing)
+        assert readable  # the pooled connection has something to read
+        with engine.connect() as conn:
+            assert conn.connection.dbapi_connection is raw  # the same one, kept
+            assert raw.info.transaction_status == TransactionStatus.IDLE
+            auto = conn.execution_options(isolation_level="AUTOCOMMIT")
+            assert auto.execute(text("SELECT 1")).scalar_one() == 1
+    finally:
+        engine.dispose()

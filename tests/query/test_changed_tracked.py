@@ -396,6 +396,33 @@ def test_statements_compiled_for_a_path_follow_its_slot_going_to_another_path(
         one.clear()
 
 
+def test_a_claim_compiled_for_a_path_follows_its_slot_going_to_another_path(
+    db_url: str, buffer_name: str
+) -> None:
+    """The same for a first-in-first-out claim (one statement compiled once per handle on
+    Postgres): after another handle gives X's slot to Y, a claim of unchanged(X) never
+    takes rows by Y's bits."""
+    xs = [0, 0, 1, 1, 2, 2, 3, 3]  # unchanged(x): steps 1, 3, 5, 7
+    ys = [0, 1, 1, 2, 3, 3, 4, 4]  # unchanged(y): steps 2, 5, 7
+    unchanged_x = Condition.parse("unchanged(exp_data.state.x)")
+    with (
+        ReplayBuffer(db_url, name=buffer_name) as one,
+        ReplayBuffer(db_url, name=buffer_name) as other,
+    ):
+        one.store_batch([make_row("A", "a", s, state={"x": xs[s], "y": ys[s]})
+                         for s in range(8)])  # fmt: skip
+        one.track_changes("exp_data.state.x")
+        first = other.claim(1, unchanged_x, consumer="c1")
+        assert [r.exp_meta.step for r in first.batch] == [1]
+        first.release()
+        one.untrack_changes("exp_data.state.x")
+        one.track_changes("exp_data.state.y")  # slot 0 again
+        claim = other.claim(8, unchanged_x, consumer="c2")
+        assert sorted(r.exp_meta.step for r in claim.batch) == [1, 3, 5, 7]
+        claim.release()
+        one.clear()
+
+
 def test_tracking_a_buffer_of_many_tasks_sets_them_page_by_page(buffer: ReplayBuffer) -> None:
     """track_changes sets the flags of the rows stored a page of tasks at a time (bounded
     memory): every page's tasks, across page edges, as the probe answers."""

@@ -82,6 +82,7 @@ from ...lifecycle.reader_state import limited_flag
 from ...lifecycle.registry import buffer_row
 from ...policy_versions import fresh_clause, oldest_fresh
 from ...query import QueryCondition, condition_key
+from ...query.conditions import has_changed
 from .epochs import check_epoch, current_epoch, hold_epoch, next_epoch
 from .prompts import admit, admitted, count_completions, has_admission, needs_of
 from .ready_groups import forget_consumed
@@ -477,6 +478,11 @@ class ClaimQueue:
             if floor.oldest is None or oldest < floor.oldest:
                 start = 0  # the version forced back: every row may be in scope again
         reopen = start > 0
+        if has_changed(scope.condition):
+            # The tracked paths read now, as compiling the condition would: statements
+            # compiled with a path's old slot (another process untracked it, and its slot
+            # went to another path) are dropped before this one is taken.
+            self._handle.tracked_paths()
         taken: list[int] = []
         held: int | None = None
         while len(taken) < n:
