@@ -88,12 +88,9 @@ def create_sql_engine(url: str | URL) -> Engine:
         if parsed.get_driver_name() == "psycopg":
             require("psycopg", "a PostgreSQL URL")
         # No pre-ping (a round trip at every checkout): see _set_up_postgres's checkout.
-        # A connection given back ends what it read with COMMIT, not ROLLBACK: psycopg
-        # forgets every prepared statement at a rollback (and deallocates them, a round
-        # trip), so the hot statements expstore prepares (see _set_up_postgres) would be
-        # planned again at every call. A transaction that failed is still rolled back by
-        # whoever ran it; one left aborted is ended by the COMMIT (Postgres rolls it back).
-        kwargs: dict[str, Any] = {"pool_reset_on_return": "commit"}
+        # A connection given back is reset by _set_up_postgres's own reset, which keeps
+        # the statements expstore prepared.
+        kwargs: dict[str, Any] = {"pool_reset_on_return": None}
     elif backend == "sqlite":
         kwargs = {"connect_args": {"check_same_thread": False, "timeout": _SQLITE_BUSY_MS / 1000}}
         if is_memory(parsed):
@@ -128,6 +125,10 @@ _PG_SETTINGS = (
 )
 
 
+#: libpq's transaction status of a connection in no transaction, and a command's success.
+_PQ_IDLE = 0
+_PQ_COMMAND_OK = 1
+
 #: psycopg's prepare_threshold: executions of a statement before psycopg prepares it
 #: unasked (never, in practice); ``prepare=True`` still prepares.
 _NEVER_ON_ITS_OWN = 2**62
@@ -161,6 +162,29 @@ def _set_up_postgres(engine: Engine) -> None:
                 pass
         cursor.close()
         dbapi_connection.autocommit = autocommit
+
+    @event.listens_for(engine, "reset")
+    def _on_reset(dbapi_connection: Any, _record: Any, reset_state: Any) -> None:
+        # What the pool's reset would do (a ROLLBACK of whatever the connection was left
+        # in), sent past psycopg's rollback(), which also forgets every prepared statement
+        # (and deallocates them, a round trip): the hot statements expstore prepares
+        # would be planned again at every call. Postgres keeps prepared statements across
+        # a rollback; psycopg forgets them in case a rolled-back DDL statement recreates
+        # what they name, which expstore's running statements never do.
+        if reset_state.terminate_only:
+            return
+        pgconn = getattr(dbapi_connection, "pgconn", None)
+        if pgconn is None:
+            dbapi_connection.rollback()
+            return
+        if pgconn.transaction_status == _PQ_IDLE:
+            return
+        try:
+            ended = pgconn.exec_(b"ROLLBACK").status == _PQ_COMMAND_OK
+        except Exception:  # noqa: BLE001 - a lost connection: rollback() says so, below
+            ended = False
+        if not ended:
+            dbapi_connection.rollback()  # (raises on a lost connection: the pool drops it)
 
     @event.listens_for(engine, "checkout")
     def _on_checkout(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
