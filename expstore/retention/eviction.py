@@ -94,8 +94,8 @@ def _fifo(
 ) -> int:
     # The buffer's row count (kept in this transaction by every write and delete, ``remove``
     # included, see expstore.lifecycle.registry; or given) says how many of the oldest rows
-    # go: the first key to keep is found by an offset of that excess from the oldest end,
-    # so a write costs the same whatever the capacity.
+    # go: that many keys read from the oldest end (Remove.oldest, a statement compiled
+    # once), so a write costs the same whatever the capacity.
     if count is None:
         held = select(buffers.c.row_count).where(buffers.c.id == buffer_id)
         count = int(conn.execute(held).scalar_one())
