@@ -125,10 +125,6 @@ _PG_SETTINGS = (
 )
 
 
-#: libpq's transaction status of a connection in no transaction, and a command's success.
-_PQ_IDLE = 0
-_PQ_COMMAND_OK = 1
-
 #: psycopg's prepare_threshold: executions of a statement before psycopg prepares it
 #: unasked (never, in practice); ``prepare=True`` still prepares.
 _NEVER_ON_ITS_OWN = 2**62
@@ -136,6 +132,7 @@ _NEVER_ON_ITS_OWN = 2**62
 
 def _set_up_postgres(engine: Engine) -> None:
     error = engine.dialect.loaded_dbapi.Error
+    pq = getattr(engine.dialect.loaded_dbapi, "pq", None)  # psycopg's libpq wrapper
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -174,13 +171,13 @@ def _set_up_postgres(engine: Engine) -> None:
         if reset_state.terminate_only:
             return
         pgconn = getattr(dbapi_connection, "pgconn", None)
-        if pgconn is None:
+        if pgconn is None or pq is None:
             dbapi_connection.rollback()
             return
-        if pgconn.transaction_status == _PQ_IDLE:
+        if pgconn.transaction_status == pq.TransactionStatus.IDLE:
             return
         try:
-            ended = pgconn.exec_(b"ROLLBACK").status == _PQ_COMMAND_OK
+            ended = pgconn.exec_(b"ROLLBACK").status == pq.ExecStatus.COMMAND_OK
         except Exception:  # noqa: BLE001 - a lost connection: rollback() says so, below
             ended = False
         if not ended:

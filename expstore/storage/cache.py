@@ -641,13 +641,14 @@ class RowCache:
             ]
             numbers = [fields.columns[p].scalars for p in paths]
             held_ids = [fields.id_at[s] for s in slots.tolist()]
-        # Each wanted row's side (the cache's, the read's) and place in it.
-        side = {k: False for k in held_keys}
-        side.update((k, True) for k in missing)
+        # Each wanted row's place in the held rows followed by the rows read: its side
+        # (read or held) and its place in that side.
+        held = len(held_keys)
         place = {k: i for i, k in enumerate(held_keys)}
-        place.update((k, i) for i, k in enumerate(missing))
-        fresh_side = np.fromiter(map(side.__getitem__, wanted), bool, len(wanted))
-        where_in = np.fromiter(map(place.__getitem__, wanted), np.intp, len(wanted))
+        place.update((k, held + i) for i, k in enumerate(missing))
+        both = np.fromiter(map(place.__getitem__, wanted), np.intp, len(wanted))
+        fresh_side = both >= held
+        where_in = both - held * fresh_side
         sides = zip(fresh_side.tolist(), where_in.tolist(), strict=True)
         out_ids = [ids[i] if f else held_ids[i] for f, i in sides]
         out = [
