@@ -17,6 +17,7 @@ _EXTRAS = {
     "starlette": "ui",
     "jinja2": "ui",
     "uvicorn": "ui",
+    "aworld": "aworld",
 }
 
 
