@@ -4,13 +4,17 @@ AWorld's ``ReplayBuffer``, ``RandomTaskSample``, ``DefaultConverter``, ``QueryBu
 ``QueryFilter`` are imported from the installed ``aworld`` package, unmodified, and driven
 against :class:`expstore.SqlStorage` on SQLite and Postgres.
 
-AWorld 0.2.7's declared dependencies (mcp, openai, kubernetes...) do not import beside the
-pydantic expstore uses, so the package is installed without them
-(``pip install --no-deps aworld==0.2.7``, in the README's test command). Its package
-``__init__`` files are not run: ``aworld/__init__.py`` may pip-install packages at import
+AWorld 0.2.7 cannot be installed beside AWorld 0.3.2 (one package name), which the test
+environment has for :mod:`expstore.integrations.aworld` (the ``aworld`` extra). So its
+files are read from its published wheel, downloaded by the README's test command into
+``.cache/aworld-0.2.7`` (``pip download --no-deps aworld==0.2.7 -d .cache/aworld-0.2.7``)
+and unpacked beside it on first use; ``EXPSTORE_AWORLD_027_DIR`` names another folder.
+Its declared dependencies (mcp, openai, kubernetes...) are not needed: its package
+``__init__`` files are not run (``aworld/__init__.py`` may pip-install packages at import
 time and ``aworld/replay_buffer/__init__.py`` imports the event buffer, which needs those
-dependencies. The modules under test are imported from the package's own files. The one
-module they import that cannot load without the missing dependencies,
+dependencies). The modules under test are imported from the wheel's own files, under the
+name ``aworld`` while a test runs (AWorld 0.3.2's modules are set aside and put back
+after). The one module they import that cannot load without the missing dependencies,
 ``aworld.core.common`` (it pulls in AWorld's LLM and memory stacks), is stood in for by a
 module defining just the two pydantic models ``base.py`` imports from it.
 """
@@ -18,11 +22,12 @@ module defining just the two pydantic models ``base.py`` imports from it.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import random
+import shutil
 import sys
 import types
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +37,8 @@ from pydantic import BaseModel
 
 from expstore import DataRow, Experience, ExpMeta, ReplayBuffer, SqlStorage
 
-INSTALL = "pip install --no-deps aworld==0.2.7"
+WHEELS = Path(os.environ.get("EXPSTORE_AWORLD_027_DIR", Path(__file__).parent.parent / ".cache/aworld-0.2.7"))
+INSTALL = f"pip download --no-deps aworld==0.2.7 -d {WHEELS}"
 _PACKAGES = ("aworld", "aworld.core", "aworld.logs", "aworld.replay_buffer", "aworld.utils")
 
 
@@ -55,12 +61,21 @@ def _stand_in_common() -> types.ModuleType:
 
 @pytest.fixture(scope="module")
 def aworld() -> Iterator[types.SimpleNamespace]:
-    spec = importlib.util.find_spec("aworld")
-    if spec is None or not spec.submodule_search_locations:
+    wheel = next(iter(sorted(WHEELS.glob("aworld-0.2.7-*.whl"))), None)
+    if wheel is None:
         if os.environ.get("EXPSTORE_REQUIRE_AWORLD") == "1":
-            pytest.fail(f"EXPSTORE_REQUIRE_AWORLD=1 but aworld is not installed; run {INSTALL}")
-        pytest.skip(f"aworld is not installed; run {INSTALL}")
-    root = Path(spec.submodule_search_locations[0])
+            pytest.fail(f"EXPSTORE_REQUIRE_AWORLD=1 but AWorld 0.2.7's wheel is not in {WHEELS}; run {INSTALL}")
+        pytest.skip(f"AWorld 0.2.7's wheel is not in {WHEELS}; run {INSTALL}")
+    unpacked = WHEELS / wheel.stem
+    if not (unpacked / "aworld").is_dir():  # unpacked aside, then moved in whole
+        partial = WHEELS / f".{wheel.stem}.{os.getpid()}"
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extractall(partial)
+        try:
+            partial.rename(unpacked)
+        except OSError:  # another process moved its copy in first
+            shutil.rmtree(partial, ignore_errors=True)
+    root = unpacked / "aworld"
     saved = {n: m for n, m in sys.modules.items() if n == "aworld" or n.startswith("aworld.")}
     for name in _PACKAGES:  # package objects whose __init__ files are not run
         package = types.ModuleType(name)

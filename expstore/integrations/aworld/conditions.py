@@ -177,11 +177,11 @@ def _membership(path: str, op: str, values: Any) -> Condition:
         return parts[0] if len(parts) == 1 else Or(tuple(parts))
     # not_in: a value of the list's types that is none of them; a null too unless None
     # is listed (expstore's not_in never matches a null).
+    if not by_kind:  # nothing but None, or nothing at all
+        return Comparison(path, "is_not_null") if with_none else _everything()
     parts = [Comparison(path, "not_in", tuple(v)) for v in by_kind.values()]
     if not with_none:
         parts.append(Comparison(path, "is_null"))
-    if not parts:
-        return Comparison(path, "is_not_null")
     return parts[0] if len(parts) == 1 else Or(tuple(parts))
 
 
