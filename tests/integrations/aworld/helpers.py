@@ -10,12 +10,17 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+
+# AWorld writes its log files under the current directory (./logs) unless told otherwise,
+# read once, when its logger module is imported.
+os.environ.setdefault("AWORLD_LOG_PATH", os.path.join(tempfile.gettempdir(), "expstore-aworld-logs"))
 
 INSTALL = "pip install -e '.[aworld]'"
 
