@@ -37,7 +37,9 @@ from pydantic import BaseModel
 
 from expstore import DataRow, Experience, ExpMeta, ReplayBuffer, SqlStorage
 
-WHEELS = Path(os.environ.get("EXPSTORE_AWORLD_027_DIR", Path(__file__).parent.parent / ".cache/aworld-0.2.7"))
+WHEELS = Path(
+    os.environ.get("EXPSTORE_AWORLD_027_DIR", Path(__file__).parent.parent / ".cache/aworld-0.2.7")
+)
 INSTALL = f"pip download --no-deps aworld==0.2.7 -d {WHEELS}"
 _PACKAGES = ("aworld", "aworld.core", "aworld.logs", "aworld.replay_buffer", "aworld.utils")
 
@@ -64,8 +66,10 @@ def aworld() -> Iterator[types.SimpleNamespace]:
     wheel = next(iter(sorted(WHEELS.glob("aworld-0.2.7-*.whl"))), None)
     if wheel is None:
         if os.environ.get("EXPSTORE_REQUIRE_AWORLD") == "1":
-            pytest.fail(f"EXPSTORE_REQUIRE_AWORLD=1 but AWorld 0.2.7's wheel is not in {WHEELS}; run {INSTALL}")
-        pytest.skip(f"AWorld 0.2.7's wheel is not in {WHEELS}; run {INSTALL}")
+            pytest.fail(
+                f"EXPSTORE_REQUIRE_AWORLD=1 but {WHEELS} has no AWorld 0.2.7 wheel; {INSTALL}"
+            )
+        pytest.skip(f"{WHEELS} has no AWorld 0.2.7 wheel; run {INSTALL}")
     unpacked = WHEELS / wheel.stem
     if not (unpacked / "aworld").is_dir():  # unpacked aside, then moved in whole
         partial = WHEELS / f".{wheel.stem}.{os.getpid()}"

@@ -11,7 +11,9 @@ from ...buffer import ReplayBuffer
 
 class AsyncReplayBuffer:
     def __init__(self, storage: Any = None, **options: Any) -> None:
-        self.sync = storage if isinstance(storage, ReplayBuffer) else ReplayBuffer(storage, **options)
+        self.sync = (
+            storage if isinstance(storage, ReplayBuffer) else ReplayBuffer(storage, **options)
+        )
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="expstore-aio")
 
     @classmethod

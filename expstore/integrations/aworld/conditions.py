@@ -81,7 +81,7 @@ def fold_builder(builder: Any) -> dict[str, Any] | None:
             f"a ConditionBuilder with {len(conditions)} conditions needs "
             f"{len(conditions) - 1} and_()/or_() calls between them; it has {len(operators)}"
         )
-    folded = _unnest(conditions[0])
+    folded: dict[str, Any] = _unnest(conditions[0])
     for operator, item in zip(operators, conditions[1:], strict=True):
         folded = {operator: [folded, _unnest(item)]}
     return folded
@@ -140,9 +140,7 @@ def _comparison(condition: Mapping[str, Any], field_path: FieldPath) -> Conditio
         return _membership(path, op, value)
     if op in ("like", "not_like"):
         if not isinstance(value, str):
-            raise QueryError(
-                f"{op} on {name!r} tests whether a text holds {value!r}; give a str"
-            )
+            raise QueryError(f"{op} on {name!r} tests whether a text holds {value!r}; give a str")
         return Comparison(path, op, f"%{_literal(value)}%")
     raise QueryError(
         f"unknown AWorld operator {op!r} on {name!r}; expected eq, ne, gt, gte, lt, lte, "

@@ -240,9 +240,7 @@ class ItemLayout:
         assert info["item"] is not None
         # As it was: AWorld's Data declares block_id a str whose default is None, which
         # validation would refuse.
-        return load_type(info["item"]).model_construct(
-            **info["data"], id=info["id"], value=value
-        )
+        return load_type(info["item"]).model_construct(**info["data"], id=info["id"], value=value)
 
     def _trajectory_value(self, row: DataRow, info: dict[str, Any]) -> Any:
         raise CodecError(

@@ -174,7 +174,9 @@ class ExpstoreStorage(Storage):  # type: ignore[misc]
         info = row.exp_data.ext_info[KEY]
         return DataBlock(id=info["block"], create_at=info["create_at"], meta_info=info["meta_info"])
 
-    async def create_data(self, data: Any, block_id: str | None = None, overwrite: bool = True) -> bool:
+    async def create_data(
+        self, data: Any, block_id: str | None = None, overwrite: bool = True
+    ) -> bool:
         """Store ``data`` in its block (its own ``block_id``, else ``block_id``), making the
         block if needed; an item of the same id is replaced if ``overwrite``, else kept
         (and False returned)."""
@@ -185,7 +187,9 @@ class ExpstoreStorage(Storage):  # type: ignore[misc]
             logger.warning("data %s exists", item_id(data))
         return done
 
-    async def update_data(self, data: Any, block_id: str | None = None, exists: bool = False) -> bool:
+    async def update_data(
+        self, data: Any, block_id: str | None = None, exists: bool = False
+    ) -> bool:
         """Replace the stored item of ``data``'s id; without one, store nothing and return
         ``not exists``."""
         block = block_of(data, block_id)
@@ -247,7 +251,9 @@ class ExpstoreStorage(Storage):  # type: ignore[misc]
 
     def _open_blocks(self) -> AsyncReplayBuffer:
         items = self.buffer.sync.sql
-        return AsyncReplayBuffer.wrap(ReplayBuffer(SqlStorage(items.url, name=f"{items.name}.blocks")))
+        return AsyncReplayBuffer.wrap(
+            ReplayBuffer(SqlStorage(items.url, name=f"{items.name}.blocks"))
+        )
 
     async def _ensure_block(self, block: str) -> None:
         if block in self._known_blocks:
@@ -303,7 +309,9 @@ def _put_block(buffer: ReplayBuffer, row: DataRow, overwrite: bool) -> bool:
     return True
 
 
-def _create(buffer: ReplayBuffer, layout: ItemLayout, data: Any, block: str, overwrite: bool) -> bool:
+def _create(
+    buffer: ReplayBuffer, layout: ItemLayout, data: Any, block: str, overwrite: bool
+) -> bool:
     rid = row_id(block, item_id(data))
     old = buffer.get(rid) if (layout.keeps_position or not overwrite) else None
     if old is not None and not overwrite:

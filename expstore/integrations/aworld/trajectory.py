@@ -2,7 +2,8 @@
 arguments, so a task's trajectory goes to a database with one line::
 
     from expstore.integrations.aworld import ExpstoreTrajectoryStorage
-    task = Task(input="...", agent=agent, conf=TaskConfig(trajectory_storage=ExpstoreTrajectoryStorage))
+    conf = TaskConfig(trajectory_storage=ExpstoreTrajectoryStorage)
+    task = Task(input="...", agent=agent, conf=conf)
 
 The database is ``$EXPSTORE_URL`` (``sqlite:///...`` or ``postgresql+psycopg://...``), by
 default the SQLite file ``expstore_aworld.db`` in the current directory; the buffer is
@@ -39,6 +40,7 @@ import atexit
 import logging
 import os
 import threading
+
 from aworld.config import StorageConfig
 from aworld.dataset.trajectory_storage import TrajectoryStorage
 
@@ -137,4 +139,3 @@ class ExpstoreTrajectoryStorage(ExpstoreStorage, TrajectoryStorage):  # type: ig
 
     async def aclose(self) -> None:
         """Nothing: the handle is the process's, shared by every instance (closed at exit)."""
-

@@ -20,7 +20,9 @@ import pytest
 
 # AWorld writes its log files under the current directory (./logs) unless told otherwise,
 # read once, when its logger module is imported.
-os.environ.setdefault("AWORLD_LOG_PATH", os.path.join(tempfile.gettempdir(), "expstore-aworld-logs"))
+os.environ.setdefault(
+    "AWORLD_LOG_PATH", os.path.join(tempfile.gettempdir(), "expstore-aworld-logs")
+)
 
 INSTALL = "pip install -e '.[aworld]'"
 
@@ -33,8 +35,10 @@ def _aworld_03() -> bool:
 
 
 #: Why these tests cannot run here ('' when they can).
-MISSING = "" if _aworld_03() else (
-    f"AWorld 0.3.2 is not installed (no aworld.core.storage); run {INSTALL}"
+MISSING = (
+    ""
+    if _aworld_03()
+    else (f"AWorld 0.3.2 is not installed (no aworld.core.storage); run {INSTALL}")
 )
 
 
@@ -66,18 +70,25 @@ class _Chat(BaseHTTPRequestHandler):
         if tools and not answered:
             function = tools[0]["function"]
             arguments = {k: "3" for k in function.get("parameters", {}).get("required", [])}
-            call = {"id": f"call_{len(self.server.requests)}", "type": "function",
-                    "function": {"name": function["name"], "arguments": json.dumps(arguments)}}
+            call = {
+                "id": f"call_{len(self.server.requests)}",
+                "type": "function",
+                "function": {"name": function["name"], "arguments": json.dumps(arguments)},
+            }
             message: dict[str, Any] = {"role": "assistant", "content": "", "tool_calls": [call]}
             finish = "tool_calls"
         else:
             message, finish = {"role": "assistant", "content": ANSWER}, "stop"
-        reply = json.dumps({
-            "id": f"chatcmpl-{len(self.server.requests)}", "object": "chat.completion",
-            "created": int(time.time()), "model": body.get("model", "fake"),
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
-        }).encode()
+        reply = json.dumps(
+            {
+                "id": f"chatcmpl-{len(self.server.requests)}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body.get("model", "fake"),
+                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+            }
+        ).encode()
         self.send_response(200)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(reply)))

@@ -78,8 +78,15 @@ conditions = st.recursive(
 def _view(item: Any) -> Any:
     """What an item holds, all of it (Data's own == compares ids only)."""
     if isinstance(item, Data):
-        return (item.block_id, item.id, _view(item.value), item.create_at, item.update_at,
-                item.expires_at, item.meta_info)
+        return (
+            item.block_id,
+            item.id,
+            _view(item.value),
+            item.create_at,
+            item.update_at,
+            item.expires_at,
+            item.meta_info,
+        )
     if isinstance(item, BaseModel):
         return (type(item), item.model_dump())
     return item
@@ -139,8 +146,12 @@ class Differential(RuleBasedStateMachine):
         ours, theirs = self.both("create_data", data, None if own_block else block, overwrite)
         assert ours == theirs
 
-    @rule(data_id=st.sampled_from(IDS), value=steps, block=st.sampled_from(BLOCKS),
-          exists=st.booleans())
+    @rule(
+        data_id=st.sampled_from(IDS),
+        value=steps,
+        block=st.sampled_from(BLOCKS),
+        exists=st.booleans(),
+    )
     def update_data(self, data_id: str, value: Step, block: str, exists: bool) -> None:
         ours, theirs = self.both("update_data", Data(id=data_id, value=value), block, exists)
         assert ours == theirs
@@ -215,8 +226,12 @@ def filled(db_url: str, buffer_name: str) -> Any:
         ours, theirs = ExpstoreStorage(db_url, name=buffer_name), InmemoryStorage()
         for storage in (ours, theirs):
             for i in range(12):
-                value = Step(task_id=f"t{i % 3}", tag="ab"[i % 2] * (i % 4), n=i,
-                             score=None if i % 5 == 0 else i / 2)
+                value = Step(
+                    task_id=f"t{i % 3}",
+                    tag="ab"[i % 2] * (i % 4),
+                    n=i,
+                    score=None if i % 5 == 0 else i / 2,
+                )
                 await storage.create_data(Data(id=f"d{i}", value=value), f"b{i % 2}")
         return ours, theirs
 
@@ -233,7 +248,10 @@ def test_a_condition_builders_chain_selects_what_aworlds_does(filled: Any) -> No
     async def check() -> None:
         expected = await theirs.select_data(chain(InmemoryConditionBuilder(None)).build())
         assert expected  # (the chain folds left to right: (a or b) and (c or d))
-        for given in (chain(InmemoryConditionBuilder(None)), chain(InmemoryConditionBuilder(None)).build()):
+        for given in (
+            chain(InmemoryConditionBuilder(None)),
+            chain(InmemoryConditionBuilder(None)).build(),
+        ):
             got = await ours.select_data(given)
             assert sorted(d.id for d in got) == sorted(d.id for d in expected)
 
@@ -252,20 +270,30 @@ def test_a_condition_of_an_unknown_operator_says_which_are_known(filled: Any) ->
         _run(ours.select_data({"field": "n", "value": 1, "op": "near"}))
 
 
-def test_like_matches_the_text_literally_anywhere_as_aworlds_substring_test(db_url: str, buffer_name: str) -> None:
+def test_like_matches_the_text_literally_anywhere_as_aworlds_substring_test(
+    db_url: str, buffer_name: str
+) -> None:
     async def check() -> list[str]:
         ours = ExpstoreStorage(db_url, name=buffer_name)
         for i, tag in enumerate(["50%", "50 percent", "a_b", "axb", "A%"]):
             await ours.create_data(Data(id=f"d{i}", value=Step(task_id="t", tag=tag)), "b")
-        hits = await ours.select_data({"or_": [{"field": "tag", "value": "0%", "op": "like"},
-                                               {"field": "tag", "value": "_", "op": "like"}]})
+        hits = await ours.select_data(
+            {
+                "or_": [
+                    {"field": "tag", "value": "0%", "op": "like"},
+                    {"field": "tag", "value": "_", "op": "like"},
+                ]
+            }
+        )
         return sorted(d.value.tag for d in hits)
 
     assert _run(check()) == ["50%", "a_b"]
 
 
 # -- rows ---------------------------------------------------------------------------------
-def test_items_are_rows_expstore_reads_with_the_value_in_state(db_url: str, buffer_name: str) -> None:
+def test_items_are_rows_expstore_reads_with_the_value_in_state(
+    db_url: str, buffer_name: str
+) -> None:
     async def store() -> None:
         storage = ExpstoreStorage(db_url, name=buffer_name)
         await storage.create_data(Data(id="d1", value=Step(task_id="t1", score=0.5)), "b1")
@@ -299,7 +327,9 @@ def test_an_item_comes_back_of_its_own_class_in_a_new_handle(db_url: str, buffer
     assert values == [[1, "two", {"three": 3.0}]]
 
 
-def test_an_overwrite_deletes_and_inserts_in_one_transaction(db_url: str, buffer_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_overwrite_deletes_and_inserts_in_one_transaction(
+    db_url: str, buffer_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from expstore.storage import writer
 
     async def overwrite_failing() -> list[Any]:

@@ -153,23 +153,39 @@ def test_an_agent_run_keeps_every_step_and_a_new_process_reads_it_back(
 def _item(task: str = "t1", **meta: Any) -> TrajectoryItem:
     return TrajectoryItem(
         id="step-1",
-        meta=ExpMeta(session_id="s1", task_id=task, task_name="math", agent_id="solver",
-                     step=3, execute_time=1000.5, pre_agent="planner", **meta),
+        meta=ExpMeta(
+            session_id="s1",
+            task_id=task,
+            task_name="math",
+            agent_id="solver",
+            step=3,
+            execute_time=1000.5,
+            pre_agent="planner",
+            **meta,
+        ),
         state=TrajectoryState(
             input={"content": "What is 3 squared?", "images": None},
-            messages=[{"role": "system", "content": "Be brief."},
-                      {"role": "user", "content": "What is 3 squared?"}],
+            messages=[
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "What is 3 squared?"},
+            ],
             context={"k": [1, 2]},
         ),
         action=TrajectoryAction(
             content="",
-            tool_calls=[{"id": "c1", "type": "function",
-                         "function": {"name": "calc", "arguments": '{"x": "3"}'}}],
+            tool_calls=[
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "calc", "arguments": '{"x": "3"}'},
+                }
+            ],
             is_agent_finished=False,
             ext_info={"latency_ms": 12},
         ),
-        reward=TrajectoryReward(tool_outputs=[{"tool_call_id": "c1", "content": "9"}],
-                                status="ok", score=0.75),
+        reward=TrajectoryReward(
+            tool_outputs=[{"tool_call_id": "c1", "content": "9"}], status="ok", score=0.75
+        ),
     )
 
 
@@ -181,15 +197,25 @@ def test_a_trajectory_item_is_an_ordinary_row_field_by_field(trajectories: tuple
     with ReplayBuffer(url, name=name) as buffer:
         (row,) = buffer.get_by_task_id("t1")
     meta, data = row.exp_meta, row.exp_data
-    assert (meta.task_id, meta.task_name, meta.agent_id, meta.step, meta.execute_time,
-            meta.pre_agent) == ("t1", "math", "solver", 3, 1000.5, "planner")
+    assert (
+        meta.task_id,
+        meta.task_name,
+        meta.agent_id,
+        meta.step,
+        meta.execute_time,
+        meta.pre_agent,
+    ) == ("t1", "math", "solver", 3, 1000.5, "planner")
     assert data.messages == item.state.messages
     assert data.state == {"input": item.state.input, "context": item.state.context}
     assert data.actions == item.action.tool_calls and data.done is False
     assert data.reward_t == 0.75
     stored = data.ext_info["aworld"]
     assert (stored["session_id"], stored["item_id"], stored["content"], stored["status"]) == (
-        "s1", "step-1", "", "ok")
+        "s1",
+        "step-1",
+        "",
+        "ok",
+    )
     assert stored["tool_outputs"] == item.reward.tool_outputs
     assert stored["action_ext_info"] == {"latency_ms": 12}
 
@@ -218,10 +244,14 @@ def test_conditions_name_trajectory_fields_with_dots(trajectories: tuple[str, st
             step.id, step.meta.step, step.reward.score = f"s{i}", i, i / 4
             await storage.create_data(Data(id=step.id, value=step), f"trajectory_t{i % 2}")
         hits = await storage.select_data(
-            {"and_": [{"field": "meta.task_id", "value": "t1", "op": "eq"},
-                      {"field": "reward.score", "value": 0.5, "op": "gt"},
-                      {"field": "meta.session_id", "value": ["s1"], "op": "in"},
-                      {"field": "state.input.content", "value": "squared", "op": "like"}]}
+            {
+                "and_": [
+                    {"field": "meta.task_id", "value": "t1", "op": "eq"},
+                    {"field": "reward.score", "value": 0.5, "op": "gt"},
+                    {"field": "meta.session_id", "value": ["s1"], "op": "in"},
+                    {"field": "state.input.content", "value": "squared", "op": "like"},
+                ]
+            }
         )
         return [d.id for d in hits]
 
@@ -273,7 +303,9 @@ def test_with_no_environment_the_database_is_the_documented_file(
     assert type(storage) is ExpstoreTrajectoryStorage
     asyncio.run(storage.create_data(Data(id="s", value=_item()), "trajectory_t1"))
     assert DEFAULT_URL == "sqlite:///expstore_aworld.db"
-    with ReplayBuffer(f"sqlite:///{tmp_path / 'expstore_aworld.db'}", name="aworld_trajectories") as buffer:
+    with ReplayBuffer(
+        f"sqlite:///{tmp_path / 'expstore_aworld.db'}", name="aworld_trajectories"
+    ) as buffer:
         assert buffer.task_ids() == ["t1"]
 
 
@@ -287,7 +319,9 @@ def test_a_database_that_cannot_be_opened_is_logged_and_fails_the_task(
             get_storage_instance(ExpstoreTrajectoryStorage)  # not swapped for in-memory
     assert not isinstance(err.value, (TypeError, ValueError))
     assert f"set {ENV_URL}" in str(err.value)
-    assert any("cannot open" in r.getMessage() and r.levelno == logging.ERROR for r in caplog.records)
+    assert any(
+        "cannot open" in r.getMessage() and r.levelno == logging.ERROR for r in caplog.records
+    )
 
 
 def test_expstore_imports_without_aworld_and_the_integration_says_what_to_install() -> None:
@@ -303,7 +337,13 @@ def test_expstore_imports_without_aworld_and_the_integration_says_what_to_instal
             print("MISSING", exc)
         """
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=60,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr
     assert "MISSING" in done.stdout and "pip install 'expstore[aworld]'" in done.stdout
