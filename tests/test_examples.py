@@ -47,6 +47,7 @@ def test_every_example_has_a_smoke_test() -> None:
         "async_grpo.py",
         "long_messages_sampler.py",
         "durable_actors.py",
+        "aworld_agent_to_training.py",
     }
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
 
@@ -102,6 +103,20 @@ def test_durable_actors_on_postgres(tmp_path: Path, pg_url: str, buffer_name: st
     args = ("--db", pg_url, "--name", buffer_name, "--prompts", "8", "--tokens", "16")
     out = run_example("durable_actors.py", *args, cwd=tmp_path)
     assert "every completion stored once, token for token" in out
+
+
+def test_aworld_agent_runs_are_recorded_then_sampled_and_claimed(tmp_path: Path) -> None:
+    if importlib.util.find_spec("aworld.core.storage") is None:  # AWorld 0.3: the aworld extra
+        if os.environ.get("EXPSTORE_REQUIRE_AWORLD") == "1":
+            pytest.fail("EXPSTORE_REQUIRE_AWORLD=1 but AWorld 0.3.2 is not installed")
+        pytest.skip("AWorld 0.3.2 is not installed: pip install -e '.[aworld]'")
+    out = run_example("aworld_agent_to_training.py", "--tasks", "4", "--workdir", ".", cwd=tmp_path)
+    assert out.count("2 steps") == 4 and "The answer is 4." in out
+    assert "expstore holds 8 steps of 4 AWorld tasks" in out
+    assert "SFT: 3 records of right answers" in out  # 3 squared is answered wrong
+    rl_steps = [line for line in out.splitlines() if line.startswith("RL step: 2 trajectories")]
+    assert len(rl_steps) == 2  # every trajectory claimed once, in groups of two
+    assert (tmp_path / "trajectories.db").is_file()
 
 
 def test_web_agent_sft_writes_llama_factory_data(tmp_path: Path) -> None:
