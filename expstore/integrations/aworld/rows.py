@@ -69,6 +69,7 @@ columns' with their indexes. Rows of a block come back ordered by step, then tim
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import math
@@ -77,7 +78,7 @@ import time
 from hashlib import sha256
 from typing import Any, ClassVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from pydantic_core import to_jsonable_python
 
 from ...errors import CodecError, QueryError
@@ -107,6 +108,7 @@ def type_path(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
+@functools.lru_cache(maxsize=1024)
 def load_type(path: str) -> type[BaseModel]:
     """The pydantic model class ``module:QualName`` names; CodecError if there is none."""
     module_name, _, qualname = path.partition(":")
@@ -158,9 +160,14 @@ def _json(model: BaseModel) -> Any:
 
 
 def _rebuild(path: str | None, stored: Any) -> Any:
+    """The model ``path`` names from its JSON (as ``model_dump(mode="json")`` gave it)."""
     if path is None:
         return stored
-    return load_type(path).model_validate_json(json.dumps(stored))
+    cls = load_type(path)
+    try:
+        return cls.model_validate(stored)  # JSON's values, which lax validation takes
+    except ValidationError:  # a strict field (a datetime, bytes...) takes its JSON text
+        return cls.model_validate_json(json.dumps(stored))
 
 
 class _Positions:

@@ -37,6 +37,7 @@ awaited (AWorld's trajectory writes) is stored even if its task is cancelled at 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -132,6 +133,8 @@ class ExpstoreStorage(Storage):  # type: ignore[misc]
         self.blocking_writes = blocking_writes
         self._blocks: AsyncReplayBuffer | None = None
         self._known_blocks: set[str] = set()
+        #: Row ids this handle stored (their next version replaces them at once).
+        self._stored = _Stored()
 
     # -- AWorld's Storage -----------------------------------------------------------------
     def backend(self) -> AsyncReplayBuffer:
@@ -182,7 +185,7 @@ class ExpstoreStorage(Storage):  # type: ignore[misc]
         (and False returned)."""
         block = block_of(data, block_id)
         await self._ensure_block(block)
-        done = await self._write(_create, self.layout, data, block, overwrite)
+        done = await self._write(_create, self.layout, data, block, overwrite, self._stored)
         if not done:
             logger.warning("data %s exists", item_id(data))
         return done
@@ -293,6 +296,26 @@ class ExpstoreStorage(Storage):  # type: ignore[misc]
         return result
 
 
+class _Stored:
+    """Row ids a storage stored, the newest :data:`LIMIT` of them: a hint only (a row
+    deleted since is replaced by nothing, and its new version inserted alike)."""
+
+    LIMIT = 65_536
+
+    def __init__(self) -> None:
+        self._ids: dict[str, None] = {}
+        self._lock = threading.Lock()
+
+    def __contains__(self, rid: str) -> bool:
+        return rid in self._ids
+
+    def add(self, rid: str) -> None:
+        with self._lock:
+            self._ids[rid] = None
+            if len(self._ids) > self.LIMIT:
+                del self._ids[next(iter(self._ids))]
+
+
 def _block_row_id(block: str) -> str:
     return row_id("", block)
 
@@ -310,10 +333,27 @@ def _put_block(buffer: ReplayBuffer, row: DataRow, overwrite: bool) -> bool:
 
 
 def _create(
-    buffer: ReplayBuffer, layout: ItemLayout, data: Any, block: str, overwrite: bool
+    buffer: ReplayBuffer,
+    layout: ItemLayout,
+    data: Any,
+    block: str,
+    overwrite: bool,
+    stored: _Stored,
 ) -> bool:
-    rid = row_id(block, item_id(data))
-    old = buffer.get(rid) if (layout.keeps_position or not overwrite) else None
+    if not layout.keeps_position and overwrite:
+        # The first version of an item is a plain insert; a later one replaces it (one
+        # this handle stored, or one the insert finds stored: then nothing was written).
+        row = layout.row(data, block, None)
+        if row.id in stored:
+            replace_rows(buffer, [row])
+            return True
+        try:
+            buffer.store(row)
+        except DuplicateIdError:
+            replace_rows(buffer, [row])
+        stored.add(row.id)
+        return True
+    old = buffer.get(row_id(block, item_id(data)))
     if old is not None and not overwrite:
         return False
     replace_rows(buffer, [layout.row(data, block, _position(layout, old))])
