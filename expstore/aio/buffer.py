@@ -15,16 +15,18 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
 from sqlalchemy.engine import URL
 
+from .._args import check_flag
 from ..buffer import ReplayBuffer
 from ..claims import DEFAULT_LEASE_S
 from ..converters.base import Converter
 from ..db.tuning import Tuning
+from ..dedup import Dedup
 from ..errors import UnsupportedTypeError
 from ..model.rows import DataRow
 from ..query import QueryCondition
@@ -32,8 +34,10 @@ from ..retention.eviction import Eviction
 from ..storage.base import Storage
 from ..storage.cache import CacheStats
 from ..storage.sql import SqlStorage
+from ..storage.writer import StoreReport
 from .calls import Calls
 from .claims import AsyncClaim, AsyncConsumer, claim_on
+from .group_commit import GroupCommit, Kind
 
 __all__ = ["AsyncReplayBuffer"]
 
@@ -111,8 +115,14 @@ class AsyncReplayBuffer:
             tuning=tuning,
             cache_bytes=cache_bytes,
         )
-        self.calls = calls
+        self._attach(calls, self.sync)
         self._look_for_a_rate_limit()
+
+    def _attach(self, calls: Calls, sync: ReplayBuffer) -> None:
+        self.calls = calls
+        self.sync = sync
+        storage = sync.storage
+        self._group = GroupCommit(calls, storage) if isinstance(storage, SqlStorage) else None
 
     @classmethod
     def wrap(cls, buffer: ReplayBuffer, *, threads: int = 1) -> AsyncReplayBuffer:
@@ -123,8 +133,7 @@ class AsyncReplayBuffer:
                 f"AsyncReplayBuffer.wrap() takes a ReplayBuffer, got {type(buffer).__name__}"
             )
         handle = cls.__new__(cls)
-        handle.calls = Calls(threads)
-        handle.sync = buffer
+        handle._attach(Calls(threads), buffer)
         handle._look_for_a_rate_limit()
         return handle
 
@@ -140,8 +149,7 @@ class AsyncReplayBuffer:
         try:
             sync = await calls.run(functools.partial(ReplayBuffer, storage, **options))
             handle = cls.__new__(cls)
-            handle.calls = calls
-            handle.sync = sync
+            handle._attach(calls, sync)
             await calls.run(handle._look_for_a_rate_limit)
         except BaseException:
             calls.close(wait=False)
@@ -177,8 +185,53 @@ class AsyncReplayBuffer:
 
     # -- writing -------------------------------------------------------------------------
     store = _on_thread(ReplayBuffer.store)
-    store_batch = _on_thread(ReplayBuffer.store_batch)
-    extend = _on_thread(ReplayBuffer.extend)
+
+    @overload
+    async def store_batch(
+        self, rows: Sequence[DataRow], *, dedup: Dedup = None, report: Literal[False] = False
+    ) -> int: ...
+
+    @overload
+    async def store_batch(
+        self, rows: Sequence[DataRow], *, dedup: Dedup = None, report: Literal[True]
+    ) -> StoreReport: ...
+
+    async def store_batch(
+        self, rows: Sequence[DataRow], *, dedup: Dedup = None, report: bool = False
+    ) -> int | StoreReport:
+        """:meth:`ReplayBuffer.store_batch <expstore.ReplayBuffer.store_batch>`, awaited;
+        writes awaited at once commit together, each whole (see
+        :mod:`expstore.aio.group_commit`)."""
+        if check_flag("report", report):
+            return await self._write("store_batch", rows, dedup)
+        return (await self._write("store_batch", rows, dedup)).stored
+
+    @overload
+    async def extend(
+        self, columns: Mapping[str, Any], *, dedup: Dedup = None, report: Literal[False] = False
+    ) -> int: ...
+
+    @overload
+    async def extend(
+        self, columns: Mapping[str, Any], *, dedup: Dedup = None, report: Literal[True]
+    ) -> StoreReport: ...
+
+    async def extend(
+        self, columns: Mapping[str, Any], *, dedup: Dedup = None, report: bool = False
+    ) -> int | StoreReport:
+        """:meth:`ReplayBuffer.extend <expstore.ReplayBuffer.extend>`, awaited; writes
+        awaited at once commit together, each whole (see :mod:`expstore.aio.group_commit`)."""
+        if check_flag("report", report):
+            return await self._write("extend", columns, dedup)
+        return (await self._write("extend", columns, dedup)).stored
+
+    async def _write(self, kind: Kind, data: Any, dedup: Dedup) -> StoreReport:
+        if self._group is None or self._limited():
+            method = ReplayBuffer.extend if kind == "extend" else ReplayBuffer.store_batch
+            run = self.calls.wait if self._limited() else self.calls.run
+            return await run(method, self.sync, data, dedup=dedup, report=True)
+        return await self._group.write(kind, data, dedup)
+
     delete = _on_thread(ReplayBuffer.delete)
     clear = _on_thread(ReplayBuffer.clear)
     update_priorities = _on_thread(ReplayBuffer.update_priorities)

@@ -75,6 +75,16 @@ class Calls:
         thread if the call returns after its caller was cancelled (a claim to release)."""
         return await self._submit(waits, abandoned, fn, *args, **kwargs)
 
+    def start(self, fn: Callable[[], object]) -> None:
+        """Queue ``fn()`` on a call thread without awaiting it (its own callers are told
+        how it went; :meth:`settle` waits for it)."""
+        with self._lock:
+            if self._closed:
+                raise StorageError("this async buffer handle was closed (aclose()); open a new one")
+            future = self._calls.submit(fn)
+            self._running.add(future)
+        future.add_done_callback(self._finished)
+
     async def _submit(
         self,
         waits: bool,

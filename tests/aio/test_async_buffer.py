@@ -27,6 +27,7 @@ from expstore import (
 )
 from expstore.aio import AsyncClaim, AsyncReplayBuffer
 from expstore.errors import (
+    DuplicateIdError,
     FencedError,
     InvalidArgumentError,
     StorageError,
@@ -308,3 +309,70 @@ def test_bad_thread_counts_are_refused() -> None:
     for bad in (0, -1, 1.5, True):
         with pytest.raises(InvalidArgumentError, match="threads"):
             AsyncReplayBuffer(threads=bad)  # type: ignore[arg-type]
+
+
+def _columns(task: str, n: int, ids: list[str] | None = None) -> dict[str, Any]:
+    cols: dict[str, Any] = {
+        "task_id": [task] * n,
+        "agent_id": "a",
+        "step": list(range(n)),
+        "state": {"obs": np.arange(n * 3, dtype=np.float32).reshape(n, 3)},
+        "reward_t": np.ones(n),
+    }
+    if ids is not None:
+        cols["id"] = ids
+    return cols
+
+
+def test_writes_awaited_at_once_commit_together_each_with_its_own_result(
+    db_url: str, buffer_name: str
+) -> None:
+    """While the handle's thread is busy, writes queue; it then commits them in one
+    transaction. A write that fails (a duplicate id, refused columns) gets its own error
+    and the others land; a cancelled one that was still waiting never runs."""
+
+    async def main() -> None:
+        async with AsyncReplayBuffer(db_url, name=buffer_name, threads=1) as buffer:
+            await buffer.store(_row("old", 0, row_id="dup"))
+            groups: list[int] = []
+            together = buffer.sync.sql.write_together
+
+            def spy(writes: Any) -> Any:
+                groups.append(len(writes))
+                return together(writes)
+
+            buffer.sync.sql.write_together = spy  # type: ignore[method-assign]
+            gate = threading.Event()
+            blocker = asyncio.create_task(buffer.run(_waits_for(gate)))
+            while not buffer.calls._running:
+                await asyncio.sleep(0.001)
+            good = [asyncio.create_task(buffer.extend(_columns(f"g{k}", 4))) for k in range(8)]
+            rows = [asyncio.create_task(buffer.store_batch([_row("r", i) for i in range(3)]))]
+            dup = asyncio.create_task(buffer.extend(_columns("d", 2, ids=["new", "dup"])))
+            short = asyncio.create_task(buffer.extend({**_columns("s", 2), "step": [1]}))
+            cancelled = asyncio.create_task(buffer.extend(_columns("c", 2)))
+            skipped = asyncio.create_task(
+                buffer.store_batch([_row("r", i) for i in range(3)], dedup="skip", report=True)
+            )
+            await asyncio.sleep(0)
+            cancelled.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await cancelled
+            gate.set()
+            await blocker
+            assert [await t for t in good] == [4] * 8
+            assert await rows[0] == 3
+            with pytest.raises(DuplicateIdError, match="dup"):
+                await dup
+            with pytest.raises(InvalidArgumentError, match="step"):
+                await short
+            report = await skipped
+            assert (report.stored, report.duplicates) == (0, 3)
+            await buffer.settle()
+            assert groups[0] == 12  # one transaction tried for the 12 writes waiting
+            tasks = await buffer.task_ids()
+            assert sorted(tasks) == sorted(["old", "r", *(f"g{k}" for k in range(8))])
+            assert await buffer.count() == 1 + 32 + 3
+            assert await buffer.get("new") is None
+
+    asyncio.run(main())
