@@ -91,20 +91,25 @@ async def idle_lag() -> list[float]:
     return (await under_ticker(nothing))[1]
 
 
-def writers(url: str, name: str, calls: int) -> list[str]:
-    """Part 1 on one backend: the table's rows."""
+def writers(
+    fresh: Callable[[], tuple[str, Callable[[], None]]], name: str, calls: int
+) -> list[str]:
+    """Part 1 on one backend (each side in a fresh database of its own): the table's rows."""
     rng = np.random.default_rng(0)
     batches = [columns(i, rng) for i in range(calls)]
-    with ReplayBuffer(url, name=f"{name}_sync") as sync:
+    url, drop = fresh()
+    with ReplayBuffer(url, name="sync") as sync:
         for b in batches[:200]:  # the same warm buffer and compiled statements
             sync.extend(b)
         start = time.perf_counter()
         for b in batches:
             sync.extend(b)
         sync_s = time.perf_counter() - start
+    drop()
+    url, drop = fresh()
 
     async def main() -> tuple[float, list[float], list[float]]:
-        buffer = await AsyncReplayBuffer.open(url, name=f"{name}_async")
+        buffer = await AsyncReplayBuffer.open(url, name="async")
         async with buffer:
             for b in batches[:200]:
                 await buffer.extend(b)
@@ -122,6 +127,7 @@ def writers(url: str, name: str, calls: int) -> list[str]:
         return took * calls / (per * COROUTINES), lags, await idle_lag()
 
     async_s, lags, idle = asyncio.run(main())
+    drop()
     sync_rate, async_rate = calls * ROWS / sync_s, calls * ROWS / async_s
     return [
         f"| {name} | {sync_rate:,.0f} rows/s | {async_rate:,.0f} rows/s | "
@@ -216,13 +222,19 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     lines: list[str] = []
     with tempfile.TemporaryDirectory() as folder:
-        sqlite_url = f"sqlite:///{folder}/aio.db"
-        print(*writers(sqlite_url, "SQLite", args.calls), sep="\n", flush=True)
-        lines += mechanism(sqlite_url, f"sqlite+aiosqlite:///{folder}/aio.db", "SQLite", args.calls)
+        files = iter(range(100))
+
+        def sqlite_file() -> tuple[str, Callable[[], None]]:
+            return f"sqlite:///{folder}/aio{next(files)}.db", lambda: None
+
+        print(*writers(sqlite_file, "SQLite", args.calls), sep="\n", flush=True)
+        url = sqlite_file()[0]
+        lines += mechanism(url, url.replace("sqlite:", "sqlite+aiosqlite:"), "SQLite", args.calls)
     if not args.skip_pg:
-        url, drop = fresh_pg_database(args.pg)
+        fresh = lambda: fresh_pg_database(args.pg)  # noqa: E731
+        print(*writers(fresh, "Postgres", args.calls), sep="\n", flush=True)
+        url, drop = fresh()
         try:
-            print(*writers(url, "Postgres", args.calls), sep="\n", flush=True)
             lines += mechanism(url, url, "Postgres", args.calls)
         finally:
             drop()

@@ -32,6 +32,7 @@ keeps a capacity exact.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal, TypeVar, overload
 
@@ -340,6 +341,8 @@ class SqlStorage(Storage):
         results: list[StoreReport | Exception | None] = [None] * len(writes)
         prepared: list[tuple[int, Any, Dedup]] = []
         for i, (kind, data, dedup) in enumerate(writes):
+            if i:
+                time.sleep(0)  # the GIL to other threads (an event loop) between encodings
             try:
                 if kind == "extend":
                     parsed = parse_columns(data)
