@@ -29,6 +29,7 @@ from ..db.tuning import Tuning
 from ..dedup import Dedup
 from ..errors import UnsupportedTypeError
 from ..model.rows import DataRow
+from ..prefetch import Prefetcher
 from ..query import QueryCondition
 from ..retention.eviction import Eviction
 from ..storage.base import Storage
@@ -273,6 +274,34 @@ class AsyncReplayBuffer:
     sample = _on_thread(ReplayBuffer.sample)
     sample_task = _on_thread(ReplayBuffer.sample_task)
 
+    def batches(
+        self,
+        sampler: Any = None,
+        query_condition: QueryCondition = None,
+        converter: Any = None,
+        batch_size: int = 1000,
+        *,
+        prefetch: int = 2,
+        num_batches: int | None = None,
+    ) -> AsyncBatches:
+        """:meth:`ReplayBuffer.batches <expstore.ReplayBuffer.batches>` for ``async for``:
+        batches made ahead in the stream's own thread, each awaited without blocking the
+        loop; ``async with`` (or ``await stream.aclose()``) stops it::
+
+            async with buffer.batches(sampler, converter=conv, batch_size=256) as stream:
+                async for batch in stream:
+                    await train_step(batch)
+        """
+        stream = self.sync.batches(
+            sampler,
+            query_condition,
+            converter,
+            batch_size,
+            prefetch=prefetch,
+            num_batches=num_batches,
+        )
+        return AsyncBatches(self.calls, stream)
+
     # -- settings ------------------------------------------------------------------------
     create_index = _on_thread(ReplayBuffer.create_index)
     drop_index = _on_thread(ReplayBuffer.drop_index)
@@ -381,6 +410,45 @@ class AsyncReplayBuffer:
 
     def __repr__(self) -> str:
         return f"AsyncReplayBuffer({self.sync.storage!r}, threads={self.calls.threads})"
+
+
+class AsyncBatches:
+    """The async face of a :class:`~expstore.prefetch.Prefetcher` (see
+    :meth:`AsyncReplayBuffer.batches`); ``stream.sync`` is the Prefetcher (``last_info``,
+    ``waited_s``, ``batches``)."""
+
+    def __init__(self, calls: Calls, stream: Prefetcher[Any]) -> None:
+        self._calls = calls
+        self.sync = stream
+
+    @property
+    def last_info(self) -> Any:
+        """What the batch last handed out was made of (see ``ReplayBuffer.batches``)."""
+        return self.sync.last_info
+
+    def __aiter__(self) -> AsyncBatches:
+        return self
+
+    async def __anext__(self) -> Any:
+        item = await self._calls.wait(next, self.sync, _END)
+        if item is _END:
+            raise StopAsyncIteration
+        return item
+
+    async def aclose(self) -> None:
+        """Stop making batches (see :meth:`expstore.prefetch.Prefetcher.close`)."""
+        await self._calls.run(self.sync.close)
+
+    async def __aenter__(self) -> AsyncBatches:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+_END = object()
 
 
 def _take(rows: Any, n: int) -> list[DataRow]:

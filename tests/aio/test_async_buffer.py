@@ -376,3 +376,21 @@ def test_writes_awaited_at_once_commit_together_each_with_its_own_result(
             assert await buffer.get("new") is None
 
     asyncio.run(main())
+
+
+def test_batches_stream_what_the_sync_stream_gives(db_url: str, buffer_name: str) -> None:
+    async def main() -> list[list[str]]:
+        async with AsyncReplayBuffer(db_url, name=buffer_name) as buffer:
+            await buffer.store_batch([_row("t", i, row_id=f"r{i}") for i in range(20)])
+            got = []
+            async with buffer.batches(UniformSampler(seed=5), batch_size=4, num_batches=3) as s:
+                async for batch in s:
+                    got.append([row.id for row in batch])
+                assert s.last_info is not None and list(s.last_info.ids) == got[-1]
+            return got
+
+    got = asyncio.run(main())
+    with ReplayBuffer(db_url, name=buffer_name) as sync:
+        with sync.batches(UniformSampler(seed=5), batch_size=4, num_batches=3) as stream:
+            assert [[row.id for row in batch] for batch in stream] == got
+    assert len(got) == 3
