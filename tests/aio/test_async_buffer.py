@@ -394,3 +394,25 @@ def test_batches_stream_what_the_sync_stream_gives(db_url: str, buffer_name: str
         with sync.batches(UniformSampler(seed=5), batch_size=4, num_batches=3) as stream:
             assert [[row.id for row in batch] for batch in stream] == got
     assert len(got) == 3
+
+
+def test_a_sample_waiting_on_the_rate_limit_does_not_hold_up_the_writes(
+    db_url: str, buffer_name: str
+) -> None:
+    """Under a rate limit a sample waits for rows (min_size): on a thread of its own, so
+    the writes of the same handle (one call thread) reach it."""
+    from expstore import RateLimiter
+
+    async def main() -> None:
+        async with AsyncReplayBuffer(db_url, name=buffer_name, threads=1) as buffer:
+            await buffer.set_rate_limiter(RateLimiter(min_size=4, timeout=GATE_S))
+
+            async def write() -> None:
+                for i in range(4):
+                    await asyncio.sleep(0)
+                    await buffer.store(_row("t", i))
+
+            batch, _ = await asyncio.gather(buffer.sample(batch_size=2), write())
+            assert len(batch) == 2
+
+    asyncio.run(main())
