@@ -392,7 +392,10 @@ class AsyncReplayBuffer:
 
     # -- lifecycle -----------------------------------------------------------------------
     async def aclose(self) -> None:
-        """Wait for the calls started, then stop the threads and close the storage."""
+        """End the waits running (a ``claim(wait=...)`` or ``wait_for`` raises its
+        WaitTimeoutError), wait for the other calls started, then stop the threads and
+        close the storage."""
+        self.calls.interrupt_waits()
         await self.calls.settle()
         await self.calls.run(self.sync.close)
         self.calls.close()

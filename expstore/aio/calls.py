@@ -51,7 +51,8 @@ class Calls:
         self.threads = threads
         self._calls = ThreadPoolExecutor(threads, thread_name_prefix="expstore-aio")
         self._waits: ThreadPoolExecutor | None = None
-        self._running: set[Future[Any]] = set()
+        # Calls started and not ended: their stop events, set for waits by interrupt_waits().
+        self._running: dict[Future[Any], threading.Event | None] = {}
         self._lock = threading.Lock()
         self._closed = False
 
@@ -82,7 +83,7 @@ class Calls:
             if self._closed:
                 raise StorageError("this async buffer handle was closed (aclose()); open a new one")
             future = self._calls.submit(fn)
-            self._running.add(future)
+            self._running[future] = None
         future.add_done_callback(self._finished)
 
     async def _submit(
@@ -109,7 +110,7 @@ class Calls:
 
         future = pool.submit(call)
         with self._lock:
-            self._running.add(future)
+            self._running[future] = stop if waits else None
         future.add_done_callback(self._finished)
         try:
             # Cancelling the awaiting task cancels a call not yet started (it never runs);
@@ -123,7 +124,7 @@ class Calls:
 
     def _finished(self, future: Future[Any]) -> None:
         with self._lock:
-            self._running.discard(future)
+            self._running.pop(future, None)
 
     async def settle(self) -> None:
         """Wait until every call started on this handle has ended (those whose callers
@@ -135,6 +136,13 @@ class Calls:
                 await asyncio.shield(asyncio.wrap_future(future))
             except BaseException:  # the caller of that call had its result or its error
                 pass
+
+    def interrupt_waits(self) -> None:
+        """End the waits running now (their callers get the wait's timeout error)."""
+        with self._lock:
+            stops = [stop for stop in self._running.values() if stop is not None]
+        for stop in stops:
+            stop.set()
 
     def close(self, wait: bool = True) -> None:
         """Stop the threads (after the calls queued or running, with ``wait``)."""

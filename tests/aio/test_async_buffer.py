@@ -416,3 +416,16 @@ def test_a_sample_waiting_on_the_rate_limit_does_not_hold_up_the_writes(
             assert len(batch) == 2
 
     asyncio.run(main())
+
+
+def test_closing_ends_the_waits_running(db_url: str, buffer_name: str) -> None:
+    async def main() -> None:
+        buffer = AsyncReplayBuffer(db_url, name=buffer_name)
+        waiting = asyncio.create_task(buffer.wait_for(1, timeout=3600))
+        while not buffer.calls._running:
+            await asyncio.sleep(0.001)
+        await asyncio.wait_for(buffer.aclose(), GATE_S)  # an hour's wait would not end
+        with pytest.raises(WaitTimeoutError):
+            await waiting
+
+    asyncio.run(main())
