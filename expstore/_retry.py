@@ -13,6 +13,9 @@ for how long or how many times, comes from here).
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from time import monotonic, sleep
 
@@ -24,7 +27,24 @@ __all__ = [
     "SQLITE_BUSY",
     "Backoff",
     "Waiting",
+    "interruptible",
 ]
+
+_waits = threading.local()
+
+
+@contextmanager
+def interruptible(stop: threading.Event) -> Iterator[None]:
+    """Within the block, every :meth:`Waiting.sleep` of this thread ends as soon as
+    ``stop`` is set and returns False, as if the wait's time were spent (the waiting loop
+    gives up, raising its own timeout error). :mod:`expstore.aio` sets it when the
+    coroutine awaiting a call running on its thread is cancelled."""
+    outer = getattr(_waits, "stop", None)
+    _waits.stop = stop
+    try:
+        yield
+    finally:
+        _waits.stop = outer
 
 
 @dataclass(frozen=True)
@@ -75,7 +95,11 @@ class Waiting:
         left = self.left()
         if left <= 0 or (attempts is not None and self.pauses >= attempts):
             return False
-        sleep(min(self.pause, left))
+        stop: threading.Event | None = getattr(_waits, "stop", None)
+        if stop is None:
+            sleep(min(self.pause, left))
+        elif stop.wait(min(self.pause, left)):
+            return False  # interrupted: the caller gives up
         self.pause = min(self.pause * self.policy.factor, self.policy.longest_s)
         self.pauses += 1
         return True

@@ -48,6 +48,7 @@ def test_every_example_has_a_smoke_test() -> None:
         "long_messages_sampler.py",
         "durable_actors.py",
         "aworld_agent_to_training.py",
+        "asyncio_rollouts.py",
     }
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
 
@@ -234,3 +235,14 @@ def test_a_sampler_written_against_the_public_primitives_alone(
         seen = Counter(min(len(r.exp_data.messages or []), 7) for r in drawn)
         for length, share in expected.items():
             assert abs(seen[length] / len(drawn) - share) < 0.03, (length, seen, expected)
+
+
+def test_asyncio_rollouts(tmp_path: Path) -> None:
+    """Sixteen agents and a learner on one event loop: every step stored and consumed."""
+    out = run_example(
+        "asyncio_rollouts.py", "--url", f"sqlite:///{tmp_path / 'r.db'}", cwd=tmp_path
+    )
+    assert "16 agents stored 768 steps" in out
+    assert "the learner consumed 768 steps; checkpoint step > 0: True" in out
+    assert "episodes ended: 64" in out
+    assert "unclaimed 0, leased 0, consumed 768" in out

@@ -32,6 +32,7 @@ keeps a capacity exact.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal, TypeVar, overload
 
@@ -326,6 +327,53 @@ class SqlStorage(Storage):
         except RowValidationError as exc:
             raise column_error(exc, batch) from None
         return done if report else done.stored
+
+    def write_together(
+        self, writes: Sequence[tuple[Literal["extend", "store_batch"], Any, Dedup]]
+    ) -> list[StoreReport | Exception]:
+        """Several ``extend`` / ``store_batch`` calls (``(kind, columns or rows, dedup)``)
+        committed together, a group commit (what :mod:`expstore.aio` makes of the writes
+        its coroutines await at once): each written as its own call writes it, all in one
+        transaction. If that transaction fails, nothing of it stays and each write runs
+        again alone, so each gets what its own call would give: a report, or its error (a
+        write refused before it reaches the database gets its error at once and is left
+        out of the transaction)."""
+        results: list[StoreReport | Exception | None] = [None] * len(writes)
+        prepared: list[tuple[int, Any, Dedup]] = []
+        for i, (kind, data, dedup) in enumerate(writes):
+            if i:
+                time.sleep(0)  # the GIL to other threads (an event loop) between encodings
+            try:
+                if kind == "extend":
+                    parsed = parse_columns(data)
+                    encoded = encoded_columns(parsed)
+                    source: Any = parsed.rows() if encoded is None else encoded
+                else:
+                    source = writer.prepare(data)
+                prepared.append((i, source, dedup))
+            except Exception as exc:  # this write's own error; the others go on
+                results[i] = exc
+        together: list[StoreReport] | None = None
+        if len(prepared) > 1:
+            try:
+                self.capacity, self.eviction, together = writer.store_together(
+                    self._handle, [(source, dedup) for _, source, dedup in prepared]
+                )
+            except Exception:  # rolled back whole: each alone, for its own result
+                together = None
+        for n, (i, _, _) in enumerate(prepared):
+            if together is not None:
+                results[i] = together[n]
+                continue
+            kind, data, dedup = writes[i]
+            try:
+                if kind == "extend":
+                    results[i] = self.extend(data, dedup=dedup, report=True)
+                else:
+                    results[i] = self.store_batch(data, dedup=dedup, report=True)
+            except Exception as exc:
+                results[i] = exc
+        return [r for r in results if r is not None]
 
     def delete(self, query_condition: QueryCondition) -> int:
         """Delete the matching rows and return how many went. ``None`` is refused: use clear()."""

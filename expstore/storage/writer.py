@@ -265,6 +265,28 @@ def store_rows(
     return (None if capacity is None else int(capacity)), policy, report
 
 
+def store_together(
+    handle: BufferHandle, writes: Sequence[tuple[Sequence[Any] | RowSource, str | None]]
+) -> tuple[int | None, str, list[StoreReport]]:
+    """Several writes' rows in ONE transaction (a group commit), each written as
+    :func:`store_rows` writes it alone, in order, with its own ``dedup``: one commit for
+    all, all or none. Returns the retention as the last write found it and a report per
+    write. Any error rolls every write back and is raised as it is: the caller runs the
+    writes one by one instead to give each its own result or error (a rate limit's
+    ``block_writers`` hold included: WriteBlocked is raised, not waited out)."""
+    sources = [(as_source(batch), check_dedup(dedup)) for batch, dedup in writes]
+
+    def write() -> list[tuple[Any, str, StoreReport]]:
+        with handle.errors("store rows"), handle.write() as conn:
+            return [write_in(handle, conn, source, dedup) for source, dedup in sources]
+
+    done = retried(write)
+    stored = sum(report.stored for _, _, report in done)
+    handle.dialect.wrote(handle.connections.engine, handle.buffer_id, stored)
+    capacity, policy, _ = done[-1]
+    return (None if capacity is None else int(capacity)), policy, [d[2] for d in done]
+
+
 def _write(
     handle: BufferHandle,
     batch: RowSource,

@@ -45,6 +45,7 @@ from aworld.config import StorageConfig
 from aworld.core.storage.base import Storage
 from aworld.core.storage.data import DataBlock
 
+from ...aio import AsyncReplayBuffer
 from ...buffer import ReplayBuffer
 from ...db.handle import retried
 from ...db.schema import buffers
@@ -54,7 +55,6 @@ from ...model.rows import DataRow, Experience, ExpMeta
 from ...query import And, Comparison, Condition
 from ...storage import writer
 from ...storage.sql import SqlStorage
-from ._aio_shim import AsyncReplayBuffer
 from .conditions import compile_condition
 from .rows import AGENT, KEY, ItemLayout, block_of, item_id, row_id
 

@@ -44,8 +44,8 @@ import threading
 from aworld.config import StorageConfig
 from aworld.dataset.trajectory_storage import TrajectoryStorage
 
+from ...aio import AsyncReplayBuffer
 from ...errors import StorageError
-from ._aio_shim import AsyncReplayBuffer
 from .rows import TrajectoryLayout
 from .storage import ExpstoreStorage, ExpstoreStorageConfig
 
