@@ -138,6 +138,15 @@ def small_calls(url: str, backend: str, calls: int) -> None:
         again,
         2.0 if backend == "SQLite" else 4.0,
     )
+    # expstore's own cost of such a row: ReplayBuffer.store of it, already made.
+    layout, sync = TrajectoryLayout(), storage.buffer.sync
+    rows = [layout.row(Data(id=f"floor-{i}", value=items[i]), block, None) for i in range(calls)]
+    floor = [0.0] * calls
+    for i in range(calls):
+        start = time.perf_counter()
+        sync.store(rows[i])
+        floor[i] = (time.perf_counter() - start) * 1000
+    show(f"{backend}: (ReplayBuffer.store of the same row, made beforehand)", floor)
     hundred = f"task-{uuid.uuid4().hex[:8]}"
     for i in range(100):
         item = step_item(hundred, i, finished=i == 99)

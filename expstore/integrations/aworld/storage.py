@@ -48,9 +48,9 @@ from aworld.core.storage.data import DataBlock
 from ...aio import AsyncReplayBuffer
 from ...buffer import ReplayBuffer
 from ...db.handle import retried
-from ...db.schema import buffers
 from ...errors import DuplicateIdError
 from ...lifecycle import registry
+from ...lifecycle.hooks import read_state
 from ...model.rows import DataRow, Experience, ExpMeta
 from ...query import And, Comparison, Condition
 from ...storage import writer
@@ -81,8 +81,10 @@ def replace_rows(buffer: ReplayBuffer, rows: list[DataRow]) -> None:
 
     def write() -> None:
         with handle.errors("replace rows"), handle.write() as conn:
-            registry.lock_buffer(handle, conn, buffers.c.id)
-            if registry.remove(handle, conn, handle.matching(ids)):
+            # The buffer's state read with its row taken (as delete() takes it), given to
+            # the removal, which would read it again otherwise.
+            state = read_state(handle, conn)
+            if registry.remove(handle, conn, handle.matching(ids), state=state):
                 registry.bump_version(handle, conn)
             writer.write_in(handle, conn, batch, None)
 
