@@ -17,7 +17,7 @@ Steps look like a real run's: a system and a user message, a tool call, a few hu
 bytes of input.
 
     python benchmarks/bench_aworld.py [--pg URL] [--data /work/scratch] [--calls 500]
-        [--skip-1m]
+        [--skip-1m] [--skip-small] [--pg-1m]
 """
 
 from __future__ import annotations
@@ -240,18 +240,21 @@ def main() -> None:
     parser.add_argument("--data", default="/work/scratch", help="where the 1M-item SQLite file is")
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--skip-1m", action="store_true")
+    parser.add_argument("--skip-small", action="store_true", help="only the 1M-item figures")
+    parser.add_argument("--pg-1m", action="store_true", help="the 1M items on Postgres too")
     args = parser.parse_args()
     pg = args.pg or os.environ.get("EXPSTORE_TEST_PG_URL")
     tmp = tempfile.mkdtemp(prefix="bench-aworld-")
-    print("Small calls (ExpstoreTrajectoryStorage, one handle, a warm database):")
-    small_calls(f"sqlite:///{tmp}/small.db", "SQLite", args.calls)
-    if pg:
-        small_calls(pg, "Postgres", args.calls)
+    if not args.skip_small:
+        print("Small calls (ExpstoreTrajectoryStorage, one handle, a warm database):")
+        small_calls(f"sqlite:///{tmp}/small.db", "SQLite", args.calls)
+        if pg:
+            small_calls(pg, "Postgres", args.calls)
     if args.skip_1m:
         return
     Path(args.data).mkdir(parents=True, exist_ok=True)
     million(f"sqlite:///{Path(args.data) / 'bench_aworld_1m.db'}", "SQLite")
-    if pg:
+    if pg and args.pg_1m:
         million(pg, "Postgres")
     in_memory()
 
