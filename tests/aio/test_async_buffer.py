@@ -134,13 +134,13 @@ def test_calls_run_off_the_event_loop(tmp_path: Any) -> None:
             assert blocked
             loop_thread = threading.get_ident()
             seen: list[int] = []
-            store = buffer.sync.storage.store_batch
+            together = buffer.sync.sql.write_together
 
-            def spy(rows: Sequence[DataRow], **kw: Any) -> int:
+            def spy(writes: Any) -> Any:
                 seen.append(threading.get_ident())
-                return store(rows, **kw)
+                return together(writes)
 
-            buffer.sync.storage.store_batch = spy  # type: ignore[method-assign]
+            buffer.sync.sql.write_together = spy  # type: ignore[method-assign]
             await buffer.store_batch([_row("t", 0)])
             assert seen and seen[0] != loop_thread
 
