@@ -89,7 +89,7 @@ def replace_rows(buffer: ReplayBuffer, rows: list[DataRow]) -> None:
             writer.write_in(handle, conn, batch, None)
 
     retried(write)
-    handle.dialect.wrote(handle.connections.engine, handle.buffer_id, len(rows))
+    writer._wrote(handle, len(rows))  # the planner's refresh, as after any committed write
 
 
 def _by_id(rid: str) -> Condition:
