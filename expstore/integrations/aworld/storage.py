@@ -74,8 +74,7 @@ class ExpstoreStorageConfig(StorageConfig):  # type: ignore[misc]
 def replace_rows(buffer: ReplayBuffer, rows: list[DataRow]) -> None:
     """Store ``rows``, each replacing the stored row of its id if there is one: the deletes
     and the insert in one transaction (all or nothing)."""
-    storage = buffer.sql
-    handle = storage.handle
+    handle = buffer.sql.handle
     batch = writer.as_source(writer.prepare(rows))
     ids = Comparison("id", "in", tuple(row.id for row in rows))
 
