@@ -18,7 +18,7 @@ default, so they replace each other in a block, as in AWorld); ``get_data_items`
 block's items in the order they were first written (an overwrite keeps the place). What
 differs: nothing is evicted (AWorld's in-memory store keeps at most 10,000 blocks of 1,000
 items; give the buffer a ``capacity`` for a bound), ``select_data`` gives items in the order
-their last versions were written, and conditions run in the database (see
+they were first written (AWorld's goes block by block), and conditions run in the database (see
 :mod:`expstore.integrations.aworld.conditions`), with the buffer's indexes
 (``storage.buffer.sync.create_index("exp_data.state.task_id")`` indexes a value's field).
 
@@ -407,4 +407,7 @@ def _delete_block_items(buffer: ReplayBuffer, layout: ItemLayout, block: str) ->
 
 
 def _query(buffer: ReplayBuffer, condition: Condition | None) -> list[DataRow]:
-    return list(buffer.query(condition))
+    # By step (an item's position, a trajectory's step): the order the (buffer, task,
+    # step) index holds, which a condition on the task reads without a sort (by key,
+    # SQLite's planner may walk every row of the buffer in key order instead).
+    return list(buffer.query(condition, order_by="step"))

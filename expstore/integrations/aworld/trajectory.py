@@ -12,7 +12,8 @@ an ordinary expstore row, laid out field by field as
 :class:`~expstore.integrations.aworld.rows.TrajectoryLayout` says (task, agent, step, time,
 the chat messages, the tool calls as actions, the score as ``reward_t``, the session id in
 ``ext_info.aworld.session_id``), so ``ReplayBuffer(url, name="aworld_trajectories")`` samples,
-claims, exports and shows them like any rows.
+claims, exports and shows them like any rows. ``get_data_items`` gives a task's steps by
+step, then time; ``select_data`` by step, then as stored.
 
 What AWorld 0.3.2's runner does, and what this storage does about it:
 

@@ -186,8 +186,8 @@ class Differential(RuleBasedStateMachine):
         except TypeError:  # AWorld compared None with a value: no answer to match
             return
         ours = self.loop.run_until_complete(self.ours.select_data(condition))
-        # (expstore gives the items in the order their last versions were stored; AWorld
-        # by block: the same items.)
+        # (expstore gives the items in the order they were first stored; AWorld block by
+        # block: the same items.)
         assert sorted(map(repr, map(_view, ours))) == sorted(map(repr, map(_view, theirs)))
         ours_size = self.loop.run_until_complete(self.ours.size(condition))
         assert ours_size == len(theirs)
