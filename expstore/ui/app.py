@@ -22,7 +22,7 @@ import base64
 import binascii
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
@@ -88,7 +88,7 @@ def make_app(
     from starlette.exceptions import HTTPException
     from starlette.middleware import Middleware
     from starlette.requests import Request
-    from starlette.responses import JSONResponse, RedirectResponse, Response
+    from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
     from starlette.routing import Mount, Route
     from starlette.staticfiles import StaticFiles
     from starlette.templating import Jinja2Templates
@@ -99,6 +99,7 @@ def make_app(
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     env = templates.env
     env.autoescape = True
+    env.trim_blocks = env.lstrip_blocks = True  # no lines of blanks where tags were
     env.globals.update(allow_delete=allow_delete, database=_shown(url), max_rows=MAX_ROWS_SHOWN)
     env.filters["when"] = _when
     env.filters["pretty"] = _pretty
@@ -107,6 +108,12 @@ def make_app(
 
     def page(request: Request, name: str, code: int = 200, **context: Any) -> Response:
         return templates.TemplateResponse(request, name, context, status_code=code)
+
+    def streamed(request: Request, name: str, **context: Any) -> Response:
+        """A long page sent as it renders (everything it shows read already), so the
+        browser paints its top while the server writes the rest."""
+        chunks = env.get_template(name).generate({"request": request, **context})
+        return StreamingResponse(_gathered(chunks), media_type="text/html; charset=utf-8")
 
     def home(request: Request) -> Response:
         if buffer is not None and "all" not in request.query_params:
@@ -219,7 +226,7 @@ def make_app(
                 {"id": task, **({"where": where} if where else {})}
             )
 
-        return page(
+        return streamed(
             request,
             "trajectory.html",
             buffer=name,
@@ -658,6 +665,21 @@ def _pretty(value: Any) -> str:
     return json.dumps(preview(value), indent=2, ensure_ascii=False, default=str)
 
 
+def _gathered(chunks: Iterable[str], size: int = 16 * 1024) -> Iterator[bytes]:
+    """A template's output in pieces of about ``size`` characters (Jinja yields each bit
+    of text on its own)."""
+    held: list[str] = []
+    length = 0
+    for chunk in chunks:
+        held.append(chunk)
+        length += len(chunk)
+        if length >= size:
+            yield "".join(held).encode()
+            held, length = [], 0
+    if held:
+        yield "".join(held).encode()
+
+
 def _seconds(value: float | None) -> str:
     """A duration as a person reads it: ``850 ms``, ``4.2 s``, ``3 min 5 s``, ``2 h 4 min``."""
     if value is None:
@@ -726,6 +748,8 @@ def _cell_value(buffer: str, row: Brief, path: str, where: str) -> dict[str, Any
             "text": short_json(value),
             "images": [_image_url(buffer, row.id, p) for p in image_paths(value)[:2]],
         }
+    if path in ("exp_meta.execute_time", "execute_time") and isinstance(value, (int, float)):
+        return {"text": _when(value)}
     if isinstance(value, float):
         return {"text": f"{value:.6g}"}
     return {"text": str(value)}

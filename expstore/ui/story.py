@@ -124,52 +124,63 @@ def turns(
     image_url: ImageUrl,
     *,
     path: str = "exp_data.messages",
-    seen: dict[str, Any] | None = None,
-    step: Any = None,
+    seen: dict[str, tuple[int, Any]] | None = None,
+    at: tuple[int, Any] = (0, None),
 ) -> list[dict[str, Any]]:
     """Chat messages as turns: ``role``, ``name`` (a tool's, for its result), ``parts``
-    (text, think, image, link, call) and ``repeat`` (the step that first showed the same
-    message, with ``seen`` shared across a trajectory's steps; the template folds it)."""
+    (text, think, image, link, call) and ``repeat``: with ``seen`` shared across a
+    trajectory's steps, the (position, step) of the step that first showed the same
+    message (``at`` is this one's); a repeated message is not rendered again (agents
+    resend their whole history at every step), only pointed at."""
     out: list[dict[str, Any]] = []
     calls: dict[str, str] = {}
     for i, m in enumerate(messages if isinstance(messages, list) else []):
         if not isinstance(m, dict):
             continue
         role = str(m.get("role", "?"))
-        parts = _content(m.get("content"), f"{path}.{i}.content", row_id, image_url)
         for call in m.get("tool_calls") or []:
-            if not isinstance(call, dict):
-                continue
-            inner = call.get("function")
-            function: dict[str, Any] = inner if isinstance(inner, dict) else call
-            called = str(function.get("name", "?"))
-            calls[str(call.get("id", ""))] = called
-            parts.append(
-                {"kind": "call", "name": called, "args": _arguments(function.get("arguments"))}
-            )
+            if isinstance(call, dict):
+                inner = call.get("function")
+                function: dict[str, Any] = inner if isinstance(inner, dict) else call
+                calls[str(call.get("id", ""))] = str(function.get("name", "?"))
         name = m.get("name") or calls.get(str(m.get("tool_call_id", "")))
         repeat = None
         if seen is not None:
-            signature = json.dumps([role, short_json(m, 100_000)], ensure_ascii=False)
-            repeat = seen.setdefault(signature, step)
-            if repeat == step:
+            repeat = seen.setdefault(repr(m), at)
+            if repeat == at:
                 repeat = None
+        parts = []
+        if repeat is None:
+            parts = _content(m.get("content"), f"{path}.{i}.content", row_id, image_url)
+            for call in m.get("tool_calls") or []:
+                if isinstance(call, dict):
+                    inner = call.get("function")
+                    function = inner if isinstance(inner, dict) else call
+                    parts.append(
+                        {
+                            "kind": "call",
+                            "name": str(function.get("name", "?")),
+                            "args": _arguments(function.get("arguments")),
+                        }
+                    )
         out.append({"role": role, "name": name, "parts": parts, "repeat": repeat})
     return out
 
 
 def folded(shown: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Turns with each run of repeated ones (``repeat`` set) as one block: ``{"turns":
-    [...], "steps": [first, last]}`` for the template to fold; other turns as they are."""
+    """Turns with each run of repeated ones as one block, ``{"turns": [...], "refs":
+    [(position, step), ...]}`` (the steps that showed them first); other turns as they
+    are."""
     out: list[dict[str, Any]] = []
     for turn in shown:
         if turn["repeat"] is None:
             out.append(turn)
         elif out and "turns" in out[-1]:
             out[-1]["turns"].append(turn)
-            out[-1]["steps"] = sorted({*out[-1]["steps"], turn["repeat"]}, key=str)
+            if turn["repeat"] not in out[-1]["refs"]:
+                out[-1]["refs"].append(turn["repeat"])
         else:
-            out.append({"turns": [turn], "steps": [turn["repeat"]]})
+            out.append({"turns": [turn], "refs": [turn["repeat"]]})
     return out
 
 
@@ -320,10 +331,10 @@ def steps(
 ) -> list[Step]:
     """The steps of a trajectory (in order) for its page."""
     out: list[Step] = []
-    seen: dict[str, Any] = {}
+    seen: dict[str, tuple[int, Any]] = {}
     before: dict[str, str | None] = {}  # image path -> digest at the step before
     previous_time: float | None = None
-    for r in rows:
+    for position, r in enumerate(rows):
         c = r.columns
         state = r.payload.get("state")
         when = float(c["exp_meta.execute_time"])
@@ -343,7 +354,11 @@ def steps(
             actions=short_json(r.payload.get("actions"), 600),
             messages=folded(
                 turns(
-                    r.payload.get("messages"), r.id, image_url, seen=seen, step=c["exp_meta.step"]
+                    r.payload.get("messages"),
+                    r.id,
+                    image_url,
+                    seen=seen,
+                    at=(position, c["exp_meta.step"]),
                 )
             ),
             match=r.key in matching,

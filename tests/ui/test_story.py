@@ -212,10 +212,11 @@ def test_chat_shows_content_parts_tool_calls_thinking_and_folds_long_and_repeate
     # the system prompt and the goal, shown at step 0, are folded at the steps after
     assert first.count(SYSTEM) == 1 and 'details class="repeat"' not in first
     folded = re.search(
-        r'<details class="repeat"><summary>2 messages shown before \(system, user; '
-        r"as at step 0\)",
+        r'<p class="repeat">2 messages shown before \(system, user\), at '
+        r'<a href="#step-0">step 0</a></p>',
         second,
     )
+    assert SYSTEM not in second  # pointed at, not sent again
     assert folded is not None
 
 
