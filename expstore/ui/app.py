@@ -665,17 +665,18 @@ def _pretty(value: Any) -> str:
     return json.dumps(preview(value), indent=2, ensure_ascii=False, default=str)
 
 
-def _gathered(chunks: Iterable[str], size: int = 16 * 1024) -> Iterator[bytes]:
-    """A template's output in pieces of about ``size`` characters (Jinja yields each bit
-    of text on its own)."""
+def _gathered(chunks: Iterable[str], first: int = 4096, size: int = 32768) -> Iterator[bytes]:
+    """A template's output in pieces of about ``size`` characters, the first of about
+    ``first`` (the page's head and top, for the browser to start on); Jinja yields each
+    bit of text on its own."""
     held: list[str] = []
     length = 0
     for chunk in chunks:
         held.append(chunk)
         length += len(chunk)
-        if length >= size:
+        if length >= first:
             yield "".join(held).encode()
-            held, length = [], 0
+            held, length, first = [], 0, size
     if held:
         yield "".join(held).encode()
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -328,9 +328,9 @@ def steps(
     rows: Sequence[Brief],
     matching: frozenset[int],
     image_url: ImageUrl,
-) -> list[Step]:
-    """The steps of a trajectory (in order) for its page."""
-    out: list[Step] = []
+) -> Iterator[Step]:
+    """The steps of a trajectory (in order) for its page, made as the page is written
+    (a long trajectory's top goes out before its last steps are made)."""
     seen: dict[str, tuple[int, Any]] = {}
     before: dict[str, str | None] = {}  # image path -> digest at the step before
     previous_time: float | None = None
@@ -390,5 +390,4 @@ def steps(
                     "marks": shown,
                 }
             )
-        out.append(step)
-    return out
+        yield step
