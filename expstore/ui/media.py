@@ -90,6 +90,8 @@ def images_in(value: Any, path: str) -> Iterator[str]:
             yield from images_in(v, f"{path}.{i}")
 
 
+#: The most pixels an image in a message may have for the viewer to decode it.
+MAX_DATA_URL_PIXELS = 40_000_000
 #: The image types a ``data:`` URL in a message may carry.
 DATA_URL_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 
@@ -114,6 +116,12 @@ def decode_data_url(url: str, where: str) -> np.ndarray:
     try:
         raw = base64.b64decode(body, validate=False)
         with pil.open(io.BytesIO(raw)) as image:
+            width, height = image.size
+            if width * height > MAX_DATA_URL_PIXELS:
+                raise InvalidArgumentError(
+                    f"{where} is an image of {width}x{height}; the viewer shows images in "
+                    f"messages up to {MAX_DATA_URL_PIXELS:,} pixels"
+                )
             return np.asarray(image.convert("RGB"))
     except (binascii.Error, ValueError, OSError, pil.DecompressionBombError) as exc:
         raise InvalidArgumentError(f"{where} is not a readable image ({exc})") from None

@@ -437,3 +437,29 @@ def test_a_thumbnail_asked_for_again_is_served_from_the_cache_without_a_read(
     again = [client.get(src) for src in thumbs]
     assert all(a.status_code == 200 and a.content.startswith(b"\x89PNG") for a in again)
     assert len(statements) == before  # no statement: no row read, no image decoded
+
+
+def test_an_image_in_a_message_that_is_not_one_is_a_400_not_a_crash(
+    client: TestClient, db_url: str, buffer_name: str
+) -> None:
+    with ReplayBuffer(db_url, name=buffer_name) as buffer:
+        content = [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,bm90IGEgcG5n"}},
+            {"type": "image_url", "image_url": {"url": "data:text/html;base64,PHNjcmlwdD4="}},
+        ]
+        buffer.store_batch(
+            [
+                DataRow(
+                    id="m",
+                    exp_meta=ExpMeta(task_id="t", agent_id="a", step=0),
+                    exp_data=Experience(messages=[{"role": "user", "content": content}]),
+                )
+            ]
+        )
+    path = "exp_data.messages.0.content.{}.image_url.url"
+    broken = client.get(f"/b/{buffer_name}/image?" + urlencode({"id": "m", "path": path.format(0)}))
+    assert broken.status_code == 400 and "not a readable image" in broken.text
+    html_url = client.get(
+        f"/b/{buffer_name}/image?" + urlencode({"id": "m", "path": path.format(1)})
+    )
+    assert html_url.status_code == 400 and "is not an image" in html_url.text
