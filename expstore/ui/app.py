@@ -665,6 +665,10 @@ def _pretty(value: Any) -> str:
     return json.dumps(preview(value), indent=2, ensure_ascii=False, default=str)
 
 
+#: Seconds a streamed page waits after sending its head (see :func:`_gathered`).
+_HEAD_START = 0.03
+
+
 def _gathered(chunks: Iterable[str], first: int = 4096, size: int = 32768) -> Iterator[bytes]:
     """A template's output in pieces of about ``size`` characters, the first of about
     ``first`` (the page's head and top, for the browser to start on); Jinja yields each
@@ -676,6 +680,12 @@ def _gathered(chunks: Iterable[str], first: int = 4096, size: int = 32768) -> It
         length += len(chunk)
         if length >= first:
             yield "".join(held).encode()
+            if first != size:
+                # The browser asks for the stylesheet on reading the head, and paints
+                # nothing before it has it: a pause lets that request be served before
+                # rendering goes on holding the GIL (a 300-step trajectory painted its top
+                # 80-140 ms sooner on a busy machine, benchmarks/bench_ui.py).
+                time.sleep(_HEAD_START)
             held, length, first = [], 0, size
     if held:
         yield "".join(held).encode()
