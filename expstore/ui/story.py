@@ -334,11 +334,15 @@ def steps(
     seen: dict[str, tuple[int, Any]] = {}
     before: dict[str, str | None] = {}  # image path -> digest at the step before
     previous_time: float | None = None
+    previous: tuple[Any, str] | None = None  # (step, agent) of the row before
     for position, r in enumerate(rows):
         c = r.columns
         state = r.payload.get("state")
         when = float(c["exp_meta.execute_time"])
         agent, pre = str(c["exp_meta.agent_id"]), c.get("exp_meta.pre_agent")
+        if pre is None and previous is not None and previous[0] == c["exp_meta.step"]:
+            pre = previous[1]  # two agents at one step: the second took over from the first
+        previous = (c["exp_meta.step"], agent)
         step = Step(
             id=r.id,
             key=r.key,

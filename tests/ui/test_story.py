@@ -188,6 +188,25 @@ def test_each_step_tells_its_agent_hand_off_page_time_and_where_it_clicked(
     assert image.status_code == 200 and image.headers["content-type"] == "image/png"
 
 
+def test_two_agents_at_one_step_are_told_apart_as_a_hand_off(
+    client: TestClient, db_url: str, buffer_name: str
+) -> None:
+    with ReplayBuffer(db_url, name=buffer_name) as buffer:
+        buffer.store_batch(
+            [
+                DataRow(
+                    id=f"h{i}",
+                    exp_meta=ExpMeta(task_id="t", agent_id=agent, step=step),
+                    exp_data=Experience(reward_t=0.0),
+                )
+                for i, (agent, step) in enumerate([("planner", 0), ("coder", 0), ("coder", 1)])
+            ]
+        )
+    page = client.get(f"/b/{buffer_name}/task?id=t").text
+    assert "planner → coder" in step_html(page, 1)
+    assert 'class="badge handoff"' not in step_html(page, 0) + step_html(page, 2)
+
+
 def test_chat_shows_content_parts_tool_calls_thinking_and_folds_long_and_repeated_texts(
     client: TestClient, story: str
 ) -> None:
