@@ -85,6 +85,7 @@ def make_app(
     for module in ("starlette", "jinja2"):
         require(module, "the viewer (expstore ui)")
     from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException
     from starlette.middleware import Middleware
     from starlette.requests import Request
@@ -339,7 +340,9 @@ def make_app(
             trajectory_url=f"/b/{buffer_segment(name)}/task?" + urlencode({"id": key}),
         )
 
-    def image(request: Request) -> Response:
+    async def image(request: Request) -> Response:
+        # async: a PNG in the cache is sent from the event loop (no hop to a worker
+        # thread); making one reads the database and encodes, on a worker thread.
         name = _buffer_name(request)
         row_id = _required(request, "id")
         path = _required(request, "path")
@@ -357,7 +360,10 @@ def make_app(
                 )
             return value
 
-        data = pngs.get((name, row_id, path, str(thumb)), read, thumb)
+        key = (name, row_id, path, str(thumb))
+        data = pngs.peek(key)
+        if data is None:
+            data = await run_in_threadpool(pngs.get, key, read, thumb)
         headers = {"Cache-Control": "private, max-age=3600"}
         return Response(data, media_type="image/png", headers=headers)
 

@@ -149,6 +149,15 @@ class PngCache:
         #: Requests answered from the cache.
         self.hits = 0
 
+    def peek(self, key: tuple[str, ...]) -> bytes | None:
+        """The PNG kept for ``key``, or None."""
+        with self._lock:
+            found = self._items.get(key)
+            if found is not None:
+                self._items.move_to_end(key)
+                self.hits += 1
+            return found
+
     def get(self, key: tuple[str, ...], read: Callable[[], Any], thumb: bool) -> bytes:
         """The PNG (a thumbnail with ``thumb``) of the image ``read()`` returns, made once
         per ``key``: a PNG in the cache costs no read of the database and no encoding."""

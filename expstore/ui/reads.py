@@ -18,6 +18,7 @@ import time
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -120,12 +121,21 @@ class ArrayRef:
 class Brief:
     """A row as the viewer's tables show it, read without a byte of its arrays: its key,
     id, typed columns (``exp_meta.*``, ``exp_data.reward_t``...) and payload fields with
-    each array as an :class:`ArrayRef`."""
+    each array as an :class:`ArrayRef` (read from the stored document when first asked
+    for: a long trajectory's page starts before all its steps' documents are read)."""
 
     key: int
     id: str
     columns: dict[str, Any]
-    payload: dict[str, Any]
+    #: The stored document (JSON text, or a dict where the driver decodes it).
+    document: Any = field(repr=False)
+
+    @cached_property
+    def payload(self) -> dict[str, Any]:
+        """The payload fields, arrays as ArrayRefs."""
+        found = self.document
+        document = json.loads(found) if isinstance(found, str) else dict(found or {})
+        return {name: _described(document.get(name), f"exp_data.{name}") for name in PAYLOAD_FIELDS}
 
     def value(self, path: str) -> Any:
         """The value at a field path (MISSING where the row has nothing there)."""
@@ -228,11 +238,7 @@ def briefs(buffer: ReplayBuffer, keys: Sequence[int]) -> list[Brief]:
             continue
         values = list(r)
         columns = dict(zip(_PATHS, values[2 : 2 + len(_PATHS)], strict=True))
-        document = json.loads(r.data) if isinstance(r.data, str) else dict(r.data or {})
-        payload = {
-            name: _described(document.get(name), f"exp_data.{name}") for name in PAYLOAD_FIELDS
-        }
-        out.append(Brief(key, str(r.id), columns, payload))
+        out.append(Brief(key, str(r.id), columns, r.data))
     return out
 
 
