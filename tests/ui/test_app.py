@@ -59,12 +59,12 @@ def test_rows_are_paged_by_key_and_filtered(client: TestClient, ui_data: UiData)
     while url:
         page = client.get(url)
         assert page.status_code == 200
-        seen += links(page.text, r'href="/b/[^/]+/row\?id=([^"]+)"')
+        seen += links(page.text, r'class="open" href="/b/[^/]+/row\?id=([^"]+)"')
         nxt = links(page.text, r'id="next" href="([^"]+)"')
         url = nxt[0] if nxt else ""
     assert seen == [f"web-{t}-{s}" for t in range(5) for s in range(4)]
     rewarded = client.get(f"/b/{ui_data.web}/rows?" + urlencode({"where": "reward_t > 0"}))
-    assert links(rewarded.text, r'href="/b/[^/]+/row\?id=([^"]+)"') == [
+    assert links(rewarded.text, r'class="open" href="/b/[^/]+/row\?id=([^"]+)"') == [
         "web-0-3",
         "web-2-3",
         "web-4-3",
