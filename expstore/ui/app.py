@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -51,9 +52,15 @@ __all__ = ["LOOPBACK_HOSTS", "buffer_segment", "make_app"]
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 
 HERE = Path(__file__).resolve().parent
+#: The stylesheet, written into each page's head (a fresh tab paints nothing before it has
+#: its stylesheet: a request of its own cost a 300-step trajectory 150-300 ms of first
+#: paint on a busy machine) and allowed by its hash alone.
+_STYLE = (HERE / "static" / "ui.css").read_text(encoding="utf-8")
+_STYLE_HASH = base64.b64encode(hashlib.sha256(_STYLE.encode("utf-8")).digest()).decode()
 _CSP = (
-    "default-src 'none'; img-src 'self'; style-src 'self'; script-src 'self'; "
-    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    f"default-src 'none'; img-src 'self'; style-src 'self' 'sha256-{_STYLE_HASH}'; "
+    "script-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; "
+    "base-uri 'none'"
 )
 #: On every response. ``same-origin`` (not ``no-referrer``): a browser then sends the
 #: viewer's own form posts with an Origin that names it (``no-referrer`` makes it "null"),
@@ -84,6 +91,7 @@ def make_app(
     of the address it binds and its port)."""
     for module in ("starlette", "jinja2"):
         require(module, "the viewer (expstore ui)")
+    from markupsafe import Markup
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException
@@ -101,7 +109,12 @@ def make_app(
     env = templates.env
     env.autoescape = True
     env.trim_blocks = env.lstrip_blocks = True  # no lines of blanks where tags were
-    env.globals.update(allow_delete=allow_delete, database=_shown(url), max_rows=MAX_ROWS_SHOWN)
+    env.globals.update(
+        allow_delete=allow_delete,
+        database=_shown(url),
+        max_rows=MAX_ROWS_SHOWN,
+        style=Markup(_STYLE),  # the package's own stylesheet (see _STYLE)
+    )
     env.filters["when"] = _when
     env.filters["pretty"] = _pretty
     env.filters["bufferpath"] = buffer_segment
@@ -671,10 +684,6 @@ def _pretty(value: Any) -> str:
     return json.dumps(preview(value), indent=2, ensure_ascii=False, default=str)
 
 
-#: Seconds a streamed page waits after sending its head (see :func:`_gathered`).
-_HEAD_START = 0.03
-
-
 def _gathered(chunks: Iterable[str], first: int = 4096, size: int = 32768) -> Iterator[bytes]:
     """A template's output in pieces of about ``size`` characters, the first of about
     ``first`` (the page's head and top, for the browser to start on); Jinja yields each
@@ -686,12 +695,6 @@ def _gathered(chunks: Iterable[str], first: int = 4096, size: int = 32768) -> It
         length += len(chunk)
         if length >= first:
             yield "".join(held).encode()
-            if first != size:
-                # The browser asks for the stylesheet on reading the head, and paints
-                # nothing before it has it: a pause lets that request be served before
-                # rendering goes on holding the GIL (a 300-step trajectory painted its top
-                # 80-140 ms sooner on a busy machine, benchmarks/bench_ui.py).
-                time.sleep(_HEAD_START)
             held, length, first = [], 0, size
     if held:
         yield "".join(held).encode()
