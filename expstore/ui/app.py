@@ -684,10 +684,12 @@ def _pretty(value: Any) -> str:
     return json.dumps(preview(value), indent=2, ensure_ascii=False, default=str)
 
 
-def _gathered(chunks: Iterable[str], first: int = 4096, size: int = 32768) -> Iterator[bytes]:
+def _gathered(
+    chunks: Iterable[str], first: int = len(_STYLE) + 4096, size: int = 32768
+) -> Iterator[bytes]:
     """A template's output in pieces of about ``size`` characters, the first of about
-    ``first`` (the page's head and top, for the browser to start on); Jinja yields each
-    bit of text on its own."""
+    ``first`` (the page's head with its stylesheet, and its top: what the browser paints
+    first); Jinja yields each bit of text on its own."""
     held: list[str] = []
     length = 0
     for chunk in chunks:
