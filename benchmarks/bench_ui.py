@@ -13,17 +13,25 @@ in this process (uvicorn on a local port) and measures:
   loaded;
 - **live page cost**: one tab open on the live page for ``--live-s`` seconds; the statements
   the server ran against the database, per second (every statement on the viewer's
-  engines is counted).
+  engines is counted);
+- **a 50-row page with thumbnails** (issue 48: ≤ 1 s warm on SQLite): a fresh Chromium
+  tab (no browser cache) opens ``/rows?limit=50`` of 720p screenshot rows, until every
+  thumbnail has loaded; cold (the server's first time) and warm (its thumbnail cache
+  filled), median of 5;
+- **a 300-step trajectory** (≤ 300 ms to first paint): a fresh tab opens a 300-step
+  trajectory of screenshot steps with chat; first contentful paint, and the HTML's size.
 
 Usage::
 
     python benchmarks/bench_ui.py                       # 10M rows, SQLite
     python benchmarks/bench_ui.py --rows 1000000
+    python benchmarks/bench_ui.py --pages-only          # the two browser figures alone
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import statistics
 import threading
@@ -82,6 +90,161 @@ def web_buffer(url: str, screens: Path) -> str:
             ]
         )
     return "web"
+
+
+LONG = 300
+
+
+def pages_buffer(url: str) -> None:
+    """``shots``: 60 rows of distinct 720p screenshots (for the 50-row page); ``long``: a
+    300-step trajectory of screenshots with a growing chat."""
+    with ReplayBuffer(url, name="shots") as shots:
+        if not len(shots):
+            drawn = screenshots(Path("/nonexistent"), 60)
+            for i, image in enumerate(drawn):
+                image[300:340, 10 * i : 10 * i + 300] = (60, 160, 90)
+            shots.store_batch(
+                [
+                    DataRow(
+                        id=f"shot-{i}",
+                        exp_meta=ExpMeta(task_id=f"t{i // 6}", agent_id="agent", step=i % 6),
+                        exp_data=Experience(
+                            state={"url": f"https://shop.example/{i}", "screenshot": drawn[i]},
+                            reward_t=float(i % 6 == 5),
+                        ),
+                    )
+                    for i in range(60)
+                ]
+            )
+    with ReplayBuffer(url, name="long") as long:
+        if not len(long):
+            drawn = screenshots(Path("/nonexistent"), 30)
+            said: list[dict[str, Any]] = [
+                {"role": "system", "content": "You are a web agent."},
+                {"role": "user", "content": "Find the tutorial on classes"},
+            ]
+            rows = []
+            for s in range(LONG):
+                said = said + [{"role": "assistant", "content": f"<think>step {s}</think>click"}]
+                rows.append(
+                    DataRow(
+                        id=f"long-{s}",
+                        exp_meta=ExpMeta(task_id="long", agent_id="agent", step=s),
+                        exp_data=Experience(
+                            state={"url": f"https://docs/{s}", "screenshot": drawn[s % 30]},
+                            actions=[{"name": "click", "x": 10 + s, "y": 300}],
+                            reward_t=float(s == LONG - 1),
+                            messages=said[-8:],
+                        ),
+                    )
+                )
+            long.store_batch(rows)
+
+
+def rows_page_load(base: str, repeat: int = 5) -> str:
+    """A fresh tab per load (no browser cache): the 50-row page until every thumbnail has
+    loaded; the first load is the server's cold one."""
+    from playwright.sync_api import sync_playwright
+
+    path = base + "/b/shots/rows?limit=50"
+    times = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        for _ in range(repeat + 1):
+            context = browser.new_context(viewport={"width": 1280, "height": 900}, bypass_csp=True)
+            tab = context.new_page()
+            t0 = time.perf_counter()
+            tab.goto(path, wait_until="commit")
+            tab.wait_for_function(
+                "document.querySelectorAll('img.thumb').length === 50 && "
+                "[...document.querySelectorAll('img.thumb')]"
+                ".every(i => i.complete && i.naturalWidth > 0)",
+                polling=5,
+            )
+            times.append((time.perf_counter() - t0) * 1000)
+            context.close()
+        browser.close()
+    return (
+        f"  50-row page, 50 thumbnails of 720p screenshots, fresh tab: cold {times[0]:.0f} ms, "
+        f"warm {statistics.median(times[1:]):.0f} ms (median of {repeat}; target ≤ 1000 ms)"
+    )
+
+
+def first_paints(
+    base: str, path: str, repeat: int, after: str | None = None
+) -> tuple[list[float], list[float]]:
+    """First contentful paint and load event (ms) of ``path``, each in a fresh tab (that
+    opened ``after`` first, when given: the stylesheet is then in its cache)."""
+    from playwright.sync_api import sync_playwright
+
+    paints, loads = [], []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        for _ in range(repeat):
+            context = browser.new_context(viewport={"width": 1280, "height": 900}, bypass_csp=True)
+            tab = context.new_page()
+            if after is not None:
+                tab.goto(base + after)
+            t0 = time.perf_counter()
+            tab.goto(base + path, wait_until="commit")
+            tab.wait_for_function(
+                "performance.getEntriesByName('first-contentful-paint').length > 0", polling=5
+            )
+            paints.append(
+                tab.evaluate("performance.getEntriesByName('first-contentful-paint')[0].startTime")
+            )
+            tab.wait_for_load_state("load")
+            loads.append((time.perf_counter() - t0) * 1000)
+            context.close()
+        browser.close()
+    return paints, loads
+
+
+def long_trajectory_paint(base: str, repeat: int = 7) -> str:
+    """The 300-step trajectory's first paint, beside the buffers page's (a 1 KiB page: the
+    floor the browser and the machine set), and the server's time for the whole page."""
+    import urllib.request
+
+    path = "/b/long/task?id=long"
+    size = len(urllib.request.urlopen(base + path).read())  # also warms the server
+    server = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        urllib.request.urlopen(base + path).read()
+        server.append((time.perf_counter() - t0) * 1000)
+    paints, loads = first_paints(base, path, repeat)
+    floor, _ = first_paints(base, "/?all=1", repeat)
+    warm, _ = first_paints(base, path, repeat, after="/b/long/tasks")
+    return (
+        f"  trajectory of {LONG} steps (screenshots, chat), {size / 1024:.0f} KiB of HTML, "
+        f"streamed: first contentful paint {statistics.median(paints):.0f} ms in a fresh tab "
+        f"(target ≤ 300 ms; the 1 KiB buffers page: {statistics.median(floor):.0f} ms), "
+        f"{statistics.median(warm):.0f} ms opened from the tasks page (stylesheet cached), "
+        "load event "
+        f"{statistics.median(loads):.0f} ms, whole page read by a client "
+        f"{statistics.median(server):.0f} ms (medians of {repeat}, fresh tabs)"
+    )
+
+
+def pages_only(scratch: Path) -> None:
+    from expstore.ui import make_app
+
+    scratch.mkdir(parents=True, exist_ok=True)
+    url = f"sqlite:///{scratch / 'ui_pages.db'}"
+    t0 = time.perf_counter()
+    pages_buffer(url)
+    print(
+        f"sqlite, 60 screenshot rows + a {LONG}-step trajectory (built in "
+        f"{time.perf_counter() - t0:.1f} s):",
+        flush=True,
+    )
+    server, base = serve(make_app(url))
+    try:
+        print(f"  (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+        print(rows_page_load(base), flush=True)
+        print(long_trajectory_paint(base), flush=True)
+    finally:
+        server.should_exit = True
 
 
 class Counter:
@@ -213,7 +376,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=9)
     parser.add_argument("--live-s", type=float, default=30.0)
     parser.add_argument("--live-every", type=float, default=5.0)
+    parser.add_argument("--pages-only", action="store_true")
     args = parser.parse_args()
+    if args.pages_only:
+        pages_only(args.scratch)
+        return
     from scale_data import built, dataset_url
     from starlette.testclient import TestClient
 

@@ -161,18 +161,18 @@ class AsyncReplayBuffer:
 
     def _look_for_a_rate_limit(self) -> None:
         """Read whether the buffer has a rate limit (with opening: a read of its own)."""
-        storage = self.sync.storage
-        if isinstance(storage, SqlStorage):
-            storage.rate_limits.maybe_limited()
+        sql = self.sync.storage
+        if isinstance(sql, SqlStorage):
+            sql.rate_limits.maybe_limited()
 
     def _limited(self) -> bool:
         """Whether calls may wait on the buffer's rate limit, as this handle last saw (a
         limit set since by another process is seen at its first sample or claim here;
         unknown: yes)."""
-        storage = self.sync.storage
-        if not isinstance(storage, SqlStorage):
+        sql = self.sync.storage
+        if not isinstance(sql, SqlStorage):
             return False
-        seen = storage.rate_limits.seen
+        seen = sql.rate_limits.seen
         return seen is None or bool(seen[1])
 
     async def run(

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
@@ -33,8 +34,16 @@ from ..model.images import looks_like_image
 from ..model.paths import MISSING
 from ..model.rows import DataRow
 from ..query import Comparison
-from . import charts
-from .media import PngCache, array_line, images_in, is_array, preview, short_json
+from . import charts, story
+from .media import (
+    PngCache,
+    array_line,
+    decode_data_url,
+    images_in,
+    is_array,
+    preview,
+    short_json,
+)
 from .reads import MAX_ROWS_SHOWN, ArrayRef, Brief, NotFound, Viewer, image_paths
 
 __all__ = ["LOOPBACK_HOSTS", "buffer_segment", "make_app"]
@@ -43,9 +52,15 @@ __all__ = ["LOOPBACK_HOSTS", "buffer_segment", "make_app"]
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 
 HERE = Path(__file__).resolve().parent
+#: The stylesheet, written into each page's head (a fresh tab paints nothing before it has
+#: its stylesheet: a request of its own cost a 300-step trajectory 150-300 ms of first
+#: paint on a busy machine) and allowed by its hash alone.
+_STYLE = (HERE / "static" / "ui.css").read_text(encoding="utf-8")
+_STYLE_HASH = base64.b64encode(hashlib.sha256(_STYLE.encode("utf-8")).digest()).decode()
 _CSP = (
-    "default-src 'none'; img-src 'self'; style-src 'self'; script-src 'self'; "
-    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    f"default-src 'none'; img-src 'self'; style-src 'self' 'sha256-{_STYLE_HASH}'; "
+    "script-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; "
+    "base-uri 'none'"
 )
 #: On every response. ``same-origin`` (not ``no-referrer``): a browser then sends the
 #: viewer's own form posts with an Origin that names it (``no-referrer`` makes it "null"),
@@ -76,11 +91,13 @@ def make_app(
     of the address it binds and its port)."""
     for module in ("starlette", "jinja2"):
         require(module, "the viewer (expstore ui)")
+    from markupsafe import Markup
     from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException
     from starlette.middleware import Middleware
     from starlette.requests import Request
-    from starlette.responses import JSONResponse, RedirectResponse, Response
+    from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
     from starlette.routing import Mount, Route
     from starlette.staticfiles import StaticFiles
     from starlette.templating import Jinja2Templates
@@ -91,13 +108,26 @@ def make_app(
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     env = templates.env
     env.autoescape = True
-    env.globals.update(allow_delete=allow_delete, database=_shown(url), max_rows=MAX_ROWS_SHOWN)
+    env.trim_blocks = env.lstrip_blocks = True  # no lines of blanks where tags were
+    env.globals.update(
+        allow_delete=allow_delete,
+        database=_shown(url),
+        max_rows=MAX_ROWS_SHOWN,
+        style=Markup(_STYLE),  # the package's own stylesheet (see _STYLE)
+    )
     env.filters["when"] = _when
     env.filters["pretty"] = _pretty
     env.filters["bufferpath"] = buffer_segment
+    env.filters["seconds"] = _seconds
 
     def page(request: Request, name: str, code: int = 200, **context: Any) -> Response:
         return templates.TemplateResponse(request, name, context, status_code=code)
+
+    def streamed(request: Request, name: str, **context: Any) -> Response:
+        """A long page sent as it renders (everything it shows read already), so the
+        browser paints its top while the server writes the rest."""
+        chunks = env.get_template(name).generate({"request": request, **context})
+        return StreamingResponse(_gathered(chunks), media_type="text/html; charset=utf-8")
 
     def home(request: Request) -> Response:
         if buffer is not None and "all" not in request.query_params:
@@ -134,7 +164,10 @@ def make_app(
                 order=q.get("order", "key"),
                 limit=limit,
             )
-        cells = [[_cell(name, row, path) for path in view.columns] for row in view.rows]
+        cells = [[_cell(name, row, path, where) for path in view.columns] for row in view.rows]
+        row_urls = [
+            f"/b/{buffer_segment(name)}/row?" + urlencode({"id": row.id}) for row in view.rows
+        ]
         keys = [row.key for row in view.rows]
         base = {"where": where, "cols": ",".join(columns), "order": view.order_by}
         base = {k: v for k, v in base.items() if v and not (k == "order" and v == "key")}
@@ -150,6 +183,7 @@ def make_app(
             view=view,
             cells=cells,
             keys=keys,
+            row_urls=row_urls,
             where=where,
             error=None,
             cols=",".join(columns),
@@ -163,6 +197,11 @@ def make_app(
         name = _buffer_name(request)
         row_id = _required(request, "id")
         row, lineage = viewer.record(name, row_id)
+        made = viewer.completions(name, row_id) if lineage and lineage.target is not None else []
+
+        def image_url(rid: str, path: str, thumb: bool) -> str:
+            return _image_url(name, rid, path, thumb)
+
         return page(
             request,
             "row.html",
@@ -170,7 +209,19 @@ def make_app(
             row=row,
             lineage=lineage,
             fields=_fields(name, row),
-            messages=_turns(row.exp_data.messages),
+            messages=story.turns(row.exp_data.messages, row.id, image_url),
+            completions=[
+                (f"/b/{buffer_segment(b)}/row?" + urlencode({"id": i}), i, b) for b, i in made
+            ],
+            prompt_url=(
+                f"/b/{buffer_segment(lineage.produced_by.prompt_buffer)}/row?"
+                + urlencode({"id": lineage.produced_by.prompt_id})
+                if lineage
+                and lineage.produced_by
+                and lineage.produced_by.prompt_buffer
+                and lineage.produced_by.prompt_id
+                else None
+            ),
         )
 
     def task_page(request: Request) -> Response:
@@ -178,19 +229,9 @@ def make_app(
         task_id = _required(request, "id")
         where = request.query_params.get("where", "")
         view = viewer.trajectory(name, task_id, where=where)
-        steps = [
-            {
-                "id": row.id,
-                "step": row.columns["exp_meta.step"],
-                "reward": row.columns["exp_data.reward_t"],
-                "version": row.columns["exp_meta.policy_version"],
-                "done": row.columns["exp_data.done"],
-                "images": [_image_url(name, row.id, p) for p in row.images()],
-                "actions": short_json(row.payload.get("actions"), 600),
-                "messages": _turns(row.payload.get("messages")),
-            }
-            for row in view.steps
-        ]
+
+        def image_url(row_id: str, path: str, thumb: bool) -> str:
+            return _image_url(name, row_id, path, thumb)
 
         def link(task: str | None) -> str | None:
             if task is None:
@@ -199,21 +240,77 @@ def make_app(
                 {"id": task, **({"where": where} if where else {})}
             )
 
-        return page(
+        return streamed(
             request,
             "trajectory.html",
             buffer=name,
             view=view,
-            steps=steps,
+            head=story.header(view.steps, view.matching if where.strip() else None),
+            steps=story.steps(view.steps, view.matching, image_url),
             previous_url=link(view.previous),
             next_url=link(view.next),
+            tasks_url=f"/b/{buffer_segment(name)}/tasks"
+            + ("?" + urlencode({"where": where}) if where else ""),
         )
+
+    def tasks_page(request: Request, groups: bool = False) -> Response:
+        name = _buffer_name(request)
+        q = request.query_params
+        where = q.get("where", "")
+        sort = q.get("sort", "first")
+        offset = _int(q.get("offset", "0"), "offset")
+        limit = _int(q.get("limit", "50"), "limit")
+        template = "groups.html" if groups else "tasks.html"
+        try:
+            view = viewer.tasks(
+                name, where=where, sort=sort, offset=offset, limit=limit, claims=groups
+            )
+        except QueryError as exc:
+            viewer.buffer(name)
+            return page(request, template, 400, buffer=name, where=where, error=str(exc), view=None)
+        here = f"/b/{buffer_segment(name)}/{'groups' if groups else 'tasks'}?"
+
+        def url(**changed: Any) -> str:
+            query = {"where": where, "sort": sort, "offset": offset, "limit": limit, **changed}
+            defaults = {"where": "", "sort": "first", "offset": 0, "limit": 50}
+            return here + urlencode({k: v for k, v in query.items() if v != defaults[k]})
+
+        def sort_url(key: str) -> str:
+            return url(sort=key, offset=0)
+
+        prompts = {
+            t: story.goal_of(b.payload.get("messages")) or "" for t, b in view.first_rows.items()
+        }
+        return page(
+            request,
+            template,
+            buffer=name,
+            where=where,
+            error=None,
+            view=view,
+            prompts=prompts,
+            sort_url=sort_url,
+            task_url=lambda t: (
+                f"/b/{buffer_segment(name)}/task?"
+                + urlencode({"id": t, **({"where": where} if where else {})})
+            ),
+            group_url=lambda t: f"/b/{buffer_segment(name)}/group?" + urlencode({"key": t}),
+            previous_url=url(offset=max(0, offset - limit)) if offset > 0 else None,
+            next_url=url(offset=offset + limit) if view.more else None,
+        )
+
+    def groups_page(request: Request) -> Response:
+        return tasks_page(request, groups=True)
 
     def group_page(request: Request) -> Response:
         name = _buffer_name(request)
         key = _required(request, "key")
         by = request.query_params.get("by", "exp_meta.task_id")
         view = viewer.group(name, key, group_by=by)
+
+        def image_url(row_id: str, path: str, thumb: bool) -> str:
+            return _image_url(name, row_id, path, thumb)
+
         members = [
             {
                 "id": row.id,
@@ -225,24 +322,61 @@ def make_app(
                 "advantage": adv,
                 "lineage": view.lineage.get(row.id),
                 "completion": _completion_text(row),
+                "turns": [
+                    t
+                    for t in story.turns(row.payload.get("messages"), row.id, image_url)
+                    if t["role"] not in ("user", "system")
+                ],
             }
             for row, adv in zip(view.rows, view.advantages, strict=True)
         ]
-        return page(request, "group.html", buffer=name, view=view, members=members)
+        goals = {story.goal_of(row.payload.get("messages")) for row in view.rows}
+        prompt_text = goals.pop() if len(goals) == 1 else None
+        made = [
+            m["lineage"].produced_by for m in members if m["lineage"] and m["lineage"].produced_by
+        ]
+        prompts = sorted(
+            {(p.prompt_buffer, p.prompt_id) for p in made if p.prompt_buffer and p.prompt_id}
+        )
+        prompt_links = [
+            (f"/b/{buffer_segment(b)}/row?" + urlencode({"id": i}), f"{i} ({b})")
+            for b, i in prompts
+        ]
+        return page(
+            request,
+            "group.html",
+            buffer=name,
+            view=view,
+            members=members,
+            prompt=prompt_text,
+            prompt_links=prompt_links,
+            trajectory_url=f"/b/{buffer_segment(name)}/task?" + urlencode({"id": key}),
+        )
 
-    def image(request: Request) -> Response:
+    async def image(request: Request) -> Response:
+        # async: a PNG in the cache is sent from the event loop (no hop to a worker
+        # thread); making one reads the database and encodes, on a worker thread.
         name = _buffer_name(request)
         row_id = _required(request, "id")
         path = _required(request, "path")
         thumb = request.query_params.get("thumb") == "1"
-        value = viewer.array(name, row_id, path)
-        if not looks_like_image(value):
-            raise InvalidArgumentError(
-                f"{path} of row {row_id!r} is not an image ({array_line(value)})"
-                if is_array(value)
-                else f"{path} of row {row_id!r} is not an image"
-            )
-        data = pngs.get((name, row_id, path, str(thumb)), value, thumb)
+
+        def read() -> Any:  # only when the PNG is not in the cache yet
+            value = viewer.array(name, row_id, path)
+            if isinstance(value, str) and value.startswith("data:image/"):
+                value = decode_data_url(value, f"{path} of row {row_id!r}")
+            if not looks_like_image(value):
+                raise InvalidArgumentError(
+                    f"{path} of row {row_id!r} is not an image ({array_line(value)})"
+                    if is_array(value)
+                    else f"{path} of row {row_id!r} is not an image"
+                )
+            return value
+
+        key = (name, row_id, path, str(thumb))
+        data = pngs.peek(key)
+        if data is None:
+            data = await run_in_threadpool(pngs.get, key, read, thumb)
         headers = {"Cache-Control": "private, max-age=3600"}
         return Response(data, media_type="image/png", headers=headers)
 
@@ -255,15 +389,45 @@ def make_app(
         name = _buffer_name(request)
         snap = viewer.live(name)
         out = dict(snap)
+        series = snap["series"]
+        versions = snap["by_version"]
         out["charts"] = {
-            "staleness": charts.bars("rows by versions behind (newest rows)", snap["staleness"]),
+            "rate": charts.line(
+                "rows written per second",
+                series["rows_per_s"],
+                x_label="seconds before the newest row",
+                x_text=_ago,
+            ),
+            "reward_time": charts.line(
+                "mean reward over time",
+                series["reward"],
+                x_label="seconds before the newest row",
+                x_text=_ago,
+                low=None,
+            ),
+            "success_time": charts.line(
+                "task success over time",
+                series["success"],
+                x_label="seconds before the newest row (tasks by their last step)",
+                x_text=_ago,
+            ),
+            "staleness": charts.bars(
+                "rows by versions behind (newest rows)",
+                snap["staleness"],
+                x_label="versions behind the current policy",
+            ),
             "reward": charts.line(
                 "mean reward by policy version",
-                [(f"v{b['version']}", b["reward"]) for b in snap["by_version"]],
+                [(b["version"], b["reward"]) for b in versions],
+                x_label="policy version",
+                x_text=_version,
+                low=None,
             ),
             "success": charts.line(
-                "success (reward > 0) by policy version",
-                [(f"v{b['version']}", b["success"]) for b in snap["by_version"]],
+                "task success by policy version",
+                [(b["version"], b["success"]) for b in versions],
+                x_label="policy version (of each task's last step)",
+                x_text=_version,
             ),
         }
         return JSONResponse(out, headers={"Cache-Control": "no-store"})
@@ -320,6 +484,8 @@ def make_app(
         Route("/b/{buffer}/row", row_page),
         Route("/b/{buffer}/task", task_page),
         Route("/b/{buffer}/group", group_page),
+        Route("/b/{buffer}/tasks", tasks_page),
+        Route("/b/{buffer}/groups", groups_page),
         Route("/b/{buffer}/image", image),
         Route("/b/{buffer}/live", live_page),
         Route("/b/{buffer}/live.json", live_json),
@@ -476,8 +642,9 @@ def _no_route(path: str) -> str:
     """The 404 message of a path that matches no page."""
     if path.startswith("/b/"):
         return (
-            f"no page at {path}: a buffer's pages are /b/NAME/rows, /row, /task, /group, "
-            "/live. A name holding '/', or named '.' or '..', cannot be typed into a path "
+            f"no page at {path}: a buffer's pages are /b/NAME/rows, /row, /tasks, /task, "
+            "/groups, /group, /live. A name holding '/', or named '.' or '..', cannot be typed "
+            "into a path "
             f"(browsers and servers rewrite those); its links are written as {_ENCODED}... "
             "on the buffers page, /?all=1"
         )
@@ -517,14 +684,70 @@ def _pretty(value: Any) -> str:
     return json.dumps(preview(value), indent=2, ensure_ascii=False, default=str)
 
 
+def _gathered(
+    chunks: Iterable[str], first: int = len(_STYLE) + 4096, size: int = 32768
+) -> Iterator[bytes]:
+    """A template's output in pieces of about ``size`` characters, the first of about
+    ``first`` (the page's head with its stylesheet, and its top: what the browser paints
+    first); Jinja yields each bit of text on its own."""
+    held: list[str] = []
+    length = 0
+    for chunk in chunks:
+        held.append(chunk)
+        length += len(chunk)
+        if length >= first:
+            yield "".join(held).encode()
+            held, length, first = [], 0, size
+    if held:
+        yield "".join(held).encode()
+
+
+def _seconds(value: float | None) -> str:
+    """A duration as a person reads it: ``850 ms``, ``4.2 s``, ``3 min 5 s``, ``2 h 4 min``."""
+    if value is None:
+        return ""
+    if value < 0:
+        return "−" + _seconds(-value)
+    if value < 1:
+        return f"{value * 1000:.0f} ms"
+    if value < 60:
+        return f"{value:.1f} s"
+    if value < 3600:
+        return f"{int(value // 60)} min {int(value % 60)} s"
+    return f"{int(value // 3600)} h {int(value % 3600 // 60)} min"
+
+
+def _ago(seconds: float) -> str:
+    return f"{-seconds:.0f}" if seconds else "0"
+
+
+def _version(value: float) -> str:
+    return f"v{value:g}" if value == int(value) else ""
+
+
 def _image_url(buffer: str, row_id: str, path: str, thumb: bool = True) -> str:
     query = {"id": row_id, "path": path, **({"thumb": "1"} if thumb else {})}
     return f"/b/{buffer_segment(buffer)}/image?" + urlencode(query)
 
 
-def _cell(buffer: str, row: Brief, path: str) -> dict[str, Any]:
+#: A cell's text up to this long stays on one line (a word is never split).
+SHORT_CELL = 40
+
+
+def _cell(buffer: str, row: Brief, path: str, where: str = "") -> dict[str, Any]:
     """What one cell of the rows table shows (arrays by their description; images as a
-    thumbnail, read when the browser asks for it)."""
+    thumbnail, read when the browser asks for it); ``kind`` is ``id`` (one line, cut with
+    an ellipsis, whole in its tooltip), ``short`` (one line) or ``long`` (wraps)."""
+    out = _cell_value(buffer, row, path, where)
+    text = out["text"]
+    if path == "id" or path in ("exp_meta.task_id", "task_id"):
+        out["kind"] = "id"
+    else:
+        out["kind"] = "short" if len(text) <= SHORT_CELL else "long"
+    return out
+
+
+def _cell_value(buffer: str, row: Brief, path: str, where: str) -> dict[str, Any]:
     value = row.value(path)
     if value is MISSING or value is None:
         return {"text": ""}
@@ -536,7 +759,8 @@ def _cell(buffer: str, row: Brief, path: str) -> dict[str, Any]:
     if path in ("exp_meta.task_id", "task_id"):
         return {
             "text": str(value),
-            "href": f"/b/{buffer_segment(buffer)}/task?" + urlencode({"id": value}),
+            "href": f"/b/{buffer_segment(buffer)}/task?"
+            + urlencode({"id": value, **({"where": where} if where.strip() else {})}),
         }
     if isinstance(value, ArrayRef):
         shown = [_image_url(buffer, row.id, value.path)] if value.image else []
@@ -546,6 +770,8 @@ def _cell(buffer: str, row: Brief, path: str) -> dict[str, Any]:
             "text": short_json(value),
             "images": [_image_url(buffer, row.id, p) for p in image_paths(value)[:2]],
         }
+    if path in ("exp_meta.execute_time", "execute_time") and isinstance(value, (int, float)):
+        return {"text": _when(value)}
     if isinstance(value, float):
         return {"text": f"{value:.6g}"}
     return {"text": str(value)}
@@ -570,23 +796,7 @@ def _fields(buffer: str, row: DataRow) -> list[dict[str, Any]]:
     return out
 
 
-def _turns(messages: Any) -> list[dict[str, str]]:
-    """Chat messages as turns (role, text)."""
-    out = []
-    for m in messages if isinstance(messages, list) else []:
-        if not isinstance(m, dict):
-            continue
-        content = m.get("content", "")
-        if not isinstance(content, str):
-            content = short_json(content, 2000)
-        out.append({"role": str(m.get("role", "?")), "content": content})
-    return out
-
-
 def _completion_text(row: Brief) -> str:
-    """What a GRPO group's page shows of one completion: its last assistant message, or
-    its actions (or state)."""
-    mine = [t["content"] for t in _turns(row.payload.get("messages")) if t["role"] == "assistant"]
-    if mine:
-        return mine[-1]
+    """What a GRPO group's page shows of a completion without messages: its actions (or
+    state)."""
     return short_json(row.payload.get("actions") or row.payload.get("state"), 1000)

@@ -11,7 +11,7 @@ import io
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -23,6 +23,7 @@ __all__ = [
     "THUMB_SIDE",
     "PngCache",
     "array_line",
+    "decode_data_url",
     "images_in",
     "preview",
     "short_json",
@@ -89,6 +90,43 @@ def images_in(value: Any, path: str) -> Iterator[str]:
             yield from images_in(v, f"{path}.{i}")
 
 
+#: The most pixels an image in a message may have for the viewer to decode it.
+MAX_DATA_URL_PIXELS = 40_000_000
+#: The image types a ``data:`` URL in a message may carry.
+DATA_URL_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
+
+
+def decode_data_url(url: str, where: str) -> np.ndarray:
+    """The image of a ``data:image/...;base64,`` URL (an OpenAI-style image content part)
+    as an RGB array, read by Pillow (which refuses decompression bombs);
+    InvalidArgumentError for anything else."""
+    import base64
+    import binascii
+
+    from ..errors import InvalidArgumentError
+
+    head, _, body = url.partition(",")
+    kind = head[len("data:") :].split(";")[0]
+    if kind not in DATA_URL_TYPES or not head.endswith(";base64"):
+        raise InvalidArgumentError(
+            f"{where} is a data: URL of {kind or 'no type'}; the viewer shows base64 "
+            f"{', '.join(DATA_URL_TYPES)}"
+        )
+    pil = require_pillow("images in messages")
+    try:
+        raw = base64.b64decode(body, validate=False)
+        with pil.open(io.BytesIO(raw)) as image:
+            width, height = image.size
+            if width * height > MAX_DATA_URL_PIXELS:
+                raise InvalidArgumentError(
+                    f"{where} is an image of {width}x{height}; the viewer shows images in "
+                    f"messages up to {MAX_DATA_URL_PIXELS:,} pixels"
+                )
+            return np.asarray(image.convert("RGB"))
+    except (binascii.Error, ValueError, OSError, pil.DecompressionBombError) as exc:
+        raise InvalidArgumentError(f"{where} is not a readable image ({exc})") from None
+
+
 def thumbnail(value: Any) -> bytes:
     """A PNG of the image at most :data:`THUMB_SIDE` pixels on its longest side."""
     pil = require_pillow("thumbnails in the viewer")
@@ -108,14 +146,28 @@ class PngCache:
         self._items: OrderedDict[tuple[str, ...], bytes] = OrderedDict()
         self._size = 0
         self._lock = threading.Lock()
+        #: Requests answered from the cache.
+        self.hits = 0
 
-    def get(self, key: tuple[str, ...], value: Any, thumb: bool) -> bytes:
-        """The PNG of ``value`` (a thumbnail with ``thumb``), made once per ``key``."""
+    def peek(self, key: tuple[str, ...]) -> bytes | None:
+        """The PNG kept for ``key``, or None."""
         with self._lock:
             found = self._items.get(key)
             if found is not None:
                 self._items.move_to_end(key)
+                self.hits += 1
+            return found
+
+    def get(self, key: tuple[str, ...], read: Callable[[], Any], thumb: bool) -> bytes:
+        """The PNG (a thumbnail with ``thumb``) of the image ``read()`` returns, made once
+        per ``key``: a PNG in the cache costs no read of the database and no encoding."""
+        with self._lock:
+            found = self._items.get(key)
+            if found is not None:
+                self._items.move_to_end(key)
+                self.hits += 1
                 return found
+        value = read()
         made = thumbnail(value) if thumb else png_bytes(value)
         with self._lock:
             if key not in self._items:

@@ -18,22 +18,23 @@ import time
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Text, cast, exists, func, select
+from sqlalchemy import Text, case, cast, distinct, exists, func, literal, select
 
 from ..buffer import ReplayBuffer
 from ..codec.format import ESCAPED_KEY, FLOAT_KEY, TENSOR_KEY
 from ..db.engine import create_sql_engine
-from ..db.schema import buffers, consumption, newest_first, rate_limits, rows
+from ..db.schema import buffers, consumption, newest_first, produced, rate_limits, rows
 from ..errors import ExpstoreError, InvalidArgumentError
 from ..features.claims.reports import Lineage, claim_state
 from ..model.images import AUTO_MIN_SIDE
 from ..model.layout import META_COLUMNS, ORDERABLE, PAYLOAD_FIELDS, SCALAR_COLUMNS
 from ..model.paths import MISSING, parse_path, read_path
 from ..model.rows import DataRow
-from ..query import Comparison, Condition, parse_where, to_sql
+from ..query import And, Comparison, Condition, parse_where, to_sql
 from ..storage.reader import MAX_PAGE
 from ..storage.sql import describe_database
 
@@ -46,6 +47,9 @@ __all__ = [
     "GroupView",
     "NotFound",
     "RowsView",
+    "TASK_SORTS",
+    "TaskLine",
+    "TasksView",
     "TrajectoryView",
     "Viewer",
     "image_paths",
@@ -93,6 +97,9 @@ class ArrayRef:
     path: str
     dtype: str
     shape: tuple[int, ...]
+    #: The digest of an array stored once by digest (64 KiB or more): two steps showing
+    #: the same screenshot share it (what ``unchanged(path)`` compares), None otherwise.
+    digest: str | None = None
 
     @property
     def image(self) -> bool:
@@ -114,12 +121,21 @@ class ArrayRef:
 class Brief:
     """A row as the viewer's tables show it, read without a byte of its arrays: its key,
     id, typed columns (``exp_meta.*``, ``exp_data.reward_t``...) and payload fields with
-    each array as an :class:`ArrayRef`."""
+    each array as an :class:`ArrayRef` (read from the stored document when first asked
+    for: a long trajectory's page starts before all its steps' documents are read)."""
 
     key: int
     id: str
     columns: dict[str, Any]
-    payload: dict[str, Any]
+    #: The stored document (JSON text, or a dict where the driver decodes it).
+    document: Any = field(repr=False)
+
+    @cached_property
+    def payload(self) -> dict[str, Any]:
+        """The payload fields, arrays as ArrayRefs."""
+        found = self.document
+        document = json.loads(found) if isinstance(found, str) else dict(found or {})
+        return {name: _described(document.get(name), f"exp_data.{name}") for name in PAYLOAD_FIELDS}
 
     def value(self, path: str) -> Any:
         """The value at a field path (MISSING where the row has nothing there)."""
@@ -174,7 +190,13 @@ def _described(value: Any, path: str) -> Any:
             ((tag, inner),) = value.items()
             if tag == TENSOR_KEY and isinstance(inner, dict):
                 shape = tuple(int(n) for n in inner.get("shape", ()))
-                return ArrayRef(path, str(inner.get("dtype", "?")), shape)
+                digest = inner.get("digest")
+                return ArrayRef(
+                    path,
+                    str(inner.get("dtype", "?")),
+                    shape,
+                    digest if isinstance(digest, str) else None,
+                )
             if tag == FLOAT_KEY:
                 return float(inner) if isinstance(inner, (str, int, float)) else inner
             if tag == ESCAPED_KEY and isinstance(inner, dict):
@@ -216,11 +238,7 @@ def briefs(buffer: ReplayBuffer, keys: Sequence[int]) -> list[Brief]:
             continue
         values = list(r)
         columns = dict(zip(_PATHS, values[2 : 2 + len(_PATHS)], strict=True))
-        document = json.loads(r.data) if isinstance(r.data, str) else dict(r.data or {})
-        payload = {
-            name: _described(document.get(name), f"exp_data.{name}") for name in PAYLOAD_FIELDS
-        }
-        out.append(Brief(key, str(r.id), columns, payload))
+        out.append(Brief(key, str(r.id), columns, r.data))
     return out
 
 
@@ -249,6 +267,8 @@ class TrajectoryView:
     steps: list[Brief]
     previous: str | None
     next: str | None
+    #: The keys of the steps the filter matches (empty without a filter).
+    matching: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -261,6 +281,74 @@ class GroupView:
     rows: list[Brief]
     advantages: list[float | None]
     lineage: dict[str, Lineage]
+
+
+@dataclass(frozen=True)
+class TaskLine:
+    """One task (or GRPO group: the completions of one prompt share a ``task_id``) on the
+    tasks and groups pages, from its rows' typed columns: steps, return (the sum of its
+    rewards), mean and spread of its rewards, rows rewarded above 0, its final reward (of
+    its last row, by step then insertion, as ``expstore stats`` counts success), agents,
+    versions, times, and the rows of it the filter matches."""
+
+    task_id: str
+    length: int
+    total: float | None
+    mean: float | None
+    std: float | None
+    correct: int
+    final: float | None
+    agents: tuple[str, ...]
+    agent_count: int
+    versions: tuple[int | None, int | None]
+    started: float
+    ended: float
+    matches: int
+    first_key: int
+
+    @property
+    def success(self) -> bool | None:
+        """Whether the task succeeded (its final reward above 0), None without a reward."""
+        return None if self.final is None else self.final > 0
+
+    @property
+    def duration(self) -> float:
+        return self.ended - self.started
+
+
+@dataclass(frozen=True)
+class TasksView:
+    """A page of the tasks (or groups) list: the tasks with a row the filter matches."""
+
+    buffer: str
+    where: str
+    sort: str
+    offset: int
+    limit: int
+    tasks: list[TaskLine]
+    total_tasks: int
+    total_matches: int
+    more: bool
+    #: Per task on the page: its rows by claim state (``unclaimed``, ``leased``...).
+    claims: dict[str, dict[str, int]]
+    #: Per task on the page: its first row (for the prompt of a group).
+    first_rows: dict[str, Brief]
+
+
+#: How the tasks page sorts: by first row (the order tasks began in), or a figure.
+TASK_SORTS = (
+    "first",
+    "task",
+    "length",
+    "return",
+    "success",
+    "mean",
+    "std",
+    "correct",
+    "version",
+    "started",
+    "duration",
+)
 
 
 @dataclass
@@ -409,11 +497,32 @@ class Viewer:
 
     def array(self, name: str, row_id: str, path: str) -> Any:
         """The value at ``path`` of a row (for an image or a preview)."""
-        row, _ = self.record(name, row_id)
+        row = self.buffer(name).get(row_id)
+        if row is None:
+            raise NotFound(f"buffer {name!r} holds no row with id {row_id!r}")
         value = read_path(row, parse_path(path))
         if value is MISSING:
             raise NotFound(f"row {row_id!r} has nothing at {path!r}")
         return value
+
+    def completions(self, name: str, row_id: str) -> list[tuple[str, str]]:
+        """The rows acks produced from prompt ``row_id`` of buffer ``name`` (its
+        completions, through lineage), as (buffer, row id), oldest first: one statement."""
+        handle = self.buffer(name).sql.handle
+        made = rows.alias("made")
+        stmt = (
+            select(buffers.c.name, made.c.id)
+            .select_from(
+                produced.join(made, made.c.key == produced.c.key).join(
+                    buffers, buffers.c.id == produced.c.buffer_id
+                )
+            )
+            .where(produced.c.prompt_buffer_id == handle.buffer_id, produced.c.prompt_id == row_id)
+            .order_by(produced.c.key)
+            .limit(MAX_ROWS_SHOWN)
+        )
+        with handle.errors("read a prompt's completions"), handle.read() as conn:
+            return [(str(b), str(i)) for b, i in conn.execute(stmt)]
 
     # -- trajectories and groups -------------------------------------------------------------
     def trajectory(self, name: str, task_id: str, *, where: str = "") -> TrajectoryView:
@@ -466,7 +575,15 @@ class Viewer:
                 found = conn.execute(stmt).scalar()
             return None if found is None else str(found)
 
-        return TrajectoryView(name, task_id, where, steps, neighbour(True), neighbour(False))
+        matched: frozenset[int] = frozenset()
+        if condition is not None:
+            hits, _ = buffer.sql.keys_after(
+                And((mine, condition)), after=None, limit=MAX_PAGE, order_by="key"
+            )
+            matched = frozenset(hits)
+        return TrajectoryView(
+            name, task_id, where, steps, neighbour(True), neighbour(False), matched
+        )
 
     def group(self, name: str, key: str, *, group_by: str = "exp_meta.task_id") -> GroupView:
         """The rows whose ``group_by`` field equals ``key`` (a GRPO group: completions of
@@ -488,6 +605,152 @@ class Viewer:
         return GroupView(
             name, key, group_by, found, advantages, buffer.lineage([r.id for r in found])
         )
+
+    def tasks(
+        self,
+        name: str,
+        *,
+        where: str = "",
+        sort: str = "first",
+        offset: int = 0,
+        limit: int = 50,
+        claims: bool = False,
+    ) -> TasksView:
+        """A page of the buffer's tasks that have a row ``where`` matches (every task
+        without a filter), one :class:`TaskLine` each, sorted by ``sort`` (a name of
+        :data:`TASK_SORTS`, a leading '-' for descending). One statement, a pass over the
+        buffer's typed columns (never a payload; about 0.4 s per 100,000 rows on SQLite),
+        plus one for the first rows of the page's tasks and, with ``claims``, one for
+        their claim states."""
+        buffer = self.buffer(name)
+        descending = sort.startswith("-")
+        if sort.lstrip("-") not in TASK_SORTS:
+            raise InvalidArgumentError(
+                f"tasks sort by {', '.join(TASK_SORTS)} (a leading '-' for descending), "
+                f"not {sort!r}"
+            )
+        if not 1 <= limit <= MAX_ROWS_SHOWN or offset < 0:
+            raise InvalidArgumentError(
+                f"a page shows 1 to {MAX_ROWS_SHOWN} tasks from an offset of 0 or more, not "
+                f"{limit} from {offset}"
+            )
+        handle = buffer.sql.handle
+        condition = parse_where(where) if where.strip() else None
+        matching = to_sql(condition, rows, handle.dialect.name)
+        c = rows.c
+        ranked = (
+            select(
+                c.task_id,
+                c.key,
+                c.reward_t,
+                c.agent_id,
+                c.policy_version,
+                c.execute_time,
+                (literal(1) if matching is None else case((matching, 1), else_=0)).label("m"),
+                func.row_number()
+                .over(partition_by=c.task_id, order_by=(c.step.desc(), c.key.desc()))
+                .label("rn"),
+            )
+            .where(c.buffer_id == handle.buffer_id)
+            .subquery("ranked")
+        )
+        r = ranked.c
+        final = func.max(case((r.rn == 1, r.reward_t)))
+        per = (
+            select(
+                r.task_id,
+                func.count().label("length"),
+                func.sum(r.reward_t).label("total"),
+                func.avg(r.reward_t).label("mean"),
+                func.avg(r.reward_t * r.reward_t).label("mean_square"),
+                func.count(case((r.reward_t > 0, 1))).label("correct"),
+                final.label("final"),
+                case((final > 0, 1), else_=0).label("success"),
+                func.min(r.agent_id).label("agent_low"),
+                func.max(r.agent_id).label("agent_high"),
+                func.count(distinct(r.agent_id)).label("agent_count"),
+                func.min(r.policy_version).label("version_low"),
+                func.max(r.policy_version).label("version"),
+                func.min(r.execute_time).label("started"),
+                func.max(r.execute_time).label("ended"),
+                (func.max(r.execute_time) - func.min(r.execute_time)).label("duration"),
+                func.sum(r.m).label("matches"),
+                func.min(r.key).label("first"),
+            )
+            .group_by(r.task_id)
+            .having(func.sum(r.m) > 0)
+        ).subquery("per_task")
+        p = per.c
+        by = {
+            "first": p.first,
+            "task": p.task_id,
+            "length": p.length,
+            "return": p.total,
+            "success": p.success,
+            "mean": p.mean,
+            "std": p.mean_square - p.mean * p.mean,
+            "correct": p.correct,
+            "version": p.version,
+            "started": p.started,
+            "duration": p.duration,
+        }[sort.lstrip("-")]
+        # The totals ride along as window aggregates over every task (computed before the
+        # page's LIMIT): one pass over the rows, not two.
+        page = (
+            select(
+                per,
+                func.count().over().label("total_tasks"),
+                func.sum(p.matches).over().label("total_matches"),
+            )
+            .order_by(by.desc() if descending else by.asc(), p.first)
+            .offset(offset)
+            .limit(limit + 1)
+        )
+        with handle.errors("read the tasks"), handle.read() as conn:
+            found = conn.execute(page).all()
+            if found:
+                total_tasks, total_matches = found[0].total_tasks, found[0].total_matches
+            elif offset:  # past the last page: count them
+                total_tasks, total_matches = conn.execute(
+                    select(func.count(), func.sum(p.matches))
+                ).one()
+            else:
+                total_tasks = total_matches = 0
+        lines = [_task_line(t) for t in found[:limit]]
+        held: dict[str, dict[str, int]] = {}
+        if claims and lines:
+            held = self._claims_of(buffer, [t.task_id for t in lines])
+        firsts = briefs(buffer, [t.first_key for t in lines])
+        return TasksView(
+            name,
+            where,
+            sort,
+            offset,
+            limit,
+            lines,
+            int(total_tasks or 0),
+            int(total_matches or 0),
+            len(found) > limit,
+            held,
+            {b.columns["exp_meta.task_id"]: b for b in firsts},
+        )
+
+    @staticmethod
+    def _claims_of(buffer: ReplayBuffer, task_ids: Sequence[str]) -> dict[str, dict[str, int]]:
+        """Each task's rows by claim state: one statement."""
+        handle = buffer.sql.handle
+        state = claim_state(handle.dialect.now()).label("state")
+        stmt = (
+            select(rows.c.task_id, state, func.count())
+            .select_from(rows.outerjoin(consumption, _C.key == rows.c.key))
+            .where(rows.c.buffer_id == handle.buffer_id, rows.c.task_id.in_(list(task_ids)))
+            .group_by(rows.c.task_id, state)
+        )
+        out: dict[str, dict[str, int]] = {t: {} for t in task_ids}
+        with handle.errors("read claim states"), handle.read() as conn:
+            for task, claim, n in conn.execute(stmt):
+                out.setdefault(str(task), {})[str(claim)] = int(n)
+        return out
 
     # -- live ------------------------------------------------------------------------------
     def live(self, name: str) -> dict[str, Any]:
@@ -525,7 +788,14 @@ class Viewer:
             .group_by(_C.consumer, state_now)
         )
         newest = newest_first(
-            select(rows.c.policy_version, rows.c.reward_t, rows.c.execute_time),
+            select(
+                rows.c.key,
+                rows.c.task_id,
+                rows.c.step,
+                rows.c.policy_version,
+                rows.c.reward_t,
+                rows.c.execute_time,
+            ),
             handle.buffer_id,
         ).limit(LIVE_ROWS)
         with handle.errors("read the live numbers"), handle.read() as conn:
@@ -552,12 +822,19 @@ class Viewer:
                 "samples_per_insert": float(top.samples_per_insert),
                 "min_size": int(top.min_size),
             }
+        finals = _task_finals(recent)
+        judged = [f for f in finals if f.reward_t is not None]
         return {
             "rows": count,
             "rows_per_s": rate,
             "policy_version": version,
+            "tasks": len(judged),
+            "success": (
+                sum(float(f.reward_t) > 0 for f in judged) / len(judged) if judged else None
+            ),
+            "series": _series(recent, finals),
             "staleness": _staleness(recent, version),
-            "by_version": _by_version(recent),
+            "by_version": _by_version(recent, finals),
             "claims": per,
             "rate_limit": limit,
             "at": now,
@@ -565,6 +842,33 @@ class Viewer:
 
 
 _C = consumption.c
+
+
+def _task_line(t: Any) -> TaskLine:
+    mean = None if t.mean is None else float(t.mean)
+    std = None
+    if mean is not None and t.mean_square is not None:
+        std = math.sqrt(max(0.0, float(t.mean_square) - mean * mean))
+    agents = (str(t.agent_low),) if t.agent_count <= 1 else (str(t.agent_low), str(t.agent_high))
+    return TaskLine(
+        str(t.task_id),
+        int(t.length),
+        None if t.total is None else float(t.total),
+        mean,
+        std,
+        int(t.correct),
+        None if t.final is None else float(t.final),
+        agents,
+        int(t.agent_count),
+        (
+            None if t.version_low is None else int(t.version_low),
+            None if t.version is None else int(t.version),
+        ),
+        float(t.started),
+        float(t.ended),
+        int(t.matches),
+        int(t.first),
+    )
 
 
 def _limit_text(limiter: Any) -> str:
@@ -585,22 +889,83 @@ def _staleness(recent: Sequence[Any], version: int | None) -> list[tuple[str, in
     return [(str(k), behind[k]) for k in sorted(behind)][:30]
 
 
-def _by_version(recent: Sequence[Any]) -> list[dict[str, Any]]:
-    """Mean reward and success (reward > 0) per policy version over the newest rows."""
+def _task_finals(recent: Sequence[Any]) -> list[Any]:
+    """The last row (largest step, then key) of each task among the newest rows: whether
+    a task succeeded is its final reward above 0, as ``expstore stats`` counts it (a
+    shaping reward on an earlier step is no success)."""
+    last: dict[str, Any] = {}
+    for row in recent:
+        seen = last.get(row.task_id)
+        if seen is None or (row.step, row.key) > (seen.step, seen.key):
+            last[row.task_id] = row
+    return list(last.values())
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    if not values:
+        return None
+    mean = sum(values) / len(values)
+    return mean if math.isfinite(mean) else None
+
+
+#: Time bins of the live page's series.
+SERIES_BINS = 24
+
+
+def _series(recent: Sequence[Any], finals: Sequence[Any]) -> dict[str, list[Any]]:
+    """Over the newest rows' span of time, in :data:`SERIES_BINS` bins: rows written per
+    second, their mean reward, and the success of the tasks that ended in each bin (by
+    their last row's time); x is each bin's middle in seconds before the newest row."""
+    if not recent:
+        return {"rows_per_s": [], "reward": [], "success": []}
+    times = [float(r.execute_time) for r in recent]
+    end, start = max(times), min(times)
+    width = max((end - start) / SERIES_BINS, 1e-3)
+    bins = max(1, min(SERIES_BINS, math.ceil((end - start) / width + 1e-9)))
+
+    def at(t: float) -> int:
+        return min(bins - 1, int((t - start) / width))
+
+    counts = [0] * bins
+    rewards: list[list[float]] = [[] for _ in range(bins)]
+    for r in recent:
+        i = at(float(r.execute_time))
+        counts[i] += 1
+        if r.reward_t is not None:
+            rewards[i].append(float(r.reward_t))
+    ended: list[list[bool]] = [[] for _ in range(bins)]
+    for f in finals:
+        if f.reward_t is not None:
+            ended[at(float(f.execute_time))].append(float(f.reward_t) > 0)
+    middle = [start + (i + 0.5) * width - end for i in range(bins)]
+    return {
+        "rows_per_s": [(x, n / width) for x, n in zip(middle, counts, strict=True)],
+        "reward": [(x, _mean(v)) for x, v in zip(middle, rewards, strict=True)],
+        "success": [(x, _mean([float(s) for s in v])) for x, v in zip(middle, ended, strict=True)],
+    }
+
+
+def _by_version(recent: Sequence[Any], finals: Sequence[Any]) -> list[dict[str, Any]]:
+    """Per policy version over the newest rows: mean reward of its rows, and the success
+    of the tasks whose last row it made (the final reward above 0)."""
     grouped: dict[int, list[float]] = {}
     for row in recent:
         if row.policy_version is not None and row.reward_t is not None:
             grouped.setdefault(int(row.policy_version), []).append(float(row.reward_t))
+    tasks: dict[int, list[float]] = {}
+    for f in finals:
+        if f.policy_version is not None and f.reward_t is not None:
+            tasks.setdefault(int(f.policy_version), []).append(float(float(f.reward_t) > 0))
     out = []
     for version in sorted(grouped)[-30:]:
         values = grouped[version]
-        mean = sum(values) / len(values)
         out.append(
             {
                 "version": version,
                 "rows": len(values),
-                "reward": mean if math.isfinite(mean) else None,
-                "success": sum(v > 0 for v in values) / len(values),
+                "reward": _mean(values),
+                "tasks": len(tasks.get(version, [])),
+                "success": _mean(tasks.get(version, [])),
             }
         )
     return out

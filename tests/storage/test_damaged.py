@@ -82,7 +82,9 @@ def test_every_read_path_names_the_damaged_row(
         # else: the samples never drew the damaged row, or read only intact parts of it
 
 
-@pytest.mark.parametrize("sampler", [SliceSampler(1), RewardWeightedSampler()], ids=str)
+@pytest.mark.parametrize(
+    "sampler", [SliceSampler(1), RewardWeightedSampler()], ids=lambda s: type(s).__name__
+)
 def test_a_sampler_reading_a_damaged_column_says_which_row(tmp_path: Path, sampler: Any) -> None:
     url = f"sqlite:///{tmp_path / 'd.db'}"
     with ReplayBuffer(url) as buffer:

@@ -59,12 +59,12 @@ def test_rows_are_paged_by_key_and_filtered(client: TestClient, ui_data: UiData)
     while url:
         page = client.get(url)
         assert page.status_code == 200
-        seen += links(page.text, r'href="/b/[^/]+/row\?id=([^"]+)"')
+        seen += links(page.text, r'class="open" href="/b/[^/]+/row\?id=([^"]+)"')
         nxt = links(page.text, r'id="next" href="([^"]+)"')
         url = nxt[0] if nxt else ""
     assert seen == [f"web-{t}-{s}" for t in range(5) for s in range(4)]
     rewarded = client.get(f"/b/{ui_data.web}/rows?" + urlencode({"where": "reward_t > 0"}))
-    assert links(rewarded.text, r'href="/b/[^/]+/row\?id=([^"]+)"') == [
+    assert links(rewarded.text, r'class="open" href="/b/[^/]+/row\?id=([^"]+)"') == [
         "web-0-3",
         "web-2-3",
         "web-4-3",
@@ -317,3 +317,28 @@ def test_a_delete_from_another_site_is_refused(ui_data: UiData) -> None:
         follow_redirects=False,
     )
     assert mine.status_code == 303
+
+
+def test_the_stylesheet_comes_in_the_page_and_its_policy_allows_it_alone(
+    client: TestClient, ui_data: UiData
+) -> None:
+    """Each page carries the stylesheet in its head (a fresh tab paints without a request
+    for it), and the Content-Security-Policy allows that one style element by the hash of
+    its text, as a browser computes it, and no other inline style."""
+    import base64
+    import hashlib
+
+    for path in ("/?all=1", f"/b/{ui_data.web}", f"/b/{ui_data.web}/row?id={ui_data.xss_row}"):
+        page = client.get(path)
+        assert page.status_code == 200
+        styles = re.findall(r"<style>(.*?)</style>", page.text, re.S)
+        assert len(styles) == 1 and ".top" in styles[0]
+        digest = hashlib.sha256(styles[0].encode()).digest()
+        policy = page.headers["content-security-policy"]
+        style_src = next(p for p in policy.split(";") if p.strip().startswith("style-src"))
+        assert style_src.split() == [
+            "style-src",
+            "'self'",
+            f"'sha256-{base64.b64encode(digest).decode()}'",
+        ]
+        assert "unsafe-inline" not in policy

@@ -21,9 +21,9 @@
     text("rows", String(data.rows));
     text("rate", data.rows_per_s === null ? "—" : data.rows_per_s.toFixed(1));
     text("version", data.policy_version === null ? "none" : String(data.policy_version));
-    draw("chart-staleness", data.charts.staleness);
-    draw("chart-reward", data.charts.reward);
-    draw("chart-success", data.charts.success);
+    text("success", data.success === null ? "—" : Math.round(data.success * 100) + "%");
+    text("tasks", String(data.tasks));
+    Object.keys(data.charts).forEach(function (name) { draw("chart-" + name, data.charts[name]); });
     var body = document.querySelector("#claims tbody");
     while (body.firstChild) { body.removeChild(body.firstChild); }
     var names = Object.keys(data.claims).sort();
