@@ -387,6 +387,11 @@ class SqlStorage(Storage):
                 results[i] = exc
         return [r for r in results if r is not None]
 
+    def replace(self, rows_: Sequence[DataRow]) -> None:
+        """Store ``rows_``, each replacing the stored row of its id if there is one, in one
+        transaction (see :func:`expstore.storage.writer.replace_rows`)."""
+        writer.replace_rows(self._handle, rows_)
+
     def delete(self, query_condition: QueryCondition) -> int:
         """Delete the matching rows and return how many went. ``None`` is refused: use clear()."""
         if query_condition is None:

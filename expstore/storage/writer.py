@@ -40,7 +40,8 @@ from ..errors import (
     UnsupportedTypeError,
 )
 from ..lifecycle.hooks import Removed, WriteContext, read_state
-from ..lifecycle.registry import count_inserted, count_removed
+from ..lifecycle.registry import bump_version, count_inserted, count_removed
+from ..lifecycle.registry import remove as remove_rows
 from ..limits.counters import RateLimits, WriteBlocked
 from ..model.layout import (
     COLUMNS,
@@ -52,6 +53,7 @@ from ..model.layout import (
     ColumnSpec,
 )
 from ..model.rows import DataRow
+from ..query import Comparison
 from ..retention.capacity import Retention
 
 __all__ = [
@@ -304,6 +306,27 @@ def store_together(
     _wrote(handle, sum(report.stored for _, _, report in done))
     capacity, policy, _ = done[-1]
     return (None if capacity is None else int(capacity)), policy, [d[2] for d in done]
+
+
+def replace_rows(handle: BufferHandle, rows: Sequence[DataRow]) -> None:
+    """Store ``rows``, each replacing the stored row of its id if there is one (an upsert
+    by id: rows are immutable, so the old row is removed, as ``delete()`` removes it, with
+    its tombstone and counts, and the new one inserted): the removals and the insert in one
+    transaction, all or nothing."""
+    batch = as_source(prepare(rows))
+    ids = Comparison("id", "in", tuple(row.id for row in rows))
+
+    def write() -> None:
+        with handle.errors("replace rows"), handle.write() as conn:
+            # The buffer's state read with its row taken (as delete() takes it), given to
+            # the removal, which would read it again otherwise.
+            state = read_state(handle, conn)
+            if remove_rows(handle, conn, handle.matching(ids), state=state):
+                bump_version(handle, conn)
+            write_in(handle, conn, batch, None)
+
+    retried(write)
+    _wrote(handle, len(rows))
 
 
 def _wrote(handle: BufferHandle, stored: int) -> None:

@@ -47,13 +47,9 @@ from aworld.core.storage.data import DataBlock
 
 from ...aio import AsyncReplayBuffer
 from ...buffer import ReplayBuffer
-from ...db.handle import retried
 from ...errors import DuplicateIdError
-from ...lifecycle import registry
-from ...lifecycle.hooks import read_state
 from ...model.rows import DataRow, Experience, ExpMeta
 from ...query import And, Comparison, Condition
-from ...storage import writer
 from ...storage.sql import SqlStorage
 from .conditions import compile_condition
 from .rows import AGENT, KEY, ItemLayout, block_of, item_id, row_id
@@ -72,23 +68,9 @@ class ExpstoreStorageConfig(StorageConfig):  # type: ignore[misc]
 
 
 def replace_rows(buffer: ReplayBuffer, rows: list[DataRow]) -> None:
-    """Store ``rows``, each replacing the stored row of its id if there is one: the deletes
-    and the insert in one transaction (all or nothing)."""
-    handle = buffer.sql.handle
-    batch = writer.as_source(writer.prepare(rows))
-    ids = Comparison("id", "in", tuple(row.id for row in rows))
-
-    def write() -> None:
-        with handle.errors("replace rows"), handle.write() as conn:
-            # The buffer's state read with its row taken (as delete() takes it), given to
-            # the removal, which would read it again otherwise.
-            state = read_state(handle, conn)
-            if registry.remove(handle, conn, handle.matching(ids), state=state):
-                registry.bump_version(handle, conn)
-            writer.write_in(handle, conn, batch, None)
-
-    retried(write)
-    writer._wrote(handle, len(rows))  # the planner's refresh, as after any committed write
+    """Store ``rows``, each replacing the stored row of its id if there is one, in one
+    transaction (:meth:`expstore.SqlStorage.replace`)."""
+    buffer.sql.replace(rows)
 
 
 def _by_id(rid: str) -> Condition:
