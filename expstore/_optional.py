@@ -17,6 +17,10 @@ _EXTRAS = {
     "starlette": "ui",
     "jinja2": "ui",
     "uvicorn": "ui",
+    "torchrl": "torchrl",
+    "tensordict": "torchrl",
+    "minari": "minari",
+    "gymnasium": "minari",
 }
 
 
