@@ -120,6 +120,14 @@ def _split(data: Any) -> tuple[_Layout, list[Any]]:
         return _Layout("tensordict", keys, list(data.batch_size[1:]), device), leaves
     if isinstance(data, torch.Tensor):
         return _Layout("tensor", [], [], str(data.device)), [data]
+    leaves, spec = _tensor_leaves(data)
+    device = str(leaves[0].device)
+    keys = [[str(i)] for i in range(len(leaves))]
+    return _Layout("pytree", keys, [], device, _pytree.treespec_dumps(spec)), leaves
+
+
+def _tensor_leaves(data: Any) -> tuple[list[Any], Any]:
+    """A pytree's leaves and spec (UnsupportedTypeError unless every leaf is a tensor)."""
     leaves, spec = _pytree.tree_flatten(data)
     bad = [type(leaf).__name__ for leaf in leaves if not isinstance(leaf, torch.Tensor)]
     if bad or not leaves:
@@ -127,16 +135,14 @@ def _split(data: Any) -> tuple[_Layout, list[Any]]:
             "ExpstoreStorage stores tensors, TensorDicts and pytrees of tensors; got "
             f"{type(data).__name__} with leaves of types {sorted(set(bad)) or 'none'}"
         )
-    device = str(leaves[0].device)
-    keys = [[str(i)] for i in range(len(leaves))]
-    return _Layout("pytree", keys, [], device, _pytree.treespec_dumps(spec)), leaves
+    return leaves, spec
 
 
 def _join(layout: _Layout, leaves: list[Any], shape: tuple[int, ...]) -> Any:
     """The element batch of ``shape`` (the index's) from its leaves (first dimension: the
     rows, in the index's order)."""
     device = layout.device
-    leaves = [leaf.reshape(*shape, *leaf.shape[1:]) for leaf in leaves]
+    leaves = [leaf.reshape((*shape, *leaf.shape[1:])) for leaf in leaves]
     if device is not None and device != "cpu":
         leaves = [leaf.to(device) for leaf in leaves]
     if layout.kind == "tensor":
@@ -156,7 +162,7 @@ def _stack(items: list[Any]) -> Any:
         return _tensordict.TensorDict.stack(items) if len(items) > 1 else first.unsqueeze(0)
     if isinstance(first, torch.Tensor):
         return torch.stack(items)
-    leaves = [_pytree.tree_flatten(item)[0] for item in items]
+    leaves = [_tensor_leaves(item)[0] for item in items]
     spec = _pytree.tree_flatten(first)[1]
     return _pytree.tree_unflatten([torch.stack(ls) for ls in zip(*leaves, strict=True)], spec)
 
@@ -308,6 +314,8 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
     def get(self, index: Any) -> Any:
         """The elements at the slots ``index`` names: one element for an int, else a batch
         shaped like the index (a slice: the filled slots it covers)."""
+        if isinstance(index, tuple) and len(index) == 1:  # one index per storage dimension
+            index = index[0]
         single = isinstance(index, int) or (
             isinstance(index, torch.Tensor) and index.ndim == 0
         )
@@ -335,8 +343,7 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
             keys, [f"exp_data.state.l{i}" for i in range(max(len(layout.keys), 1))]
         )[1]
         leaves = [torch.cat(list(column)) for column in fetched]
-        result = _join(layout, leaves, shape or (1,))
-        return result[0] if single else result
+        return _join(layout, leaves, shape)
 
     def _keys(self, slots: list[int]) -> list[int]:
         """The keys of the rows in these slots, in their order (OutOfRangeError names the
