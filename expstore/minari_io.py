@@ -43,7 +43,7 @@ import numpy as np
 from ._optional import require
 from .errors import InvalidArgumentError
 from .model.paths import MISSING
-from .query import QueryCondition
+from .query import QueryBuilder, QueryCondition
 from .storage.base import Storage
 
 __all__ = ["FIELDS", "export_minari", "import_minari"]
@@ -267,18 +267,11 @@ class _Episode:
 def _episodes(
     storage: Any, tasks: list[str], paths: dict[str, str], matching: np.ndarray | None
 ) -> Iterator[_Episode]:
-    """The tasks' episodes in order, their rows read a chunk of tasks at a time."""
+    """The tasks' episodes in order, their rows read about CHUNK_STEPS at a time (a longer
+    episode alone)."""
     names = list(paths)
     wanted = [paths[name] for name in names]
-    chunk: list[str] = []
-    size = 64
-    for i in range(0, len(tasks), size):
-        chunk = tasks[i : i + size]
-        keys = storage.key_space(None, lambda space, c=chunk: space.rows_of("task_id", c, ["step"]))
-        if keys is None:  # a storage without a key space: its rows by task
-            keys = np.array(
-                [k for t in chunk for k in storage.key_index({"task_id": t}, ["step"])["key"]]
-            )
+    for keys in _key_chunks(storage, tasks):
         if matching is not None:
             keys = keys[np.isin(keys, matching)]
         ids, columns = storage.fetch_columns(keys, ["task_id", *wanted], writable=False)
@@ -290,6 +283,33 @@ def _episodes(
                     {name: _part(col, start, end) for name, col in zip(names, columns[1:])}
                 )
                 start = end
+
+
+def _key_chunks(storage: Any, tasks: list[str]) -> Iterator[np.ndarray]:
+    """The keys of the tasks' rows (task by task, each by step), in chunks of whole tasks
+    of about CHUNK_STEPS rows, counted through the task index first."""
+    for i in range(0, len(tasks), 256):
+        group = tasks[i : i + 256]
+        counts = storage.key_space(None, lambda space, g=group: space.count_by("task_id", g))
+        if counts is None:  # a storage without a key space: its rows by task
+            for task in group:
+                condition = QueryBuilder().eq("task_id", task).build()
+                yield _by_step(storage.key_index(condition, ["step"]))
+            continue
+        chunk: list[str] = []
+        rows = 0
+        for task in group:
+            chunk.append(task)
+            rows += counts.get(task, 0)
+            if rows >= CHUNK_STEPS or task is group[-1]:
+                yield storage.key_space(
+                    None, lambda space, c=chunk: space.rows_of("task_id", c, ["step"])
+                )
+                chunk, rows = [], 0
+
+
+def _by_step(index: dict[str, np.ndarray]) -> np.ndarray:
+    return index["key"][np.argsort(index["step"], kind="stable")]
 
 
 def _part(column: Any, start: int, end: int) -> list[Any]:
