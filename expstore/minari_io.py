@@ -280,7 +280,10 @@ def _episodes(
         for end in range(1, len(ids) + 1):
             if end == len(ids) or task_of[end] != task_of[start]:
                 yield _Episode(
-                    {name: _part(col, start, end) for name, col in zip(names, columns[1:])}
+                    {
+                        name: _part(col, start, end)
+                        for name, col in zip(names, columns[1:], strict=False)
+                    }
                 )
                 start = end
 

@@ -22,8 +22,8 @@ from expstore import (  # noqa: E402
     UniformSampler,
     export_minari,
     import_minari,
+    minari_io,  # noqa: E402
 )
-from expstore import minari_io  # noqa: E402
 from expstore.cli import app  # noqa: E402
 from expstore.errors import InvalidArgumentError  # noqa: E402
 

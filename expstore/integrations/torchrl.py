@@ -50,6 +50,7 @@ from .._optional import require
 from ..errors import InvalidArgumentError, OutOfRangeError, StorageError, UnsupportedTypeError
 
 _purpose = "expstore.integrations.torchrl"
+require("torchrl", _purpose)  # first: without it, fail before importing torch
 torch: Any = require("torch", _purpose)
 _storages: Any = require("torchrl.data.replay_buffers.storages", _purpose)
 _checkpointers: Any = require("torchrl.data.replay_buffers.checkpointers", _purpose)
@@ -62,8 +63,8 @@ from ..buffer import ReplayBuffer  # noqa: E402
 from ..db.schema import rows  # noqa: E402
 from ..lifecycle import registry  # noqa: E402
 from ..model.columnar import parse_columns  # noqa: E402
-from ..storage.column_rows import encoded_columns  # noqa: E402
 from ..storage import writer  # noqa: E402
+from ..storage.column_rows import encoded_columns  # noqa: E402
 
 __all__ = ["ExpstoreCheckpointer", "ExpstoreStorage"]
 
@@ -250,9 +251,7 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
         slots = _slots(cursor, self.max_size)
         if isinstance(data, list):
             data = _stack(data)
-        elif isinstance(cursor, int) or (
-            isinstance(cursor, torch.Tensor) and cursor.ndim == 0
-        ):
+        elif isinstance(cursor, int) or (isinstance(cursor, torch.Tensor) and cursor.ndim == 0):
             data = _stack([data])
         layout, leaves = _split(data)
         n = int(leaves[0].shape[0]) if leaves[0].ndim else 0
@@ -316,9 +315,7 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
         shaped like the index (a slice: the filled slots it covers)."""
         if isinstance(index, tuple) and len(index) == 1:  # one index per storage dimension
             index = index[0]
-        single = isinstance(index, int) or (
-            isinstance(index, torch.Tensor) and index.ndim == 0
-        )
+        single = isinstance(index, int) or (isinstance(index, torch.Tensor) and index.ndim == 0)
         if isinstance(index, slice):
             flat = list(range(*index.indices(len(self))))
             shape: tuple[int, ...] = (len(flat),)
@@ -426,8 +423,7 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
 
     def __repr__(self) -> str:
         return (
-            f"{type(self).__name__}(max_size={self.max_size}, url={self.url!r}, "
-            f"name={self.name!r})"
+            f"{type(self).__name__}(max_size={self.max_size}, url={self.url!r}, name={self.name!r})"
         )
 
 

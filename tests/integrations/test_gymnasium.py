@@ -49,8 +49,10 @@ def test_recorded_episodes_are_the_environments(db_url: str, buffer_name: str) -
         assert env.steps_written == buffer.count() == sum(len(a) for _, a in expected)
         rows = buffer.get_by_task_id(buffer.task_ids()[0])
         assert rows[0].exp_data.ext_info["reset_info"] == {}
-        for a, b in zip(rows, rows[1:]):
-            assert np.array_equal(a.exp_data.next_state["observation"], b.exp_data.state["observation"])
+        for a, b in zip(rows, rows[1:], strict=False):
+            assert np.array_equal(
+                a.exp_data.next_state["observation"], b.exp_data.state["observation"]
+            )
         batch = buffer.sample(UniformSampler(seed=0), None, TransitionConverter(), 8)
         assert batch["observation"].shape == batch["next_observation"].shape == (8, 4)
         dataset = buffer.to_minari("test/recorded-v0")
