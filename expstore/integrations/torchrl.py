@@ -59,8 +59,11 @@ _pytree: Any = require("torch.utils._pytree", _purpose)
 
 from sqlalchemy import select  # noqa: E402
 
+import numpy as np  # noqa: E402
+
 from ..buffer import ReplayBuffer  # noqa: E402
-from ..db.schema import rows  # noqa: E402
+from ..codec.format import HEADER_SIZE, intact  # noqa: E402
+from ..db.schema import buffers, rows  # noqa: E402
 from ..lifecycle import registry  # noqa: E402
 from ..model.columnar import parse_columns  # noqa: E402
 from ..storage import writer  # noqa: E402
@@ -82,7 +85,7 @@ class _Layout:
     TensorDict element's batch dimensions; ``device``: where the element was (None: a
     TensorDict without one); ``tree``: a pytree's spec (``torch.utils._pytree``'s JSON)."""
 
-    __slots__ = ("batch", "device", "keys", "kind", "text", "tree")
+    __slots__ = ("batch", "device", "keys", "kind", "plan", "text", "tree")
 
     def __init__(
         self,
@@ -93,6 +96,8 @@ class _Layout:
         tree: str | None = None,
     ) -> None:
         self.kind, self.keys, self.batch, self.device, self.tree = kind, keys, batch, device, tree
+        #: where the leaves are in a row's blob (see ExpstoreStorage._blob_leaves)
+        self.plan: Any = None
         self.text = json.dumps(
             {"kind": kind, "keys": keys, "batch": batch, "device": device, "tree": tree},
             sort_keys=True,
@@ -225,6 +230,7 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
         self._last_cursor: Any = None
         self._layout: _Layout | None = None
         self._opened: tuple[int, ReplayBuffer] | None = None
+        self._full = False
         self.buffer  # noqa: B018  (opened now: a bad url fails here, not at the first write)
 
     # -- the expstore buffer, one per process ------------------------------------------
@@ -330,32 +336,40 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
         else:
             flat = [int(i) for i in index]
             shape = (len(flat),)
-        size = len(self)
-        flat = [i + size if i < 0 else i for i in flat]
-        keys = self._keys(flat)
-        layout = self._layout_of(keys[0] if keys else None)
-        if layout is None or not flat:
+        if any(i < 0 for i in flat):
+            size = len(self)
+            flat = [i + size if i < 0 else i for i in flat]
+        if not flat:
             raise OutOfRangeError(f"no element to get: the index {index!r} names no slot")
-        fetched = self.buffer.sql.fetch_columns(
-            keys, [f"exp_data.state.l{i}" for i in range(max(len(layout.keys), 1))]
-        )[1]
-        leaves = [torch.cat(list(column)) for column in fetched]
+        found = self._read(flat)
+        layout = self._layout_of(found[flat[0]][0])
+        assert layout is not None
+        leaves = self._blob_leaves(flat, found, layout)
+        if leaves is None:  # not the plain layout: the codec reads the rows
+            keys = [found[slot][0] for slot in flat]
+            paths = [f"exp_data.state.l{i}" for i in range(len(layout.keys) or 1)]
+            fetched = self.buffer.sql.fetch_columns(keys, paths)[1]
+            leaves = [torch.cat(list(column)) for column in fetched]
         return _join(layout, leaves, shape)
 
-    def _keys(self, slots: list[int]) -> list[int]:
-        """The keys of the rows in these slots, in their order (OutOfRangeError names the
-        slots no row fills)."""
-        if not slots:
-            return []
+    def _read(self, slots: list[int]) -> dict[int, tuple[int, str, Any]]:
+        """Each slot's row (key, id, tensor blob), in one statement (OutOfRangeError names
+        the slots no row fills)."""
         handle = self.buffer.sql.handle
+        dialect = handle.dialect
         wanted = sorted(set(slots))
-        stmt = select(rows.c.step, rows.c.key).where(
-            rows.c.buffer_id == handle.buffer_id, rows.c.task_id == SLOTS
-        )
-        if len(wanted) < self.max_size:
-            stmt = stmt.where(rows.c.step.in_(wanted))
+
+        def build() -> Any:  # compiled once per handle: the slots are one bound set
+            return select(rows.c.step, rows.c.key, rows.c.id, rows.c.tensors).where(
+                rows.c.buffer_id == handle.buffer_id,
+                rows.c.task_id == SLOTS,
+                dialect.key_in(rows.c.step),
+            )
+
+        statement = handle.statement(("torchrl slots",), build)
         with handle.errors("read slots"), handle.read() as conn:
-            held = {int(step): int(key) for step, key in conn.execute(stmt)}
+            found = statement.run(conn, keys=dialect.key_set(wanted))
+        held = {int(step): (int(key), rid, blob) for step, key, rid, blob in found}
         missing = [s for s in wanted if s not in held]
         if missing:
             raise OutOfRangeError(
@@ -363,7 +377,58 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
                 f"({len(held)} of the {len(wanted)} asked are filled); sample indices "
                 "below len(storage)"
             )
-        return [held[s] for s in slots]
+        return held
+
+    def _blob_leaves(
+        self, slots: list[int], found: dict[int, tuple[int, str, Any]], layout: _Layout
+    ) -> list[Any] | None:
+        """The leaves, batched, cut straight out of the rows' blobs (the stored format,
+        ``docs/format.md``: a checksummed header, then each tensor at its offset), when
+        every row has the layout the first row's document gives; else None."""
+        plan = layout.plan
+        if plan is None:
+            plan = layout.plan = self._plan(found[slots[0]][0], layout)
+        if not plan:
+            return None
+        size, parts = plan
+        blobs = {}
+        for slot in set(slots):
+            _, rid, blob = found[slot]
+            blob = bytes(blob) if isinstance(blob, memoryview) else blob
+            if not intact(blob, rid) or len(blob) != size:
+                return None  # damaged, or another layout: the codec says what it is
+            blobs[slot] = blob
+        joined = np.frombuffer(b"".join(blobs[slot] for slot in slots), np.uint8)
+        table = joined.reshape(len(slots), size)
+        leaves = []
+        for start, stop, dtype, shape in parts:
+            raw = torch.from_numpy(table[:, start:stop].copy())  # its own, writable
+            leaves.append(raw.view(dtype).reshape((len(slots), *shape)))
+        return leaves
+
+    def _plan(
+        self, key: int, layout: _Layout
+    ) -> tuple[int, list[tuple[int, int, Any, list[int]]]] | tuple[()]:
+        """Where each leaf is in a row's blob (from the row's document), and the blob's
+        length; ``()`` when a leaf is not a plain tensor in the blob."""
+        handle = self.buffer.sql.handle
+        stmt = select(rows.c.data, rows.c.tensors).where(rows.c.key == key)
+        with handle.errors("read a slot's layout"), handle.read() as conn:
+            data, blob = conn.execute(stmt).one()
+        doc = json.loads(data) if isinstance(data, str) else data
+        parts = []
+        for i in range(len(layout.keys) or 1):
+            spec = doc.get("state", {}).get(f"l{i}", {}).get("__tensor__")
+            if not spec or spec.get("kind") != "torch" or "offset" not in spec:
+                return ()
+            dtype = getattr(torch, spec["dtype"], None)
+            if not isinstance(dtype, torch.dtype) or dtype.is_complex:
+                return ()
+            start = HEADER_SIZE + int(spec["offset"])
+            parts.append((start, start + int(spec["nbytes"]), dtype, list(spec["shape"])[1:]))
+        if not parts:
+            return ()
+        return len(blob), parts
 
     def _layout_of(self, key: int | None) -> _Layout | None:
         if self._layout is None and key is not None:
@@ -378,10 +443,24 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
         return self._layout
 
     def __len__(self) -> int:
-        return min(self.buffer.count(), self.max_size)
+        # A full storage stays full (slots are overwritten, never removed, but by _empty),
+        # so once full, len() asks the database nothing.
+        if self._full:
+            return self.max_size
+        handle = self.buffer.sql.handle
+
+        def build() -> Any:  # the row count every write keeps on the buffer's row
+            return select(buffers.c.row_count).where(buffers.c.id == handle.buffer_id)
+
+        with handle.errors("count slots"), handle.read() as conn:
+            ((count,),) = handle.statement(("torchrl count",), build).run(conn)
+        size = min(int(count), self.max_size)
+        self._full = size == self.max_size
+        return size
 
     def _empty(self) -> None:
         self.buffer.clear()
+        self._full = False
         self._bump_mutation_revision()
 
     def state_dict(self) -> dict[str, Any]:
@@ -400,6 +479,7 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
         if (state_dict["url"], state_dict["name"]) != (self.url, self.name):
             self.url, self.name = state_dict["url"], state_dict["name"]
             self._opened, self._layout = None, None
+        self._full = False
         self.max_size = int(state_dict["max_size"])
         self._set_last_cursor(state_dict.get("last_cursor"))
         self._bump_mutation_revision()
