@@ -26,7 +26,7 @@ buffer calls ``get(indices)``. Here a slot is a row of the buffer ``name`` with
 Elements go in and come out as TorchRL gives them: a tensor, a TensorDict (nested keys,
 batch dimensions after the first) or a pytree of tensors, every leaf with its dtype
 (bfloat16 included), shape, device and bits; each row keeps the element's layout
-(``exp_data.ext_info.torchrl``) so another process reads them back without being told.
+(``exp_data.state.torchrl``) so another process reads them back without being told.
 
 Several processes write one buffer: hand them the TorchRL buffer (pickled to a spawned
 or forked process, the storage travels as its url and name and connects again there, and
@@ -74,7 +74,7 @@ __all__ = ["ExpstoreCheckpointer", "ExpstoreStorage"]
 #: The task_id of a storage's slot rows; a slot is the row's ``step``.
 SLOTS = "slots"
 #: Where each row keeps its element's layout.
-LAYOUT_PATH = "exp_data.ext_info.torchrl"
+LAYOUT_PATH = "exp_data.state.torchrl"
 
 
 class _Layout:
@@ -291,8 +291,10 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
             "agent_id": f"{socket.gethostname()}:{os.getpid()}",
             "step": slots,
             # [n, 1, ...]: each row's leaf a tensor even for a scalar element
-            "state": {f"l{i}": leaf.detach().cpu().unsqueeze(1) for i, leaf in enumerate(leaves)},
-            "ext_info": [{"torchrl": layout.text}] * n,
+            "state": {
+                "torchrl": [layout.text] * n,
+                **{f"l{i}": leaf.detach().cpu().unsqueeze(1) for i, leaf in enumerate(leaves)},
+            },
         }
         if self.policy_version is not None:
             columns["policy_version"] = self.policy_version
@@ -436,7 +438,7 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
             if not fetched or not isinstance(fetched[0], str):
                 raise StorageError(
                     f"the row in slot of key {key} of buffer {self.name!r} was not written "
-                    "by ExpstoreStorage (no exp_data.ext_info.torchrl); use a buffer of "
+                    "by ExpstoreStorage (no exp_data.state.torchrl); use a buffer of "
                     "its own for a TorchRL storage"
                 )
             self._layout = _Layout.parse(fetched[0])
