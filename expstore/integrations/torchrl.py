@@ -284,9 +284,8 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
 
     def _write(self, slots: list[int], layout: _Layout, leaves: list[Any]) -> None:
         n = len(slots)
-        ids = [uuid.uuid4().hex for _ in range(n)]
         columns: dict[str, Any] = {
-            "id": ids,
+            "id": [uuid.uuid4().hex for _ in range(n)],
             "task_id": SLOTS,
             "agent_id": f"{socket.gethostname()}:{os.getpid()}",
             "step": slots,
@@ -301,16 +300,32 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
         sql = self.buffer.sql
         handle = sql.handle
 
-        def drop_older(conn: Any) -> None:
-            # the rows these slots held before this write, deleted in its transaction
-            found = select(rows.c.key).where(
+        dialect = handle.dialect
+
+        def build() -> Any:  # compiled once per handle: the slots are one bound set
+            held = select(rows.c.step, rows.c.key).where(
                 rows.c.buffer_id == handle.buffer_id,
                 rows.c.task_id == SLOTS,
-                rows.c.step.in_(slots),
-                rows.c.id.not_in(ids),
+                dialect.key_in(rows.c.step),
             )
-            doomed = [int(k) for k in conn.execute(found.order_by(rows.c.key)).scalars()]
+            return dialect.locked(held)  # (not ordered: SQLite would walk the key index)
+
+        def drop_older(conn: Any) -> None:
+            # What these slots held before this write, deleted in its transaction: every
+            # row of a slot but its newest, this write's (writers of the buffer take turns
+            # on its row, so this write's keys are the largest).
+            found = handle.statement(("torchrl slot rows",), build).run(
+                conn, keys=dialect.key_set(sorted(set(slots)))
+            )
+            newest: dict[int, int] = {}
+            doomed = []
+            for step, key in sorted(found, key=lambda found: found[1]):  # newest last
+                older = newest.get(step)
+                if older is not None:
+                    doomed.append(older)
+                newest[step] = key
             if doomed:
+                doomed.sort()
                 registry.remove(handle, conn, [rows.c.key.in_(doomed)], doomed=doomed)
                 registry.bump_version(handle, conn)
 
