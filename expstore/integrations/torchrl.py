@@ -57,9 +57,8 @@ _checkpointers: Any = require("torchrl.data.replay_buffers.checkpointers", _purp
 _tensordict: Any = require("tensordict", _purpose)
 _pytree: Any = require("torch.utils._pytree", _purpose)
 
-from sqlalchemy import select  # noqa: E402
-
 import numpy as np  # noqa: E402
+from sqlalchemy import select  # noqa: E402
 
 from ..buffer import ReplayBuffer  # noqa: E402
 from ..codec.format import HEADER_SIZE, intact  # noqa: E402
