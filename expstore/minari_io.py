@@ -150,7 +150,7 @@ def export_minari(
     matching = None
     if query_condition is not None:
         matching = storage.key_index(query_condition)["key"]
-    episodes = _episodes(storage, tasks, paths, matching)
+    episodes = _episodes(storage, tasks, paths, matching, infos)
     first = next(episodes)
     recorded = first.recorded
     if observation_space is None and "observation_space" in recorded:
@@ -168,8 +168,7 @@ def export_minari(
         )
     if jpeg_encoding is None:
         jpeg_encoding = bool(recorded.get("jpeg_encoding", False))
-    if infos is None:
-        infos = bool(first.infos)
+    infos = bool(first.infos)
     with _datasets_root(root):
         if overwrite and dataset_id in minari.list_local_datasets():
             with contextlib.redirect_stdout(io.StringIO()):  # Minari prints what it deleted
@@ -265,27 +264,47 @@ class _Episode:
 
 
 def _episodes(
-    storage: Any, tasks: list[str], paths: dict[str, str], matching: np.ndarray | None
+    storage: Any,
+    tasks: list[str],
+    paths: dict[str, str],
+    matching: np.ndarray | None,
+    infos: bool | None,
 ) -> Iterator[_Episode]:
     """The tasks' episodes in order, their rows read about CHUNK_STEPS at a time (a longer
-    episode alone)."""
-    names = list(paths)
-    wanted = [paths[name] for name in names]
+    episode alone): each row's step fields, then the first rows' facts and the last
+    rows' next observations by a second fetch of those rows only. ``infos``: read the
+    infos (None: when the first row holds a reset info)."""
+    per_row = ["observation", "action", "reward", "termination", "truncation"]
+    ends = ["minari", "reset_info", "next_observation"]
     for keys in _key_chunks(storage, tasks):
         if matching is not None:
             keys = keys[np.isin(keys, matching)]
-        ids, columns = storage.fetch_columns(keys, ["task_id", *wanted], writable=False)
+        if not len(keys):
+            continue
+        if infos is None:  # decided by the first row of the export
+            first = storage.fetch_columns(keys[:1], [paths["reset_info"]], writable=False)[1]
+            infos = isinstance(_given(first[0][0], None), dict)
+        names = per_row + ["info"] * bool(infos)
+        ids, columns = storage.fetch_columns(
+            keys, ["task_id", *(paths[n] for n in names)], writable=False
+        )
         task_of = columns[0]
-        start = 0
-        for end in range(1, len(ids) + 1):
-            if end == len(ids) or task_of[end] != task_of[start]:
-                yield _Episode(
-                    {
-                        name: _part(col, start, end)
-                        for name, col in zip(names, columns[1:], strict=False)
-                    }
-                )
-                start = end
+        bounds = [0] + [i for i in range(1, len(ids)) if task_of[i] != task_of[i - 1]]
+        bounds.append(len(ids))
+        firsts = [int(keys[b]) for b in bounds[:-1]]
+        lasts = [int(keys[b - 1]) for b in bounds[1:]]
+        _, facts = storage.fetch_columns(
+            firsts + lasts, [paths[n] for n in ends], writable=False
+        )
+        n = len(firsts)
+        for e, (start, end) in enumerate(zip(bounds, bounds[1:])):
+            values = {name: _part(col, start, end) for name, col in zip(names, columns[1:])}
+            values["minari"] = [facts[0][e]]
+            values["reset_info"] = [facts[1][e]]
+            values["next_observation"] = [facts[2][n + e]]
+            if not infos:
+                values["info"] = [None] * (end - start)
+            yield _Episode(values)
 
 
 def _key_chunks(storage: Any, tasks: list[str]) -> Iterator[np.ndarray]:
