@@ -80,8 +80,19 @@ def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _frameworks() -> None:
+    """Minari, pyarrow and Gymnasium imported before the measurement starts (their
+    modules are not what is measured)."""
+    import gymnasium  # noqa: F401
+    import minari  # noqa: F401
+    import pyarrow.dataset  # noqa: F401
+    from minari.dataset._storages import arrow_storage  # noqa: F401
+
+
 def run_export(data: str, root: str) -> dict[str, float]:
     from expstore import ReplayBuffer, export_minari
+
+    _frameworks()
 
     os.environ["MINARI_DATASETS_PATH"] = root
     with ReplayBuffer(f"sqlite:///{data}", name="minari") as buffer:
@@ -99,6 +110,7 @@ def run_minari(steps_text: str, root: str) -> dict[str, float]:
     import minari
     from minari.data_collector import EpisodeBuffer
 
+    _frameworks()
     os.environ["MINARI_DATASETS_PATH"] = root
     before = rss_mb()
     start = time.perf_counter()

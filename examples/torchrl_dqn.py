@@ -60,7 +60,7 @@ def collect(
     episode_return, returns = 0.0, []
     for t in range(frames):
         while t > LEARNING_STARTS + FRAMES_PER_STEP * learned.value:
-            time.sleep(0.002)  # the learner is behind: let it catch up
+            time.sleep(0.01)  # the learner is behind: let it catch up
         epsilon = max(0.05, 1.0 - t / (0.5 * frames))
         if rng.random() < epsilon:
             action = int(rng.integers(2))
@@ -101,10 +101,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", help="database URL (default: a SQLite file in a temp dir)")
     parser.add_argument("--buffer", default="torchrl_dqn")
-    parser.add_argument("--frames", type=int, default=6000, help="steps per collector")
+    parser.add_argument("--frames", type=int, default=3000, help="steps per collector")
     parser.add_argument("--max-size", type=int, default=20_000)
     args = parser.parse_args()
     torch.manual_seed(0)
+    torch.set_num_threads(1)  # three processes share the machine
 
     with tempfile.TemporaryDirectory() as tmp:
         url = args.db or f"sqlite:///{Path(tmp) / 'dqn.db'}"
