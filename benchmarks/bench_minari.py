@@ -138,9 +138,10 @@ def run_minari(steps_text: str, root: str) -> dict[str, float]:
 
 
 def in_process(what: str, *args: str) -> dict[str, float]:
+    here = str(Path(__file__).parent)
     code = (
-        "import json, sys; sys.path.insert(0, %r); import bench_minari as b; "
-        "print(json.dumps(b.%s(*%r)))" % (str(Path(__file__).parent), what, args)
+        f"import json, sys; sys.path.insert(0, {here!r}); import bench_minari as b; "
+        f"print(json.dumps(b.{what}(*{args!r})))"
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)

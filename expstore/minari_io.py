@@ -293,12 +293,12 @@ def _episodes(
         bounds.append(len(ids))
         firsts = [int(keys[b]) for b in bounds[:-1]]
         lasts = [int(keys[b - 1]) for b in bounds[1:]]
-        _, facts = storage.fetch_columns(
-            firsts + lasts, [paths[n] for n in ends], writable=False
-        )
+        _, facts = storage.fetch_columns(firsts + lasts, [paths[n] for n in ends], writable=False)
         n = len(firsts)
-        for e, (start, end) in enumerate(zip(bounds, bounds[1:])):
-            values = {name: _part(col, start, end) for name, col in zip(names, columns[1:])}
+        for e, (start, end) in enumerate(zip(bounds, bounds[1:], strict=False)):
+            values = {
+                name: _part(col, start, end) for name, col in zip(names, columns[1:], strict=True)
+            }
             values["minari"] = [facts[0][e]]
             values["reset_info"] = [facts[1][e]]
             values["next_observation"] = [facts[2][n + e]]
