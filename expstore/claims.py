@@ -877,7 +877,7 @@ def claim_rows(
         # samples back to the rate limit, instead of waiting out the lease.
         _give_back(sql, queue, claimed, len(claimed.keys) if counted else 0, exc)
         raise
-    refund = sql.rate_limits.refund if counted else None
+    refund = sql.rate_limits.refund_later() if counted else None
     return Claim(queue, claimed, list(fetched.ids), batch, refund, sql)
 
 

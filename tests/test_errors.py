@@ -39,9 +39,11 @@ def test_no_module_raises_a_builtin_exception_on_purpose() -> None:
         for path in sorted(PACKAGE.rglob("*.py"))
         for line, name in _raises(ast.parse(path.read_text()))
         # AttributeError is the protocol of a module's __getattr__, StopIteration an
-        # iterator's (expstore.prefetch).
+        # iterator's (expstore.prefetch), StopAsyncIteration an async iterator's
+        # (expstore.aio's batches).
         if name in BUILTIN_ERRORS
-        and name not in ("NotImplementedError", "AttributeError", "StopIteration")
+        and name
+        not in ("NotImplementedError", "AttributeError", "StopIteration", "StopAsyncIteration")
     ]
     assert not offenders, "raise an ExpstoreError subclass instead:\n" + "\n".join(offenders)
 

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from types import TracebackType
@@ -134,8 +135,7 @@ class AsyncReplayBuffer:
                 f"AsyncReplayBuffer.wrap() takes a ReplayBuffer, got {type(buffer).__name__}"
             )
         handle = cls.__new__(cls)
-        handle._attach(Calls(threads), buffer)
-        handle._look_for_a_rate_limit()
+        handle._attach(Calls(threads), buffer)  # (a rate limit not known yet: assumed)
         return handle
 
     @classmethod
@@ -148,7 +148,9 @@ class AsyncReplayBuffer:
         threads = options.pop("threads", 1)
         calls = Calls(threads)
         try:
-            sync = await calls.run(functools.partial(ReplayBuffer, storage, **options))
+            sync = await calls.run_then(
+                False, ReplayBuffer.close, functools.partial(ReplayBuffer, storage, **options)
+            )
             handle = cls.__new__(cls)
             handle._attach(calls, sync)
             await calls.run(handle._look_for_a_rate_limit)
@@ -159,18 +161,18 @@ class AsyncReplayBuffer:
 
     def _look_for_a_rate_limit(self) -> None:
         """Read whether the buffer has a rate limit (with opening: a read of its own)."""
-        storage = self.sync.storage
-        if isinstance(storage, SqlStorage):
-            storage.rate_limits.maybe_limited()
+        sql = self.sync.storage
+        if isinstance(sql, SqlStorage):
+            sql.rate_limits.maybe_limited()
 
     def _limited(self) -> bool:
         """Whether calls may wait on the buffer's rate limit, as this handle last saw (a
         limit set since by another process is seen at its first sample or claim here;
         unknown: yes)."""
-        storage = self.sync.storage
-        if not isinstance(storage, SqlStorage):
+        sql = self.sync.storage
+        if not isinstance(sql, SqlStorage):
             return False
-        seen = storage.rate_limits.seen
+        seen = sql.rate_limits.seen
         return seen is None or bool(seen[1])
 
     async def run(
@@ -203,9 +205,7 @@ class AsyncReplayBuffer:
         """:meth:`ReplayBuffer.store_batch <expstore.ReplayBuffer.store_batch>`, awaited;
         writes awaited at once commit together, each whole (see
         :mod:`expstore.aio.group_commit`)."""
-        if check_flag("report", report):
-            return await self._write("store_batch", rows, dedup)
-        return (await self._write("store_batch", rows, dedup)).stored
+        return await self._write("store_batch", rows, dedup, check_flag("report", report))
 
     @overload
     async def extend(
@@ -222,16 +222,15 @@ class AsyncReplayBuffer:
     ) -> int | StoreReport:
         """:meth:`ReplayBuffer.extend <expstore.ReplayBuffer.extend>`, awaited; writes
         awaited at once commit together, each whole (see :mod:`expstore.aio.group_commit`)."""
-        if check_flag("report", report):
-            return await self._write("extend", columns, dedup)
-        return (await self._write("extend", columns, dedup)).stored
+        return await self._write("extend", columns, dedup, check_flag("report", report))
 
-    async def _write(self, kind: Kind, data: Any, dedup: Dedup) -> StoreReport:
-        if self._group is None or self._limited():
-            method = ReplayBuffer.extend if kind == "extend" else ReplayBuffer.store_batch
-            run = self.calls.wait if self._limited() else self.calls.run
-            return await run(method, self.sync, data, dedup=dedup, report=True)
-        return await self._group.write(kind, data, dedup)
+    async def _write(self, kind: Kind, data: Any, dedup: Dedup, report: bool) -> int | StoreReport:
+        if self._group is not None and not self._limited():
+            done = await self._group.write(kind, data, dedup)
+            return done if report else done.stored
+        # Alone: a storage that is not SQL, or under a rate limit (a wait of its own).
+        run = self.calls.wait if self._limited() else self.calls.run
+        return await run(_write_alone, self.sync, kind, data, dedup, report)
 
     delete = _on_thread(ReplayBuffer.delete)
     clear = _on_thread(ReplayBuffer.clear)
@@ -342,7 +341,6 @@ class AsyncReplayBuffer:
         rows it took after all are released at once."""
         return await claim_on(
             self.calls,
-            self._limited() or wait is not None,
             functools.partial(
                 self.sync.claim,
                 n,
@@ -392,10 +390,17 @@ class AsyncReplayBuffer:
 
     # -- lifecycle -----------------------------------------------------------------------
     async def aclose(self) -> None:
-        """Wait for the calls started, then stop the threads and close the storage."""
-        await self.calls.settle()
-        await self.calls.run(self.sync.close)
-        self.calls.close()
+        """End the waits running (a ``claim(wait=...)`` or ``wait_for`` raises its
+        WaitTimeoutError), wait for the other calls started, then stop the threads and
+        close the storage."""
+        calls = self.calls
+        if calls.closed:
+            return
+        calls.refuse()  # no new call from now on; then the waits end and the rest finish
+        calls.interrupt_waits()
+        await calls.settle()
+        await asyncio.to_thread(self.sync.close)
+        calls.close(wait=False)  # (every thread is idle by now)
 
     async def __aenter__(self) -> AsyncReplayBuffer:
         return self
@@ -449,6 +454,20 @@ class AsyncBatches:
 
 
 _END = object()
+
+
+def _write_alone(
+    sync: ReplayBuffer, kind: Kind, data: Any, dedup: Dedup, report: bool
+) -> int | StoreReport:
+    if kind == "extend":
+        return (
+            sync.extend(data, dedup=dedup, report=True)
+            if report
+            else sync.extend(data, dedup=dedup)
+        )
+    if report:
+        return sync.store_batch(data, dedup=dedup, report=True)
+    return sync.store_batch(data, dedup=dedup)
 
 
 def _take(rows: Any, n: int) -> list[DataRow]:

@@ -21,6 +21,7 @@ coroutine awaiting it waits on the loop without blocking it, as aiosqlite does i
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -51,9 +52,10 @@ class Calls:
         self.threads = threads
         self._calls = ThreadPoolExecutor(threads, thread_name_prefix="expstore-aio")
         self._waits: ThreadPoolExecutor | None = None
-        self._running: set[Future[Any]] = set()
+        # Calls started and not ended: their stop events (waits' only: interrupt_waits()).
+        self._running: dict[Future[Any], threading.Event | None] = {}
         self._lock = threading.Lock()
-        self._closed = False
+        self.closed = False
 
     async def run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """``fn(*args, **kwargs)`` on a call thread, awaited without blocking the loop."""
@@ -71,19 +73,35 @@ class Calls:
         *args: P.args,
         **kwargs: P.kwargs,
     ) -> R:
-        """As :meth:`run` (``waits``: :meth:`wait`), calling ``abandoned(result)`` on the
-        thread if the call returns after its caller was cancelled (a claim to release)."""
+        """As :meth:`run` (``waits``: :meth:`wait`), then, if the call returns after its
+        caller was cancelled, ``abandoned(result)`` on a call thread (a claim to release, a
+        storage to close)."""
         return await self._submit(waits, abandoned, fn, *args, **kwargs)
 
-    def start(self, fn: Callable[[], object]) -> None:
-        """Queue ``fn()`` on a call thread without awaiting it (its own callers are told
-        how it went; :meth:`settle` waits for it)."""
+    def start(self, fn: Callable[[], object], *, waits: bool = False) -> None:
+        """Queue ``fn()`` on a call thread (``waits``: a thread of its own) without awaiting
+        it (it tells its own callers how it went; :meth:`settle` waits for it)."""
+        self._queue(waits, fn)
+
+    def _queue(self, waits: bool, fn: Callable[[], R]) -> tuple[Future[R], threading.Event]:
+        stop = threading.Event()
+
+        def call() -> R:
+            with interruptible(stop):
+                return fn()
+
         with self._lock:
-            if self._closed:
+            if self.closed:
                 raise StorageError("this async buffer handle was closed (aclose()); open a new one")
-            future = self._calls.submit(fn)
-            self._running.add(future)
+            pool = self._calls
+            if waits:
+                if self._waits is None:
+                    self._waits = ThreadPoolExecutor(MAX_WAITS, "expstore-aio-wait")
+                pool = self._waits
+            future = pool.submit(call)
+            self._running[future] = stop if waits else None
         future.add_done_callback(self._finished)
+        return future, stop
 
     async def _submit(
         self,
@@ -93,24 +111,7 @@ class Calls:
         *args: P.args,
         **kwargs: P.kwargs,
     ) -> R:
-        with self._lock:
-            if self._closed:
-                raise StorageError("this async buffer handle was closed (aclose()); open a new one")
-            pool = self._calls
-            if waits:
-                if self._waits is None:
-                    self._waits = ThreadPoolExecutor(MAX_WAITS, "expstore-aio-wait")
-                pool = self._waits
-        stop = threading.Event()
-
-        def call() -> R:
-            with interruptible(stop):
-                return fn(*args, **kwargs)
-
-        future = pool.submit(call)
-        with self._lock:
-            self._running.add(future)
-        future.add_done_callback(self._finished)
+        future, stop = self._queue(waits, functools.partial(fn, *args, **kwargs))
         try:
             # Cancelling the awaiting task cancels a call not yet started (it never runs);
             # one running finishes on its thread.
@@ -118,40 +119,60 @@ class Calls:
         except asyncio.CancelledError:
             stop.set()
             if abandoned is not None:
-                future.add_done_callback(_then(abandoned))
+                # Never inline: a future already done runs its callback here, on the loop.
+                future.add_done_callback(lambda done: self._abandon(done, abandoned))
             raise
+
+    def _abandon(self, done: Future[R], abandoned: Callable[[R], object]) -> None:
+        if done.cancelled() or done.exception() is not None:
+            return
+        result = done.result()
+        try:
+            self.start(lambda: _quietly(abandoned, result))
+        except StorageError:  # closed meanwhile: the lease (or the pool) ends it
+            pass
 
     def _finished(self, future: Future[Any]) -> None:
         with self._lock:
-            self._running.discard(future)
+            self._running.pop(future, None)
 
     async def settle(self) -> None:
         """Wait until every call started on this handle has ended (those whose callers
         were cancelled included): then the database holds what each did."""
+        while True:
+            with self._lock:
+                running = list(self._running)
+            if not running:
+                return
+            for future in running:
+                try:
+                    await asyncio.shield(asyncio.wrap_future(future))
+                except BaseException:  # the caller of that call had its result or its error
+                    pass
+
+    def interrupt_waits(self) -> None:
+        """End the waits running now (their callers get the wait's timeout error)."""
         with self._lock:
-            running = list(self._running)
-        for future in running:
-            try:
-                await asyncio.shield(asyncio.wrap_future(future))
-            except BaseException:  # the caller of that call had its result or its error
-                pass
+            stops = [stop for stop in self._running.values() if stop is not None]
+        for stop in stops:
+            stop.set()
+
+    def refuse(self) -> None:
+        """Refuse new calls from now on (the first step of closing)."""
+        with self._lock:
+            self.closed = True
 
     def close(self, wait: bool = True) -> None:
-        """Stop the threads (after the calls queued or running, with ``wait``)."""
-        with self._lock:
-            self._closed = True
+        """Refuse new calls and stop the threads (after the calls queued or running, with
+        ``wait``)."""
+        self.refuse()
         self._calls.shutdown(wait=wait)
         if self._waits is not None:
             self._waits.shutdown(wait=wait)
 
 
-def _then(abandoned: Callable[[R], object]) -> Callable[[Future[R]], None]:
-    def done(future: Future[R]) -> None:
-        if future.cancelled() or future.exception() is not None:
-            return
-        try:
-            abandoned(future.result())
-        except Exception:  # nobody is there to hear it; the lease ends it anyway
-            pass
-
-    return done
+def _quietly(fn: Callable[[R], object], value: R) -> None:
+    try:
+        fn(value)
+    except Exception:  # nobody is there to hear it; a claim's lease ends it anyway
+        pass

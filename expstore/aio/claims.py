@@ -16,7 +16,7 @@ import numpy as np
 from ..claims import DEFAULT_LEASE_S, Claim, Consumer, Step
 from ..converters.base import Converter
 from ..dedup import Dedup
-from ..errors import FencedError
+from ..errors import ClaimFinishedError, FencedError
 from ..model.rows import DataRow
 from ..query import QueryCondition
 from .calls import Calls
@@ -24,10 +24,11 @@ from .calls import Calls
 __all__ = ["AsyncClaim", "AsyncConsumer", "AsyncStep", "claim_on"]
 
 
-async def claim_on(calls: Calls, waits: bool, claim: Callable[[], Claim]) -> AsyncClaim:
-    """Run ``claim()`` on ``calls``' threads (``waits``: a thread of its own); a claim that
-    lands after its caller was cancelled is released at once."""
-    made = await calls.run_then(waits, _release_abandoned, claim)
+async def claim_on(calls: Calls, claim: Callable[[], Claim]) -> AsyncClaim:
+    """Run ``claim()`` on a thread of its own (any claim may wait: with ``wait=``, on a
+    rate limit, on a prompt queue's admission); a claim that lands after its caller was
+    cancelled is released at once."""
+    made = await calls.run_then(True, _release_abandoned, claim)
     return AsyncClaim(calls, made)
 
 
@@ -116,8 +117,10 @@ class AsyncClaim:
         if exc is not None and self.sync.state == "held":
             try:
                 await self.release()
-            except FencedError:
-                pass  # a newer incarnation owns the name: the block's own error matters
+            except (FencedError, ClaimFinishedError):
+                # A newer incarnation owns the name, or an ack cancelled while it ran
+                # finished meanwhile: the block's own error (or cancellation) matters.
+                pass
 
     def __repr__(self) -> str:
         return f"Async{self.sync!r}"
@@ -158,7 +161,6 @@ class AsyncConsumer:
         """:meth:`Consumer.claim <expstore.claims.Consumer.claim>`, awaited."""
         return await claim_on(
             self._calls,
-            wait is not None,
             functools.partial(
                 self.sync.claim,
                 n,

@@ -17,10 +17,13 @@ Used for ``extend`` and ``store_batch`` of a SQL buffer without a rate limit (wh
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from typing import Any, Literal
 
 from ..dedup import Dedup
+from ..errors import StorageError
+from ..limits.counters import WriteBlocked
 from ..storage.sql import SqlStorage
 from ..storage.writer import StoreReport
 from .calls import Calls
@@ -87,19 +90,43 @@ class GroupCommit:
             results: list[Any] = self._storage.write_together(
                 [(w.kind, w.data, w.dedup) for w in writes]
             )
-        except BaseException as exc:  # noqa: BLE001 - every waiting caller hears of it
+        except WriteBlocked:
+            # A rate limit holds writers back (set since this handle looked): nothing was
+            # written; each write waits its turn alone, on a thread that may wait.
+            for write in writes:
+                try:
+                    self._calls.start(functools.partial(self._alone, write), waits=True)
+                except StorageError as closed:  # the handle is closing: not written
+                    self._deliver([write], [closed])
+            return
+        except BaseException as exc:  # every waiting caller hears of it
             results = [exc] * len(writes)
+        self._deliver(writes, results)
+
+    def _alone(self, write: _Write) -> None:
+        storage = self._storage
+        try:
+            if write.kind == "extend":
+                result: Any = storage.extend(write.data, dedup=write.dedup, report=True)
+            else:
+                result = storage.store_batch(write.data, dedup=write.dedup, report=True)
+        except BaseException as exc:
+            result = exc
+        self._deliver([write], [result])
+
+    @staticmethod
+    def _deliver(writes: list[_Write], results: list[Any]) -> None:
         by_loop: dict[Any, list[tuple[_Write, Any]]] = {}
         for write, result in zip(writes, results, strict=True):
             by_loop.setdefault(write.loop, []).append((write, result))
         for loop, done in by_loop.items():
             try:
-                loop.call_soon_threadsafe(_deliver, done)
+                loop.call_soon_threadsafe(_set_results, done)
             except RuntimeError:  # that loop was closed: nobody is waiting any more
                 pass
 
 
-def _deliver(done: list[tuple[_Write, Any]]) -> None:
+def _set_results(done: list[tuple[_Write, Any]]) -> None:
     for write, result in done:
         if not write.future.done():
             write.future.set_result(result)

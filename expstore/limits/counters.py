@@ -20,7 +20,8 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from sqlalchemy import Connection, case, delete, func, literal, select, update
@@ -343,7 +344,15 @@ class RateLimits:
         counting afresh) is left as it is, and no count goes below zero. ``current``: to
         the buffer's limit now, whoever counted them (rows a dead learner's claim counted,
         given back by a takeover or claimed again after its lease ran out)."""
-        under = getattr(self._counted_under, "created_at", None)
+        self._refund_under(getattr(self._counted_under, "created_at", None), n, current)
+
+    def refund_later(self) -> Callable[[int], None]:
+        """:meth:`refund` bound to the limit this thread's last samples were counted
+        under, for whoever gives them back later, in any thread (a claim released by
+        another thread than the one that made it)."""
+        return partial(self._refund_under, getattr(self._counted_under, "created_at", None))
+
+    def _refund_under(self, under: Any, n: int, current: bool = False) -> None:
         if n > 0 and (under is not None or current):
             this = _R.buffer_id == self.handle.buffer_id
             back = update(rate_limits).where(this)

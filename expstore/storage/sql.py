@@ -57,7 +57,7 @@ from ..features.claims.ready_groups import ReadyGroups
 from ..group_summaries import GroupIndex, GroupSpec
 from ..lifecycle import registry
 from ..lifecycle.registry import BufferInfo
-from ..limits.counters import RateLimits, discard_once
+from ..limits.counters import RateLimits, WriteBlocked, discard_once
 from ..model.columnar import column_error, parse_columns
 from ..model.rows import DataRow
 from ..query import QueryCondition
@@ -334,10 +334,13 @@ class SqlStorage(Storage):
         """Several ``extend`` / ``store_batch`` calls (``(kind, columns or rows, dedup)``)
         committed together, a group commit (what :mod:`expstore.aio` makes of the writes
         its coroutines await at once): each written as its own call writes it, all in one
-        transaction. If that transaction fails, nothing of it stays and each write runs
-        again alone, so each gets what its own call would give: a report, or its error (a
-        write refused before it reaches the database gets its error at once and is left
-        out of the transaction)."""
+        transaction. If that transaction fails before its commit, nothing of it stays and
+        each write runs again alone, so each gets what its own call would give: a report,
+        or its error (a write refused before it reaches the database gets its error at once
+        and is left out of the transaction). An error at the commit itself (its outcome
+        unknown) is every write's, none run again. A rate limit holding writers back
+        (``block_writers``) raises the limiter's WriteBlocked instead, nothing written, for
+        the caller to make each write alone where it may wait."""
         results: list[StoreReport | Exception | None] = [None] * len(writes)
         prepared: list[tuple[int, Any, Dedup]] = []
         for i, (kind, data, dedup) in enumerate(writes):
@@ -354,13 +357,22 @@ class SqlStorage(Storage):
             except Exception as exc:  # this write's own error; the others go on
                 results[i] = exc
         together: list[StoreReport] | None = None
-        if len(prepared) > 1:
+        if prepared:
             try:
                 self.capacity, self.eviction, together = writer.store_together(
                     self._handle, [(source, dedup) for _, source, dedup in prepared]
                 )
-            except Exception:  # rolled back whole: each alone, for its own result
-                together = None
+            except writer.GroupRolledBack as rolled_back:
+                if isinstance(rolled_back.__cause__, WriteBlocked):
+                    # A rate limit's block_writers: each write waits its turn alone, where
+                    # the caller chooses (expstore.aio: on a thread that may wait).
+                    self.rate_limits.observe(True)
+                    raise rolled_back.__cause__ from None
+                together = None  # nothing stayed: each alone, for its own result
+            except Exception as exc:  # at the commit: its outcome unknown, run nothing again
+                for i, _, _ in prepared:
+                    results[i] = exc
+                return [r for r in results if r is not None]
         for n, (i, _, _) in enumerate(prepared):
             if together is not None:
                 results[i] = together[n]

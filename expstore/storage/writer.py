@@ -9,6 +9,7 @@ sent, so a row changed after it was built (``row.exp_meta.step = -1``) is refuse
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from abc import ABC, abstractmethod
@@ -62,6 +63,8 @@ __all__ = [
     "store_batch",
     "store_rows",
 ]
+
+_log = logging.getLogger("expstore.writer")
 
 #: Rows encoded and sent per round trip inside one store_batch transaction.
 WRITE_CHUNK = 1000
@@ -261,8 +264,13 @@ def store_rows(
 
     # A serialisation failure or deadlock rolled the whole write back: try again.
     capacity, policy, report = retried(write)
-    handle.dialect.wrote(handle.connections.engine, handle.buffer_id, report.stored)
+    _wrote(handle, report.stored)
     return (None if capacity is None else int(capacity)), policy, report
+
+
+class GroupRolledBack(Exception):
+    """Internal: :func:`store_together`'s transaction failed before its commit and was
+    rolled back whole (the cause is ``__cause__``): each write may run again alone."""
 
 
 def store_together(
@@ -271,20 +279,42 @@ def store_together(
     """Several writes' rows in ONE transaction (a group commit), each written as
     :func:`store_rows` writes it alone, in order, with its own ``dedup``: one commit for
     all, all or none. Returns the retention as the last write found it and a report per
-    write. Any error rolls every write back and is raised as it is: the caller runs the
-    writes one by one instead to give each its own result or error (a rate limit's
-    ``block_writers`` hold included: WriteBlocked is raised, not waited out)."""
+    write. An error before the commit rolls every write back and raises
+    :class:`GroupRolledBack` from it (a rate limit's ``block_writers`` hold included:
+    WriteBlocked is its cause, not waited out); an error at the commit itself (its
+    outcome unknown) is raised as it is."""
     sources = [(as_source(batch), check_dedup(dedup)) for batch, dedup in writes]
+    before_commit = [False]
 
     def write() -> list[tuple[Any, str, StoreReport]]:
+        before_commit[0] = False
         with handle.errors("store rows"), handle.write() as conn:
-            return [write_in(handle, conn, source, dedup) for source, dedup in sources]
+            try:
+                return [write_in(handle, conn, source, dedup) for source, dedup in sources]
+            except BaseException:
+                before_commit[0] = True  # the transaction is rolled back by the block
+                raise
 
-    done = retried(write)
-    stored = sum(report.stored for _, _, report in done)
-    handle.dialect.wrote(handle.connections.engine, handle.buffer_id, stored)
+    try:
+        done = retried(write)
+    except Exception as exc:
+        if before_commit[0]:
+            raise GroupRolledBack() from exc
+        raise
+    _wrote(handle, sum(report.stored for _, _, report in done))
     capacity, policy, _ = done[-1]
     return (None if capacity is None else int(capacity)), policy, [d[2] for d in done]
+
+
+def _wrote(handle: BufferHandle, stored: int) -> None:
+    """After a write committed: the dialect's refresh of what its planner knows, which
+    must not turn a committed write into an error (a caller would store it again)."""
+    try:
+        handle.dialect.wrote(handle.connections.engine, handle.buffer_id, stored)
+    except Exception as exc:  # the rows are stored; the statistics catch up later
+        _log.warning(
+            "after a write of %d rows committed, refreshing statistics failed: %s", stored, exc
+        )
 
 
 def _write(

@@ -134,13 +134,13 @@ def test_calls_run_off_the_event_loop(tmp_path: Any) -> None:
             assert blocked
             loop_thread = threading.get_ident()
             seen: list[int] = []
-            store = buffer.sync.storage.store_batch
+            together = buffer.sync.sql.write_together
 
-            def spy(rows: Sequence[DataRow], **kw: Any) -> int:
+            def spy(writes: Any) -> Any:
                 seen.append(threading.get_ident())
-                return store(rows, **kw)
+                return together(writes)
 
-            buffer.sync.storage.store_batch = spy  # type: ignore[method-assign]
+            buffer.sync.sql.write_together = spy  # type: ignore[method-assign]
             await buffer.store_batch([_row("t", 0)])
             assert seen and seen[0] != loop_thread
 
@@ -394,3 +394,38 @@ def test_batches_stream_what_the_sync_stream_gives(db_url: str, buffer_name: str
         with sync.batches(UniformSampler(seed=5), batch_size=4, num_batches=3) as stream:
             assert [[row.id for row in batch] for batch in stream] == got
     assert len(got) == 3
+
+
+def test_a_sample_waiting_on_the_rate_limit_does_not_hold_up_the_writes(
+    db_url: str, buffer_name: str
+) -> None:
+    """Under a rate limit a sample waits for rows (min_size): on a thread of its own, so
+    the writes of the same handle (one call thread) reach it."""
+    from expstore import RateLimiter
+
+    async def main() -> None:
+        async with AsyncReplayBuffer(db_url, name=buffer_name, threads=1) as buffer:
+            await buffer.set_rate_limiter(RateLimiter(min_size=4, timeout=GATE_S))
+
+            async def write() -> None:
+                for i in range(4):
+                    await asyncio.sleep(0)
+                    await buffer.store(_row("t", i))
+
+            batch, _ = await asyncio.gather(buffer.sample(batch_size=2), write())
+            assert len(batch) == 2
+
+    asyncio.run(main())
+
+
+def test_closing_ends_the_waits_running(db_url: str, buffer_name: str) -> None:
+    async def main() -> None:
+        buffer = AsyncReplayBuffer(db_url, name=buffer_name)
+        waiting = asyncio.create_task(buffer.wait_for(1, timeout=3600))
+        while not buffer.calls._running:
+            await asyncio.sleep(0.001)
+        await asyncio.wait_for(buffer.aclose(), GATE_S)  # an hour's wait would not end
+        with pytest.raises(WaitTimeoutError):
+            await waiting
+
+    asyncio.run(main())

@@ -336,6 +336,26 @@ def test_a_refund_goes_only_to_the_limit_its_samples_were_counted_under(
     assert stats is not None and stats.sampled == 3
 
 
+def test_a_claim_released_by_another_thread_gives_its_samples_back(buf: ReplayBuffer) -> None:
+    """The samples a claim counted go back when it is released, whichever thread releases
+    it (found by review of expstore.aio, whose claims and releases run on different
+    threads: the refund looked for the count in the releasing thread's own record)."""
+    import threading
+
+    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=0.5, timeout=0.05))
+    buf.store_batch(make_rows(4))
+    made: list = []  # type: ignore[type-arg]
+    thread = threading.Thread(target=lambda: made.append(buf.claim(2, consumer="l1")))
+    thread.start()
+    thread.join()
+    stats = buf.rate_limit_stats()
+    assert stats is not None and stats.sampled == 2
+    assert made[0].release() == 2  # on this thread
+    stats = buf.rate_limit_stats()
+    assert stats is not None and stats.sampled == 0
+    assert len(buf.claim(1, consumer="l2")) == 1
+
+
 def test_rows_written_between_an_empty_choice_and_its_budget_are_drawn(
     buf: ReplayBuffer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -15,6 +15,7 @@ import sys
 import time
 
 from expstore import ReplayBuffer
+from expstore.errors import LeaseExpiredError
 
 LEASE_S = 1.0
 
@@ -34,8 +35,14 @@ def main(
                 time.sleep(0.05)  # rows held by others, or a dead learner's lease
                 continue
             time.sleep(rng.random() * step_s)  # a training step
-            state = {"acked": state["acked"] + len(claim), "claims": state["claims"] + 1}
-            claim.ack(checkpoint=state)
+            step = {"acked": state["acked"] + len(claim), "claims": state["claims"] + 1}
+            try:
+                claim.ack(checkpoint=step)
+            except LeaseExpiredError:
+                # The step outlasted the lease (a loaded machine) and another learner has
+                # the rows now: nothing was acked, as a real learner would find it.
+                continue
+            state = step
             if out:
                 with open(out, "a") as f:
                     f.write(json.dumps(claim.ids) + "\n")
