@@ -237,9 +237,9 @@ def test_asyncio_rollouts(tmp_path: Path) -> None:
 
 def test_torchrl_dqn_collectors_write_one_buffer(tmp_path: Path) -> None:
     pytest.importorskip("torchrl")
-    out = run_example("torchrl_dqn.py", "--frames", "700", cwd=tmp_path)
-    assert "buffer: 1344 transitions in the database (1344 expected)" in out
-    assert "per collector: [672, 672]" in out
+    out = run_example("torchrl_dqn.py", "--frames", "600", cwd=tmp_path)
+    assert "buffer: 1152 transitions in the database (1152 expected)" in out
+    assert "per collector: [576, 576]" in out
     learned = re.search(r"learner: (\d+) gradient steps", out)
     assert learned is not None and int(learned.group(1)) > 0
 
