@@ -49,6 +49,7 @@ from .errors import (
 from .features.claims.prompts import AdmissionState
 from .io import export_images, export_rows, import_rows
 from .limits.rate_limiter import RateLimiter, RateLimitStats
+from .minari_io import export_minari, import_minari
 from .model.rows import DataRow, Experience, ExpMeta
 from .query import Condition, QueryBuilder
 from .query.groups import GroupCondition, GroupStat
@@ -152,7 +153,9 @@ __all__ = [
     "WaitTimeoutError",
     "__version__",
     "export_images",
+    "export_minari",
     "export_rows",
+    "import_minari",
     "import_rows",
 ]
 

@@ -18,6 +18,10 @@ _EXTRAS = {
     "jinja2": "ui",
     "uvicorn": "ui",
     "aworld": "aworld",
+    "torchrl": "torchrl",
+    "tensordict": "torchrl",
+    "minari": "minari",
+    "gymnasium": "minari",
 }
 
 

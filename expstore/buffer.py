@@ -40,6 +40,7 @@ from .features.claims.queue import Lineage, QueueStats
 from .features.claims.ready_groups import GroupTally
 from .io import to_arrow
 from .limits.rate_limiter import RateLimiter, RateLimitStats
+from .minari_io import export_minari
 from .model.rows import DataRow
 from .prefetch import Hooks, Prefetcher
 from .query import QueryCondition
@@ -344,6 +345,15 @@ class ReplayBuffer:
         (PNG bytes; needs ``expstore[images]``) instead. See :mod:`expstore.model.arrow`."""
 
         return to_arrow(self, query_condition, images=images)
+
+    def to_minari(
+        self, dataset_id: str, query_condition: QueryCondition = None, **options: Any
+    ) -> Any:
+        """The matching rows as the Minari dataset ``dataset_id`` (episodes are tasks, steps
+        are rows), streamed; returns the ``minari.MinariDataset`` (``pip install
+        'expstore[minari]'``). ``options``: those of :func:`expstore.export_minari`
+        (spaces, env, fields, root, overwrite, Minari's metadata)."""
+        return export_minari(self, dataset_id, query_condition, **options)
 
     def to_pandas(
         self, query_condition: QueryCondition = None, *, images: str | Sequence[str] | None = None

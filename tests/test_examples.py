@@ -49,6 +49,8 @@ def test_every_example_has_a_smoke_test() -> None:
         "durable_actors.py",
         "aworld_agent_to_training.py",
         "asyncio_rollouts.py",
+        "torchrl_dqn.py",
+        "minari_roundtrip.py",
     }
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
 
@@ -246,3 +248,34 @@ def test_asyncio_rollouts(tmp_path: Path) -> None:
     assert "the learner consumed 768 steps; checkpoint step > 0: True" in out
     assert "episodes ended: 64" in out
     assert "unclaimed 0, leased 0, consumed 768" in out
+
+
+def test_torchrl_dqn_collectors_write_one_buffer(tmp_path: Path) -> None:
+    pytest.importorskip("torchrl")
+    out = run_example("torchrl_dqn.py", "--frames", "600", cwd=tmp_path)
+    assert "buffer: 1152 transitions in the database (1152 expected)" in out
+    assert "per collector: [576, 576]" in out
+    learned = re.search(r"learner: (\d+) gradient steps", out)
+    assert learned is not None and int(learned.group(1)) > 0
+
+
+def test_torchrl_dqn_on_postgres(tmp_path: Path, pg_url: str, buffer_name: str) -> None:
+    pytest.importorskip("torchrl")
+    args = ("--db", pg_url, "--buffer", buffer_name, "--frames", "600")
+    out = run_example("torchrl_dqn.py", *args, cwd=tmp_path)
+    assert "buffer: 1152 transitions in the database (1152 expected)" in out
+
+
+def test_minari_roundtrip(tmp_path: Path) -> None:
+    pytest.importorskip("minari")
+    out = run_example("minari_roundtrip.py", "--episodes", "5", cwd=tmp_path)
+    assert "recorded" in out and "in 5 episodes" in out
+    assert "minari.load_dataset: 5 episodes" in out
+    assert "exported again: same episodes: True" in out
+
+
+def test_minari_roundtrip_on_postgres(tmp_path: Path, pg_url: str, buffer_name: str) -> None:
+    pytest.importorskip("minari")
+    args = ("--db", pg_url, "--buffer", buffer_name, "--episodes", "3")
+    out = run_example("minari_roundtrip.py", *args, cwd=tmp_path)
+    assert "exported again: same episodes: True" in out

@@ -1,4 +1,5 @@
-"""``expstore export`` and ``expstore import``: rows to and from JSON Lines or Parquet."""
+"""``expstore export`` and ``expstore import``: rows to and from JSON Lines or Parquet, and
+episodes to and from Minari datasets."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import typer
 
 from ..io import count_records, detect_format, export_images, export_rows, import_rows
 from ..lineage_io import export_lineage
+from ..minari_io import export_minari, import_minari
 from ..model.images import AUTO, AUTO_MIN_SIDE, ImageSelection, require_pillow
 from ._common import (
     DEFAULT_URL,
@@ -29,11 +31,26 @@ from ._common import (
 class Format(str, Enum):
     jsonl = "jsonl"
     parquet = "parquet"
+    minari = "minari"
 
 
 FormatOption = Annotated[
     Format | None,
-    typer.Option("--format", "-f", help="File format (default: from the file name's suffix)."),
+    typer.Option(
+        "--format",
+        "-f",
+        help="File format (default: from the file name's suffix); minari: OUT / IN is a "
+        "Minari dataset id, episodes are tasks.",
+    ),
+]
+MinariRootOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--minari-root",
+        metavar="DIR",
+        help="With --format minari: Minari's datasets directory (default: "
+        "MINARI_DATASETS_PATH, else ~/.minari/datasets).",
+    ),
 ]
 
 
@@ -93,6 +110,11 @@ def export(
             f"{AUTO_MIN_SIDE} pixels a side).",
         ),
     ] = None,
+    minari_root: MinariRootOption = None,
+    overwrite: Annotated[
+        bool,
+        typer.Option("--overwrite", help="With --format minari: replace a dataset of that id."),
+    ] = False,
 ) -> None:
     """Write a buffer's rows (all, or those matching --where) to a JSON Lines or Parquet file.
 
@@ -100,7 +122,9 @@ def export(
     Parquet files (pip install 'expstore[parquet]') open in pandas, polars and Hugging
     Face datasets: metadata columns, `data` (JSON text) and `tensors` (the tensor bytes).
     With --image-columns, image arrays also become Hugging Face Image columns; with
-    --images DIR, PNG files to look at.
+    --images DIR, PNG files to look at. With --format minari, OUT is a Minari dataset id
+    and the tasks are written as its episodes (pip install 'expstore[minari]'), which
+    minari.load_dataset opens.
 
     \b
     Example:
@@ -109,7 +133,11 @@ def export(
       expstore export --lineage lineage.parquet
       expstore export --image-columns screens.parquet
       expstore export --images shots/ --where "task_id = 't1'"
+      expstore export --format minari cartpole/expstore-v0
     """
+    if format is Format.minari:
+        _export_minari(out, db, buffer, where, minari_root, overwrite)
+        return
     selection = _images_asked(out, format, lineage, images, image_columns, image_path)
     condition = where_condition(where)
     buf = open_buffer(db, buffer)
@@ -156,6 +184,33 @@ def export(
             )
 
 
+def _export_minari(
+    out: str | None,
+    db: str,
+    buffer: str,
+    where: str | None,
+    root: Path | None,
+    overwrite: bool,
+) -> None:
+    """``expstore export --format minari DATASET_ID``."""
+    if not out or out == "-":
+        raise CliError("give the Minari dataset id to write (OUT), e.g. cartpole/expstore-v0")
+    condition = where_condition(where)
+    buf = open_buffer(db, buffer)
+    try:
+        total = buf.count(condition)
+        with progress(total, f"exporting to Minari dataset {out}") as advance:
+            dataset = export_minari(
+                buf, out, condition, root=root, overwrite=overwrite, progress=advance
+            )
+    finally:
+        buf.close()
+    echo_err(
+        f"Exported {dataset.total_steps} steps in {dataset.total_episodes} episodes of buffer "
+        f"{buffer!r} to the Minari dataset {out!r}"
+    )
+
+
 def _images_asked(
     out: str | None,
     format: Format | None,
@@ -196,16 +251,35 @@ def import_(
         bool,
         typer.Option("--skip-existing", help="Leave out rows whose id the buffer already holds."),
     ] = False,
+    minari_root: MinariRootOption = None,
 ) -> None:
     """Store the rows of an exported file (JSON Lines or Parquet) into a buffer.
 
     The database, its tables and the buffer are created if they do not exist. Rows are
     validated as they are read and stored 1000 per transaction.
 
+    With --format minari, IN is a Minari dataset id: each episode becomes a task, each
+    step a row (observation, action, reward, termination, truncation, infos, the final
+    observation as the last row's next_state).
+
     \b
     Example:
       expstore import --db postgresql+psycopg://me@db.internal/exp --buffer web good.parquet
+      expstore import --format minari D4RL/door/human-v2
     """
+    if format is Format.minari:
+        buf = open_buffer(db, buffer, create=True)
+        try:
+            with progress(None, f"importing Minari dataset {source}") as advance:
+                stored = import_minari(buf, source, root=minari_root, progress=advance)
+            size, url = buf.count(), show_url(buf.storage.url)
+        finally:
+            buf.close()
+        echo_err(
+            f"Imported {stored} steps of Minari dataset {source!r} into buffer {buffer!r} "
+            f"of {url}; it now holds {size}"
+        )
+        return
     fmt = detect_format(source, format.value if format else None)
     if source != "-" and not Path(source).is_file():
         raise CliError(f"no such file: {source}")

@@ -1,0 +1,527 @@
+"""A TorchRL replay-buffer storage whose slots are rows of an expstore buffer.
+
+>>> from torchrl.data import TensorDictReplayBuffer
+>>> from expstore.integrations.torchrl import ExpstoreStorage
+>>> rb = TensorDictReplayBuffer(
+...     storage=ExpstoreStorage(100_000, url="sqlite:///runs/dqn.db", name="dqn"),
+...     batch_size=256)
+>>> rb.extend(rollout)            # committed: survives the process, seen by every process
+>>> batch = rb.sample()
+
+TorchRL's contract (``torchrl/data/replay_buffers/storages/base.py``): the writer picks the
+slots (``RoundRobinWriter``: ``cursor, cursor + 1, ...`` modulo ``max_size``) and calls
+``set(slots, data)``; the sampler draws slot indices in ``[0, len(storage))`` and the
+buffer calls ``get(indices)``. Here a slot is a row of the buffer ``name`` with
+``task_id="slots"`` and ``step=slot`` (the ``(buffer, task_id, step)`` index finds it):
+
+- ``set`` stores the new rows and deletes the rows the same slots held, in one
+  transaction, so a slot holds one row at every commit (a reader never sees a slot empty
+  or doubled), and writers of the buffer take turns on its row, so two processes that
+  write the same slot leave the later write there. The round-robin overwrite at
+  ``max_size`` is TorchRL's: the writer's cursor moves, the storage only writes slots.
+- ``len(storage)`` is the number of filled slots (the buffer's row count, kept on its
+  row): a round-robin writer fills them ``0, 1, ...`` so it is also the next fresh slot.
+- ``get`` reads the rows of the slots asked for (by the index) and only their tensors.
+
+Elements go in and come out as TorchRL gives them: a tensor, a TensorDict (nested keys,
+batch dimensions after the first) or a pytree of tensors, every leaf with its dtype
+(bfloat16 included), shape, device and bits; each row keeps the element's layout
+(``exp_data.state.torchrl``) so another process reads them back without being told.
+
+Several processes write one buffer: hand them the TorchRL buffer (pickled to a spawned
+or forked process, the storage travels as its url and name and connects again there, and
+TorchRL shares the writer's cursor with it), as ``examples/torchrl_dqn.py`` does with two
+collector processes. Every committed ``extend`` is then visible to every process at once.
+Processes that open the buffer on their own (another machine) keep cursors of their own;
+they may write the same slots, the later write winning, or better write rows through
+expstore's own API (``buffer.extend``) and sample with expstore's samplers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import uuid
+from pathlib import Path
+from typing import Any
+
+from .._optional import require
+from ..errors import InvalidArgumentError, OutOfRangeError, StorageError, UnsupportedTypeError
+
+_purpose = "expstore.integrations.torchrl"
+require("torchrl", _purpose)  # first: without it, fail before importing torch
+torch: Any = require("torch", _purpose)
+_storages: Any = require("torchrl.data.replay_buffers.storages", _purpose)
+_checkpointers: Any = require("torchrl.data.replay_buffers.checkpointers", _purpose)
+_tensordict: Any = require("tensordict", _purpose)
+_pytree: Any = require("torch.utils._pytree", _purpose)
+
+import numpy as np  # noqa: E402
+from sqlalchemy import select  # noqa: E402
+
+from ..buffer import ReplayBuffer  # noqa: E402
+from ..codec.format import HEADER_SIZE, intact  # noqa: E402
+from ..db.schema import buffers, rows  # noqa: E402
+from ..lifecycle import registry  # noqa: E402
+from ..model.columnar import parse_columns  # noqa: E402
+from ..storage import writer  # noqa: E402
+from ..storage.column_rows import encoded_columns  # noqa: E402
+
+__all__ = ["ExpstoreCheckpointer", "ExpstoreStorage"]
+
+#: The task_id of a storage's slot rows; a slot is the row's ``step``.
+SLOTS = "slots"
+#: Where each row keeps its element's layout.
+LAYOUT_PATH = "exp_data.state.torchrl"
+
+
+class _Layout:
+    """What an element is, beside its leaves: the JSON each row keeps.
+
+    ``kind``: ``"tensor"``, ``"tensordict"`` or ``"pytree"``; ``keys``: each leaf's key
+    (a TensorDict's nested key as a list; a pytree's leaf number); ``batch``: a
+    TensorDict element's batch dimensions; ``device``: where the element was (None: a
+    TensorDict without one); ``tree``: a pytree's spec (``torch.utils._pytree``'s JSON)."""
+
+    __slots__ = ("batch", "device", "keys", "kind", "plan", "text", "tree")
+
+    def __init__(
+        self,
+        kind: str,
+        keys: list[list[str]],
+        batch: list[int],
+        device: str | None,
+        tree: str | None = None,
+    ) -> None:
+        self.kind, self.keys, self.batch, self.device, self.tree = kind, keys, batch, device, tree
+        #: where the leaves are in a row's blob (see ExpstoreStorage._blob_leaves)
+        self.plan: Any = None
+        self.text = json.dumps(
+            {"kind": kind, "keys": keys, "batch": batch, "device": device, "tree": tree},
+            sort_keys=True,
+        )
+
+    @classmethod
+    def parse(cls, text: str) -> _Layout:
+        d = json.loads(text)
+        return cls(d["kind"], d["keys"], d["batch"], d["device"], d["tree"])
+
+
+def _split(data: Any) -> tuple[_Layout, list[Any]]:
+    """An element batch (first dimension: the elements) as its layout and its leaves."""
+    if _tensordict.is_tensor_collection(data):
+        leaves, keys = [], []
+        for key in data.keys(include_nested=True, leaves_only=True):
+            value = data.get(key)
+            if not isinstance(value, torch.Tensor):
+                raise UnsupportedTypeError(
+                    f"ExpstoreStorage stores tensors; the TensorDict's entry {key!r} holds "
+                    f"{type(value).__name__}; store it as a tensor (or encode it in one)"
+                )
+            keys.append([key] if isinstance(key, str) else list(key))
+            leaves.append(value)
+        device = None if data.device is None else str(data.device)
+        return _Layout("tensordict", keys, list(data.batch_size[1:]), device), leaves
+    if isinstance(data, torch.Tensor):
+        return _Layout("tensor", [], [], str(data.device)), [data]
+    leaves, spec = _tensor_leaves(data)
+    device = str(leaves[0].device)
+    keys = [[str(i)] for i in range(len(leaves))]
+    return _Layout("pytree", keys, [], device, _pytree.treespec_dumps(spec)), leaves
+
+
+def _tensor_leaves(data: Any) -> tuple[list[Any], Any]:
+    """A pytree's leaves and spec (UnsupportedTypeError unless every leaf is a tensor)."""
+    leaves, spec = _pytree.tree_flatten(data)
+    bad = [type(leaf).__name__ for leaf in leaves if not isinstance(leaf, torch.Tensor)]
+    if bad or not leaves:
+        raise UnsupportedTypeError(
+            "ExpstoreStorage stores tensors, TensorDicts and pytrees of tensors; got "
+            f"{type(data).__name__} with leaves of types {sorted(set(bad)) or 'none'}"
+        )
+    return leaves, spec
+
+
+def _join(layout: _Layout, leaves: list[Any], shape: tuple[int, ...]) -> Any:
+    """The element batch of ``shape`` (the index's) from its leaves (first dimension: the
+    rows, in the index's order)."""
+    device = layout.device
+    leaves = [leaf.reshape((*shape, *leaf.shape[1:])) for leaf in leaves]
+    if device is not None and device != "cpu":
+        leaves = [leaf.to(device) for leaf in leaves]
+    if layout.kind == "tensor":
+        return leaves[0]
+    if layout.kind == "pytree":
+        return _pytree.tree_unflatten(leaves, _pytree.treespec_loads(layout.tree))
+    td = _tensordict.TensorDict({}, batch_size=[*shape, *layout.batch], device=device)
+    for key, leaf in zip(layout.keys, leaves, strict=True):
+        td.set(tuple(key) if len(key) > 1 else key[0], leaf)
+    return td
+
+
+def _stack(items: list[Any]) -> Any:
+    """A list of elements (``rb.extend([...])``) as one batch."""
+    first = items[0]
+    if _tensordict.is_tensor_collection(first):
+        return _tensordict.TensorDict.stack(items) if len(items) > 1 else first.unsqueeze(0)
+    if isinstance(first, torch.Tensor):
+        return torch.stack(items)
+    leaves = [_tensor_leaves(item)[0] for item in items]
+    spec = _pytree.tree_flatten(first)[1]
+    return _pytree.tree_unflatten([torch.stack(ls) for ls in zip(*leaves, strict=True)], spec)
+
+
+def _slots(cursor: Any, max_size: int) -> list[int]:
+    """The slots a cursor names (an int, a sequence, a tensor, a range or a slice)."""
+    if isinstance(cursor, slice):
+        return list(range(*cursor.indices(max_size)))
+    if isinstance(cursor, torch.Tensor):
+        return [int(i) for i in cursor.reshape(-1).tolist()]
+    if isinstance(cursor, (int, range)) or hasattr(cursor, "__index__"):
+        return [int(cursor)] if not isinstance(cursor, range) else list(cursor)
+    return [int(i) for i in cursor]
+
+
+class ExpstoreCheckpointer(_checkpointers.StorageCheckpointerBase):  # type: ignore[misc]
+    """``rb.dumps(path)`` / ``rb.loads(path)`` of an :class:`ExpstoreStorage`: the rows are
+    already durable in the database (every ``extend`` committed), so a checkpoint holds
+    where they are (``expstore.json``: url, buffer name, max_size, last cursor), and loading
+    it opens that buffer again."""
+
+    def dumps(self, storage: ExpstoreStorage, path: str | Path) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "expstore.json").write_text(json.dumps(storage.state_dict()))
+
+    def loads(self, storage: ExpstoreStorage, path: str | Path) -> None:
+        storage.load_state_dict(json.loads((Path(path) / "expstore.json").read_text()))
+
+
+class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
+    """TorchRL's ``Storage`` on the expstore buffer ``name`` at ``url`` (SQLite or
+    Postgres): ``max_size`` slots, each a row (see the module's docstring).
+
+    ``ExpstoreStorage(max_size, *, url="sqlite:///expstore.db", name="torchrl",
+    compilable=False)``; ``policy_version``: stamped on the rows written from now on (an
+    attribute to set as the policy changes), which TorchRL's ``StalenessAwareSampler`` and
+    expstore's ``max_staleness`` read. ``buffer`` is the expstore
+    :class:`~expstore.ReplayBuffer` itself, for queries, exports and expstore's samplers.
+    """
+
+    _default_checkpointer = ExpstoreCheckpointer
+
+    def __init__(
+        self,
+        max_size: int,
+        *,
+        url: str = "sqlite:///expstore.db",
+        name: str = "torchrl",
+        compilable: bool = False,
+    ) -> None:
+        if not isinstance(max_size, int) or isinstance(max_size, bool) or max_size < 1:
+            raise InvalidArgumentError(
+                f"max_size must be a positive int (the number of slots); got {max_size!r}"
+            )
+        super().__init__(max_size=max_size, compilable=compilable)
+        self.url, self.name = str(url), name
+        self.policy_version: int | None = None
+        self._last_cursor: Any = None
+        self._layout: _Layout | None = None
+        self._opened: tuple[int, ReplayBuffer] | None = None
+        self._full = False
+        self.buffer  # noqa: B018  (opened now: a bad url fails here, not at the first write)
+
+    # -- the expstore buffer, one per process ------------------------------------------
+    @property
+    def buffer(self) -> ReplayBuffer:
+        """The expstore buffer the slots are rows of (opened again in a forked process)."""
+        opened = self._opened
+        if opened is None or opened[0] != os.getpid():
+            opened = self._opened = (os.getpid(), ReplayBuffer(self.url, name=self.name))
+        return opened[1]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state: dict[str, Any] = super().__getstate__()
+        state["_opened"] = None  # connections stay in their process; the url travels
+        return state
+
+    # -- TorchRL's contract ---------------------------------------------------------------
+    def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
+        """Write ``data`` (one element for an int cursor, else a batch whose first
+        dimension runs over the slots of ``cursor``) into those slots, in one transaction
+        that also deletes what the slots held."""
+        if set_cursor:
+            self._set_last_cursor(cursor)
+        slots = _slots(cursor, self.max_size)
+        if isinstance(data, list):
+            data = _stack(data)
+        elif isinstance(cursor, int) or (isinstance(cursor, torch.Tensor) and cursor.ndim == 0):
+            data = _stack([data])
+        layout, leaves = _split(data)
+        n = int(leaves[0].shape[0]) if leaves[0].ndim else 0
+        if n != len(slots):
+            raise InvalidArgumentError(
+                f"set() got {len(slots)} slots and a batch of {n} elements; give one "
+                "element per slot (the first dimension of the data)"
+            )
+        bad = [s for s in slots if not 0 <= s < self.max_size]
+        if bad:
+            raise OutOfRangeError(
+                f"slots must be in [0, {self.max_size}) (max_size); got {bad[:5]}"
+            )
+        # A batch longer than the buffer names a slot twice: the last element wins, as
+        # when a tensor storage writes them in order.
+        last = {slot: i for i, slot in enumerate(slots)}
+        if len(last) < len(slots):
+            keep = torch.tensor(sorted(last.values()))
+            slots = [slots[i] for i in keep.tolist()]
+            leaves = [leaf[keep] for leaf in leaves]
+        self._write(slots, layout, leaves)
+        self._layout = layout
+        self._bump_mutation_revision()
+
+    def _write(self, slots: list[int], layout: _Layout, leaves: list[Any]) -> None:
+        n = len(slots)
+        columns: dict[str, Any] = {
+            "id": [uuid.uuid4().hex for _ in range(n)],
+            "task_id": SLOTS,
+            "agent_id": f"{socket.gethostname()}:{os.getpid()}",
+            "step": slots,
+            # [n, 1, ...]: each row's leaf a tensor even for a scalar element
+            "state": {
+                "torchrl": [layout.text] * n,
+                **{f"l{i}": leaf.detach().cpu().unsqueeze(1) for i, leaf in enumerate(leaves)},
+            },
+        }
+        if self.policy_version is not None:
+            columns["policy_version"] = self.policy_version
+        sql = self.buffer.sql
+        handle = sql.handle
+
+        dialect = handle.dialect
+
+        def build() -> Any:  # compiled once per handle: the slots are one bound set
+            held = select(rows.c.step, rows.c.key).where(
+                rows.c.buffer_id == handle.buffer_id,
+                rows.c.task_id == SLOTS,
+                dialect.key_in(rows.c.step),
+            )
+            return dialect.locked(held)  # (not ordered: SQLite would walk the key index)
+
+        def drop_older(conn: Any) -> None:
+            # What these slots held before this write, deleted in its transaction: every
+            # row of a slot but its newest, this write's (writers of the buffer take turns
+            # on its row, so this write's keys are the largest).
+            found = handle.statement(("torchrl slot rows",), build).run(
+                conn, keys=dialect.key_set(sorted(set(slots)))
+            )
+            newest: dict[int, int] = {}
+            doomed = []
+            for step, key in sorted(found, key=lambda found: found[1]):  # newest last
+                older = newest.get(step)
+                if older is not None:
+                    doomed.append(older)
+                newest[step] = key
+            if doomed:
+                doomed.sort()
+                registry.remove(handle, conn, [rows.c.key.in_(doomed)], doomed=doomed)
+                registry.bump_version(handle, conn)
+
+        parsed = parse_columns(columns)
+        source = encoded_columns(parsed)
+        writer.store_rows(handle, parsed.rows() if source is None else source, None, drop_older)
+
+    def get(self, index: Any) -> Any:
+        """The elements at the slots ``index`` names: one element for an int, else a batch
+        shaped like the index (a slice: the filled slots it covers)."""
+        if isinstance(index, tuple) and len(index) == 1:  # one index per storage dimension
+            index = index[0]
+        single = isinstance(index, int) or (isinstance(index, torch.Tensor) and index.ndim == 0)
+        if isinstance(index, slice):
+            flat = list(range(*index.indices(len(self))))
+            shape: tuple[int, ...] = (len(flat),)
+        elif isinstance(index, torch.Tensor):
+            if index.dtype == torch.bool:
+                index = index.nonzero().squeeze(-1)
+            flat, shape = [int(i) for i in index.reshape(-1).tolist()], tuple(index.shape)
+        elif isinstance(index, range):
+            flat, shape = list(index), (len(index),)
+        elif single:
+            flat, shape = [int(index)], ()
+        else:
+            flat = [int(i) for i in index]
+            shape = (len(flat),)
+        if any(i < 0 for i in flat):
+            size = len(self)
+            flat = [i + size if i < 0 else i for i in flat]
+        if not flat:
+            raise OutOfRangeError(f"no element to get: the index {index!r} names no slot")
+        found = self._read(flat)
+        layout = self._layout_of(found[flat[0]][0])
+        assert layout is not None
+        leaves = self._blob_leaves(flat, found, layout)
+        if leaves is None:  # not the plain layout: the codec reads the rows
+            keys = [found[slot][0] for slot in flat]
+            paths = [f"exp_data.state.l{i}" for i in range(len(layout.keys) or 1)]
+            fetched = self.buffer.sql.fetch_columns(keys, paths)[1]
+            leaves = [torch.cat(list(column)) for column in fetched]
+        return _join(layout, leaves, shape)
+
+    def _read(self, slots: list[int]) -> dict[int, tuple[int, str, Any]]:
+        """Each slot's row (key, id, tensor blob), in one statement (OutOfRangeError names
+        the slots no row fills)."""
+        handle = self.buffer.sql.handle
+        dialect = handle.dialect
+        wanted = sorted(set(slots))
+
+        def build() -> Any:  # compiled once per handle: the slots are one bound set
+            return select(rows.c.step, rows.c.key, rows.c.id, rows.c.tensors).where(
+                rows.c.buffer_id == handle.buffer_id,
+                rows.c.task_id == SLOTS,
+                dialect.key_in(rows.c.step),
+            )
+
+        statement = handle.statement(("torchrl slots",), build)
+        with handle.errors("read slots"), handle.read() as conn:
+            found = statement.run(conn, keys=dialect.key_set(wanted))
+        held = {int(step): (int(key), rid, blob) for step, key, rid, blob in found}
+        missing = [s for s in wanted if s not in held]
+        if missing:
+            raise OutOfRangeError(
+                f"slots {missing[:5]} of the storage {self.name!r} hold nothing "
+                f"({len(held)} of the {len(wanted)} asked are filled); sample indices "
+                "below len(storage)"
+            )
+        return held
+
+    def _blob_leaves(
+        self, slots: list[int], found: dict[int, tuple[int, str, Any]], layout: _Layout
+    ) -> list[Any] | None:
+        """The leaves, batched, cut straight out of the rows' blobs (the stored format,
+        ``docs/format.md``: a checksummed header, then each tensor at its offset), when
+        every row has the layout the first row's document gives; else None."""
+        plan = layout.plan
+        if plan is None:
+            plan = layout.plan = self._plan(found[slots[0]][0], layout)
+        if not plan:
+            return None
+        size, parts = plan
+        blobs = {}
+        for slot in set(slots):
+            _, rid, blob = found[slot]
+            blob = bytes(blob) if isinstance(blob, memoryview) else blob
+            if not intact(blob, rid) or len(blob) != size:
+                return None  # damaged, or another layout: the codec says what it is
+            blobs[slot] = blob
+        joined = np.frombuffer(b"".join(blobs[slot] for slot in slots), np.uint8)
+        table = joined.reshape(len(slots), size)
+        leaves = []
+        for start, stop, dtype, shape in parts:
+            raw = torch.from_numpy(table[:, start:stop].copy())  # its own, writable
+            leaves.append(raw.view(dtype).reshape((len(slots), *shape)))
+        return leaves
+
+    def _plan(
+        self, key: int, layout: _Layout
+    ) -> tuple[int, list[tuple[int, int, Any, list[int]]]] | tuple[()]:
+        """Where each leaf is in a row's blob (from the row's document), and the blob's
+        length; ``()`` when a leaf is not a plain tensor in the blob."""
+        handle = self.buffer.sql.handle
+        stmt = select(rows.c.data, rows.c.tensors).where(rows.c.key == key)
+        with handle.errors("read a slot's layout"), handle.read() as conn:
+            data, blob = conn.execute(stmt).one()
+        doc = json.loads(data) if isinstance(data, str) else data
+        parts = []
+        for i in range(len(layout.keys) or 1):
+            spec = doc.get("state", {}).get(f"l{i}", {}).get("__tensor__")
+            if not spec or spec.get("kind") != "torch" or "offset" not in spec:
+                return ()
+            dtype = getattr(torch, spec["dtype"], None)
+            if not isinstance(dtype, torch.dtype) or dtype.is_complex:
+                return ()
+            start = HEADER_SIZE + int(spec["offset"])
+            parts.append((start, start + int(spec["nbytes"]), dtype, list(spec["shape"])[1:]))
+        if not parts:
+            return ()
+        return len(blob), parts
+
+    def _layout_of(self, key: int | None) -> _Layout | None:
+        if self._layout is None and key is not None:
+            fetched = self.buffer.sql.fetch_columns([key], [LAYOUT_PATH])[1][0]
+            if not fetched or not isinstance(fetched[0], str):
+                raise StorageError(
+                    f"the row in slot of key {key} of buffer {self.name!r} was not written "
+                    "by ExpstoreStorage (no exp_data.state.torchrl); use a buffer of "
+                    "its own for a TorchRL storage"
+                )
+            self._layout = _Layout.parse(fetched[0])
+        return self._layout
+
+    def __len__(self) -> int:
+        # A full storage stays full (slots are overwritten, never removed, but by _empty),
+        # so once full, len() asks the database nothing.
+        if self._full:
+            return self.max_size
+        handle = self.buffer.sql.handle
+
+        def build() -> Any:  # the row count every write keeps on the buffer's row
+            return select(buffers.c.row_count).where(buffers.c.id == handle.buffer_id)
+
+        with handle.errors("count slots"), handle.read() as conn:
+            ((count,),) = handle.statement(("torchrl count",), build).run(conn)
+        size = min(int(count), self.max_size)
+        self._full = size == self.max_size
+        return size
+
+    def _empty(self) -> None:
+        self.buffer.clear()
+        self._full = False
+        self._bump_mutation_revision()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the rows are (url, buffer name), the number of slots and the last cursor:
+        the rows themselves are in the database, committed."""
+        last = self._last_cursor_index
+        return {
+            "url": self.url,
+            "name": self.name,
+            "max_size": self.max_size,
+            "last_cursor": None if last is None else int(last),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Open the buffer ``state_dict`` names (the rows are read from there)."""
+        if (state_dict["url"], state_dict["name"]) != (self.url, self.name):
+            self.url, self.name = state_dict["url"], state_dict["name"]
+            self._opened, self._layout = None, None
+        self._full = False
+        self.max_size = int(state_dict["max_size"])
+        self._set_last_cursor(state_dict.get("last_cursor"))
+        self._bump_mutation_revision()
+
+    def contains(self, item: Any) -> Any:
+        size = len(self)
+        if isinstance(item, int):
+            return 0 <= (item + size if item < 0 else item) < size
+        if isinstance(item, torch.Tensor):
+            return (item >= -size) & (item < size)
+        raise UnsupportedTypeError(
+            f"contains() takes an int or a tensor of slots; got {type(item).__name__}"
+        )
+
+    def attach(self, buffer: Any) -> None:
+        # get() returns stacked batches, as TorchRL's tensor storages do, so a buffer
+        # given no collate_fn collates with the identity (TorchRL's default for them).
+        if getattr(buffer, "_init_collate_fn", False) is None:
+            buffer._init_collate_fn = _identity
+        super().attach(buffer)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(max_size={self.max_size}, url={self.url!r}, name={self.name!r})"
+        )
+
+
+def _identity(batch: Any) -> Any:
+    return batch
