@@ -195,16 +195,17 @@ def export_minari(
         episode_buffer = require("minari.data_collector", "exporting a Minari dataset")
         chunk: list[Any] = []
         steps = 0
+        files = dataset.storage  # Minari's own storage (its files), not an expstore Storage
         for number, episode in enumerate(_chain(first, episodes)):
             chunk.append(episode.to_minari(number, episode_buffer.EpisodeBuffer, infos))
             steps += episode.steps
             if steps >= CHUNK_STEPS:
-                dataset.storage.update_episodes(chunk)
+                files.update_episodes(chunk)
                 if progress is not None:
                     progress(steps)
                 chunk, steps = [], 0
         if chunk:
-            dataset.storage.update_episodes(chunk)
+            files.update_episodes(chunk)
             if progress is not None:
                 progress(steps)
         return minari.load_dataset(dataset_id)
@@ -391,7 +392,8 @@ def import_minari(
                     f"{root or os.environ.get('MINARI_DATASETS_PATH', '~/.minari/datasets')}"
                     f": {exc}"
                 ) from exc
-    meta = dataset.storage.metadata
+    files = dataset.storage  # Minari's own storage (its files), not an expstore Storage
+    meta = files.metadata
     prefix = f"{meta['dataset_id']}/" if task_prefix is None else task_prefix
     spec = dataset.spec.env_spec if hasattr(dataset, "spec") else None
     recorded = {
@@ -403,7 +405,7 @@ def import_minari(
     }
     seeds = {
         int(m["id"]): m.get("seed")
-        for m in dataset.storage.get_episode_metadata(dataset.episode_indices)
+        for m in files.get_episode_metadata(dataset.episode_indices)
     }
     stored = 0
     batch: dict[str, list[Any]] = {}

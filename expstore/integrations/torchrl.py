@@ -189,13 +189,13 @@ class ExpstoreCheckpointer(_checkpointers.StorageCheckpointerBase):  # type: ign
     where they are (``expstore.json``: url, buffer name, max_size, last cursor), and loading
     it opens that buffer again."""
 
-    def dumps(self, storage: ExpstoreStorage, path: str | Path) -> None:
+    def dumps(self, slots: ExpstoreStorage, path: str | Path) -> None:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        (path / "expstore.json").write_text(json.dumps(storage.state_dict()))
+        (path / "expstore.json").write_text(json.dumps(slots.state_dict()))
 
-    def loads(self, storage: ExpstoreStorage, path: str | Path) -> None:
-        storage.load_state_dict(json.loads((Path(path) / "expstore.json").read_text()))
+    def loads(self, slots: ExpstoreStorage, path: str | Path) -> None:
+        slots.load_state_dict(json.loads((Path(path) / "expstore.json").read_text()))
 
 
 class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]

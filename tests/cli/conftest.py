@@ -17,8 +17,11 @@ Invoke = Callable[..., Result]
 
 @pytest.fixture
 def invoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Invoke:
-    """Run ``expstore ARGS`` in tmp_path, without EXPSTORE_URL from the environment."""
+    """Run ``expstore ARGS`` in tmp_path, without EXPSTORE_URL from the environment, with
+    tables as wide as when the output is not a terminal (100 columns), wherever the tests
+    run (a pytest-xdist worker may have a terminal of another width)."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "100")
     monkeypatch.delenv("EXPSTORE_URL", raising=False)
     monkeypatch.delenv("EXPSTORE_DEBUG", raising=False)
     runner = CliRunner()

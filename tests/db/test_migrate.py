@@ -16,14 +16,16 @@ from tests.helpers import make_rows
 
 @pytest.fixture
 def fresh_url(request: pytest.FixtureRequest, tmp_path, db_url: str):
-    """A database with no expstore tables (the Postgres one is emptied before and after)."""
+    """A database with no expstore tables: a new SQLite file, or a Postgres database of
+    the test's own (the shared one holds what other tests stored, such as checkpoints an
+    old schema cannot hold, so it is never downgraded)."""
+    if db_url.startswith("postgresql"):
+        yield request.getfixturevalue("own_pg_database")
+        return
     engine = create_sql_engine(db_url)
     write = engine.execution_options(expstore_begin="IMMEDIATE")
     migrate.downgrade(write, "base") if _has_schema(engine) else None
     yield db_url
-    if engine.dialect.name == "postgresql":
-        migrate.downgrade(write, "base")
-        migrate.upgrade(write)  # leave the shared test database as other tests expect it
     engine.dispose()
 
 
