@@ -139,16 +139,14 @@ class Calls:
     async def settle(self) -> None:
         """Wait until every call started on this handle has ended (those whose callers
         were cancelled included): then the database holds what each did."""
-        while True:
+        while True:  # (a call may start another: a group commit's writes alone)
             with self._lock:
                 running = list(self._running)
             if not running:
                 return
-            for future in running:
-                try:
-                    await asyncio.shield(asyncio.wrap_future(future))
-                except BaseException:  # the caller of that call had its result or its error
-                    pass
+            # Their results and errors were their callers'; cancelling this wait leaves
+            # the calls running.
+            await asyncio.wait([asyncio.wrap_future(future) for future in running])
 
     def interrupt_waits(self) -> None:
         """End the waits running now (their callers get the wait's timeout error)."""

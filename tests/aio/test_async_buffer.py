@@ -429,3 +429,24 @@ def test_closing_ends_the_waits_running(db_url: str, buffer_name: str) -> None:
             await waiting
 
     asyncio.run(main())
+
+
+def test_settle_can_be_cancelled_and_leaves_the_calls_running(tmp_path: Any) -> None:
+    """Cancelling a settle() ends the wait, not the calls it waited for."""
+
+    async def main() -> None:
+        async with AsyncReplayBuffer(f"sqlite:///{tmp_path / 'b.db'}") as buffer:
+            gate = threading.Event()
+            blocked = asyncio.create_task(buffer.run(_waits_for(gate)))
+            while not buffer.calls._running:
+                await asyncio.sleep(0.001)
+            settling = asyncio.create_task(buffer.settle())
+            await asyncio.sleep(0.01)
+            settling.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await settling
+            assert not blocked.done()
+            gate.set()
+            assert await blocked
+
+    asyncio.run(main())
