@@ -404,8 +404,7 @@ def import_minari(
         "jpeg_encoding": bool(meta.get("jpeg_encoding", True)),
     }
     seeds = {
-        int(m["id"]): m.get("seed")
-        for m in files.get_episode_metadata(dataset.episode_indices)
+        int(m["id"]): m.get("seed") for m in files.get_episode_metadata(dataset.episode_indices)
     }
     stored = 0
     batch: dict[str, list[Any]] = {}

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
+from itertools import islice
 from types import TracebackType
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
@@ -35,11 +36,11 @@ from ..query import QueryCondition
 from ..retention.eviction import Eviction
 from ..storage.base import Storage
 from ..storage.cache import CacheStats
-from ..storage.sql import SqlStorage
+from ..storage.sql import SqlStorage, WriteKind
 from ..storage.writer import StoreReport
 from .calls import Calls
 from .claims import AsyncClaim, AsyncConsumer, claim_on
-from .group_commit import GroupCommit, Kind
+from .group_commit import GroupCommit
 
 __all__ = ["AsyncReplayBuffer"]
 
@@ -105,7 +106,7 @@ class AsyncReplayBuffer:
         calls = Calls(threads)
         # Opening runs migrations and reads settings: done here, before any loop runs it,
         # as sync code (use ``await AsyncReplayBuffer.open(...)`` from a running loop).
-        self.sync = ReplayBuffer(
+        sync = ReplayBuffer(
             storage,
             name=name,
             capacity=capacity,
@@ -117,7 +118,7 @@ class AsyncReplayBuffer:
             tuning=tuning,
             cache_bytes=cache_bytes,
         )
-        self._attach(calls, self.sync)
+        self._attach(calls, sync)
         self._look_for_a_rate_limit()
 
     def _attach(self, calls: Calls, sync: ReplayBuffer) -> None:
@@ -224,12 +225,15 @@ class AsyncReplayBuffer:
         awaited at once commit together, each whole (see :mod:`expstore.aio.group_commit`)."""
         return await self._write("extend", columns, dedup, check_flag("report", report))
 
-    async def _write(self, kind: Kind, data: Any, dedup: Dedup, report: bool) -> int | StoreReport:
-        if self._group is not None and not self._limited():
+    async def _write(
+        self, kind: WriteKind, data: Any, dedup: Dedup, report: bool
+    ) -> int | StoreReport:
+        limited = self._limited()
+        if self._group is not None and not limited:
             done = await self._group.write(kind, data, dedup)
             return done if report else done.stored
         # Alone: a storage that is not SQL, or under a rate limit (a wait of its own).
-        run = self.calls.wait if self._limited() else self.calls.run
+        run = self.calls.wait if limited else self.calls.run
         return await run(_write_alone, self.sync, kind, data, dedup, report)
 
     delete = _on_thread(ReplayBuffer.delete)
@@ -263,7 +267,7 @@ class AsyncReplayBuffer:
             self.sync.query, query_condition, limit=limit, order_by=order_by
         )
         while True:
-            chunk = await self.calls.run(_take, rows, QUERY_CHUNK)
+            chunk = await self.calls.run(_take, rows)
             for row in chunk:
                 yield row
             if len(chunk) < QUERY_CHUNK:
@@ -457,7 +461,7 @@ _END = object()
 
 
 def _write_alone(
-    sync: ReplayBuffer, kind: Kind, data: Any, dedup: Dedup, report: bool
+    sync: ReplayBuffer, kind: WriteKind, data: Any, dedup: Dedup, report: bool
 ) -> int | StoreReport:
     if kind == "extend":
         return (
@@ -470,11 +474,6 @@ def _write_alone(
     return sync.store_batch(data, dedup=dedup)
 
 
-def _take(rows: Any, n: int) -> list[DataRow]:
-    """Up to ``n`` more rows of the iterator ``rows``."""
-    chunk: list[DataRow] = []
-    for row in rows:
-        chunk.append(row)
-        if len(chunk) == n:
-            break
-    return chunk
+def _take(rows: Iterator[DataRow]) -> list[DataRow]:
+    """Up to :data:`QUERY_CHUNK` more rows of the iterator ``rows``."""
+    return list(islice(rows, QUERY_CHUNK))

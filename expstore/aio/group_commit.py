@@ -19,28 +19,23 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
-from typing import Any, Literal
+from typing import Any
 
 from ..dedup import Dedup
 from ..errors import StorageError
 from ..limits.counters import WriteBlocked
-from ..storage.sql import SqlStorage
+from ..storage.sql import SqlStorage, WriteKind
 from ..storage.writer import StoreReport
 from .calls import Calls
 
 __all__ = ["GroupCommit"]
 
-Kind = Literal["extend", "store_batch"]
-
 
 class _Write:
-    __slots__ = ("kind", "data", "dedup", "future", "loop")
+    __slots__ = ("kind", "data", "dedup", "future")
 
-    def __init__(
-        self, kind: Kind, data: Any, dedup: Dedup, future: asyncio.Future[Any], loop: Any
-    ) -> None:
-        self.kind, self.data, self.dedup = kind, data, dedup
-        self.future, self.loop = future, loop
+    def __init__(self, kind: WriteKind, data: Any, dedup: Dedup, future: asyncio.Future[Any]):
+        self.kind, self.data, self.dedup, self.future = kind, data, dedup, future
 
 
 class GroupCommit:
@@ -53,9 +48,8 @@ class GroupCommit:
         self._waiting: list[_Write] = []
         self._queued = False  # a flush is queued on the thread and has not taken them yet
 
-    async def write(self, kind: Kind, data: Any, dedup: Dedup) -> StoreReport:
-        loop = asyncio.get_running_loop()
-        write = _Write(kind, data, dedup, loop.create_future(), loop)
+    async def write(self, kind: WriteKind, data: Any, dedup: Dedup) -> StoreReport:
+        write = _Write(kind, data, dedup, asyncio.get_running_loop().create_future())
         with self._lock:
             self._waiting.append(write)
             start = not self._queued
@@ -104,12 +98,8 @@ class GroupCommit:
         self._deliver(writes, results)
 
     def _alone(self, write: _Write) -> None:
-        storage = self._storage
         try:
-            if write.kind == "extend":
-                result: Any = storage.extend(write.data, dedup=write.dedup, report=True)
-            else:
-                result = storage.store_batch(write.data, dedup=write.dedup, report=True)
+            result: Any = self._storage.write_alone(write.kind, write.data, write.dedup)
         except BaseException as exc:
             result = exc
         self._deliver([write], [result])
@@ -118,7 +108,7 @@ class GroupCommit:
     def _deliver(writes: list[_Write], results: list[Any]) -> None:
         by_loop: dict[Any, list[tuple[_Write, Any]]] = {}
         for write, result in zip(writes, results, strict=True):
-            by_loop.setdefault(write.loop, []).append((write, result))
+            by_loop.setdefault(write.future.get_loop(), []).append((write, result))
         for loop, done in by_loop.items():
             try:
                 loop.call_soon_threadsafe(_set_results, done)

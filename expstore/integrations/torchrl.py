@@ -64,9 +64,8 @@ from ..buffer import ReplayBuffer  # noqa: E402
 from ..codec.format import HEADER_SIZE, intact  # noqa: E402
 from ..db.schema import buffers, rows  # noqa: E402
 from ..lifecycle import registry  # noqa: E402
-from ..model.columnar import parse_columns  # noqa: E402
 from ..storage import writer  # noqa: E402
-from ..storage.column_rows import encoded_columns  # noqa: E402
+from ..storage.column_rows import column_source  # noqa: E402
 
 __all__ = ["ExpstoreCheckpointer", "ExpstoreStorage"]
 
@@ -328,9 +327,7 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
                 registry.remove(handle, conn, [rows.c.key.in_(doomed)], doomed=doomed)
                 registry.bump_version(handle, conn)
 
-        parsed = parse_columns(columns)
-        source = encoded_columns(parsed)
-        writer.store_rows(handle, parsed.rows() if source is None else source, None, drop_older)
+        writer.store_rows(handle, column_source(columns), None, drop_older)
 
     def get(self, index: Any) -> Any:
         """The elements at the slots ``index`` names: one element for an int, else a batch

@@ -12,17 +12,17 @@ the first time a batch of its layout comes (:meth:`EncodedColumns.layout`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import repeat
 from typing import Any
 
 from ..codec.columns import ColumnPayloads, Listed, Same, plan_payloads
-from ..model.columnar import ColumnRow, Columns, field_defaults
+from ..model.columnar import ColumnRow, Columns, field_defaults, parse_columns
 from ..model.layout import COLUMNS_BY_NAME, ID_COLUMN, META_COLUMNS, PAYLOAD_FIELDS, SCALAR_COLUMNS
 from ..model.rows import Experience, ExpMeta
 from .writer import RowSource, column_ok, content_digest, encode_chunk
 
-__all__ = ["EncodedColumns", "encoded_columns"]
+__all__ = ["EncodedColumns", "column_source", "encoded_columns"]
 
 #: The metadata a content digest covers (all but execute_time), as the writer's.
 _HASHED = tuple(c for c in META_COLUMNS if c != "execute_time")
@@ -109,6 +109,15 @@ class EncodedColumns(RowSource):
         data = {name: column[i] for name, column in zip(SCALAR_COLUMNS, self.scalars, strict=True)}
         data.update(self.payloads.row(i))
         return ColumnRow(self._ids[i], meta, data)
+
+
+def column_source(columns: Mapping[str, Any]) -> EncodedColumns | list[ColumnRow]:
+    """The rows a dict of columns holds, as the writer takes them: encoded column by column
+    where the batch allows it (checked whole: no row of it can fail its model), else the
+    rows cut from the columns (each checked by its model as it is written)."""
+    parsed = parse_columns(columns)
+    encoded = encoded_columns(parsed)
+    return parsed.rows() if encoded is None else encoded
 
 
 def encoded_columns(columns: Columns) -> EncodedColumns | None:

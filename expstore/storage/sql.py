@@ -58,7 +58,7 @@ from ..group_summaries import GroupIndex, GroupSpec
 from ..lifecycle import registry
 from ..lifecycle.registry import BufferInfo
 from ..limits.counters import RateLimits, WriteBlocked, discard_once
-from ..model.columnar import column_error, parse_columns
+from ..model.columnar import column_error
 from ..model.rows import DataRow
 from ..query import QueryCondition
 from ..retention import capacity as retention
@@ -70,7 +70,7 @@ from ..tracking import changes
 from . import writer
 from .base import Fetched, KeySpace, Storage, Values
 from .cache import DEFAULT_CACHE_BYTES, RowCache
-from .column_rows import encoded_columns
+from .column_rows import EncodedColumns, column_source
 from .fetch import FieldFetcher
 from .key_index import KeyIndex
 from .key_space import KeySpaces
@@ -80,6 +80,9 @@ from .writer import StoreReport
 _T = TypeVar("_T")
 
 __all__ = ["SqlStorage", "create_sql_engine"]
+
+#: The two writes :meth:`SqlStorage.write_together` groups.
+WriteKind = Literal["extend", "store_batch"]
 
 
 class SqlStorage(Storage):
@@ -316,20 +319,24 @@ class SqlStorage(Storage):
         """Store the rows a dict of columns holds in one transaction, or none (see
         :mod:`expstore.model.columnar`); returns how many were stored (``report=True``: a
         :class:`~expstore.storage.writer.StoreReport`)."""
-        parsed = parse_columns(columns)
-        encoded = encoded_columns(parsed)
-        if encoded is not None:  # checked whole: no row of it can fail its model
-            self.capacity, self.eviction, done = writer.store_rows(self._handle, encoded, dedup)
-            return done if report else done.stored
-        batch = parsed.rows()
+        source = column_source(columns)
         try:
-            self.capacity, self.eviction, done = writer.store_rows(self._handle, batch, dedup)
+            self.capacity, self.eviction, done = writer.store_rows(self._handle, source, dedup)
         except RowValidationError as exc:
-            raise column_error(exc, batch) from None
+            if isinstance(source, EncodedColumns):  # checked whole: no row's own error
+                raise
+            raise column_error(exc, source) from None
         return done if report else done.stored
 
+    def write_alone(self, kind: WriteKind, data: Any, dedup: Dedup) -> StoreReport:
+        """``extend(data)`` or ``store_batch(data)`` (``kind``) with ``report=True``: one
+        write of :meth:`write_together`'s on its own."""
+        if kind == "extend":
+            return self.extend(data, dedup=dedup, report=True)
+        return self.store_batch(data, dedup=dedup, report=True)
+
     def write_together(
-        self, writes: Sequence[tuple[Literal["extend", "store_batch"], Any, Dedup]]
+        self, writes: Sequence[tuple[WriteKind, Any, Dedup]]
     ) -> list[StoreReport | Exception]:
         """Several ``extend`` / ``store_batch`` calls (``(kind, columns or rows, dedup)``)
         committed together, a group commit (what :mod:`expstore.aio` makes of the writes
@@ -347,12 +354,7 @@ class SqlStorage(Storage):
             if i:
                 time.sleep(0)  # the GIL to other threads (an event loop) between encodings
             try:
-                if kind == "extend":
-                    parsed = parse_columns(data)
-                    encoded = encoded_columns(parsed)
-                    source: Any = parsed.rows() if encoded is None else encoded
-                else:
-                    source = writer.prepare(data)
+                source = column_source(data) if kind == "extend" else writer.prepare(data)
                 prepared.append((i, source, dedup))
             except Exception as exc:  # this write's own error; the others go on
                 results[i] = exc
@@ -377,12 +379,8 @@ class SqlStorage(Storage):
             if together is not None:
                 results[i] = together[n]
                 continue
-            kind, data, dedup = writes[i]
             try:
-                if kind == "extend":
-                    results[i] = self.extend(data, dedup=dedup, report=True)
-                else:
-                    results[i] = self.store_batch(data, dedup=dedup, report=True)
+                results[i] = self.write_alone(*writes[i])
             except Exception as exc:
                 results[i] = exc
         return [r for r in results if r is not None]
