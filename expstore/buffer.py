@@ -255,10 +255,13 @@ class ReplayBuffer:
         query_condition: QueryCondition = None,
         *,
         limit: int | None = None,
+        offset: int = 0,
         order_by: str = "key",
     ) -> Iterator[DataRow]:
-        """Stream the matching rows (insertion order by default; ``"-key"`` newest first)."""
-        return self.storage.query(query_condition, limit=limit, order_by=order_by)
+        """Stream the matching rows (insertion order by default; ``"-key"`` newest first),
+        from the ``offset``-th, at most ``limit`` (None: all). For browsing page after page,
+        :meth:`page` costs the same on every page; an offset walks the rows it skips."""
+        return self.storage.query(query_condition, limit=limit, offset=offset, order_by=order_by)
 
     def page(
         self,

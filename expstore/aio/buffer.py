@@ -258,13 +258,14 @@ class AsyncReplayBuffer:
         query_condition: QueryCondition = None,
         *,
         limit: int | None = None,
+        offset: int = 0,
         order_by: str = "key",
     ) -> AsyncIterator[DataRow]:
         """``async for row in buffer.query(...)``: the matching rows as
         :meth:`ReplayBuffer.query <expstore.ReplayBuffer.query>` streams them, read
         :data:`QUERY_CHUNK` at a time on the handle's thread."""
         rows = await self.calls.run(
-            self.sync.query, query_condition, limit=limit, order_by=order_by
+            self.sync.query, query_condition, limit=limit, offset=offset, order_by=order_by
         )
         while True:
             chunk = await self.calls.run(_take, rows)

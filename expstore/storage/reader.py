@@ -361,7 +361,7 @@ class RowReader:
             return int(conn.execute(counted).scalar_one())
 
     def query(
-        self, query_condition: QueryCondition, *, limit: int | None, order_by: str
+        self, query_condition: QueryCondition, *, limit: int | None, offset: int, order_by: str
     ) -> Iterator[DataRow]:
         """Stream matching rows, ``CHUNK`` at a time, in ``order_by`` order (a column of
         :data:`~expstore.model.layout.ORDERABLE`, ``key`` being insertion order, with a leading
@@ -370,8 +370,9 @@ class RowReader:
         chunks: the loop body may write to the buffer."""
         column_name, descending = _ordering(order_by)
         check_int("limit", limit, minimum=0, optional=True)
+        check_int("offset", offset, minimum=0)
         where = self.handle.where(query_condition)  # compile now: errors surface at the call
-        return self._stream(where, column_name, descending, limit)
+        return self._stream(where, column_name, descending, limit, offset)
 
     def _stream(
         self,
@@ -379,12 +380,16 @@ class RowReader:
         column_name: str,
         descending: bool,
         limit: int | None,
+        offset: int = 0,
     ) -> Iterator[DataRow]:
         position: tuple[Any, ...] | None = None
         remaining = limit
         while remaining is None or remaining > 0:
             size = CHUNK if remaining is None else min(CHUNK, remaining)
-            chunk, held, position = self._chunk(where, column_name, descending, size, position)
+            chunk, held, position = self._chunk(
+                where, column_name, descending, size, position, skip=offset
+            )
+            offset = 0  # the next chunks follow the last row read
             yield from decode_rows(chunk, self.documents, held)
             if position is None:
                 return
@@ -399,11 +404,12 @@ class RowReader:
         size: int,
         after: tuple[Any, ...] | None,
         whole: bool = True,
+        skip: int = 0,
     ) -> tuple[list[Any], dict[str, bytes], tuple[Any, ...] | None]:
-        """Up to ``size`` matching rows (undecoded; without ``whole``, only their keys and
-        the order's column) after the position ``after`` in the order, the arrays they
-        refer to (read in the same snapshot, :func:`arrays_of`), and the position of the
-        last (None when no row follows it)."""
+        """Up to ``size`` matching rows (undecoded; without ``whole``, only their keys and the
+        order's column) after the position ``after`` in the order (and ``skip`` more),
+        the arrays they refer to (read in the same snapshot, :func:`arrays_of`), and the
+        position of the last (None when no row follows it)."""
         column = rows.c[column_name]
         keys = (column, rows.c.key) if column_name != "key" else (rows.c.key,)
         order = [k.desc() if descending else k.asc() for k in keys]
@@ -414,6 +420,8 @@ class RowReader:
             order = [by_buffer, *order]
         shown = ROW_COLUMNS if whole else keys
         stmt = select(*shown).where(*where).order_by(*order).limit(size)
+        if skip:
+            stmt = stmt.offset(skip)
         if after is not None:
             cursor = tuple_(*keys)
             stmt = stmt.where(cursor < tuple_(*after) if descending else cursor > tuple_(*after))
@@ -455,13 +463,6 @@ class RowReader:
         chunk, _, last = self._chunk(where, column_name, descending, limit, position, False)
         keys = [int(r._mapping["key"]) for r in chunk]
         return keys, None if last is None else _cursor(last)
-
-    def page(self, query_condition: QueryCondition, *, offset: int, limit: int) -> list[DataRow]:
-        stmt = self._select(query_condition).order_by(rows.c.key).offset(offset).limit(limit)
-        with self.handle.errors("read a page"), self.handle.read() as conn:
-            fetched = conn.execute(stmt).all()
-            held = arrays_of(conn, self.handle.buffer_id, fetched, _TEXT)
-        return decode_rows(fetched, self.documents, held)
 
     def task_rows(self, task_ids: Iterable[str]) -> dict[str, list[DataRow]]:
         """Every row of each task, ordered by step, then execute_time, then insertion."""

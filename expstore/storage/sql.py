@@ -507,15 +507,14 @@ class SqlStorage(Storage):
         query_condition: QueryCondition = None,
         *,
         limit: int | None = None,
+        offset: int = 0,
         order_by: str = "key",
     ) -> Iterator[DataRow]:
         """Stream matching rows in ``order_by`` order (a column that is never NULL, ``key``
-        being insertion order; a leading ``-`` for descending). Chunks are read by keyset
-        pagination in short reads of their own, so the loop body may write to the buffer."""
-        return self._reader.query(query_condition, limit=limit, order_by=order_by)
-
-    def page(self, query_condition: QueryCondition, *, offset: int, limit: int) -> list[DataRow]:
-        return self._reader.page(query_condition, offset=offset, limit=limit)
+        being insertion order; a leading ``-`` for descending), from the ``offset``-th.
+        Chunks are read by keyset pagination in short reads of their own (the first one
+        skips ``offset`` rows), so the loop body may write to the buffer."""
+        return self._reader.query(query_condition, limit=limit, offset=offset, order_by=order_by)
 
     def rows_after(
         self, query_condition: QueryCondition, *, after: str | None, limit: int, order_by: str
