@@ -40,15 +40,17 @@ import numpy as np
 from sqlalchemy import Connection, delete
 from sqlalchemy.engine import URL
 
-from .. import draw_counts, priorities
+from .. import draw_counts
 from .. import policy_versions as versions
+from .. import priorities as priority_log
 from .._args import check_text
 from ..arrays import stored_once as arrays
 from ..db import migrate, path_indexes
 from ..db.engine import create_sql_engine, is_memory, normalise_url
 from ..db.handle import BufferHandle, read_tracked
 from ..db.replicas import ReadRouter
-from ..db.schema import buffers, rows
+from ..db.schema import buffers
+from ..db.schema import rows as rows_table
 from ..db.tuning import Tuning
 from ..dedup import Dedup
 from ..errors import InvalidArgumentError, RowValidationError, StorageError, UnsupportedTypeError
@@ -281,16 +283,16 @@ class SqlStorage(Storage):
     # -- writing -------------------------------------------------------------------------
     @overload
     def store_batch(
-        self, rows_: Sequence[DataRow], *, dedup: Dedup = None, report: Literal[False] = False
+        self, rows: Sequence[DataRow], *, dedup: Dedup = None, report: Literal[False] = False
     ) -> int: ...
 
     @overload
     def store_batch(
-        self, rows_: Sequence[DataRow], *, dedup: Dedup = None, report: Literal[True]
+        self, rows: Sequence[DataRow], *, dedup: Dedup = None, report: Literal[True]
     ) -> StoreReport: ...
 
     def store_batch(
-        self, rows_: Sequence[DataRow], *, dedup: Dedup = None, report: bool = False
+        self, rows: Sequence[DataRow], *, dedup: Dedup = None, report: bool = False
     ) -> int | StoreReport:
         """Store every row in one transaction, or none; returns how many were stored
         (``report=True``: a :class:`~expstore.storage.writer.StoreReport` of what the
@@ -300,7 +302,7 @@ class SqlStorage(Storage):
         stays small; any failure (a value the codec or the model refuses, a duplicate id)
         rolls it all back. ``dedup``: see :mod:`expstore.dedup`.
         """
-        self.capacity, self.eviction, done = writer.store_batch(self._handle, rows_, dedup)
+        self.capacity, self.eviction, done = writer.store_batch(self._handle, rows, dedup)
         return done if report else done.stored
 
     @overload
@@ -385,10 +387,10 @@ class SqlStorage(Storage):
                 results[i] = exc
         return [r for r in results if r is not None]
 
-    def replace(self, rows_: Sequence[DataRow]) -> None:
+    def replace(self, rows: Sequence[DataRow]) -> None:
         """Store ``rows_``, each replacing the stored row of its id if there is one, in one
         transaction (see :func:`expstore.storage.writer.replace_rows`)."""
-        writer.replace_rows(self._handle, rows_)
+        writer.replace_rows(self._handle, rows)
 
     def delete(self, query_condition: QueryCondition) -> int:
         """Delete the matching rows and return how many went. ``None`` is refused: use clear()."""
@@ -414,7 +416,9 @@ class SqlStorage(Storage):
             registry.lock_buffer(handle, conn, buffers.c.id)
             tombstones.record_clear(handle, conn)
             handle.dialect.before_delete(conn, 2**63 - 1, ())  # every row: the top too
-            gone = conn.execute(delete(rows).where(rows.c.buffer_id == handle.buffer_id)).rowcount
+            gone = conn.execute(
+                delete(rows_table).where(rows_table.c.buffer_id == handle.buffer_id)
+            ).rowcount
             arrays.drop_all(conn, handle.buffer_id)
             registry.count_removed(handle, conn, gone)
             registry.bump_version(handle, conn)
@@ -474,7 +478,7 @@ class SqlStorage(Storage):
         return versions.set_version(self._handle, version, force=force)
 
     def update_priorities(
-        self, ids: Sequence[str], priorities_: Sequence[float] | np.ndarray
+        self, ids: Sequence[str], priorities: Sequence[float] | np.ndarray
     ) -> int:
         """Set the stored priority of rows by id; returns how many rows were updated.
 
@@ -483,9 +487,10 @@ class SqlStorage(Storage):
         patched in place, and the update is logged so that other processes patch theirs
         too (see :mod:`expstore.priorities`).
         """
-        return self.priorities_updated(priorities.update_priorities(self._handle, ids, priorities_))
+        done = priority_log.update_priorities(self._handle, ids, priorities)
+        return self.priorities_updated(done)
 
-    def priorities_updated(self, done: priorities.Update | None) -> int:
+    def priorities_updated(self, done: priority_log.Update | None) -> int:
         """Patch this handle's cached key index with a priority update committed through
         it (:meth:`update_priorities`, or a learner's training step); returns how many
         rows it set."""
@@ -661,8 +666,8 @@ class SqlStorage(Storage):
             return super().fetch(keys, paths, writable=writable)
         epoch = self.identity
         if paths is None:
-            rows_, hits = cache.fetch_rows(epoch, keys, self._reader)
-            fetched = Fetched([row.id for row in rows_], rows=rows_)
+            rows, hits = cache.fetch_rows(epoch, keys, self._reader)
+            fetched = Fetched([row.id for row in rows], rows=rows)
         else:
             ids, columns, hits = cache.fetch_columns(
                 epoch, keys, paths, writable, self._read_columns
