@@ -44,6 +44,7 @@ from .minari_io import export_minari
 from .model.rows import DataRow
 from .prefetch import Hooks, Prefetcher
 from .query import QueryCondition
+from .retention.capacity import RetentionSetting
 from .retention.eviction import Eviction
 from .samplers.base import SampleInfo, Sampler, TaskSampler, as_sampler, draw
 from .samplers.group import GroupSampler
@@ -376,12 +377,12 @@ class ReplayBuffer:
         capacity: int | None,
         eviction: Eviction | None = None,
         *,
-        max_staleness: int | None = None,
+        stale_after: int | None = None,
         tombstones: int | None = None,
     ) -> int:
         """Change this buffer's capacity (None: unlimited) and eviction policy (None: keep
         it) for every process that writes to it; rows beyond the new capacity go now.
-        ``eviction="stale"`` drops rows more than ``max_staleness`` policy versions behind
+        ``eviction="stale"`` drops rows more than ``stale_after`` policy versions behind
         the current one at every write and version change (then the oldest beyond
         ``capacity``); a stale row a claim holds under a live lease stays until its ack
         (which evicts it) or until the lease runs out. Returns how many rows went.
@@ -391,8 +392,14 @@ class ReplayBuffer:
         (default 100,000; 0: none; None: keep the setting). See
         :mod:`expstore.retention.tombstones`."""
         return self.storage.set_retention(
-            capacity, eviction, max_staleness=max_staleness, tombstones=tombstones
+            capacity, eviction, stale_after=stale_after, tombstones=tombstones
         )
+
+    def retention(self) -> RetentionSetting:
+        """The buffer's retention as every writer reads it: ``capacity``, ``eviction``,
+        ``stale_after`` (the ``"stale"`` policy's k) and ``tombstones`` (how many it keeps);
+        what :meth:`set_retention` sets."""
+        return self.storage.retention()
 
     def set_compression(
         self,
@@ -417,10 +424,11 @@ class ReplayBuffer:
         :mod:`expstore.codec.compression`."""
         self.storage.set_compression(compression, max_array_bytes=max_array_bytes, fields=fields)
 
-    def compression_setting(self) -> ArraySetting:
+    def compression(self) -> ArraySetting:
         """The buffer's setting for arrays stored by digest, as every writer reads it:
-        ``compression``, ``max_array_bytes`` and ``fields`` (per payload path)."""
-        return self.storage.compression_setting()
+        ``compression``, ``max_array_bytes`` and ``fields`` (per payload path); what
+        :meth:`set_compression` sets."""
+        return self.storage.compression()
 
     def array_stats(self) -> tuple[int, int, int]:
         """(arrays stored by digest, their own bytes, their stored bytes) of this buffer."""

@@ -42,6 +42,7 @@ from ..query import QueryCondition, condition_key
 if TYPE_CHECKING:
     from ..dedup import Dedup
     from ..group_summaries import GroupSpec
+    from ..retention.capacity import RetentionSetting
     from ..retention.eviction import Eviction
 
 
@@ -149,11 +150,16 @@ class Storage(ABC):
         capacity: int | None,
         eviction: Eviction | None = None,
         *,
-        max_staleness: int | None = None,
+        stale_after: int | None = None,
         tombstones: int | None = None,
     ) -> int:
         """Change the buffer's capacity and eviction policy (and how many tombstones of
         rows gone it keeps) for every writer; returns how many rows went at once."""
+
+    @abstractmethod
+    def retention(self) -> RetentionSetting:
+        """The buffer's capacity, eviction policy, the ``"stale"`` policy's k and how many
+        tombstones it keeps, as every writer reads them."""
 
     @abstractmethod
     def set_compression(
@@ -169,7 +175,7 @@ class Storage(ABC):
         hold (None: keep the setting), for every writer."""
 
     @abstractmethod
-    def compression_setting(self) -> ArraySetting:
+    def compression(self) -> ArraySetting:
         """The buffer's setting for arrays stored by digest, as every writer reads it."""
 
     @abstractmethod

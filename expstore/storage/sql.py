@@ -431,19 +431,22 @@ class SqlStorage(Storage):
         capacity: int | None,
         eviction: Eviction | None = None,
         *,
-        max_staleness: int | None = None,
+        stale_after: int | None = None,
         tombstones: int | None = None,
     ) -> int:
         """Change the buffer's capacity (None: unlimited) and eviction policy (None: keep
         the current one) for every handle and process that writes to it; rows beyond the
-        new capacity go now, in the same transaction. ``max_staleness``: the ``"stale"``
+        new capacity go now, in the same transaction. ``stale_after``: the ``"stale"``
         policy's k; ``tombstones``: how many tombstones of rows gone the buffer keeps
         (None: keep the setting). Returns how many rows went."""
         evicted, self.eviction = retention.set_retention(
-            self._handle, capacity, eviction, max_staleness, tombstones
+            self._handle, capacity, eviction, stale_after, tombstones
         )
         self.capacity = capacity
         return evicted
+
+    def retention(self) -> retention.RetentionSetting:
+        return retention.read_retention(self._handle)
 
     def set_compression(
         self,
@@ -461,7 +464,7 @@ class SqlStorage(Storage):
             registry.lock_buffer(handle, conn, buffers.c.id)
             arrays.set_compression(handle, conn, compression, max_array_bytes, fields)
 
-    def compression_setting(self) -> arrays.ArraySetting:
+    def compression(self) -> arrays.ArraySetting:
         handle = self._handle
         with handle.errors("read the compression setting"), handle.read() as conn:
             return arrays.read_setting(conn, handle.buffer_id)

@@ -179,10 +179,10 @@ def test_claims_follow_the_version_as_it_moves(buf: ReplayBuffer) -> None:
 
 
 def test_stale_eviction_drops_old_rows_at_each_write_and_version_change(buf: ReplayBuffer) -> None:
-    with pytest.raises(InvalidArgumentError, match="max_staleness=k"):
+    with pytest.raises(InvalidArgumentError, match="stale_after=k"):
         buf.set_retention(None, "stale")
     versioned(buf, [1, 2, 3, None], per=2)
-    assert buf.set_retention(None, "stale", max_staleness=1) == 0  # no version yet
+    assert buf.set_retention(None, "stale", stale_after=1) == 0  # no version yet
     assert buf.set_policy_version(3) == 2  # version 1 goes with the version change
     assert Counter(r.exp_meta.policy_version for r in buf.query()) == {2: 2, 3: 2, None: 2}
     buf.storage.set_policy_version  # noqa: B018 - the storage API is the buffer's
@@ -197,7 +197,7 @@ def test_stale_eviction_drops_old_rows_at_each_write_and_version_change(buf: Rep
 
 
 def test_stale_eviction_with_a_capacity_also_keeps_the_capacity(buf: ReplayBuffer) -> None:
-    buf.set_retention(4, "stale", max_staleness=0)
+    buf.set_retention(4, "stale", stale_after=0)
     buf.set_policy_version(1)
     versioned(buf, [0, 1], per=3)
     kept = [r.exp_meta.policy_version for r in buf.query()]
@@ -212,7 +212,7 @@ def test_a_handle_cannot_ask_for_stale_eviction_without_its_k(
     with pytest.raises(InvalidArgumentError, match="set_retention"):
         ReplayBuffer(db_url, name=buffer_name, eviction="stale")
     with ReplayBuffer(db_url, name=buffer_name) as buffer:
-        buffer.set_retention(None, "stale", max_staleness=2)
+        buffer.set_retention(None, "stale", stale_after=2)
     with ReplayBuffer(db_url, name=buffer_name, eviction="stale") as again:
         assert again.storage.eviction == "stale"
 

@@ -90,7 +90,7 @@ def test_summaries_give_every_rows_figures_through_writes_deletes_and_evictions(
     buf.create_summary(step=4)
     if eviction == "stale":
         buf.set_policy_version(1)
-        buf.set_retention(40, "stale", max_staleness=3)
+        buf.set_retention(40, "stale", stale_after=3)
     elif eviction is not None:
         buf.set_retention(40, eviction)
     for _ in range(25):

@@ -49,7 +49,7 @@ def test_a_step_writes_acks_checkpoint_version_eviction_and_priorities_at_once(
     buf: ReplayBuffer,
 ) -> None:
     buf.store_batch(_rows(6, 4))
-    buf.set_retention(None, "stale", max_staleness=1)
+    buf.set_retention(None, "stale", stale_after=1)
     learner = buf.consumer("learner")
     first, second = learner.claim(3), learner.claim(3)
     with learner.step() as step:
@@ -173,7 +173,7 @@ def test_a_learner_killed_between_any_two_parts_of_a_step_leaves_all_or_nothing(
 ) -> None:
     with ReplayBuffer(db_url, name=buffer_name) as buffer:
         buffer.store_batch(_rows(6, 4))
-        buffer.set_retention(None, "stale", max_staleness=1)
+        buffer.set_retention(None, "stale", stale_after=1)
     child = subprocess.run(
         [sys.executable, "-m", "tests.features.claims.step_learner", db_url, buffer_name, part],
         cwd=ROOT,
@@ -208,7 +208,7 @@ def test_steps_beside_writers_and_claimers_commit_whole_and_lose_nothing(
     batches, size = 12, 8
     total = 2 * batches * size
     with ReplayBuffer(db_url, name=buffer_name) as buffer:
-        buffer.set_retention(None, "stale", max_staleness=2)
+        buffer.set_retention(None, "stale", stale_after=2)
         acked: dict[str, list[str]] = {"a": [], "b": []}
 
         def work(i: int) -> None:
