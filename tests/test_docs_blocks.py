@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,9 +86,7 @@ def _pages_with_blocks() -> list[Path]:
     return [page for page in PAGES if blocks_of(page.read_text())]
 
 
-@pytest.mark.parametrize(
-    "page", _pages_with_blocks(), ids=lambda p: str(p.relative_to(ROOT))
-)
+@pytest.mark.parametrize("page", _pages_with_blocks(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_page_blocks_run_and_print_what_they_show(
     page: Path, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
