@@ -50,6 +50,7 @@ from .samplers.base import SampleInfo, Sampler, TaskSampler, as_sampler, draw
 from .samplers.group import GroupSampler
 from .samplers.random_task import RandomTaskSampler
 from .samplers.uniform import UniformSampler
+from .stats.task_stats import SummaryState
 from .storage.base import Storage
 from .storage.cache import CacheStats
 from .storage.reader import RowsPage
@@ -291,13 +292,18 @@ class ReplayBuffer:
         """Distinct task ids with at least one matching row, in order of first insertion."""
         return self.storage.task_ids(query_condition)
 
-    def create_index(self, path: str) -> str:
+    def create_index(self, path: str) -> bool:
         """Index the database's rows on a payload path (``"exp_data.state.difficulty"``) or
         a column, so conditions on it (equality, ``in``, number comparisons) are index
-        ranges instead of scans; returns the index's name. Safe to call again (nothing
-        happens); Postgres builds it without stopping writers. Kept across upgrades, and
-        serves every buffer of the database (see :mod:`expstore.db.path_indexes`)."""
+        ranges instead of scans; whether it was made now. Safe to call again (nothing
+        happens: False); Postgres builds it without stopping writers. Kept across upgrades,
+        and serves every buffer of the database (see :mod:`expstore.db.path_indexes`)."""
         return self.sql.create_index(path)
+
+    def indexes(self) -> dict[str, str]:
+        """The path indexes of the buffer's database (:meth:`create_index`), ``{path: index
+        name}``, sorted by path."""
+        return self.sql.indexes()
 
     def drop_index(self, path: str) -> bool:
         """Drop the index :meth:`create_index` made on ``path``; whether there was one."""
@@ -318,9 +324,13 @@ class ReplayBuffer:
         """Stop tracking ``path`` (:meth:`track_changes`); whether it was tracked."""
         return self.sql.untrack_changes(path)
 
+    def tracked_changes(self) -> list[str]:
+        """The paths whose changes the buffer tracks (:meth:`track_changes`), sorted."""
+        return self.sql.tracked_changes()
+
     def create_summary(
         self, *, step: int = 200_000, progress: Callable[[int], object] | None = None
-    ) -> None:
+    ) -> bool:
         """Keep a summary row per task, updated by every write and delete in its own
         transaction, so that ``expstore stats`` (and :func:`expstore.cli.stats.compute_stats`
         without a condition) reads one row per task instead of every row: about a second
@@ -331,12 +341,18 @@ class ReplayBuffer:
         step summarised). A long task (over 1,000 rows) whose extremes a delete took is
         read from its rows by stats until this is called again, which summarises it anew.
         Kept with the buffer for every process; safe to call again (a build cut short
-        goes on). See :mod:`expstore.stats.task_stats`."""
-        self.sql.create_summary(step=step, progress=progress)
+        goes on). Returns whether there was anything to build (False: the buffer kept them,
+        built, already). See :mod:`expstore.stats.task_stats`."""
+        return self.sql.create_summary(step=step, progress=progress)
 
     def drop_summary(self) -> bool:
         """Stop keeping task summaries (:meth:`create_summary`); whether there were any."""
         return self.sql.drop_summary()
+
+    def summary_state(self) -> SummaryState | None:
+        """Whether the buffer keeps task summaries (:meth:`create_summary`) and how far
+        they are built (``since``, ``through``, ``.built``); None when it keeps none."""
+        return self.sql.summary_state()
 
     def to_arrow(
         self, query_condition: QueryCondition = None, *, images: str | Sequence[str] | None = None

@@ -309,10 +309,13 @@ class AsyncReplayBuffer:
     # -- settings ------------------------------------------------------------------------
     create_index = _on_thread(ReplayBuffer.create_index)
     drop_index = _on_thread(ReplayBuffer.drop_index)
+    indexes = _on_thread(ReplayBuffer.indexes)
     track_changes = _on_thread(ReplayBuffer.track_changes)
     untrack_changes = _on_thread(ReplayBuffer.untrack_changes)
+    tracked_changes = _on_thread(ReplayBuffer.tracked_changes)
     create_summary = _on_thread(ReplayBuffer.create_summary)
     drop_summary = _on_thread(ReplayBuffer.drop_summary)
+    summary_state = _on_thread(ReplayBuffer.summary_state)
     set_retention = _on_thread(ReplayBuffer.set_retention)
     retention = _on_thread(ReplayBuffer.retention)
     set_compression = _on_thread(ReplayBuffer.set_compression)

@@ -584,10 +584,14 @@ class SqlStorage(Storage):
             snapshot=snapshot,
         )
 
-    def create_index(self, path: str) -> str:
+    def create_index(self, path: str) -> bool:
         """Index the rows on ``path`` (a payload path or a column) so conditions on it are
-        index ranges; returns the index's name (see :mod:`expstore.db.path_indexes`)."""
+        index ranges; whether it was made now (see :mod:`expstore.db.path_indexes`)."""
         return path_indexes.create_path_index(self._handle, path)
+
+    def indexes(self) -> dict[str, str]:
+        """The database's path indexes, ``{path: index name}``."""
+        return path_indexes.list_path_indexes(self._handle)
 
     def drop_index(self, path: str) -> bool:
         """Drop the index :meth:`create_index` made on ``path``; whether there was one."""
@@ -629,11 +633,14 @@ class SqlStorage(Storage):
         *,
         step: int = task_stats.BUILD_STEP,
         progress: Callable[[int], object] | None = None,
-    ) -> None:
+    ) -> bool:
         """Keep per-task summaries (see :mod:`expstore.stats.task_stats`), building them
         for the rows present ``step`` rows per transaction (``progress`` is told how many
-        rows each step summarised)."""
+        rows each step summarised); whether there was anything to build (False: the
+        buffer kept them, built, already)."""
+        before = self.summary_state()
         summary_build.create(self._handle, step, progress)
+        return before is None or not before.built
 
     def drop_summary(self) -> bool:
         """Stop keeping per-task summaries; whether the buffer kept any."""

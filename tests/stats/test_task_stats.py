@@ -72,11 +72,12 @@ def buf(db_url: str, buffer_name: str) -> Iterator[ReplayBuffer]:
 
 def test_a_buffer_keeps_no_summaries_until_asked(buf: ReplayBuffer) -> None:
     buf.store_batch(random_rows(random.Random(0), 5))
-    assert buf.storage.summary_state() is None
-    buf.create_summary()
-    state = buf.storage.summary_state()
+    assert buf.summary_state() is None
+    assert buf.create_summary() is True
+    state = buf.summary_state()
     assert state is not None and state.built
-    assert buf.drop_summary() is True and buf.storage.summary_state() is None
+    assert buf.create_summary() is False  # kept and built already: nothing to do
+    assert buf.drop_summary() is True and buf.summary_state() is None
     assert buf.drop_summary() is False
     check(buf)  # from every row again
 
