@@ -883,7 +883,8 @@ def claim_rows(
         _give_back(sql, queue, claimed, len(claimed.keys) if counted else 0, exc)
         raise
     refund = sql.rate_limits.refund_later() if counted else None
-    return Claim(queue, claimed, list(fetched.ids), batch, refund, sql)
+    # The claim keeps its keys, not the rows its statement read.
+    return Claim(queue, claimed._replace(rows=None), list(fetched.ids), batch, refund, sql)
 
 
 def count_ready_groups(

@@ -224,6 +224,38 @@ def _bound(value: Any) -> bool:
     return not isinstance(value, ColumnElement)
 
 
+def _setting(names: tuple[str, ...], values: dict[str, Any]) -> dict[Any, Any]:
+    """The entries' columns ``names`` set to ``values``: SQL (the database's clock) written
+    in, the rest bound as ``v_<name>``."""
+    return {
+        _C[name]: values[name]
+        if not _bound(values[name])
+        else bindparam(f"v_{name}", type_=_C[name].type)
+        for name in names
+    }
+
+
+def _held_ctes(dialect: Any, mine: Any, rows_where: list[Any] | None) -> tuple[Any, Any]:
+    """``(kept, held)``: the claim's entries (``mine``) locked in key order, as claims lock
+    them; with ``rows_where``, first the rows of the keys bound as ``keys`` (and matching
+    it) locked ``FOR KEY SHARE`` in key order (``kept``; the entries' scan waits on the
+    count of them, which Postgres evaluates once, before its first row is locked)."""
+    kept = None
+    if rows_where is not None:
+        kept = dialect.key_shared(
+            select(rows.c.key).where(*rows_where, dialect.key_in()).order_by(rows.c.key)
+        ).cte("kept")
+        mine = and_(mine, select(func.count()).select_from(kept).scalar_subquery() >= 0)
+    held = (
+        select(_C.key, _C.consumer, _C.acked_at)
+        .where(mine)
+        .order_by(_C.key)
+        .with_for_update()
+        .cte("held")
+    )
+    return kept, held
+
+
 class _Floor(NamedTuple):
     """Where a FIFO claim of a scope starts looking, as a handle saw it last."""
 
@@ -1022,19 +1054,8 @@ class ClaimQueue:
             ).cte("guard")
             ok = select(guard.c.ok).scalar_subquery()
             mine = and_(_C.claim_id == claim_id, ok)
-            kept = None
-            if acking:  # the rows held against deletion before their entries
-                kept = dialect.key_shared(
-                    select(rows.c.key).where(ok, dialect.key_in()).order_by(rows.c.key)
-                ).cte("kept")
-                mine = and_(mine, select(func.count()).select_from(kept).scalar_subquery() >= 0)
-            held = (
-                select(_C.key, _C.consumer, _C.acked_at)
-                .where(mine)
-                .order_by(_C.key)
-                .with_for_update()
-                .cte("held")
-            )
+            # For an ack the rows held against deletion before their entries.
+            kept, held = _held_ctes(dialect, mine, [ok] if acking else None)
             wrong = or_(held.c.consumer != consumer, held.c.acked_at.is_not(None))
             fine = [
                 func.count() == n,
@@ -1044,12 +1065,7 @@ class ClaimQueue:
                 fine.append(select(func.count()).select_from(kept).scalar_subquery() == n)
             verdict = select(and_(*fine).label("yes")).select_from(held).cte("verdict")
             yes = select(verdict.c.yes).scalar_subquery()
-            setting = {
-                _C[name]: values[name]
-                if not _bound(values[name])
-                else bindparam(f"v_{name}", type_=_C[name].type)
-                for name in names
-            }
+            setting = _setting(names, values)
             done = (
                 update(consumption)
                 .where(_C.claim_id == claim_id, yes)
@@ -1177,31 +1193,14 @@ class ClaimQueue:
             claim_id = bindparam("claim_id", type_=String)
             consumer = bindparam("consumer", type_=String)
             mine = _C.claim_id == claim_id
-            if rows_too:
-                kept = handle.dialect.key_shared(
-                    select(rows.c.key).where(handle.dialect.key_in()).order_by(rows.c.key)
-                ).cte("kept")
-                first = select(func.count()).select_from(kept).scalar_subquery()
-                mine = and_(mine, first >= 0)
-            held = (
-                select(_C.key, _C.consumer, _C.acked_at)
-                .where(mine)
-                .order_by(_C.key)
-                .with_for_update()
-                .cte("held")
-            )
+            _, held = _held_ctes(handle.dialect, mine, [] if rows_too else None)
             wrong = (
                 select(func.count())
                 .select_from(held)
                 .where(or_(held.c.consumer != consumer, held.c.acked_at.is_not(None)))
                 .scalar_subquery()
             )
-            setting = {
-                _C[name]: values[name]
-                if not _bound(values[name])
-                else bindparam(f"v_{name}", type_=_C[name].type)
-                for name in names
-            }
+            setting = _setting(names, values)
             # The count reads every entry of held (locking them all) before any is set.
             done = (
                 update(consumption)
