@@ -20,7 +20,11 @@ Leases are measured by the database's clock, the same for every host.
 Every claim, ack, release and renewal first checks, in its own transaction and holding
 the consumer's row, that it comes from the consumer's current incarnation (see
 :mod:`expstore.features.claims.epochs`: fencing); the consumer's row is always locked
-before the claims' entries.
+before the claims' entries. On Postgres a FIFO claim, an ack without a checkpoint or
+produced rows and a release are each one statement that commits on its own where no
+feature needs the transaction: the same checks, as a guard the statement reads before it
+locks anything else, and nothing written unless it holds (see :meth:`ClaimQueue._guard`
+and :meth:`ClaimQueue._finish_at_once`); where it fails, the transaction finds out why.
 
 FIFO claims do not walk the consumed part of the buffer again on every call: each handle
 keeps, per condition, a key below which every matching row has a committed consumption
