@@ -101,6 +101,7 @@ from .samplers.base import KeySampler, SampleInfo
 from .samplers.group import GroupSampler
 from .samplers.uniform import UniformSampler
 from .storage.base import Storage
+from .storage.reader import ROW_COLUMNS
 from .storage.sql import SqlStorage
 from .storage.writer import (
     StoreReport,
@@ -842,6 +843,7 @@ def claim_rows(
                 epoch,
                 at_least=min_n or 0,
                 unlimited=unlimited,
+                columns=ROW_COLUMNS if builder.paths is None else None,
             )
         except RateLimitFound:  # set since this handle last looked: count, then claim
             sql.rate_limits.observe(True)
@@ -869,7 +871,10 @@ def claim_rows(
     if counted:
         sql.refund_samples(counted - len(claimed.keys))
     try:
-        fetched = sql.fetch(claimed.keys, builder.paths, writable=not builder.copies_arrays)
+        if claimed.rows is not None:  # read by the claim's own statement
+            fetched = sql.fetch_read(claimed.keys, claimed.rows)
+        else:
+            fetched = sql.fetch(claimed.keys, builder.paths, writable=not builder.copies_arrays)
         info = SampleInfo(claimed.keys, list(fetched.ids))
         batch = builder.attach_info(builder.build(fetched), info)
     except BaseException as exc:
@@ -878,7 +883,8 @@ def claim_rows(
         _give_back(sql, queue, claimed, len(claimed.keys) if counted else 0, exc)
         raise
     refund = sql.rate_limits.refund_later() if counted else None
-    return Claim(queue, claimed, list(fetched.ids), batch, refund, sql)
+    # The claim keeps its keys, not the rows its statement read.
+    return Claim(queue, claimed._replace(rows=None), list(fetched.ids), batch, refund, sql)
 
 
 def count_ready_groups(

@@ -41,7 +41,7 @@ from ..model.layout import (
 from ..model.rows import DataRow, Experience, ExpMeta, trusted_many
 from ..query import QueryCondition
 
-__all__ = ["CHUNK", "RowReader", "key_list"]
+__all__ = ["CHUNK", "ROW_COLUMNS", "ReadAlready", "RowReader", "key_list"]
 
 #: Rows fetched per round trip when streaming a query.
 CHUNK = 1000
@@ -266,6 +266,38 @@ def _ordering(order_by: Any) -> tuple[str, bool]:
             f"order_by must be one of {ORDERABLE} (optionally with '-'), got {order_by!r}"
         )
     return column_name, order_by.startswith("-")
+
+
+class ReadAlready:
+    """Whole rows as another statement read them (:data:`ROW_COLUMNS`: a claim's own,
+    which reads the rows it takes), as a :class:`~expstore.storage.cache.RawRows` source:
+    those rows are served as read, other keys read by ``reader``."""
+
+    def __init__(self, reader: RowReader, read: Sequence[Sequence[Any]]) -> None:
+        self._reader = reader
+        self._read = {int(r[0]): tuple(r) for r in read}
+        if self._read:  # a call by id soon after finds these rows by key
+            reader.handle.remember_keys(list(self._read.values()), _AT_ID)
+
+    def read_raw(self, keys: list[int]) -> tuple[list[tuple[Any, ...]], dict[str, bytes]]:
+        here = [self._read[k] for k in keys if k in self._read]
+        rest = [k for k in keys if k not in self._read]
+        found: dict[str, bytes] = {}
+        if rest:
+            more, found = self._reader.read_raw(rest)
+            here += map(tuple, more)
+        digests = digests_in(r[_AT_DATA] for r in here)
+        if digests - found.keys():  # arrays stored once, which the rows refer to
+            handle = self._reader.handle
+            with handle.errors("fetch rows"), handle.read() as conn:
+                found = {**found, **fetch_arrays(conn, handle.buffer_id, digests)}
+        return here, found
+
+    def decode_raw(self, raw: Sequence[tuple[Any, ...]], arrays: dict[str, bytes]) -> list[DataRow]:
+        return self._reader.decode_raw(raw, arrays)
+
+    def digests_of(self, raw: tuple[Any, ...]) -> list[str]:
+        return self._reader.digests_of(raw)
 
 
 class RowReader:

@@ -76,7 +76,7 @@ from .column_rows import EncodedColumns, column_source
 from .fetch import FieldFetcher
 from .key_index import KeyIndex
 from .key_space import KeySpaces
-from .reader import RowReader, RowsPage
+from .reader import ReadAlready, RowReader, RowsPage, key_list
 from .writer import StoreReport
 
 _T = TypeVar("_T")
@@ -686,6 +686,25 @@ class SqlStorage(Storage):
         if hits:  # a call by id soon after (a priority update) finds these rows by key
             self._handle.remember_pairs(hits)
         return fetched
+
+    def fetch_read(
+        self, keys: Sequence[int] | np.ndarray, read: Sequence[Sequence[Any]]
+    ) -> Fetched:
+        """:meth:`fetch` of whole rows, where ``read`` holds them as another statement read
+        them (:data:`~expstore.storage.reader.ROW_COLUMNS`: a claim's own, which reads the
+        rows it takes): no read of its own, unless some refer to stored arrays."""
+        source = ReadAlready(self._reader, read)
+        cache = self.row_cache
+        if cache.enabled:
+            rows_, hits = cache.fetch_rows(self.identity, keys, source)
+            if hits:
+                self._handle.remember_pairs(hits)
+        else:
+            wanted = key_list(keys)
+            raw, arrays = source.read_raw(list(dict.fromkeys(wanted)))
+            decoded = dict(zip((r[0] for r in raw), source.decode_raw(raw, arrays), strict=True))
+            rows_ = [decoded[k] for k in wanted if k in decoded]
+        return Fetched([row.id for row in rows_], rows=rows_)
 
     def _read_columns(
         self, keys: list[int], paths: Sequence[str], writable: bool
