@@ -11,7 +11,6 @@ the key index (``sample_keys``), and its half over the key space (``can_draw_fla
 ``examples/long_messages_sampler.py``.
 """
 
-from ..features.claims.ready_groups import GroupTally
 from ..storage.base import KeySpace
 from .base import Choice, KeySampler, Sampler, SamplerOptions, TaskSampler
 from .flat import Drawn, draw_uniform
@@ -30,7 +29,6 @@ __all__ = [
     "Choice",
     "Drawn",
     "GroupCounts",
-    "GroupTally",
     "GroupSampler",
     "KeySampler",
     "KeySpace",

@@ -32,8 +32,8 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, case, delete, func, select, update
 
-from ...db.handle import BufferHandle
-from ...db.schema import (
+from ..db.handle import BufferHandle
+from ..db.schema import (
     admission,
     buffers,
     consumers,
@@ -43,8 +43,8 @@ from ...db.schema import (
     rows,
     targets,
 )
-from ...errors import InvalidArgumentError
-from ...limits.counters import discarded_total
+from ..errors import InvalidArgumentError
+from ..limits.counters import discarded_total
 
 __all__ = [
     "AdmissionBlocked",

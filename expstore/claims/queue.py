@@ -19,7 +19,7 @@ Leases are measured by the database's clock, the same for every host.
 
 Every claim, ack, release and renewal first checks, in its own transaction and holding
 the consumer's row, that it comes from the consumer's current incarnation (see
-:mod:`expstore.features.claims.epochs`: fencing); the consumer's row is always locked
+:mod:`expstore.claims.epochs`: fencing); the consumer's row is always locked
 before the claims' entries. On Postgres a FIFO claim, an ack without a checkpoint or
 produced rows and a release are each one statement that commits on its own where no
 feature needs the transaction: the same checks, as a guard the statement reads before it
@@ -67,9 +67,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.elements import ColumnElement
 
-from ..._args import check_checkpoint
-from ...db.handle import BufferHandle, retried
-from ...db.schema import (
+from .._args import check_checkpoint
+from ..db.handle import BufferHandle, retried
+from ..db.schema import (
     buffers,
     checkpoints,
     consumers,
@@ -79,22 +79,22 @@ from ...db.schema import (
     ready_groups,
     rows,
 )
-from ...errors import (
+from ..errors import (
     ClaimFinishedError,
     ClaimOwnerError,
     LeaseExpiredError,
     UnknownConsumerError,
 )
-from ...lifecycle.reader_state import limited_flag
-from ...lifecycle.registry import buffer_row
-from ...policy_versions import fresh_clause, oldest_fresh
-from ...query import QueryCondition, condition_key
-from ...query.conditions import has_changed
+from ..lifecycle.reader_state import limited_flag
+from ..lifecycle.registry import buffer_row
+from ..policy_versions import fresh_clause, oldest_fresh
+from ..query import QueryCondition, condition_key
+from ..query.conditions import has_changed
 from .epochs import check_epoch, current_epoch, hold_epoch, next_epoch
+from .lease_retention import AckRetention
 from .prompts import admit, admitted, count_completions, has_admission, needs_of
 from .ready_groups import forget_consumed
 from .reports import Lineage, QueueStats, checkpoint_value, queue_stats, row_lineage
-from .retention import AckRetention
 
 __all__ = [
     "ClaimQueue",
@@ -133,7 +133,7 @@ class Claimed(NamedTuple):
     """What one claim took: its id, its consumer, the rows' keys in claim order, when it
     was taken and its lease ends (database clock, seconds since the epoch), the epoch
     of the consumer's incarnation that took it (0: a plain claim; see
-    :mod:`expstore.features.claims.epochs`), and the rows as the claim's own statement
+    :mod:`expstore.claims.epochs`), and the rows as the claim's own statement
     read them (the ``columns`` asked for, in claim order; None: not read)."""
 
     claim_id: str
@@ -183,7 +183,7 @@ def _held_entry(now: Now) -> ColumnElement[bool]:
 
 
 #: Takes whole groups for a claim: (queue, conn, n rows, now, entry, stamps) -> (keys taken,
-#: what to do once the claim has committed) (see :mod:`expstore.features.claims.groups`).
+#: what to do once the claim has committed) (see :mod:`expstore.claims.group_claims`).
 GroupTaker = Callable[
     ["ClaimQueue", Connection, int, Any, dict[str, Any], list[float]],
     tuple[list[int], Callable[[], None]],
@@ -270,6 +270,11 @@ class _Floor(NamedTuple):
     oldest: int | None
 
 
+def queue_of(handle: BufferHandle) -> ClaimQueue:
+    """The claim queue of ``handle``'s buffer: one per handle, made on first use."""
+    return handle.part(ClaimQueue)
+
+
 class ClaimQueue:
     """The claims of one buffer, as one handle sees them."""
 
@@ -281,6 +286,7 @@ class ClaimQueue:
         #: Whether this handle's last ack found the buffer's eviction "stale" (its acks
         #: lock the buffer's row first; see :meth:`_finish`).
         self._stale_seen = False
+        handle.caches.append(self.clear)
 
     @property
     def handle(self) -> BufferHandle:
@@ -950,7 +956,7 @@ class ClaimQueue:
     ) -> _T:
         """``body(conn)`` in a transaction of its own, once the claim's incarnation is
         found to be its consumer's current one (holding the consumer's row). ``retention``:
-        an ack's (see :mod:`expstore.features.claims.retention`), whose buffer lock comes
+        an ack's (see :mod:`expstore.claims.lease_retention`), whose buffer lock comes
         first, as writers take it."""
         handle = self._handle
 
@@ -1246,11 +1252,11 @@ class ClaimQueue:
         """Mark the claim's rows consumed in the caller's transaction (see
         :meth:`finish_in`), with the number of the checkpoint stored with them; returns how
         many rows were acked. Rows evicted or deleted meanwhile raise RowsEvictedError
-        (see :mod:`expstore.features.claims.retention`; ``retention`` holds what this ack
+        (see :mod:`expstore.claims.lease_retention`; ``retention`` holds what this ack
         allows, its buffer lock taken already). ``made``: the completions the ack stored,
         by prompt key: prompts still short of their completion target are released
         instead (their keys appended to ``short``; see
-        :mod:`expstore.features.claims.prompts`)."""
+        :mod:`expstore.claims.prompts`)."""
         if retention is None:
             retention = self.retention(claim, allow_evicted=False)
             retention.hold_buffer(conn)
@@ -1323,7 +1329,7 @@ class ClaimQueue:
         same transaction; returns how many rows were acked. Rows evicted or deleted
         meanwhile raise RowsEvictedError and change nothing, unless ``allow_evicted``
         (then the rows left are acked and counted); see
-        :mod:`expstore.features.claims.retention`. ``produce(conn)``: writes the claim's
+        :mod:`expstore.claims.lease_retention`. ``produce(conn)``: writes the claim's
         output (rows into another buffer of the database) in the ack's transaction and
         returns how many rows it stored per prompt key (None: the claim did not say);
         prompts left short of their completion targets are released, their keys appended
@@ -1370,7 +1376,7 @@ class ClaimQueue:
 
         return self._finish(claim, "renew", body)
 
-    # -- consumers and their epochs (expstore.features.claims.epochs) ------------------------
+    # -- consumers and their epochs (expstore.claims.epochs) ------------------------
     def open_consumer(self, consumer: str, *, takeover: bool) -> tuple[int, int]:
         """Open a new incarnation of ``consumer``: ``(its epoch, how many rows it took back)``.
         With ``takeover`` the claims its predecessors still hold are released in the same
