@@ -277,7 +277,9 @@ class Claim:
             if not rows:  # every generation failed: nothing to store, the prompts short
                 reports.append(StoreReport(0, 0, 0, 0, 0))
                 return made
-            above = largest_key(target.handle, conn)
+            # Without a dedup every row is stored or the ack fails on its id: every row
+            # of these ids is this write's. With one, the rows above the largest key now.
+            above = 0 if dedup is None else largest_key(target.handle, conn)
             reports.append(write_in(target.handle, conn, as_source(rows), dedup)[2])
             stored = record_produced(
                 target.handle,

@@ -1155,13 +1155,18 @@ class ClaimQueue:
         *,
         count_acked: bool,
         hold_rows: list[int] | None = None,
+        drop_progress: bool = False,
+        checkpoint_state: str | None = None,
     ) -> tuple[int, bool]:
         """:meth:`finish_in`; with ``count_acked`` (an ack none of whose rows can be
         released again), where one statement can also write (Postgres), the entries set
         are added to the consumer's ``acked`` count by the same statement. ``hold_rows``
         (an ack, Postgres): the claim's keys, whose rows the statement locks against
         deletion before the entries (see :meth:`AckRetention.hold_rows`). Returns how
-        many entries, and whether they were counted so."""
+        many entries, and whether they were counted so (and then, with ``drop_progress``,
+        the rows' saved progress deleted by the same statement). ``checkpoint_state``
+        (Postgres, with ``count_acked``): stored as the consumer's next checkpoint by the
+        same statement, the entries acked with its number."""
         if not self._handle.dialect.modifying_ctes:
             held = self._own_entries(conn, claim, action)
             if held:
@@ -1171,10 +1176,19 @@ class ClaimQueue:
         # One statement: the entries locked in key order (as claims lock them), checked
         # below; set only when all are the consumer's and none acked (the check raises,
         # rolling the transaction back, otherwise).
+        rows_too = hold_rows is not None
+        checkpoint = checkpoint_state is not None and count_acked
         statement = self._finish_statement(
-            tuple(sorted(values)), values, count_acked, hold_rows is not None
+            tuple(sorted(values)),
+            values,
+            count_acked,
+            rows_too,
+            drop_progress and rows_too,
+            checkpoint,
         )
         params = {f"v_{name}": value for name, value in values.items() if _bound(value)}
+        if checkpoint:
+            params["state"] = checkpoint_state
         if hold_rows is not None:
             params["keys"] = self._handle.dialect.key_set(hold_rows)
         found = statement.run(
@@ -1189,14 +1203,24 @@ class ClaimQueue:
         return len(held), count_acked
 
     def _finish_statement(
-        self, names: tuple[str, ...], values: dict[str, Any], count_acked: bool, rows_too: bool
+        self,
+        names: tuple[str, ...],
+        values: dict[str, Any],
+        count_acked: bool,
+        rows_too: bool,
+        drop_progress: bool = False,
+        checkpoint: bool = False,
     ) -> Any:
         """The statement of :meth:`_finish_entries` on Postgres, compiled once per handle
         and shape: ``values`` that are SQL (the database's clock) are written in, the rest
         bound as ``v_<name>``. ``rows_too``: the rows of the keys bound as ``keys`` are
         locked ``FOR KEY SHARE`` in key order before any entry is (the entries' scan
         waits on the count of them, which Postgres evaluates once, before its first row
-        is locked)."""
+        is locked). ``drop_progress`` (with ``count_acked`` and ``rows_too``): the saved
+        progress of those keys deleted once the entries are set. ``checkpoint`` (with
+        ``count_acked``): the state bound as ``state`` stored as the consumer's next
+        checkpoint (its number read from the consumer's row, which the transaction holds),
+        the entries acked with that number, and the row's count and number updated once."""
         handle = self._handle
 
         def build() -> Any:
@@ -1211,6 +1235,12 @@ class ClaimQueue:
                 .scalar_subquery()
             )
             setting = _setting(names, values)
+            buffer_id = bindparam("buffer_id", type_=Integer)
+            theirs = and_(consumers.c.buffer_id == buffer_id, consumers.c.consumer == consumer)
+            seq = None
+            if checkpoint and count_acked:
+                seq = select((consumers.c.last_seq + 1).label("seq")).where(theirs).cte("next_seq")
+                setting[_C.checkpoint_seq] = select(seq.c.seq).scalar_subquery()
             # The count reads every entry of held (locking them all) before any is set.
             done = (
                 update(consumption)
@@ -1221,23 +1251,59 @@ class ClaimQueue:
             )
             stmt = select(held.c.key, held.c.consumer, held.c.acked_at).add_cte(done)
             if count_acked:
+                counts: dict[Any, Any] = {
+                    "acked": consumers.c.acked
+                    + select(func.count()).select_from(done).scalar_subquery()
+                }
+                if seq is not None:
+                    counts["last_seq"] = select(seq.c.seq).scalar_subquery()
                 bump = (
                     update(consumers)
-                    .where(
-                        consumers.c.buffer_id == bindparam("buffer_id", type_=Integer),
-                        consumers.c.consumer == consumer,
-                    )
-                    .values(
-                        acked=consumers.c.acked
-                        + select(func.count()).select_from(done).scalar_subquery()
-                    )
+                    .where(theirs)
+                    .values(counts)
                     .returning(consumers.c.acked)
                     .cte("counted")
                 )
                 stmt = stmt.add_cte(bump)
+                if seq is not None:
+                    stored = (
+                        checkpoints.insert()
+                        .from_select(
+                            ["buffer_id", "consumer", "seq", "state", "created_at"],
+                            select(
+                                buffer_id,
+                                consumer,
+                                seq.c.seq,
+                                bindparam("state", type_=Text),
+                                handle.dialect.now(),
+                            ),
+                        )
+                        .returning(checkpoints.c.seq)
+                        .cte("stored")
+                    )
+                    stmt = stmt.add_cte(stored)
+                if drop_progress:  # the work is done: its saved progress goes
+                    saved = (
+                        delete(progress)
+                        .where(
+                            handle.dialect.key_in(progress.c.key),
+                            select(done.c.key).exists(),
+                        )
+                        .returning(progress.c.key)
+                        .cte("saved")
+                    )
+                    stmt = stmt.add_cte(saved)
             return stmt.order_by(held.c.key)
 
-        return handle.statement(("finish", names, count_acked, rows_too), build)
+        key = (
+            "finish",
+            names,
+            count_acked,
+            rows_too,
+            drop_progress and count_acked,
+            checkpoint and count_acked,
+        )
+        return handle.statement(key, build)
 
     def ack_in(
         self,
@@ -1248,6 +1314,7 @@ class ClaimQueue:
         retention: AckRetention | None = None,
         made: Mapping[int, int] | None = None,
         short: list[int] | None = None,
+        checkpoint_state: str | None = None,
     ) -> int:
         """Mark the claim's rows consumed in the caller's transaction (see
         :meth:`finish_in`), with the number of the checkpoint stored with them; returns how
@@ -1256,7 +1323,9 @@ class ClaimQueue:
         allows, its buffer lock taken already). ``made``: the completions the ack stored,
         by prompt key: prompts still short of their completion target are released
         instead (their keys appended to ``short``; see
-        :mod:`expstore.claims.prompts`)."""
+        :mod:`expstore.claims.prompts`). ``checkpoint_state`` (where
+        :meth:`_checkpoint_at_ack`): the consumer's new checkpoint, stored and numbered by
+        the statement that acks the entries, in place of ``checkpoint_seq``."""
         if retention is None:
             retention = self.retention(claim, allow_evicted=False)
             retention.hold_buffer(conn)
@@ -1266,17 +1335,22 @@ class ClaimQueue:
         done: dict[str, Any] = {"acked_at": now, "lease_until": None}
         if checkpoint_seq is not None:
             done["checkpoint_seq"] = checkpoint_seq
-        # Without completions none can be released again: all are counted as acked.
+        # The completions first (the claim's entries are locked already where there are
+        # any: see ack), so what is short of its target is known before the entries are set.
+        again = count_completions(self._handle, conn, claim.keys.tolist(), made, claim.claim_id)
+        # None released again: all are counted as acked, and the saved progress deleted, by
+        # the statement that acks them (Postgres).
         present, counted = self._finish_entries(
             conn,
             claim,
             "ack",
             done,
-            count_acked=made is None,
+            count_acked=not again,
             hold_rows=retention.keys if at_once else None,
+            drop_progress=retention.saved,
+            checkpoint_state=checkpoint_state,
         )
         retention.settle(conn, present)
-        again = count_completions(self._handle, conn, claim.keys.tolist(), made, claim.claim_id)
         if again:  # short of their targets: claimable again for what they still need
             dialect = self._handle.dialect
             conn.execute(
@@ -1299,7 +1373,7 @@ class ClaimQueue:
                 )
                 .values(acked=consumers.c.acked + acked)
             )
-        if present and retention.saved:  # the work is done: its saved progress goes
+        if present and retention.saved and not counted:  # the work is done: its progress goes
             dialect = self._handle.dialect
             conn.execute(
                 delete(progress).where(dialect.key_in(progress.c.key)),
@@ -1350,9 +1424,13 @@ class ClaimQueue:
                 # lost) is told so, before its rows could meet their own stored ids.
                 self._own_entries(conn, claim, "ack")
                 made = produce(conn)
-            seq = None if state is None else self.store_checkpoint(conn, claim.consumer, state, now)
             if short is not None:
                 short.clear()
+            if state is not None and produce is None and self._checkpoint_at_ack(claim):
+                # Stored by the statement that acks the entries (the consumer's row, held
+                # since the transaction's first statement, is written once).
+                return self.ack_in(conn, claim, now, None, retention, None, short, state)
+            seq = None if state is None else self.store_checkpoint(conn, claim.consumer, state, now)
             return self.ack_in(conn, claim, now, seq, retention, made, short)
 
         retention = self.retention(claim, allow_evicted=allow_evicted)
@@ -1414,6 +1492,12 @@ class ClaimQueue:
             .values(**_RELEASED)
         )
         return int(conn.execute(freed, {"keys": handle.dialect.key_set(keys)}).rowcount)
+
+    def _checkpoint_at_ack(self, claim: Claimed) -> bool:
+        """Whether an ack of ``claim`` stores its checkpoint with the statement that acks
+        the entries (Postgres): a consumer's incarnation (epoch above 0) has its row, which
+        the ack holds from its first statement, so the checkpoint's number is read from it."""
+        return self._handle.dialect.modifying_ctes and claim.epoch > 0
 
     def store_checkpoint(self, conn: Connection, consumer: str, state: str, now: Now) -> int:
         """Store ``state`` (checked JSON text) as ``consumer``'s newest checkpoint in the
