@@ -72,6 +72,7 @@ __all__ = [
     "admit",
     "admitted",
     "clear_admission",
+    "completions_added",
     "count_completions",
     "describe",
     "largest_key",
@@ -79,6 +80,7 @@ __all__ = [
     "record_produced",
     "store_admission",
     "set_targets",
+    "short_of",
 ]
 
 _C = consumption.c
@@ -163,23 +165,24 @@ def count_completions(
 ) -> list[int]:
     """Add the completions an ack stored (``made``: key -> how many; None: the ack stored
     none) to the targets of the claim's rows ``keys``, in the ack's transaction; returns
-    the keys of the rows still short of their target (the caller releases them). A row
-    given more completions than it still needs raises InvalidArgumentError (the whole ack
-    rolls back); rows without a target are acked as any row. Without ``made`` rows with
-    targets are given up (none short)."""
+    the keys of the rows still short of their target (the caller releases them); see
+    :func:`short_of`. On Postgres the statement that acks the claim's entries does this
+    (:func:`completions_added`)."""
     if made is None:
         return []
-    if handle.dialect.modifying_ctes and len(keys):
-        # One statement: the targets as they were (its snapshot), and the completions
-        # added to them (an ack that gives more than needed rolls back below).
-        dialect = handle.dialect
-        every = [int(k) for k in keys]
-        found = handle.statement(("count completions",), partial(_counted_statement, handle)).run(
-            conn, **dialect.key_value_params(every, [made.get(k, 0) for k in every])
-        )
-        left = {int(k): int(n) for k, n in found}
-    else:
-        left = needs_of(handle, conn, keys)
+    left = needs_of(handle, conn, keys)
+    short = short_of(made, left, claim_id)
+    for k, n in made.items():
+        if n and k in left:
+            conn.execute(update(targets).where(_T.key == k).values(done=_T.done + n))
+    return short
+
+
+def short_of(made: Mapping[int, int], left: Mapping[int, int], claim_id: str) -> list[int]:
+    """The rows still short of their target once ``made`` (key -> completions an ack
+    stored) is added to what they needed (``left``: key -> completions still needed,
+    rows with a target only). A row given more than it needs raises InvalidArgumentError
+    (the whole ack rolls back); rows without a target are acked as any row."""
     made = {k: n for k, n in made.items() if k in left}  # rows without a target: as before
     over = {k: (n, left[k]) for k, n in made.items() if n > left[k]}
     if over:
@@ -188,18 +191,15 @@ def count_completions(
             f"claim {claim_id}: {n} completions for a prompt that needs {need} more (row "
             f"key {k}); store at most what claim.needs says. Nothing was stored or acked"
         )
-    if not handle.dialect.modifying_ctes:
-        for k, n in made.items():
-            if n:
-                conn.execute(update(targets).where(_T.key == k).values(done=_T.done + n))
     return sorted(k for k, need in left.items() if made.get(k, 0) < need)
 
 
-def _counted_statement(handle: BufferHandle) -> Any:
-    """What :func:`count_completions` reads and writes, as one statement (Postgres): the
-    claim's keys bound with the completions stored for each (``keys``, ``values``); the
-    targets of those keys as they were (key, completions still needed), the completions
-    added to them by the statement's update."""
+def completions_added(handle: BufferHandle) -> tuple[Any, Any]:
+    """For a statement that acks a claim's entries (Postgres): ``(added, needs)``, the
+    claim's keys bound with the completions stored for each (``keys`` and ``values``, see
+    :meth:`~expstore.db.dialects.Dialect.key_value_params`) added to their targets (a CTE),
+    and what those targets still needed before (a subquery of ``key`` and ``need``, read
+    in the statement's snapshot), for :func:`short_of`."""
     given = handle.dialect.bound_key_values()
     added = (
         update(targets)
@@ -208,8 +208,12 @@ def _counted_statement(handle: BufferHandle) -> Any:
         .returning(_T.key)
         .cte("added")
     )
-    needs = select(_T.key, _T.target - _T.done).where(handle.dialect.key_in(_T.key))
-    return needs.add_cte(added)
+    needs = (
+        select(_T.key.label("key"), (_T.target - _T.done).label("need"))
+        .where(handle.dialect.key_in(_T.key))
+        .subquery("needs")
+    )
+    return added, needs
 
 
 # -- lineage of completions --------------------------------------------------------------

@@ -92,7 +92,15 @@ from ..query import QueryCondition, condition_key
 from ..query.conditions import has_changed
 from .epochs import check_epoch, current_epoch, hold_epoch, next_epoch
 from .lease_retention import AckRetention
-from .prompts import admit, admitted, count_completions, has_admission, needs_of
+from .prompts import (
+    admit,
+    admitted,
+    completions_added,
+    count_completions,
+    has_admission,
+    needs_of,
+    short_of,
+)
 from .ready_groups import forget_consumed
 from .reports import Lineage, QueueStats, checkpoint_value, queue_stats, row_lineage
 
@@ -953,11 +961,15 @@ class ClaimQueue:
         action: str,
         body: Callable[[Connection], _T],
         retention: AckRetention | None = None,
+        *,
+        entries: bool = False,
     ) -> _T:
         """``body(conn)`` in a transaction of its own, once the claim's incarnation is
         found to be its consumer's current one (holding the consumer's row). ``retention``:
         an ack's (see :mod:`expstore.claims.lease_retention`), whose buffer lock comes
-        first, as writers take it."""
+        first, as writers take it. ``entries``: the claim's entries are also locked and
+        found to be the claim's to finish before ``body`` runs (an ack that stores rows:
+        one retried after its commit is told so before its rows meet their stored ids)."""
         handle = self._handle
 
         def write() -> _T:
@@ -966,16 +978,25 @@ class ClaimQueue:
                     retention.hold_buffer(conn)  # the buffer's row locked: the ack may evict
                     self._stale_seen = retention.stale
                     hold_epoch(handle, conn, claim.consumer, claim.epoch, action)
+                    if entries:
+                        self._own_entries(conn, claim, action)
                 else:
                     # One statement: still the handle's buffer (and what the ack clears),
-                    # and the consumer's epoch, its row locked. The buffer's row is not
-                    # locked: an ack that finds it may evict starts again, locking it
-                    # first (the lock order: the buffer's row, then the consumer's).
-                    current = self._finish_head(conn, claim.consumer, retention)
+                    # and the consumer's epoch, its row locked (then, with ``entries``,
+                    # the claim's entries). The buffer's row is not locked: an ack that
+                    # finds it may evict starts again, locking it first (the lock order:
+                    # the buffer's row, then the consumer's).
+                    current, held = self._finish_head(
+                        conn, claim.consumer, retention, claim.claim_id if entries else None
+                    )
                     if retention is not None and retention.stale:
                         self._stale_seen = True
                         raise _StaleFound  # rolled back before anything was written
                     check_epoch(handle, conn, claim.consumer, claim.epoch, action, current)
+                    if held is not None:
+                        self._check_own(conn, claim, action, held)
+                    elif entries:  # (SQLite) by a statement of their own
+                        self._own_entries(conn, claim, action)
                 return body(conn)
 
         def again() -> _T:
@@ -1111,32 +1132,65 @@ class ClaimQueue:
 
         return handle.statement(("finish at once", names, acking), build)
 
-    def _finish_head(self, conn: Connection, consumer: str, retention: AckRetention | None) -> Any:
+    def _finish_head(
+        self,
+        conn: Connection,
+        consumer: str,
+        retention: AckRetention | None,
+        claim_id: str | None = None,
+    ) -> tuple[Any, list[_Entry] | None]:
         """The first statement of an ack, release or renewal: checks the buffer's row is
         still the handle's buffer, reads what an ack's ``retention`` needs of it, and
         returns the consumer's epoch (None: no row yet), its row locked until the
-        transaction ends. Compiled once per handle."""
+        transaction ends. With ``claim_id`` (Postgres), the same statement then locks the
+        claim's entries in key order and returns them too (else None). Compiled once per
+        handle and shape."""
         handle = self._handle
         extra = () if retention is None else retention.columns()
+        with_entries = claim_id is not None and handle.dialect.modifying_ctes
 
         def build() -> Any:
             buffer_id = bindparam("buffer_id", type_=Integer)
-            return select(
+            head = select(
                 buffers.c.name, buffers.c.created_at, *extra, current_epoch(handle)
             ).where(buffers.c.id == buffer_id)
+            if not with_entries:
+                return head
+            first = head.cte("head")
+            # Joined to the head's row, so the consumer's row is locked (by the head)
+            # before any entry is (the entries are locked above the sort, in key order).
+            held = (
+                select(_C.key, _C.consumer, _C.acked_at)
+                .select_from(consumption.join(first, true()))
+                .where(_C.claim_id == bindparam("claim_id", type_=String))
+                .order_by(_C.key)
+                .with_for_update(of=consumption)
+                .cte("held")
+            )
+            return (
+                select(first, held.c.key, held.c.consumer, held.c.acked_at)
+                .select_from(first.outerjoin(held, true()))
+                .order_by(held.c.key)
+            )
 
         params: dict[str, Any] = {"buffer_id": handle.buffer_id, "consumer": consumer}
         if retention is not None:
             params["keys"] = retention.handle_keys()
-        key = ("finish head", retention is not None)
+        if with_entries:
+            params["claim_id"] = claim_id
+        key = ("finish head", retention is not None, with_entries)
         found = handle.statement(key, build).run(conn, **params)
         if not found:
             raise handle.recreated(None)
+        held: list[_Entry] | None = None
+        if with_entries:
+            held = [_Entry(int(r[-3]), r[-2], r[-1]) for r in found if r[-3] is not None]
+            found = [r[:-3] for r in found]
         name, created_at, *read, current = found[0]
         handle.check_row(name, float(created_at))
         if retention is not None:
             retention.take(tuple(read))
-        return current
+        return current, held
 
     def finish_in(
         self, conn: Connection, claim: Claimed, action: str, values: dict[str, Any]
@@ -1157,7 +1211,8 @@ class ClaimQueue:
         hold_rows: list[int] | None = None,
         drop_progress: bool = False,
         checkpoint_state: str | None = None,
-    ) -> tuple[int, bool]:
+        completions: list[int] | None = None,
+    ) -> tuple[int, bool, dict[int, int] | None]:
         """:meth:`finish_in`; with ``count_acked`` (an ack none of whose rows can be
         released again), where one statement can also write (Postgres), the entries set
         are added to the consumer's ``acked`` count by the same statement. ``hold_rows``
@@ -1166,18 +1221,22 @@ class ClaimQueue:
         many entries, and whether they were counted so (and then, with ``drop_progress``,
         the rows' saved progress deleted by the same statement). ``checkpoint_state``
         (Postgres, with ``count_acked``): stored as the consumer's next checkpoint by the
-        same statement, the entries acked with its number."""
+        same statement, the entries acked with its number. ``completions`` (Postgres, with
+        ``hold_rows``): the completions stored for each of those keys, added to their
+        targets by the same statement, which returns what the targets needed before (key
+        -> completions; else None)."""
         if not self._handle.dialect.modifying_ctes:
             held = self._own_entries(conn, claim, action)
             if held:
                 stmt = update(consumption).where(_C.claim_id == claim.claim_id).values(**values)
                 conn.execute(stmt)
-            return len(held), False
+            return len(held), False, None
         # One statement: the entries locked in key order (as claims lock them), checked
         # below; set only when all are the consumer's and none acked (the check raises,
         # rolling the transaction back, otherwise).
         rows_too = hold_rows is not None
         checkpoint = checkpoint_state is not None and count_acked
+        counting = completions is not None and rows_too
         statement = self._finish_statement(
             tuple(sorted(values)),
             values,
@@ -1185,12 +1244,16 @@ class ClaimQueue:
             rows_too,
             drop_progress and rows_too,
             checkpoint,
+            counting,
         )
         params = {f"v_{name}": value for name, value in values.items() if _bound(value)}
         if checkpoint:
             params["state"] = checkpoint_state
         if hold_rows is not None:
             params["keys"] = self._handle.dialect.key_set(hold_rows)
+        if counting:
+            assert hold_rows is not None and completions is not None
+            params.update(self._handle.dialect.key_value_params(hold_rows, completions))
         found = statement.run(
             conn,
             claim_id=claim.claim_id,
@@ -1198,9 +1261,14 @@ class ClaimQueue:
             buffer_id=self._handle.buffer_id,
             **params,
         )
-        held = [_Entry(int(k), c, a) for k, c, a in found]
+        if not counting:
+            held = [_Entry(int(k), c, a) for k, c, a in found]
+            left = None
+        else:  # the entries (need NULL), then the targets as they were
+            held = [_Entry(int(k), c, a) for k, c, a, need in found if need is None]
+            left = {int(k): int(need) for k, _, _, need in found if need is not None}
         self._check_own(conn, claim, action, held)
-        return len(held), count_acked
+        return len(held), count_acked, left
 
     def _finish_statement(
         self,
@@ -1210,6 +1278,7 @@ class ClaimQueue:
         rows_too: bool,
         drop_progress: bool = False,
         checkpoint: bool = False,
+        counting: bool = False,
     ) -> Any:
         """The statement of :meth:`_finish_entries` on Postgres, compiled once per handle
         and shape: ``values`` that are SQL (the database's clock) are written in, the rest
@@ -1220,7 +1289,11 @@ class ClaimQueue:
         progress of those keys deleted once the entries are set. ``checkpoint`` (with
         ``count_acked``): the state bound as ``state`` stored as the consumer's next
         checkpoint (its number read from the consumer's row, which the transaction holds),
-        the entries acked with that number, and the row's count and number updated once."""
+        the entries acked with that number, and the row's count and number updated once.
+        ``counting`` (with ``rows_too``): the completions bound as ``values`` added to the
+        targets of ``keys`` (see :func:`~expstore.claims.prompts.completions_added`), the
+        statement's rows followed by those targets as they were (a fourth column, NULL for
+        the entries)."""
         handle = self._handle
 
         def build() -> Any:
@@ -1249,7 +1322,14 @@ class ClaimQueue:
                 .returning(_C.key)
                 .cte("done")
             )
-            stmt = select(held.c.key, held.c.consumer, held.c.acked_at).add_cte(done)
+            stmt: Any = select(held.c.key, held.c.consumer, held.c.acked_at)
+            if counting:
+                added, needs = completions_added(handle)
+                stmt = union_all(
+                    stmt.add_columns(null().label("need")),
+                    select(needs.c.key, null(), null(), needs.c.need),
+                ).add_cte(added)
+            stmt = stmt.add_cte(done)
             if count_acked:
                 counts: dict[Any, Any] = {
                     "acked": consumers.c.acked
@@ -1293,7 +1373,7 @@ class ClaimQueue:
                         .cte("saved")
                     )
                     stmt = stmt.add_cte(saved)
-            return stmt.order_by(held.c.key)
+            return stmt if counting else stmt.order_by(held.c.key)
 
         key = (
             "finish",
@@ -1302,6 +1382,7 @@ class ClaimQueue:
             rows_too,
             drop_progress and count_acked,
             checkpoint and count_acked,
+            counting and rows_too,
         )
         return handle.statement(key, build)
 
@@ -1335,21 +1416,27 @@ class ClaimQueue:
         done: dict[str, Any] = {"acked_at": now, "lease_until": None}
         if checkpoint_seq is not None:
             done["checkpoint_seq"] = checkpoint_seq
-        # The completions first (the claim's entries are locked already where there are
-        # any: see ack), so what is short of its target is known before the entries are set.
-        again = count_completions(self._handle, conn, claim.keys.tolist(), made, claim.claim_id)
-        # None released again: all are counted as acked, and the saved progress deleted, by
-        # the statement that acks them (Postgres).
-        present, counted = self._finish_entries(
+        again: list[int] = []
+        completions = None
+        if not at_once:
+            again = count_completions(self._handle, conn, claim.keys.tolist(), made, claim.claim_id)
+        elif made is not None:  # added to the targets by the statement that acks
+            completions = [int(made.get(k, 0)) for k in retention.keys]
+        # On Postgres one statement acks the entries, counts them as acked and deletes their
+        # saved progress (and adds the completions to the targets, and stores the checkpoint).
+        present, counted, left = self._finish_entries(
             conn,
             claim,
             "ack",
             done,
-            count_acked=not again,
+            count_acked=True,
             hold_rows=retention.keys if at_once else None,
             drop_progress=retention.saved,
             checkpoint_state=checkpoint_state,
+            completions=completions,
         )
+        if made is not None and left is not None:
+            again = short_of(made, left, claim.claim_id)
         retention.settle(conn, present)
         if again:  # short of their targets: claimable again for what they still need
             dialect = self._handle.dialect
@@ -1362,16 +1449,17 @@ class ClaimQueue:
             if short is not None:
                 short.extend(again)
         acked = present - len(again)
-        if (
-            acked and not counted
-        ):  # counted for a prompt queue's admission (the consumer's row is held)
+        # Counted for a prompt queue's admission (the consumer's row is held): by the
+        # statement that acked (all its entries: those released again come off here).
+        change = acked if not counted else -len(again)
+        if change:
             conn.execute(
                 update(consumers)
                 .where(
                     consumers.c.buffer_id == self._handle.buffer_id,
                     consumers.c.consumer == claim.consumer,
                 )
-                .values(acked=consumers.c.acked + acked)
+                .values(acked=consumers.c.acked + change)
             )
         if present and retention.saved and not counted:  # the work is done: its progress goes
             dialect = self._handle.dialect
@@ -1420,9 +1508,7 @@ class ClaimQueue:
         def body(conn: Connection) -> int:
             made = None
             if produce is not None:  # what the claim's work made, in the same commit
-                # The claim is checked first: an ack retried after its commit (the reply
-                # lost) is told so, before its rows could meet their own stored ids.
-                self._own_entries(conn, claim, "ack")
+                # (its entries checked already: see _finish's entries)
                 made = produce(conn)
             if short is not None:
                 short.clear()
@@ -1434,7 +1520,7 @@ class ClaimQueue:
             return self.ack_in(conn, claim, now, seq, retention, made, short)
 
         retention = self.retention(claim, allow_evicted=allow_evicted)
-        return self._finish(claim, "ack", body, retention)
+        return self._finish(claim, "ack", body, retention, entries=produce is not None)
 
     def release(self, claim: Claimed) -> int:
         """Return the claim's rows to the queue; returns how many."""
