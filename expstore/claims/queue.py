@@ -25,6 +25,11 @@ produced rows and a release are each one statement that commits on its own where
 feature needs the transaction: the same checks, as a guard the statement reads before it
 locks anything else, and nothing written unless it holds (see :meth:`ClaimQueue._guard`
 and :meth:`ClaimQueue._finish_at_once`); where it fails, the transaction finds out why.
+An ack in a transaction (a checkpoint, produced rows) sets the entries with one statement
+(:meth:`ClaimQueue._finish_statement`) that also counts them to the consumer, deletes their
+saved progress, adds the completions to the targets and stores an incarnation's
+checkpoint, so its round trips are the transaction's BEGIN, head and COMMIT, that
+statement, and those of the rows it stores.
 
 FIFO claims do not walk the consumed part of the buffer again on every call: each handle
 keeps, per condition, a key below which every matching row has a committed consumption
@@ -245,6 +250,20 @@ def _setting(names: tuple[str, ...], values: dict[str, Any]) -> dict[Any, Any]:
         else bindparam(f"v_{name}", type_=_C[name].type)
         for name in names
     }
+
+
+def _stored_checkpoint(dialect: Any, buffer_id: Any, consumer: Any, seq: Any) -> Any:
+    """A CTE that stores the state bound as ``state`` as ``consumer``'s checkpoint number
+    ``seq`` (a column of another CTE), at the database's clock; returns its number."""
+    return (
+        checkpoints.insert()
+        .from_select(
+            ["buffer_id", "consumer", "seq", "state", "created_at"],
+            select(buffer_id, consumer, seq, bindparam("state", type_=Text), dialect.now()),
+        )
+        .returning(checkpoints.c.seq)
+        .cte("stored")
+    )
 
 
 def _held_ctes(dialect: Any, mine: Any, rows_where: list[Any] | None) -> tuple[Any, Any]:
@@ -1346,21 +1365,7 @@ class ClaimQueue:
                 )
                 stmt = stmt.add_cte(bump)
                 if seq is not None:
-                    stored = (
-                        checkpoints.insert()
-                        .from_select(
-                            ["buffer_id", "consumer", "seq", "state", "created_at"],
-                            select(
-                                buffer_id,
-                                consumer,
-                                seq.c.seq,
-                                bindparam("state", type_=Text),
-                                handle.dialect.now(),
-                            ),
-                        )
-                        .returning(checkpoints.c.seq)
-                        .cte("stored")
-                    )
+                    stored = _stored_checkpoint(handle.dialect, buffer_id, consumer, seq.c.seq)
                     stmt = stmt.add_cte(stored)
                 if drop_progress:  # the work is done: its saved progress goes
                     saved = (
@@ -1629,21 +1634,7 @@ class ClaimQueue:
             .returning(consumers.c.last_seq)
             .cte("numbered")
         )
-        stored = (
-            checkpoints.insert()
-            .from_select(
-                ["buffer_id", "consumer", "seq", "state", "created_at"],
-                select(
-                    buffer_id,
-                    consumer,
-                    numbered.c.last_seq,
-                    bindparam("state", type_=Text),
-                    dialect.now(),
-                ),
-            )
-            .returning(checkpoints.c.seq)
-            .cte("stored")
-        )
+        stored = _stored_checkpoint(dialect, buffer_id, consumer, numbered.c.last_seq)
         return select(stored.c.seq)
 
     # -- progress --------------------------------------------------------------------------
