@@ -208,12 +208,12 @@ class ExpstoreStorage(Storage):  # type: ignore[misc]
         an expstore Condition; None: every item), found by the database."""
         compiled = compile_condition(condition, self.layout.field_path)
         rows = await self.buffer.run(_query, compiled)
-        return [self.layout.item(row) for row in rows]
+        return self.layout.items(rows)
 
     async def get_data_items(self, block_id: str | None = None) -> list[Any]:
         """The items of the block, in the order they were first written."""
         rows = await self.buffer.run(_block_rows, self.layout, str(block_id))
-        return [self.layout.item(row) for row in rows]
+        return self.layout.items(rows)
 
     async def size(self, condition: Any = None) -> int:
         """How many items match ``condition`` (every item for None)."""
