@@ -13,6 +13,9 @@ it), and has hooks at the points of a row's life:
   once, for every feature that asks), :meth:`after_write` last (eviction);
 - a removal (:func:`~expstore.lifecycle.registry.remove`, evictions, retention):
   :meth:`before_remove` with the keys about to go, :meth:`after_remove` once they are gone.
+  Where statements may modify in their WITH clause (Postgres), a feature that
+  :attr:`~RowFeature.joins_removal` (tombstones) writes its records in the DELETE's own
+  statement instead (:meth:`~RowFeature.removal_statements`): one round trip for both.
 
 Every write reads the buffer's row once, locked, with one statement built from the
 registered features' columns (compiled once per backend), into a :class:`BufferState`;
