@@ -331,9 +331,12 @@ class _TombstonesFeature(RowFeature):
         values = _columns(dialect.now(), reason, policy, seq)
         newest = rows.c.key >= bindparam("tomb_from", type_=BigInteger)
         picked = select(*values).select_from(_WITH_ENTRY).where(dialect.key_in(), newest)
+        upto = bindparam("tomb_upto", type_=BigInteger)
+        # (upto > 0: a condition on the parameter alone, so the statement skips the trim
+        # when it has nothing to do, whatever plan it has, instead of reading the
+        # buffer's tombstones for none)
         trim = delete(tombstones).where(
-            _T.buffer_id == bindparam("tomb_buffer", type_=BigInteger),
-            _T.seq <= bindparam("tomb_upto", type_=BigInteger),
+            upto > 0, _T.buffer_id == bindparam("tomb_buffer", type_=BigInteger), _T.seq <= upto
         )
         return [tombstones.insert().from_select(_INSERTED, picked), trim]
 
