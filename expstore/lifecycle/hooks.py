@@ -70,6 +70,10 @@ class Removed:
         #: Whether readers must see these removals by a new version of the buffer, which
         #: the caller's count then gives (deletes; evictions give their own).
         self.changed = False
+        #: Rows of the caller's write that a statement of its removals counted already
+        #: on the buffer's row, with the version those removals need
+        #: (:func:`~expstore.lifecycle.registry.remove_ids` on Postgres).
+        self.counted_inserts = 0
 
     def add(self, reason: str, keys: Iterable[int], count: int) -> None:
         self.by_reason[reason] = self.by_reason.get(reason, 0) + count

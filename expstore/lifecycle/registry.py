@@ -14,7 +14,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from sqlalchemy import BigInteger, Connection, Integer, bindparam, delete, select, update
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Integer,
+    bindparam,
+    case,
+    delete,
+    func,
+    literal,
+    select,
+    update,
+)
 from sqlalchemy.sql.elements import ColumnElement
 
 from ..db.handle import BufferHandle
@@ -93,22 +104,29 @@ def count_inserted(
     marks it, in the same statement (rows removed by a delete in this transaction)."""
 
     def build() -> Any:
-        added = bindparam("n", type_=BigInteger)
         gone = bindparam("removed", type_=BigInteger)
-        values = {
-            "inserted": buffers.c.inserted + added,
-            "row_count": buffers.c.row_count + added - gone,
-            "inserted_at": handle.dialect.now(),
-        }
-        if changed:
-            values["version"] = buffers.c.version + 1
-        where = buffers.c.id == bindparam("buffer_id", type_=Integer)
-        return update(buffers).where(where).values(values)
+        new = literal(1) if changed else None
+        return _counting(handle, bindparam("n", type_=BigInteger), gone, new)
 
     key = "count inserted, new version" if changed else "count inserted"
     handle.write_statement(key, build).execute(
         conn, buffer_id=handle.buffer_id, n=n, removed=removed
     )
+
+
+def _counting(handle: BufferHandle, added: Any, gone: Any, new_version: Any) -> Any:
+    """The UPDATE of the buffer's row (its id bound as ``buffer_id``) that counts
+    ``added`` rows stored now and ``gone`` deleted, adding ``new_version`` (None: nothing)
+    to its version."""
+    values = {
+        "inserted": buffers.c.inserted + added,
+        "row_count": buffers.c.row_count + added - gone,
+        "inserted_at": handle.dialect.now(),
+    }
+    if new_version is not None:
+        values["version"] = buffers.c.version + new_version
+    where = buffers.c.id == bindparam("buffer_id", type_=Integer)
+    return update(buffers).where(where).values(values)
 
 
 def count_removed(handle: BufferHandle, conn: Connection, n: int) -> None:
@@ -198,26 +216,48 @@ def remove_ids(
     conn: Connection,
     ids: Sequence[str],
     state: BufferState,
-    removed: Removed | None = None,
-    reason: str = "delete",
+    removed: Removed,
+    inserting: int = 0,
 ) -> int:
-    """:func:`remove` of the buffer's rows whose id is one of ``ids`` (``state``: as the
-    caller's transaction read it, with the buffer's row taken); returns how many went."""
+    """Delete the buffer's rows whose id is one of ``ids`` as :func:`remove` deletes them
+    (``state``: as the caller's transaction read it, with the buffer's row taken;
+    ``removed``: deferred, the caller's write counts them), before a write of
+    ``inserting`` rows in the same transaction; returns how many went. Readers see them
+    gone by a new version (``removed.changed``). Where statements may modify in their WITH
+    clause (Postgres), the statement that locks the rows also counts them gone, the
+    write's rows stored and the new version (``removed.counted_inserts``: the write counts
+    nothing more), saving the write its own update of the buffer's row."""
     dialect = handle.dialect
+    counting = bool(inserting) and dialect.modifying_ctes
 
     def build() -> Any:
         mine = rows.c.buffer_id == bindparam("buffer_id", type_=Integer)
         chosen = select(rows.c.key).where(mine, dialect.text_in(rows.c.id, "ids"))
-        return dialect.locked(chosen.order_by(rows.c.key))
+        locked = dialect.locked(chosen.order_by(rows.c.key))
+        if not counting:
+            return locked
+        doomed = locked.cte("doomed")
+        gone = select(func.count()).select_from(doomed).scalar_subquery()
+        new = case((gone > 0, 1), else_=0)
+        counted = _counting(handle, bindparam("n", type_=BigInteger), gone, new).cte("counted")
+        return select(doomed.c.key).order_by(doomed.c.key).add_cte(counted)
 
-    found = handle.statement(("rows of ids",), build).run(
-        conn, buffer_id=handle.buffer_id, ids=dialect.text_set(ids)
-    )
+    params = {"buffer_id": handle.buffer_id, "ids": dialect.text_set(ids)}
+    if counting:
+        params["n"] = inserting
+    found = handle.statement(("rows of ids", counting), build).run(conn, **params)
+    if counting:
+        removed.counted_inserts = inserting
     if not found:
         return 0
     where = handle.matching(Comparison("id", "in", tuple(ids)))
     doomed = [int(k) for (k,) in found]
-    return remove(handle, conn, where, reason, None, removed, state, doomed)
+    gone = remove(handle, conn, where, "delete", None, removed, state, doomed)
+    if counting:
+        removed.uncounted -= gone  # counted by the statement that locked them
+    else:
+        removed.changed = True
+    return gone
 
 
 class BufferInfo(NamedTuple):

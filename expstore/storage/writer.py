@@ -327,7 +327,7 @@ def replace_rows(handle: BufferHandle, rows: Sequence[DataRow]) -> None:
                 with handle.errors("replace rows"), handle.write() as conn:
                     state = read_state(handle, conn)
                     removed = Removed(state.newest, deferred=True)
-                    removed.changed = remove_ids(handle, conn, ids, state, removed) > 0
+                    remove_ids(handle, conn, ids, state, removed, len(ids))
                     write_in(handle, conn, batch, None, state, removed)
                 return
             except WriteBlocked as blocked:  # rolled back: wait for samplers, then again
@@ -417,8 +417,10 @@ def write_in(
             handle.dialect.insert_rows(conn, ctx.chunks, state.keys)
             state.run("after_insert", ctx)
         state.run("after_write", ctx)
-        if ctx.stored:
-            count_inserted(handle, conn, ctx.stored, removed.uncounted, removed.changed)
+        # (rows a replace's removal counted already on the buffer's row: none otherwise)
+        to_count = ctx.stored - removed.counted_inserts
+        if to_count:
+            count_inserted(handle, conn, to_count, removed.uncounted, removed.changed)
         else:
             count_removed(handle, conn, removed.uncounted)
             if removed.changed:
