@@ -331,7 +331,7 @@ class GroupSampler(KeySampler):
         upto: int | None,
     ) -> int:
         """How many whole groups a claim with this order could take now (up to ``upto``):
-        what ``claim(..., wait=s)`` waits for, and counts against a rate limit; sets
+        what ``claim(..., wait_s=s)`` waits for, and counts against a rate limit; sets
         :attr:`last_counts`."""
         return self.claim_counts(sql, query_condition, max_staleness, upto).ready
 
