@@ -45,7 +45,7 @@ from .model.rows import DataRow
 from .prefetch import Hooks, Prefetcher
 from .query import QueryCondition
 from .retention.eviction import Eviction
-from .samplers.base import SampleInfo, Sampler, TaskSampler, as_sampler, draw
+from .samplers.base import SampleInfo, Sampler, TaskSampler, as_sampler, draw, draw_tasks
 from .samplers.group import GroupSampler
 from .samplers.random_task import RandomTaskSampler
 from .samplers.uniform import UniformSampler
@@ -577,9 +577,11 @@ class ReplayBuffer:
         ``RandomTaskSampler()`` and ``DefaultConverter()`` (each item a list of rows). No
         matching row raises EmptyBufferError.
         """
-        sampler = RandomTaskSampler() if sampler is None else sampler
+        chooser = as_sampler(RandomTaskSampler() if sampler is None else sampler)
         converter = DefaultConverter() if converter is None else converter
-        tasks = sampler.sample_tasks(self.storage, batch_size, query_condition)
+        # The one loop, as sample() draws (a rate limit counts the rows, the row cache
+        # serves them), cut at the tasks.
+        tasks = draw_tasks(self.storage, chooser, batch_size, query_condition)
         return [converter.to_dataset_row(task_rows) for task_rows in tasks.values()]
 
     # -- claims: a consume-once queue for learners (expstore.claims) ---------------------

@@ -771,9 +771,7 @@ class TaskSampler(Sampler):
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
     ) -> dict[str, list[DataRow]]:
         """The chosen tasks' rows, grouped by task id in the order the tasks were chosen."""
-        task_ids = self.sample_task_ids(storage, batch_size, query_condition)
-        grouped = storage.get_batch_by_task_ids(task_ids)
-        return {t: grouped.get(t, []) for t in task_ids}
+        return draw_tasks(storage, self, batch_size, query_condition)
 
     def sample(
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
@@ -957,6 +955,23 @@ def draw(
     if counted:
         storage.refund_samples(counted - len(fetched.ids))
     return fetched, sampler.describe(choice, fetched.ids)
+
+
+def draw_tasks(
+    storage: Storage,
+    sampler: Sampler,
+    batch_size: int,
+    query_condition: QueryCondition = None,
+) -> dict[str, list[DataRow]]:
+    """The rows of up to ``batch_size`` tasks chosen by ``sampler``, grouped by task id in
+    the order the tasks were chosen: a batch of :func:`draw` (so a rate limit counts its
+    rows, the row cache serves them and a lost replica is retried), cut at its tasks."""
+    fetched, _ = draw(storage, sampler, batch_size, query_condition)
+    assert fetched.rows is not None
+    tasks: dict[str, list[DataRow]] = {}
+    for row in fetched.rows:
+        tasks.setdefault(row.exp_meta.task_id, []).append(row)
+    return tasks
 
 
 def _choose_consuming(
