@@ -45,8 +45,9 @@ from .model.rows import DataRow
 from .prefetch import Hooks, Prefetcher
 from .query import QueryCondition
 from .retention.eviction import Eviction
-from .samplers.base import SampleInfo, Sampler, TaskSampler, as_sampler, draw, draw_tasks
+from .samplers.base import Sampler, TaskSampler, as_sampler
 from .samplers.group import GroupSampler
+from .samplers.loop import SampleInfo, draw, draw_tasks
 from .samplers.random_task import RandomTaskSampler
 from .samplers.uniform import UniformSampler
 from .storage.base import Storage
@@ -474,7 +475,7 @@ class ReplayBuffer:
     ) -> Any:
         """A batch: ``sampler`` chooses up to ``batch_size`` matching rows, the storage
         fetches what ``converter`` reads (whole rows, or only its fields), and ``converter``
-        builds the batch (see :mod:`expstore.samplers.base`).
+        builds the batch (see :mod:`expstore.samplers.loop`).
 
         Defaults: ``UniformSampler()`` (with replacement) and ``DefaultConverter()`` (the
         rows as a list). When the sampler weighs rows and the converter builds a dict, the
@@ -491,7 +492,7 @@ class ReplayBuffer:
         """
         chooser = as_sampler(UniformSampler() if sampler is None else sampler)
         builder = as_converter(DefaultConverter() if converter is None else converter)
-        # The one loop (see expstore.samplers.base): choose, fetch what the converter reads,
+        # The one loop (see expstore.samplers.loop): choose, fetch what the converter reads,
         # choose again for rows deleted meanwhile, describe; then build and attach.
         fetched, info = draw(
             self.storage,

@@ -13,8 +13,9 @@ from ..errors import EmptyBufferError
 from ..lifecycle.reader_state import Signature
 from ..query import QueryCondition
 from ..storage.base import KeySpace, Storage
-from .base import Choice, KeySampler, SamplerOptions
+from .base import KeySampler, SamplerOptions
 from .flat import draw_uniform
+from .loop import Choice
 
 __all__ = ["PrioritizedSampler"]
 
@@ -42,7 +43,7 @@ class PrioritizedSampler(KeySampler):
     - ``buffer.sample(sampler=PrioritizedSampler(), converter=TensorConverter(...))``: the
       batch dict gains ``"weights"`` (a tensor) and ``"ids"``, whatever the converter that
       builds a dict;
-    - after any batch: ``sampler.last_info`` (a :class:`~expstore.samplers.base.SampleInfo` with
+    - after any batch: ``sampler.last_info`` (a :class:`~expstore.samplers.loop.SampleInfo` with
       ``keys``, ``ids`` and ``weights``), or ``sampler.last_weights`` and
       ``sampler.last_ids``;
     - ``rows, extras = sampler.sample_with_info(storage, n)``: ``extras["weights"]``

@@ -12,8 +12,9 @@ from .._args import check_number
 from ..errors import EmptyBufferError, InvalidArgumentError
 from ..query import Comparison, Condition, QueryCondition
 from ..storage.base import KeySpace
-from .base import Choice, KeySampler, SamplerOptions
+from .base import KeySampler, SamplerOptions
 from .flat import draw_uniform
+from .loop import Choice
 
 __all__ = ["RewardWeightedSampler"]
 

@@ -9,9 +9,10 @@ from typing_extensions import Unpack
 
 from ..query import QueryCondition
 from ..storage.base import KeySpace, Storage
-from .base import Choice, KeySampler, SamplerOptions
+from .base import KeySampler, SamplerOptions
 from .epochs import EpochState, KeyPermutation, next_in_epoch, rest_of_epoch
 from .flat import draw_uniform
+from .loop import Choice
 
 __all__ = ["UniformSampler"]
 

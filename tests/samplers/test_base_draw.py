@@ -25,7 +25,7 @@ from expstore import (
     TransitionConverter,
     UniformSampler,
 )
-from expstore.samplers.base import SampleInfo
+from expstore.samplers.loop import SampleInfo
 from tests.helpers import make_row
 from tests.samplers.test_contract import SAMPLERS
 
