@@ -57,6 +57,7 @@ from ..policy_versions import fresh_mask
 from ..query import Condition, QueryCondition
 from ..storage.base import KeySpace, Storage
 from .flat import PROBE_BUDGET
+from .index_space import IndexKeySpace
 from .loop import Choice, SampleInfo, describe_condition, draw, draw_tasks, empty_error
 from .state import (
     NO_KEYS,
@@ -106,6 +107,14 @@ class Sampler(ABC):
     #: Which buffer this sampler last drew from (:attr:`Storage.identity`; see
     #: :meth:`on_buffer`).
     _buffer_seen: tuple[Any, ...] | None = None
+    _derived: DerivedArrays | None = None
+
+    def _derived_arrays(self) -> DerivedArrays:
+        """Values this sampler derived from key-index arrays (see :class:`DerivedArrays`)."""
+        cache = self._derived
+        if cache is None:
+            cache = self._derived = DerivedArrays()
+        return cache
 
     @abstractmethod
     def sample(
@@ -325,6 +334,14 @@ class KeySampler(Sampler):
         super().__init_subclass__(**kwargs)
         cls.weighs_rows = cls.weights is not KeySampler.weights
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls.choose_flat is KeySampler.choose_flat and cls.sample_keys is KeySampler.sample_keys:
+            raise UnsupportedTypeError(
+                f"Can't instantiate abstract class {cls.__name__}: a key sampler implements choose_flat "
+                "(its draw over a KeySpace), or sample_keys (over its key index alone)"
+            )
+        return super().__new__(cls)
+
     @property
     def rng(self) -> np.random.Generator:
         """The random stream all draws come from (created on first use if a subclass
@@ -411,10 +428,7 @@ class KeySampler(Sampler):
         See :class:`DerivedArrays`; use it for work over the whole index (a cumulative sum,
         a grouping) so it happens once per change of the buffer, not once per batch.
         """
-        cache = self._derived
-        if cache is None:
-            cache = self._derived = DerivedArrays()
-        return cache.get(name, sources, compute)
+        return self._derived_arrays().get(name, sources, compute)
 
     def index_columns(self) -> tuple[str, ...]:
         """The columns to ask ``key_index`` for (``columns`` unless an instance overrides)."""
@@ -450,17 +464,44 @@ class KeySampler(Sampler):
         others, arrays = whole_index(index)
         return self.derived(f"fresh:{current}:{k}:{others}", arrays, compute)
 
-    @abstractmethod
     def sample_keys(
         self, index: dict[str, np.ndarray], batch_size: int, rng: np.random.Generator
     ) -> np.ndarray:
         """Choose keys from ``index["key"]`` (int64, ascending = insertion order).
 
-        ``index`` also holds the arrays named in ``columns`` (aligned with ``"key"``; floats
-        are float64 with NaN for NULL; the arrays are read-only and shared, never modify
-        them). ``index["key"]`` is never empty here. Return the chosen keys in batch order;
-        repeats are allowed. Raise :class:`~expstore.EmptyBufferError` if no row is eligible.
+        By default :meth:`choose_flat` over the index made a key space
+        (:class:`~expstore.samplers.index_space.IndexKeySpace`), drawing from this
+        sampler's stream (``rng`` is it). A sampler that chooses over the index its own way
+        overrides it instead of :meth:`choose_flat`: ``index`` also holds the arrays named in
+        ``columns`` (aligned with ``"key"``; floats are float64 with NaN for NULL; the
+        arrays are read-only and shared, never modify them), ``index["key"]`` is never empty
+        here; return the chosen keys in batch order (repeats allowed), or raise
+        :class:`~expstore.EmptyBufferError` if no row is eligible.
         """
+        return self._choose_listed(index, batch_size, None).keys
+
+    def index_space(self, index: dict[str, Any], query_condition: QueryCondition) -> KeySpace:
+        """``index`` (the matching rows' key index) as a key space held in memory."""
+        return IndexKeySpace(
+            index,
+            self._derived_arrays(),
+            query_condition=query_condition,
+            max_staleness=self.max_staleness,
+            consume_after=self.consume_after,
+        )
+
+    def _choose_listed(
+        self, index: dict[str, Any], batch_size: int, query_condition: QueryCondition
+    ) -> Choice:
+        """:meth:`choose_flat` over ``index`` held in memory (its rows all eligible)."""
+        choice = self.choose_flat(
+            self.index_space(index, query_condition), batch_size, query_condition
+        )
+        if choice is None:
+            raise EmptyBufferError("no matching row can be drawn")
+        if choice.key_index is None:
+            return Choice(np.asarray(choice.keys, dtype=np.int64), index)
+        return choice
 
     def weights(self, index: dict[str, np.ndarray], keys: np.ndarray) -> np.ndarray | None:
         """Importance-sampling weights for a batch of ``keys`` (all fetched), aligned with
@@ -468,8 +509,9 @@ class KeySampler(Sampler):
         return None
 
     def can_draw_flat(self, query_condition: QueryCondition) -> bool:
-        """Whether :meth:`choose_flat` may draw under this condition (False by default)."""
-        return False
+        """Whether :meth:`choose_flat` may draw over the database's key space under this
+        condition (by default: when the sampler is written as :meth:`choose_flat`)."""
+        return type(self).choose_flat is not KeySampler.choose_flat
 
     def drawable(self) -> Condition | None:
         """A condition every row this sampler can ever draw holds, besides the caller's
@@ -491,10 +533,14 @@ class KeySampler(Sampler):
     def choose_flat(
         self, space: KeySpace, batch_size: int, query_condition: QueryCondition
     ) -> Choice | None:
-        """A choice drawn over the buffer's key space, holding nothing that grows with the
-        buffer (see :mod:`expstore.samplers.flat`), or None to choose over the key index.
-        The built-in samplers that can (uniform with replacement, prioritized, recency,
-        stratified) override it and :meth:`can_draw_flat`; a custom sampler need not."""
+        """The sampler's draw, written once against a :class:`KeySpace`: the database's
+        (candidate keys probed in the buffer's key range, nothing held that grows with the
+        buffer; see :mod:`expstore.samplers.flat`), and, when that returns None or the
+        storage has none, the matching rows' key index held in memory
+        (:class:`~expstore.samplers.index_space.IndexKeySpace`, whose ``listed`` arrays
+        :func:`~expstore.samplers.flat.draw_uniform` draws positions in directly). A custom
+        sampler implements this one method; None over the key index means no row can be
+        drawn, and EmptyBufferError says why."""
         return None
 
     def _choose_flat(
@@ -507,13 +553,16 @@ class KeySampler(Sampler):
         if skips.get(key, 0) > 0:  # it gave up lately under this condition
             skips[key] -= 1
             return None
-        choice = storage.key_space(
-            query_condition,
-            lambda space: self.choose_flat(space, batch_size, query_condition),
-            max_staleness=self.max_staleness,
-            consume_after=self.consume_after,
-            snapshot=self.flat_snapshot,
-        )
+        try:
+            choice = storage.key_space(
+                query_condition,
+                lambda space: self.choose_flat(space, batch_size, query_condition),
+                max_staleness=self.max_staleness,
+                consume_after=self.consume_after,
+                snapshot=self.flat_snapshot,
+            )
+        except EmptyBufferError as exc:
+            raise empty_error(storage, query_condition, str(exc)) from None
         if choice is None:
             skips[key] = _FLAT_SKIPS
         return choice
@@ -555,6 +604,8 @@ class KeySampler(Sampler):
                 )
             raise empty_error(storage, query_condition, "no rows match")
         try:
+            if type(self).sample_keys is KeySampler.sample_keys:  # written as choose_flat
+                return self._choose_listed(index, batch_size, query_condition)
             keys = np.asarray(self.sample_keys(index, batch_size, self.rng), dtype=np.int64)
         except EmptyBufferError as exc:
             raise empty_error(storage, query_condition, str(exc)) from None
@@ -646,14 +697,6 @@ class TaskSampler(Sampler):
 
         sources = (index["key"], index["task_id"], index["step"], index["execute_time"])
         return self._derived_arrays().get("tasks", sources, compute)
-
-    _derived: DerivedArrays | None = None
-
-    def _derived_arrays(self) -> DerivedArrays:
-        cache = self._derived
-        if cache is None:
-            cache = self._derived = DerivedArrays()
-        return cache
 
     def sample_tasks(
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
