@@ -48,8 +48,9 @@ from .prefetch import Hooks, Prefetcher
 from .query import QueryCondition
 from .retention.capacity import RetentionSetting
 from .retention.eviction import Eviction
-from .samplers.base import SampleInfo, Sampler, TaskSampler, as_sampler, draw
+from .samplers.base import Sampler, TaskSampler, as_sampler
 from .samplers.group import GroupSampler
+from .samplers.loop import SampleInfo, draw, draw_tasks
 from .samplers.random_task import RandomTaskSampler
 from .samplers.uniform import UniformSampler
 from .stats.task_stats import SummaryState
@@ -503,7 +504,7 @@ class ReplayBuffer:
     ) -> Any:
         """A batch: ``sampler`` chooses up to ``batch_size`` matching rows, the storage
         fetches what ``converter`` reads (whole rows, or only its fields), and ``converter``
-        builds the batch (see :mod:`expstore.samplers.base`).
+        builds the batch (see :mod:`expstore.samplers.loop`).
 
         Defaults: ``UniformSampler()`` (with replacement) and ``DefaultConverter()`` (the
         rows as a list). When the sampler weighs rows and the converter builds a dict, the
@@ -520,7 +521,7 @@ class ReplayBuffer:
         """
         chooser = as_sampler(UniformSampler() if sampler is None else sampler)
         builder = as_converter(DefaultConverter() if converter is None else converter)
-        # The one loop (see expstore.samplers.base): choose, fetch what the converter reads,
+        # The one loop (see expstore.samplers.loop): choose, fetch what the converter reads,
         # choose again for rows deleted meanwhile, describe; then build and attach.
         fetched, info = draw(
             self.storage,
@@ -606,9 +607,11 @@ class ReplayBuffer:
         ``RandomTaskSampler()`` and ``DefaultConverter()`` (each item a list of rows). No
         matching row raises EmptyBufferError.
         """
-        sampler = RandomTaskSampler() if sampler is None else sampler
+        chooser = as_sampler(RandomTaskSampler() if sampler is None else sampler)
         converter = DefaultConverter() if converter is None else converter
-        tasks = sampler.sample_tasks(self.storage, batch_size, query_condition)
+        # The one loop, as sample() draws (a rate limit counts the rows, the row cache
+        # serves them), cut at the tasks.
+        tasks = draw_tasks(self.storage, chooser, batch_size, query_condition)
         return [converter.to_dataset_row(task_rows) for task_rows in tasks.values()]
 
     # -- claims: a consume-once queue for learners (expstore.claims) ---------------------

@@ -98,8 +98,9 @@ from .limits.counters import WriteBlocked
 from .model.rows import DataRow
 from .policy_versions import check_version
 from .query import And, QueryCondition, as_condition
-from .samplers.base import KeySampler, SampleInfo
+from .samplers.base import KeySampler
 from .samplers.group import GroupSampler
+from .samplers.loop import SampleInfo
 from .samplers.uniform import UniformSampler
 from .storage.base import Storage
 from .storage.reader import ROW_COLUMNS

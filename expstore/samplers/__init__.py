@@ -13,10 +13,11 @@ the key index (``sample_keys``), and its half over the key space (``can_draw_fla
 
 from ..features.claims.ready_groups import GroupTally
 from ..storage.base import KeySpace
-from .base import Choice, KeySampler, Sampler, SamplerOptions, TaskSampler
+from .base import KeySampler, Sampler, SamplerOptions, TaskSampler
 from .flat import Drawn, draw_uniform
 from .group import GroupCounts, GroupSampler
 from .latest import LatestSampler
+from .loop import Choice
 from .prioritized import PrioritizedSampler
 from .random_task import RandomTaskSample, RandomTaskSampler
 from .recency import RecencySampler
