@@ -337,8 +337,9 @@ class KeySampler(Sampler):
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         if cls.choose_flat is KeySampler.choose_flat and cls.sample_keys is KeySampler.sample_keys:
             raise UnsupportedTypeError(
-                f"Can't instantiate abstract class {cls.__name__}: a key sampler implements choose_flat "
-                "(its draw over a KeySpace), or sample_keys (over its key index alone)"
+                f"Can't instantiate abstract class {cls.__name__}: a key sampler implements "
+                "choose_flat (its draw over a KeySpace), or sample_keys (over its key index "
+                "alone)"
             )
         return super().__new__(cls)
 
