@@ -1,35 +1,39 @@
 """The sampler interfaces: a sampler chooses rows; the storage fetches them and a converter
 builds the batch, in the one loop, :func:`draw` (below).
 
-- :class:`KeySampler` is what every built-in sampler is. It asks the storage for the
-  matching rows' integer keys and a few columns as numpy arrays (``storage.key_index``,
-  cached until the buffer changes) and lets :meth:`KeySampler.sample_keys` choose keys over
-  those arrays; only the chosen rows are fetched, by primary key. The table is never
-  scanned or ``ORDER BY random()``-ed per batch. A custom sampler overrides just
-  ``sample_keys`` (and says which columns it reads in ``columns``)::
+- :class:`KeySampler` is what every built-in sampler is. It chooses integer keys of the
+  matching rows; only the chosen rows are fetched, by primary key (the table is never
+  scanned or ``ORDER BY random()``-ed per batch). A sampler of one's own implements one
+  method, :meth:`KeySampler.choose_flat`, against a
+  :class:`~expstore.storage.base.KeySpace` (the database's key primitives, or the key index
+  held in memory when probing does not pay: the loop runs the same method over it), and
+  says which columns it reads in ``columns``::
 
       import numpy as np
-      from .. import EmptyBufferError
-      from . import KeySampler
+      from expstore.samplers import Choice, KeySampler, draw_uniform
 
       class HighRewardSampler(KeySampler):
           \"\"\"Uniform over the rows whose reward is at least ``threshold``.\"\"\"
 
           columns = ("reward_t",)
 
-          def __init__(self, threshold: float, *, seed: int | None = None) -> None:
-              super().__init__(seed=seed)
+          def __init__(self, threshold: float, **options) -> None:
+              super().__init__(**options)
               self.threshold = threshold
 
-          def sample_keys(self, index, batch_size, rng):
-              keys = index["key"][index["reward_t"] >= self.threshold]
-              if not len(keys):  # the base class adds the condition to the message
-                  raise EmptyBufferError(f"no row has reward_t >= {self.threshold}")
-              return rng.choice(keys, size=batch_size)  # with replacement
+          def choose_flat(self, space, batch_size, query_condition):
+              def accept(c):
+                  return (np.nan_to_num(c["reward_t"], nan=-np.inf) >= self.threshold) * 1.0
+
+              drawn = draw_uniform(space, batch_size, self.rng, columns=self.columns,
+                                   accept=accept, name=f"high:{self.threshold}")
+              return None if drawn is None else Choice(drawn.keys)
 
       rows = buffer.sample(HighRewardSampler(0.5, seed=0), batch_size=32)
 
-  A sampler that weighs its rows (importance weights) also overrides :meth:`KeySampler.weights`.
+  It may instead override :meth:`KeySampler.sample_keys`, a draw over the key index's
+  arrays alone; one that weighs its rows (importance weights) also overrides
+  :meth:`KeySampler.weights`.
 - :class:`TaskSampler` chooses whole tasks (trajectories), as AWorld's ``TaskSampler``.
 - :class:`Sampler` is AWorld's interface: ``sample(storage, batch_size, query_condition=None)``
   returns a list of :class:`~expstore.model.rows.DataRow`. A subclass that implements only
@@ -272,9 +276,10 @@ class SamplerOptions(TypedDict, total=False):
 class KeySampler(Sampler):
     """A sampler that chooses integer keys over the storage's cached key index.
 
-    Subclasses implement :meth:`sample_keys` and list the index columns they read in
-    ``columns`` (``step``, ``task_id``, ``agent_id``, ``reward_t``, ``done``, ``priority``,
-    any column or a path into the payload). One that weighs its rows implements
+    Subclasses implement :meth:`choose_flat` (or :meth:`sample_keys`, over the key index
+    alone) and list the columns they read in ``columns`` (``step``, ``task_id``,
+    ``agent_id``, ``reward_t``, ``done``, ``priority``, any column or a path into the
+    payload). One that weighs its rows implements
     :meth:`weights` too.
 
     After each batch, ``last_keys`` holds the chosen keys and ``last_ids`` the ids of the
