@@ -1,5 +1,5 @@
-"""The README's architecture map matches the package: every package and module it names
-exists, every package and public top-level module is named, and it lists them in the
+"""The architecture map (docs/architecture.md) matches the package: every package and
+module it names exists, every package and public top-level module is named, and it lists them in the
 order of the layers contract (pyproject.toml), top to bottom."""
 
 from __future__ import annotations
@@ -18,10 +18,9 @@ PACKAGE = ROOT / "expstore"
 
 
 def _map() -> list[str]:
-    """The names the README's architecture map gives, in order ('cli', 'buffer', ...)."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("\n## Architecture\n", 1)[1].split("\n## ", 1)[0]
-    block = section.split("```text\n", 1)[1].split("```", 1)[0]
+    """The names the architecture map gives, in order ('cli', 'buffer', ...)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = text.split("```text\n", 1)[1].split("```", 1)[0]
     names = []
     for line in block.splitlines():
         for found in re.finditer(r"(?:^  |;  )([a-z_]+)(/|\.py)", line):
@@ -47,7 +46,7 @@ def test_every_package_and_module_is_in_the_map() -> None:
     present = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     present |= {p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__")}
     unnamed = present - set(_map()) - {"_optional", "_version"}
-    assert not unnamed, f"packages or modules missing from the README's map: {sorted(unnamed)}"
+    assert not unnamed, f"packages or modules missing from the map: {sorted(unnamed)}"
 
 
 def test_the_map_lists_the_layers_top_to_bottom() -> None:

@@ -2,7 +2,8 @@
 
 AWorld's ``ReplayBuffer``, ``RandomTaskSample``, ``DefaultConverter``, ``QueryBuilder`` and
 ``QueryFilter`` are imported from the installed ``aworld`` package, unmodified, and driven
-against :class:`expstore.SqlStorage` on SQLite and Postgres.
+against :class:`expstore.integrations.aworld_replay.AWorldSqlStorage` (SqlStorage with
+AWorld's names) on SQLite and Postgres.
 
 AWorld 0.2.7 cannot be installed beside AWorld 0.3.2 (one package name), which the test
 environment has for :mod:`expstore.integrations.aworld` (the ``aworld`` extra). So its
@@ -35,7 +36,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from expstore import DataRow, Experience, ExpMeta, ReplayBuffer, SqlStorage
+from expstore import DataRow, Experience, ExpMeta, ReplayBuffer
+from expstore.integrations.aworld_replay import AWorldSqlStorage
 
 WHEELS = Path(
     os.environ.get("EXPSTORE_AWORLD_027_DIR", Path(__file__).parent.parent / ".cache/aworld-0.2.7")
@@ -118,14 +120,14 @@ def _rows(tasks: int = 12, steps: int = 5) -> list[DataRow]:
 
 
 @pytest.fixture
-def storage(db_url: str, buffer_name: str) -> Iterator[SqlStorage]:
-    store = SqlStorage(db_url, name=buffer_name)
+def storage(db_url: str, buffer_name: str) -> Iterator[AWorldSqlStorage]:
+    store = AWorldSqlStorage(db_url, name=buffer_name)
     yield store
     store.close()
 
 
 def test_aworlds_replay_buffer_stores_into_expstores_storage(
-    aworld: types.SimpleNamespace, storage: SqlStorage
+    aworld: types.SimpleNamespace, storage: AWorldSqlStorage
 ) -> None:
     buffer = aworld.base.ReplayBuffer(storage=storage)
     rows = _rows()
@@ -138,7 +140,7 @@ def test_aworlds_replay_buffer_stores_into_expstores_storage(
 
 
 def test_aworlds_random_task_sample_draws_whole_tasks_from_expstore(
-    aworld: types.SimpleNamespace, storage: SqlStorage
+    aworld: types.SimpleNamespace, storage: AWorldSqlStorage
 ) -> None:
     buffer = aworld.base.ReplayBuffer(storage=storage)
     buffer.store_batch(_rows())
@@ -160,7 +162,7 @@ def test_aworlds_random_task_sample_draws_whole_tasks_from_expstore(
 
 
 def test_aworlds_query_builder_selects_what_aworlds_own_filter_selects(
-    aworld: types.SimpleNamespace, storage: SqlStorage
+    aworld: types.SimpleNamespace, storage: AWorldSqlStorage
 ) -> None:
     builder, query_filter = aworld.query_filter.QueryBuilder, aworld.query_filter.QueryFilter
     rows = _rows()
@@ -201,7 +203,7 @@ def test_aworlds_query_builder_selects_what_aworlds_own_filter_selects(
 
 
 def test_expstores_buffer_runs_aworlds_samplers_and_converters(
-    aworld: types.SimpleNamespace, storage: SqlStorage
+    aworld: types.SimpleNamespace, storage: AWorldSqlStorage
 ) -> None:
     storage.add_batch(_rows())
     random.seed(1)
@@ -214,7 +216,7 @@ def test_expstores_buffer_runs_aworlds_samplers_and_converters(
 
 
 def test_aworlds_own_dataclass_rows_are_stored_through_their_to_dict(
-    aworld: types.SimpleNamespace, storage: SqlStorage
+    aworld: types.SimpleNamespace, storage: AWorldSqlStorage
 ) -> None:
     base = aworld.base
     common = sys.modules["aworld.core.common"]

@@ -18,10 +18,12 @@ PACKAGE = TESTS.parent / "expstore"
 #: ends with "/").
 CROSS_CUTTING = {
     "multihost/",  # many hosts on a Postgres cluster in network namespaces
-    "test_architecture.py",  # the README's architecture map against the package
+    "test_architecture.py",  # docs/architecture.md's map against the package
     "test_aworld_compat.py",  # AWorld's README example, with only the imports changed
     "test_aworld_package.py",  # AWorld's own replay-buffer code on expstore's storage
     "test_bad_input.py",  # bad input at every public entry point
+    "test_docs_blocks.py",  # the Python blocks of docs/ and README.md
+    "test_docs_site.py",  # the documentation site (mkdocs build --strict, its search)
     "test_examples.py",  # examples/
     "test_exports.py",  # the package root's public members
     "test_layout.py",  # this file: tests/ itself

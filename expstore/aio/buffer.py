@@ -258,13 +258,14 @@ class AsyncReplayBuffer:
         query_condition: QueryCondition = None,
         *,
         limit: int | None = None,
+        offset: int = 0,
         order_by: str = "key",
     ) -> AsyncIterator[DataRow]:
         """``async for row in buffer.query(...)``: the matching rows as
         :meth:`ReplayBuffer.query <expstore.ReplayBuffer.query>` streams them, read
         :data:`QUERY_CHUNK` at a time on the handle's thread."""
         rows = await self.calls.run(
-            self.sync.query, query_condition, limit=limit, order_by=order_by
+            self.sync.query, query_condition, limit=limit, offset=offset, order_by=order_by
         )
         while True:
             chunk = await self.calls.run(_take, rows)
@@ -308,13 +309,17 @@ class AsyncReplayBuffer:
     # -- settings ------------------------------------------------------------------------
     create_index = _on_thread(ReplayBuffer.create_index)
     drop_index = _on_thread(ReplayBuffer.drop_index)
+    indexes = _on_thread(ReplayBuffer.indexes)
     track_changes = _on_thread(ReplayBuffer.track_changes)
     untrack_changes = _on_thread(ReplayBuffer.untrack_changes)
+    tracked_changes = _on_thread(ReplayBuffer.tracked_changes)
     create_summary = _on_thread(ReplayBuffer.create_summary)
     drop_summary = _on_thread(ReplayBuffer.drop_summary)
+    summary_state = _on_thread(ReplayBuffer.summary_state)
     set_retention = _on_thread(ReplayBuffer.set_retention)
+    retention = _on_thread(ReplayBuffer.retention)
     set_compression = _on_thread(ReplayBuffer.set_compression)
-    compression_setting = _on_thread(ReplayBuffer.compression_setting)
+    compression = _on_thread(ReplayBuffer.compression)
     array_stats = _on_thread(ReplayBuffer.array_stats)
     set_policy_version = _on_thread(ReplayBuffer.set_policy_version)
     policy_version = _on_thread(ReplayBuffer.policy_version)
@@ -323,39 +328,40 @@ class AsyncReplayBuffer:
     rate_limit_stats = _on_thread(ReplayBuffer.rate_limit_stats)
     set_admission = _on_thread(ReplayBuffer.set_admission)
     admission = _on_thread(ReplayBuffer.admission)
+    admission_stats = _on_thread(ReplayBuffer.admission_stats)
     ready_groups = _on_thread(ReplayBuffer.ready_groups)
 
     # -- claims --------------------------------------------------------------------------
     async def claim(
         self,
-        n: int,
+        batch_size: int,
         query_condition: QueryCondition = None,
         *,
         consumer: str,
         lease_s: float = DEFAULT_LEASE_S,
-        order: Any = "fifo",
+        order: Any = "oldest",
         converter: Converter[Any] | None = None,
-        wait: float | None = None,
+        wait_s: float | None = None,
         max_staleness: int | None = None,
-        min_n: int | None = None,
+        min_batch_size: int | None = None,
     ) -> AsyncClaim:
         """:meth:`ReplayBuffer.claim <expstore.ReplayBuffer.claim>`, awaited; the claim's
         ``ack``, ``release``, ``renew`` and ``save_progress`` are coroutines. A claim that
-        waits (``wait=``) does so on a thread of its own; cancelled, it stops waiting, and
+        waits (``wait_s=``) does so on a thread of its own; cancelled, it stops waiting, and
         rows it took after all are released at once."""
         return await claim_on(
             self.calls,
             functools.partial(
                 self.sync.claim,
-                n,
+                batch_size,
                 query_condition,
                 consumer=consumer,
                 lease_s=lease_s,
                 order=order,
                 converter=converter,
-                wait=wait,
+                wait_s=wait_s,
                 max_staleness=max_staleness,
-                min_n=min_n,
+                min_batch_size=min_batch_size,
             ),
         )
 
@@ -372,7 +378,7 @@ class AsyncReplayBuffer:
         min_rows: int,
         query_condition: QueryCondition = None,
         *,
-        timeout: float | None = None,
+        timeout_s: float | None = None,
         claimable: bool = False,
         max_staleness: int | None = None,
     ) -> int:
@@ -382,7 +388,7 @@ class AsyncReplayBuffer:
             self.sync.wait_for,
             min_rows,
             query_condition,
-            timeout=timeout,
+            timeout_s=timeout_s,
             claimable=claimable,
             max_staleness=max_staleness,
         )

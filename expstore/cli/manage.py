@@ -88,9 +88,14 @@ def retention(
             help="Which rows go beyond the capacity: fifo, max_reward, task_fifo or stale.",
         ),
     ] = None,
-    max_staleness: Annotated[
+    stale_after: Annotated[
         int | None,
-        typer.Option("--max-staleness", min=0, metavar="K", help="For --eviction stale."),
+        typer.Option(
+            "--stale-after",
+            min=0,
+            metavar="K",
+            help="For --eviction stale: rows more than K policy versions behind go.",
+        ),
     ] = None,
     yes: YesOption = False,
 ) -> None:
@@ -107,26 +112,28 @@ def retention(
     if capacity is not None and unlimited:
         raise CliError("give either --capacity N or --unlimited, not both")
     with open_buffer(db, buffer) as store:
-        storage = store.storage
         held = len(store)
-        current = f"capacity {storage.capacity or 'unlimited'}, eviction {storage.eviction}"
-        if capacity is None and not unlimited and eviction is None and max_staleness is None:
+        kept = store.retention()
+        current = f"capacity {kept.capacity or 'unlimited'}, eviction {kept.eviction}"
+        if kept.eviction == "stale":
+            current += f" (stale after {kept.stale_after} versions)"
+        if capacity is None and not unlimited and eviction is None and stale_after is None:
             typer.echo(f"buffer {buffer!r} holds {held} rows; {current}")
             return
-        new_capacity = None if unlimited else (capacity or storage.capacity)
+        new_capacity = None if unlimited else (capacity or kept.capacity)
         if new_capacity is not None and held > new_capacity or eviction == "stale":
             _confirm(
                 f"Buffer {buffer!r} holds {held} rows; with capacity "
-                f"{new_capacity or 'unlimited'} and eviction {eviction or storage.eviction}, "
+                f"{new_capacity or 'unlimited'} and eviction {eviction or kept.eviction}, "
                 "rows beyond it go now. Go ahead?",
                 yes,
             )
         # A name set_retention checks (an unknown policy is refused there, saying which exist).
         policy = cast("Eviction | None", eviction)
-        gone = store.set_retention(new_capacity, policy, max_staleness=max_staleness)
+        gone = store.set_retention(new_capacity, policy, stale_after=stale_after)
         typer.echo(
             f"buffer {buffer!r}: capacity {new_capacity or 'unlimited'}, eviction "
-            f"{storage.eviction}; {gone} rows went, {len(store)} remain"
+            f"{store.retention().eviction}; {gone} rows went, {len(store)} remain"
         )
 
 

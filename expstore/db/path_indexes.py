@@ -18,18 +18,20 @@ migrations' autogenerate ignores); upgrades never touch it. On Postgres it is bu
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any
 
 from sqlalchemy import Index, text
 from sqlalchemy.schema import CreateIndex
 
-from ..errors import InvalidArgumentError
+from ..errors import ExpstoreError, InvalidArgumentError
+from ..model.layout import COLUMNS_BY_NAME, ID_COLUMN
 from ..query.compiler import json_value
 from ..query.fields import resolve_field
 from .handle import BufferHandle
 from .schema import PATH_INDEX_PREFIX, rows
 
-__all__ = ["create_path_index", "drop_path_index", "path_index"]
+__all__ = ["create_path_index", "drop_path_index", "list_path_indexes", "path_index"]
 
 
 def path_index(handle: BufferHandle, path: str) -> Index:
@@ -53,8 +55,8 @@ def path_index(handle: BufferHandle, path: str) -> Index:
     return index
 
 
-def create_path_index(handle: BufferHandle, path: str) -> str:
-    """Create the index on ``path`` unless it exists; returns its name."""
+def create_path_index(handle: BufferHandle, path: str) -> bool:
+    """Create the index on ``path`` unless it exists; whether it was made now."""
     index = path_index(handle, path)
     engine = handle.connections.engine
     with handle.errors(f"create an index on {path}"):
@@ -63,11 +65,61 @@ def create_path_index(handle: BufferHandle, path: str) -> str:
             with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                 if _invalid(conn, index.name):
                     index.drop(conn)
+                made = not _exists(conn, index.name)
                 conn.execute(CreateIndex(index, if_not_exists=True))
         else:
             with handle.write() as conn:
+                made = not _exists(conn, index.name)
                 conn.execute(CreateIndex(index, if_not_exists=True))
-    return str(index.name)
+    return made
+
+
+#: A path's steps in an index's definition: SQLite's JSON path (``'$."state"[0]."i"'``),
+#: Postgres's ``->`` operands (``-> 'state'::text``, ``-> 0``), or a column of the rows.
+_SQLITE_PATH = re.compile(r"'\$((?:\.\"[^\"]*\"|\[\d+\])+)'")
+_SQLITE_STEP = re.compile(r'\."([^"]*)"|\[(\d+)\]')
+_PG_STEP = re.compile(r"->\s*(?:'([^']*)'|(\d+))")
+_COLUMN = re.compile(r"buffer_id\s*,\s*\(?\"?(\w+)\"?\)?\s*\)\s*$")
+
+
+def list_path_indexes(handle: BufferHandle) -> dict[str, str]:
+    """The path indexes of the database, ``{path: index name}``, read from the catalog:
+    each definition's path is read back and kept only if :func:`path_index` of it names
+    that very index (so an index made another way is never misnamed)."""
+    if handle.dialect.name == "sqlite":
+        catalog = text("SELECT name, sql FROM sqlite_master WHERE type = 'index' AND name LIKE :p")
+    else:
+        catalog = text("SELECT indexname, indexdef FROM pg_indexes WHERE indexname LIKE :p")
+    with handle.errors("list the path indexes"), handle.read() as conn:
+        found = conn.execute(catalog, {"p": PATH_INDEX_PREFIX + "%"}).all()
+    out: dict[str, str] = {}
+    for name, definition in found:
+        path = _path_of(str(definition or ""))
+        try:
+            if path is not None and path_index(handle, path).name == name:
+                out[path] = str(name)
+        except ExpstoreError:  # not a path this module would index
+            continue
+    return dict(sorted(out.items()))
+
+
+def _path_of(definition: str) -> str | None:
+    """The field path an index definition indexes (None: not one this module makes)."""
+    if "data" in definition:
+        sqlite = _SQLITE_PATH.search(definition)
+        if sqlite is not None:
+            steps = [key or index for key, index in _SQLITE_STEP.findall(sqlite.group(1))]
+        else:
+            steps = [key or index for key, index in _PG_STEP.findall(definition)]
+        return ".".join(["exp_data", *steps]) if steps else None
+    column = _COLUMN.search(definition)
+    if column is None:
+        return None
+    name = column.group(1)
+    if name == ID_COLUMN.name:
+        return ID_COLUMN.path
+    spec = COLUMNS_BY_NAME.get(name)
+    return None if spec is None else spec.path
 
 
 def drop_path_index(handle: BufferHandle, path: str) -> bool:

@@ -227,6 +227,7 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
         self.policy_version: int | None = None
         self._last_cursor: Any = None
         self._layout: _Layout | None = None
+        self._shapes: tuple[Any, ...] = ()
         self._opened: tuple[int, ReplayBuffer] | None = None
         self._full = False
         self.buffer  # noqa: B018  (opened now: a bad url fails here, not at the first write)
@@ -277,7 +278,11 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
             slots = [slots[i] for i in keep.tolist()]
             leaves = [leaf[keep] for leaf in leaves]
         self._write(slots, layout, leaves)
-        self._layout = layout
+        # The same layout with the same leaves (dtype, shape) keeps where the leaves are in
+        # a row's blob, found once (each write would otherwise read a row to find it again)
+        shapes = tuple((leaf.dtype, tuple(leaf.shape[1:])) for leaf in leaves)
+        if self._layout is None or (self._layout.text, self._shapes) != (layout.text, shapes):
+            self._layout, self._shapes = layout, shapes
         self._bump_mutation_revision()
 
     def _write(self, slots: list[int], layout: _Layout, leaves: list[Any]) -> None:

@@ -23,7 +23,9 @@ from .eviction import EVERY_WRITE_POLICIES, EVICTION_POLICIES, OLDEST_FIRST_POLI
 
 __all__ = [
     "Retention",
+    "RetentionSetting",
     "check_retention",
+    "read_retention",
     "evict_beyond",
     "set_retention",
     "settle_retention",
@@ -51,8 +53,8 @@ def settle_retention(
         stored = conn.execute(kept).one()
     if eviction == "stale" and stored[1] != "stale":
         raise InvalidArgumentError(
-            'eviction="stale" needs its max_staleness; set it for every writer with '
-            'buffer.set_retention(capacity, "stale", max_staleness=k), then open handles '
+            'eviction="stale" needs its stale_after; set it for every writer with '
+            'buffer.set_retention(capacity, "stale", stale_after=k), then open handles '
             "without eviction="
         )
     if (capacity, eviction) != (None, None) and tuple(stored) == (None, None):
@@ -142,6 +144,35 @@ def evict_beyond(
     return evicted
 
 
+class RetentionSetting(NamedTuple):
+    """A buffer's retention as every writer reads it (``buffer.retention()``), what
+    ``buffer.set_retention`` sets."""
+
+    #: At most this many rows stay after every write (None: unlimited).
+    capacity: int | None
+    #: Which rows go beyond it: ``"fifo"``, ``"max_reward"``, ``"task_fifo"``, ``"stale"``.
+    eviction: str
+    #: The ``"stale"`` policy's k: rows more than k policy versions behind go (None: unset).
+    stale_after: int | None
+    #: How many tombstones of rows gone the buffer keeps, the newest.
+    tombstones: int
+
+
+def read_retention(handle: BufferHandle) -> RetentionSetting:
+    """The buffer's retention, as stored with it."""
+    kept = select(
+        buffers.c.capacity, buffers.c.eviction, buffers.c.stale_after, buffers.c.keep_tombstones
+    ).where(buffers.c.id == handle.buffer_id)
+    with handle.errors("read the retention"), handle.read() as conn:
+        capacity, eviction, stale_after, keep = conn.execute(kept).one()
+    return RetentionSetting(
+        None if capacity is None else int(capacity),
+        eviction or "fifo",
+        None if stale_after is None else int(stale_after),
+        tombstones.DEFAULT_KEEP if keep is None else int(keep),
+    )
+
+
 class Retention(NamedTuple):
     """The buffer's retention as a write found it, and its row count then."""
 
@@ -187,33 +218,33 @@ def set_retention(
     handle: BufferHandle,
     capacity: int | None,
     eviction: str | None,
-    max_staleness: int | None = None,
+    stale_after: int | None = None,
     keep_tombstones: int | None = None,
 ) -> tuple[int, str]:
     """Change the buffer's capacity and policy (None: keep the current one) for every
-    writer; rows beyond the new capacity go in the same transaction. ``max_staleness`` is
+    writer; rows beyond the new capacity go in the same transaction. ``stale_after`` is
     the ``"stale"`` policy's k (kept with the buffer; None: keep the one stored);
     ``keep_tombstones`` how many tombstones the buffer keeps (None: keep the setting; the
     oldest beyond a smaller one go now). Returns (how many rows went, the policy now in
     force)."""
     check_retention(capacity, eviction)
-    check_int("max_staleness", max_staleness, minimum=0, optional=True)
+    check_int("stale_after", stale_after, minimum=0, optional=True)
     check_int("tombstones", keep_tombstones, minimum=0, optional=True)
     with handle.errors("change the retention"), handle.write() as conn:
-        current, stale_after = lock_buffer(handle, conn, buffers.c.eviction, buffers.c.stale_after)
+        current, stored_k = lock_buffer(handle, conn, buffers.c.eviction, buffers.c.stale_after)
         policy = eviction or current or "fifo"
-        if max_staleness is not None:
-            stale_after = max_staleness
-        if policy == "stale" and stale_after is None:
+        if stale_after is not None:
+            stored_k = stale_after
+        if policy == "stale" and stored_k is None:
             raise InvalidArgumentError(
-                'eviction="stale" drops rows more than max_staleness versions behind the '
+                'eviction="stale" drops rows more than stale_after versions behind the '
                 'current policy version; give it: buffer.set_retention(capacity, "stale", '
-                "max_staleness=k). Nothing was changed"
+                "stale_after=k). Nothing was changed"
             )
         values: dict[str, Any] = {
             "capacity": capacity,
             "eviction": policy,
-            "stale_after": stale_after,
+            "stale_after": stored_k,
         }
         if keep_tombstones is not None:
             values["keep_tombstones"] = keep_tombstones

@@ -12,7 +12,7 @@ committed write never leaves more than ``capacity`` rows.
   than the capacity is evicted whole too. (A task whose later steps arrive after it was
   evicted starts again from those steps.)
 - ``stale``: rows more than ``k`` policy versions older than the buffer's current version
-  go (``set_retention(capacity, "stale", max_staleness=k)``; see
+  go (``set_retention(capacity, "stale", stale_after=k)``; see
   :mod:`expstore.policy_versions`), at every write and when the version moves; rows without
   a version stay. Beyond ``capacity`` (if set), the oldest of the rest go, as ``fifo``.
 

@@ -22,8 +22,9 @@ from ..query.fields import resolve_field
 from ..query.groups import GroupCondition, GroupStat
 from ..storage.base import KeySpace, Storage
 from ..storage.sql import SqlStorage
-from .base import Choice, KeySampler, SamplerOptions, empty_error
+from .base import KeySampler, SamplerOptions
 from .flat import MIN_KEPT
+from .loop import Choice, empty_error
 
 __all__ = ["GroupCounts", "GroupSampler"]
 
@@ -331,7 +332,7 @@ class GroupSampler(KeySampler):
         upto: int | None,
     ) -> int:
         """How many whole groups a claim with this order could take now (up to ``upto``):
-        what ``claim(..., wait=s)`` waits for, and counts against a rate limit; sets
+        what ``claim(..., wait_s=s)`` waits for, and counts against a rate limit; sets
         :attr:`last_counts`."""
         return self.claim_counts(sql, query_condition, max_staleness, upto).ready
 

@@ -1,6 +1,6 @@
 """The storage interfaces: what a backend must do.
 
-- :class:`Storage`: where rows live and how they come back (store, get, count, query, page,
+- :class:`Storage`: where rows live and how they come back (store, get, count, query,
   fetch), and what the sampling loop needs of the buffer beside its rows: its policy
   version (``max_staleness``), its draw counts (``consume_after``), its rate limit's
   sample counts, its priorities, its retention and its group summaries.
@@ -16,11 +16,11 @@ what only a SQL database keeps (claims, rate-limit settings, path indexes, task 
 policy versions set for every process) is :class:`~expstore.storage.sql.SqlStorage`'s own,
 and the buffer reaches it there (see :class:`expstore.ReplayBuffer`).
 
-Method names follow AWorld's ``Storage`` (``add``, ``add_batch``, ``size``, ``get_paginated``,
-``get_all``, ``get_by_task_id``, ``get_bacth_by_task_ids``) so code written against AWorld runs
-unchanged. Sampling goes through :meth:`Storage.key_index` (the matching rows' integer keys
-and a few columns as arrays, which samplers choose from) and :meth:`Storage.fetch` (the
-chosen rows, whole or only the fields a converter reads).
+AWorld 0.2.7's storage names (``add``, ``add_batch``, ``size``, ``get_paginated``,
+``get_all``, ``get_bacth_by_task_ids``) are not expstore's: they live in
+:mod:`expstore.integrations.aworld_replay`. Sampling goes through :meth:`Storage.key_index`
+(the matching rows' integer keys and a few columns as arrays, which samplers choose from)
+and :meth:`Storage.fetch` (the chosen rows, whole or only the fields a converter reads).
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import numpy as np
 
-from .._args import check_int
 from ..arrays.stored_once import ArraySetting
 from ..errors import InvalidArgumentError
 from ..lifecycle.reader_state import Signature, moved_on
@@ -43,6 +42,7 @@ from ..query import QueryCondition, condition_key
 if TYPE_CHECKING:
     from ..dedup import Dedup
     from ..group_summaries import GroupSpec
+    from ..retention.capacity import RetentionSetting
     from ..retention.eviction import Eviction
 
 
@@ -150,11 +150,16 @@ class Storage(ABC):
         capacity: int | None,
         eviction: Eviction | None = None,
         *,
-        max_staleness: int | None = None,
+        stale_after: int | None = None,
         tombstones: int | None = None,
     ) -> int:
         """Change the buffer's capacity and eviction policy (and how many tombstones of
         rows gone it keeps) for every writer; returns how many rows went at once."""
+
+    @abstractmethod
+    def retention(self) -> RetentionSetting:
+        """The buffer's capacity, eviction policy, the ``"stale"`` policy's k and how many
+        tombstones it keeps, as every writer reads them."""
 
     @abstractmethod
     def set_compression(
@@ -170,7 +175,7 @@ class Storage(ABC):
         hold (None: keep the setting), for every writer."""
 
     @abstractmethod
-    def compression_setting(self) -> ArraySetting:
+    def compression(self) -> ArraySetting:
         """The buffer's setting for arrays stored by digest, as every writer reads it."""
 
     @abstractmethod
@@ -202,13 +207,11 @@ class Storage(ABC):
         query_condition: QueryCondition = None,
         *,
         limit: int | None = None,
+        offset: int = 0,
         order_by: str = "key",
     ) -> Iterator[DataRow]:
-        """Stream the matching rows in ``order_by`` order."""
-
-    @abstractmethod
-    def page(self, query_condition: QueryCondition, *, offset: int, limit: int) -> list[DataRow]:
-        """Rows ``offset`` .. ``offset + limit`` of the matching rows in insertion order."""
+        """Stream the matching rows in ``order_by`` order, from the ``offset``-th (0: the
+        first), at most ``limit`` of them (None: all)."""
 
     @abstractmethod
     def get_by_task_id(self, task_id: str) -> list[DataRow]:
@@ -313,35 +316,6 @@ class Storage(ABC):
     def close(self) -> None:
         """Release connections."""
 
-    # -- AWorld's names ------------------------------------------------------------------
-    def add(self, row: DataRow) -> None:
-        """AWorld's name for :meth:`store`."""
-        self.store(row)
-
-    def add_batch(self, rows: Sequence[DataRow]) -> None:
-        """AWorld's name for :meth:`store_batch`."""
-        self.store_batch(rows)
-
-    def size(self, query_condition: QueryCondition = None) -> int:
-        """AWorld's name for :meth:`count`."""
-        return self.count(query_condition)
-
-    def get_all(self, query_condition: QueryCondition = None) -> list[DataRow]:
-        """Every matching row, in insertion order."""
-        return list(self.query(query_condition))
-
-    def get_paginated(
-        self, page: int, page_size: int, query_condition: QueryCondition = None
-    ) -> list[DataRow]:
-        """Page ``page`` (1-based) of ``page_size`` matching rows, in insertion order."""
-        check_int("page", page, minimum=1)
-        check_int("page_size", page_size, minimum=1)
-        return self.page(query_condition, offset=(page - 1) * page_size, limit=page_size)
-
-    def get_bacth_by_task_ids(self, task_ids: Iterable[str]) -> dict[str, list[DataRow]]:
-        """AWorld's spelling of :meth:`get_batch_by_task_ids`."""
-        return self.get_batch_by_task_ids(task_ids)
-
     def __len__(self) -> int:
         return self.count()
 
@@ -381,6 +355,17 @@ class KeySpace(ABC):
     kept: Kept
     #: Candidate keys (and rows) read through this space, to see what a draw cost.
     probed: int
+    #: The matching rows' key index (``"key"``, ascending, and the columns read, aligned)
+    #: when this space holds them in memory (a key index made a key space:
+    #: :class:`~expstore.samplers.index_space.IndexKeySpace`); None for a space that probes
+    #: the database. A draw over a listed space draws positions in it directly.
+    listed: dict[str, Any] | None = None
+
+    def remember(self, name: str, sources: tuple[np.ndarray, ...], compute: Callable[[], _T]) -> _T:
+        """``compute()``, or the value kept for ``name`` while ``sources`` are the very same
+        arrays (a listed space keeps what is derived from its arrays, e.g. a weighted draw's
+        cumulative sum; a space over the database keeps nothing)."""
+        return compute()
 
     # -- derived from the range ---------------------------------------------------------
     @property

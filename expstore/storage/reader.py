@@ -41,7 +41,7 @@ from ..model.layout import (
 from ..model.rows import DataRow, Experience, ExpMeta, trusted_many
 from ..query import QueryCondition
 
-__all__ = ["CHUNK", "RowReader", "key_list"]
+__all__ = ["CHUNK", "ROW_COLUMNS", "ReadAlready", "RowReader", "key_list"]
 
 #: Rows fetched per round trip when streaming a query.
 CHUNK = 1000
@@ -272,6 +272,38 @@ def _ordering(order_by: Any) -> tuple[str, bool]:
     return column_name, order_by.startswith("-")
 
 
+class ReadAlready:
+    """Whole rows as another statement read them (:data:`ROW_COLUMNS`: a claim's own,
+    which reads the rows it takes), as a :class:`~expstore.storage.cache.RawRows` source:
+    those rows are served as read, other keys read by ``reader``."""
+
+    def __init__(self, reader: RowReader, read: Sequence[Sequence[Any]]) -> None:
+        self._reader = reader
+        self._read = {int(r[0]): tuple(r) for r in read}
+        if self._read:  # a call by id soon after finds these rows by key
+            reader.handle.remember_keys(list(self._read.values()), _AT_ID)
+
+    def read_raw(self, keys: list[int]) -> tuple[list[tuple[Any, ...]], dict[str, bytes]]:
+        here = [self._read[k] for k in keys if k in self._read]
+        rest = [k for k in keys if k not in self._read]
+        found: dict[str, bytes] = {}
+        if rest:
+            more, found = self._reader.read_raw(rest)
+            here += map(tuple, more)
+        digests = digests_in(r[_AT_DATA] for r in here)
+        if digests - found.keys():  # arrays stored once, which the rows refer to
+            handle = self._reader.handle
+            with handle.errors("fetch rows"), handle.read() as conn:
+                found = {**found, **fetch_arrays(conn, handle.buffer_id, digests)}
+        return here, found
+
+    def decode_raw(self, raw: Sequence[tuple[Any, ...]], arrays: dict[str, bytes]) -> list[DataRow]:
+        return self._reader.decode_raw(raw, arrays)
+
+    def digests_of(self, raw: tuple[Any, ...]) -> list[str]:
+        return self._reader.digests_of(raw)
+
+
 class RowReader:
     """Whole rows of one buffer."""
 
@@ -365,7 +397,7 @@ class RowReader:
             return int(conn.execute(counted).scalar_one())
 
     def query(
-        self, query_condition: QueryCondition, *, limit: int | None, order_by: str
+        self, query_condition: QueryCondition, *, limit: int | None, offset: int, order_by: str
     ) -> Iterator[DataRow]:
         """Stream matching rows, ``CHUNK`` at a time, in ``order_by`` order (a column of
         :data:`~expstore.model.layout.ORDERABLE`, ``key`` being insertion order, with a leading
@@ -374,8 +406,9 @@ class RowReader:
         chunks: the loop body may write to the buffer."""
         column_name, descending = _ordering(order_by)
         check_int("limit", limit, minimum=0, optional=True)
+        check_int("offset", offset, minimum=0)
         where = self.handle.where(query_condition)  # compile now: errors surface at the call
-        return self._stream(where, column_name, descending, limit)
+        return self._stream(where, column_name, descending, limit, offset)
 
     def _stream(
         self,
@@ -383,12 +416,16 @@ class RowReader:
         column_name: str,
         descending: bool,
         limit: int | None,
+        offset: int = 0,
     ) -> Iterator[DataRow]:
         position: tuple[Any, ...] | None = None
         remaining = limit
         while remaining is None or remaining > 0:
             size = CHUNK if remaining is None else min(CHUNK, remaining)
-            chunk, held, position = self._chunk(where, column_name, descending, size, position)
+            chunk, held, position = self._chunk(
+                where, column_name, descending, size, position, skip=offset
+            )
+            offset = 0  # the next chunks follow the last row read
             yield from decode_rows(chunk, self.documents, held)
             if position is None:
                 return
@@ -403,11 +440,12 @@ class RowReader:
         size: int,
         after: tuple[Any, ...] | None,
         whole: bool = True,
+        skip: int = 0,
     ) -> tuple[list[Any], dict[str, bytes], tuple[Any, ...] | None]:
-        """Up to ``size`` matching rows (undecoded; without ``whole``, only their keys and
-        the order's column) after the position ``after`` in the order, the arrays they
-        refer to (read in the same snapshot, :func:`arrays_of`), and the position of the
-        last (None when no row follows it)."""
+        """Up to ``size`` matching rows (undecoded; without ``whole``, only their keys and the
+        order's column) after the position ``after`` in the order (and ``skip`` more),
+        the arrays they refer to (read in the same snapshot, :func:`arrays_of`), and the
+        position of the last (None when no row follows it)."""
         column = rows.c[column_name]
         keys = (column, rows.c.key) if column_name != "key" else (rows.c.key,)
         order = [k.desc() if descending else k.asc() for k in keys]
@@ -418,6 +456,8 @@ class RowReader:
             order = [by_buffer, *order]
         shown = ROW_COLUMNS if whole else keys
         stmt = select(*shown).where(*where).order_by(*order).limit(size)
+        if skip:
+            stmt = stmt.offset(skip)
         if after is not None:
             cursor = tuple_(*keys)
             stmt = stmt.where(cursor < tuple_(*after) if descending else cursor > tuple_(*after))
@@ -459,13 +499,6 @@ class RowReader:
         chunk, _, last = self._chunk(where, column_name, descending, limit, position, False)
         keys = [int(r._mapping["key"]) for r in chunk]
         return keys, None if last is None else _cursor(last)
-
-    def page(self, query_condition: QueryCondition, *, offset: int, limit: int) -> list[DataRow]:
-        stmt = self._select(query_condition).order_by(rows.c.key).offset(offset).limit(limit)
-        with self.handle.errors("read a page"), self.handle.read() as conn:
-            fetched = conn.execute(stmt).all()
-            held = arrays_of(conn, self.handle.buffer_id, fetched, _TEXT)
-        return decode_rows(fetched, self.documents, held)
 
     def task_rows(self, task_ids: Iterable[str]) -> dict[str, list[DataRow]]:
         """Every row of each task, ordered by step, then execute_time, then insertion."""

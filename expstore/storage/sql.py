@@ -40,15 +40,17 @@ import numpy as np
 from sqlalchemy import Connection, delete
 from sqlalchemy.engine import URL
 
-from .. import draw_counts, priorities
+from .. import draw_counts
 from .. import policy_versions as versions
+from .. import priorities as priority_log
 from .._args import check_text
 from ..arrays import stored_once as arrays
 from ..db import migrate, path_indexes
 from ..db.engine import create_sql_engine, is_memory, normalise_url
 from ..db.handle import BufferHandle, read_tracked
 from ..db.replicas import ReadRouter
-from ..db.schema import buffers, rows
+from ..db.schema import buffers
+from ..db.schema import rows as rows_table
 from ..db.tuning import Tuning
 from ..dedup import Dedup
 from ..errors import InvalidArgumentError, RowValidationError, StorageError, UnsupportedTypeError
@@ -74,7 +76,7 @@ from .column_rows import EncodedColumns, column_source
 from .fetch import FieldFetcher
 from .key_index import KeyIndex
 from .key_space import KeySpaces
-from .reader import RowReader, RowsPage
+from .reader import ReadAlready, RowReader, RowsPage, key_list
 from .writer import StoreReport
 
 _T = TypeVar("_T")
@@ -281,16 +283,16 @@ class SqlStorage(Storage):
     # -- writing -------------------------------------------------------------------------
     @overload
     def store_batch(
-        self, rows_: Sequence[DataRow], *, dedup: Dedup = None, report: Literal[False] = False
+        self, rows: Sequence[DataRow], *, dedup: Dedup = None, report: Literal[False] = False
     ) -> int: ...
 
     @overload
     def store_batch(
-        self, rows_: Sequence[DataRow], *, dedup: Dedup = None, report: Literal[True]
+        self, rows: Sequence[DataRow], *, dedup: Dedup = None, report: Literal[True]
     ) -> StoreReport: ...
 
     def store_batch(
-        self, rows_: Sequence[DataRow], *, dedup: Dedup = None, report: bool = False
+        self, rows: Sequence[DataRow], *, dedup: Dedup = None, report: bool = False
     ) -> int | StoreReport:
         """Store every row in one transaction, or none; returns how many were stored
         (``report=True``: a :class:`~expstore.storage.writer.StoreReport` of what the
@@ -300,7 +302,7 @@ class SqlStorage(Storage):
         stays small; any failure (a value the codec or the model refuses, a duplicate id)
         rolls it all back. ``dedup``: see :mod:`expstore.dedup`.
         """
-        self.capacity, self.eviction, done = writer.store_batch(self._handle, rows_, dedup)
+        self.capacity, self.eviction, done = writer.store_batch(self._handle, rows, dedup)
         return done if report else done.stored
 
     @overload
@@ -385,10 +387,10 @@ class SqlStorage(Storage):
                 results[i] = exc
         return [r for r in results if r is not None]
 
-    def replace(self, rows_: Sequence[DataRow]) -> None:
-        """Store ``rows_``, each replacing the stored row of its id if there is one, in one
+    def replace(self, rows: Sequence[DataRow]) -> None:
+        """Store ``rows``, each replacing the stored row of its id if there is one, in one
         transaction (see :func:`expstore.storage.writer.replace_rows`)."""
-        writer.replace_rows(self._handle, rows_)
+        writer.replace_rows(self._handle, rows)
 
     def delete(self, query_condition: QueryCondition) -> int:
         """Delete the matching rows and return how many went. ``None`` is refused: use clear()."""
@@ -414,7 +416,9 @@ class SqlStorage(Storage):
             registry.lock_buffer(handle, conn, buffers.c.id)
             tombstones.record_clear(handle, conn)
             handle.dialect.before_delete(conn, 2**63 - 1, ())  # every row: the top too
-            gone = conn.execute(delete(rows).where(rows.c.buffer_id == handle.buffer_id)).rowcount
+            gone = conn.execute(
+                delete(rows_table).where(rows_table.c.buffer_id == handle.buffer_id)
+            ).rowcount
             arrays.drop_all(conn, handle.buffer_id)
             registry.count_removed(handle, conn, gone)
             registry.bump_version(handle, conn)
@@ -427,19 +431,22 @@ class SqlStorage(Storage):
         capacity: int | None,
         eviction: Eviction | None = None,
         *,
-        max_staleness: int | None = None,
+        stale_after: int | None = None,
         tombstones: int | None = None,
     ) -> int:
         """Change the buffer's capacity (None: unlimited) and eviction policy (None: keep
         the current one) for every handle and process that writes to it; rows beyond the
-        new capacity go now, in the same transaction. ``max_staleness``: the ``"stale"``
+        new capacity go now, in the same transaction. ``stale_after``: the ``"stale"``
         policy's k; ``tombstones``: how many tombstones of rows gone the buffer keeps
         (None: keep the setting). Returns how many rows went."""
         evicted, self.eviction = retention.set_retention(
-            self._handle, capacity, eviction, max_staleness, tombstones
+            self._handle, capacity, eviction, stale_after, tombstones
         )
         self.capacity = capacity
         return evicted
+
+    def retention(self) -> retention.RetentionSetting:
+        return retention.read_retention(self._handle)
 
     def set_compression(
         self,
@@ -457,7 +464,7 @@ class SqlStorage(Storage):
             registry.lock_buffer(handle, conn, buffers.c.id)
             arrays.set_compression(handle, conn, compression, max_array_bytes, fields)
 
-    def compression_setting(self) -> arrays.ArraySetting:
+    def compression(self) -> arrays.ArraySetting:
         handle = self._handle
         with handle.errors("read the compression setting"), handle.read() as conn:
             return arrays.read_setting(conn, handle.buffer_id)
@@ -474,7 +481,7 @@ class SqlStorage(Storage):
         return versions.set_version(self._handle, version, force=force)
 
     def update_priorities(
-        self, ids: Sequence[str], priorities_: Sequence[float] | np.ndarray
+        self, ids: Sequence[str], priorities: Sequence[float] | np.ndarray
     ) -> int:
         """Set the stored priority of rows by id; returns how many rows were updated.
 
@@ -483,9 +490,10 @@ class SqlStorage(Storage):
         patched in place, and the update is logged so that other processes patch theirs
         too (see :mod:`expstore.priorities`).
         """
-        return self.priorities_updated(priorities.update_priorities(self._handle, ids, priorities_))
+        done = priority_log.update_priorities(self._handle, ids, priorities)
+        return self.priorities_updated(done)
 
-    def priorities_updated(self, done: priorities.Update | None) -> int:
+    def priorities_updated(self, done: priority_log.Update | None) -> int:
         """Patch this handle's cached key index with a priority update committed through
         it (:meth:`update_priorities`, or a learner's training step); returns how many
         rows it set."""
@@ -507,15 +515,14 @@ class SqlStorage(Storage):
         query_condition: QueryCondition = None,
         *,
         limit: int | None = None,
+        offset: int = 0,
         order_by: str = "key",
     ) -> Iterator[DataRow]:
         """Stream matching rows in ``order_by`` order (a column that is never NULL, ``key``
-        being insertion order; a leading ``-`` for descending). Chunks are read by keyset
-        pagination in short reads of their own, so the loop body may write to the buffer."""
-        return self._reader.query(query_condition, limit=limit, order_by=order_by)
-
-    def page(self, query_condition: QueryCondition, *, offset: int, limit: int) -> list[DataRow]:
-        return self._reader.page(query_condition, offset=offset, limit=limit)
+        being insertion order; a leading ``-`` for descending), from the ``offset``-th.
+        Chunks are read by keyset pagination in short reads of their own (the first one
+        skips ``offset`` rows), so the loop body may write to the buffer."""
+        return self._reader.query(query_condition, limit=limit, offset=offset, order_by=order_by)
 
     def rows_after(
         self, query_condition: QueryCondition, *, after: str | None, limit: int, order_by: str
@@ -577,10 +584,14 @@ class SqlStorage(Storage):
             snapshot=snapshot,
         )
 
-    def create_index(self, path: str) -> str:
+    def create_index(self, path: str) -> bool:
         """Index the rows on ``path`` (a payload path or a column) so conditions on it are
-        index ranges; returns the index's name (see :mod:`expstore.db.path_indexes`)."""
+        index ranges; whether it was made now (see :mod:`expstore.db.path_indexes`)."""
         return path_indexes.create_path_index(self._handle, path)
+
+    def indexes(self) -> dict[str, str]:
+        """The database's path indexes, ``{path: index name}``."""
+        return path_indexes.list_path_indexes(self._handle)
 
     def drop_index(self, path: str) -> bool:
         """Drop the index :meth:`create_index` made on ``path``; whether there was one."""
@@ -622,11 +633,14 @@ class SqlStorage(Storage):
         *,
         step: int = task_stats.BUILD_STEP,
         progress: Callable[[int], object] | None = None,
-    ) -> None:
+    ) -> bool:
         """Keep per-task summaries (see :mod:`expstore.stats.task_stats`), building them
         for the rows present ``step`` rows per transaction (``progress`` is told how many
-        rows each step summarised)."""
+        rows each step summarised); whether there was anything to build (False: the
+        buffer kept them, built, already)."""
+        before = self.summary_state()
         summary_build.create(self._handle, step, progress)
+        return before is None or not before.built
 
     def drop_summary(self) -> bool:
         """Stop keeping per-task summaries; whether the buffer kept any."""
@@ -662,8 +676,8 @@ class SqlStorage(Storage):
             return super().fetch(keys, paths, writable=writable)
         epoch = self.identity
         if paths is None:
-            rows_, hits = cache.fetch_rows(epoch, keys, self._reader)
-            fetched = Fetched([row.id for row in rows_], rows=rows_)
+            rows, hits = cache.fetch_rows(epoch, keys, self._reader)
+            fetched = Fetched([row.id for row in rows], rows=rows)
         else:
             ids, columns, hits = cache.fetch_columns(
                 epoch, keys, paths, writable, self._read_columns
@@ -672,6 +686,25 @@ class SqlStorage(Storage):
         if hits:  # a call by id soon after (a priority update) finds these rows by key
             self._handle.remember_pairs(hits)
         return fetched
+
+    def fetch_read(
+        self, keys: Sequence[int] | np.ndarray, read: Sequence[Sequence[Any]]
+    ) -> Fetched:
+        """:meth:`fetch` of whole rows, where ``read`` holds them as another statement read
+        them (:data:`~expstore.storage.reader.ROW_COLUMNS`: a claim's own, which reads the
+        rows it takes): no read of its own, unless some refer to stored arrays."""
+        source = ReadAlready(self._reader, read)
+        cache = self.row_cache
+        if cache.enabled:
+            rows_, hits = cache.fetch_rows(self.identity, keys, source)
+            if hits:
+                self._handle.remember_pairs(hits)
+        else:
+            wanted = key_list(keys)
+            raw, arrays = source.read_raw(list(dict.fromkeys(wanted)))
+            decoded = dict(zip((r[0] for r in raw), source.decode_raw(raw, arrays), strict=True))
+            rows_ = [decoded[k] for k in wanted if k in decoded]
+        return Fetched([row.id for row in rows_], rows=rows_)
 
     def _read_columns(
         self, keys: list[int], paths: Sequence[str], writable: bool

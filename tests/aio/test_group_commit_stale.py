@@ -58,7 +58,7 @@ def test_stale_then_more(db_url: str, buffer_name: str) -> None:
     ):
         for b in (seq, grp):
             b.set_policy_version(5)
-            b.set_retention(None, "stale", max_staleness=1)
+            b.set_retention(None, "stale", stale_after=1)
         one = [seq.sql.extend(d, dedup=x, report=True) for _, d, x in _writes()]
         together = grp.sql.write_together(_writes())
         assert together == one

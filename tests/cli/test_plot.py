@@ -1,5 +1,5 @@
 """``expstore stats --plot``: episode return and success per agent over time and a per-agent
-bar chart, drawn into a PNG that opens, has the size asked and is not blank; the README's
+bar chart, drawn into a PNG that opens, has the size asked and is not blank; the docs'
 picture (docs/stats.png, drawn from the demo's data) likewise."""
 
 from __future__ import annotations
@@ -78,8 +78,8 @@ def test_episodes_are_tasks_with_their_return_success_and_agent() -> None:
     assert eps["end"].tolist() == [2.0, 9.0, 5.0]
 
 
-def test_the_readme_picture_opens_and_is_not_blank() -> None:
+def test_the_docs_picture_opens_and_is_not_blank() -> None:
     path = ROOT / "docs" / "stats.png"
     assert path.stat().st_size > 20_000
     _check_png(path)
-    assert "docs/stats.png" in (ROOT / "README.md").read_text()
+    assert "](stats.png)" in (ROOT / "docs" / "cli.md").read_text()

@@ -52,10 +52,11 @@ def test_a_path_index_serves_equality_and_number_ranges(buffer: ReplayBuffer) ->
     equal = QueryBuilder().eq("exp_data.state.i", 7).build()
     above = QueryBuilder().gt("exp_data.state.i", 190).build()
     before = _plan(buffer, equal)  # other tests' path indexes may serve buffer_id alone
-    name = buffer.create_index("exp_data.state.i")
+    assert buffer.create_index("exp_data.state.i") is True
+    name = buffer.indexes()["exp_data.state.i"]
     assert name.startswith("ix_expstore_rows_path_")
     assert name not in before
-    assert buffer.create_index("exp_data.state.i") == name  # again: nothing happens
+    assert buffer.create_index("exp_data.state.i") is False  # again: nothing happens
     assert name in _plan(buffer, equal)
     assert name in _plan(buffer, above)
     # and the answers are the same as without it
@@ -82,3 +83,21 @@ def test_a_path_index_stays_out_of_the_schemas_models(buffer: ReplayBuffer) -> N
     buffer.drop_index("exp_data.state.url")
     buffer.drop_index("exp_meta.task_name")
     assert set(rows.indexes) == before
+
+
+def test_indexes_lists_each_path_as_created(buffer: ReplayBuffer) -> None:
+    """``indexes()`` reads the paths back from the database's catalog, for any handle."""
+    paths = ["exp_data.state.url", "exp_data.actions.0.name", "exp_meta.task_name", "id"]
+    try:
+        for path in paths:
+            buffer.create_index(path)
+        listed = buffer.indexes()
+        assert set(paths) <= set(listed)
+        assert all(n.startswith("ix_expstore_rows_path_") for n in listed.values())
+        assert len(set(listed.values())) == len(listed)
+        buffer.drop_index("exp_data.actions.0.name")
+        assert "exp_data.actions.0.name" not in buffer.indexes()
+    finally:
+        for path in paths:
+            buffer.drop_index(path)
+    assert not set(paths) & set(buffer.indexes())

@@ -161,7 +161,7 @@ def test_fields_set_the_compression_under_their_paths_the_most_specific_winning(
         ReplayBuffer(db_url, name=buffer_name) as one,
         ReplayBuffer(db_url, name=buffer_name) as two,
     ):
-        assert one.compression_setting().fields == {}
+        assert one.compression().fields == {}
         one.set_compression(
             "zstd",
             fields={
@@ -170,7 +170,7 @@ def test_fields_set_the_compression_under_their_paths_the_most_specific_winning(
                 "exp_data.next_state.screen": "png",
             },
         )
-        setting = two.compression_setting()  # kept in the database for every handle
+        setting = two.compression()  # kept in the database for every handle
         assert setting.compression == "zstd"
         assert dict(setting.fields) == {
             "exp_data.state": None,
@@ -194,9 +194,9 @@ def test_fields_set_the_compression_under_their_paths_the_most_specific_winning(
         assert np.array_equal(back.exp_data.state["frames"][1], PAGES[1])
         assert np.array_equal(back.exp_data.next_state["floats"], floats)
         one.set_compression("zstd")  # fields None: kept
-        assert len(two.compression_setting().fields) == 3
+        assert len(two.compression().fields) == 3
         one.set_compression("auto", fields={})  # dropped
-        assert two.compression_setting() == ("auto", one.compression_setting().max_array_bytes, {})
+        assert two.compression() == ("auto", one.compression().max_array_bytes, {})
         consistent(two)
 
 
@@ -236,10 +236,10 @@ def test_bad_fields_are_refused_and_change_nothing(
     buffer: ReplayBuffer, fields: object, message: str
 ) -> None:
     buffer.set_compression("png", fields={"exp_data.state.screen": None})
-    before = buffer.compression_setting()
+    before = buffer.compression()
     with pytest.raises(InvalidArgumentError, match=message):
         buffer.set_compression("zstd", fields=fields)  # type: ignore[arg-type]
-    assert buffer.compression_setting() == before
+    assert buffer.compression() == before
     buffer.store_batch(shots("t", [0]))
     assert list(_codecs(buffer).values()) == ["raw"]
 

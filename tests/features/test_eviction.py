@@ -255,3 +255,21 @@ def test_set_retention_changes_it_for_every_writer_and_evicts_now(
         with pytest.raises(ValueError, match="eviction must be one of"):
             one.set_retention(3, "lifo")
         assert len(other) == 10
+
+
+def test_retention_reads_back_what_set_retention_set(db_url: str, buffer_name: str) -> None:
+    """One way to read the setting, for every handle: ``retention()``."""
+    from expstore.retention.capacity import RetentionSetting
+
+    with (
+        ReplayBuffer(db_url, name=buffer_name) as buf,
+        ReplayBuffer(db_url, name=buffer_name) as other,
+    ):
+        assert buf.retention() == RetentionSetting(None, "fifo", None, 100_000)
+        buf.set_retention(50, "stale", stale_after=3, tombstones=10)
+        assert other.retention() == RetentionSetting(50, "stale", 3, 10)
+        buf.set_retention(None)  # unlimited; the policy and its k stay
+        assert other.retention() == RetentionSetting(None, "stale", 3, 10)
+        with pytest.raises(ValueError, match="stale_after"):
+            buf.set_retention(10, "stale", stale_after=-1)
+        assert other.retention() == RetentionSetting(None, "stale", 3, 10)  # nothing changed

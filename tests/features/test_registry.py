@@ -62,7 +62,7 @@ def test_every_eviction_policy_keeps_the_count(buffer: ReplayBuffer, policy: str
 def test_stale_eviction_keeps_the_count_at_writes_and_version_changes(
     buffer: ReplayBuffer,
 ) -> None:
-    buffer.set_retention(6, "stale", max_staleness=1)
+    buffer.set_retention(6, "stale", stale_after=1)
     for version in range(4):
         buffer.set_policy_version(version)
         batch = make_rows(4)
@@ -131,7 +131,7 @@ def test_a_write_evicting_stale_rows_and_beyond_the_capacity_keeps_the_capacity(
     buffer: ReplayBuffer,
 ) -> None:
     buffer.set_policy_version(4)
-    buffer.set_retention(10, "stale", max_staleness=2)
+    buffer.set_retention(10, "stale", stale_after=2)
     buffer.store_batch([make_row("t", "a", i, version=5) for i in range(8)])
     # 3 stale rows (version 0, evicted at once) and 6 fresh: 14 fresh rows for 10 places.
     batch = [make_row("t", "a", 100 + i, version=0) for i in range(3)]

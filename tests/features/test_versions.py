@@ -162,7 +162,7 @@ def test_claims_with_max_staleness_take_only_fresh_rows(buf: ReplayBuffer) -> No
     claim.ack()
     # Nothing fresh is left: the stale rows stay unclaimed (and countable).
     assert len(buf.claim(10, consumer="learner", max_staleness=1)) == 0
-    assert buf.wait_for(1, claimable=True, max_staleness=5, timeout=0) == 1
+    assert buf.wait_for(1, claimable=True, max_staleness=5, timeout_s=0) == 1
     random_order = buf.claim(10, consumer="other", order="random", max_staleness=5)
     assert {r.exp_meta.policy_version for r in random_order.batch} == {1}
 
@@ -179,10 +179,10 @@ def test_claims_follow_the_version_as_it_moves(buf: ReplayBuffer) -> None:
 
 
 def test_stale_eviction_drops_old_rows_at_each_write_and_version_change(buf: ReplayBuffer) -> None:
-    with pytest.raises(InvalidArgumentError, match="max_staleness=k"):
+    with pytest.raises(InvalidArgumentError, match="stale_after=k"):
         buf.set_retention(None, "stale")
     versioned(buf, [1, 2, 3, None], per=2)
-    assert buf.set_retention(None, "stale", max_staleness=1) == 0  # no version yet
+    assert buf.set_retention(None, "stale", stale_after=1) == 0  # no version yet
     assert buf.set_policy_version(3) == 2  # version 1 goes with the version change
     assert Counter(r.exp_meta.policy_version for r in buf.query()) == {2: 2, 3: 2, None: 2}
     buf.storage.set_policy_version  # noqa: B018 - the storage API is the buffer's
@@ -197,7 +197,7 @@ def test_stale_eviction_drops_old_rows_at_each_write_and_version_change(buf: Rep
 
 
 def test_stale_eviction_with_a_capacity_also_keeps_the_capacity(buf: ReplayBuffer) -> None:
-    buf.set_retention(4, "stale", max_staleness=0)
+    buf.set_retention(4, "stale", stale_after=0)
     buf.set_policy_version(1)
     versioned(buf, [0, 1], per=3)
     kept = [r.exp_meta.policy_version for r in buf.query()]
@@ -212,7 +212,7 @@ def test_a_handle_cannot_ask_for_stale_eviction_without_its_k(
     with pytest.raises(InvalidArgumentError, match="set_retention"):
         ReplayBuffer(db_url, name=buffer_name, eviction="stale")
     with ReplayBuffer(db_url, name=buffer_name) as buffer:
-        buffer.set_retention(None, "stale", max_staleness=2)
+        buffer.set_retention(None, "stale", stale_after=2)
     with ReplayBuffer(db_url, name=buffer_name, eviction="stale") as again:
         assert again.storage.eviction == "stale"
 
@@ -277,7 +277,7 @@ def test_a_claim_after_the_version_was_forced_back_takes_rows_fresh_again(
     fresh = buf.claim(5, consumer="x", max_staleness=2)
     assert {r.exp_meta.policy_version for r in fresh.batch} == {10}
     buf.set_policy_version(1, force=True)  # a restored checkpoint: version 0 is fresh again
-    assert buf.wait_for(1, claimable=True, max_staleness=2, timeout=0) == 1
+    assert buf.wait_for(1, claimable=True, max_staleness=2, timeout_s=0) == 1
     again = buf.claim(20, consumer="x", max_staleness=2)
     assert [r.exp_meta.policy_version for r in again.batch] == [0] * 8
 
@@ -310,9 +310,9 @@ def test_a_group_claim_finds_a_fresh_group_behind_many_stale_ones(buf: ReplayBuf
     buf.set_policy_version(10)
     sampler = GroupSampler(group_size=2)
     assert sampler.claimable_groups(buf.storage, None, 2, 1) == 1
-    claim = buf.claim(2, consumer="g", order=sampler, max_staleness=2, wait=5)
+    claim = buf.claim(2, consumer="g", order=sampler, max_staleness=2, wait_s=5)
     assert {r.exp_meta.task_id for r in claim.batch} == {"new"}
     claim.release()
-    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, timeout=0.05))
+    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, timeout_s=0.05))
     again = buf.claim(2, consumer="g", order=GroupSampler(group_size=2), max_staleness=2)
     assert {r.exp_meta.task_id for r in again.batch} == {"new"}

@@ -162,12 +162,13 @@ def test_small_arrays_compare_by_value_once_tracked(buffer: ReplayBuffer) -> Non
     assert buffer.track_changes("exp_data.state.small") is True  # the rows stored: done now
     assert sorted(r.exp_meta.step for r in buffer.query(unchanged)) == [1, 3, 4]
     assert buffer.track_changes("exp_data.state.small") is False  # tracked already
-    assert buffer.sql.tracked_changes() == ["exp_data.state.small"]
+    assert buffer.tracked_changes() == ["exp_data.state.small"]
     buffer.store_batch([_row("A", 7, 0), _row("A", 3, 1)])  # out of order, a tie at step 3
     assert sorted(r.exp_meta.step for r in buffer.query(unchanged)) == [1, 3, 3, 4, 7]
     assert buffer.untrack_changes("exp_data.state.small") is True
     assert buffer.count(unchanged) == 0
     assert buffer.untrack_changes("exp_data.state.small") is False
+    assert buffer.tracked_changes() == []
 
 
 def test_samplers_read_the_flags_of_the_keys_they_probe(buffer: ReplayBuffer) -> None:

@@ -70,12 +70,12 @@ def test_a_custom_key_sampler_overrides_only_sample_keys(buffer: ReplayBuffer) -
 
 
 class EveryOtherSampler(Sampler):
-    """An AWorld-style sampler: implements sample() over the storage's public methods."""
+    """A sampler of one's own: implements sample() over the storage's public methods."""
 
     def sample(
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
     ) -> list[DataRow]:
-        return storage.get_all(query_condition)[::2][:batch_size]
+        return list(storage.query(query_condition))[::2][:batch_size]
 
 
 class RewardSumConverter(Converter):

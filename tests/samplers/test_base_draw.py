@@ -25,7 +25,8 @@ from expstore import (
     TransitionConverter,
     UniformSampler,
 )
-from expstore.samplers.base import SampleInfo
+from expstore.integrations.aworld_replay import AWorldSqlStorage
+from expstore.samplers.loop import SampleInfo
 from tests.helpers import make_row
 from tests.samplers.test_contract import SAMPLERS
 
@@ -135,7 +136,8 @@ class _AWorldStyleConverter:
 def test_aworld_style_samplers_and_converters_run_in_the_loop(
     db_url: str, buffer_name: str
 ) -> None:
-    with ReplayBuffer(db_url, name=buffer_name) as buffer:
+    # AWorld's samplers call AWorld's storage names: the storage that answers to them
+    with ReplayBuffer(AWorldSqlStorage(db_url, name=buffer_name)) as buffer:
         buffer.store_batch(_rows())
         assert buffer.sample(_AWorldStyleSampler(), None, _AWorldStyleConverter(), 4) == [
             0,

@@ -72,11 +72,12 @@ def buf(db_url: str, buffer_name: str) -> Iterator[ReplayBuffer]:
 
 def test_a_buffer_keeps_no_summaries_until_asked(buf: ReplayBuffer) -> None:
     buf.store_batch(random_rows(random.Random(0), 5))
-    assert buf.storage.summary_state() is None
-    buf.create_summary()
-    state = buf.storage.summary_state()
+    assert buf.summary_state() is None
+    assert buf.create_summary() is True
+    state = buf.summary_state()
     assert state is not None and state.built
-    assert buf.drop_summary() is True and buf.storage.summary_state() is None
+    assert buf.create_summary() is False  # kept and built already: nothing to do
+    assert buf.drop_summary() is True and buf.summary_state() is None
     assert buf.drop_summary() is False
     check(buf)  # from every row again
 
@@ -90,7 +91,7 @@ def test_summaries_give_every_rows_figures_through_writes_deletes_and_evictions(
     buf.create_summary(step=4)
     if eviction == "stale":
         buf.set_policy_version(1)
-        buf.set_retention(40, "stale", max_staleness=3)
+        buf.set_retention(40, "stale", stale_after=3)
     elif eviction is not None:
         buf.set_retention(40, eviction)
     for _ in range(25):

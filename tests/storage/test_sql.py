@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 import torch
@@ -15,6 +17,7 @@ from expstore import (
     ReplayBuffer,
     StorageError,
 )
+from expstore.integrations.aworld_replay import AWorldSqlStorage
 from tests.helpers import make_row, make_rows
 
 
@@ -56,7 +59,7 @@ def test_store_batch_counts_and_len(buffer: ReplayBuffer) -> None:
     buffer.store_batch(make_rows(25))
     assert len(buffer) == 25
     assert buffer.count() == 25
-    assert buffer.storage.size() == 25
+    assert len(buffer.storage) == 25
 
 
 def test_store_batch_with_one_invalid_row_stores_nothing(buffer: ReplayBuffer) -> None:
@@ -159,7 +162,9 @@ def test_get_batch_by_task_ids_groups_rows(buffer: ReplayBuffer) -> None:
     assert list(got) == ["task2", "task0", "nope"]
     assert [r.exp_meta.step for r in got["task2"]] == [0, 1, 2, 3]
     assert got["nope"] == []
-    assert buffer.storage.get_bacth_by_task_ids(["task1"])["task1"] == got_task1(buffer)
+    aworld = AWorldSqlStorage(buffer.storage.url, name=buffer.storage.name)
+    assert aworld.get_bacth_by_task_ids(["task1"])["task1"] == got_task1(buffer)  # (sic)
+    aworld.close()
 
 
 def got_task1(buffer: ReplayBuffer) -> list[DataRow]:
@@ -171,10 +176,32 @@ def test_task_ids_in_first_insertion_order(buffer: ReplayBuffer) -> None:
     assert buffer.task_ids() == ["b", "a", "c"]
 
 
-def test_get_paginated_is_one_based_and_deterministic(buffer: ReplayBuffer) -> None:
+def test_query_from_an_offset(buffer: ReplayBuffer) -> None:
     rows = make_rows(10)
     buffer.store_batch(rows)
-    storage = buffer.storage
+    ids = [r.id for r in rows]
+    assert [r.id for r in buffer.query(offset=8)] == ids[8:]
+    assert [r.id for r in buffer.query(offset=3, limit=2)] == ids[3:5]
+    assert [r.id for r in buffer.query(offset=2, order_by="-key")] == ids[::-1][2:]
+    assert list(buffer.query(offset=10)) == []
+    with pytest.raises(ValueError, match="offset"):
+        buffer.query(offset=-1)
+
+
+@pytest.fixture
+def aworld(buffer: ReplayBuffer) -> Iterator[AWorldSqlStorage]:
+    """The buffer's rows under AWorld 0.2.7's storage names."""
+    storage = AWorldSqlStorage(buffer.storage.url, name=buffer.storage.name)
+    yield storage
+    storage.close()
+
+
+def test_get_paginated_is_one_based_and_deterministic(
+    buffer: ReplayBuffer, aworld: AWorldSqlStorage
+) -> None:
+    rows = make_rows(10)
+    buffer.store_batch(rows)
+    storage = aworld
     assert [r.id for r in storage.get_paginated(1, 4)] == [r.id for r in rows[:4]]
     assert [r.id for r in storage.get_paginated(3, 4)] == [r.id for r in rows[8:]]
     assert storage.get_paginated(4, 4) == []
@@ -183,8 +210,8 @@ def test_get_paginated_is_one_based_and_deterministic(buffer: ReplayBuffer) -> N
     assert [r.id for r in storage.get_all()] == [r.id for r in rows]
 
 
-def test_aworld_storage_names(buffer: ReplayBuffer) -> None:
-    storage = buffer.storage
+def test_aworld_storage_names(aworld: AWorldSqlStorage) -> None:
+    storage = aworld
     storage.add(make_row("x"))
     storage.add_batch([make_row("y"), make_row("y", step=1)])
     assert storage.size() == 3
@@ -256,10 +283,10 @@ def test_conditions_plug_into_every_storage_method(buffer: ReplayBuffer) -> None
     buffer.store_batch(rows)
     by_agent = QueryBuilder().eq("exp_meta.agent_id", "agent1").build()
     assert buffer.count(by_agent) == 10
-    assert buffer.storage.size(by_agent.to_dict()) == 10  # AWorld's dict shape works too
+    assert buffer.count(by_agent.to_dict()) == 10  # AWorld's dict shape works too
     assert buffer.task_ids(by_agent) == ["task1", "task3"]
     assert [r.id for r in buffer.query(by_agent, limit=2)] == [rows[1].id, rows[3].id]
-    assert len(buffer.storage.get_paginated(1, 3, by_agent)) == 3
+    assert len(list(buffer.query(by_agent, offset=8))) == 2
     by_url = QueryBuilder().eq("exp_data.state.url", "https://x/3").build()
     assert [r.id for r in buffer.query(by_url)] == [
         r.id for r in rows if r.exp_data.state["i"] % 7 == 3

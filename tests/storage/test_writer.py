@@ -100,7 +100,7 @@ def test_a_group_already_stale_is_reported_stored_and_evicted_at_once(
     db_url: str, buffer_name: str
 ) -> None:
     with ReplayBuffer(db_url, name=buffer_name) as buffer:
-        buffer.set_retention(None, "stale", max_staleness=2)
+        buffer.set_retention(None, "stale", stale_after=2)
         buffer.set_policy_version(10)
         late = [make_row("g", "actor", i, version=7) for i in range(8)]
         done = buffer.store_batch(late, report=True)

@@ -20,7 +20,11 @@ Leases are measured by the database's clock, the same for every host.
 Every claim, ack, release and renewal first checks, in its own transaction and holding
 the consumer's row, that it comes from the consumer's current incarnation (see
 :mod:`expstore.features.claims.epochs`: fencing); the consumer's row is always locked
-before the claims' entries.
+before the claims' entries. On Postgres a FIFO claim, an ack without a checkpoint or
+produced rows and a release are each one statement that commits on its own where no
+feature needs the transaction: the same checks, as a guard the statement reads before it
+locks anything else, and nothing written unless it holds (see :meth:`ClaimQueue._guard`
+and :meth:`ClaimQueue._finish_at_once`); where it fails, the transaction finds out why.
 
 FIFO claims do not walk the consumed part of the buffer again on every call: each handle
 keeps, per condition, a key below which every matching row has a committed consumption
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
@@ -48,6 +53,7 @@ from sqlalchemy import (
     Text,
     and_,
     bindparam,
+    case,
     cast,
     delete,
     func,
@@ -70,6 +76,7 @@ from ...db.schema import (
     consumption,
     oldest_first,
     progress,
+    ready_groups,
     rows,
 )
 from ...errors import (
@@ -124,9 +131,10 @@ class RateLimitFound(Exception):
 
 class Claimed(NamedTuple):
     """What one claim took: its id, its consumer, the rows' keys in claim order, when it
-    was taken and its lease ends (database clock, seconds since the epoch), and the epoch
+    was taken and its lease ends (database clock, seconds since the epoch), the epoch
     of the consumer's incarnation that took it (0: a plain claim; see
-    :mod:`expstore.features.claims.epochs`)."""
+    :mod:`expstore.features.claims.epochs`), and the rows as the claim's own statement
+    read them (the ``columns`` asked for, in claim order; None: not read)."""
 
     claim_id: str
     consumer: str
@@ -134,6 +142,22 @@ class Claimed(NamedTuple):
     claimed_at: float
     lease_until: float
     epoch: int = 0
+    rows: list[Sequence[Any]] | None = None
+
+
+class _GuardFailed(Exception):
+    """Internal: a claim's guarded statement took nothing, its guard failing."""
+
+
+class _Guarded:
+    """A claim that commits on its own: the row ``columns`` it reads, the guard's bound
+    values, the rows read and the database's clock as its guard row gave it."""
+
+    def __init__(self, columns: Sequence[Any], params: dict[str, Any]) -> None:
+        self.columns = columns
+        self.params = params
+        self.read: list[Sequence[Any]] = []
+        self.at = 0.0
 
 
 #: The database's clock, as a float (a bound value) or as SQL evaluated by the statement.
@@ -204,6 +228,38 @@ def _bound(value: Any) -> bool:
     return not isinstance(value, ColumnElement)
 
 
+def _setting(names: tuple[str, ...], values: dict[str, Any]) -> dict[Any, Any]:
+    """The entries' columns ``names`` set to ``values``: SQL (the database's clock) written
+    in, the rest bound as ``v_<name>``."""
+    return {
+        _C[name]: values[name]
+        if not _bound(values[name])
+        else bindparam(f"v_{name}", type_=_C[name].type)
+        for name in names
+    }
+
+
+def _held_ctes(dialect: Any, mine: Any, rows_where: list[Any] | None) -> tuple[Any, Any]:
+    """``(kept, held)``: the claim's entries (``mine``) locked in key order, as claims lock
+    them; with ``rows_where``, first the rows of the keys bound as ``keys`` (and matching
+    it) locked ``FOR KEY SHARE`` in key order (``kept``; the entries' scan waits on the
+    count of them, which Postgres evaluates once, before its first row is locked)."""
+    kept = None
+    if rows_where is not None:
+        kept = dialect.key_shared(
+            select(rows.c.key).where(*rows_where, dialect.key_in()).order_by(rows.c.key)
+        ).cte("kept")
+        mine = and_(mine, select(func.count()).select_from(kept).scalar_subquery() >= 0)
+    held = (
+        select(_C.key, _C.consumer, _C.acked_at)
+        .where(mine)
+        .order_by(_C.key)
+        .with_for_update()
+        .cte("held")
+    )
+    return kept, held
+
+
 class _Floor(NamedTuple):
     """Where a FIFO claim of a scope starts looking, as a handle saw it last."""
 
@@ -246,6 +302,7 @@ class ClaimQueue:
         epoch: int = 0,
         at_least: int = 0,
         unlimited: bool = False,
+        columns: Sequence[Any] | None = None,
     ) -> Claimed:
         """Claim up to ``n`` claimable rows matching the condition: oldest first, or, with
         ``candidates`` (a function giving up to that many keys chosen by a sampler), among
@@ -254,9 +311,28 @@ class ClaimQueue:
         claim that finds fewer rows takes none (its transaction rolled back) and raises
         :class:`ShortClaim`. ``unlimited``: the caller counted nothing against a rate limit,
         believing the buffer has none; the claim checks in its transaction (no round trip
-        of its own) and, finding one, takes nothing and raises :class:`RateLimitFound`."""
+        of its own) and, finding one, takes nothing and raises :class:`RateLimitFound`.
+
+        ``columns`` (of ``expstore_rows``): read the rows taken with the claim, where it
+        can (:attr:`Claimed.rows`). A FIFO claim of rows with no ``max_staleness``, no
+        ``at_least``, of a buffer without a rate limit or an admission bound, by a
+        consumer that has claimed before, is then one statement that commits on its own
+        (Postgres, see :meth:`_claim_at_once`); a buffer that does not use those features
+        pays nothing for them."""
         handle = self._handle
         claim_id = uuid.uuid4().hex
+        if (
+            columns is not None
+            and handle.dialect.modifying_ctes
+            and candidates is None
+            and groups is None
+            and not at_least
+            and unlimited
+            and scope.max_staleness is None
+        ):
+            fast = self._claim_at_once(n, scope, consumer, lease_s, epoch, claim_id, columns)
+            if fast is not None:
+                return fast
         now = handle.dialect.now()  # evaluated by each statement: no round trip of its own
         floors: dict[str, _Floor] = {}  # the FIFO floor this claim moves, once committed
         committed: list[Callable[[], None]] = []  # what a group taker does then
@@ -462,6 +538,7 @@ class ClaimQueue:
         stamps: list[float],
         floors: dict[str, _Floor],
         lease_s: float,
+        guarded: _Guarded | None = None,
     ) -> list[int]:
         """:meth:`_claim_oldest` where one statement may write in its WITH clause
         (Postgres): each round is one statement (see :meth:`_oldest_statement`) that
@@ -470,7 +547,12 @@ class ClaimQueue:
         :meth:`_claim_oldest` (the same floor, the same candidates, the same locks and
         the same upsert whose WHERE is evaluated on the newest committed entry), in one
         snapshot: a row whose claim committed after it was taken is met by the insert's
-        conflict, and passed over."""
+        conflict, and passed over.
+
+        ``guarded``: each round commits on its own (``conn`` is in autocommit), takes rows
+        only while the guard holds (see :meth:`_guard`) and reads the rows it takes;
+        :class:`_GuardFailed` if it failed at the first round (nothing taken), and the
+        rows taken so far if at a later one."""
         oldest = self._oldest(conn, scope)
         floor = self._floors.get(scope.key)
         start = 0 if floor is None else floor.key
@@ -483,28 +565,47 @@ class ClaimQueue:
             # compiled with a path's old slot (another process untracked it, and its slot
             # went to another path) are dropped before this one is taken.
             self._handle.tracked_paths()
+        columns = None if guarded is None else guarded.columns
+        params = {} if guarded is None else guarded.params
         taken: list[int] = []
         held: int | None = None
+        rounds = 0
         while len(taken) < n:
             want = n - len(taken)
-            statement = self._oldest_statement(scope, reopen)
+            statement = self._oldest_statement(scope, reopen, columns)
             found: list[int] = []
             got: set[int] = set()
-            for key, at, kind in statement.run(
-                conn,
-                start=start,
-                want=want,
-                claim_id=entry["claim_id"],
-                consumer=entry["consumer"],
-                lease_s=lease_s,
-            ):
+            ok = True
+            bound = {
+                "start": start,
+                "want": want,
+                "claim_id": entry["claim_id"],
+                "consumer": entry["consumer"],
+                "lease_s": lease_s,
+                **params,
+            }
+            if guarded is None:
+                result = statement.run(conn, **bound)
+            else:  # a round that commits on its own, rolled back alone by a deadlock
+                result = retried(partial(self._run_alone, conn, statement, bound))
+            for key, at, kind, *read in result:
                 if kind == 0:
                     found.append(int(key))
                 elif kind == 3:
                     start = int(key)  # lowered where rows below the floor came back
+                elif kind == 4:
+                    ok = bool(key)
+                    guarded.at = float(at)  # type: ignore[union-attr]
                 else:
                     got.add(int(key))
                     stamps.append(float(at))
+                    if guarded is not None:
+                        guarded.read.append(read)
+            rounds += 1
+            if not ok:
+                if rounds == 1:
+                    raise _GuardFailed
+                break  # the rows taken so far committed: the claim is those
             found.sort()
             taken.extend(k for k in found if k in got)
             if held is None and len(got) < len(found):
@@ -519,17 +620,78 @@ class ClaimQueue:
         floors[scope.key] = _Floor(start if held is None else held, oldest)
         return taken
 
-    def _oldest_statement(self, scope: Scope, reopen: bool) -> Any:
+    def _run_alone(self, conn: Connection, statement: Any, bound: dict[str, Any]) -> Any:
+        with self._handle.errors("claim rows"):
+            return statement.run(conn, **bound)
+
+    def _claim_at_once(
+        self,
+        n: int,
+        scope: Scope,
+        consumer: str,
+        lease_s: float,
+        epoch: int,
+        claim_id: str,
+        columns: Sequence[Any],
+    ) -> Claimed | None:
+        """A FIFO claim as statements that commit on their own (one, unless other claimers
+        hold the rows it meets), each taking rows only while :meth:`_guard` holds, and
+        reading the rows it takes (``columns``): no BEGIN, no first statement, no COMMIT,
+        no fetch of its own. None where the guard failed at once (nothing taken): the claim
+        is then made in a transaction (:meth:`claim`), which finds out why."""
+        handle = self._handle
+        guarded = _Guarded(
+            columns,
+            {
+                "buffer_id": handle.buffer_id,
+                "name": handle.name,
+                "created_at": handle.created_at,
+                "epoch": epoch,
+            },
+        )
+        entry = {"claim_id": claim_id, "consumer": consumer}
+        stamps: list[float] = []
+        floors: dict[str, _Floor] = {}
+
+        try:
+            with handle.errors("claim rows"), handle.single() as conn:
+                keys = self._claim_oldest_at_once(
+                    conn, n, scope, entry, stamps, floors, lease_s, guarded
+                )
+        except _GuardFailed:
+            return None
+        self._floors.update(floors)
+        at = stamps[0] if stamps else guarded.at
+        by_key = {int(r[0]): r for r in guarded.read}
+        return Claimed(
+            claim_id,
+            consumer,
+            np.asarray(keys, dtype=np.int64),
+            at,
+            at + lease_s,
+            epoch,
+            [by_key[k] for k in keys],
+        )
+
+    def _oldest_statement(
+        self, scope: Scope, reopen: bool, columns: Sequence[Any] | None = None
+    ) -> Any:
         """One round of a FIFO claim as one statement, compiled once per handle and scope
         (``reopen``: the round starts at the handle's floor, lowered to the smallest key
         below it whose row came back, released or its lease run out). Its rows: ``(key,
         NULL, 0)`` per candidate, ``(key, claimed_at, 1 or 2)`` per row taken (a new entry,
-        an entry that changed hands), ``(start, NULL, 3)`` where it started."""
+        an entry that changed hands), ``(start, NULL, 3)`` where it started.
+
+        With ``columns`` (of ``expstore_rows``), the statement of a claim that commits on
+        its own (see :meth:`_claim_at_once`): it takes rows only if :meth:`_guard` holds
+        (its row ``(1 or 0, NULL, 4)`` says whether it did), and each row is followed by
+        ``columns`` of the row taken (NULL for the other kinds)."""
         handle = self._handle
 
         def build() -> Any:
             dialect = handle.dialect
             now = dialect.now()
+            guard = None if columns is None else self._guard().cte("guard")
             start: Any = bindparam("start", type_=BigInteger)
             lease_until = now + bindparam("lease_s", type_=Double)
             claim_id = bindparam("claim_id", type_=String)
@@ -551,9 +713,13 @@ class ClaimQueue:
                 )
                 start = func.least(start, below)
             begin = select(start.label("start")).cte("begin")
+            # The guard's one row is read before any candidate (the consumer's row locked
+            # first, as in the lock order); no candidate at all where it fails.
+            allowed = [] if guard is None else [select(guard.c.ok).scalar_subquery()]
             candidates = (
                 oldest_first(select(rows.c.key), handle.buffer_id)
                 .where(
+                    *allowed,
                     *scope.where(handle),
                     rows.c.key >= select(begin.c.start).scalar_subquery(),
                     unblocked(now),
@@ -609,14 +775,55 @@ class ClaimQueue:
                 .cte("again")
             )
             nothing = cast(null(), Double)
-            return union_all(
-                select(candidates.c.key, nothing, literal(0)),
+            parts = [
+                select(
+                    candidates.c.key.label("key"), nothing.label("at"), literal(0).label("kind")
+                ),
                 select(new.c.key, new.c.claimed_at, literal(1)),
                 select(again.c.key, again.c.claimed_at, literal(2)),
                 select(begin.c.start, nothing, literal(3)),
+            ]
+            if guard is None or columns is None:
+                return union_all(*parts)
+            ok = case((guard.c.ok, literal(1, BigInteger)), else_=literal(0, BigInteger))
+            found = union_all(*parts, select(ok, now, literal(4))).subquery("found")
+            # The rows taken, read by the same statement (its snapshot holds them).
+            taken = and_(rows.c.key == found.c.key, found.c.kind.between(1, 2))
+            return select(found.c.key, found.c.at, found.c.kind, *columns).select_from(
+                found.outerjoin(rows, taken)
             )
 
-        return handle.statement(("claim oldest", scope.key, reopen), build)
+        shape = None if columns is None else tuple(str(c) for c in columns)
+        return handle.statement(("claim oldest", scope.key, reopen, shape), build)
+
+    def _guard(self) -> Any:
+        """What a claim that commits on its own (:meth:`_claim_at_once`) checks, as a
+        SELECT of one row, ``ok``: the buffer's row is still the handle's (its name and
+        ``created_at``, bound as ``name`` and ``created_at``), the buffer has no rate limit
+        and no admission bound, and the consumer bound as ``consumer`` is at the epoch
+        bound as ``epoch`` (its row held shared until the statement ends, as a claim's
+        transaction holds it). Where any fails the claim takes nothing: its transaction
+        finds out which, and acts on it."""
+        handle = self._handle
+        buffer_id = bindparam("buffer_id", type_=Integer)
+        same = (
+            select(buffers.c.id)
+            .where(
+                buffers.c.id == buffer_id,
+                buffers.c.name == bindparam("name", type_=String),
+                buffers.c.created_at == bindparam("created_at", type_=Double),
+            )
+            .exists()
+        )
+        epoch = func.coalesce(current_epoch(handle, shared=True), -1)
+        return select(
+            and_(
+                same,
+                limited_flag(buffer_id) == 0,
+                ~has_admission(buffer_id),
+                epoch == bindparam("epoch", type_=Integer),
+            ).label("ok")
+        )
 
     def _oldest(self, conn: Connection, scope: Scope) -> int | None:
         """The oldest fresh version of a scope with max_staleness now (-1 while the buffer
@@ -774,6 +981,130 @@ class ClaimQueue:
         # A deadlock with a claim taking the rows over (Postgres) rolls it back: again.
         return retried(again)
 
+    def _finish_at_once(
+        self, claim: Claimed, action: str, values: dict[str, Any], *, acking: bool
+    ) -> bool:
+        """Set ``values`` on every entry of ``claim`` by one statement that commits on its
+        own (Postgres; see :meth:`_at_once_statement`), where nothing needs the ack's or
+        release's transaction: the buffer's row is still the handle's, the consumer is at
+        the claim's epoch, and every entry is the claim's, none acked; for an ack also
+        every row still stored, the buffer's eviction not ``"stale"`` and none of the rows
+        the first of a ready group (its saved progress goes in the same statement, and the
+        rows are counted to the consumer). Returns whether it did; where it did not it
+        changed nothing, and the transaction of :meth:`_finish` finds out why."""
+        handle = self._handle
+        keys = sorted({int(k) for k in claim.keys.tolist()})
+        if not handle.dialect.modifying_ctes or not keys:
+            return False
+        names = tuple(sorted(values))
+        statement = self._at_once_statement(names, values, acking)
+        params = {f"v_{name}": value for name, value in values.items() if _bound(value)}
+
+        def run() -> int:
+            with handle.errors(f"{action} a claim"), handle.single() as conn:
+                found = statement.run(
+                    conn,
+                    buffer_id=handle.buffer_id,
+                    name=handle.name,
+                    created_at=handle.created_at,
+                    consumer=claim.consumer,
+                    epoch=claim.epoch,
+                    claim_id=claim.claim_id,
+                    keys=handle.dialect.key_set(keys),
+                    n=len(keys),
+                    **params,
+                )
+            return int(found[0][0])
+
+        # A deadlock with a claim taking the rows over rolls it back: again.
+        return retried(run) == len(keys)
+
+    def _at_once_statement(
+        self, names: tuple[str, ...], values: dict[str, Any], acking: bool
+    ) -> Any:
+        """The statement of :meth:`_finish_at_once`, compiled once per handle and shape.
+        Its locks are taken in the order of :meth:`_finish`'s: the consumer's row (by the
+        guard, read before anything else), then for an ack the claim's rows ``FOR KEY
+        SHARE``, then the entries; it writes only if every check holds. Its one row: how
+        many entries it set."""
+        handle = self._handle
+
+        def build() -> Any:
+            dialect = handle.dialect
+            buffer_id = bindparam("buffer_id", type_=Integer)
+            claim_id = bindparam("claim_id", type_=String)
+            consumer = bindparam("consumer", type_=String)
+            n = bindparam("n", type_=Integer)
+            same = [
+                buffers.c.id == buffer_id,
+                buffers.c.name == bindparam("name", type_=String),
+                buffers.c.created_at == bindparam("created_at", type_=Double),
+            ]
+            checks = []
+            if acking:  # nothing of retention, progress kept or ready groups to settle
+                same.append(buffers.c.eviction.is_distinct_from("stale"))
+                checks.append(
+                    ~select(ready_groups.c.first_key)
+                    .where(dialect.key_in(ready_groups.c.first_key))
+                    .exists()
+                )
+            epoch = func.coalesce(current_epoch(handle), -1)
+            guard = select(
+                and_(
+                    select(buffers.c.id).where(*same).exists(),
+                    *checks,
+                    epoch == bindparam("epoch", type_=Integer),
+                ).label("ok")
+            ).cte("guard")
+            ok = select(guard.c.ok).scalar_subquery()
+            mine = and_(_C.claim_id == claim_id, ok)
+            # For an ack the rows held against deletion before their entries.
+            kept, held = _held_ctes(dialect, mine, [ok] if acking else None)
+            wrong = or_(held.c.consumer != consumer, held.c.acked_at.is_not(None))
+            fine = [
+                func.count() == n,
+                func.count().filter(wrong) == 0,
+            ]
+            if kept is not None:
+                fine.append(select(func.count()).select_from(kept).scalar_subquery() == n)
+            verdict = select(and_(*fine).label("yes")).select_from(held).cte("verdict")
+            yes = select(verdict.c.yes).scalar_subquery()
+            setting = _setting(names, values)
+            done = (
+                update(consumption)
+                .where(_C.claim_id == claim_id, yes)
+                .values(setting)
+                .returning(_C.key)
+                .cte("done")
+            )
+            stmt = select(func.count()).select_from(done)
+            if acking:
+                counted = (
+                    update(consumers)
+                    .where(
+                        consumers.c.buffer_id == buffer_id,
+                        consumers.c.consumer == consumer,
+                        yes,
+                    )
+                    .values(
+                        acked=consumers.c.acked
+                        + select(func.count()).select_from(done).scalar_subquery()
+                    )
+                    .returning(consumers.c.acked)
+                    .cte("counted")
+                )
+                # The work is done: its saved progress goes.
+                saved = (
+                    delete(progress)
+                    .where(dialect.key_in(progress.c.key), yes)
+                    .returning(progress.c.key)
+                    .cte("saved")
+                )
+                stmt = stmt.add_cte(counted).add_cte(saved)
+            return stmt
+
+        return handle.statement(("finish at once", names, acking), build)
+
     def _finish_head(self, conn: Connection, consumer: str, retention: AckRetention | None) -> Any:
         """The first statement of an ack, release or renewal: checks the buffer's row is
         still the handle's buffer, reads what an ack's ``retention`` needs of it, and
@@ -866,31 +1197,14 @@ class ClaimQueue:
             claim_id = bindparam("claim_id", type_=String)
             consumer = bindparam("consumer", type_=String)
             mine = _C.claim_id == claim_id
-            if rows_too:
-                kept = handle.dialect.key_shared(
-                    select(rows.c.key).where(handle.dialect.key_in()).order_by(rows.c.key)
-                ).cte("kept")
-                first = select(func.count()).select_from(kept).scalar_subquery()
-                mine = and_(mine, first >= 0)
-            held = (
-                select(_C.key, _C.consumer, _C.acked_at)
-                .where(mine)
-                .order_by(_C.key)
-                .with_for_update()
-                .cte("held")
-            )
+            _, held = _held_ctes(handle.dialect, mine, [] if rows_too else None)
             wrong = (
                 select(func.count())
                 .select_from(held)
                 .where(or_(held.c.consumer != consumer, held.c.acked_at.is_not(None)))
                 .scalar_subquery()
             )
-            setting = {
-                _C[name]: values[name]
-                if not _bound(values[name])
-                else bindparam(f"v_{name}", type_=_C[name].type)
-                for name in names
-            }
+            setting = _setting(names, values)
             # The count reads every entry of held (locking them all) before any is set.
             done = (
                 update(consumption)
@@ -1016,6 +1330,12 @@ class ClaimQueue:
         to ``short``."""
         state = check_checkpoint(checkpoint) if with_checkpoint else None
         now = self._handle.dialect.now()
+        if produce is None and state is None and not self._stale_seen:
+            done = {"acked_at": now, "lease_until": None}
+            if self._finish_at_once(claim, "ack", done, acking=True):
+                if short is not None:
+                    short.clear()
+                return len(claim.keys)
 
         def body(conn: Connection) -> int:
             made = None
@@ -1034,6 +1354,8 @@ class ClaimQueue:
 
     def release(self, claim: Claimed) -> int:
         """Return the claim's rows to the queue; returns how many."""
+        if self._finish_at_once(claim, "release", _RELEASED, acking=False):
+            return len(claim.keys)
         return self._finish(
             claim, "release", lambda c: self.finish_in(c, claim, "release", _RELEASED)
         )

@@ -24,7 +24,7 @@ def group(task: str, version: int, size: int = 8) -> list[DataRow]:
 
 
 def test_stale_eviction_keeps_a_claimed_group_until_its_ack_evicts_it(buf: ReplayBuffer) -> None:
-    buf.set_retention(None, "stale", max_staleness=2)
+    buf.set_retention(None, "stale", stale_after=2)
     buf.set_policy_version(0)
     buf.store_batch(group("g1", 0))
     buf.store_batch(group("g2", 0))
@@ -48,7 +48,7 @@ def test_stale_eviction_keeps_a_claimed_group_until_its_ack_evicts_it(buf: Repla
 
 
 def test_an_ack_evicts_only_its_own_stale_rows(buf: ReplayBuffer) -> None:
-    buf.set_retention(None, "stale", max_staleness=1)
+    buf.set_retention(None, "stale", stale_after=1)
     buf.set_policy_version(5)
     buf.store_batch([make_row("old", "a", i, version=5) for i in range(4)])
     buf.store_batch([make_row("new", "a", i, version=6) for i in range(4)])
@@ -68,7 +68,7 @@ def test_an_ack_evicts_only_its_own_stale_rows(buf: ReplayBuffer) -> None:
 def test_stale_rows_whose_lease_ran_out_go_at_the_next_version_change(
     buf: ReplayBuffer,
 ) -> None:
-    buf.set_retention(None, "stale", max_staleness=0)
+    buf.set_retention(None, "stale", stale_after=0)
     buf.set_policy_version(1)
     buf.store_batch([make_row("t", "a", i, version=1) for i in range(3)])
     dead = buf.claim(3, consumer="a", lease_s=0.2)
@@ -86,7 +86,7 @@ def test_set_retention_stale_passes_over_leased_rows(buf: ReplayBuffer) -> None:
     buf.set_policy_version(4)
     buf.store_batch([make_row("t", "a", i, version=1) for i in range(6)])
     held = buf.claim(2, consumer="a")
-    assert buf.set_retention(None, "stale", max_staleness=1) == 4
+    assert buf.set_retention(None, "stale", stale_after=1) == 4
     assert sorted(r.id for r in buf.query()) == sorted(held.ids)
 
 
