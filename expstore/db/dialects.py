@@ -225,6 +225,12 @@ class Dialect(ABC):
         buffer's rows."""
         return rows.c.buffer_id == buffer_id
 
+    def in_key_order_found(self) -> Any:
+        """The ORDER BY term of rows found by another index (by their ids: a replace)
+        sorted by key: written so the planner looks the rows up by that index and sorts
+        the few it finds, not walks every row of the buffer in key order."""
+        return rows.c.key
+
     @abstractmethod
     def keys_text(self, column: Any) -> ColumnElement[str]:
         """An aggregate: the group's ``column`` values (integer keys) as one comma-separated
@@ -357,6 +363,11 @@ class SqliteDialect(Dialect):
             "ColumnElement[bool]",
             func.likelihood(rows.c.buffer_id == buffer_id, literal_column("0.001")),
         )
+
+    def in_key_order_found(self) -> Any:
+        # A bare key would have SQLite's planner walk the (buffer_id, key) index for the
+        # order and test every row of the buffer (a replace of one row of 20k: 30 ms).
+        return rows.c.key + 0
 
     def now(self) -> ColumnElement[float]:
         # julianday('now') has millisecond resolution; day 2440587.5 is the Unix epoch.

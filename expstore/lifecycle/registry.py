@@ -233,7 +233,7 @@ def remove_ids(
     def build() -> Any:
         mine = rows.c.buffer_id == bindparam("buffer_id", type_=Integer)
         chosen = select(rows.c.key).where(mine, dialect.text_in(rows.c.id, "ids"))
-        locked = dialect.locked(chosen.order_by(rows.c.key))
+        locked = dialect.locked(chosen.order_by(dialect.in_key_order_found()))
         if not counting:
             return locked
         doomed = locked.cte("doomed")

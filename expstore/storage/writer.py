@@ -306,7 +306,7 @@ def store_together(
     return (None if capacity is None else int(capacity)), policy, [d[2] for d in done]
 
 
-def replace_rows(handle: BufferHandle, rows: Sequence[DataRow]) -> None:
+def replace_rows(handle: BufferHandle, rows: Sequence[DataRow] | RowSource) -> None:
     """Store ``rows``, each replacing the stored row of its id if there is one (an upsert
     by id: rows are immutable, so the old row is removed, as ``delete()`` removes it, with
     its tombstone and what the buffer's features keep of it, and the new one inserted):
@@ -315,10 +315,10 @@ def replace_rows(handle: BufferHandle, rows: Sequence[DataRow]) -> None:
     One write: the buffer's state is read once, with its row taken, and serves the
     removal and the insert; the removal's count and the new version readers need go into
     the write's one update of the buffer's row, and its capacity sees the removed rows
-    gone (:func:`expstore.lifecycle.registry.remove_ids`: one statement on Postgres)."""
-    prepared = prepare(rows)
-    batch = as_source(prepared)
-    ids = [row.id for row in prepared]
+    gone (:func:`expstore.lifecycle.registry.remove_ids`: one statement on Postgres).
+    ``rows``: DataRows, or a :class:`RowSource` (columns: ``column_source``)."""
+    batch = rows if isinstance(rows, RowSource) else as_source(prepare(rows))
+    ids = list(batch.ids)
     waiting = RATE_LIMIT_WAIT.start()
 
     def write() -> None:
@@ -334,7 +334,7 @@ def replace_rows(handle: BufferHandle, rows: Sequence[DataRow]) -> None:
                 RateLimits(handle).wait_to_write(blocked, waiting)
 
     retried(write)
-    _wrote(handle, len(prepared))
+    _wrote(handle, len(batch))
 
 
 def _wrote(handle: BufferHandle, stored: int) -> None:
