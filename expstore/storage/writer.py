@@ -306,7 +306,7 @@ def store_together(
     return (None if capacity is None else int(capacity)), policy, [d[2] for d in done]
 
 
-def replace_rows(handle: BufferHandle, rows: Sequence[DataRow] | RowSource) -> None:
+def replace_rows(handle: BufferHandle, rows: Sequence[Any] | RowSource) -> None:
     """Store ``rows``, each replacing the stored row of its id if there is one (an upsert
     by id: rows are immutable, so the old row is removed, as ``delete()`` removes it, with
     its tombstone and what the buffer's features keep of it, and the new one inserted):
@@ -316,8 +316,15 @@ def replace_rows(handle: BufferHandle, rows: Sequence[DataRow] | RowSource) -> N
     removal and the insert; the removal's count and the new version readers need go into
     the write's one update of the buffer's row, and its capacity sees the removed rows
     gone (:func:`expstore.lifecycle.registry.remove_ids`: one statement on Postgres).
-    ``rows``: DataRows, or a :class:`RowSource` (columns: ``column_source``)."""
-    batch = rows if isinstance(rows, RowSource) else as_source(prepare(rows))
+    ``rows``: DataRows (checked first, as :func:`store_batch` checks them), or rows a
+    dict of columns gave (``column_source``: checked as they were cut, or a
+    :class:`RowSource`)."""
+    if isinstance(rows, RowSource):
+        batch = rows
+    elif all(isinstance(row, DataRow) for row in rows):
+        batch = as_source(prepare(rows))
+    else:
+        batch = as_source(list(rows))
     ids = list(batch.ids)
     waiting = RATE_LIMIT_WAIT.start()
 
