@@ -4,6 +4,7 @@ import typing as _typing
 
 from .buffer import ReplayBuffer
 from .claims import Claim, Consumer, Step
+from .claims.prompts import AdmissionState
 from .converters import (
     ChatConverter,
     Converter,
@@ -46,7 +47,6 @@ from .errors import (
     UnsupportedTypeError,
     WaitTimeoutError,
 )
-from .features.claims.prompts import AdmissionState
 from .io import export_images, export_rows, import_rows
 from .limits.rate_limiter import RateLimiter, RateLimitStats
 from .minari_io import export_minari, import_minari

@@ -32,14 +32,14 @@ from .claims import (
     store_prompts,
     wait_for_rows,
 )
+from .claims.prompts import AdmissionState
+from .claims.queue import Lineage, QueueStats, queue_of
+from .claims.ready_groups import GroupTally
 from .converters.base import BatchT, Converter, as_converter
 from .converters.default import DefaultConverter
 from .db.tuning import Tuning
 from .dedup import Dedup
 from .errors import InvalidArgumentError, UnknownConsumerError, UnsupportedTypeError
-from .features.claims.prompts import AdmissionState
-from .features.claims.queue import Lineage, QueueStats
-from .features.claims.ready_groups import GroupTally
 from .io import to_arrow
 from .limits.rate_limiter import RateLimiter, RateLimitStats
 from .minari_io import export_minari
@@ -148,7 +148,7 @@ class ReplayBuffer:
     @property
     def sql(self) -> SqlStorage:
         """The buffer's :class:`SqlStorage`, with what only a SQL database keeps beside the
-        rows: the claims queue (``sql.claims``), the rate limit's settings
+        rows: the claims queue (:mod:`expstore.claims`), the rate limit's settings
         (``sql.rate_limits``), path indexes, task summaries and the figures
         ``expstore stats`` computes in the database (``sql.summary``). The methods of this
         buffer that use them come here; a buffer over another :class:`Storage` raises
@@ -665,7 +665,7 @@ class ReplayBuffer:
             min_batch_size=min_batch_size,
         )
 
-    # -- prompt queues (expstore.features.claims.prompts) ----------------------------------
+    # -- prompt queues (expstore.claims.prompts) ----------------------------------
     def store_prompts(
         self, prompts: Sequence[DataRow], *, group_size: int | Sequence[int], parts: int = 1
     ) -> StoreReport:
@@ -743,7 +743,7 @@ class ReplayBuffer:
         if not isinstance(takeover, bool):
             raise UnsupportedTypeError(f"takeover must be True or False, got {takeover!r}")
         sql = self.sql
-        epoch, taken = sql.claims.open_consumer(name, takeover=takeover)
+        epoch, taken = queue_of(sql.handle).open_consumer(name, takeover=takeover)
         if taken and sql.sampling_limited():
             # Rows the predecessors' claims counted as sampled go back to the queue
             # unconsumed: their samples go back to the rate limit (counted again when
@@ -756,7 +756,7 @@ class ReplayBuffer:
         ``default``: UnknownConsumerError)."""
         check_consumer(consumer)
         try:
-            return self.sql.claims.checkpoint(consumer)[1]
+            return queue_of(self.sql.handle).checkpoint(consumer)[1]
         except UnknownConsumerError:
             if default is ...:
                 raise
@@ -805,12 +805,12 @@ class ReplayBuffer:
         (``capacity``, ``stale``, ``delete``, ``clear``), ``eviction_policy``, and its
         consumption record as it was when it went (acked by whom, when, with which
         checkpoint). Other ids are left out."""
-        return self.sql.claims.lineage(ids)
+        return queue_of(self.sql.handle).lineage(ids)
 
     def queue_stats(self, query_condition: QueryCondition = None) -> QueueStats:
         """Queue depth over the matching rows: unclaimed, leased, expired, consumed, and
         per consumer."""
-        return self.sql.claims.stats(query_condition)
+        return queue_of(self.sql.handle).stats(query_condition)
 
     # -- rate limits (expstore.limits.rate_limiter) ----------------------------------------
     def set_rate_limiter(self, limiter: RateLimiter | None) -> None:

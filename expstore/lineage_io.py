@@ -21,8 +21,8 @@ from typing import Any
 
 from ._optional import require
 from .buffer import ReplayBuffer
+from .claims.queue import Lineage
 from .errors import InvalidArgumentError
-from .features.claims.queue import Lineage
 from .io import CHUNK, Progress, chunks, detect_format, replacing
 from .query import QueryCondition
 

@@ -77,7 +77,7 @@ def set_version(handle: BufferHandle, version: Any, *, force: bool = False) -> i
 
 def set_version_in(handle: BufferHandle, conn: Connection, version: int, *, force: bool) -> int:
     """:func:`set_version` of a checked ``version`` in the caller's transaction (a
-    learner's training step, see :mod:`expstore.features.claims.steps`)."""
+    learner's training step, see :mod:`expstore.claims.steps`)."""
     current, capacity, policy = lock_buffer(
         handle, conn, buffers.c.policy_version, buffers.c.capacity, buffers.c.eviction
     )

@@ -51,7 +51,7 @@ def update_priorities_in(
 ) -> Update | None:
     """:func:`update_priorities` of checked ``ids`` and ``values`` (see
     :func:`~expstore._args.check_priorities`) in the caller's transaction (a learner's
-    training step, see :mod:`expstore.features.claims.steps`)."""
+    training step, see :mod:`expstore.claims.steps`)."""
     # The buffer's row first, as store_batch takes it: locking rows and then the
     # buffer would deadlock with a writer evicting those rows.
     lock_buffer(handle, conn, buffers.c.id)

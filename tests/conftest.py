@@ -105,3 +105,9 @@ def buffer(db_url: str, buffer_name: str) -> Iterator[ReplayBuffer]:
     """A buffer on each backend (a SQLite file, Postgres), private to the test."""
     with ReplayBuffer(db_url, name=buffer_name) as buf:
         yield buf
+
+
+@pytest.fixture
+def buf(buffer: ReplayBuffer) -> ReplayBuffer:
+    """The same buffer, by the short name the tests of the features use."""
+    return buffer

@@ -1,6 +1,6 @@
 """tests/ mirrors expstore/, so the tests of a module are found by its path: the tests of
 expstore/storage/key_space.py are in tests/storage/ (test_key_space.py), those of
-expstore/claims.py at the top (test_claims.py).
+expstore/claims/api.py in tests/claims/ (test_api.py).
 
 A test module's folder is a package folder of expstore (tests/x/y/ for expstore/x/y/); a
 test module at the top of tests/ is named after a top-level module (test_<module>.py or

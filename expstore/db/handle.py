@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from itertools import islice
 from operator import itemgetter
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar, cast
 
 from sqlalchemy import BigInteger, Connection, Select, Table, bindparam, select
 from sqlalchemy.engine import URL
@@ -28,6 +28,7 @@ from .tuning import Tuning
 __all__ = ["BufferHandle", "TrackedPath", "flag_bit", "read_tracked", "retried"]
 
 _T = TypeVar("_T")
+PartT = TypeVar("PartT")
 
 
 class TrackedPath(NamedTuple):
@@ -105,6 +106,22 @@ class BufferHandle:
         #: The buffer's tracked paths, their ids and slots, as last read (see
         #: tracked_paths); the statements compiled are dropped whenever they change.
         self.tracked: dict[str, TrackedPath] = {}
+        #: What concepts above the storage keep per handle (see :meth:`part`).
+        self._parts: dict[Callable[[BufferHandle], Any], Any] = {}
+        self._parts_lock = threading.Lock()
+
+    def part(self, kind: Callable[[BufferHandle], PartT]) -> PartT:
+        """The one ``kind(self)`` this handle keeps, made on first use: what a concept above
+        the storage keeps per buffer handle (the claim queue, the ready-group indexes of
+        :mod:`expstore.claims`), so the storage need not know it. A part that caches
+        what it reads adds its ``clear`` to :attr:`caches` when made."""
+        part = self._parts.get(kind)
+        if part is None:
+            with self._parts_lock:  # threads share a handle: one part each
+                part = self._parts.get(kind)
+                if part is None:
+                    part = self._parts[kind] = kind(self)
+        return cast(PartT, part)
 
     def forget_caches(self) -> None:
         """Forget everything cached of the buffer (see :attr:`caches`)."""

@@ -291,7 +291,7 @@ priorities = Table(
 )
 
 #: Claims and consumption, one row per experience row ever claimed (see
-#: :mod:`expstore.features.claims.queue`). Kept apart from ``expstore_rows`` so that claiming,
+#: :mod:`expstore.claims.queue`). Kept apart from ``expstore_rows`` so that claiming,
 #: acking and releasing update a narrow row and never write a new version of the payload.
 #: A row is claimable when it has no entry here, or its entry is not acked and holds no
 #: live lease (``lease_until`` NULL after a release, or in the past after a crash).
@@ -336,7 +336,7 @@ checkpoints = Table(
 #: different consumers never wait on each other); and its ``epoch``, the incarnation
 #: ``buffer.consumer(name)`` opened last (0: never opened that way), which every claim,
 #: ack, release and renewal checks holding this row (see
-#: :mod:`expstore.features.claims.epochs`).
+#: :mod:`expstore.claims.epochs`).
 consumers = Table(
     "expstore_consumers",
     metadata,
@@ -424,7 +424,7 @@ progress = Table(
     Column("saved_at", Double, nullable=False),
 )
 
-#: A prompt's completion target (see :mod:`expstore.features.claims.prompts`): the row
+#: A prompt's completion target (see :mod:`expstore.claims.prompts`): the row
 #: stays claimable until ``done`` reaches ``target``, counted by the acks that store its
 #: completions; the entry goes with its row.
 targets = Table(
@@ -454,7 +454,7 @@ produced = Table(
     Column("produced_at", Double, nullable=False),
 )
 
-#: A prompt buffer's admission (see :mod:`expstore.features.claims.prompts`): claims of its
+#: A prompt buffer's admission (see :mod:`expstore.claims.prompts`): claims of its
 #: rows wait while the completions in flight and those stored into ``into_id`` but not yet
 #: consumed reach ``(max_staleness + 1) * batch_size``, or ``max_backlog`` stored ones.
 #: The row is locked by each claim of the buffer, so the bound holds for every host.
@@ -490,7 +490,7 @@ discard_counts = Table(
     Column("rows", BigInteger, nullable=False, server_default="0"),
 )
 
-#: The ready-group index of group claims (see :mod:`expstore.features.claims.ready_groups`):
+#: The ready-group index of group claims (see :mod:`expstore.claims.ready_groups`):
 #: one row per (buffer, condition, group spec, staleness) that claims have taken groups by,
 #: with how far the index has followed the buffer (``scanned_to``: every group with a row
 #: at or below that key is summarised; ``seen_version``: the buffer's ``version`` then;

@@ -22,7 +22,7 @@ registered features' columns (compiled once per backend), into a :class:`BufferS
 the write, and every removal in its transaction, then calls only the hooks of the
 features whose setting is not ``None``. A buffer that uses no feature runs none of their
 statements and none of their hooks: the state read, the insert and the buffer's counters
-are the whole write (``tests/features/test_lifecycle.py`` counts them). Models: Reverb's
+are the whole write (``tests/lifecycle/test_hooks.py`` counts them). Models: Reverb's
 table with its extensions, SQLAlchemy's ``before_insert``/``after_insert`` events,
 TorchRL's writer owning the write policy.
 """

@@ -63,7 +63,7 @@ def discard(handle: BufferHandle, conn: Connection, n: int) -> None:
 
 def discard_once(handle: BufferHandle, conn: Connection, keys: Sequence[int]) -> int:
     """Count the rows of ``keys`` that can never be drawn (a group a group condition
-    refuses, or stale: see :mod:`expstore.features.claims.ready_groups`) as discarded, each
+    refuses, or stale: see :mod:`expstore.claims.ready_groups`) as discarded, each
     once whoever finds it again, inside the caller's transaction; returns how many were
     new. Unlike :func:`discard` it never touches the buffer's row: the rows are recorded in
     ``expstore_discarded`` and counted in the buffer's row of ``expstore_discard_counts``,

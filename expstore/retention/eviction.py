@@ -18,7 +18,7 @@ committed write never leaves more than ``capacity`` rows.
 
   A stale row under a live lease (claimed, not acked, its lease not run out) stays until
   the claim is finished: its ack evicts it in the ack's own transaction (see
-  :mod:`expstore.features.claims.retention`), and once its lease runs out or the claim is
+  :mod:`expstore.claims.lease_retention`), and once its lease runs out or the claim is
   released, the next write or version change does. A learner never loses rows it holds
   to a version bump.
 

@@ -16,7 +16,7 @@ number kept; a removal of more rows than that writes tombstones for its newest r
 How a removal stays exact on Postgres, where claims and acks run beside writers: the rows
 to go are read and locked first (``FOR UPDATE``, in key order), then their tombstones are
 written and they are deleted by those keys. An ack takes a ``FOR KEY SHARE`` lock on its
-claim's rows (see :mod:`expstore.features.claims.retention`), so the two take turns on
+claim's rows (see :mod:`expstore.claims.lease_retention`), so the two take turns on
 each row: a row acked before its eviction is recorded as acked, a row evicted before its
 ack makes the ack raise :class:`~expstore.errors.RowsEvictedError`. (SQLite runs one
 writer at a time, so the same statements are exact there as they are.)

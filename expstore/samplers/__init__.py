@@ -11,7 +11,6 @@ key primitives, or the key index held in memory when probing does not pay), with
 ``examples/long_messages_sampler.py``.
 """
 
-from ..features.claims.ready_groups import GroupTally
 from ..storage.base import KeySpace
 from .base import KeySampler, Sampler, SamplerOptions, TaskSampler
 from .flat import Drawn, draw_uniform
@@ -31,7 +30,6 @@ __all__ = [
     "Choice",
     "Drawn",
     "GroupCounts",
-    "GroupTally",
     "GroupSampler",
     "KeySampler",
     "KeySpace",

@@ -5,28 +5,27 @@ do not vary, evaluated in the database for every process alike."""
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 from typing_extensions import Unpack
 
 from .._args import check_int
 from ..errors import InvalidArgumentError, UnsupportedTypeError
-from ..features.claims.groups import claimable_groups, group_taker
-from ..features.claims.queue import GroupTaker
-from ..features.claims.ready_groups import GroupOrder, GroupTally
 from ..group_summaries import GroupSpec
 from ..policy_versions import fresh_mask
 from ..query import QueryCondition
 from ..query.fields import resolve_field
 from ..query.groups import GroupCondition, GroupStat
 from ..storage.base import KeySpace, Storage
-from ..storage.sql import SqlStorage
 from .base import KeySampler, SamplerOptions
 from .flat import MIN_KEPT
 from .loop import Choice, empty_error
 
-__all__ = ["GroupCounts", "GroupSampler"]
+__all__ = ["GroupCounts", "GroupOrder", "GroupSampler"]
+
+#: The order a group claim takes ready groups in: oldest first (by first row), or at random.
+GroupOrder = Literal["oldest", "random"]
 
 #: Candidate keys per round of a draw over the key space (each round's groups are
 #: summarised in one statement).
@@ -80,7 +79,7 @@ class GroupSampler(KeySampler):
     ``claim_order="oldest"`` (the default) takes the oldest ready groups first (by their
     first row), so groups are trained in the order they completed and few go stale in the
     queue; ``"random"`` takes ready groups at random. Claims read a ready-group index the
-    database keeps (see :mod:`expstore.features.claims.ready_groups`), so a claim costs
+    database keeps (see :mod:`expstore.claims.ready_groups`), so a claim costs
     what it takes whatever was consumed before; after a claim, :attr:`last_counts` counts
     the groups of that index: ``ready`` are the groups claimable now (not the ones held by
     claims), ``filtered`` and ``stale`` the groups left out for good
@@ -308,65 +307,14 @@ class GroupSampler(KeySampler):
             f"{self.max_staleness})"
         )
 
-    def claim_taker(
-        self, sql: SqlStorage, query_condition: QueryCondition, max_staleness: int | None = None
-    ) -> GroupTaker:
-        """What ``buffer.claim(n, order=this sampler)`` takes whole groups with (see
-        :mod:`expstore.features.claims.groups`); ``max_staleness``: the claim's, which holds
-        with the sampler's (the tighter one counts)."""
-        return group_taker(
-            sql.ready_groups,
-            query_condition,
-            self.spec,
-            self._claim_staleness(max_staleness),
-            self.claim_order,
-            self._tallied,
-            sql.discard_rows,
-        )
-
-    def claimable_groups(
-        self,
-        sql: SqlStorage,
-        query_condition: QueryCondition,
-        max_staleness: int | None,
-        upto: int | None,
-    ) -> int:
-        """How many whole groups a claim with this order could take now (up to ``upto``):
-        what ``claim(..., wait_s=s)`` waits for, and counts against a rate limit; sets
-        :attr:`last_counts`."""
-        return self.claim_counts(sql, query_condition, max_staleness, upto).ready
-
-    def claim_counts(
-        self,
-        sql: SqlStorage,
-        query_condition: QueryCondition,
-        max_staleness: int | None,
-        upto: int | None = None,
-    ) -> GroupTally:
-        """How the groups a claim with this order takes from stand now (see
-        ``buffer.ready_groups``; ``upto``: count ready groups no further); sets
-        :attr:`last_counts`."""
-        tally = claimable_groups(
-            sql.ready_groups,
-            query_condition,
-            self.spec,
-            self._claim_staleness(max_staleness),
-            upto,
-            sql.discard_rows,
-        )
-        self._tallied(tally)
-        return tally
-
-    def _tallied(self, tally: GroupTally) -> None:
-        self._counts = GroupCounts(
-            ready=tally.ready,
-            waiting=tally.waiting,
-            filtered=tally.filtered,
-            stale=tally.stale,
-        )
+    def record_counts(self, counts: GroupCounts) -> None:
+        """Set :attr:`last_counts`: how a group claim with this order found the groups
+        (see :mod:`expstore.claims.group_claims`)."""
+        self._counts = counts
         self._counts_of = None
 
-    def _claim_staleness(self, max_staleness: int | None) -> int | None:
+    def claim_staleness(self, max_staleness: int | None) -> int | None:
+        """A claim's ``max_staleness`` with this sampler's (the tighter one counts)."""
         limits = [s for s in (self.max_staleness, max_staleness) if s is not None]
         return min(limits) if limits else None
 

@@ -15,8 +15,7 @@ The storage is a thin front over one module per role, which a reader can find by
 - :mod:`~expstore.policy_versions`: the current policy version and what is stale;
 - :mod:`~expstore.limits.counters`: rate limits and their counters;
 - :mod:`~expstore.storage.key_index`: the cached key arrays samplers choose from;
-- :mod:`~expstore.group_summaries`: group summaries (GRPO groups), and
-  :mod:`~expstore.features.claims.groups`: claiming whole groups;
+- :mod:`~expstore.group_summaries`: group summaries (GRPO groups);
 - :mod:`~expstore.stats.summary`: stats as SQL aggregates;
   :mod:`~expstore.stats.task_stats`: per-task summaries kept by writers, and
   :mod:`~expstore.stats.summary_build`: creating, building and dropping them.
@@ -54,8 +53,6 @@ from ..db.schema import rows as rows_table
 from ..db.tuning import Tuning
 from ..dedup import Dedup
 from ..errors import InvalidArgumentError, RowValidationError, StorageError, UnsupportedTypeError
-from ..features.claims.queue import ClaimQueue
-from ..features.claims.ready_groups import ReadyGroups
 from ..group_summaries import GroupIndex, GroupSpec
 from ..lifecycle import registry
 from ..lifecycle.registry import BufferInfo
@@ -142,10 +139,8 @@ class SqlStorage(Storage):
         self._reader = RowReader(handle)
         self._fields = FieldFetcher(self._reader)
         self._index = KeyIndex(handle)
-        self._claims = ClaimQueue(handle)
         self._spaces = KeySpaces(handle, self._index.state)
         self._groups = GroupIndex(handle, self._index.state)
-        self._ready_groups = ReadyGroups(handle)
         self._limits = RateLimits(handle)
         self._index.on_limit = self._limits.observe
         #: The decoded-row cache :meth:`fetch` goes through (see ``cache_bytes``).
@@ -155,7 +150,6 @@ class SqlStorage(Storage):
             self._index.clear,
             self._spaces.clear,
             self._groups.clear,
-            self._claims.clear,
         ]
         handle.connections.on_fork.append(handle.forget_caches)
         with handle.errors("open"):
@@ -258,22 +252,11 @@ class SqlStorage(Storage):
     def groups(self, query_condition: QueryCondition, spec: GroupSpec) -> dict[str, Any]:
         return self._groups.get(query_condition, spec)
 
-    @property
-    def ready_groups(self) -> ReadyGroups:
-        """The ready-group indexes of group claims (see
-        :mod:`expstore.features.claims.ready_groups`)."""
-        return self._ready_groups
-
     def discard_rows(self, conn: Connection, keys: list[int]) -> None:
         """Count the rows of ``keys`` that can never be drawn (groups a group claim's index
         left out for good) as discarded by the rate limit, each once, in ``conn``'s
         transaction (see :func:`~expstore.limits.counters.discard_once`)."""
         discard_once(self._handle, conn, keys)
-
-    @property
-    def claims(self) -> ClaimQueue:
-        """The buffer's claims (see :mod:`expstore.features.claims.queue`)."""
-        return self._claims
 
     @property
     def fetcher(self) -> FieldFetcher:

@@ -25,11 +25,11 @@ import numpy as np
 from sqlalchemy import Text, case, cast, distinct, exists, func, literal, select
 
 from ..buffer import ReplayBuffer
+from ..claims.reports import Lineage, claim_state
 from ..codec.format import ESCAPED_KEY, FLOAT_KEY, TENSOR_KEY
 from ..db.engine import create_sql_engine
 from ..db.schema import buffers, consumption, newest_first, produced, rate_limits, rows
 from ..errors import ExpstoreError, InvalidArgumentError
-from ..features.claims.reports import Lineage, claim_state
 from ..model.images import AUTO_MIN_SIDE
 from ..model.layout import META_COLUMNS, ORDERABLE, PAYLOAD_FIELDS, SCALAR_COLUMNS
 from ..model.paths import MISSING, parse_path, read_path

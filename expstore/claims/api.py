@@ -13,7 +13,7 @@ consumed, ``release`` gives them back, and rows of a claim whose lease ran out (
 died) are claimed again by whoever asks next: at-least-once delivery, exactly-once by the
 acked record. An ack after the lease ran out still succeeds if nobody claimed the rows
 meanwhile; otherwise it raises :class:`~expstore.errors.LeaseExpiredError` and changes
-nothing. The storage side is :mod:`expstore.features.claims.queue`.
+nothing. The storage side is :mod:`expstore.claims.queue`.
 
 A learner that may be restarted while its old process still runs (a preempted pod, a
 long GC pause) opens its consumer instead, which fences every older incarnation out, and
@@ -31,8 +31,8 @@ commits each training step in one transaction::
             step.update_priorities(claim.ids, td)
 
 See :class:`Consumer` and :class:`Step`; the epochs are
-:mod:`expstore.features.claims.epochs`, the step's transaction
-:mod:`expstore.features.claims.steps`.
+:mod:`expstore.claims.epochs`, the step's transaction
+:mod:`expstore.claims.steps`.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import numpy as np
 from sqlalchemy import Connection, select
 from sqlalchemy.exc import IntegrityError
 
-from ._args import (
+from .._args import (
     MAX_BATCH,
     check_checkpoint,
     check_consumer,
@@ -57,14 +57,14 @@ from ._args import (
     check_seconds,
     check_staleness,
 )
-from ._retry import CLAIM_POLL, RATE_LIMIT_WAIT, Waiting
-from .converters.base import Converter, as_converter
-from .converters.default import DefaultConverter
-from .db.engine import is_memory
-from .db.schema import buffers
-from .db.schema import rows as rows_table
-from .dedup import Dedup, check_dedup
-from .errors import (
+from .._retry import CLAIM_POLL, RATE_LIMIT_WAIT, Waiting
+from ..converters.base import Converter, as_converter
+from ..converters.default import DefaultConverter
+from ..db.engine import is_memory
+from ..db.schema import buffers
+from ..db.schema import rows as rows_table
+from ..dedup import Dedup, check_dedup
+from ..errors import (
     AdmissionTimeoutError,
     ClaimFinishedError,
     ClaimOwnerError,
@@ -76,7 +76,27 @@ from .errors import (
     UnsupportedTypeError,
     WaitTimeoutError,
 )
-from .features.claims.prompts import (
+from ..limits.counters import WriteBlocked
+from ..model.rows import DataRow
+from ..policy_versions import check_version
+from ..query import And, QueryCondition, as_condition
+from ..samplers.base import KeySampler
+from ..samplers.group import GroupSampler
+from ..samplers.loop import SampleInfo
+from ..samplers.uniform import UniformSampler
+from ..storage.base import Storage
+from ..storage.reader import ROW_COLUMNS
+from ..storage.sql import SqlStorage
+from ..storage.writer import (
+    StoreReport,
+    as_source,
+    duplicate_of,
+    prepare,
+    store_rows,
+    write_in,
+)
+from .group_claims import claim_counts, claim_taker, claimable_groups
+from .prompts import (
     MAX_TARGET,
     AdmissionBlocked,
     AdmissionSettings,
@@ -91,28 +111,9 @@ from .features.claims.prompts import (
     set_targets,
     store_admission,
 )
-from .features.claims.queue import Claimed, ClaimQueue, RateLimitFound, Scope, ShortClaim
-from .features.claims.ready_groups import GroupTally
-from .features.claims.steps import StepParts, commit_step
-from .limits.counters import WriteBlocked
-from .model.rows import DataRow
-from .policy_versions import check_version
-from .query import And, QueryCondition, as_condition
-from .samplers.base import KeySampler
-from .samplers.group import GroupSampler
-from .samplers.loop import SampleInfo
-from .samplers.uniform import UniformSampler
-from .storage.base import Storage
-from .storage.reader import ROW_COLUMNS
-from .storage.sql import SqlStorage
-from .storage.writer import (
-    StoreReport,
-    as_source,
-    duplicate_of,
-    prepare,
-    store_rows,
-    write_in,
-)
+from .queue import Claimed, ClaimQueue, RateLimitFound, Scope, ShortClaim, queue_of
+from .ready_groups import GroupTally
+from .steps import StepParts, commit_step
 
 __all__ = [
     "Admission",
@@ -279,7 +280,9 @@ class Claim:
             if not rows:  # every generation failed: nothing to store, the prompts short
                 reports.append(StoreReport(0, 0, 0, 0, 0))
                 return made
-            above = largest_key(target.handle, conn)
+            # Without a dedup every row is stored or the ack fails on its id: every row
+            # of these ids is this write's. With one, the rows above the largest key now.
+            above = 0 if dedup is None else largest_key(target.handle, conn)
             reports.append(write_in(target.handle, conn, as_source(rows), dedup)[2])
             stored = record_produced(
                 target.handle,
@@ -546,7 +549,7 @@ class Consumer:
         """The checkpoint this consumer (any of its incarnations) last stored; ``default``
         if it has none (without ``default``: UnknownConsumerError)."""
         try:
-            return self._sql.claims.checkpoint(self.name)[1]
+            return queue_of(self._sql.handle).checkpoint(self.name)[1]
         except UnknownConsumerError:
             if default is ...:
                 raise
@@ -685,7 +688,7 @@ class Step:
             priorities=np.concatenate(self._priorities) if self._priorities else None,
         )
         sql = consumer._sql
-        done = commit_step(sql.claims, consumer.name, consumer.generation, parts)
+        done = commit_step(queue_of(sql.handle), consumer.name, consumer.generation, parts)
         self.state = "committed"
         for claim in self._claims:
             claim.state = "acked"
@@ -782,7 +785,7 @@ def claim_rows(
             "take what there is now"
         )
     scope = Scope(query_condition, check_staleness(max_staleness))
-    queue = sql.claims
+    queue = queue_of(sql.handle)
     builder = as_converter(DefaultConverter() if converter is None else converter)
     if isinstance(order, KeySampler):
         order.on_buffer(sql)
@@ -793,7 +796,7 @@ def claim_rows(
                 f"min_batch_size) that is a multiple of {order.group_size}; got "
                 f"batch_size={n}" + ("" if min_n is None else f", min_batch_size={min_n}")
             )
-        candidates, groups = None, order.claim_taker(sql, query_condition, scope.max_staleness)
+        candidates, groups = None, claim_taker(order, sql, query_condition, scope.max_staleness)
     else:
         if isinstance(order, KeySampler):
             scope = _sampler_scope(order, query_condition, scope)
@@ -802,8 +805,8 @@ def claim_rows(
         size = order.group_size
 
         def claimable(upto: int) -> int:
-            groups_now = order.claimable_groups(
-                sql, query_condition, scope.max_staleness, -(-upto // size)
+            groups_now = claimable_groups(
+                order, sql, query_condition, scope.max_staleness, -(-upto // size)
             )
             return groups_now * size
 
@@ -904,7 +907,7 @@ def count_ready_groups(
             f"ready_groups takes the GroupSampler a group claim uses, got {sampler!r}"
         )
     sampler.on_buffer(sql)
-    return sampler.claim_counts(sql, query_condition, check_staleness(max_staleness))
+    return claim_counts(sampler, sql, query_condition, check_staleness(max_staleness))
 
 
 def _give_back(
@@ -1004,7 +1007,7 @@ def wait_for_rows(
     seen = [0]
 
     def ready() -> bool:
-        seen[0] = sql.claims.count(scope, min_rows, claimable=claimable)
+        seen[0] = queue_of(sql.handle).count(scope, min_rows, claimable=claimable)
         return seen[0] >= min_rows
 
     try:
@@ -1019,7 +1022,7 @@ def wait_for_rows(
     return seen[0]
 
 
-# -- prompt queues (expstore.features.claims.prompts) ------------------------------------
+# -- prompt queues (expstore.claims.prompts) ------------------------------------
 def store_prompts(
     sql: SqlStorage,
     prompts: Sequence[DataRow],

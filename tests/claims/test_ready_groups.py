@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from expstore import GroupSampler, QueryBuilder, ReplayBuffer
+from expstore.claims.ready_groups import ready_groups_of
 from expstore.errors import InvalidArgumentError
 from tests.helpers import make_row
 
@@ -83,7 +84,7 @@ def test_a_claim_summarises_only_the_groups_written_since_the_last_one(
         buffer.store_batch(group(f"h{p}", [0.0, 1.0, 0.0, 1.0]))
     while claim := buffer.claim(40, consumer="c", order=sampler):
         claim.ack()
-    index = buffer.sql.ready_groups
+    index = ready_groups_of(buffer.sql.handle)
     for p in range(2):
         buffer.store_batch(group(f"new{p}", [0.0, 1.0, 0.0, 1.0]))
     before = index.groups_read

@@ -1,7 +1,7 @@
 """Claiming whole groups: a group's rows are claimed together or not at all.
 
 A group claim (``buffer.claim(n, order=GroupSampler(...))``) brings its ready-group index
-up to date (see :mod:`expstore.features.claims.ready_groups`) and takes ready groups from
+up to date (see :mod:`expstore.claims.ready_groups`) and takes ready groups from
 it, oldest first by default, in the claim's one transaction: it locks the rows no other
 transaction holds, and takes only the groups whose every row it could lock and that are
 still claimable. A group another claimer took in part between the read and the write
@@ -19,12 +19,14 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Connection
 
-from ...group_summaries import GroupSpec
-from ...query import QueryCondition
+from ..group_summaries import GroupSpec
+from ..query import QueryCondition
+from ..samplers.group import GroupCounts, GroupOrder, GroupSampler
+from ..storage.sql import SqlStorage
 from .queue import ClaimQueue, GroupTaker
-from .ready_groups import GroupOrder, GroupTally, ReadyGroups, Synced
+from .ready_groups import GroupTally, ReadyGroups, Synced, ready_groups_of
 
-__all__ = ["claimable_groups", "group_taker"]
+__all__ = ["claim_counts", "claim_taker", "claimable_groups", "group_taker", "tally_groups"]
 
 #: Rounds of candidate groups read from the index before the claim takes what it has
 #: (each reads twice the groups still wanted, none read before).
@@ -48,7 +50,7 @@ def group_taker(
     on_tally: OnTally,
     on_discard: OnDiscard,
 ) -> GroupTaker:
-    """A :data:`~expstore.features.claims.queue.GroupTaker` for groups of ``spec`` among
+    """A :data:`~expstore.claims.queue.GroupTaker` for groups of ``spec`` among
     the rows matching ``query_condition`` no more than ``staleness`` versions old."""
     size = spec.size
 
@@ -128,7 +130,7 @@ def _flat(groups: list[Group]) -> list[int]:
     return [int(k) for _, keys in groups for k in keys]
 
 
-def claimable_groups(
+def tally_groups(
     index: ReadyGroups,
     query_condition: QueryCondition,
     spec: GroupSpec,
@@ -148,3 +150,70 @@ def claimable_groups(
         with handle.write() as conn:
             synced = _sync(index, conn, query_condition, spec, staleness, on_discard)
             return index.tally(conn, synced, handle.dialect.now(), upto)
+
+
+# -- a GroupSampler as a claim order -------------------------------------------------------
+def claim_taker(
+    sampler: GroupSampler,
+    sql: SqlStorage,
+    query_condition: QueryCondition,
+    max_staleness: int | None = None,
+) -> GroupTaker:
+    """What ``buffer.claim(n, order=sampler)`` takes whole groups with; ``max_staleness``:
+    the claim's, which holds with the sampler's (the tighter one counts)."""
+
+    def tallied(tally: GroupTally) -> None:
+        _record(sampler, tally)
+
+    return group_taker(
+        ready_groups_of(sql.handle),
+        query_condition,
+        sampler.spec,
+        sampler.claim_staleness(max_staleness),
+        sampler.claim_order,
+        tallied,
+        sql.discard_rows,
+    )
+
+
+def claimable_groups(
+    sampler: GroupSampler,
+    sql: SqlStorage,
+    query_condition: QueryCondition,
+    max_staleness: int | None,
+    upto: int | None,
+) -> int:
+    """How many whole groups a claim with ``sampler``'s order could take now (up to
+    ``upto``): what ``claim(..., wait_s=s)`` waits for, and counts against a rate limit; sets
+    the sampler's ``last_counts``."""
+    return claim_counts(sampler, sql, query_condition, max_staleness, upto).ready
+
+
+def claim_counts(
+    sampler: GroupSampler,
+    sql: SqlStorage,
+    query_condition: QueryCondition,
+    max_staleness: int | None,
+    upto: int | None = None,
+) -> GroupTally:
+    """How the groups a claim with ``sampler``'s order takes from stand now (see
+    ``buffer.ready_groups``; ``upto``: count ready groups no further); sets the sampler's
+    ``last_counts``."""
+    tally = tally_groups(
+        ready_groups_of(sql.handle),
+        query_condition,
+        sampler.spec,
+        sampler.claim_staleness(max_staleness),
+        upto,
+        sql.discard_rows,
+    )
+    _record(sampler, tally)
+    return tally
+
+
+def _record(sampler: GroupSampler, tally: GroupTally) -> None:
+    sampler.record_counts(
+        GroupCounts(
+            ready=tally.ready, waiting=tally.waiting, filtered=tally.filtered, stale=tally.stale
+        )
+    )

@@ -43,7 +43,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from sqlalchemy import (
@@ -60,9 +60,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.elements import ColumnElement
 
-from ...db.dialects import chunked
-from ...db.handle import BufferHandle
-from ...db.schema import (
+from ..db.dialects import chunked
+from ..db.handle import BufferHandle
+from ..db.schema import (
     buffers,
     consumption,
     group_specs,
@@ -71,17 +71,15 @@ from ...db.schema import (
     ready_groups,
     rows,
 )
-from ...errors import QueryError
-from ...group_summaries import GroupSpec, group_column, summarise
-from ...policy_versions import fresh, oldest_fresh
-from ...query import QueryCondition, condition_key
-from ...query.conditions import Comparison
-from ...query.fields import resolve_field
+from ..errors import QueryError
+from ..group_summaries import GroupSpec, group_column, summarise
+from ..policy_versions import fresh, oldest_fresh
+from ..query import QueryCondition, condition_key
+from ..query.conditions import Comparison
+from ..query.fields import resolve_field
+from ..samplers.group import GroupOrder
 
-__all__ = ["GroupOrder", "GroupTally", "ReadyGroups", "Synced", "forget_consumed"]
-
-#: The order a group claim takes ready groups in: oldest first (by first row), or at random.
-GroupOrder = Literal["oldest", "random"]
+__all__ = ["GroupTally", "ReadyGroups", "Synced", "forget_consumed", "ready_groups_of"]
 
 _E = ready_groups.c
 _S = group_specs.c
@@ -146,6 +144,11 @@ def forget_consumed(handle: BufferHandle, conn: Connection, keys: Sequence[int])
             ),
             {"keys": dialect.key_set([int(k) for k in keys])},
         )
+
+
+def ready_groups_of(handle: BufferHandle) -> ReadyGroups:
+    """The ready-group indexes of ``handle``'s buffer: one per handle, made on first use."""
+    return handle.part(ReadyGroups)
 
 
 class ReadyGroups:

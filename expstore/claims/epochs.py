@@ -30,9 +30,9 @@ from typing import Any
 
 from sqlalchemy import Connection, Integer, String, bindparam, select
 
-from ...db.handle import BufferHandle
-from ...db.schema import consumers
-from ...errors import FencedError
+from ..db.handle import BufferHandle
+from ..db.schema import consumers
+from ..errors import FencedError
 
 __all__ = ["check_epoch", "current_epoch", "hold_epoch", "next_epoch"]
 

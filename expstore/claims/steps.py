@@ -1,7 +1,7 @@
 """One transaction per training step: a learner's acks of one or more claims, its
 checkpoint, the policy version it publishes (with the ``"stale"`` eviction that follows
 it) and the priorities it sets, all committed together or not at all, with the learner's
-epoch checked in the same transaction (see :mod:`expstore.features.claims.epochs`).
+epoch checked in the same transaction (see :mod:`expstore.claims.epochs`).
 
 After a crash the learner reads its checkpoint and the buffer's policy version, which
 always agree: either the whole step is there, or nothing of it. Each part is the code the
@@ -23,11 +23,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ...db.handle import retried
-from ...db.schema import buffers
-from ...lifecycle.registry import buffer_row, lock_buffer
-from ...policy_versions import set_version_in
-from ...priorities import Update, update_priorities_in
+from ..db.handle import retried
+from ..db.schema import buffers
+from ..lifecycle.registry import buffer_row, lock_buffer
+from ..policy_versions import set_version_in
+from ..priorities import Update, update_priorities_in
 from .epochs import hold_epoch
 from .queue import Claimed, ClaimQueue
 
@@ -36,7 +36,7 @@ __all__ = ["StepDone", "StepParts", "commit_step"]
 #: Called with the name of each part of a step once it has run inside the step's
 #: transaction ("fenced", "checkpoint", "ack 0", "ack 1", ..., "policy version",
 #: "priorities"), and with "committed" once the transaction has committed: a hook for
-#: tests that stop the process between two parts (see tests/features/claims/).
+#: tests that stop the process between two parts (see tests/claims/).
 after_part: Callable[[str], None] | None = None
 
 

@@ -28,12 +28,29 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, case, delete, func, select, update
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Integer,
+    String,
+    Text,
+    and_,
+    bindparam,
+    case,
+    cast,
+    column,
+    delete,
+    func,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
 
-from ...db.handle import BufferHandle
-from ...db.schema import (
+from ..db.handle import BufferHandle
+from ..db.schema import (
     admission,
     buffers,
     consumers,
@@ -43,8 +60,8 @@ from ...db.schema import (
     rows,
     targets,
 )
-from ...errors import InvalidArgumentError
-from ...limits.counters import discarded_total
+from ..errors import InvalidArgumentError
+from ..limits.counters import discarded_total
 
 __all__ = [
     "AdmissionBlocked",
@@ -55,6 +72,7 @@ __all__ = [
     "admit",
     "admitted",
     "clear_admission",
+    "completions_added",
     "count_completions",
     "describe",
     "largest_key",
@@ -62,6 +80,7 @@ __all__ = [
     "record_produced",
     "store_admission",
     "set_targets",
+    "short_of",
 ]
 
 _C = consumption.c
@@ -146,13 +165,24 @@ def count_completions(
 ) -> list[int]:
     """Add the completions an ack stored (``made``: key -> how many; None: the ack stored
     none) to the targets of the claim's rows ``keys``, in the ack's transaction; returns
-    the keys of the rows still short of their target (the caller releases them). A row
-    given more completions than it still needs raises InvalidArgumentError (the whole ack
-    rolls back); rows without a target are acked as any row. Without ``made`` rows with
-    targets are given up (none short)."""
+    the keys of the rows still short of their target (the caller releases them); see
+    :func:`short_of`. On Postgres the statement that acks the claim's entries does this
+    (:func:`completions_added`)."""
     if made is None:
         return []
     left = needs_of(handle, conn, keys)
+    short = short_of(made, left, claim_id)
+    for k, n in made.items():
+        if n and k in left:
+            conn.execute(update(targets).where(_T.key == k).values(done=_T.done + n))
+    return short
+
+
+def short_of(made: Mapping[int, int], left: Mapping[int, int], claim_id: str) -> list[int]:
+    """The rows still short of their target once ``made`` (key -> completions an ack
+    stored) is added to what they needed (``left``: key -> completions still needed,
+    rows with a target only). A row given more than it needs raises InvalidArgumentError
+    (the whole ack rolls back); rows without a target are acked as any row."""
     made = {k: n for k, n in made.items() if k in left}  # rows without a target: as before
     over = {k: (n, left[k]) for k, n in made.items() if n > left[k]}
     if over:
@@ -161,10 +191,29 @@ def count_completions(
             f"claim {claim_id}: {n} completions for a prompt that needs {need} more (row "
             f"key {k}); store at most what claim.needs says. Nothing was stored or acked"
         )
-    for k, n in made.items():
-        if n:
-            conn.execute(update(targets).where(_T.key == k).values(done=_T.done + n))
     return sorted(k for k, need in left.items() if made.get(k, 0) < need)
+
+
+def completions_added(handle: BufferHandle) -> tuple[Any, Any]:
+    """For a statement that acks a claim's entries (Postgres): ``(added, needs)``, the
+    claim's keys bound with the completions stored for each (``keys`` and ``values``, see
+    :meth:`~expstore.db.dialects.Dialect.key_value_params`) added to their targets (a CTE),
+    and what those targets still needed before (a subquery of ``key`` and ``need``, read
+    in the statement's snapshot), for :func:`short_of`."""
+    given = handle.dialect.bound_key_values()
+    added = (
+        update(targets)
+        .where(_T.key == given.c.key, given.c.value > 0)
+        .values(done=_T.done + cast(given.c.value, Integer))
+        .returning(_T.key)
+        .cte("added")
+    )
+    needs = (
+        select(_T.key.label("key"), (_T.target - _T.done).label("need"))
+        .where(handle.dialect.key_in(_T.key))
+        .subquery("needs")
+    )
+    return added, needs
 
 
 # -- lineage of completions --------------------------------------------------------------
@@ -187,6 +236,24 @@ def record_produced(
     wanted = [i for _, ids in ids_by_prompt for i in ids]
     if not wanted:
         return {}
+    if into.dialect.modifying_ctes:  # one statement: the rows' keys read as it inserts
+        pairs = [(prompt, str(i)) for prompt, ids in ids_by_prompt for i in ids]
+        found = into.statement(("record produced",), partial(_produced_statement, into)).run(
+            conn,
+            into_id=into.buffer_id,
+            above=above,
+            ids=[i for _, i in pairs],
+            prompt_keys=[p for p, _ in pairs],
+            prompt_ids=[None if p is None else prompt_ids.get(p) for p, _ in pairs],
+            claim_id=claim_id,
+            consumer=consumer,
+            prompt_buffer_id=prompt_buffer_id,
+        )
+        stored: dict[int, int] = {}
+        for (prompt,) in found:
+            if prompt is not None:
+                stored[int(prompt)] = stored.get(int(prompt), 0) + 1
+        return stored
     stmt = select(rows.c.key, rows.c.id).where(
         rows.c.buffer_id == into.buffer_id, rows.c.key > above, rows.c.id.in_(wanted)
     )
@@ -208,11 +275,70 @@ def record_produced(
     if entries:
         # The database's clock in the statement (no round trip of its own).
         conn.execute(produced.insert().values(produced_at=into.dialect.now()), entries)
-    stored: dict[int, int] = {}
+    stored = {}
     for prompt, ids in ids_by_prompt:
         if prompt is not None:
             stored[prompt] = stored.get(prompt, 0) + sum(i in key_of for i in ids)
     return stored
+
+
+def _produced_statement(into: BufferHandle) -> Any:
+    """:func:`record_produced` as one statement (Postgres): the produced rows' ids, prompt
+    keys and prompt ids bound as arrays (``unnest``), each id's row among those above
+    ``above`` found by the (buffer_id, id) index, its lineage inserted; returns the prompt
+    key of each entry."""
+    given = (
+        func.unnest(
+            bindparam("ids", type_=ARRAY(Text)),
+            bindparam("prompt_keys", type_=ARRAY(BigInteger)),
+            bindparam("prompt_ids", type_=ARRAY(Text)),
+        )
+        .table_valued(
+            column("id", Text), column("prompt_key", BigInteger), column("prompt_id", Text)
+        )
+        .render_derived(name="given")
+    )
+    into_id = bindparam("into_id", type_=Integer)
+    found = (
+        select(
+            rows.c.key,
+            into_id,
+            bindparam("claim_id", type_=String),
+            bindparam("consumer", type_=String),
+            bindparam("prompt_buffer_id", type_=Integer),
+            given.c.prompt_key,
+            given.c.prompt_id,
+            into.dialect.now(),
+        )
+        .select_from(given)
+        .join(
+            rows,
+            and_(
+                rows.c.buffer_id == into_id,
+                rows.c.id == given.c.id,
+                rows.c.key > bindparam("above", type_=BigInteger),
+            ),
+        )
+    )
+    entered = (
+        produced.insert()
+        .from_select(
+            [
+                "key",
+                "buffer_id",
+                "claim_id",
+                "consumer",
+                "prompt_buffer_id",
+                "prompt_key",
+                "prompt_id",
+                "produced_at",
+            ],
+            found,
+        )
+        .returning(produced.c.prompt_key)
+        .cte("entered")
+    )
+    return select(entered.c.prompt_key)
 
 
 def largest_key(handle: BufferHandle, conn: Connection) -> int:

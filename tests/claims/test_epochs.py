@@ -18,8 +18,8 @@ from expstore import (
     ReplayBuffer,
     UnsupportedTypeError,
 )
+from expstore.claims.epochs import next_epoch
 from expstore.errors import ClaimError
-from expstore.features.claims.epochs import next_epoch
 from tests.helpers import make_row, make_rows
 
 

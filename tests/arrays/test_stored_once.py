@@ -20,7 +20,7 @@ from expstore.db.schema import array_refs, arrays, rows
 from expstore.io import export_rows, import_rows
 from expstore.query import QueryBuilder
 from expstore.storage.reader import RowReader
-from tests.features.arrays_actor import rows_for, screenshots
+from tests.arrays.arrays_actor import rows_for, screenshots
 from tests.helpers import in_threads, killed_actor, make_row
 
 PAGES = screenshots(4)
@@ -103,7 +103,7 @@ def test_a_writer_killed_inside_its_write_leaves_no_dangling_reference_and_no_or
 ) -> None:
     with ReplayBuffer(db_url, name=buffer_name, capacity=8):
         pass
-    killed_actor("tests.features.arrays_actor", db_url, buffer_name, point)
+    killed_actor("tests.arrays.arrays_actor", db_url, buffer_name, point)
     with ReplayBuffer(db_url, name=buffer_name) as buffer:
         assert {r.exp_meta.task_id for r in buffer.query()} == {"b0", "b1"}  # 12 rows, cap 8
         consistent(buffer)

@@ -2,9 +2,9 @@
 batches, and commits one step (both acks, a checkpoint, a policy version, priorities),
 killing itself with SIGKILL when the step reaches the part named on the command line.
 
-    python -m tests.features.claims.step_learner URL BUFFER PART
+    python -m tests.claims.step_learner URL BUFFER PART
 
-PART is a name :data:`expstore.features.claims.steps.after_part` is called with
+PART is a name :data:`expstore.claims.steps.after_part` is called with
 ("fenced", "checkpoint", "ack 0", "ack 1", "policy version", "priorities", "committed"):
 the kill lands at that point of the step's execution, not at a moment in time.
 """
@@ -16,7 +16,7 @@ import signal
 import sys
 
 from expstore import ReplayBuffer
-from expstore.features.claims import steps
+from expstore.claims import steps
 
 CONSUMER = "learner"
 #: Rows each claim takes, the version the step publishes and the priority it sets.

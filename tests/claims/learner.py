@@ -1,7 +1,7 @@
 """A learner process for the claims tests: claims batches, "trains", acks each with a
 checkpoint counting the rows it acked, and stops when every row of the buffer is consumed.
 
-    python -m tests.features.claims.learner URL BUFFER CONSUMER BATCH STEP_S [OUT]
+    python -m tests.claims.learner URL BUFFER CONSUMER BATCH STEP_S [OUT]
 
 Each "training step" sleeps up to STEP_S seconds. With OUT, the ids of each acked claim
 are appended to that file (one JSON list per line) after the ack returns.

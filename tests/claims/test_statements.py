@@ -21,8 +21,8 @@ from tests.helpers import make_rows
 EXPECTED = {
     "claim(1) + release()": (14, 2),
     "claim(1) + ack()": (14, 2),
-    "claim(1) + save_progress + ack(produce=4 rows, into=...)": (26, 17),
-    "learner: claim(32) + ack(checkpoint=...)": (16, 6),
+    "claim(1) + save_progress + ack(produce=4 rows, into=...)": (25, 10),
+    "learner: claim(32) + ack(checkpoint=...)": (16, 5),
 }
 
 
@@ -96,6 +96,71 @@ def test_a_learners_step(db_url: str, buf: ReplayBuffer) -> None:
     learner = buf.consumer("learner-0")
     seen = counted(buf, lambda: learner.claim(32).ack(checkpoint={"step": 1}))
     assert len(seen) == expected(db_url, "learner: claim(32) + ack(checkpoint=...)"), seen
+
+
+def test_checkpoints_acked_by_an_incarnation_are_numbered_in_turn_and_kept_with_the_rows(
+    buf: ReplayBuffer,
+) -> None:
+    """The checkpoint an incarnation acks with is stored by the statement that acks the
+    entries (Postgres): numbered after the consumer's last, the rows acked with it, the
+    consumer's acked count kept, and a plain ack in between changes no number."""
+    buf.store_batch(make_rows(12))
+    learner = buf.consumer("learner-0")
+    first = learner.claim(4)
+    first.ack(checkpoint={"step": 1})
+    learner.claim(2).ack()
+    second = learner.claim(4)
+    second.ack(checkpoint={"step": 2})
+    assert learner.checkpoint() == {"step": 2}
+    records = buf.lineage(first.ids + second.ids)
+    assert [records[i].checkpoint_seq for i in first.ids] == [1] * 4
+    assert [records[i].checkpoint for i in first.ids] == [{"step": 1}] * 4
+    assert [records[i].checkpoint_seq for i in second.ids] == [2] * 4
+    assert [records[i].checkpoint for i in second.ids] == [{"step": 2}] * 4
+    assert buf.queue_stats().consumed == 10
+    third = learner.claim(2)
+    assert third.ack(checkpoint={"step": 3}) == 2
+    assert learner.checkpoint() == {"step": 3}
+    assert buf.lineage([third.ids[0]])[third.ids[0]].checkpoint_seq == 3
+
+
+def test_completions_beyond_a_target_roll_the_whole_ack_back(
+    db_url: str, prompts: ReplayBuffer, buffer_name: str
+) -> None:
+    """The targets are read and their completions added in one statement (Postgres): a
+    prompt given more than it needs rolls back the ack whole (no row stored, no count, its
+    progress kept); an ack short of the target releases the prompt with its count kept."""
+    from expstore import InvalidArgumentError
+
+    me = prompts.consumer("actor-0")
+
+    def rows(pid: str, n: int, start: int = 0) -> list[DataRow]:
+        return [
+            DataRow(
+                id=f"{pid}/c{start + c}",
+                exp_meta=ExpMeta(task_id=pid, agent_id="actor", step=start + c),
+                exp_data=Experience(state={"tokens": [c]}),
+            )
+            for c in range(n)
+        ]
+
+    with ReplayBuffer(db_url, name=buffer_name + "_out") as out:
+        claim = me.claim(1)
+        pid = claim.ids[0]
+        claim.save_progress({"tokens": [1]})
+        with pytest.raises(InvalidArgumentError, match="needs 4 more"):
+            claim.ack(produce={pid: rows(pid, 5)}, into=out)
+        assert len(out) == 0 and prompts.lineage([pid])[pid].done == 0
+        assert claim.progress == {pid: {"tokens": [1]}}
+        claim.ack(produce={pid: rows(pid, 3)}, into=out)  # one short: released
+        assert claim.unfinished == [pid]
+        assert len(out) == 3 and prompts.lineage([pid])[pid].done == 3
+        again = me.claim(1)
+        assert again.ids == [pid] and again.needs == {pid: 1} and again.progress == {}
+        again.ack(produce={pid: rows(pid, 1, start=3)}, into=out)
+        assert len(out) == 4 and prompts.lineage([pid])[pid].done == 4
+        produced = out.lineage([f"{pid}/c{c}" for c in range(4)])
+        assert {p.produced_by.prompt_id for p in produced.values()} == {pid}
 
 
 def test_a_claim_reads_the_buffer_the_epoch_and_the_bounds_in_one_statement(

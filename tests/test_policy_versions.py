@@ -19,6 +19,7 @@ from expstore import (
     StratifiedSampler,
     UniformSampler,
 )
+from expstore.claims.group_claims import claimable_groups
 from expstore.errors import EmptyBufferError, InvalidArgumentError
 from expstore.samplers import LatestSampler, RecencySampler, RewardWeightedSampler
 from tests.helpers import make_row
@@ -309,7 +310,7 @@ def test_a_group_claim_finds_a_fresh_group_behind_many_stale_ones(buf: ReplayBuf
     buf.store_batch([make_row("new", f"c{i}", 0, reward=float(i), version=10) for i in range(2)])
     buf.set_policy_version(10)
     sampler = GroupSampler(group_size=2)
-    assert sampler.claimable_groups(buf.storage, None, 2, 1) == 1
+    assert claimable_groups(sampler, buf.storage, None, 2, 1) == 1
     claim = buf.claim(2, consumer="g", order=sampler, max_staleness=2, wait_s=5)
     assert {r.exp_meta.task_id for r in claim.batch} == {"new"}
     claim.release()

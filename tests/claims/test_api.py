@@ -25,6 +25,7 @@ from expstore import (
     RewardWeightedSampler,
     UniformSampler,
 )
+from expstore.claims.queue import queue_of
 from expstore.errors import (
     ClaimFinishedError,
     ClaimOwnerError,
@@ -352,7 +353,7 @@ def test_a_claim_that_finds_fewer_than_min_n_after_counting_takes_nothing(
     """Between the count and the claim other claimers may take rows: a claim that then
     finds fewer than min_n rolls back and waits again, within the same deadline."""
     buf.claim(37, consumer="a")
-    monkeypatch.setattr(buf.sql.claims, "count", lambda scope, upto, claimable: upto)
+    monkeypatch.setattr(queue_of(buf.sql.handle), "count", lambda scope, upto, claimable: upto)
     with pytest.raises(WaitTimeoutError, match="for min_batch_size=4 claimable rows, found 3"):
         buf.claim(8, consumer="b", wait_s=0.2, min_batch_size=4)
     stats = buf.queue_stats()
@@ -721,7 +722,7 @@ def _actor_killed_by(script: str, db_url: str, buffer_name: str) -> None:
 
     with ReplayBuffer(db_url, name=buffer_name) as prompts:
         prompts.store_batch([make_row("p0")])
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     child = subprocess.run(
         [sys.executable, "-c", script, db_url, buffer_name], cwd=root, check=False
     )
@@ -730,7 +731,7 @@ def _actor_killed_by(script: str, db_url: str, buffer_name: str) -> None:
 
 _KILLED_MID_ACK = """
 import os, signal, sys
-import expstore.claims as front
+import expstore.claims.api as front
 from expstore import ReplayBuffer
 from tests.helpers import make_row
 
@@ -781,7 +782,7 @@ def test_progress_saved_on_a_claim_reaches_whoever_claims_the_row_next(
     assert buffer.claim(1, consumer="actor-2").progress == {}  # p1: nothing saved
     second.save_progress({"tokens": [1, 2, 3, 4]})
     second.ack()  # the ack removes the progress
-    assert buffer.sql.claims.progress_of(second.keys.tolist()) == {}
+    assert queue_of(buffer.sql.handle).progress_of(second.keys.tolist()) == {}
 
 
 def test_bad_progress_is_refused_and_nothing_saved(buffer: ReplayBuffer) -> None:
@@ -864,7 +865,7 @@ def test_a_rollout_over_several_versions_counts_its_oldest_segment_or_its_newest
 
 _KILLED_MID_TARGET_ACK = """
 import os, signal, sys
-import expstore.claims as front
+import expstore.claims.api as front
 from expstore import ReplayBuffer
 from tests.helpers import make_row
 
@@ -904,7 +905,7 @@ def test_an_ack_retried_after_its_commit_whose_reply_was_lost_stores_nothing_twi
     buffer: ReplayBuffer, db_url: str, buffer_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from expstore import ConnectionLostError
-    from expstore.features.claims.queue import ClaimQueue
+    from expstore.claims.queue import ClaimQueue
 
     buffer.store_batch([make_row("p0")])
     claim = buffer.claim(1, consumer="actor")

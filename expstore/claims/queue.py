@@ -19,7 +19,7 @@ Leases are measured by the database's clock, the same for every host.
 
 Every claim, ack, release and renewal first checks, in its own transaction and holding
 the consumer's row, that it comes from the consumer's current incarnation (see
-:mod:`expstore.features.claims.epochs`: fencing); the consumer's row is always locked
+:mod:`expstore.claims.epochs`: fencing); the consumer's row is always locked
 before the claims' entries. On Postgres a FIFO claim, an ack without a checkpoint or
 produced rows and a release are each one statement that commits on its own where no
 feature needs the transaction: the same checks, as a guard the statement reads before it
@@ -67,9 +67,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.elements import ColumnElement
 
-from ..._args import check_checkpoint
-from ...db.handle import BufferHandle, retried
-from ...db.schema import (
+from .._args import check_checkpoint
+from ..db.handle import BufferHandle, retried
+from ..db.schema import (
     buffers,
     checkpoints,
     consumers,
@@ -79,22 +79,30 @@ from ...db.schema import (
     ready_groups,
     rows,
 )
-from ...errors import (
+from ..errors import (
     ClaimFinishedError,
     ClaimOwnerError,
     LeaseExpiredError,
     UnknownConsumerError,
 )
-from ...lifecycle.reader_state import limited_flag
-from ...lifecycle.registry import buffer_row
-from ...policy_versions import fresh_clause, oldest_fresh
-from ...query import QueryCondition, condition_key
-from ...query.conditions import has_changed
+from ..lifecycle.reader_state import limited_flag
+from ..lifecycle.registry import buffer_row
+from ..policy_versions import fresh_clause, oldest_fresh
+from ..query import QueryCondition, condition_key
+from ..query.conditions import has_changed
 from .epochs import check_epoch, current_epoch, hold_epoch, next_epoch
-from .prompts import admit, admitted, count_completions, has_admission, needs_of
+from .lease_retention import AckRetention
+from .prompts import (
+    admit,
+    admitted,
+    completions_added,
+    count_completions,
+    has_admission,
+    needs_of,
+    short_of,
+)
 from .ready_groups import forget_consumed
 from .reports import Lineage, QueueStats, checkpoint_value, queue_stats, row_lineage
-from .retention import AckRetention
 
 __all__ = [
     "ClaimQueue",
@@ -133,7 +141,7 @@ class Claimed(NamedTuple):
     """What one claim took: its id, its consumer, the rows' keys in claim order, when it
     was taken and its lease ends (database clock, seconds since the epoch), the epoch
     of the consumer's incarnation that took it (0: a plain claim; see
-    :mod:`expstore.features.claims.epochs`), and the rows as the claim's own statement
+    :mod:`expstore.claims.epochs`), and the rows as the claim's own statement
     read them (the ``columns`` asked for, in claim order; None: not read)."""
 
     claim_id: str
@@ -183,7 +191,7 @@ def _held_entry(now: Now) -> ColumnElement[bool]:
 
 
 #: Takes whole groups for a claim: (queue, conn, n rows, now, entry, stamps) -> (keys taken,
-#: what to do once the claim has committed) (see :mod:`expstore.features.claims.groups`).
+#: what to do once the claim has committed) (see :mod:`expstore.claims.group_claims`).
 GroupTaker = Callable[
     ["ClaimQueue", Connection, int, Any, dict[str, Any], list[float]],
     tuple[list[int], Callable[[], None]],
@@ -270,6 +278,11 @@ class _Floor(NamedTuple):
     oldest: int | None
 
 
+def queue_of(handle: BufferHandle) -> ClaimQueue:
+    """The claim queue of ``handle``'s buffer: one per handle, made on first use."""
+    return handle.part(ClaimQueue)
+
+
 class ClaimQueue:
     """The claims of one buffer, as one handle sees them."""
 
@@ -281,6 +294,7 @@ class ClaimQueue:
         #: Whether this handle's last ack found the buffer's eviction "stale" (its acks
         #: lock the buffer's row first; see :meth:`_finish`).
         self._stale_seen = False
+        handle.caches.append(self.clear)
 
     @property
     def handle(self) -> BufferHandle:
@@ -947,11 +961,15 @@ class ClaimQueue:
         action: str,
         body: Callable[[Connection], _T],
         retention: AckRetention | None = None,
+        *,
+        entries: bool = False,
     ) -> _T:
         """``body(conn)`` in a transaction of its own, once the claim's incarnation is
         found to be its consumer's current one (holding the consumer's row). ``retention``:
-        an ack's (see :mod:`expstore.features.claims.retention`), whose buffer lock comes
-        first, as writers take it."""
+        an ack's (see :mod:`expstore.claims.lease_retention`), whose buffer lock comes
+        first, as writers take it. ``entries``: the claim's entries are also locked and
+        found to be the claim's to finish before ``body`` runs (an ack that stores rows:
+        one retried after its commit is told so before its rows meet their stored ids)."""
         handle = self._handle
 
         def write() -> _T:
@@ -960,16 +978,25 @@ class ClaimQueue:
                     retention.hold_buffer(conn)  # the buffer's row locked: the ack may evict
                     self._stale_seen = retention.stale
                     hold_epoch(handle, conn, claim.consumer, claim.epoch, action)
+                    if entries:
+                        self._own_entries(conn, claim, action)
                 else:
                     # One statement: still the handle's buffer (and what the ack clears),
-                    # and the consumer's epoch, its row locked. The buffer's row is not
-                    # locked: an ack that finds it may evict starts again, locking it
-                    # first (the lock order: the buffer's row, then the consumer's).
-                    current = self._finish_head(conn, claim.consumer, retention)
+                    # and the consumer's epoch, its row locked (then, with ``entries``,
+                    # the claim's entries). The buffer's row is not locked: an ack that
+                    # finds it may evict starts again, locking it first (the lock order:
+                    # the buffer's row, then the consumer's).
+                    current, held = self._finish_head(
+                        conn, claim.consumer, retention, claim.claim_id if entries else None
+                    )
                     if retention is not None and retention.stale:
                         self._stale_seen = True
                         raise _StaleFound  # rolled back before anything was written
                     check_epoch(handle, conn, claim.consumer, claim.epoch, action, current)
+                    if held is not None:
+                        self._check_own(conn, claim, action, held)
+                    elif entries:  # (SQLite) by a statement of their own
+                        self._own_entries(conn, claim, action)
                 return body(conn)
 
         def again() -> _T:
@@ -1105,32 +1132,65 @@ class ClaimQueue:
 
         return handle.statement(("finish at once", names, acking), build)
 
-    def _finish_head(self, conn: Connection, consumer: str, retention: AckRetention | None) -> Any:
+    def _finish_head(
+        self,
+        conn: Connection,
+        consumer: str,
+        retention: AckRetention | None,
+        claim_id: str | None = None,
+    ) -> tuple[Any, list[_Entry] | None]:
         """The first statement of an ack, release or renewal: checks the buffer's row is
         still the handle's buffer, reads what an ack's ``retention`` needs of it, and
         returns the consumer's epoch (None: no row yet), its row locked until the
-        transaction ends. Compiled once per handle."""
+        transaction ends. With ``claim_id`` (Postgres), the same statement then locks the
+        claim's entries in key order and returns them too (else None). Compiled once per
+        handle and shape."""
         handle = self._handle
         extra = () if retention is None else retention.columns()
+        with_entries = claim_id is not None and handle.dialect.modifying_ctes
 
         def build() -> Any:
             buffer_id = bindparam("buffer_id", type_=Integer)
-            return select(
+            head = select(
                 buffers.c.name, buffers.c.created_at, *extra, current_epoch(handle)
             ).where(buffers.c.id == buffer_id)
+            if not with_entries:
+                return head
+            first = head.cte("head")
+            # Joined to the head's row, so the consumer's row is locked (by the head)
+            # before any entry is (the entries are locked above the sort, in key order).
+            held = (
+                select(_C.key, _C.consumer, _C.acked_at)
+                .select_from(consumption.join(first, true()))
+                .where(_C.claim_id == bindparam("claim_id", type_=String))
+                .order_by(_C.key)
+                .with_for_update(of=consumption)
+                .cte("held")
+            )
+            return (
+                select(first, held.c.key, held.c.consumer, held.c.acked_at)
+                .select_from(first.outerjoin(held, true()))
+                .order_by(held.c.key)
+            )
 
         params: dict[str, Any] = {"buffer_id": handle.buffer_id, "consumer": consumer}
         if retention is not None:
             params["keys"] = retention.handle_keys()
-        key = ("finish head", retention is not None)
+        if with_entries:
+            params["claim_id"] = claim_id
+        key = ("finish head", retention is not None, with_entries)
         found = handle.statement(key, build).run(conn, **params)
         if not found:
             raise handle.recreated(None)
+        held: list[_Entry] | None = None
+        if with_entries:
+            held = [_Entry(int(r[-3]), r[-2], r[-1]) for r in found if r[-3] is not None]
+            found = [r[:-3] for r in found]
         name, created_at, *read, current = found[0]
         handle.check_row(name, float(created_at))
         if retention is not None:
             retention.take(tuple(read))
-        return current
+        return current, held
 
     def finish_in(
         self, conn: Connection, claim: Claimed, action: str, values: dict[str, Any]
@@ -1149,28 +1209,51 @@ class ClaimQueue:
         *,
         count_acked: bool,
         hold_rows: list[int] | None = None,
-    ) -> tuple[int, bool]:
+        drop_progress: bool = False,
+        checkpoint_state: str | None = None,
+        completions: list[int] | None = None,
+    ) -> tuple[int, bool, dict[int, int] | None]:
         """:meth:`finish_in`; with ``count_acked`` (an ack none of whose rows can be
         released again), where one statement can also write (Postgres), the entries set
         are added to the consumer's ``acked`` count by the same statement. ``hold_rows``
         (an ack, Postgres): the claim's keys, whose rows the statement locks against
         deletion before the entries (see :meth:`AckRetention.hold_rows`). Returns how
-        many entries, and whether they were counted so."""
+        many entries, and whether they were counted so (and then, with ``drop_progress``,
+        the rows' saved progress deleted by the same statement). ``checkpoint_state``
+        (Postgres, with ``count_acked``): stored as the consumer's next checkpoint by the
+        same statement, the entries acked with its number. ``completions`` (Postgres, with
+        ``hold_rows``): the completions stored for each of those keys, added to their
+        targets by the same statement, which returns what the targets needed before (key
+        -> completions; else None)."""
         if not self._handle.dialect.modifying_ctes:
             held = self._own_entries(conn, claim, action)
             if held:
                 stmt = update(consumption).where(_C.claim_id == claim.claim_id).values(**values)
                 conn.execute(stmt)
-            return len(held), False
+            return len(held), False, None
         # One statement: the entries locked in key order (as claims lock them), checked
         # below; set only when all are the consumer's and none acked (the check raises,
         # rolling the transaction back, otherwise).
+        rows_too = hold_rows is not None
+        checkpoint = checkpoint_state is not None and count_acked
+        counting = completions is not None and rows_too
         statement = self._finish_statement(
-            tuple(sorted(values)), values, count_acked, hold_rows is not None
+            tuple(sorted(values)),
+            values,
+            count_acked,
+            rows_too,
+            drop_progress and rows_too,
+            checkpoint,
+            counting,
         )
         params = {f"v_{name}": value for name, value in values.items() if _bound(value)}
+        if checkpoint:
+            params["state"] = checkpoint_state
         if hold_rows is not None:
             params["keys"] = self._handle.dialect.key_set(hold_rows)
+        if counting:
+            assert hold_rows is not None and completions is not None
+            params.update(self._handle.dialect.key_value_params(hold_rows, completions))
         found = statement.run(
             conn,
             claim_id=claim.claim_id,
@@ -1178,19 +1261,39 @@ class ClaimQueue:
             buffer_id=self._handle.buffer_id,
             **params,
         )
-        held = [_Entry(int(k), c, a) for k, c, a in found]
+        if not counting:
+            held = [_Entry(int(k), c, a) for k, c, a in found]
+            left = None
+        else:  # the entries (need NULL), then the targets as they were
+            held = [_Entry(int(k), c, a) for k, c, a, need in found if need is None]
+            left = {int(k): int(need) for k, _, _, need in found if need is not None}
         self._check_own(conn, claim, action, held)
-        return len(held), count_acked
+        return len(held), count_acked, left
 
     def _finish_statement(
-        self, names: tuple[str, ...], values: dict[str, Any], count_acked: bool, rows_too: bool
+        self,
+        names: tuple[str, ...],
+        values: dict[str, Any],
+        count_acked: bool,
+        rows_too: bool,
+        drop_progress: bool = False,
+        checkpoint: bool = False,
+        counting: bool = False,
     ) -> Any:
         """The statement of :meth:`_finish_entries` on Postgres, compiled once per handle
         and shape: ``values`` that are SQL (the database's clock) are written in, the rest
         bound as ``v_<name>``. ``rows_too``: the rows of the keys bound as ``keys`` are
         locked ``FOR KEY SHARE`` in key order before any entry is (the entries' scan
         waits on the count of them, which Postgres evaluates once, before its first row
-        is locked)."""
+        is locked). ``drop_progress`` (with ``count_acked`` and ``rows_too``): the saved
+        progress of those keys deleted once the entries are set. ``checkpoint`` (with
+        ``count_acked``): the state bound as ``state`` stored as the consumer's next
+        checkpoint (its number read from the consumer's row, which the transaction holds),
+        the entries acked with that number, and the row's count and number updated once.
+        ``counting`` (with ``rows_too``): the completions bound as ``values`` added to the
+        targets of ``keys`` (see :func:`~expstore.claims.prompts.completions_added`), the
+        statement's rows followed by those targets as they were (a fourth column, NULL for
+        the entries)."""
         handle = self._handle
 
         def build() -> Any:
@@ -1205,6 +1308,12 @@ class ClaimQueue:
                 .scalar_subquery()
             )
             setting = _setting(names, values)
+            buffer_id = bindparam("buffer_id", type_=Integer)
+            theirs = and_(consumers.c.buffer_id == buffer_id, consumers.c.consumer == consumer)
+            seq = None
+            if checkpoint and count_acked:
+                seq = select((consumers.c.last_seq + 1).label("seq")).where(theirs).cte("next_seq")
+                setting[_C.checkpoint_seq] = select(seq.c.seq).scalar_subquery()
             # The count reads every entry of held (locking them all) before any is set.
             done = (
                 update(consumption)
@@ -1213,25 +1322,69 @@ class ClaimQueue:
                 .returning(_C.key)
                 .cte("done")
             )
-            stmt = select(held.c.key, held.c.consumer, held.c.acked_at).add_cte(done)
+            stmt: Any = select(held.c.key, held.c.consumer, held.c.acked_at)
+            if counting:
+                added, needs = completions_added(handle)
+                stmt = union_all(
+                    stmt.add_columns(null().label("need")),
+                    select(needs.c.key, null(), null(), needs.c.need),
+                ).add_cte(added)
+            stmt = stmt.add_cte(done)
             if count_acked:
+                counts: dict[Any, Any] = {
+                    "acked": consumers.c.acked
+                    + select(func.count()).select_from(done).scalar_subquery()
+                }
+                if seq is not None:
+                    counts["last_seq"] = select(seq.c.seq).scalar_subquery()
                 bump = (
                     update(consumers)
-                    .where(
-                        consumers.c.buffer_id == bindparam("buffer_id", type_=Integer),
-                        consumers.c.consumer == consumer,
-                    )
-                    .values(
-                        acked=consumers.c.acked
-                        + select(func.count()).select_from(done).scalar_subquery()
-                    )
+                    .where(theirs)
+                    .values(counts)
                     .returning(consumers.c.acked)
                     .cte("counted")
                 )
                 stmt = stmt.add_cte(bump)
-            return stmt.order_by(held.c.key)
+                if seq is not None:
+                    stored = (
+                        checkpoints.insert()
+                        .from_select(
+                            ["buffer_id", "consumer", "seq", "state", "created_at"],
+                            select(
+                                buffer_id,
+                                consumer,
+                                seq.c.seq,
+                                bindparam("state", type_=Text),
+                                handle.dialect.now(),
+                            ),
+                        )
+                        .returning(checkpoints.c.seq)
+                        .cte("stored")
+                    )
+                    stmt = stmt.add_cte(stored)
+                if drop_progress:  # the work is done: its saved progress goes
+                    saved = (
+                        delete(progress)
+                        .where(
+                            handle.dialect.key_in(progress.c.key),
+                            select(done.c.key).exists(),
+                        )
+                        .returning(progress.c.key)
+                        .cte("saved")
+                    )
+                    stmt = stmt.add_cte(saved)
+            return stmt if counting else stmt.order_by(held.c.key)
 
-        return handle.statement(("finish", names, count_acked, rows_too), build)
+        key = (
+            "finish",
+            names,
+            count_acked,
+            rows_too,
+            drop_progress and count_acked,
+            checkpoint and count_acked,
+            counting and rows_too,
+        )
+        return handle.statement(key, build)
 
     def ack_in(
         self,
@@ -1242,15 +1395,18 @@ class ClaimQueue:
         retention: AckRetention | None = None,
         made: Mapping[int, int] | None = None,
         short: list[int] | None = None,
+        checkpoint_state: str | None = None,
     ) -> int:
         """Mark the claim's rows consumed in the caller's transaction (see
         :meth:`finish_in`), with the number of the checkpoint stored with them; returns how
         many rows were acked. Rows evicted or deleted meanwhile raise RowsEvictedError
-        (see :mod:`expstore.features.claims.retention`; ``retention`` holds what this ack
+        (see :mod:`expstore.claims.lease_retention`; ``retention`` holds what this ack
         allows, its buffer lock taken already). ``made``: the completions the ack stored,
         by prompt key: prompts still short of their completion target are released
         instead (their keys appended to ``short``; see
-        :mod:`expstore.features.claims.prompts`)."""
+        :mod:`expstore.claims.prompts`). ``checkpoint_state`` (where
+        :meth:`_checkpoint_at_ack`): the consumer's new checkpoint, stored and numbered by
+        the statement that acks the entries, in place of ``checkpoint_seq``."""
         if retention is None:
             retention = self.retention(claim, allow_evicted=False)
             retention.hold_buffer(conn)
@@ -1260,17 +1416,28 @@ class ClaimQueue:
         done: dict[str, Any] = {"acked_at": now, "lease_until": None}
         if checkpoint_seq is not None:
             done["checkpoint_seq"] = checkpoint_seq
-        # Without completions none can be released again: all are counted as acked.
-        present, counted = self._finish_entries(
+        again: list[int] = []
+        completions = None
+        if not at_once:
+            again = count_completions(self._handle, conn, claim.keys.tolist(), made, claim.claim_id)
+        elif made is not None:  # added to the targets by the statement that acks
+            completions = [int(made.get(k, 0)) for k in retention.keys]
+        # On Postgres one statement acks the entries, counts them as acked and deletes their
+        # saved progress (and adds the completions to the targets, and stores the checkpoint).
+        present, counted, left = self._finish_entries(
             conn,
             claim,
             "ack",
             done,
-            count_acked=made is None,
+            count_acked=True,
             hold_rows=retention.keys if at_once else None,
+            drop_progress=retention.saved,
+            checkpoint_state=checkpoint_state,
+            completions=completions,
         )
+        if made is not None and left is not None:
+            again = short_of(made, left, claim.claim_id)
         retention.settle(conn, present)
-        again = count_completions(self._handle, conn, claim.keys.tolist(), made, claim.claim_id)
         if again:  # short of their targets: claimable again for what they still need
             dialect = self._handle.dialect
             conn.execute(
@@ -1282,18 +1449,19 @@ class ClaimQueue:
             if short is not None:
                 short.extend(again)
         acked = present - len(again)
-        if (
-            acked and not counted
-        ):  # counted for a prompt queue's admission (the consumer's row is held)
+        # Counted for a prompt queue's admission (the consumer's row is held): by the
+        # statement that acked (all its entries: those released again come off here).
+        change = acked if not counted else -len(again)
+        if change:
             conn.execute(
                 update(consumers)
                 .where(
                     consumers.c.buffer_id == self._handle.buffer_id,
                     consumers.c.consumer == claim.consumer,
                 )
-                .values(acked=consumers.c.acked + acked)
+                .values(acked=consumers.c.acked + change)
             )
-        if present and retention.saved:  # the work is done: its saved progress goes
+        if present and retention.saved and not counted:  # the work is done: its progress goes
             dialect = self._handle.dialect
             conn.execute(
                 delete(progress).where(dialect.key_in(progress.c.key)),
@@ -1323,7 +1491,7 @@ class ClaimQueue:
         same transaction; returns how many rows were acked. Rows evicted or deleted
         meanwhile raise RowsEvictedError and change nothing, unless ``allow_evicted``
         (then the rows left are acked and counted); see
-        :mod:`expstore.features.claims.retention`. ``produce(conn)``: writes the claim's
+        :mod:`expstore.claims.lease_retention`. ``produce(conn)``: writes the claim's
         output (rows into another buffer of the database) in the ack's transaction and
         returns how many rows it stored per prompt key (None: the claim did not say);
         prompts left short of their completion targets are released, their keys appended
@@ -1340,17 +1508,19 @@ class ClaimQueue:
         def body(conn: Connection) -> int:
             made = None
             if produce is not None:  # what the claim's work made, in the same commit
-                # The claim is checked first: an ack retried after its commit (the reply
-                # lost) is told so, before its rows could meet their own stored ids.
-                self._own_entries(conn, claim, "ack")
+                # (its entries checked already: see _finish's entries)
                 made = produce(conn)
-            seq = None if state is None else self.store_checkpoint(conn, claim.consumer, state, now)
             if short is not None:
                 short.clear()
+            if state is not None and produce is None and self._checkpoint_at_ack(claim):
+                # Stored by the statement that acks the entries (the consumer's row, held
+                # since the transaction's first statement, is written once).
+                return self.ack_in(conn, claim, now, None, retention, None, short, state)
+            seq = None if state is None else self.store_checkpoint(conn, claim.consumer, state, now)
             return self.ack_in(conn, claim, now, seq, retention, made, short)
 
         retention = self.retention(claim, allow_evicted=allow_evicted)
-        return self._finish(claim, "ack", body, retention)
+        return self._finish(claim, "ack", body, retention, entries=produce is not None)
 
     def release(self, claim: Claimed) -> int:
         """Return the claim's rows to the queue; returns how many."""
@@ -1370,7 +1540,7 @@ class ClaimQueue:
 
         return self._finish(claim, "renew", body)
 
-    # -- consumers and their epochs (expstore.features.claims.epochs) ------------------------
+    # -- consumers and their epochs (expstore.claims.epochs) ------------------------
     def open_consumer(self, consumer: str, *, takeover: bool) -> tuple[int, int]:
         """Open a new incarnation of ``consumer``: ``(its epoch, how many rows it took back)``.
         With ``takeover`` the claims its predecessors still hold are released in the same
@@ -1408,6 +1578,12 @@ class ClaimQueue:
             .values(**_RELEASED)
         )
         return int(conn.execute(freed, {"keys": handle.dialect.key_set(keys)}).rowcount)
+
+    def _checkpoint_at_ack(self, claim: Claimed) -> bool:
+        """Whether an ack of ``claim`` stores its checkpoint with the statement that acks
+        the entries (Postgres): a consumer's incarnation (epoch above 0) has its row, which
+        the ack holds from its first statement, so the checkpoint's number is read from it."""
+        return self._handle.dialect.modifying_ctes and claim.epoch > 0
 
     def store_checkpoint(self, conn: Connection, consumer: str, state: str, now: Now) -> int:
         """Store ``state`` (checked JSON text) as ``consumer``'s newest checkpoint in the

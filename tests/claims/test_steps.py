@@ -23,10 +23,10 @@ from expstore import (
     UnsupportedTypeError,
 )
 from expstore.db.schema import priorities
-from tests.features.claims import step_learner
+from tests.claims import step_learner
 from tests.helpers import in_threads, make_row, make_rows
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _priorities(buffer: ReplayBuffer) -> dict[int, float]:
@@ -175,7 +175,7 @@ def test_a_learner_killed_between_any_two_parts_of_a_step_leaves_all_or_nothing(
         buffer.store_batch(_rows(6, 4))
         buffer.set_retention(None, "stale", stale_after=1)
     child = subprocess.run(
-        [sys.executable, "-m", "tests.features.claims.step_learner", db_url, buffer_name, part],
+        [sys.executable, "-m", "tests.claims.step_learner", db_url, buffer_name, part],
         cwd=ROOT,
         timeout=120,
     )

@@ -18,7 +18,7 @@ import pytest
 from expstore import ReplayBuffer
 from tests.helpers import make_rows
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 #: SIGKILLs per backend; set EXPSTORE_CLAIM_KILLS higher for a longer hunt.
 KILLS = int(os.environ.get("EXPSTORE_CLAIM_KILLS", "12"))
 
@@ -26,7 +26,7 @@ KILLS = int(os.environ.get("EXPSTORE_CLAIM_KILLS", "12"))
 def start(
     url: str, name: str, consumer: str, batch: int, step_s: float, out: Path | None = None
 ) -> subprocess.Popen[bytes]:
-    args = [sys.executable, "-m", "tests.features.claims.learner", url, name, consumer, str(batch)]
+    args = [sys.executable, "-m", "tests.claims.learner", url, name, consumer, str(batch)]
     args.append(str(step_s))
     if out is not None:
         args.append(str(out))

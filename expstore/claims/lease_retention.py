@@ -26,12 +26,12 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Connection, bindparam, select
 
-from ...db.handle import BufferHandle
-from ...db.schema import buffers, progress, ready_groups, rows
-from ...errors import RowsEvictedError
-from ...lifecycle.registry import buffer_row, bump_version, lock_buffer, remove
-from ...retention.eviction import stale_rows
-from ...retention.tombstones import reasons_of
+from ..db.handle import BufferHandle
+from ..db.schema import buffers, progress, ready_groups, rows
+from ..errors import RowsEvictedError
+from ..lifecycle.registry import buffer_row, bump_version, lock_buffer, remove
+from ..retention.eviction import stale_rows
+from ..retention.tombstones import reasons_of
 
 __all__ = ["AckRetention"]
 

@@ -1,6 +1,6 @@
 """Reports on claims: queue depth by claim state, and each row's consumption record.
 
-Read-only views over ``expstore_consumption`` (see :mod:`expstore.features.claims.queue`).
+Read-only views over ``expstore_consumption`` (see :mod:`expstore.claims.queue`).
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from typing import Any, NamedTuple
 from sqlalchemy import Connection, and_, case, func, select
 from sqlalchemy.sql.elements import ColumnElement
 
-from ..._args import check_text
-from ...db.handle import BufferHandle
-from ...db.row_ids import ids_to_keys
-from ...db.schema import buffers, checkpoints, consumption, produced, progress, rows, targets
-from ...draw_counts import times_sampled
-from ...errors import UnsupportedTypeError
-from ...query import QueryCondition
-from ...retention.tombstones import buried
+from .._args import check_text
+from ..db.handle import BufferHandle
+from ..db.row_ids import ids_to_keys
+from ..db.schema import buffers, checkpoints, consumption, produced, progress, rows, targets
+from ..draw_counts import times_sampled
+from ..errors import UnsupportedTypeError
+from ..query import QueryCondition
+from ..retention.tombstones import buried
 
 __all__ = [
     "IN_FLIGHT_SHOWN",

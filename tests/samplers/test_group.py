@@ -444,7 +444,7 @@ def test_a_group_claim_retried_after_a_deadlock_takes_the_oldest_groups_once(
 ) -> None:
     """An attempt rolled back (a deadlock, then retried) leaves the ready-group index as it
     was: the retry takes the two oldest groups, the next claim the next two."""
-    from expstore.features.claims.queue import ClaimQueue
+    from expstore.claims.queue import ClaimQueue
 
     for p in range(10):
         buf.store_batch(group(f"p{p}", [0.0, 1.0]))
