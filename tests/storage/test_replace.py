@@ -15,8 +15,8 @@ from sqlalchemy import select
 from expstore import ReplayBuffer, RowValidationError
 from expstore.db.schema import buffers, rows
 from expstore.db.trace import driver_statements
-from tests.features.test_arrays import consistent
-from tests.features.test_tombstones import tombstone_rows
+from tests.arrays.test_stored_once import consistent
+from tests.retention.test_tombstones import tombstone_rows
 from tests.helpers import make_row, make_rows
 
 
