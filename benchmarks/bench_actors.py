@@ -3,7 +3,7 @@
 Two measurements per backend:
 
 1. **Overhead per prompt.** ``--actors`` processes at once each take prompts from a
-   prompt queue (``store_prompts(n_samples=8)``) and, per prompt, time ``claim(1)`` +
+   prompt queue (``store_prompts(group_size=8)``) and, per prompt, time ``claim(1)`` +
    ``save_progress`` (the 8 partial completions, 256 tokens each, with their segments'
    versions) + ``ack(produce={prompt: 8 completions of 512 int32 tokens}, into=rollouts)``,
    with no generation in between (the store's own cost). Run twice: without an admission
@@ -124,9 +124,9 @@ def overhead(url: str, name: str, args: argparse.Namespace, admission: bool) -> 
         ReplayBuffer(url, name=f"{name}_prompts") as prompts,
         ReplayBuffer(url, name=f"{name}_rollouts") as rollouts,
     ):
-        prompts.store_prompts(_prompts(args.prompts, "p"), n_samples=G)
+        prompts.store_prompts(_prompts(args.prompts, "p"), group_size=G)
         if admission:  # counted on every claim, loose enough never to hold one back
-            prompts.set_admission(rollouts, batch_size=args.prompts * G, max_staleness=1)
+            prompts.set_admission(rollouts, batch_size=args.prompts * G, max_batches_ahead=1)
     spawn = multiprocessing.get_context("spawn")
     out, stop = spawn.Queue(), spawn.Event()
     learner = spawn.Process(target=overhead_learner, args=(url, name, stop))
@@ -166,7 +166,7 @@ def resume_actor(url: str, name: str, index: int, segment_s: float, log: str) ->
         me = prompts.consumer(f"actor-{index}", takeover=True)
         while True:
             try:
-                claim = me.claim(1, wait=1.0)
+                claim = me.claim(1, wait_s=1.0)
             except (WaitTimeoutError, AdmissionTimeoutError):
                 continue
             pid = claim.ids[0]
@@ -202,7 +202,7 @@ def saved_tokens(url: str, name: str) -> int:
 
 def resume(url: str, name: str, args: argparse.Namespace) -> str:
     with ReplayBuffer(url, name=f"{name}_prompts") as prompts:
-        prompts.store_prompts(_prompts(args.prompts, "r"), n_samples=G)
+        prompts.store_prompts(_prompts(args.prompts, "r"), group_size=G)
     spawn = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:
         logs = [str(Path(tmp) / f"a{i}.jsonl") for i in range(args.actors)]

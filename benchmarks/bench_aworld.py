@@ -5,7 +5,10 @@ storage where it can answer the same call.
   runner calls, three times per step): a new step, and an overwrite of it, p50 and p99.
   Its writes are done on the event loop before the coroutine yields (so AWorld's
   un-awaited writes are never lost): the figure is also how long the loop is held.
-- ``get_data_items`` of a task of 100 steps (what fills ``TaskResponse.trajectory``).
+- The statements each of those calls sends (round trips on Postgres), beside
+  ``ReplayBuffer.store``'s.
+- ``get_data_items`` of a task of 100 steps (what fills ``TaskResponse.trajectory``), and
+  its two halves: the rows read and decoded, the items rebuilt.
 - ``select_data`` with an indexed condition over 1M items: a generic ``ExpstoreStorage`` of
   ``Data(value=Step)`` items with ``{"field": "task_id", "op": "eq"}`` (a path index on
   ``exp_data.state.task_id``), the same items and condition in AWorld's
@@ -51,6 +54,7 @@ from aworld.dataset.types import (  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
 from expstore import ReplayBuffer  # noqa: E402
+from expstore.db.trace import driver_statements  # noqa: E402
 from expstore.integrations.aworld import ExpstoreStorage, ExpstoreTrajectoryStorage  # noqa: E402
 from expstore.integrations.aworld.rows import ItemLayout, TrajectoryLayout  # noqa: E402
 
@@ -147,12 +151,43 @@ def small_calls(url: str, backend: str, calls: int) -> None:
         sync.store(rows[i])
         floor[i] = (time.perf_counter() - start) * 1000
     show(f"{backend}: (ReplayBuffer.store of the same row, made beforehand)", floor)
+    # Statements (round trips on Postgres, BEGIN and COMMIT included) of each call.
+    engine = sync.sql.handle.connections.engine
+    extra = [step_item(task, calls + i + 1) for i in range(2)]
+    with driver_statements(engine) as seen:
+        asyncio.run(storage.create_data(Data(id=extra[0].id, value=extra[0]), block))
+        new_step = len(seen)
+        seen.clear()
+        last = step_item(task, calls + 1, finished=True)
+        asyncio.run(storage.create_data(Data(id=last.id, value=last), block))
+        overwrite = len(seen)
+        seen.clear()
+        sync.store(layout.row(Data(id="floor-x", value=extra[1]), block, None))
+        store = len(seen)
+    print(
+        f"  {backend}: statements per call: create_data a new step {new_step}, "
+        f"an overwrite {overwrite}; ReplayBuffer.store {store}"
+    )
     hundred = f"task-{uuid.uuid4().hex[:8]}"
     for i in range(100):
         item = step_item(hundred, i, finished=i == 99)
         asyncio.run(storage.create_data(Data(id=item.id, value=item), f"trajectory_{hundred}"))
     reads = timed(50, lambda i: storage.get_data_items(f"trajectory_{hundred}"))
     show(f"{backend}: get_data_items of a 100-step task", reads, 10.0)
+    # Its two halves: the rows read and decoded, and the items rebuilt from them.
+    got = sync.get_batch_by_task_ids([hundred, f"trajectory_{hundred}"])[hundred]
+    read = [0.0] * 50
+    for i in range(50):
+        start = time.perf_counter()
+        sync.get_batch_by_task_ids([hundred, f"trajectory_{hundred}"])
+        read[i] = (time.perf_counter() - start) * 1000
+    show(f"{backend}: (its 100 rows read and decoded)", read)
+    rebuilt = [0.0] * 50
+    for i in range(50):
+        start = time.perf_counter()
+        storage.layout.items(got)
+        rebuilt[i] = (time.perf_counter() - start) * 1000
+    show(f"{backend}: (its 100 TrajectoryItems rebuilt from the rows)", rebuilt)
 
 
 def _build(url: str, name: str, rows: Callable[[int], Any], label: str) -> ReplayBuffer:

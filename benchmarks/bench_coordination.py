@@ -217,7 +217,7 @@ def concurrent(url: str, name: str, seconds: float, processes: int) -> tuple[flo
 
 def rate_limits(url: str, name: str, repeat: int, seconds: float) -> None:
     converter = NumpyConverter(CONVERTER)
-    budget = RateLimiter(min_size=1, samples_per_insert=1e6, timeout=60)
+    budget = RateLimiter(min_size=1, samples_per_insert=1e6, timeout_s=60)
     with ReplayBuffer(url, name=name) as buffer:
         sampler = UniformSampler(seed=0)
         buffer.sample(sampler, converter=converter, batch_size=BATCH)

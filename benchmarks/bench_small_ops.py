@@ -218,7 +218,7 @@ def coordination(url: str, label: str) -> list[str]:
             )
             for i in range(200)
         ],
-        n_samples=4,
+        group_size=4,
     )
     plain.store_batch(datarows(64, 0, rng))
     for step in range(1, 40):

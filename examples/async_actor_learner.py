@@ -65,7 +65,7 @@ def learner(url: str, name: str, consumer: str, batch_size: int, expected: int) 
         if state["step"]:
             print(
                 f"{consumer}: resumed from its checkpoint at step {state['step']} "
-                f"(epoch {me.epoch}, took back {me.taken_back} rows)",
+                f"(generation {me.generation}, took back {me.taken_back} rows)",
                 flush=True,
             )
         while buffer.queue_stats().consumed < expected:
@@ -77,7 +77,7 @@ def learner(url: str, name: str, consumer: str, batch_size: int, expected: int) 
             state = {"step": state["step"] + 1, "rows": state["rows"] + len(claim)}
             with me.step() as step:  # consumed + checkpoint: one transaction
                 step.ack(claim)
-                step.checkpoint(state)
+                step.save_checkpoint(state)
 
 
 def main() -> None:

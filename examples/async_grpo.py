@@ -148,7 +148,7 @@ def main() -> None:
                 RateLimiter(
                     min_size=args.groups * args.group_size,
                     samples_per_insert=args.samples_per_insert,
-                    timeout=60,
+                    timeout_s=60,
                 )
             )
         ctx = multiprocessing.get_context("spawn")

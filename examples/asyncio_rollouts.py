@@ -3,7 +3,7 @@
 Sixteen agents (coroutines) each play episodes of a toy task, awaiting a model call per
 step (here a short sleep, as an LLM request would be) and storing every step with
 ``await buffer.extend(...)``; a learner coroutine on the same loop claims batches of
-finished steps as they arrive (``claim(wait=..., min_n=...)``) and acks them with its
+finished steps as they arrive (``claim(wait=..., min_batch_size=...)``) and acks them with its
 checkpoint. Nothing blocks the loop: the writes of all agents are committed together
 (group commit) on the buffer's thread while the agents wait for their next model call.
 
@@ -57,7 +57,10 @@ async def learner(buffer: AsyncReplayBuffer, total: int, finished: asyncio.Event
     while consumed < total:
         last = finished.is_set()
         claim = await buffer.claim(
-            BATCH, consumer="learner", wait=0.5 if last else 5.0, min_n=1 if last else BATCH
+            BATCH,
+            consumer="learner",
+            wait_s=0.5 if last else 5.0,
+            min_batch_size=1 if last else BATCH,
         )
         async with claim:
             rewards = [row.exp_data.reward_t for row in claim.batch]

@@ -67,7 +67,7 @@ def actor(url: str, index: int, args: argparse.Namespace, log: str) -> None:
         note(event="start", taken_back=me.taken_back)
         while True:
             try:
-                claim = me.claim(1, lease_s=args.lease, wait=1.0)
+                claim = me.claim(1, lease_s=args.lease, wait_s=1.0)
             except (AdmissionTimeoutError, WaitTimeoutError):
                 if prompts.queue_stats().completions.done == args.prompts:  # type: ignore[union-attr]
                     return
@@ -127,8 +127,8 @@ def learn(url: str, args: argparse.Namespace) -> dict[str, Any]:
                 claim = learner.claim(
                     args.batch * args.group_size,
                     order=sampler,
-                    wait=2.0,
-                    min_n=args.batch * args.group_size,  # a full batch: one version each
+                    wait_s=2.0,
+                    min_batch_size=args.batch * args.group_size,  # a full batch: one version each
                 )
             except WaitTimeoutError:
                 continue
@@ -137,7 +137,7 @@ def learn(url: str, args: argparse.Namespace) -> dict[str, Any]:
             time.sleep(args.train_s)  # a training step
             with learner.step() as st:
                 st.ack(claim)
-                st.checkpoint({"step": step + 1})
+                st.save_checkpoint({"step": step + 1})
                 st.set_policy_version(step + 1)
             step += 1
             consumed += len(claim)
@@ -179,12 +179,12 @@ def main() -> None:
                 )
                 for i in range(args.prompts)
             ]
-            prompts.store_prompts(made, n_samples=args.group_size)
+            prompts.store_prompts(made, group_size=args.group_size)
             prompts.set_admission(
                 rollouts,
                 batch_size=args.batch * args.group_size,
-                max_staleness=args.max_staleness,
-                timeout=None,
+                max_batches_ahead=args.max_staleness,
+                timeout_s=None,
             )
         ctx = multiprocessing.get_context("spawn")
         logs = [str(Path(tmp) / f"actor{i}.jsonl") for i in range(args.actors)]

@@ -3,16 +3,16 @@
 ``LongMessagesSampler`` favours rows whose conversation is long: a matching row with ``n``
 messages is drawn, with replacement, with probability proportional to ``1 + min(n, cap)``
 (rows without messages still have a chance; past ``cap`` messages a row gains no more).
-It has both halves a built-in sampler has, side by side in one class:
+It is one method, ``choose_flat``, written against a ``KeySpace``:
 
-- over the **key space** (``choose_flat``): candidate keys drawn uniformly from the
-  buffer's key range are probed for their messages (one indexed lookup each) and kept with
-  probability ``(1 + min(n, cap)) / (1 + cap)``: exact rejection sampling, whose cost does
-  not grow with the buffer (``draw_uniform`` does the rounds and gives up when too few
-  candidates match, e.g. under a narrow condition);
-- over the **key index** (``sample_keys``), when the key space gives up: the matching
-  rows' messages as arrays, weights computed once per change of the buffer
-  (``self.derived``).
+- over the database's key space, candidate keys drawn uniformly from the buffer's key
+  range are probed for their messages (one indexed lookup each) and kept with probability
+  ``(1 + min(n, cap)) / (1 + cap)``: exact rejection sampling, whose cost does not grow
+  with the buffer (``draw_uniform`` does the rounds and gives up when too few candidates
+  match, e.g. under a narrow condition);
+- when it gives up, the same method runs over the matching rows' key index held in memory,
+  where ``draw_uniform`` draws in proportion to the same chances by their cumulative sum,
+  kept (under ``name``) while the buffer is unchanged.
 
 Nothing here touches SQL, the storage's modules or expstore's private names: a new
 sampler is a new module of your own.
@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from expstore import DataRow, EmptyBufferError, Experience, ExpMeta, ReplayBuffer
+from expstore import DataRow, Experience, ExpMeta, ReplayBuffer
 from expstore.query import QueryCondition
 from expstore.samplers import Choice, KeySampler, KeySpace, UniformSampler, draw_uniform
 
@@ -60,10 +60,6 @@ class LongMessagesSampler(KeySampler):
         )
         return 1.0 + np.minimum(counts, self.cap)
 
-    # -- over the key space: nothing held that grows with the buffer --------------------
-    def can_draw_flat(self, query_condition: QueryCondition) -> bool:
-        return True
-
     def choose_flat(
         self, space: KeySpace, batch_size: int, query_condition: QueryCondition
     ) -> Choice | None:
@@ -79,22 +75,12 @@ class LongMessagesSampler(KeySampler):
             columns=(MESSAGES,),
             accept=accept,
             hint=self.kept_hint(query_condition),
+            name=f"long:{self.cap}",  # what accept depends on besides the messages
         )
         if drawn is None:
-            return None  # too few candidates matched: the key index takes over
+            return None  # over the database: too few candidates matched; the index serves
         self.kept_hint(query_condition, drawn.kept)
         return Choice(drawn.keys)
-
-    # -- over the key index: the matching rows' messages in memory -----------------------
-    def sample_keys(
-        self, index: dict[str, np.ndarray], batch_size: int, rng: np.random.Generator
-    ) -> np.ndarray:
-        messages = index[MESSAGES]
-        weights = self.derived(f"long:{self.cap}", (messages,), lambda: self.weight(messages))
-        total = float(weights.sum())
-        if total <= 0:
-            raise EmptyBufferError("no row to draw")
-        return rng.choice(index["key"], size=batch_size, p=weights / total)
 
 
 def conversation(turns: int) -> list[dict[str, str]]:

@@ -69,7 +69,7 @@ from .samplers import (
     TaskSampler,
     UniformSampler,
 )
-from .samplers.base import SampleInfo
+from .samplers.loop import SampleInfo
 from .storage import SqlStorage, Storage
 from .storage.writer import StoreReport
 

@@ -21,9 +21,11 @@ from ._args import check_batch_size, check_consumer, check_flag
 from .arrays.stored_once import ArraySetting
 from .claims import (
     DEFAULT_LEASE_S,
+    Admission,
     Claim,
     Consumer,
     admission_now,
+    admission_setting,
     claim_rows,
     count_ready_groups,
     set_admission,
@@ -46,8 +48,9 @@ from .prefetch import Hooks, Prefetcher
 from .query import QueryCondition
 from .retention.capacity import RetentionSetting
 from .retention.eviction import Eviction
-from .samplers.base import SampleInfo, Sampler, TaskSampler, as_sampler, draw
+from .samplers.base import Sampler, TaskSampler, as_sampler
 from .samplers.group import GroupSampler
+from .samplers.loop import SampleInfo, draw, draw_tasks
 from .samplers.random_task import RandomTaskSampler
 from .samplers.uniform import UniformSampler
 from .stats.task_stats import SummaryState
@@ -501,7 +504,7 @@ class ReplayBuffer:
     ) -> Any:
         """A batch: ``sampler`` chooses up to ``batch_size`` matching rows, the storage
         fetches what ``converter`` reads (whole rows, or only its fields), and ``converter``
-        builds the batch (see :mod:`expstore.samplers.base`).
+        builds the batch (see :mod:`expstore.samplers.loop`).
 
         Defaults: ``UniformSampler()`` (with replacement) and ``DefaultConverter()`` (the
         rows as a list). When the sampler weighs rows and the converter builds a dict, the
@@ -518,7 +521,7 @@ class ReplayBuffer:
         """
         chooser = as_sampler(UniformSampler() if sampler is None else sampler)
         builder = as_converter(DefaultConverter() if converter is None else converter)
-        # The one loop (see expstore.samplers.base): choose, fetch what the converter reads,
+        # The one loop (see expstore.samplers.loop): choose, fetch what the converter reads,
         # choose again for rows deleted meanwhile, describe; then build and attach.
         fetched, info = draw(
             self.storage,
@@ -604,67 +607,70 @@ class ReplayBuffer:
         ``RandomTaskSampler()`` and ``DefaultConverter()`` (each item a list of rows). No
         matching row raises EmptyBufferError.
         """
-        sampler = RandomTaskSampler() if sampler is None else sampler
+        chooser = as_sampler(RandomTaskSampler() if sampler is None else sampler)
         converter = DefaultConverter() if converter is None else converter
-        tasks = sampler.sample_tasks(self.storage, batch_size, query_condition)
+        # The one loop, as sample() draws (a rate limit counts the rows, the row cache
+        # serves them), cut at the tasks.
+        tasks = draw_tasks(self.storage, chooser, batch_size, query_condition)
         return [converter.to_dataset_row(task_rows) for task_rows in tasks.values()]
 
     # -- claims: a consume-once queue for learners (expstore.claims) ---------------------
     def claim(
         self,
-        n: int,
+        batch_size: int,
         query_condition: QueryCondition = None,
         *,
         consumer: str,
         lease_s: float = DEFAULT_LEASE_S,
-        order: Any = "fifo",
+        order: Any = "oldest",
         converter: Converter[Any] | None = None,
-        wait: float | None = None,
+        wait_s: float | None = None,
         max_staleness: int | None = None,
-        min_n: int | None = None,
+        min_batch_size: int | None = None,
     ) -> Claim:
-        """Claim up to ``n`` matching rows that no other consumer gets while the lease
-        holds, for any process on any host sharing the database.
+        """Claim up to ``batch_size`` matching rows that no other consumer gets while the
+        lease holds, for any process on any host sharing the database.
 
-        ``order``: ``"fifo"`` (oldest first), ``"random"``, or a sampler (``PrioritizedSampler``
-        ...) that picks among the claimable rows it could draw itself (its own
-        ``max_staleness`` and conditions hold, the tighter staleness of the claim's and its
-        own). ``converter`` builds ``claim.batch`` (the rows as a list by default); if it
-        raises, the claim is released (and its samples refunded to a rate limit) before the
-        error reaches you. ``wait``: seconds to wait for ``n`` claimable rows (without it
-        the claim takes what there is now, maybe nothing); if none came, WaitTimeoutError
-        saying what actors and learners are doing. ``min_n`` (with ``wait``): return as
-        soon as ``min_n`` rows are claimable, taking up to ``n`` (Kafka's
-        ``fetch.min.bytes`` with ``fetch.max.wait.ms``); WaitTimeoutError, with nothing
-        claimed, if fewer than ``min_n`` are by then. For group claims ``n`` and ``min_n``
-        count rows of whole groups (multiples of ``group_size``). Finish with
-        ``claim.ack(checkpoint=...)`` or ``claim.release()``; a claim neither acked nor
-        released goes back to the queue when its lease runs out. ``max_staleness``: only
-        rows no more than that many policy versions behind the buffer's current version
-        (see :meth:`set_policy_version`), checked in the claim's own statements.
-        Once ``consumer`` has been opened with :meth:`consumer` (epochs), a plain claim
-        under its name raises FencedError: claim through the Consumer.
-        For example ``buffer.claim(256, consumer="learner-0", wait=30, min_n=64)``.
+        ``order``: ``"oldest"`` (oldest first, the default), ``"random"``, or a sampler
+        (``PrioritizedSampler`` ...) that picks among the claimable rows it could draw itself
+        (its own ``max_staleness`` and conditions hold, the tighter staleness of the claim's
+        and its own). ``converter`` builds ``claim.batch`` (the rows as a list by default);
+        if it raises, the claim is released (and its samples refunded to a rate limit)
+        before the error reaches you. ``wait_s``: seconds to wait for ``batch_size``
+        claimable rows (without it the claim takes what there is now, maybe nothing); if
+        none came, WaitTimeoutError saying what actors and learners are doing.
+        ``min_batch_size`` (with ``wait_s``): return as soon as ``min_batch_size`` rows are
+        claimable, taking up to ``batch_size`` (Kafka's ``fetch.min.bytes`` with
+        ``fetch.max.wait.ms``); WaitTimeoutError, with nothing claimed, if fewer are by
+        then. For group claims both count rows of whole groups (multiples of
+        ``group_size``). Finish with ``claim.ack(checkpoint=...)`` or ``claim.release()``; a
+        claim neither acked nor released goes back to the queue when its lease runs out.
+        ``max_staleness``: only rows no more than that many policy versions behind the
+        buffer's current version (see :meth:`set_policy_version`), checked in the claim's
+        own statements. Once ``consumer`` has been opened with :meth:`consumer`
+        (generations), a plain claim under its name raises FencedError: claim through the
+        Consumer. For example ``buffer.claim(256, consumer="learner-0", wait_s=30,
+        min_batch_size=64)``.
         """
         return claim_rows(
             self.sql,
-            n,
+            batch_size,
             query_condition,
             consumer=consumer,
             lease_s=lease_s,
             order=order,
             converter=converter,
-            wait=wait,
+            wait_s=wait_s,
             max_staleness=max_staleness,
-            min_n=min_n,
+            min_batch_size=min_batch_size,
         )
 
     # -- prompt queues (expstore.claims.prompts) ----------------------------------
     def store_prompts(
-        self, prompts: Sequence[DataRow], *, n_samples: int | Sequence[int], parts: int = 1
+        self, prompts: Sequence[DataRow], *, group_size: int | Sequence[int], parts: int = 1
     ) -> StoreReport:
         """Store prompts (tasks) for actors to claim, each with a completion target:
-        ``n_samples`` (one number for all, or one per prompt) completions. A prompt stays
+        ``group_size`` (one number for all, or one per prompt) completions. A prompt stays
         claimable until acks that store its completions
         (``claim.ack(produce={row_id: completions}, into=rollouts)``) reach its target;
         ``claim.needs`` says how many it still needs.
@@ -673,46 +679,53 @@ class ReplayBuffer:
         group, and an ack with fewer completions (some failed) releases the prompt for
         the rest; ``parts=k``, the prompt is stored as ``k`` rows (ids ``<id>#0`` ...
         ``<id>#<k-1>``, the same task and metadata), each with its share of
-        ``n_samples``, so ``k`` actors generate parts of one group at once (group the
+        ``group_size``, so ``k`` actors generate parts of one group at once (group the
         completions by the prompt's ``task_id``). All or nothing, in one transaction;
         returns a StoreReport."""
-        return store_prompts(self.sql, prompts, n_samples, parts)
+        return store_prompts(self.sql, prompts, group_size, parts)
 
     def set_admission(
         self,
         into: ReplayBuffer | None,
         *,
         batch_size: int | None = None,
-        max_staleness: int | None = None,
+        max_batches_ahead: int | None = None,
         max_backlog: int | None = None,
-        timeout: float | None = 60.0,
+        timeout_s: float | None = 60.0,
     ) -> None:
         """Bound how far actors claiming this buffer's prompts run ahead of the learners
         consuming ``into`` (the rollouts buffer, in the same database), as AReaL's
         staleness control: a claim of prompts waits while the completions in flight (what
         the live prompt claims still need) plus those stored in ``into`` and not yet
-        consumed (acked by a claim) reach ``(max_staleness + 1) * batch_size``, or while
+        consumed (acked by a claim) reach ``(max_batches_ahead + 1) * batch_size`` (AReaL's
+        ``max_head_offpolicyness`` η: how many learner batches generation may run ahead), or while
         the stored ones reach ``max_backlog``. The counts are the database's, the same
         for every actor on every host and after restarts. A claim waits up to its
-        ``wait=`` (else ``timeout`` seconds; None: as long as it takes), then raises
+        ``wait_s=`` (else ``timeout_s`` seconds; None: as long as it takes), then raises
         AdmissionTimeoutError naming the bound. ``into=None`` removes the bound."""
         set_admission(
             self.sql,
             into,
             batch_size=batch_size,
-            max_staleness=max_staleness,
+            max_batches_ahead=max_batches_ahead,
             max_backlog=max_backlog,
-            timeout=timeout,
+            timeout_s=timeout_s,
         )
 
-    def admission(self) -> AdmissionState | None:
+    def admission(self) -> Admission | None:
+        """The buffer's admission bound as :meth:`set_admission` set it (``into``: the
+        rollouts buffer's name, ``batch_size``, ``max_batches_ahead``, ``max_backlog``,
+        ``timeout_s``); None without a bound. The counts it sees: :meth:`admission_stats`."""
+        return admission_setting(self.sql)
+
+    def admission_stats(self) -> AdmissionState | None:
         """The admission counts now (completions in flight, stored unconsumed, the bounds,
         the room left, which bound holds claims back); None without a bound."""
         return admission_now(self.sql)
 
     def consumer(self, name: str, *, takeover: bool = False) -> Consumer:
         """Open a new incarnation of consumer ``name`` (a learner, the same name across its
-        restarts): one transaction bumps the name's epoch and returns a
+        restarts): one transaction bumps the name's generation and returns a
         :class:`~expstore.claims.Consumer` holding it. From then on every claim, ack,
         release, renewal and checkpoint of an older incarnation raises FencedError and
         changes nothing (ZooKeeper's fencing tokens, Kafka's producer epochs), including
@@ -721,10 +734,10 @@ class ReplayBuffer:
         rows (and whole groups) are claimable at once instead of after their lease::
 
             learner = buffer.consumer("learner-0", takeover=True)
-            claim = learner.claim(256, wait=30)
+            claim = learner.claim(256, wait_s=30)
             with learner.step() as step:       # acks, checkpoint, version: one commit
                 step.ack(claim)
-                step.checkpoint({"step": 1})
+                step.save_checkpoint({"step": 1})
         """
         name = check_consumer(name)
         if not isinstance(takeover, bool):
@@ -754,18 +767,18 @@ class ReplayBuffer:
         min_rows: int,
         query_condition: QueryCondition = None,
         *,
-        timeout: float | None = None,
+        timeout_s: float | None = None,
         claimable: bool = False,
         max_staleness: int | None = None,
     ) -> int:
         """Block until at least ``min_rows`` rows match (``claimable=True``: can be claimed
         now), polling with back-off (5 ms growing to 0.5 s); returns how many were seen
-        (counting stops at ``min_rows``). WaitTimeoutError after ``timeout`` seconds."""
+        (counting stops at ``min_rows``). WaitTimeoutError after ``timeout_s`` seconds."""
         return wait_for_rows(
             self.sql,
             min_rows,
             query_condition,
-            timeout=timeout,
+            timeout_s=timeout_s,
             claimable=claimable,
             max_staleness=max_staleness,
         )

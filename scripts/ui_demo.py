@@ -174,7 +174,7 @@ def grpo(url: str) -> None:
                 )
                 for i, q in enumerate(questions)
             ],
-            n_samples=4,
+            group_size=4,
         )
         rng = np.random.default_rng(0)
         for i, q in enumerate(questions):

@@ -30,7 +30,12 @@ def _nested(depth: int) -> list[Any]:
 CASES: list[tuple[str, Callable[[ReplayBuffer], Any], type[ExpstoreError], str]] = [
     ("huge batch", lambda b: b.sample(batch_size=10**12), InvalidArgumentError, "<= 10,000,000"),
     ("batch 2**63", lambda b: b.sample(batch_size=2**63), InvalidArgumentError, "batch_size"),
-    ("huge claim", lambda b: b.claim(10**12, consumer="c"), InvalidArgumentError, "n must"),
+    (
+        "huge claim",
+        lambda b: b.claim(10**12, consumer="c"),
+        InvalidArgumentError,
+        "batch_size must",
+    ),
     ("capacity 1e30", lambda b: b.set_retention(10**30), InvalidArgumentError, "capacity"),
     ("surrogate id", lambda b: b.get("\ud800"), InvalidArgumentError, "surrogates"),
     ("NUL id", lambda b: b.get("a\x00"), InvalidArgumentError, "NUL"),
@@ -56,9 +61,9 @@ CASES: list[tuple[str, Callable[[ReplayBuffer], Any], type[ExpstoreError], str]]
     ),
     (
         "wait 10**400",
-        lambda b: b.claim(1, consumer="c", wait=10**400),
+        lambda b: b.claim(1, consumer="c", wait_s=10**400),
         InvalidArgumentError,
-        "wait must be a number of seconds >= 0",
+        "wait_s must be a number of seconds >= 0",
     ),
     (
         "renew 10**400",
@@ -68,15 +73,15 @@ CASES: list[tuple[str, Callable[[ReplayBuffer], Any], type[ExpstoreError], str]]
     ),
     (
         "wait_for timeout 10**400",
-        lambda b: b.wait_for(1, timeout=10**400),
+        lambda b: b.wait_for(1, timeout_s=10**400),
         InvalidArgumentError,
-        "timeout must be a number of seconds >= 0",
+        "timeout_s must be a number of seconds >= 0",
     ),
     (
         "wait_for timeout -inf",
-        lambda b: b.wait_for(1, timeout=float("-inf")),
+        lambda b: b.wait_for(1, timeout_s=float("-inf")),
         InvalidArgumentError,
-        "timeout must be a number of seconds >= 0",
+        "timeout_s must be a number of seconds >= 0",
     ),
     ("lineage None", lambda b: b.lineage(None), UnsupportedTypeError, "a list of ids"),
     ("lineage 5", lambda b: b.lineage(5), UnsupportedTypeError, "got int 5"),

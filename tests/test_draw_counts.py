@@ -329,7 +329,7 @@ def test_a_batch_that_waited_returns_no_more_rows_than_were_counted(
         buffer.store_batch(make_rows(40))
         sampler = UniformSampler(seed=0, consume_after=1)
         drawn(buffer, sampler, 35)  # a few rows left
-        buffer.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, timeout=30))
+        buffer.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, timeout_s=30))
         acquire = buffer.storage.acquire_samples
 
         def acquire_while_a_writer_stores(n, since=None):  # noqa: ANN001, ANN202

@@ -163,7 +163,7 @@ def test_claims_with_max_staleness_take_only_fresh_rows(buf: ReplayBuffer) -> No
     claim.ack()
     # Nothing fresh is left: the stale rows stay unclaimed (and countable).
     assert len(buf.claim(10, consumer="learner", max_staleness=1)) == 0
-    assert buf.wait_for(1, claimable=True, max_staleness=5, timeout=0) == 1
+    assert buf.wait_for(1, claimable=True, max_staleness=5, timeout_s=0) == 1
     random_order = buf.claim(10, consumer="other", order="random", max_staleness=5)
     assert {r.exp_meta.policy_version for r in random_order.batch} == {1}
 
@@ -278,7 +278,7 @@ def test_a_claim_after_the_version_was_forced_back_takes_rows_fresh_again(
     fresh = buf.claim(5, consumer="x", max_staleness=2)
     assert {r.exp_meta.policy_version for r in fresh.batch} == {10}
     buf.set_policy_version(1, force=True)  # a restored checkpoint: version 0 is fresh again
-    assert buf.wait_for(1, claimable=True, max_staleness=2, timeout=0) == 1
+    assert buf.wait_for(1, claimable=True, max_staleness=2, timeout_s=0) == 1
     again = buf.claim(20, consumer="x", max_staleness=2)
     assert [r.exp_meta.policy_version for r in again.batch] == [0] * 8
 
@@ -311,9 +311,9 @@ def test_a_group_claim_finds_a_fresh_group_behind_many_stale_ones(buf: ReplayBuf
     buf.set_policy_version(10)
     sampler = GroupSampler(group_size=2)
     assert claimable_groups(sampler, buf.storage, None, 2, 1) == 1
-    claim = buf.claim(2, consumer="g", order=sampler, max_staleness=2, wait=5)
+    claim = buf.claim(2, consumer="g", order=sampler, max_staleness=2, wait_s=5)
     assert {r.exp_meta.task_id for r in claim.batch} == {"new"}
     claim.release()
-    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, timeout=0.05))
+    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, timeout_s=0.05))
     again = buf.claim(2, consumer="g", order=GroupSampler(group_size=2), max_staleness=2)
     assert {r.exp_meta.task_id for r in again.batch} == {"new"}

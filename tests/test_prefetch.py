@@ -178,7 +178,7 @@ def test_close_does_not_wait_out_a_rate_limit(buffer: ReplayBuffer) -> None:
     from expstore.limits.rate_limiter import RateLimiter
 
     buffer.set_rate_limiter(
-        RateLimiter(min_size=1, samples_per_insert=1.0, error_buffer=8.0, timeout=4.0)
+        RateLimiter(min_size=1, samples_per_insert=1.0, error_buffer=8.0, timeout_s=4.0)
     )
     buffer.store_batch(make_rows(8))
     it = buffer.batches(UniformSampler(seed=0), None, _FailsAt(10**9), 4, prefetch=2)

@@ -7,7 +7,7 @@ coroutines that never block the event loop.
 
     buffer = await AsyncReplayBuffer.open("postgresql+psycopg://...", name="rollouts")
     await buffer.extend({"task_id": ids, "agent_id": "actor-0", "step": t, "state": {...}})
-    claim = await buffer.claim(64, consumer="learner", wait=30)
+    claim = await buffer.claim(64, consumer="learner", wait_s=30)
     await claim.ack(checkpoint={"step": 10})
 
 Mechanism (see :mod:`expstore.aio.calls`): the synchronous buffer's code, on threads the

@@ -328,39 +328,40 @@ class AsyncReplayBuffer:
     rate_limit_stats = _on_thread(ReplayBuffer.rate_limit_stats)
     set_admission = _on_thread(ReplayBuffer.set_admission)
     admission = _on_thread(ReplayBuffer.admission)
+    admission_stats = _on_thread(ReplayBuffer.admission_stats)
     ready_groups = _on_thread(ReplayBuffer.ready_groups)
 
     # -- claims --------------------------------------------------------------------------
     async def claim(
         self,
-        n: int,
+        batch_size: int,
         query_condition: QueryCondition = None,
         *,
         consumer: str,
         lease_s: float = DEFAULT_LEASE_S,
-        order: Any = "fifo",
+        order: Any = "oldest",
         converter: Converter[Any] | None = None,
-        wait: float | None = None,
+        wait_s: float | None = None,
         max_staleness: int | None = None,
-        min_n: int | None = None,
+        min_batch_size: int | None = None,
     ) -> AsyncClaim:
         """:meth:`ReplayBuffer.claim <expstore.ReplayBuffer.claim>`, awaited; the claim's
         ``ack``, ``release``, ``renew`` and ``save_progress`` are coroutines. A claim that
-        waits (``wait=``) does so on a thread of its own; cancelled, it stops waiting, and
+        waits (``wait_s=``) does so on a thread of its own; cancelled, it stops waiting, and
         rows it took after all are released at once."""
         return await claim_on(
             self.calls,
             functools.partial(
                 self.sync.claim,
-                n,
+                batch_size,
                 query_condition,
                 consumer=consumer,
                 lease_s=lease_s,
                 order=order,
                 converter=converter,
-                wait=wait,
+                wait_s=wait_s,
                 max_staleness=max_staleness,
-                min_n=min_n,
+                min_batch_size=min_batch_size,
             ),
         )
 
@@ -377,7 +378,7 @@ class AsyncReplayBuffer:
         min_rows: int,
         query_condition: QueryCondition = None,
         *,
-        timeout: float | None = None,
+        timeout_s: float | None = None,
         claimable: bool = False,
         max_staleness: int | None = None,
     ) -> int:
@@ -387,7 +388,7 @@ class AsyncReplayBuffer:
             self.sync.wait_for,
             min_rows,
             query_condition,
-            timeout=timeout,
+            timeout_s=timeout_s,
             claimable=claimable,
             max_staleness=max_staleness,
         )

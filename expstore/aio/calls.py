@@ -7,7 +7,7 @@ coroutine awaiting it waits on the loop without blocking it, as aiosqlite does i
 - **Calls** go to the handle's call threads (``threads``, 1 by default: a SQLite database
   takes one write at a time anyway, and one thread keeps the calls of one handle in the
   order they were made).
-- **Waits** (a claim with ``wait=``, ``wait_for``) go to threads of their own, so a learner
+- **Waits** (a claim with ``wait_s=``, ``wait_for``) go to threads of their own, so a learner
   waiting for rows never holds up the writes that bring them.
 - **Cancellation.** A cancelled ``await`` of a call that has not started yet runs nothing.
   One already running finishes on its thread and commits whole or not at all, as the
@@ -35,7 +35,7 @@ __all__ = ["Calls"]
 P = ParamSpec("P")
 R = TypeVar("R")
 
-#: Threads a handle's waits may hold at once (a claim with ``wait=``, ``wait_for``).
+#: Threads a handle's waits may hold at once (a claim with ``wait_s=``, ``wait_for``).
 MAX_WAITS = 32
 
 

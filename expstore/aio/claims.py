@@ -25,7 +25,7 @@ __all__ = ["AsyncClaim", "AsyncConsumer", "AsyncStep", "claim_on"]
 
 
 async def claim_on(calls: Calls, claim: Callable[[], Claim]) -> AsyncClaim:
-    """Run ``claim()`` on a thread of its own (any claim may wait: with ``wait=``, on a
+    """Run ``claim()`` on a thread of its own (any claim may wait: with ``wait_s=``, on a
     rate limit, on a prompt queue's admission); a claim that lands after its caller was
     cancelled is released at once."""
     made = await calls.run_then(True, _release_abandoned, claim)
@@ -54,7 +54,9 @@ class AsyncClaim:
     keys = property(lambda self: self.sync.keys, doc="The claimed rows' keys.")
     claim_id = property(lambda self: self.sync.claim_id, doc="The claim's id.")
     consumer = property(lambda self: self.sync.consumer, doc="Who claimed.")
-    epoch = property(lambda self: self.sync.epoch, doc="The claiming incarnation's epoch.")
+    generation = property(
+        lambda self: self.sync.generation, doc="The claiming incarnation's generation."
+    )
     claimed_at = property(lambda self: self.sync.claimed_at, doc="When (database clock).")
     lease_until = property(lambda self: self.sync.lease_until, doc="When the lease ends.")
     state = property(lambda self: self.sync.state, doc="held, acked or released.")
@@ -143,34 +145,34 @@ class AsyncConsumer:
         self._calls = calls
         self.sync = consumer
         self.name = consumer.name
-        self.epoch = consumer.epoch
+        self.generation = consumer.generation
         self.taken_back = consumer.taken_back
 
     async def claim(
         self,
-        n: int,
+        batch_size: int,
         query_condition: QueryCondition = None,
         *,
         lease_s: float = DEFAULT_LEASE_S,
-        order: Any = "fifo",
+        order: Any = "oldest",
         converter: Converter[Any] | None = None,
-        wait: float | None = None,
+        wait_s: float | None = None,
         max_staleness: int | None = None,
-        min_n: int | None = None,
+        min_batch_size: int | None = None,
     ) -> AsyncClaim:
         """:meth:`Consumer.claim <expstore.claims.Consumer.claim>`, awaited."""
         return await claim_on(
             self._calls,
             functools.partial(
                 self.sync.claim,
-                n,
+                batch_size,
                 query_condition,
                 lease_s=lease_s,
                 order=order,
                 converter=converter,
-                wait=wait,
+                wait_s=wait_s,
                 max_staleness=max_staleness,
-                min_n=min_n,
+                min_batch_size=min_batch_size,
             ),
         )
 
@@ -201,9 +203,9 @@ class AsyncStep:
             claim.sync if isinstance(claim, AsyncClaim) else claim, allow_evicted=allow_evicted
         )
 
-    def checkpoint(self, state: Any) -> None:
-        """:meth:`Step.checkpoint <expstore.claims.Step.checkpoint>`."""
-        self.sync.checkpoint(state)
+    def save_checkpoint(self, state: Any) -> None:
+        """:meth:`Step.save_checkpoint <expstore.claims.Step.save_checkpoint>`."""
+        self.sync.save_checkpoint(state)
 
     def set_policy_version(self, version: int, *, force: bool = False) -> None:
         """:meth:`Step.set_policy_version <expstore.claims.Step.set_policy_version>`."""

@@ -19,14 +19,14 @@ A learner that may be restarted while its old process still runs (a preempted po
 long GC pause) opens its consumer instead, which fences every older incarnation out, and
 commits each training step in one transaction::
 
-    learner = buffer.consumer("learner-0", takeover=True)   # a new epoch; old leases freed
+    learner = buffer.consumer("learner-0", takeover=True)   # a new generation; old leases freed
     state = learner.checkpoint(default={"step": 0})
     while training:
-        claim = learner.claim(256, lease_s=120, wait=30)
+        claim = learner.claim(256, lease_s=120, wait_s=30)
         loss, td = train_on(claim.batch)
         with learner.step() as step:                          # all or nothing, one commit
             step.ack(claim)
-            step.checkpoint({"step": state["step"] + 1})
+            step.save_checkpoint({"step": state["step"] + 1})
             step.set_policy_version(version)
             step.update_priorities(claim.ids, td)
 
@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from sqlalchemy import Connection, select
@@ -61,6 +61,7 @@ from .._retry import CLAIM_POLL, RATE_LIMIT_WAIT, Waiting
 from ..converters.base import Converter, as_converter
 from ..converters.default import DefaultConverter
 from ..db.engine import is_memory
+from ..db.schema import buffers
 from ..db.schema import rows as rows_table
 from ..dedup import Dedup, check_dedup
 from ..errors import (
@@ -79,8 +80,9 @@ from ..limits.counters import WriteBlocked
 from ..model.rows import DataRow
 from ..policy_versions import check_version
 from ..query import And, QueryCondition, as_condition
-from ..samplers.base import KeySampler, SampleInfo
+from ..samplers.base import KeySampler
 from ..samplers.group import GroupSampler
+from ..samplers.loop import SampleInfo
 from ..samplers.uniform import UniformSampler
 from ..storage.base import Storage
 from ..storage.reader import ROW_COLUMNS
@@ -114,6 +116,7 @@ from .ready_groups import GroupTally
 from .steps import StepParts, commit_step
 
 __all__ = [
+    "Admission",
     "Claim",
     "Consumer",
     "Step",
@@ -134,7 +137,7 @@ DEFAULT_LEASE_S = 300.0
 class Claim:
     """Rows claimed by one consumer: ``batch`` (what the converter built; a list of
     DataRows by default), their ``ids`` and ``keys``, ``claim_id``, ``consumer`` and when the
-    lease ends (``lease_until``, database clock), and the ``epoch`` of the consumer's
+    lease ends (``lease_until``, database clock), and the ``generation`` of the consumer's
     incarnation that made it (0: a plain ``buffer.claim``). Finish it with :meth:`ack` or
     :meth:`release`; used as a context manager it is released if the block raises before
     either (unless a newer incarnation has fenced this one out: then it is left as it
@@ -178,8 +181,8 @@ class Claim:
         return self._claimed.keys
 
     @property
-    def epoch(self) -> int:
-        """The epoch of the consumer's incarnation that made the claim (0: a plain
+    def generation(self) -> int:
+        """The generation of the consumer's incarnation that made the claim (0: a plain
         ``buffer.claim``; see :class:`Consumer`)."""
         return self._claimed.epoch
 
@@ -245,7 +248,7 @@ class Claim:
         (a StoreReport); lineage links each produced row to this claim, its consumer and
         its prompt row.
 
-        Prompts with a completion target (``store_prompts(rows, n_samples=G)``): the
+        Prompts with a completion target (``store_prompts(rows, group_size=G)``): the
         completions stored count towards it (``produce={row_id: rows}`` says which prompt
         each is for; a list will do for a claim of one row). A prompt that reached its
         target is consumed; one still short is released in the same transaction, claimable
@@ -493,51 +496,53 @@ class Claim:
 
 class Consumer:
     """One incarnation of a named consumer (a learner), opened by
-    :meth:`expstore.ReplayBuffer.consumer`: it holds the ``epoch`` that opening took, and
+    :meth:`expstore.ReplayBuffer.consumer`: it holds the ``generation`` that opening took, and
     every claim, ack, release, renewal and checkpoint it makes carries it.
 
     Fencing, as ZooKeeper's fencing tokens and Kafka's producer epochs: opening the same
-    name again (a restarted learner) takes a higher epoch, and from the moment that
+    name again (a restarted learner) takes a higher generation, and from the moment that
     commits nothing an older incarnation sends changes anything; its claims, acks,
     releases, renewals and steps raise :class:`~expstore.errors.FencedError`. The check
     runs inside the transaction of the write it guards, holding the consumer's row, so a
-    new epoch is either before a write (which is refused) or after it, never in between.
+    new generation is either before a write (which is refused) or after it, never in between.
 
-    ``name``, ``epoch``; ``taken_back``: rows of the predecessors' claims that opening
+    ``name``, ``generation``; ``taken_back``: rows of the predecessors' claims that opening
     with ``takeover=True`` released (0 without)."""
 
-    def __init__(self, sql: SqlStorage, name: str, epoch: int, taken_back: int = 0) -> None:
+    def __init__(self, sql: SqlStorage, name: str, generation: int, taken_back: int = 0) -> None:
         self._sql = sql
         self.name = name
-        self.epoch = epoch
+        #: This incarnation's fencing token (Kafka's consumer-group generation): each
+        #: opening of the name takes the next one.
+        self.generation = generation
         self.taken_back = taken_back
 
     def claim(
         self,
-        n: int,
+        batch_size: int,
         query_condition: QueryCondition = None,
         *,
         lease_s: float = DEFAULT_LEASE_S,
-        order: Any = "fifo",
+        order: Any = "oldest",
         converter: Converter[Any] | None = None,
-        wait: float | None = None,
+        wait_s: float | None = None,
         max_staleness: int | None = None,
-        min_n: int | None = None,
+        min_batch_size: int | None = None,
     ) -> Claim:
         """:meth:`expstore.ReplayBuffer.claim` as this incarnation (the same arguments but
         ``consumer``); FencedError, claiming nothing, once a newer one has opened."""
         return claim_rows(
             self._sql,
-            n,
+            batch_size,
             query_condition,
             consumer=self.name,
             lease_s=lease_s,
             order=order,
             converter=converter,
-            wait=wait,
+            wait_s=wait_s,
             max_staleness=max_staleness,
-            min_n=min_n,
-            epoch=self.epoch,
+            min_batch_size=min_batch_size,
+            epoch=self.generation,
         )
 
     def checkpoint(self, default: Any = ...) -> Any:
@@ -556,13 +561,13 @@ class Consumer:
 
             with learner.step() as step:
                 step.ack(claim)
-                step.checkpoint({"step": n})
+                step.save_checkpoint({"step": n})
                 step.set_policy_version(version)
         """
         return Step(self)
 
     def __repr__(self) -> str:
-        return f"Consumer({self.name!r}, epoch={self.epoch})"
+        return f"Consumer({self.name!r}, generation={self.generation})"
 
 
 class Step:
@@ -625,10 +630,10 @@ class Step:
                 f"claim {claim.claim_id} belongs to consumer {claim.consumer!r}, not "
                 f"{consumer.name!r}; ack it in a step of that consumer. Nothing was changed"
             )
-        if claim.epoch != consumer.epoch:
+        if claim.generation != consumer.generation:
             raise FencedError(
-                f"claim {claim.claim_id} was made by epoch {claim.epoch} of consumer "
-                f"{consumer.name!r}, not by this step's epoch {consumer.epoch}: an "
+                f"claim {claim.claim_id} was made by generation {claim.generation} of consumer "
+                f"{consumer.name!r}, not by this step's generation {consumer.generation}: an "
                 "incarnation acks only its own claims. Nothing was changed"
             )
         if any(c is claim for c in self._claims):
@@ -638,9 +643,9 @@ class Step:
         self._claims.append(claim)
         self._allow_evicted.append(allowed)
 
-    def checkpoint(self, state: Any) -> None:
+    def save_checkpoint(self, state: Any) -> None:
         """Store ``state`` (any JSON value) as the consumer's checkpoint with the step (the
-        last one given wins)."""
+        last one given wins; read it back with ``consumer.checkpoint()``)."""
         self._check_open()
         self._checkpoint = check_checkpoint(state)
 
@@ -683,7 +688,7 @@ class Step:
             priorities=np.concatenate(self._priorities) if self._priorities else None,
         )
         sql = consumer._sql
-        done = commit_step(queue_of(sql.handle), consumer.name, consumer.epoch, parts)
+        done = commit_step(queue_of(sql.handle), consumer.name, consumer.generation, parts)
         self.state = "committed"
         for claim in self._claims:
             claim.state = "acked"
@@ -706,7 +711,7 @@ class Step:
 
     def __repr__(self) -> str:
         return (
-            f"Step({self._consumer.name!r}, epoch={self._consumer.epoch}, "
+            f"Step({self._consumer.name!r}, generation={self._consumer.generation}, "
             f"claims={len(self._claims)}, state={self.state!r})"
         )
 
@@ -714,13 +719,13 @@ class Step:
 def _candidates(
     storage: Storage, order: Any, query_condition: QueryCondition
 ) -> Callable[[int], np.ndarray] | None:
-    if order == "fifo":
+    if order == "oldest":
         return None
     if order == "random":
         order = UniformSampler()
     if not isinstance(order, KeySampler):
         raise UnsupportedTypeError(
-            'order must be "fifo", "random" or a sampler that chooses keys (UniformSampler, '
+            'order must be "oldest", "random" or a sampler that chooses keys (UniformSampler, '
             f"PrioritizedSampler, ...), got {order!r}"
         )
     sampler = order
@@ -754,30 +759,30 @@ def _sampler_scope(order: KeySampler, query_condition: QueryCondition, scope: Sc
 
 def claim_rows(
     sql: SqlStorage,
-    n: int,
+    batch_size: int,
     query_condition: QueryCondition = None,
     *,
     consumer: str,
     lease_s: float = DEFAULT_LEASE_S,
-    order: Any = "fifo",
+    order: Any = "oldest",
     converter: Converter[Any] | None = None,
-    wait: float | None = None,
+    wait_s: float | None = None,
     max_staleness: int | None = None,
-    min_n: int | None = None,
+    min_batch_size: int | None = None,
     epoch: int = 0,
 ) -> Claim:
     """See :meth:`expstore.ReplayBuffer.claim`; ``epoch``: the incarnation claiming (see
     :class:`Consumer`; 0 for a plain claim)."""
-    n = check_int("n", n, minimum=1, maximum=MAX_BATCH)
+    n = check_int("batch_size", batch_size, minimum=1, maximum=MAX_BATCH)
     consumer = check_consumer(consumer)
     lease = check_lease(lease_s)
-    wait_s = check_seconds("wait", wait, optional=True)
-    min_n = check_int("min_n", min_n, minimum=1, maximum=n, optional=True)
+    wait_s = check_seconds("wait_s", wait_s, optional=True)
+    min_n = check_int("min_batch_size", min_batch_size, minimum=1, maximum=n, optional=True)
     if min_n is not None and wait_s is None:
         raise InvalidArgumentError(
-            f"min_n={min_n} is how many rows a claim waits for before it returns; give "
-            "wait= too (the most seconds to wait), or leave min_n out to take what there "
-            "is now"
+            f"min_batch_size={min_n} is how many rows a claim waits for before it returns; "
+            "give wait_s= too (the most seconds to wait), or leave min_batch_size out to "
+            "take what there is now"
         )
     scope = Scope(query_condition, check_staleness(max_staleness))
     queue = queue_of(sql.handle)
@@ -787,9 +792,9 @@ def claim_rows(
     if isinstance(order, GroupSampler):
         if n % order.group_size or (min_n is not None and min_n % order.group_size):
             raise InvalidArgumentError(
-                f"a claim of whole groups of {order.group_size} rows takes an n (and a "
-                f"min_n) that is a multiple of {order.group_size}; got n={n}"
-                + ("" if min_n is None else f", min_n={min_n}")
+                f"a claim of whole groups of {order.group_size} rows takes a batch_size (and a "
+                f"min_batch_size) that is a multiple of {order.group_size}; got "
+                f"batch_size={n}" + ("" if min_n is None else f", min_batch_size={min_n}")
             )
         candidates, groups = None, claim_taker(order, sql, query_condition, scope.max_staleness)
     else:
@@ -854,7 +859,7 @@ def claim_rows(
         except AdmissionBlocked as blocked:
             sql.refund_samples(counted)
             state: AdmissionState = blocked.args[0]
-            if admission is None:  # no wait= given: the queue's own timeout
+            if admission is None:  # no wait_s= given: the queue's own timeout
                 admission = CLAIM_POLL.start(state.timeout_s)
             if not admission.sleep():
                 raise _held_back(sql, state, admission.timeout_s) from None
@@ -969,7 +974,7 @@ def _timed_out(
         held = f"no {what} became claimable within {wait_s} s"
     else:
         unit = "rows" if what == "row" else "rows, in " + what.replace(" group ", " groups ")
-        held = f"waited {wait_s} s for min_n={min_n} claimable {unit}, found {seen}"
+        held = f"waited {wait_s} s for min_batch_size={min_n} claimable {unit}, found {seen}"
     return WaitTimeoutError(
         f"{held}. {sql.rate_limits.situation()}. Check that actors are writing rows that "
         "match the condition (for group claims: complete groups the group condition "
@@ -991,13 +996,13 @@ def wait_for_rows(
     min_rows: int,
     query_condition: QueryCondition,
     *,
-    timeout: float | None,
+    timeout_s: float | None,
     claimable: bool,
     max_staleness: int | None = None,
 ) -> int:
     """See :meth:`expstore.ReplayBuffer.wait_for`."""
     min_rows = check_int("min_rows", min_rows, minimum=1)
-    limit = check_seconds("timeout", timeout, optional=True)
+    limit = check_seconds("timeout_s", timeout_s, optional=True)
     scope = Scope(query_condition, check_staleness(max_staleness))
     seen = [0]
 
@@ -1021,24 +1026,24 @@ def wait_for_rows(
 def store_prompts(
     sql: SqlStorage,
     prompts: Sequence[DataRow],
-    n_samples: int | Sequence[int],
+    group_size: int | Sequence[int],
     parts: int = 1,
 ) -> StoreReport:
     """See :meth:`expstore.ReplayBuffer.store_prompts`."""
     batch = prepare(prompts)
-    wanted: list[Any] = [n_samples] * len(batch)
-    if isinstance(n_samples, Sequence) and not isinstance(n_samples, (str, bytes)):
-        wanted = list(n_samples)
+    wanted: list[Any] = [group_size] * len(batch)
+    if isinstance(group_size, Sequence) and not isinstance(group_size, (str, bytes)):
+        wanted = list(group_size)
     if len(wanted) != len(batch):
         raise InvalidArgumentError(
-            f"n_samples= gives {len(wanted)} targets for {len(batch)} prompts; give one "
+            f"group_size= gives {len(wanted)} targets for {len(batch)} prompts; give one "
             "number for all, or one per prompt. Nothing was stored"
         )
-    goals = [check_int("n_samples", t, minimum=1, maximum=MAX_TARGET) for t in wanted]
+    goals = [check_int("group_size", t, minimum=1, maximum=MAX_TARGET) for t in wanted]
     parts = check_int("parts", parts, minimum=1, maximum=MAX_TARGET)
     if parts > min(goals, default=parts):
         raise InvalidArgumentError(
-            f"parts={parts} splits each prompt's n_samples over that many rows, so every "
+            f"parts={parts} splits each prompt's group_size over that many rows, so every "
             f"part needs one completion at least; a prompt asks for {min(goals)}. Nothing "
             "was stored"
         )
@@ -1084,9 +1089,9 @@ def set_admission(
     into: Any,
     *,
     batch_size: int | None,
-    max_staleness: int | None,
+    max_batches_ahead: int | None,
     max_backlog: int | None,
-    timeout: float | None,
+    timeout_s: float | None,
 ) -> None:
     """See :meth:`expstore.ReplayBuffer.set_admission`."""
     handle = sql.handle
@@ -1105,27 +1110,57 @@ def set_admission(
             "transaction. Nothing was changed"
         )
     batch = check_int("batch_size", batch_size, minimum=1, optional=True)
-    stale = check_staleness(max_staleness)
+    ahead = check_int("max_batches_ahead", max_batches_ahead, minimum=0, optional=True)
     backlog_ = check_int("max_backlog", max_backlog, minimum=1, optional=True)
-    wait_s = check_seconds("timeout", timeout, optional=True)
-    if (batch is None) != (stale is None):
+    wait_s = check_seconds("timeout_s", timeout_s, optional=True)
+    if (batch is None) != (ahead is None):
         raise InvalidArgumentError(
-            "batch_size and max_staleness go together (the bound is (max_staleness + 1) * "
-            "batch_size completions in flight and stored unconsumed); give both or neither. "
-            "Nothing was changed"
+            "batch_size and max_batches_ahead go together (the bound is (max_batches_ahead "
+            "+ 1) * batch_size completions in flight and stored unconsumed); give both or "
+            "neither. Nothing was changed"
         )
     if batch is None and backlog_ is None:
         raise InvalidArgumentError(
-            "set_admission() needs a bound: batch_size with max_staleness, or max_backlog "
+            "set_admission() needs a bound: batch_size with max_batches_ahead, or max_backlog "
             "(or into=None to remove the bound). Nothing was changed"
         )
-    settings = AdmissionSettings(target.handle.buffer_id, batch, stale, backlog_, wait_s)
+    settings = AdmissionSettings(target.handle.buffer_id, batch, ahead, backlog_, wait_s)
     with handle.errors("set the admission bound"), handle.write() as conn:
         store_admission(handle, conn, settings)
 
 
-def admission_now(sql: SqlStorage) -> AdmissionState | None:
+class Admission(NamedTuple):
+    """A prompt buffer's admission bound as set (``buffer.admission()``): the buffer the
+    completions go to (its name), the learner's batch, how many batches ahead generation
+    may run, the bound on stored unconsumed completions, and a claim's default wait."""
+
+    into: str
+    batch_size: int | None
+    max_batches_ahead: int | None
+    max_backlog: int | None
+    timeout_s: float | None
+
+
+def admission_setting(sql: SqlStorage) -> Admission | None:
     """See :meth:`expstore.ReplayBuffer.admission`."""
+    handle = sql.handle
+    with handle.errors("read the admission bound"), handle.read() as conn:
+        settings = admission_settings(handle, conn)
+        if settings is None:
+            return None
+        name = select(buffers.c.name).where(buffers.c.id == settings.into_id)
+        into = conn.execute(name).scalar_one()
+    return Admission(
+        into,
+        settings.batch_size,
+        settings.max_batches_ahead,
+        settings.max_backlog,
+        settings.timeout_s,
+    )
+
+
+def admission_now(sql: SqlStorage) -> AdmissionState | None:
+    """See :meth:`expstore.ReplayBuffer.admission_stats`."""
     handle = sql.handle
     with handle.errors("read the admission bound"), handle.single() as conn:
         settings = admission_settings(handle, conn)

@@ -124,21 +124,22 @@ def _refusal(handle: BufferHandle, consumer: str, epoch: int, current: int, acti
     if epoch == 0:
         return (
             f"consumer {consumer!r} of buffer {handle.name!r} was opened with "
-            f"buffer.consumer({consumer!r}) (epoch {current}); a {action} without an epoch "
-            "(buffer.claim(consumer=...), or a claim it made) is refused, since it could come "
+            f"buffer.consumer({consumer!r}) (generation {current}); a {action} without a "
+            "generation (buffer.claim(consumer=...), or a claim it made) is refused, since it "
+            "could come "
             "from an older incarnation. Claim through the Consumer that buffer.consumer() "
             "returned, or use another consumer name. Nothing was changed"
         )
     if epoch > current:
         return (
-            f"consumer {consumer!r} of buffer {handle.name!r} is at epoch {current}, behind "
-            f"this incarnation's epoch {epoch}: the database was made anew or restored "
+            f"consumer {consumer!r} of buffer {handle.name!r} is at generation {current}, behind "
+            f"this incarnation's generation {epoch}: the database was made anew or restored "
             f"since it opened. Its {action} is refused and nothing was changed; open the "
             f"consumer again with buffer.consumer({consumer!r})"
         )
     return (
-        f"consumer {consumer!r} of buffer {handle.name!r} was opened again (epoch "
-        f"{current}) after this incarnation (epoch {epoch}): its {action} is refused and "
+        f"consumer {consumer!r} of buffer {handle.name!r} was opened again (generation "
+        f"{current}) after this incarnation (generation {epoch}): its {action} is refused and "
         "nothing was changed. A newer learner owns the name now; stop this one (it was "
         f"preempted or paused), or open buffer.consumer({consumer!r}) again to take over"
     )

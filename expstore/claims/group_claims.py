@@ -184,7 +184,7 @@ def claimable_groups(
     upto: int | None,
 ) -> int:
     """How many whole groups a claim with ``sampler``'s order could take now (up to
-    ``upto``): what ``claim(..., wait=s)`` waits for, and counts against a rate limit; sets
+    ``upto``): what ``claim(..., wait_s=s)`` waits for, and counts against a rate limit; sets
     the sampler's ``last_counts``."""
     return claim_counts(sampler, sql, query_condition, max_staleness, upto).ready
 

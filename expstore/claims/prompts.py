@@ -3,7 +3,7 @@
 Prompts (tasks) are rows of a buffer that actors claim like any rows (leases, fencing,
 saved progress). This module holds what makes such a buffer a prompt queue:
 
-- **Completion targets.** A prompt stored with ``n_samples=G`` has an entry in
+- **Completion targets.** A prompt stored with ``group_size=G`` has an entry in
   ``expstore_targets``: ``target`` (G) and ``done`` (the completions stored for it so far).
   An ack that stores completions (``claim.ack(produce=..., into=rollouts)``) adds them to
   ``done`` in its transaction: a prompt that reached its target is consumed; one still
@@ -18,7 +18,7 @@ saved progress). This module holds what makes such a buffer a prompt queue:
   AReaL's rule): a claim of its prompts is admitted while the completions in flight (what
   the live claims of prompts still need) plus those stored in the rollouts buffer and not
   yet consumed (inserted, less discarded, less acked by its consumers; at most the rows
-  it holds) stay below ``(max_staleness + 1) * batch_size``, and while the stored ones
+  it holds) stay below ``(max_batches_ahead + 1) * batch_size``, and while the stored ones
   stay below ``max_backlog``. Every claim of the buffer locks its admission row while it
   counts and takes, so the bound holds across every process and host, and the counts
   are the database's own: nothing to lose in a restart.
@@ -94,23 +94,23 @@ MAX_TARGET = 1_000_000
 @dataclass(frozen=True)
 class AdmissionSettings:
     """A prompt buffer's admission bound, as stored: the buffer its completions go to
-    (``into_id``), the learner's batch (completions per step) and ``max_staleness`` (both
+    (``into_id``), the learner's batch (completions per step) and ``max_batches_ahead`` (both
     or neither), ``max_backlog`` (completions stored and not yet consumed), and how long a
     claim waits by default (``timeout_s``; None: as long as it takes)."""
 
     into_id: int
     batch_size: int | None
-    max_staleness: int | None
+    max_batches_ahead: int | None
     max_backlog: int | None
     timeout_s: float | None
 
     @property
     def staleness_bound(self) -> int | None:
-        """``(max_staleness + 1) * batch_size``: completions in flight and stored
+        """``(max_batches_ahead + 1) * batch_size``: completions in flight and stored
         unconsumed that admission lets exist at once (None: no such bound)."""
-        if self.batch_size is None or self.max_staleness is None:
+        if self.batch_size is None or self.max_batches_ahead is None:
             return None
-        return (self.max_staleness + 1) * self.batch_size
+        return (self.max_batches_ahead + 1) * self.batch_size
 
 
 class AdmissionState(NamedTuple):
@@ -353,7 +353,7 @@ def store_admission(handle: BufferHandle, conn: Connection, settings: AdmissionS
     values = {
         "into_id": settings.into_id,
         "batch_size": settings.batch_size,
-        "max_staleness": settings.max_staleness,
+        "max_staleness": settings.max_batches_ahead,  # (the column's name)
         "max_backlog": settings.max_backlog,
         "timeout_s": settings.timeout_s,
     }
@@ -486,8 +486,8 @@ def admitted(
         if state.staleness_bound is not None and need > state.staleness_bound:
             raise InvalidArgumentError(
                 f"a prompt needs {need} completions, more than the admission bound "
-                f"(max_staleness + 1) * batch_size = {state.staleness_bound} lets exist at "
-                "once: it could never be claimed. Raise batch_size or max_staleness in "
+                f"(max_batches_ahead + 1) * batch_size = {state.staleness_bound} lets exist at "
+                "once: it could never be claimed. Raise batch_size or max_batches_ahead in "
                 "set_admission(), or store the prompt in parts (store_prompts(parts=...)). "
                 "Nothing was claimed"
             )
@@ -499,7 +499,7 @@ def describe(state: AdmissionState) -> str:
     """The admission counts in words, for a wait's timeout."""
     parts = [f"{state.in_flight} completions in flight", f"{state.backlog} stored unconsumed"]
     if state.staleness_bound is not None:
-        parts.append(f"bound (max_staleness + 1) * batch_size = {state.staleness_bound}")
+        parts.append(f"bound (max_batches_ahead + 1) * batch_size = {state.staleness_bound}")
     if state.max_backlog is not None:
         parts.append(f"max_backlog = {state.max_backlog}")
     return ", ".join(parts)

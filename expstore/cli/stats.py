@@ -141,7 +141,7 @@ def _from_index(
 def _queue(buffer: ReplayBuffer, query_condition: QueryCondition) -> dict[str, Any]:
     """Queue depth of the claims (see ReplayBuffer.claim): rows by state, and per consumer."""
     queue = buffer.queue_stats(query_condition)
-    admission = buffer.admission()
+    admission = buffer.admission_stats()
     return {
         "unclaimed": queue.unclaimed,
         "leased": queue.leased,

@@ -32,7 +32,7 @@ from typing import Any
 
 from .batch import BatchDecoder
 from .checks import check_value, text_problem
-from .decode import PartDecoder, decode_payload
+from .decode import PartDecoder, decode_payload, plain_document
 from .digests import array_digest
 from .encode import PayloadWriter, dump_document, encode_payload
 from .format import HEADER_SIZE, MAGIC, RESERVED_KEYS, TensorSpec
@@ -53,6 +53,7 @@ __all__ = [
     "deep_equal",
     "dump_document",
     "encode_payload",
+    "plain_document",
     "text_problem",
     "to_plain",
 ]

@@ -39,7 +39,7 @@ from .format import (
     tagged_value,
 )
 
-__all__ = ["Arrays", "PartDecoder", "decode_payload"]
+__all__ = ["Arrays", "PartDecoder", "decode_payload", "plain_document"]
 
 #: The stored bytes of arrays stored by digest, by digest (what a read fetched for its rows).
 Arrays = Mapping[str, Any]
@@ -242,6 +242,14 @@ class _Decoder:
         tensor = torch.from_numpy(array)
         view_as = TORCH_DTYPES[dtype_name][1]
         return tensor.view(torch_dtype) if view_as is not None else tensor
+
+
+def plain_document(text: Any, blob: Any) -> bool:
+    """Whether a stored document (its JSON text and blob) holds no placeholder, so the
+    text's parsed value is its payload as it is, with no walk over it: no blob, and no
+    ``__`` in the text (every reserved key begins so, and the writer escapes no
+    character of one: a text holding any escape ``\\u`` is walked)."""
+    return blob is None and type(text) is str and "__" not in text and "\\u" not in text
 
 
 def decode_payload(

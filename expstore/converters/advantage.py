@@ -21,7 +21,7 @@ from .._optional import loaded_torch
 from ..errors import InvalidArgumentError, UnsupportedTypeError
 from ..model.paths import MISSING, parse_path, read_path
 from ..model.rows import DataRow
-from ..samplers.base import SampleInfo
+from ..samplers.loop import SampleInfo
 from ..storage.base import Fetched
 from .base import Converter, as_converter
 from .default import DefaultConverter

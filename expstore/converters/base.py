@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from ..errors import InvalidArgumentError, UnsupportedTypeError
 from ..model.paths import MISSING, parse_path, read_path
 from ..model.rows import DataRow
-from ..samplers.base import SampleInfo
+from ..samplers.loop import SampleInfo
 from ..storage.base import Fetched
 
 __all__ = ["MISSING", "BatchT", "Converter", "FieldSpec", "as_converter", "parse_path", "read_path"]

@@ -42,7 +42,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +62,6 @@ from sqlalchemy import select  # noqa: E402
 from ..buffer import ReplayBuffer  # noqa: E402
 from ..codec.format import HEADER_SIZE, intact  # noqa: E402
 from ..db.schema import buffers, rows  # noqa: E402
-from ..lifecycle import registry  # noqa: E402
 from ..storage import writer  # noqa: E402
 from ..storage.column_rows import column_source  # noqa: E402
 
@@ -288,7 +286,7 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
     def _write(self, slots: list[int], layout: _Layout, leaves: list[Any]) -> None:
         n = len(slots)
         columns: dict[str, Any] = {
-            "id": [uuid.uuid4().hex for _ in range(n)],
+            "id": [f"slot-{slot}" for slot in slots],  # a slot's row, replaced in place
             "task_id": SLOTS,
             "agent_id": f"{socket.gethostname()}:{os.getpid()}",
             "step": slots,
@@ -300,39 +298,9 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
         }
         if self.policy_version is not None:
             columns["policy_version"] = self.policy_version
-        sql = self.buffer.sql
-        handle = sql.handle
-
-        dialect = handle.dialect
-
-        def build() -> Any:  # compiled once per handle: the slots are one bound set
-            held = select(rows.c.step, rows.c.key).where(
-                rows.c.buffer_id == handle.buffer_id,
-                rows.c.task_id == SLOTS,
-                dialect.key_in(rows.c.step),
-            )
-            return dialect.locked(held)  # (not ordered: SQLite would walk the key index)
-
-        def drop_older(conn: Any) -> None:
-            # What these slots held before this write, deleted in its transaction: every
-            # row of a slot but its newest, this write's (writers of the buffer take turns
-            # on its row, so this write's keys are the largest).
-            found = handle.statement(("torchrl slot rows",), build).run(
-                conn, keys=dialect.key_set(sorted(set(slots)))
-            )
-            newest: dict[int, int] = {}
-            doomed = []
-            for step, key in sorted(found, key=lambda found: found[1]):  # newest last
-                older = newest.get(step)
-                if older is not None:
-                    doomed.append(older)
-                newest[step] = key
-            if doomed:
-                doomed.sort()
-                registry.remove(handle, conn, [rows.c.key.in_(doomed)], doomed=doomed)
-                registry.bump_version(handle, conn)
-
-        writer.store_rows(handle, column_source(columns), None, drop_older)
+        # What a slot held goes in the write's transaction, as delete() removes a row
+        # (tombstone, counts, the version readers follow): a replace by id, the slot's.
+        writer.replace_rows(self.buffer.sql.handle, column_source(columns))
 
     def get(self, index: Any) -> Any:
         """The elements at the slots ``index`` names: one element for an int, else a batch

@@ -13,6 +13,9 @@ it), and has hooks at the points of a row's life:
   once, for every feature that asks), :meth:`after_write` last (eviction);
 - a removal (:func:`~expstore.lifecycle.registry.remove`, evictions, retention):
   :meth:`before_remove` with the keys about to go, :meth:`after_remove` once they are gone.
+  Where statements may modify in their WITH clause (Postgres), a feature that
+  :attr:`~RowFeature.joins_removal` (tombstones) writes its records in the DELETE's own
+  statement instead (:meth:`~RowFeature.removal_statements`): one round trip for both.
 
 Every write reads the buffer's row once, locked, with one statement built from the
 registered features' columns (compiled once per backend), into a :class:`BufferState`;
@@ -64,6 +67,13 @@ class Removed:
         #: ``uncounted`` (a write, which also counts its inserts there).
         self.deferred = deferred
         self.uncounted = 0
+        #: Whether readers must see these removals by a new version of the buffer, which
+        #: the caller's count then gives (deletes; evictions give their own).
+        self.changed = False
+        #: Rows of the caller's write that a statement of its removals counted already
+        #: on the buffer's row, with the version those removals need
+        #: (:func:`~expstore.lifecycle.registry.remove_ids` on Postgres).
+        self.counted_inserts = 0
 
     def add(self, reason: str, keys: Iterable[int], count: int) -> None:
         self.by_reason[reason] = self.by_reason.get(reason, 0) + count
@@ -159,6 +169,11 @@ class RowFeature(ABC):
 
     name: ClassVar[str]
     order: ClassVar[int] = 50
+    #: Whether, where the database's statements may modify in their WITH clause
+    #: (:attr:`~expstore.db.dialects.Dialect.modifying_ctes`), a removal runs
+    #: :meth:`removal_statements` in the rows' DELETE (one round trip for all) instead
+    #: of :meth:`before_remove`.
+    joins_removal: ClassVar[bool] = False
 
     @abstractmethod
     def columns(self, buffer_id: BindParameter[int]) -> Sequence[ColumnElement[Any]]:
@@ -193,6 +208,19 @@ class RowFeature(ABC):
     def after_remove(self, ctx: RemoveContext, setting: Any) -> None:
         """Once they are gone (``ctx.gone``: how many)."""
         return None
+
+    def removal_statements(self, dialect: Any) -> Sequence[Any]:
+        """Where :attr:`joins_removal`: this feature's :meth:`before_remove` as
+        INSERT/UPDATE/DELETE statements for ``dialect`` that run in the WITH clause of the
+        rows' DELETE, reading the rows as they were before it (bound parameters only:
+        ``keys``, the rows going, and the feature's own, named apart from other
+        features'; built once per backend)."""
+        raise NotImplementedError
+
+    def removal_params(self, ctx: RemoveContext, setting: Any) -> dict[str, Any]:
+        """The values of :meth:`removal_statements`' parameters for this removal, which
+        they then do instead of :meth:`before_remove`."""
+        raise NotImplementedError
 
 
 _FEATURES: list[RowFeature] = []

@@ -14,11 +14,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from sqlalchemy import BigInteger, Connection, Integer, bindparam, delete, select, update
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Integer,
+    bindparam,
+    case,
+    delete,
+    func,
+    literal,
+    select,
+    update,
+)
 from sqlalchemy.sql.elements import ColumnElement
 
 from ..db.handle import BufferHandle
 from ..db.schema import buffers, rows
+from ..query import Comparison
 from .hooks import BufferState, RemoveContext, Removed, read_state
 
 __all__ = [
@@ -31,6 +43,7 @@ __all__ = [
     "open_buffer",
     "Removed",
     "remove",
+    "remove_ids",
 ]
 
 
@@ -83,26 +96,37 @@ def bump_version(handle: BufferHandle, conn: Connection, counter: Any = buffers.
     return int(conn.execute(select(counter).where(this)).scalar_one())
 
 
-def count_inserted(handle: BufferHandle, conn: Connection, n: int, removed: int = 0) -> None:
+def count_inserted(
+    handle: BufferHandle, conn: Connection, n: int, removed: int = 0, changed: bool = False
+) -> None:
     """Count ``n`` rows stored into the buffer, and when, and ``removed`` rows deleted
-    (the caller holds its row)."""
+    (the caller holds its row); ``changed``: with a new version, as :func:`bump_version`
+    marks it, in the same statement (rows removed by a delete in this transaction)."""
 
     def build() -> Any:
-        added = bindparam("n", type_=BigInteger)
         gone = bindparam("removed", type_=BigInteger)
-        return (
-            update(buffers)
-            .where(buffers.c.id == bindparam("buffer_id", type_=Integer))
-            .values(
-                inserted=buffers.c.inserted + added,
-                row_count=buffers.c.row_count + added - gone,
-                inserted_at=handle.dialect.now(),
-            )
-        )
+        new = literal(1) if changed else None
+        return _counting(handle, bindparam("n", type_=BigInteger), gone, new)
 
-    handle.write_statement("count inserted", build).execute(
+    key = "count inserted, new version" if changed else "count inserted"
+    handle.write_statement(key, build).execute(
         conn, buffer_id=handle.buffer_id, n=n, removed=removed
     )
+
+
+def _counting(handle: BufferHandle, added: Any, gone: Any, new_version: Any) -> Any:
+    """The UPDATE of the buffer's row (its id bound as ``buffer_id``) that counts
+    ``added`` rows stored now and ``gone`` deleted, adding ``new_version`` (None: nothing)
+    to its version."""
+    values = {
+        "inserted": buffers.c.inserted + added,
+        "row_count": buffers.c.row_count + added - gone,
+        "inserted_at": handle.dialect.now(),
+    }
+    if new_version is not None:
+        values["version"] = buffers.c.version + new_version
+    where = buffers.c.id == bindparam("buffer_id", type_=Integer)
+    return update(buffers).where(where).values(values)
 
 
 def count_removed(handle: BufferHandle, conn: Connection, n: int) -> None:
@@ -113,14 +137,20 @@ def count_removed(handle: BufferHandle, conn: Connection, n: int) -> None:
         conn.execute(update(buffers).where(this).values(row_count=buffers.c.row_count - n))
 
 
-_DELETE_KEYS: dict[str, Any] = {}
+_DELETE_KEYS: dict[tuple[str, ...], Any] = {}
 
 
-def _delete_keys(dialect: Any) -> Any:
-    """``DELETE FROM expstore_rows`` of the bound ``keys``, built once per backend."""
-    stmt = _DELETE_KEYS.get(dialect.name)
+def _delete_keys(dialect: Any, joined: Sequence[Any] = ()) -> Any:
+    """``DELETE FROM expstore_rows`` of the bound ``keys``, with the ``joined`` features'
+    removal statements in its WITH clause; built once per backend and features."""
+    key = (dialect.name, *(f.name for f in joined))
+    stmt = _DELETE_KEYS.get(key)
     if stmt is None:
-        stmt = _DELETE_KEYS[dialect.name] = delete(rows).where(dialect.key_in())
+        stmt = delete(rows).where(dialect.key_in())
+        for feature in joined:
+            for i, part in enumerate(feature.removal_statements(dialect)):
+                stmt = stmt.add_cte(part.cte(f"{feature.name}_{i}"))
+        _DELETE_KEYS[key] = stmt
     return stmt
 
 
@@ -155,10 +185,22 @@ def remove(
     if state is None:
         state = read_state(handle, conn, locked=False)
     ctx = RemoveContext(handle, conn, state, doomed, where, reason, policy)
-    state.run("before_remove", ctx)
-    dialect.before_delete(conn, doomed[-1], state.keys)
-    deleting = handle.write_statement("delete keys", lambda: _delete_keys(dialect))
-    ctx.gone = gone = deleting.execute(conn, keys=dialect.key_set(doomed))
+    # Features whose records of the rows join the delete's statement (Postgres), and
+    # the rest, whose before_remove runs first.
+    joined: list[Any] = []
+    params: dict[str, Any] = {}
+    for feature, setting in list(state.hooked("before_remove")):
+        if dialect.modifying_ctes and feature.joins_removal:
+            joined.append(feature)
+        else:
+            feature.before_remove(ctx, setting)
+    for feature in joined:
+        params.update(feature.removal_params(ctx, state.setting(feature.name)))
+    # (the key state as the delete leaves it, for an insert later in the transaction)
+    state.keys = dialect.before_delete(conn, doomed[-1], state.keys)
+    name = " ".join(["delete keys", *(f.name for f in joined)])
+    deleting = handle.write_statement(name, lambda: _delete_keys(dialect, joined))
+    ctx.gone = gone = deleting.execute(conn, keys=dialect.key_set(doomed), **params)
     state.run("after_remove", ctx)
     if removed is not None and removed.deferred:
         removed.uncounted += gone
@@ -166,6 +208,55 @@ def remove(
         count_removed(handle, conn, gone)
     if removed is not None:
         removed.add(reason, doomed, gone)
+    return gone
+
+
+def remove_ids(
+    handle: BufferHandle,
+    conn: Connection,
+    ids: Sequence[str],
+    state: BufferState,
+    removed: Removed,
+    inserting: int = 0,
+) -> int:
+    """Delete the buffer's rows whose id is one of ``ids`` as :func:`remove` deletes them
+    (``state``: as the caller's transaction read it, with the buffer's row taken;
+    ``removed``: deferred, the caller's write counts them), before a write of
+    ``inserting`` rows in the same transaction; returns how many went. Readers see them
+    gone by a new version (``removed.changed``). Where statements may modify in their WITH
+    clause (Postgres), the statement that locks the rows also counts them gone, the
+    write's rows stored and the new version (``removed.counted_inserts``: the write counts
+    nothing more), saving the write its own update of the buffer's row."""
+    dialect = handle.dialect
+    counting = bool(inserting) and dialect.modifying_ctes
+
+    def build() -> Any:
+        mine = rows.c.buffer_id == bindparam("buffer_id", type_=Integer)
+        chosen = select(rows.c.key).where(mine, dialect.text_in(rows.c.id, "ids"))
+        locked = dialect.locked(chosen.order_by(dialect.in_key_order_found()))
+        if not counting:
+            return locked
+        doomed = locked.cte("doomed")
+        gone = select(func.count()).select_from(doomed).scalar_subquery()
+        new = case((gone > 0, 1), else_=0)
+        counted = _counting(handle, bindparam("n", type_=BigInteger), gone, new).cte("counted")
+        return select(doomed.c.key).order_by(doomed.c.key).add_cte(counted)
+
+    params = {"buffer_id": handle.buffer_id, "ids": dialect.text_set(ids)}
+    if counting:
+        params["n"] = inserting
+    found = handle.statement(("rows of ids", counting), build).run(conn, **params)
+    if counting:
+        removed.counted_inserts = inserting
+    if not found:
+        return 0
+    where = handle.matching(Comparison("id", "in", tuple(ids)))
+    doomed = [int(k) for (k,) in found]
+    gone = remove(handle, conn, where, "delete", None, removed, state, doomed)
+    if counting:
+        removed.uncounted -= gone  # counted by the statement that locked them
+    else:
+        removed.changed = True
     return gone
 
 

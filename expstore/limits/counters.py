@@ -272,7 +272,7 @@ class RateLimits:
         """Count ``n`` samples against the budget, waiting while it is spent; returns how
         many were counted (0 when the buffer has no limit). ``since``: a monotonic time
         after which a key index read told whether the buffer has a limit (saves a round
-        trip). ``at_least`` (a claim's ``min_n``): take fewer than ``n``, down to
+        trip). ``at_least`` (a claim's ``min_batch_size``): take fewer than ``n``, down to
         ``at_least`` in steps of ``unit`` (a group's rows), when the budget allows no more;
         ``timeout``: wait no longer than this (a claim's own ``wait``) even if the limit's
         timeout is longer."""
@@ -321,12 +321,12 @@ class RateLimits:
                     want = fits
                     continue  # counted again atomically: another sampler may have drawn
                 want = n
-            limit = limiter.timeout
+            limit = limiter.timeout_s
             if timeout is not None:
                 limit = timeout if limit is None else min(limit, timeout)
             waiting.timeout_s = limit
             if not waiting.sleep():
-                least = "" if at_least is None else f" (at least {at_least}, min_n)"
+                least = "" if at_least is None else f" (at least {at_least}, min_batch_size)"
                 bound = _sample_bound(row, n if at_least is None else at_least)
                 raise RateLimitedError(
                     f"waited {_seconds(limit)} s to sample {n} rows{least} of buffer "
@@ -379,10 +379,10 @@ class RateLimits:
         limiter = self.limiter()
         if limiter is None:
             return
-        waiting.timeout_s = limiter.timeout
+        waiting.timeout_s = limiter.timeout_s
         if not waiting.sleep():
             raise RateLimitedError(
-                f"waited {limiter.timeout} s to store rows into buffer {self.handle.name!r} "
+                f"waited {limiter.timeout_s} s to store rows into buffer {self.handle.name!r} "
                 f"under its rate limit: {blocked}. Nothing was stored; learners must draw "
                 "more rows first (start them, or see why they do not: a claim or sample "
                 "that finds nothing to draw counts nothing), or raise the limiter's "

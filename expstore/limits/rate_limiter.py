@@ -20,10 +20,10 @@ row of every batch drawn by ``sample`` or ``claim``, by every process). As in Re
   ``samples_per_insert`` per inserted row. Without ``samples_per_insert`` only ``min_size``
   holds (Reverb's ``MinSize``).
 
-A call that may not go waits, polling with back-off, up to ``timeout`` seconds, then raises
+A call that may not go waits, polling with back-off, up to ``timeout_s`` seconds, then raises
 :class:`~expstore.errors.RateLimitedError` naming the bound that held it, with the numbers
 (inserted, discarded, sampled, the settings) and when learners last sampled and actors
-last inserted. ``RateLimiter.queue(max_backlog)`` bounds the backlog of rows inserted and
+last inserted. ``RateLimiter.queue(max_size)`` bounds the backlog of rows inserted and
 not yet claimed (Reverb's ``Queue``). A call that could
 never go (a sample larger than the window writers are held to) raises
 :class:`~expstore.errors.InvalidArgumentError` at once. The counters live in the database
@@ -54,13 +54,13 @@ UNBOUNDED = 1e300
 @dataclass(frozen=True)
 class RateLimiter:
     """``RateLimiter(min_size=1, samples_per_insert=None, error_buffer=None, *,
-    block_writers=False, timeout=60.0)``; see :mod:`expstore.limits.rate_limiter`."""
+    block_writers=False, timeout_s=60.0)``; see :mod:`expstore.limits.rate_limiter`."""
 
     min_size: int = 1
     samples_per_insert: float | None = None
     error_buffer: float | None = None
     block_writers: bool = False
-    timeout: float | None = 60.0
+    timeout_s: float | None = 60.0
 
     def __post_init__(self) -> None:
         check_int("min_size", self.min_size, minimum=1)
@@ -86,23 +86,23 @@ class RateLimiter:
             )
         if not isinstance(self.block_writers, bool):
             raise InvalidArgumentError(f"block_writers must be a bool, got {self.block_writers!r}")
-        if self.timeout is not None:
-            check_number("timeout", self.timeout, minimum=0.0)
+        if self.timeout_s is not None:
+            check_number("timeout_s", self.timeout_s, minimum=0.0)
 
     @classmethod
-    def queue(cls, max_backlog: int, *, timeout: float | None = 60.0) -> RateLimiter:
+    def queue(cls, max_size: int, *, timeout_s: float | None = 60.0) -> RateLimiter:
         """A bound on the backlog of a work queue of claims (Reverb's ``Queue``): writers
-        wait while more than ``max_backlog`` rows are inserted and not yet claimed, nor
+        wait while more than ``max_size`` rows are inserted and not yet claimed, nor
         discarded (rows of groups ready to claim and of groups still being written; rows a
         group condition refuses or that went stale are discarded, see
         :func:`expstore.limits.counters.discard`). Learners claim as soon as a row is
-        there. It is ``RateLimiter(1, samples_per_insert=1.0, error_buffer=max_backlog - 1,
+        there. It is ``RateLimiter(1, samples_per_insert=1.0, error_buffer=max_size - 1,
         block_writers=True)``: each row claimed once, the ratio of one sample per insert
-        holds writers ``max_backlog`` rows ahead of the claims. A row claimed again (its
+        holds writers ``max_size`` rows ahead of the claims. A row claimed again (its
         claim released, or its lease ran out) counts as sampled again, which loosens the
         bound by the rows delivered twice. For ``sample`` with replacement, use a ratio."""
-        backlog = check_int("max_backlog", max_backlog, minimum=2)
-        return cls(1, 1.0, float(backlog - 1), block_writers=True, timeout=timeout)
+        size = check_int("max_size", max_size, minimum=2)
+        return cls(1, 1.0, float(size - 1), block_writers=True, timeout_s=timeout_s)
 
     @property
     def ratio(self) -> float:
@@ -160,21 +160,21 @@ class RateLimiter:
             "min_diff": self.min_diff,
             "max_diff": self.max_diff,
             "block_writers": self.block_writers,
-            "timeout_s": self.timeout,
+            "timeout_s": self.timeout_s,
         }
 
     @classmethod
     def from_settings(cls, row: Any) -> RateLimiter:
         """The limiter a row of ``expstore_rate_limits`` holds."""
         if row.min_diff <= -UNBOUNDED / 2:
-            return cls(int(row.min_size), timeout=row.timeout_s)
+            return cls(int(row.min_size), timeout_s=row.timeout_s)
         ratio, min_size, max_diff = float(row.samples_per_insert), int(row.min_size), row.max_diff
         return cls(
             min_size,
             ratio,
             _error_buffer(ratio, min_size, float(max_diff)),
             block_writers=bool(row.block_writers),
-            timeout=row.timeout_s,
+            timeout_s=row.timeout_s,
         )
 
 

@@ -319,5 +319,41 @@ class _TombstonesFeature(RowFeature):
         # the next removal of this transaction numbers its tombstones on from these
         ctx.state.settings[self.name] = (keep, newest)
 
+    joins_removal = True
+
+    def removal_statements(self, dialect: Any) -> list[Any]:
+        # The tombstones of the rows going from key tomb_from on (the newest keep),
+        # numbered from tomb_last + 1; then the trim of those beyond the newest keep (the
+        # statement's snapshot does not see the new ones: the trim reaches older ones only).
+        seq = bindparam("tomb_last", type_=BigInteger) + func.row_number().over(order_by=rows.c.key)
+        reason = bindparam("tomb_reason", type_=String)
+        policy = bindparam("tomb_policy", type_=String)
+        values = _columns(dialect.now(), reason, policy, seq)
+        newest = rows.c.key >= bindparam("tomb_from", type_=BigInteger)
+        picked = select(*values).select_from(_WITH_ENTRY).where(dialect.key_in(), newest)
+        upto = bindparam("tomb_upto", type_=BigInteger)
+        # (upto > 0: a condition on the parameter alone, so the statement skips the trim
+        # when it has nothing to do, whatever plan it has, instead of reading the
+        # buffer's tombstones for none)
+        trim = delete(tombstones).where(
+            upto > 0, _T.buffer_id == bindparam("tomb_buffer", type_=BigInteger), _T.seq <= upto
+        )
+        return [tombstones.insert().from_select(_INSERTED, picked), trim]
+
+    def removal_params(self, ctx: RemoveContext, setting: Any) -> dict[str, Any]:
+        keep, last = setting
+        chosen = list(ctx.keys)[-keep:]
+        newest = last + len(chosen)
+        # the next removal of this transaction numbers its tombstones on from these
+        ctx.state.settings[self.name] = (keep, newest)
+        return {
+            "tomb_from": chosen[0],
+            "tomb_last": last,
+            "tomb_reason": ctx.reason,
+            "tomb_policy": ctx.policy,
+            "tomb_buffer": ctx.handle.buffer_id,
+            "tomb_upto": newest - keep,
+        }
+
 
 register(_TombstonesFeature())

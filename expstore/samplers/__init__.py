@@ -4,18 +4,19 @@
 built-in sampler takes (choose integer keys over cached numpy arrays, fetch only those
 rows), :class:`TaskSampler` chooses whole tasks.
 
-A sampler of your own subclasses :class:`KeySampler`: its in-memory half chooses keys over
-the key index (``sample_keys``), and its half over the key space (``can_draw_flat``,
-``choose_flat``) draws over a :class:`KeySpace`, the storage's key primitives, with
-:func:`draw_uniform` for rejection sampling; it returns a :class:`Choice`. See
+A sampler of your own subclasses :class:`KeySampler` and implements one method,
+``choose_flat(space, batch_size, condition)``, against a :class:`KeySpace` (the database's
+key primitives, or the key index held in memory when probing does not pay), with
+:func:`draw_uniform` to draw; it returns a :class:`Choice`. See
 ``examples/long_messages_sampler.py``.
 """
 
 from ..storage.base import KeySpace
-from .base import Choice, KeySampler, Sampler, SamplerOptions, TaskSampler
+from .base import KeySampler, Sampler, SamplerOptions, TaskSampler
 from .flat import Drawn, draw_uniform
 from .group import GroupCounts, GroupSampler
 from .latest import LatestSampler
+from .loop import Choice
 from .prioritized import PrioritizedSampler
 from .random_task import RandomTaskSample, RandomTaskSampler
 from .recency import RecencySampler

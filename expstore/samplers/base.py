@@ -1,35 +1,39 @@
 """The sampler interfaces: a sampler chooses rows; the storage fetches them and a converter
 builds the batch, in the one loop, :func:`draw` (below).
 
-- :class:`KeySampler` is what every built-in sampler is. It asks the storage for the
-  matching rows' integer keys and a few columns as numpy arrays (``storage.key_index``,
-  cached until the buffer changes) and lets :meth:`KeySampler.sample_keys` choose keys over
-  those arrays; only the chosen rows are fetched, by primary key. The table is never
-  scanned or ``ORDER BY random()``-ed per batch. A custom sampler overrides just
-  ``sample_keys`` (and says which columns it reads in ``columns``)::
+- :class:`KeySampler` is what every built-in sampler is. It chooses integer keys of the
+  matching rows; only the chosen rows are fetched, by primary key (the table is never
+  scanned or ``ORDER BY random()``-ed per batch). A sampler of one's own implements one
+  method, :meth:`KeySampler.choose_flat`, against a
+  :class:`~expstore.storage.base.KeySpace` (the database's key primitives, or the key index
+  held in memory when probing does not pay: the loop runs the same method over it), and
+  says which columns it reads in ``columns``::
 
       import numpy as np
-      from .. import EmptyBufferError
-      from . import KeySampler
+      from expstore.samplers import Choice, KeySampler, draw_uniform
 
       class HighRewardSampler(KeySampler):
           \"\"\"Uniform over the rows whose reward is at least ``threshold``.\"\"\"
 
           columns = ("reward_t",)
 
-          def __init__(self, threshold: float, *, seed: int | None = None) -> None:
-              super().__init__(seed=seed)
+          def __init__(self, threshold: float, **options) -> None:
+              super().__init__(**options)
               self.threshold = threshold
 
-          def sample_keys(self, index, batch_size, rng):
-              keys = index["key"][index["reward_t"] >= self.threshold]
-              if not len(keys):  # the base class adds the condition to the message
-                  raise EmptyBufferError(f"no row has reward_t >= {self.threshold}")
-              return rng.choice(keys, size=batch_size)  # with replacement
+          def choose_flat(self, space, batch_size, query_condition):
+              def accept(c):
+                  return (np.nan_to_num(c["reward_t"], nan=-np.inf) >= self.threshold) * 1.0
+
+              drawn = draw_uniform(space, batch_size, self.rng, columns=self.columns,
+                                   accept=accept, name=f"high:{self.threshold}")
+              return None if drawn is None else Choice(drawn.keys)
 
       rows = buffer.sample(HighRewardSampler(0.5, seed=0), batch_size=32)
 
-  A sampler that weighs its rows (importance weights) also overrides :meth:`KeySampler.weights`.
+  It may instead override :meth:`KeySampler.sample_keys`, a draw over the key index's
+  arrays alone; one that weighs its rows (importance weights) also overrides
+  :meth:`KeySampler.weights`.
 - :class:`TaskSampler` chooses whole tasks (trajectories), as AWorld's ``TaskSampler``.
 - :class:`Sampler` is AWorld's interface: ``sample(storage, batch_size, query_condition=None)``
   returns a list of :class:`~expstore.model.rows.DataRow`. A subclass that implements only
@@ -43,36 +47,39 @@ the same seed over the same data gives the same batches.
 from __future__ import annotations
 
 import random
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, NamedTuple, TypedDict, TypeVar, cast
+from typing import Any, ClassVar, TypedDict, TypeVar, cast
 
 import numpy as np
 from typing_extensions import Unpack
 
-from .._args import check_batch_size, check_int, check_staleness, seeded_rng
-from ..errors import ConnectionLostError, EmptyBufferError, StorageError, UnsupportedTypeError
+from .._args import check_int, check_staleness, seeded_rng
+from ..errors import EmptyBufferError, UnsupportedTypeError
 from ..model.rows import DataRow
 from ..policy_versions import fresh_mask
-from ..query import Condition, QueryCondition, as_condition
-from ..storage.base import Fetched, KeySpace, Storage
+from ..query import Condition, QueryCondition
+from ..storage.base import KeySpace, Storage
 from .flat import PROBE_BUDGET
+from .index_space import IndexKeySpace
+from .loop import Choice, SampleInfo, describe_condition, draw, draw_tasks, empty_error
+from .state import (
+    NO_KEYS,
+    DerivedArrays,
+    KeyState,
+    masked,
+    numbering,
+    same_arrays,
+    value_codes,
+    whole_index,
+)
 
 __all__ = [
-    "Choice",
-    "DerivedArrays",
     "KeySampler",
-    "SampleInfo",
     "Sampler",
     "SamplerOptions",
     "TaskSampler",
     "as_sampler",
-    "describe_condition",
-    "empty_error",
-    "numbering",
-    "value_codes",
     "with_current_version",
 ]
 
@@ -80,99 +87,6 @@ _T = TypeVar("_T")
 
 #: Calls under a condition that go straight to the key index after a flat draw gave up.
 _FLAT_SKIPS = 64
-
-_NO_KEYS = np.empty(0, dtype=np.int64)
-_NO_KEYS.flags.writeable = False
-
-
-def numbering(values: Sequence[Any]) -> dict[Any, int]:
-    """Each distinct value's number, in order of first appearance. ``dict.fromkeys`` runs
-    in C: no Python-level loop per row."""
-    first_seen = dict.fromkeys(values)
-    return dict(zip(first_seen, range(len(first_seen)), strict=False))
-
-
-def value_codes(values: Sequence[Any]) -> np.ndarray:
-    """An int64 code per value, equal codes for equal values, numbered in order of first
-    appearance (see :func:`numbering`)."""
-    codes = numbering(values)
-    return np.fromiter(map(codes.__getitem__, values), dtype=np.int64, count=len(values))
-
-
-# -- values derived from a key index, kept while its arrays are unchanged ---------------
-#: Derived values a sampler keeps (one per condition in use, most recent first).
-_DERIVED_ENTRIES = 4
-
-
-class DerivedArrays:
-    """Values computed from key-index arrays, kept while those arrays are unchanged.
-
-    The storage hands back the very same read-only array objects until the buffer changes,
-    so identity tells whether a derived value is still valid. A few entries are kept (one
-    per condition in use, most recent first). Pickling drops them: they are rebuilt where
-    the sampler lands (e.g. in a DataLoader worker).
-    """
-
-    def __init__(self) -> None:
-        self._entries: list[tuple[str, tuple[np.ndarray, ...], Any]] = []
-
-    def get(self, name: str, sources: tuple[np.ndarray, ...], compute: Callable[[], _T]) -> _T:
-        """``compute()``, or the value remembered for ``name`` over these very arrays."""
-        for i, (entry_name, entry_sources, value) in enumerate(self._entries):
-            if entry_name == name and len(entry_sources) == len(sources):
-                if all(a is b for a, b in zip(entry_sources, sources, strict=True)):
-                    if i:
-                        self._entries.insert(0, self._entries.pop(i))
-                    return value  # type: ignore[no-any-return]
-        value = compute()
-        self._entries.insert(0, (name, sources, value))
-        del self._entries[_DERIVED_ENTRIES:]
-        return value
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"_entries": []}
-
-
-def whole_index(index: dict[str, Any]) -> tuple[str, tuple[np.ndarray, ...]]:
-    """What a value derived from all of ``index`` depends on, for :meth:`DerivedArrays.get`:
-    its other values (their text, for the name) and its arrays (the sources). A priority
-    update gives a new ``priority`` array and the same keys: a value derived from the keys
-    alone would keep the old priorities."""
-    others = sorted((name, repr(v)) for name, v in index.items() if not isinstance(v, np.ndarray))
-    return repr(others), tuple(v for v in index.values() if isinstance(v, np.ndarray))
-
-
-def masked(index: dict[str, Any], keep: np.ndarray) -> dict[str, Any]:
-    """The rows of ``index`` where ``keep`` is true (read-only arrays; other values as they
-    are)."""
-    size = len(keep)
-    masked = {
-        name: value[keep] if isinstance(value, np.ndarray) and len(value) == size else value
-        for name, value in index.items()
-    }
-    for value in masked.values():
-        if isinstance(value, np.ndarray):
-            value.flags.writeable = False
-    return masked
-
-
-def describe_condition(query_condition: QueryCondition) -> str:
-    """A readable form of a condition for messages (``str(condition)``)."""
-    if query_condition is None:
-        return "none, all rows"
-    try:
-        return str(as_condition(query_condition))
-    except Exception:  # noqa: BLE001 - only for a message; fall back to the raw value
-        return str(query_condition)
-
-
-def empty_error(storage: Storage, query_condition: QueryCondition, what: str) -> EmptyBufferError:
-    """The EmptyBufferError for ``what`` (e.g. "no rows match") under ``query_condition``."""
-    where = f" in buffer {storage.name!r}" if storage.name else ""
-    return EmptyBufferError(
-        f"cannot sample: {what}{where} (condition: {describe_condition(query_condition)}); "
-        "store rows first or loosen the condition"
-    )
 
 
 class Sampler(ABC):
@@ -197,6 +111,14 @@ class Sampler(ABC):
     #: Which buffer this sampler last drew from (:attr:`Storage.identity`; see
     #: :meth:`on_buffer`).
     _buffer_seen: tuple[Any, ...] | None = None
+    _derived: DerivedArrays | None = None
+
+    def _derived_arrays(self) -> DerivedArrays:
+        """Values this sampler derived from key-index arrays (see :class:`DerivedArrays`)."""
+        cache = self._derived
+        if cache is None:
+            cache = self._derived = DerivedArrays()
+        return cache
 
     @abstractmethod
     def sample(
@@ -231,7 +153,7 @@ class Sampler(ABC):
         """The keys this sampler knows spent (drawn ``consume_after`` times by every
         process together), sorted; the loop does not ask the database to count them again.
         None known here; :class:`KeySampler` keeps them."""
-        return _NO_KEYS
+        return NO_KEYS
 
     def spend(self, keys: np.ndarray) -> None:  # noqa: B027 - key samplers keep them
         """Leave out ``keys``: the database refused them another draw (consume_after)."""
@@ -239,7 +161,7 @@ class Sampler(ABC):
     @property
     def last_keys(self) -> np.ndarray:
         """The keys chosen for the last batch, in batch order."""
-        return _NO_KEYS if self.last_info is None else self.last_info.keys
+        return NO_KEYS if self.last_info is None else self.last_info.keys
 
     @property
     def last_ids(self) -> list[str]:
@@ -251,7 +173,7 @@ class Sampler(ABC):
     ) -> Choice:
         """What to fetch for a batch. By default the rows :meth:`sample` returns (the
         AWorld way); KeySampler and TaskSampler choose keys instead."""
-        return Choice(_NO_KEYS, rows=self.sample(storage, batch_size, query_condition))
+        return Choice(NO_KEYS, rows=self.sample(storage, batch_size, query_condition))
 
     def mark(self) -> Any:
         """What choosing a batch again must start from (a sampler whose choices move it
@@ -351,33 +273,13 @@ class SamplerOptions(TypedDict, total=False):
     max_staleness: int | None
 
 
-@dataclass
-class KeyState:
-    """What a key sampler holds of the buffer it draws from, between draws: forgotten
-    whole when it is next used with another buffer (:meth:`Sampler.forget_buffer`)."""
-
-    #: Keys of rows every process together has drawn ``consume_after`` times, learned from
-    #: the database's refusals and reads of the draw counts; sorted.
-    spent: np.ndarray = field(default_factory=lambda: _NO_KEYS)
-    #: Whether every spent row was read since the last refusal (see
-    #: :meth:`KeySampler.newly_spent`).
-    spent_read: bool = False
-    #: The last key index without the spent rows: (its other values, the arrays it was
-    #: made from, the index), kept while those are the very same arrays.
-    unspent: tuple[str, tuple[Any, ...], dict[str, Any]] | None = None
-    #: Calls left, per condition, that go straight to the key index after a flat draw
-    #: gave up under it.
-    flat_skips: dict[str, int] = field(default_factory=dict)
-    #: The share of candidate keys the last flat draw under each condition kept.
-    kept_hints: dict[str, float] = field(default_factory=dict)
-
-
 class KeySampler(Sampler):
     """A sampler that chooses integer keys over the storage's cached key index.
 
-    Subclasses implement :meth:`sample_keys` and list the index columns they read in
-    ``columns`` (``step``, ``task_id``, ``agent_id``, ``reward_t``, ``done``, ``priority``,
-    any column or a path into the payload). One that weighs its rows implements
+    Subclasses implement :meth:`choose_flat` (or :meth:`sample_keys`, over the key index
+    alone) and list the columns they read in ``columns`` (``step``, ``task_id``,
+    ``agent_id``, ``reward_t``, ``done``, ``priority``, any column or a path into the
+    payload). One that weighs its rows implements
     :meth:`weights` too.
 
     After each batch, ``last_keys`` holds the chosen keys and ``last_ids`` the ids of the
@@ -437,6 +339,15 @@ class KeySampler(Sampler):
         super().__init_subclass__(**kwargs)
         cls.weighs_rows = cls.weights is not KeySampler.weights
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls.choose_flat is KeySampler.choose_flat and cls.sample_keys is KeySampler.sample_keys:
+            raise UnsupportedTypeError(
+                f"Can't instantiate abstract class {cls.__name__}: a key sampler implements "
+                "choose_flat (its draw over a KeySpace), or sample_keys (over its key index "
+                "alone)"
+            )
+        return super().__new__(cls)
+
     @property
     def rng(self) -> np.random.Generator:
         """The random stream all draws come from (created on first use if a subclass
@@ -468,7 +379,7 @@ class KeySampler(Sampler):
     def forget_spent(self) -> None:
         """Forget the spent keys learned (of a buffer this sampler no longer draws from)."""
         state = self.key_state
-        state.spent, state.unspent, state.spent_read = _NO_KEYS, None, False
+        state.spent, state.unspent, state.spent_read = NO_KEYS, None, False
 
     def spent_keys(self) -> np.ndarray:
         return self.key_state.spent
@@ -503,7 +414,7 @@ class KeySampler(Sampler):
         others, arrays = whole_index(index)
         sources = (spent, *arrays)
         cached = state.unspent
-        if cached is not None and cached[0] == others and _same(cached[1], sources):
+        if cached is not None and cached[0] == others and same_arrays(cached[1], sources):
             return cached[2]
         unspent = masked(index, ~np.isin(index["key"], spent, assume_unique=True))
         state.unspent = (others, sources, unspent)
@@ -523,10 +434,7 @@ class KeySampler(Sampler):
         See :class:`DerivedArrays`; use it for work over the whole index (a cumulative sum,
         a grouping) so it happens once per change of the buffer, not once per batch.
         """
-        cache = self._derived
-        if cache is None:
-            cache = self._derived = DerivedArrays()
-        return cache.get(name, sources, compute)
+        return self._derived_arrays().get(name, sources, compute)
 
     def index_columns(self) -> tuple[str, ...]:
         """The columns to ask ``key_index`` for (``columns`` unless an instance overrides)."""
@@ -562,17 +470,44 @@ class KeySampler(Sampler):
         others, arrays = whole_index(index)
         return self.derived(f"fresh:{current}:{k}:{others}", arrays, compute)
 
-    @abstractmethod
     def sample_keys(
         self, index: dict[str, np.ndarray], batch_size: int, rng: np.random.Generator
     ) -> np.ndarray:
         """Choose keys from ``index["key"]`` (int64, ascending = insertion order).
 
-        ``index`` also holds the arrays named in ``columns`` (aligned with ``"key"``; floats
-        are float64 with NaN for NULL; the arrays are read-only and shared, never modify
-        them). ``index["key"]`` is never empty here. Return the chosen keys in batch order;
-        repeats are allowed. Raise :class:`~expstore.EmptyBufferError` if no row is eligible.
+        By default :meth:`choose_flat` over the index made a key space
+        (:class:`~expstore.samplers.index_space.IndexKeySpace`), drawing from this
+        sampler's stream (``rng`` is it). A sampler that chooses over the index its own way
+        overrides it instead of :meth:`choose_flat`: ``index`` also holds the arrays named in
+        ``columns`` (aligned with ``"key"``; floats are float64 with NaN for NULL; the
+        arrays are read-only and shared, never modify them), ``index["key"]`` is never empty
+        here; return the chosen keys in batch order (repeats allowed), or raise
+        :class:`~expstore.EmptyBufferError` if no row is eligible.
         """
+        return self._choose_listed(index, batch_size, None).keys
+
+    def index_space(self, index: dict[str, Any], query_condition: QueryCondition) -> KeySpace:
+        """``index`` (the matching rows' key index) as a key space held in memory."""
+        return IndexKeySpace(
+            index,
+            self._derived_arrays(),
+            query_condition=query_condition,
+            max_staleness=self.max_staleness,
+            consume_after=self.consume_after,
+        )
+
+    def _choose_listed(
+        self, index: dict[str, Any], batch_size: int, query_condition: QueryCondition
+    ) -> Choice:
+        """:meth:`choose_flat` over ``index`` held in memory (its rows all eligible)."""
+        choice = self.choose_flat(
+            self.index_space(index, query_condition), batch_size, query_condition
+        )
+        if choice is None:
+            raise EmptyBufferError("no matching row can be drawn")
+        if choice.key_index is None:
+            return Choice(np.asarray(choice.keys, dtype=np.int64), index)
+        return choice
 
     def weights(self, index: dict[str, np.ndarray], keys: np.ndarray) -> np.ndarray | None:
         """Importance-sampling weights for a batch of ``keys`` (all fetched), aligned with
@@ -580,8 +515,9 @@ class KeySampler(Sampler):
         return None
 
     def can_draw_flat(self, query_condition: QueryCondition) -> bool:
-        """Whether :meth:`choose_flat` may draw under this condition (False by default)."""
-        return False
+        """Whether :meth:`choose_flat` may draw over the database's key space under this
+        condition (by default: when the sampler is written as :meth:`choose_flat`)."""
+        return type(self).choose_flat is not KeySampler.choose_flat
 
     def drawable(self) -> Condition | None:
         """A condition every row this sampler can ever draw holds, besides the caller's
@@ -603,10 +539,14 @@ class KeySampler(Sampler):
     def choose_flat(
         self, space: KeySpace, batch_size: int, query_condition: QueryCondition
     ) -> Choice | None:
-        """A choice drawn over the buffer's key space, holding nothing that grows with the
-        buffer (see :mod:`expstore.samplers.flat`), or None to choose over the key index.
-        The built-in samplers that can (uniform with replacement, prioritized, recency,
-        stratified) override it and :meth:`can_draw_flat`; a custom sampler need not."""
+        """The sampler's draw, written once against a :class:`KeySpace`: the database's
+        (candidate keys probed in the buffer's key range, nothing held that grows with the
+        buffer; see :mod:`expstore.samplers.flat`), and, when that returns None or the
+        storage has none, the matching rows' key index held in memory
+        (:class:`~expstore.samplers.index_space.IndexKeySpace`, whose ``listed`` arrays
+        :func:`~expstore.samplers.flat.draw_uniform` draws positions in directly). A custom
+        sampler implements this one method; None over the key index means no row can be
+        drawn, and EmptyBufferError says why."""
         return None
 
     def _choose_flat(
@@ -619,13 +559,16 @@ class KeySampler(Sampler):
         if skips.get(key, 0) > 0:  # it gave up lately under this condition
             skips[key] -= 1
             return None
-        choice = storage.key_space(
-            query_condition,
-            lambda space: self.choose_flat(space, batch_size, query_condition),
-            max_staleness=self.max_staleness,
-            consume_after=self.consume_after,
-            snapshot=self.flat_snapshot,
-        )
+        try:
+            choice = storage.key_space(
+                query_condition,
+                lambda space: self.choose_flat(space, batch_size, query_condition),
+                max_staleness=self.max_staleness,
+                consume_after=self.consume_after,
+                snapshot=self.flat_snapshot,
+            )
+        except EmptyBufferError as exc:
+            raise empty_error(storage, query_condition, str(exc)) from None
         if choice is None:
             skips[key] = _FLAT_SKIPS
         return choice
@@ -667,6 +610,8 @@ class KeySampler(Sampler):
                 )
             raise empty_error(storage, query_condition, "no rows match")
         try:
+            if type(self).sample_keys is KeySampler.sample_keys:  # written as choose_flat
+                return self._choose_listed(index, batch_size, query_condition)
             keys = np.asarray(self.sample_keys(index, batch_size, self.rng), dtype=np.int64)
         except EmptyBufferError as exc:
             raise empty_error(storage, query_condition, str(exc)) from None
@@ -759,310 +704,14 @@ class TaskSampler(Sampler):
         sources = (index["key"], index["task_id"], index["step"], index["execute_time"])
         return self._derived_arrays().get("tasks", sources, compute)
 
-    _derived: DerivedArrays | None = None
-
-    def _derived_arrays(self) -> DerivedArrays:
-        cache = self._derived
-        if cache is None:
-            cache = self._derived = DerivedArrays()
-        return cache
-
     def sample_tasks(
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
     ) -> dict[str, list[DataRow]]:
         """The chosen tasks' rows, grouped by task id in the order the tasks were chosen."""
-        task_ids = self.sample_task_ids(storage, batch_size, query_condition)
-        grouped = storage.get_batch_by_task_ids(task_ids)
-        return {t: grouped.get(t, []) for t in task_ids}
+        return draw_tasks(storage, self, batch_size, query_condition)
 
     def sample(
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
     ) -> list[DataRow]:
         """Every row of up to ``batch_size`` chosen tasks, task by task."""
         return self.sample_with_info(storage, batch_size, query_condition)[0]
-
-
-# -- the sampling loop -----------------------------------------------------------------------
-# The sampling loop, one straight line, as TorchRL's ``ReplayBuffer._sample``:
-#
-# 1. the sampler chooses keys over the storage's cached key index (:meth:`Sampler.choose`);
-# 2. the storage fetches what the converter reads (:meth:`Storage.fetch`: whole rows, or only
-#    the fields at the converter's paths);
-# 3. keys whose rows were deleted in between (by an evicting writer, say) are chosen again;
-# 4. the sampler describes the batch (:class:`SampleInfo`: keys, ids, importance weights);
-# 5. the converter builds the batch and the extras are attached to it.
-#
-# A sampler only chooses and a converter only builds; the loop is the same whatever either
-# is, so every sampler behaves the same with every converter. An AWorld-style sampler that
-# returns rows from its own ``sample()`` brings its rows in step 1 instead of keys.
-#: How many times a sampler chooses again when rows it chose were deleted by another writer
-#: before they could be fetched.
-FETCH_ATTEMPTS = 5
-#: How many times a batch is chosen again after its connection (to a read replica or the
-#: primary) was lost in the middle of it (see :mod:`expstore.db.replicas`).
-REPLICA_ATTEMPTS = 3
-#: How many times a sampler with ``consume_after`` chooses again for the places of rows the
-#: database refused (drawn ``consume_after`` times already); each time it learns them.
-CONSUME_ATTEMPTS = 50
-
-
-class Choice(NamedTuple):
-    """What a sampler chose: keys to fetch (with the index they were chosen from), or, for
-    an AWorld-style sampler whose ``sample()`` returns rows, those rows."""
-
-    keys: np.ndarray
-    key_index: dict[str, Any] | None = None
-    rows: list[DataRow] | None = None
-
-
-class SampleInfo(NamedTuple):
-    """What the sampler says about a batch beside its rows, aligned with them."""
-
-    #: The chosen keys, in batch order (empty for a sampler that returned rows itself).
-    keys: np.ndarray
-    #: The ids of the rows in the batch, in batch order (for ``update_priorities``).
-    ids: list[str]
-    #: Importance-sampling weights (float32), from samplers that weigh rows; else None.
-    weights: np.ndarray | None = None
-
-    def extras(self) -> dict[str, Any]:
-        """What a dict batch gains: ``weights`` and ``ids`` from a sampler that weighs
-        rows (:class:`~expstore.PrioritizedSampler`), nothing otherwise."""
-        if self.weights is None:
-            return {}
-        return {"weights": self.weights, "ids": list(self.ids)}
-
-
-def draw(
-    storage: Storage,
-    sampler: Sampler,
-    batch_size: int,
-    query_condition: QueryCondition = None,
-    paths: list[str] | None = None,
-    *,
-    writable: bool = True,
-) -> tuple[Fetched, SampleInfo]:
-    """Up to ``batch_size`` rows chosen by ``sampler`` among those matching the condition,
-    fetched whole or at ``paths``, and what the sampler says about them.
-
-    A row deleted between choosing and fetching is chosen again from the fresh index, up
-    to :data:`FETCH_ATTEMPTS` times; after that a sampler that weighs rows (whose weights
-    must stay aligned) or draws whole units (windows, groups, whose layout must hold)
-    raises StorageError and any other returns the rows it could fetch.
-
-    A sampler with ``consume_after=k`` chooses through :func:`_choose_consuming`: no row is
-    ever returned more than k times in all, by every process together. Rows it counted are
-    owed to this batch: a batch chosen again (a rate limit's wait, a lost connection, even
-    in the middle of the choice, rows deleted before the fetch) keeps those still stored
-    and matching (the version may have moved) and chooses only the rest, after a rate
-    limit's wait no more rows than the limit counted.
-
-    Under a rate limit (:mod:`expstore.limits.rate_limiter`) the batch is counted before it is
-    fetched, waiting while the budget is spent (RateLimitedError after the limiter's
-    timeout); a batch chosen again larger than counted counts the rest; rows chosen but
-    not returned are given back.
-    """
-    batch_size = check_batch_size(batch_size)
-    sampler.on_buffer(storage)
-    deleted = lost = remade = 0
-    started = time.monotonic()
-    counted: int | None = None
-    # A batch chosen again (rows deleted before the fetch, a rate limit's wait, a lost
-    # connection) starts from where the first choice did: an epoch loses no rows to it.
-    mark = sampler.mark()
-    chosen_before = False
-    consuming = sampler.consume_after is not None
-    #: A consume_after batch's rows counted so far, owed to this batch, in parts as they
-    #: were chosen (the sampler is not rewound past them: an epoch gave them already).
-    owed: list[Choice] = []
-    try:
-        while True:
-            if chosen_before and not owed:
-                sampler.rewind(mark)
-            chosen_before = True
-            empty: EmptyBufferError | None = None
-            try:
-                if consuming:
-                    # Chosen again after a rate limit's wait: no more rows than were
-                    # counted (counting more could wait again, and the rows' draws are
-                    # counted already).
-                    wanted = batch_size if not counted else min(batch_size, counted)
-                    choice = _choose_consuming(storage, sampler, wanted, query_condition, owed)
-                else:
-                    choice = sampler.choose(storage, batch_size, query_condition)
-            except ConnectionLostError:
-                lost += 1
-                if lost > REPLICA_ATTEMPTS:
-                    raise
-                continue
-            except EmptyBufferError as exc:
-                empty = exc
-            if sampler.on_buffer(storage) and remade < REPLICA_ATTEMPTS:
-                # The choice found the database made anew, and the sampler chose (or found
-                # nothing) by what it held of the old one (an epoch, rows known spent):
-                # choose again (a few times: servers that take turns between the old and
-                # the new database would otherwise keep it choosing).
-                remade += 1
-                mark, chosen_before = sampler.mark(), False
-                continue
-            if empty is not None:
-                if counted is not None:
-                    raise empty
-                # Under a rate limit an empty buffer is one below its min_size: wait for
-                # the budget as Reverb does, then choose again. Budget granted at once
-                # means rows arrived since the choice found none: choose again too (once:
-                # an empty choice with samples counted raises above).
-                counted, waited = storage.acquire_samples(batch_size, since=started)
-                if waited or counted:
-                    continue
-                raise empty
-            size = len(choice.keys) if choice.rows is None else len(choice.rows)
-            if counted is None or 0 < counted < size:
-                # The buffer's rate limit (if any) counts the batch before it is fetched (a
-                # batch chosen again larger than counted, the rest); a batch that had to
-                # wait is chosen again, from the buffer as it is now.
-                more, waited = storage.acquire_samples(size - (counted or 0), since=started)
-                counted = (counted or 0) + more
-                if waited:
-                    continue
-            if choice.rows is not None:
-                fetched = Fetched([row.id for row in choice.rows], rows=choice.rows)
-                break
-            try:
-                fetched = storage.fetch(choice.keys, paths, writable=writable)
-            except ConnectionLostError:
-                # The connection went away mid-read (a replica is then left for a while,
-                # so the next attempt reads from another replica or the primary).
-                lost += 1
-                if lost > REPLICA_ATTEMPTS:
-                    raise
-                continue
-            if len(fetched.ids) == len(choice.keys):
-                break
-            deleted += 1  # chosen again: the owed rows still stored stay (_choose_consuming)
-            if deleted == FETCH_ATTEMPTS:
-                if sampler.weighs_rows or sampler.whole_units:
-                    raise StorageError(
-                        f"{type(sampler).__name__}: rows chosen from the index kept being deleted "
-                        f"before they could be fetched ({FETCH_ATTEMPTS} attempts); another "
-                        "process is deleting or evicting faster than this sampler reads. Retry "
-                        "the call"
-                    )
-                break
-
-    except BaseException:
-        if counted:  # nothing drawn: the count goes back
-            storage.refund_samples(counted)
-        raise
-    if counted:
-        storage.refund_samples(counted - len(fetched.ids))
-    return fetched, sampler.describe(choice, fetched.ids)
-
-
-def _choose_consuming(
-    storage: Storage,
-    sampler: Sampler,
-    batch_size: int,
-    query_condition: QueryCondition,
-    owed: list[Choice],
-) -> Choice:
-    """The sampler's choice with each row's draw counted in the database first
-    (:meth:`Storage.count_draws`): rows drawn ``consume_after`` times already, by any
-    process, are refused, left out by the sampler from then on, and their places chosen
-    again. A batch holds each row once (a sampler drawing with replacement gives a shorter
-    batch when it drew a row twice); EmptyBufferError once every matching row is spent.
-
-    ``owed``: the rows counted for this batch so far (see :func:`draw`), in parts as they
-    were chosen; each part counted here is added to it at once, so an error after it
-    (a lost connection) loses no counted row. A batch chosen again begins with those still
-    matching. A sampler that weighs rows gives each row the weight of the choice that
-    drew it."""
-    limit = sampler.consume_after
-    assert limit is not None  # draw() chooses through here only then
-    if owed:  # chosen again: the rows owed that still match (the version may have moved)
-        joined = _joined(sampler, owed)
-        owed[:] = [carried(sampler, joined, _matching(storage, sampler, query_condition, joined))]
-    taken = _taken(owed)
-    for _ in range(CONSUME_ATTEMPTS):
-        if len(taken) >= batch_size:
-            break
-        try:
-            choice = sampler.choose(storage, batch_size - len(taken), query_condition)
-        except EmptyBufferError:
-            if len(taken):
-                break
-            raise
-        if choice.rows is not None:
-            return choice
-        _, first = np.unique(choice.keys, return_index=True)
-        drawn = choice.keys[np.sort(first)]
-        drawn = drawn[~np.isin(drawn, taken)]
-        # Rows refused before are not counted again (a draw over the key space read on a
-        # replica behind the primary may still offer them).
-        known = sampler.spent_keys()
-        asked = drawn if not len(known) else drawn[~np.isin(drawn, known)]
-        counted = storage.count_draws(asked, limit)
-        sampler.spend(np.setdiff1d(asked, counted))
-        owed.append(carried(sampler, choice, counted))
-        taken = _taken(owed)
-        if len(counted) == len(drawn):
-            break  # nothing refused: the batch is as the sampler chose it
-    if not len(taken):  # every row chosen, again and again, was spent
-        raise empty_error(
-            storage,
-            query_condition,
-            f"every matching row has been drawn consume_after={limit} times",
-        )
-    return _joined(sampler, owed)
-
-
-def _joined(sampler: Sampler, parts: list[Choice]) -> Choice:
-    """One choice of ``parts`` in order, each row with its part's weight."""
-    if len(parts) == 1:
-        return parts[0]
-    taken = _taken(parts)
-    if not sampler.weighs_rows:
-        return Choice(taken, parts[-1].key_index)
-    weights = np.concatenate([part.key_index["drawn_weights"] for part in parts])  # type: ignore[index]
-    return Choice(taken, {"key": taken, "drawn_weights": weights})
-
-
-def carried(sampler: Sampler, choice: Choice, keys: np.ndarray) -> Choice:
-    """The part of ``choice`` at ``keys`` (some of its keys, each once, in their order in
-    the choice), with their importance weights if the sampler weighs rows (as
-    ``key_index["drawn_weights"]``, which :meth:`Sampler.describe` gives for them)."""
-    _, first = np.unique(choice.keys, return_index=True)
-    at = np.sort(first[np.isin(choice.keys[first], keys)])
-    part = choice.keys[at]
-    weights = sampler.weights_of(choice)
-    if weights is None:
-        return Choice(part, choice.key_index)
-    return Choice(part, {"key": part, "drawn_weights": weights[at]})
-
-
-def _matching(
-    storage: Storage, sampler: Sampler, query_condition: QueryCondition, choice: Choice
-) -> np.ndarray:
-    """Those of ``choice``'s keys whose rows are still stored and match the condition and
-    the sampler's ``max_staleness`` (their draws are counted: ``consume_after`` aside)."""
-    keys = choice.keys
-    max_staleness = getattr(sampler, "max_staleness", None)
-
-    def probe(space: KeySpace) -> np.ndarray:
-        found = space.probe(keys)["key"]
-        assert found is not None
-        return found
-
-    found = storage.key_space(query_condition, probe, max_staleness=max_staleness)
-    if found is None:  # a storage without a key space: through its key index
-        index = storage.key_index(query_condition)
-        found = np.intersect1d(keys, index["key"])
-    return found
-
-
-def _taken(parts: list[Choice]) -> np.ndarray:
-    return np.concatenate([part.keys for part in parts]) if parts else _NO_KEYS
-
-
-def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 
 from ..storage.base import KeySpace
 
-__all__ = ["MIN_KEPT", "PROBE_BUDGET", "Drawn", "draw_ranks", "draw_uniform"]
+__all__ = ["MIN_KEPT", "PROBE_BUDGET", "BlockedCdf", "Drawn", "draw_ranks", "draw_uniform"]
 
 #: Candidate keys probed per batch at most (or 64 per row asked, if more) before a sampler
 #: falls back to its key index: the default of ``draw_uniform(budget=)`` and of
@@ -61,15 +61,24 @@ def draw_uniform(
     quota: Accept | None = None,
     hint: float = 1.0,
     budget: int = PROBE_BUDGET,
+    name: str | None = None,
 ) -> Drawn | None:
     """``n`` independent draws among the matching rows of ``space``: uniform, or, with
     ``accept`` (the probability of keeping each found candidate, from its ``columns``), in
     proportion to it. ``quota(columns)`` may then say which of the kept candidates, in
     order, are still wanted (a mask; stratified draws fill a share per group). None when it
     does not pay (see the module's docstring): past ``budget`` candidates (or 64 per row
-    asked, if more)."""
+    asked, if more).
+
+    Over a space that holds its rows in memory (:attr:`KeySpace.listed
+    <expstore.storage.base.KeySpace.listed>`, a key index) the same draw takes positions in
+    it directly: uniform ones, or, with ``accept``, by the cumulative sum of every row's
+    chance, which ``name`` (what ``accept`` depends on beside the columns, e.g. the
+    sampler's parameters) keeps while the arrays are unchanged."""
     if not space.rows or n <= 0:
         return None
+    if space.listed is not None:
+        return _draw_listed(space, space.listed, n, rng, columns, accept, quota, name, hint)
     low, high = space.candidates
     if high <= low:  # no row can match (see KeySpace.low)
         return None
@@ -109,6 +118,54 @@ def draw_uniform(
             return None
     keys = np.concatenate(taken)
     return Drawn(keys, {c: np.concatenate(v) for c, v in taken_columns.items()}, kept / tried)
+
+
+def _draw_listed(
+    space: KeySpace,
+    index: dict[str, np.ndarray],
+    n: int,
+    rng: np.random.Generator,
+    columns: Sequence[str],
+    accept: Accept | None,
+    quota: Accept | None,
+    name: str | None,
+    hint: float,
+) -> Drawn | None:
+    """:func:`draw_uniform` over rows held in memory: positions drawn directly (``hint``
+    comes back as the share kept: it sizes draws over the database, not these)."""
+    rows = len(index["key"])
+    if quota is None:
+        if accept is None:
+            at = rng.integers(0, rows, size=n)
+        else:
+
+            def compute() -> BlockedCdf:
+                chances = np.asarray(accept({c: index[c] for c in columns}), dtype=np.float64)
+                return BlockedCdf(np.cumsum(chances))
+
+            sources = tuple(index[c] for c in columns)
+            cdf = compute() if name is None else space.remember(f"cdf:{name}", sources, compute)
+            if not (cdf.total > 0 and math.isfinite(cdf.total)):
+                return None  # no row can be drawn
+            at = cdf.search(rng.random(n) * cdf.total)
+    else:  # shares to fill: candidate positions kept as they are still wanted
+        parts: list[np.ndarray] = []
+        need = n
+        for _ in range(64):
+            candidates = rng.integers(0, rows, size=2 * need + 16)
+            if accept is not None:
+                chances = accept({c: index[c][candidates] for c in columns})
+                candidates = candidates[rng.random(len(candidates)) < chances]
+            wanted = quota({c: index[c][candidates] for c in columns})
+            chosen = candidates[wanted][:need]
+            parts.append(chosen)
+            need -= len(chosen)
+            if not need:
+                break
+        else:
+            return None
+        at = np.concatenate(parts)
+    return Drawn(index["key"][at], {c: index[c][at] for c in columns}, hint)
 
 
 def draw_ranks(count: int, n: int, power: float, rng: np.random.Generator) -> np.ndarray | None:
@@ -173,3 +230,30 @@ def _positions(found: np.ndarray, candidates: np.ndarray) -> np.ndarray:
         return np.full(len(candidates), -1, dtype=np.int64)
     at = np.searchsorted(found, candidates).clip(max=len(found) - 1)
     return np.where(found[at] == candidates, at, -1)
+
+
+class BlockedCdf:
+    """A cumulative sum searched in two steps: which block of ``BLOCK`` entries (over a
+    table of block ends small enough to stay in cache), then within that block (one
+    contiguous read per target). Over a million rows this costs a third less than
+    ``np.searchsorted`` over the whole sum, whose random probes miss the cache."""
+
+    BLOCK = 32
+
+    def __init__(self, cdf: np.ndarray) -> None:
+        n = len(cdf)
+        blocks = -(-n // self.BLOCK)
+        padded = np.full(blocks * self.BLOCK, np.inf)
+        padded[:n] = cdf
+        self.n = n
+        self.total = float(cdf[-1])
+        self.blocks = padded.reshape(blocks, self.BLOCK)
+        self.ends = self.blocks[:, -1].copy()
+
+    def search(self, targets: np.ndarray) -> np.ndarray:
+        """``np.searchsorted(cdf, targets, side="right")``, clipped to the last index."""
+        block = np.searchsorted(self.ends, targets, side="right")
+        np.minimum(block, len(self.ends) - 1, out=block)
+        within = (self.blocks[block] <= targets[:, None]).sum(axis=1)
+        positions = block * self.BLOCK + within
+        return cast("np.ndarray", np.minimum(positions, self.n - 1, out=positions))

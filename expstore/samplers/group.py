@@ -18,8 +18,9 @@ from ..query import QueryCondition
 from ..query.fields import resolve_field
 from ..query.groups import GroupCondition, GroupStat
 from ..storage.base import KeySpace, Storage
-from .base import Choice, KeySampler, SamplerOptions, empty_error
+from .base import KeySampler, SamplerOptions
 from .flat import MIN_KEPT
+from .loop import Choice, empty_error
 
 __all__ = ["GroupCounts", "GroupOrder", "GroupSampler"]
 

@@ -11,15 +11,10 @@ from .._args import check_batch_size, check_staleness, seeded_rng
 from ..policy_versions import fresh_mask
 from ..query import QueryCondition
 from ..storage.base import KeySpace, Storage
-from .base import (
-    Choice,
-    DerivedArrays,
-    TaskSampler,
-    empty_error,
-    value_codes,
-    with_current_version,
-)
+from .base import TaskSampler, with_current_version
 from .flat import draw_uniform
+from .loop import Choice, empty_error
+from .state import DerivedArrays, value_codes
 
 __all__ = ["RandomTaskSample", "RandomTaskSampler"]
 

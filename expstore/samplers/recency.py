@@ -8,8 +8,9 @@ from typing_extensions import Unpack
 from .._args import check_number
 from ..query import QueryCondition
 from ..storage.base import KeySpace
-from .base import Choice, KeySampler, SamplerOptions
+from .base import KeySampler, SamplerOptions
 from .flat import draw_ranks
+from .loop import Choice
 
 __all__ = ["RecencySampler"]
 

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import math
-from typing import cast
 
 import numpy as np
 from typing_extensions import Unpack
 
 from .._args import check_number
-from ..errors import EmptyBufferError, InvalidArgumentError
+from ..errors import EmptyBufferError
 from ..query import Comparison, Condition, QueryCondition
 from ..storage.base import KeySpace
-from .base import Choice, KeySampler, SamplerOptions
+from .base import KeySampler, SamplerOptions
 from .flat import draw_uniform
+from .loop import Choice
 
 __all__ = ["RewardWeightedSampler"]
 
@@ -46,31 +46,6 @@ class RewardWeightedSampler(KeySampler):
         """Rows without a ``reward_t`` are never drawn."""
         return Comparison("reward_t", "is_not_null")
 
-    def _cdf(self, reward: np.ndarray) -> np.ndarray:
-        def compute() -> np.ndarray:
-            present = ~np.isnan(reward)
-            if not present.any():
-                return np.zeros(0)
-            # exp((r - rmax) / T): softmax is shift-free, and shifting *before* dividing keeps
-            # every exponent <= 0, so nothing overflows however large r / T would be. The
-            # difference itself may round to -inf (1e308 - -1e308), which exp() turns into 0;
-            # rows equal to the maximum get exactly 1 (also when it is +-inf, where the
-            # difference would be NaN).
-            top = np.nanmax(reward)
-            with np.errstate(over="ignore", invalid="ignore"):
-                shifted = (reward - top) / self.temperature
-            shifted = np.where(reward == top, 0.0, shifted)
-            cdf = np.cumsum(np.exp(np.where(present, shifted, -np.inf)))
-            if not (np.isfinite(cdf[-1]) and cdf[-1] > 0):
-                raise InvalidArgumentError(
-                    "RewardWeightedSampler expected a finite, positive total weight over the "
-                    f"rewards present, got {cdf[-1]!r} (temperature={self.temperature!r}); "
-                    "check reward_t for values that are not numbers"
-                )
-            return cdf
-
-        return self.derived(f"cdf:{self.temperature!r}", (reward,), compute)
-
     # The envelope comes from the largest reward; the probes must see the same rows.
     flat_snapshot = True
 
@@ -85,14 +60,19 @@ class RewardWeightedSampler(KeySampler):
         # draw exact): a candidate is kept with its weight, so rows come in proportion to
         # exp(r / T). Rewards that make it steep fall back to the key index (see flat).
         top = space.largest("reward_t")
-        if top is None or not math.isfinite(top):
+        if space.listed is None and (top is None or not math.isfinite(top)):
             return None  # no reward (the key index explains), or an infinite one
+        if top is None:
+            raise EmptyBufferError("no matching row has a reward_t")
         temperature = self.temperature
 
         def accept(columns: dict[str, np.ndarray]) -> np.ndarray:
             reward = columns["reward_t"]
             with np.errstate(over="ignore", invalid="ignore"):
                 weight = np.exp((reward - top) / temperature)
+            # rows holding the maximum get exactly 1 (also when it is +-inf, where the
+            # difference would be NaN); rows without a reward never come
+            weight = np.where(reward == top, 1.0, weight)
             return np.where(np.isnan(reward), 0.0, np.minimum(weight, 1.0))
 
         drawn = draw_uniform(
@@ -103,17 +83,9 @@ class RewardWeightedSampler(KeySampler):
             accept=accept,
             hint=self.kept_hint(query_condition),
             budget=self.probe_budget,
+            name=f"reward:{temperature!r}:{top!r}",
         )
         if drawn is None:
             return None
         self.kept_hint(query_condition, drawn.kept)
         return Choice(drawn.keys)
-
-    def sample_keys(
-        self, index: dict[str, np.ndarray], batch_size: int, rng: np.random.Generator
-    ) -> np.ndarray:
-        cdf = self._cdf(index["reward_t"])
-        if not len(cdf):
-            raise EmptyBufferError("no matching row has a reward_t")
-        positions = np.searchsorted(cdf, rng.random(batch_size) * cdf[-1], side="right")
-        return cast("np.ndarray", index["key"][np.minimum(positions, len(cdf) - 1)])

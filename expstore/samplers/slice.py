@@ -15,8 +15,10 @@ from ..errors import EmptyBufferError, InvalidArgumentError
 from ..query import QueryCondition
 from ..query.fields import resolve_field
 from ..storage.base import KeySpace
-from .base import Choice, KeySampler, SamplerOptions, value_codes
+from .base import KeySampler, SamplerOptions
 from .flat import MIN_KEPT, Drawn, draw_uniform
+from .loop import Choice
+from .state import value_codes
 
 __all__ = ["SliceSampler"]
 

@@ -11,8 +11,10 @@ from typing_extensions import Unpack
 from ..query import QueryCondition
 from ..query.fields import resolve_field
 from ..storage.base import KeySpace
-from .base import Choice, KeySampler, SamplerOptions, value_codes
+from .base import KeySampler, SamplerOptions
 from .flat import draw_uniform
+from .loop import Choice
+from .state import value_codes
 
 __all__ = ["StratifiedSampler"]
 

@@ -9,9 +9,10 @@ from typing_extensions import Unpack
 
 from ..query import QueryCondition
 from ..storage.base import KeySpace, Storage
-from .base import Choice, KeySampler, SamplerOptions
+from .base import KeySampler, SamplerOptions
 from .epochs import EpochState, KeyPermutation, next_in_epoch, rest_of_epoch
 from .flat import draw_uniform
+from .loop import Choice
 
 __all__ = ["UniformSampler"]
 
@@ -115,6 +116,8 @@ class UniformSampler(KeySampler):
         self, space: KeySpace, batch_size: int, query_condition: QueryCondition
     ) -> Choice | None:
         if not self.replacement:
+            if space.listed is not None:  # an epoch over the key index held in memory
+                return Choice(self._next_from_epoch(space.listed["key"], batch_size, self.rng))
             return self._epoch_over_key_space(space, batch_size)
         hint = self.kept_hint(query_condition)
         drawn = draw_uniform(space, batch_size, self.rng, hint=hint, budget=self.probe_budget)
@@ -167,14 +170,6 @@ class UniformSampler(KeySampler):
             candidates = self.rng.integers(low, high, _SHARE_PROBES)
         found = space.probe(np.unique(candidates))["key"]
         return float(np.isin(candidates, found).mean())
-
-    def sample_keys(
-        self, index: dict[str, np.ndarray], batch_size: int, rng: np.random.Generator
-    ) -> np.ndarray:
-        keys = index["key"]
-        if self.replacement:
-            return keys[rng.integers(0, len(keys), size=batch_size)]
-        return self._next_from_epoch(keys, batch_size, rng)
 
     def _next_from_epoch(
         self, keys: np.ndarray, batch_size: int, rng: np.random.Generator

@@ -355,6 +355,17 @@ class KeySpace(ABC):
     kept: Kept
     #: Candidate keys (and rows) read through this space, to see what a draw cost.
     probed: int
+    #: The matching rows' key index (``"key"``, ascending, and the columns read, aligned)
+    #: when this space holds them in memory (a key index made a key space:
+    #: :class:`~expstore.samplers.index_space.IndexKeySpace`); None for a space that probes
+    #: the database. A draw over a listed space draws positions in it directly.
+    listed: dict[str, Any] | None = None
+
+    def remember(self, name: str, sources: tuple[np.ndarray, ...], compute: Callable[[], _T]) -> _T:
+        """``compute()``, or the value kept for ``name`` while ``sources`` are the very same
+        arrays (a listed space keeps what is derived from its arrays, e.g. a weighted draw's
+        cumulative sum; a space over the database keeps nothing)."""
+        return compute()
 
     # -- derived from the range ---------------------------------------------------------
     @property

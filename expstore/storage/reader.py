@@ -16,12 +16,12 @@ from operator import itemgetter
 from typing import Any, NamedTuple
 
 import numpy as np
-from sqlalchemy import Connection, Row, Select, Text, cast, func, select, tuple_
+from sqlalchemy import Connection, Integer, Row, Select, Text, bindparam, cast, func, select, tuple_
 from sqlalchemy.sql.elements import ColumnElement
 
 from .._args import check_int
 from ..arrays.stored_once import digests_in, fetch_arrays
-from ..codec import decode_payload
+from ..codec import decode_payload, plain_document
 from ..codec.decode import Arrays
 from ..codec.documents import DocumentDecoder
 from ..codec.format import MALFORMED
@@ -68,6 +68,7 @@ _experience_values = itemgetter(
     *((*PAYLOAD_FIELDS, *SCALAR_COLUMNS).index(name) for name in _EXPERIENCE_FIELDS)
 )
 _text, _blob, _row_id = itemgetter(_AT_DATA), itemgetter(_AT_TENSORS), itemgetter(_AT_ID)
+_task_of = itemgetter(_NAMES.index("task_id"))
 _TEXT = (_AT_DATA,)
 #: (position, column, the types its values may have) of every typed column, to tell a
 #: value SQLite let through in the wrong type (its columns take any) from a good one.
@@ -175,7 +176,10 @@ def _values(
                 f"row {row_id}: the stored document is not readable JSON "
                 f"({type(exc).__name__}); {MALFORMED}"
             ) from None
-        payload = decode_payload(doc, r[_AT_TENSORS], row_id=row_id, arrays=arrays)
+        if type(doc) is dict and plain_document(r[_AT_DATA], r[_AT_TENSORS]):
+            payload = doc  # nothing in it to decode
+        else:
+            payload = decode_payload(doc, r[_AT_TENSORS], row_id=row_id, arrays=arrays)
     try:
         values: tuple[Any, ...] = _payload_values(payload) + _scalar_values(r)
     except KeyError:
@@ -500,15 +504,24 @@ class RowReader:
         """Every row of each task, ordered by step, then execute_time, then insertion."""
         wanted = list(dict.fromkeys(task_ids))
         grouped: dict[str, list[DataRow]] = {t: [] for t in wanted}
-        order = (rows.c.task_id, rows.c.step, rows.c.execute_time, rows.c.key)
-        with self.handle.errors("read tasks"), self.handle.read() as conn:
+        handle, dialect = self.handle, self.handle.dialect
+
+        def build() -> Select[Any]:
+            order = (rows.c.task_id, rows.c.step, rows.c.execute_time, rows.c.key)
+            mine = rows.c.buffer_id == bindparam("buffer_id", type_=Integer)
+            chosen = select(*ROW_COLUMNS).where(mine, dialect.text_in(rows.c.task_id, "tasks"))
+            return chosen.order_by(*order)
+
+        # compiled once, the task ids bound as one parameter, the rows decoded together
+        compiled = handle.statement(("task rows",), build)
+        with handle.errors("read tasks"), handle.read() as conn:
             for start in range(0, len(wanted), 500):
-                part = wanted[start : start + 500]
-                stmt = self._select().where(rows.c.task_id.in_(part)).order_by(*order)
-                fetched = conn.execute(stmt).all()
-                held = arrays_of(conn, self.handle.buffer_id, fetched, _TEXT)
-                for r in fetched:
-                    grouped[r._mapping["task_id"]].append(decode_row(r, None, held))
+                part = dialect.text_set(wanted[start : start + 500])
+                fetched = compiled.run(conn, buffer_id=handle.buffer_id, tasks=part)
+                held = arrays_of(conn, handle.buffer_id, fetched, _TEXT)
+                decoded = decode_rows(fetched, self.documents, held)
+                for task, row in zip(map(_task_of, fetched), decoded, strict=True):
+                    grouped[task].append(row)
         return grouped
 
     def task_ids(self, query_condition: QueryCondition = None) -> list[str]:

@@ -371,7 +371,7 @@ class SqlStorage(Storage):
         return [r for r in results if r is not None]
 
     def replace(self, rows: Sequence[DataRow]) -> None:
-        """Store ``rows_``, each replacing the stored row of its id if there is one, in one
+        """Store ``rows``, each replacing the stored row of its id if there is one, in one
         transaction (see :func:`expstore.storage.writer.replace_rows`)."""
         writer.replace_rows(self._handle, rows)
 

@@ -39,9 +39,8 @@ from ..errors import (
     RowValidationError,
     UnsupportedTypeError,
 )
-from ..lifecycle.hooks import Removed, WriteContext, read_state
-from ..lifecycle.registry import bump_version, count_inserted, count_removed
-from ..lifecycle.registry import remove as remove_rows
+from ..lifecycle.hooks import BufferState, Removed, WriteContext, read_state
+from ..lifecycle.registry import bump_version, count_inserted, count_removed, remove_ids
 from ..limits.counters import RateLimits, WriteBlocked
 from ..model.layout import (
     COLUMNS,
@@ -53,7 +52,6 @@ from ..model.layout import (
     ColumnSpec,
 )
 from ..model.rows import DataRow
-from ..query import Comparison
 from ..retention.capacity import Retention
 
 __all__ = [
@@ -308,25 +306,42 @@ def store_together(
     return (None if capacity is None else int(capacity)), policy, [d[2] for d in done]
 
 
-def replace_rows(handle: BufferHandle, rows: Sequence[DataRow]) -> None:
+def replace_rows(handle: BufferHandle, rows: Sequence[Any] | RowSource) -> None:
     """Store ``rows``, each replacing the stored row of its id if there is one (an upsert
     by id: rows are immutable, so the old row is removed, as ``delete()`` removes it, with
-    its tombstone and counts, and the new one inserted): the removals and the insert in one
-    transaction, all or nothing."""
-    batch = as_source(prepare(rows))
-    ids = Comparison("id", "in", tuple(row.id for row in rows))
+    its tombstone and what the buffer's features keep of it, and the new one inserted):
+    the removals and the insert in one transaction, all or nothing.
+
+    One write: the buffer's state is read once, with its row taken, and serves the
+    removal and the insert; the removal's count and the new version readers need go into
+    the write's one update of the buffer's row, and its capacity sees the removed rows
+    gone (:func:`expstore.lifecycle.registry.remove_ids`: one statement on Postgres).
+    ``rows``: DataRows (checked first, as :func:`store_batch` checks them), or rows a
+    dict of columns gave (``column_source``: checked as they were cut, or a
+    :class:`RowSource`)."""
+    if isinstance(rows, RowSource):
+        batch = rows
+    elif all(isinstance(row, DataRow) for row in rows):
+        batch = as_source(prepare(rows))
+    else:
+        batch = as_source(list(rows))
+    ids = list(batch.ids)
+    waiting = RATE_LIMIT_WAIT.start()
 
     def write() -> None:
-        with handle.errors("replace rows"), handle.write() as conn:
-            # The buffer's state read with its row taken (as delete() takes it), given to
-            # the removal, which would read it again otherwise.
-            state = read_state(handle, conn)
-            if remove_rows(handle, conn, handle.matching(ids), state=state):
-                bump_version(handle, conn)
-            write_in(handle, conn, batch, None)
+        while True:
+            try:
+                with handle.errors("replace rows"), handle.write() as conn:
+                    state = read_state(handle, conn)
+                    removed = Removed(state.newest, deferred=True)
+                    remove_ids(handle, conn, ids, state, removed, len(ids))
+                    write_in(handle, conn, batch, None, state, removed)
+                return
+            except WriteBlocked as blocked:  # rolled back: wait for samplers, then again
+                RateLimits(handle).wait_to_write(blocked, waiting)
 
     retried(write)
-    _wrote(handle, len(rows))
+    _wrote(handle, len(batch))
 
 
 def _wrote(handle: BufferHandle, stored: int) -> None:
@@ -369,7 +384,12 @@ def duplicate_of(handle: BufferHandle, batch: RowSource) -> DuplicateIdError | N
 
 
 def write_in(
-    handle: BufferHandle, conn: Connection, batch: RowSource, dedup: str | None
+    handle: BufferHandle,
+    conn: Connection,
+    batch: RowSource,
+    dedup: str | None,
+    state: BufferState | None = None,
+    removed: Removed | None = None,
 ) -> tuple[Any, str, StoreReport]:
     """The write of ``batch`` into the handle's buffer inside the caller's transaction
     (``conn``, of the handle's database), as the row lifecycle has it
@@ -378,15 +398,19 @@ def write_in(
     insert (a rate limit's check may raise WriteBlocked: the caller rolls back, waits and
     tries again; eviction comes last). Returns the retention it found and what it did. A
     duplicate id raises IntegrityError: once rolled back, :func:`duplicate_of` says
-    which ids."""
+    which ids. ``state`` and ``removed``: the buffer's state as the caller's transaction
+    read it (its row taken) and the removals it made before the write, deferred to the
+    write's count (:func:`replace_rows`); by default read now, none."""
     try:
         # Writers of a buffer take turns on its row, so keys are handed out in commit
         # order (readers' cached key indexes only ever need the keys above the largest they
         # saw), a capacity stays exact, and the rows above the largest key now are this
         # write's.
-        state = read_state(handle, conn)
-        # (removals' counts are deferred to the write's one update of the buffer's row)
-        removed = Removed(state.newest, deferred=True)
+        if state is None:
+            state = read_state(handle, conn)
+        if removed is None:
+            # (removals' counts are deferred to the write's one update of the buffer's row)
+            removed = Removed(state.newest, deferred=True)
         ctx = WriteContext(handle, conn, state, batch, iter(()), len(batch), removed)
         state.run("prepare", ctx)
         ctx.chunks = _encoded_chunks(handle, batch)
@@ -400,10 +424,14 @@ def write_in(
             handle.dialect.insert_rows(conn, ctx.chunks, state.keys)
             state.run("after_insert", ctx)
         state.run("after_write", ctx)
-        if ctx.stored:
-            count_inserted(handle, conn, ctx.stored, removed.uncounted)
+        # (rows a replace's removal counted already on the buffer's row: none otherwise)
+        to_count = ctx.stored - removed.counted_inserts
+        if to_count:
+            count_inserted(handle, conn, to_count, removed.uncounted, removed.changed)
         else:
             count_removed(handle, conn, removed.uncounted)
+            if removed.changed:
+                bump_version(handle, conn)
     except UnicodeEncodeError as exc:  # a string the row's validation could not see
         text = exc.object[exc.start : exc.end]
         raise CodecError(

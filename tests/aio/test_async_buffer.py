@@ -159,17 +159,17 @@ def test_a_wait_never_holds_up_the_writes_it_waits_for(db_url: str, buffer_name:
                     await asyncio.sleep(0)
                     await buffer.store(_row("t", i))
 
-            seen, _ = await asyncio.gather(buffer.wait_for(3, timeout=GATE_S), write())
+            seen, _ = await asyncio.gather(buffer.wait_for(3, timeout_s=GATE_S), write())
             assert seen == 3
             claim, _ = await asyncio.gather(
-                buffer.claim(2, consumer="l", wait=GATE_S, min_n=2, order="fifo"),
+                buffer.claim(2, consumer="l", wait_s=GATE_S, min_batch_size=2, order="oldest"),
                 buffer.store_batch([_row("u", 0), _row("u", 1)]),
             )
             assert isinstance(claim, AsyncClaim) and len(claim) == 2
             assert await claim.ack(checkpoint={"step": 1}) == 2
             assert await buffer.checkpoint("l") == {"step": 1}
             with pytest.raises(WaitTimeoutError):
-                await buffer.wait_for(100, timeout=0.05)
+                await buffer.wait_for(100, timeout_s=0.05)
 
     asyncio.run(main())
 
@@ -177,7 +177,7 @@ def test_a_wait_never_holds_up_the_writes_it_waits_for(db_url: str, buffer_name:
 def test_a_cancelled_wait_stops_waiting_and_claims_nothing(db_url: str, buffer_name: str) -> None:
     async def main() -> None:
         async with AsyncReplayBuffer(db_url, name=buffer_name) as buffer:
-            waiting = asyncio.create_task(buffer.claim(1, consumer="l", wait=3600))
+            waiting = asyncio.create_task(buffer.claim(1, consumer="l", wait_s=3600))
             while not buffer.calls._running:  # the claim has reached its thread
                 await asyncio.sleep(0.001)
             waiting.cancel()
@@ -292,10 +292,10 @@ def test_consumers_fence_and_steps_commit_whole(db_url: str, buffer_name: str) -
             new = await buffer.consumer("learner", takeover=True)
             with pytest.raises(FencedError):
                 await claim.ack()
-            fresh = await new.claim(4, wait=GATE_S, min_n=4)
+            fresh = await new.claim(4, wait_s=GATE_S, min_batch_size=4)
             async with new.step() as step:
                 step.ack(fresh)
-                step.checkpoint({"step": 7})
+                step.save_checkpoint({"step": 7})
                 step.set_policy_version(3)
             assert (step.state, step.acked) == ("committed", 4)
             assert await new.checkpoint() == {"step": 7}
@@ -405,7 +405,7 @@ def test_a_sample_waiting_on_the_rate_limit_does_not_hold_up_the_writes(
 
     async def main() -> None:
         async with AsyncReplayBuffer(db_url, name=buffer_name, threads=1) as buffer:
-            await buffer.set_rate_limiter(RateLimiter(min_size=4, timeout=GATE_S))
+            await buffer.set_rate_limiter(RateLimiter(min_size=4, timeout_s=GATE_S))
 
             async def write() -> None:
                 for i in range(4):
@@ -421,7 +421,7 @@ def test_a_sample_waiting_on_the_rate_limit_does_not_hold_up_the_writes(
 def test_closing_ends_the_waits_running(db_url: str, buffer_name: str) -> None:
     async def main() -> None:
         buffer = AsyncReplayBuffer(db_url, name=buffer_name)
-        waiting = asyncio.create_task(buffer.wait_for(1, timeout=3600))
+        waiting = asyncio.create_task(buffer.wait_for(1, timeout_s=3600))
         while not buffer.calls._running:
             await asyncio.sleep(0.001)
         await asyncio.wait_for(buffer.aclose(), GATE_S)  # an hour's wait would not end

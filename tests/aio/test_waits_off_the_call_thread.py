@@ -23,15 +23,17 @@ def test_an_admission_wait_does_not_hold_up_the_release_it_waits_for(
     db_url: str, buffer_name: str
 ) -> None:
     """Actor 1 holds the one prompt the admission bound allows in flight; actor 2's claim
-    (no wait=) waits for admission on the handle's only call thread; actor 1's rollout
+    (no wait_s=) waits for admission on the handle's only call thread; actor 1's rollout
     fails and it releases its claim, which would let actor 2 in at once -- but the release
     is queued behind actor 2's wait until the admission timeout."""
 
     async def main() -> None:
         with ReplayBuffer(db_url, name=buffer_name + "_rollouts") as rollouts:
             async with AsyncReplayBuffer(db_url, name=buffer_name, threads=1) as prompts:
-                await prompts.store_prompts([_prompt(i) for i in range(4)], n_samples=2)
-                await prompts.set_admission(rollouts, batch_size=2, max_staleness=0, timeout=8)
+                await prompts.store_prompts([_prompt(i) for i in range(4)], group_size=2)
+                await prompts.set_admission(
+                    rollouts, batch_size=2, max_batches_ahead=0, timeout_s=8
+                )
                 first = await prompts.claim(1, consumer="actor-1")
                 assert first.ids == ["p0"]
                 second = asyncio.create_task(prompts.claim(1, consumer="actor-2"))
@@ -63,7 +65,7 @@ def test_a_rate_limit_set_elsewhere_does_not_deadlock_writes_and_samples(
         async with AsyncReplayBuffer(db_url, name=buffer_name, threads=1) as buffer:
             await buffer.count()
             with ReplayBuffer(db_url, name=buffer_name) as other:  # another process
-                other.set_rate_limiter(RateLimiter.queue(4, timeout=8))
+                other.set_rate_limiter(RateLimiter.queue(4, timeout_s=8))
             assert await buffer.extend(_columns(4)) == 4  # the backlog is full now
             write = asyncio.create_task(buffer.extend(_columns(2)))
             await asyncio.sleep(0.3)  # held by block_writers on the call thread
@@ -78,13 +80,13 @@ def test_a_consumer_claim_waiting_on_the_rate_limit_does_not_hold_up_the_release
     db_url: str, buffer_name: str
 ) -> None:
     """AsyncConsumer.claim() picks its thread by `wait is not None` alone (the buffer's
-    claim() also by the rate limit): without wait= its rate-limit wait runs on the call
+    claim() also by the rate limit): without wait_s= its rate-limit wait runs on the call
     thread, where the release that would give the budget back is queued behind it."""
     from tests.helpers import make_row
 
     async def main() -> None:
         async with AsyncReplayBuffer(db_url, name=buffer_name, threads=1) as buffer:
-            await buffer.set_rate_limiter(RateLimiter(1, samples_per_insert=0.5, timeout=8))
+            await buffer.set_rate_limiter(RateLimiter(1, samples_per_insert=0.5, timeout_s=8))
             await buffer.store_batch([make_row("t", "a", i) for i in range(4)])
             first = await buffer.claim(2, consumer="l1")  # the budget (2.5 samples) is spent
             assert len(first) == 2

@@ -27,7 +27,7 @@ def main(
     with ReplayBuffer(url, name=name) as buffer:
         state = buffer.checkpoint(consumer, default={"acked": 0, "claims": 0})
         while True:
-            claim = buffer.claim(batch, consumer=consumer, lease_s=LEASE_S, order="fifo")
+            claim = buffer.claim(batch, consumer=consumer, lease_s=LEASE_S, order="oldest")
             if not len(claim):
                 stats = buffer.queue_stats()
                 if stats.consumed == stats.total:

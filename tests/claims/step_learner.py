@@ -35,7 +35,7 @@ def main(url: str, name: str, part: str) -> None:
         with learner.step() as step:
             for claim in claims:
                 step.ack(claim)
-            step.checkpoint({"step": 1})
+            step.save_checkpoint({"step": 1})
             step.set_policy_version(VERSION)
             step.update_priorities(claims[0].ids + claims[1].ids, [PRIORITY] * 2 * BATCH)
 

@@ -125,7 +125,7 @@ def test_renew_extends_the_lease(buf: ReplayBuffer) -> None:
     until = claim.renew(60)
     assert until >= claim.claimed_at + 59
     time.sleep(0.4)
-    assert len(buf.claim(5, order="fifo", consumer="b")) == 5
+    assert len(buf.claim(5, order="oldest", consumer="b")) == 5
     assert steps(buf.claim(100, consumer="c"))[:1] == [10]  # a's rows stayed held
 
 
@@ -176,7 +176,7 @@ def test_unknown_consumer_checkpoint(buf: ReplayBuffer) -> None:
         ({"n": 5, "consumer": ""}, InvalidArgumentError),
         ({"n": 5, "consumer": 3}, InvalidArgumentError),
         ({"n": 5, "order": "lifo"}, UnsupportedTypeError),
-        ({"n": 5, "wait": -1}, InvalidArgumentError),
+        ({"n": 5, "wait_s": -1}, InvalidArgumentError),
     ],
 )
 def test_bad_claim_arguments_are_refused_and_nothing_is_claimed(
@@ -246,7 +246,7 @@ def test_wait_for_returns_when_rows_arrive_and_times_out_otherwise(
 ) -> None:
     with ReplayBuffer(db_url, name=buffer_name) as buffer:
         with pytest.raises(WaitTimeoutError, match="found 0"):
-            buffer.wait_for(1, timeout=0.1)
+            buffer.wait_for(1, timeout_s=0.1)
 
         def later() -> None:
             time.sleep(0.3)
@@ -255,15 +255,15 @@ def test_wait_for_returns_when_rows_arrive_and_times_out_otherwise(
 
         thread = threading.Thread(target=later)
         thread.start()
-        assert buffer.wait_for(10, timeout=30) == 10
-        claim = buffer.claim(12, consumer="a", wait=30)
+        assert buffer.wait_for(10, timeout_s=30) == 10
+        claim = buffer.claim(12, consumer="a", wait_s=30)
         thread.join()
         assert len(claim) == 12
         with pytest.raises(WaitTimeoutError, match="no row became claimable"):
-            buffer.claim(1, consumer="b", wait=0.1)
-        assert buffer.wait_for(12, timeout=0) == 12
+            buffer.claim(1, consumer="b", wait_s=0.1)
+        assert buffer.wait_for(12, timeout_s=0) == 12
         with pytest.raises(WaitTimeoutError):
-            buffer.wait_for(1, timeout=0.1, claimable=True)
+            buffer.wait_for(1, timeout_s=0.1, claimable=True)
 
 
 def test_a_claim_used_as_a_context_manager_is_released_on_error(buf: ReplayBuffer) -> None:
@@ -329,18 +329,21 @@ def test_a_claim_with_min_n_returns_once_that_many_rows_are_claimable(
         writer = threading.Timer(0.3, lambda: buffer.store_batch(make_rows(2)))
         writer.start()
         started = time.monotonic()
-        claim = buffer.claim(10, consumer="a", wait=120, min_n=5)
+        claim = buffer.claim(10, consumer="a", wait_s=120, min_batch_size=5)
         writer.join()
         # Five rows, not the ten asked for, and long before the wait of 120 s ran out.
         assert len(claim) == 5 and time.monotonic() - started < 60
         buffer.store_batch(make_rows(7))
-        assert len(buffer.claim(10, consumer="a", wait=120, min_n=1)) == 7  # there already
+        assert (
+            len(buffer.claim(10, consumer="a", wait_s=120, min_batch_size=1)) == 7
+        )  # there already
 
 
 def test_a_claim_whose_min_n_never_comes_raises_and_claims_nothing(buf: ReplayBuffer) -> None:
     buf.claim(38, consumer="a")
-    with pytest.raises(WaitTimeoutError, match="waited 0.1 s for min_n=3 claimable rows, found 2"):
-        buf.claim(5, consumer="b", wait=0.1, min_n=3)
+    found = "waited 0.1 s for min_batch_size=3 claimable rows, found 2"
+    with pytest.raises(WaitTimeoutError, match=found):
+        buf.claim(5, consumer="b", wait_s=0.1, min_batch_size=3)
     assert buf.queue_stats().leased == 38
 
 
@@ -351,8 +354,8 @@ def test_a_claim_that_finds_fewer_than_min_n_after_counting_takes_nothing(
     finds fewer than min_n rolls back and waits again, within the same deadline."""
     buf.claim(37, consumer="a")
     monkeypatch.setattr(queue_of(buf.sql.handle), "count", lambda scope, upto, claimable: upto)
-    with pytest.raises(WaitTimeoutError, match="for min_n=4 claimable rows, found 3"):
-        buf.claim(8, consumer="b", wait=0.2, min_n=4)
+    with pytest.raises(WaitTimeoutError, match="for min_batch_size=4 claimable rows, found 3"):
+        buf.claim(8, consumer="b", wait_s=0.2, min_batch_size=4)
     stats = buf.queue_stats()
     assert stats.leased == 37 and stats.per_consumer.get("b") is None
 
@@ -360,13 +363,13 @@ def test_a_claim_that_finds_fewer_than_min_n_after_counting_takes_nothing(
 @pytest.mark.parametrize(
     ("kwargs", "error"),
     [
-        ({"min_n": 2}, "give wait= too"),
-        ({"min_n": 0, "wait": 1}, "min_n must be None or an int >= 1"),
-        ({"min_n": 6, "wait": 1}, "<= 5"),
-        ({"min_n": 2.0, "wait": 1}, "min_n must be"),
+        ({"min_batch_size": 2}, "give wait_s= too"),
+        ({"min_batch_size": 0, "wait_s": 1}, "min_batch_size must be None or an int >= 1"),
+        ({"min_batch_size": 6, "wait_s": 1}, "<= 5"),
+        ({"min_batch_size": 2.0, "wait_s": 1}, "min_batch_size must be"),
     ],
 )
-def test_min_n_is_checked(buf: ReplayBuffer, kwargs, error: str) -> None:  # noqa: ANN001
+def test_min_batch_size_is_checked(buf: ReplayBuffer, kwargs, error: str) -> None:  # noqa: ANN001
     with pytest.raises(InvalidArgumentError, match=error):
         buf.claim(5, consumer="a", **kwargs)
     assert buf.queue_stats().leased == 0
@@ -382,13 +385,15 @@ def test_a_group_claim_with_min_n_returns_whole_groups_once_that_many_are_ready(
     with fresh:
         fresh.store_batch(group("p0", [0.0, 1.0, 0.0, 1.0]) + group("p1", [1.0, 0.0]))
         sampler = GroupSampler(group_size=4)
-        with pytest.raises(InvalidArgumentError, match="a multiple of 4; got n=8, min_n=2"):
-            fresh.claim(8, consumer="c", order=sampler, wait=1, min_n=2)
-        with pytest.raises(WaitTimeoutError, match="for min_n=8 claimable rows, in whole"):
-            fresh.claim(12, consumer="c", order=sampler, wait=0.1, min_n=8)
+        with pytest.raises(
+            InvalidArgumentError, match="a multiple of 4; got batch_size=8, min_batch_size=2"
+        ):
+            fresh.claim(8, consumer="c", order=sampler, wait_s=1, min_batch_size=2)
+        with pytest.raises(WaitTimeoutError, match="for min_batch_size=8 claimable rows, in whole"):
+            fresh.claim(12, consumer="c", order=sampler, wait_s=0.1, min_batch_size=8)
         completes = threading.Timer(0.2, lambda: fresh.store_batch(group("p1", [1.0, 1.0])))
         completes.start()
-        claim = fresh.claim(12, consumer="c", order=sampler, wait=120, min_n=8)
+        claim = fresh.claim(12, consumer="c", order=sampler, wait_s=120, min_batch_size=8)
         completes.join()
         assert len(claim) == 8
         assert sorted({r.exp_meta.task_id for r in claim.batch}) == ["p0", "p1"]
@@ -397,18 +402,18 @@ def test_a_group_claim_with_min_n_returns_whole_groups_once_that_many_are_ready(
 def test_a_claim_wait_that_times_out_says_what_each_side_is_doing(buf: ReplayBuffer) -> None:
     buf.claim(40, consumer="a")
     with pytest.raises(WaitTimeoutError) as info:
-        buf.claim(1, consumer="b", wait=0.05)
+        buf.claim(1, consumer="b", wait_s=0.05)
     message = str(info.value)
     assert "holds 40 rows; inserted 40 ever, of which 0 discarded" in message
     assert "actors inserted last" in message and "no rate limit" in message
-    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=2.0, timeout=1))
+    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=2.0, timeout_s=1))
     with pytest.raises(WaitTimeoutError) as info:
-        buf.claim(1, consumer="b", wait=0.05)
+        buf.claim(1, consumer="b", wait_s=0.05)
     message = str(info.value)
     assert "inserted 40, discarded 0, sampled 0 (min_size=1, samples_per_insert=2" in message
     assert "learners have not sampled since the limit was set" in message
     with pytest.raises(WaitTimeoutError, match="found 0. Rate limit: Since the limit was set"):
-        buf.wait_for(1, timeout=0.05, claimable=True)
+        buf.wait_for(1, timeout_s=0.05, claimable=True)
 
 
 @pytest.mark.parametrize(
@@ -437,7 +442,7 @@ def test_a_sampler_ordered_claim_keeps_the_samplers_own_max_staleness(
         tighter = UniformSampler(max_staleness=5, seed=0)
         assert len(buffer.claim(10, consumer="y", order=tighter, max_staleness=0)) == 0
         with pytest.raises(WaitTimeoutError):
-            buffer.claim(1, consumer="y", order=sampler(), wait=0.05)
+            buffer.claim(1, consumer="y", order=sampler(), wait_s=0.05)
 
 
 def test_a_reward_weighted_claim_never_returns_rows_without_a_reward(buf: ReplayBuffer) -> None:
@@ -452,7 +457,7 @@ def test_a_claim_whose_converter_fails_is_released_and_its_samples_refunded(
 ) -> None:
     """Issue 32: the rows stayed leased (and counted against the rate limit) for the whole
     lease, held by a claim the caller never got."""
-    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, timeout=1))
+    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, timeout_s=1))
     with pytest.raises(ExpstoreError):
         buf.claim(5, consumer="x", converter=ChatConverter())
     stats = buf.queue_stats()
@@ -570,7 +575,7 @@ def test_a_claims_wait_bounds_its_wait_on_the_rate_limit(buffer: ReplayBuffer) -
     limit's whole timeout."""
     from expstore import GroupSampler, RateLimiter
 
-    buffer.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=0.5, timeout=600))
+    buffer.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=0.5, timeout_s=600))
     _groups(buffer, 2)  # 8 rows inserted: 4 samples of budget
     sampler = GroupSampler(group_size=4)
     buffer.claim(4, consumer="c", order=sampler).ack()  # the budget is spent; p1 ready
@@ -578,7 +583,7 @@ def test_a_claims_wait_bounds_its_wait_on_the_rate_limit(buffer: ReplayBuffer) -
 
     def claim() -> None:
         try:
-            buffer.claim(4, consumer="c", order=sampler, wait=0.3)
+            buffer.claim(4, consumer="c", order=sampler, wait_s=0.3)
         except BaseException as exc:  # noqa: BLE001 - asserted below
             raised.append(exc)
 
@@ -592,14 +597,14 @@ def test_a_claims_wait_bounds_its_wait_on_the_rate_limit(buffer: ReplayBuffer) -
 
 
 def test_min_n_takes_what_the_rate_limit_allows(buffer: ReplayBuffer) -> None:
-    """Found by a user's trial: with groups ready and budget for one, claim(8, min_n=4)
+    """Found by a user's trial: with groups ready and budget for one, claim(8, min_batch_size=4)
     raised RateLimitedError instead of taking the one group."""
     from expstore import GroupSampler, RateLimiter
 
-    buffer.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=0.5, timeout=2))
+    buffer.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=0.5, timeout_s=2))
     _groups(buffer, 3)  # 12 rows inserted: 6 samples of budget, three groups ready
     sampler = GroupSampler(group_size=4)
-    claim = buffer.claim(8, consumer="c", order=sampler, wait=1, min_n=4)
+    claim = buffer.claim(8, consumer="c", order=sampler, wait_s=1, min_batch_size=4)
     assert [r.exp_meta.task_id for r in claim.batch] == ["p0"] * 4
     stats = buffer.rate_limit_stats()
     assert stats is not None and stats.sampled == 4
@@ -611,7 +616,7 @@ def test_released_and_taken_over_claims_give_their_samples_back(buffer: ReplayBu
     restart until its last groups could never be claimed."""
     from expstore import GroupSampler, RateLimiter
 
-    buffer.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, timeout=2))
+    buffer.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, timeout_s=2))
     _groups(buffer, 2)
     sampler = GroupSampler(group_size=4)
     first = buffer.claim(4, consumer="c", order=sampler)
@@ -754,7 +759,7 @@ def test_an_actor_killed_inside_its_produce_ack_leaves_nothing_and_the_prompt_re
         with ReplayBuffer(db_url, name=buffer_name + "_out") as out:
             assert len(out) == 0
             assert prompts.checkpoint("actor", default=None) is None
-            again = prompts.claim(1, consumer="actor", wait=30)  # once the lease ran out
+            again = prompts.claim(1, consumer="actor", wait_s=30)  # once the lease ran out
             assert len(again) == 1
             again.ack(produce=_completions("p0"), into=out)
             assert len(out) == 4 and prompts.queue_stats().consumed == 1
@@ -819,7 +824,7 @@ def test_an_actor_killed_after_saving_progress_leaves_it_for_the_next(
 ) -> None:
     _actor_killed_by(_KILLED_AFTER_PROGRESS, db_url, buffer_name)
     with ReplayBuffer(db_url, name=buffer_name) as prompts:
-        again = prompts.claim(1, consumer="actor", wait=30)
+        again = prompts.claim(1, consumer="actor", wait_s=30)
         assert list(again.progress.values()) == [{"tokens": list(range(100)), "versions": [7]}]
 
 
@@ -873,7 +878,7 @@ def record_then_die(*args, **kwargs):
 
 front.record_produced = record_then_die
 with ReplayBuffer(url, name=name) as prompts, ReplayBuffer(url, name=name + "_out") as out:
-    prompts.store_prompts([make_row("q").model_copy(update={"id": "q"})], n_samples=4)
+    prompts.store_prompts([make_row("q").model_copy(update={"id": "q"})], group_size=4)
     claim = prompts.claim(2, consumer="actor", lease_s=0.5)  # p0 (no target) and q
     claim.ack(produce={"q": [make_row("q", "actor", i) for i in range(3)]}, into=out)
 """
@@ -887,7 +892,9 @@ def test_an_actor_killed_inside_an_ack_towards_a_target_changes_no_count(
         with ReplayBuffer(db_url, name=buffer_name + "_out") as out:
             assert len(out) == 0
             assert prompts.lineage(["q"])["q"].done == 0
-            again = prompts.claim(2, consumer="actor", wait=30, min_n=2)  # leases ran out
+            again = prompts.claim(
+                2, consumer="actor", wait_s=30, min_batch_size=2
+            )  # leases ran out
             assert "q" in again.ids and again.needs == {"q": 4}
             again.ack(produce={"q": [make_row("q", "b", i) for i in range(4)]}, into=out)
             assert len(out) == 4 and prompts.lineage(["q"])["q"].done == 4

@@ -28,10 +28,10 @@ def steps_of(claim) -> list[int]:
 
 
 def test_opening_a_consumer_takes_the_next_epoch_per_name(buf: ReplayBuffer) -> None:
-    assert [buf.consumer("a").epoch for _ in range(3)] == [1, 2, 3]
+    assert [buf.consumer("a").generation for _ in range(3)] == [1, 2, 3]
     b = buf.consumer("b")
-    assert (b.name, b.epoch, b.taken_back) == ("b", 1, 0)
-    assert repr(b) == "Consumer('b', epoch=1)"
+    assert (b.name, b.generation, b.taken_back) == ("b", 1, 0)
+    assert repr(b) == "Consumer('b', generation=1)"
 
 
 def test_a_zombie_ack_is_refused_and_the_checkpoint_stays(buf: ReplayBuffer) -> None:
@@ -43,7 +43,7 @@ def test_a_zombie_ack_is_refused_and_the_checkpoint_stays(buf: ReplayBuffer) -> 
     new = buf.consumer("learner")
     for step in (2, 3):
         new.claim(4).ack(checkpoint={"step": step})
-    with pytest.raises(FencedError, match=r"opened again \(epoch 2\) after this incarnation"):
+    with pytest.raises(FencedError, match=r"opened again \(generation 2\) after this incarnation"):
         stalled.ack(checkpoint={"step": 2})
     assert buf.checkpoint("learner") == {"step": 3}
     assert new.checkpoint() == {"step": 3}
@@ -68,7 +68,7 @@ def test_zombie_claims_renewals_and_releases_are_refused_changing_nothing(
         old.claim(5)
     with pytest.raises(FencedError, match="its training step is refused"):
         with old.step() as step:
-            step.checkpoint({"step": 99})
+            step.save_checkpoint({"step": 99})
     assert buf.lineage(held.ids) == before  # still leased until the same moment
     stats = buf.queue_stats()
     assert (stats.leased, stats.consumed) == (5, 0)
@@ -119,7 +119,7 @@ def test_plain_claims_work_until_the_name_is_opened_then_are_fenced(buf: ReplayB
     plain.ack(checkpoint={"step": 1})  # as always, without epochs
     late = buf.claim(2, consumer="learner")
     learner = buf.consumer("learner")
-    with pytest.raises(FencedError, match="without an epoch"):
+    with pytest.raises(FencedError, match="without a generation"):
         late.ack(checkpoint={"step": 0})
     with pytest.raises(FencedError, match=r"buffer.claim\(consumer=...\)"):
         buf.claim(2, consumer="learner")
@@ -137,7 +137,7 @@ def test_a_step_takes_only_this_incarnations_own_claims(buf: ReplayBuffer) -> No
     second = buf.consumer("learner")
     stranger = buf.consumer("stranger").claim(2)
     with second.step() as step:
-        with pytest.raises(FencedError, match="made by epoch 1"):
+        with pytest.raises(FencedError, match="made by generation 1"):
             step.ack(old_claim)
         with pytest.raises(ClaimOwnerError, match="belongs to consumer 'stranger'"):
             step.ack(stranger)

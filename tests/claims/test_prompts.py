@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from expstore import AdmissionTimeoutError, DataRow, InvalidArgumentError, ReplayBuffer
+from expstore.claims import Admission
 from expstore.errors import ClaimFinishedError, DuplicateIdError, UnsupportedTypeError
 from tests.helpers import make_row
 
@@ -37,7 +38,7 @@ def test_a_prompt_stays_claimable_until_its_target_of_completions_is_stored(
     queues, buffer_name: str
 ) -> None:
     prompts, rollouts = queues
-    report = prompts.store_prompts([prompt(0), prompt(1)], n_samples=4)
+    report = prompts.store_prompts([prompt(0), prompt(1)], group_size=4)
     assert report.stored == 2
     claim = prompts.claim(1, consumer="actor-0")
     assert claim.ids == ["p0"] and claim.needs == {"p0": 4}
@@ -69,7 +70,7 @@ def test_a_prompt_stays_claimable_until_its_target_of_completions_is_stored(
 
 def test_a_group_in_parts_is_generated_by_several_actors_at_once(queues) -> None:
     prompts, rollouts = queues
-    prompts.store_prompts([prompt(0)], n_samples=10, parts=4)
+    prompts.store_prompts([prompt(0)], group_size=10, parts=4)
     claims = [prompts.claim(1, consumer=f"actor-{i}") for i in range(4)]
     assert sorted(c.ids[0] for c in claims) == ["p0#0", "p0#1", "p0#2", "p0#3"]
     shares = {c.ids[0]: c.needs[c.ids[0]] for c in claims}
@@ -89,7 +90,7 @@ def test_a_group_in_parts_is_generated_by_several_actors_at_once(queues) -> None
 
 def test_more_completions_than_a_prompt_needs_are_refused_and_nothing_changes(queues) -> None:
     prompts, rollouts = queues
-    prompts.store_prompts([prompt(0)], n_samples=2)
+    prompts.store_prompts([prompt(0)], group_size=2)
     claim = prompts.claim(1, consumer="actor")
     with pytest.raises(InvalidArgumentError, match="needs 2 more"):
         claim.ack(produce=completions("p0", 3), into=rollouts)
@@ -103,7 +104,7 @@ def test_more_completions_than_a_prompt_needs_are_refused_and_nothing_changes(qu
 
 def test_a_claim_of_several_prompts_says_which_completions_are_whose(queues) -> None:
     prompts, rollouts = queues
-    prompts.store_prompts([prompt(0), prompt(1)], n_samples=[2, 3])
+    prompts.store_prompts([prompt(0), prompt(1)], group_size=[2, 3])
     claim = prompts.claim(2, consumer="actor")
     assert claim.needs == {"p0": 2, "p1": 3}
     with pytest.raises(InvalidArgumentError, match=r"produce=\{row_id"):
@@ -120,7 +121,7 @@ def test_a_claim_of_several_prompts_says_which_completions_are_whose(queues) -> 
 
 def test_an_ack_without_produce_gives_a_prompt_up(queues) -> None:
     prompts, _ = queues
-    prompts.store_prompts([prompt(0)], n_samples=4)
+    prompts.store_prompts([prompt(0)], group_size=4)
     prompts.claim(1, consumer="actor").ack()
     assert prompts.claim(1, consumer="actor").ids == []
     assert prompts.lineage(["p0"])["p0"].done == 0
@@ -129,12 +130,12 @@ def test_an_ack_without_produce_gives_a_prompt_up(queues) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error"),
     [
-        ({"n_samples": 0}, "n_samples"),
-        ({"n_samples": -2}, "n_samples"),
-        ({"n_samples": 2.5}, "n_samples"),
-        ({"n_samples": [2]}, "1 targets for 2 prompts"),
-        ({"n_samples": 2, "parts": 3}, "parts=3"),
-        ({"n_samples": 2, "parts": 0}, "parts"),
+        ({"group_size": 0}, "group_size"),
+        ({"group_size": -2}, "group_size"),
+        ({"group_size": 2.5}, "group_size"),
+        ({"group_size": [2]}, "1 targets for 2 prompts"),
+        ({"group_size": 2, "parts": 3}, "parts=3"),
+        ({"group_size": 2, "parts": 0}, "parts"),
     ],
 )
 def test_bad_prompt_targets_are_refused_and_nothing_is_stored(queues, kwargs, error) -> None:
@@ -146,9 +147,9 @@ def test_bad_prompt_targets_are_refused_and_nothing_is_stored(queues, kwargs, er
 
 def test_prompts_stored_twice_are_refused_whole(queues) -> None:
     prompts, _ = queues
-    prompts.store_prompts([prompt(0)], n_samples=2)
+    prompts.store_prompts([prompt(0)], group_size=2)
     with pytest.raises(DuplicateIdError):
-        prompts.store_prompts([prompt(1), prompt(0)], n_samples=2)
+        prompts.store_prompts([prompt(1), prompt(0)], group_size=2)
     assert len(prompts) == 1 and prompts.queue_stats().completions.prompts == 1
 
 
@@ -156,12 +157,14 @@ def test_admission_holds_actors_within_the_staleness_bound(
     queues, db_url: str, buffer_name: str
 ) -> None:
     prompts, rollouts = queues
-    prompts.store_prompts([prompt(i) for i in range(6)], n_samples=2)
-    # (max_staleness + 1) * batch_size = 4 completions in flight or stored unconsumed.
-    prompts.set_admission(rollouts, batch_size=2, max_staleness=1, timeout=0.2)
+    prompts.store_prompts([prompt(i) for i in range(6)], group_size=2)
+    # (max_batches_ahead + 1) * batch_size = 4 completions in flight or stored unconsumed.
+    prompts.set_admission(rollouts, batch_size=2, max_batches_ahead=1, timeout_s=0.2)
+    setting = prompts.admission()  # the bound as set, read back one way
+    assert setting == Admission(rollouts.storage.name, 2, 1, None, 0.2)
     first = prompts.claim(5, consumer="actor-0")
     assert first.ids == ["p0", "p1"]  # 2 prompts x 2 completions fill the bound
-    state = prompts.admission()
+    state = prompts.admission_stats()
     assert (state.in_flight, state.backlog, state.capacity, state.held_by) == (
         4,
         0,
@@ -174,24 +177,24 @@ def test_admission_holds_actors_within_the_staleness_bound(
     first.ack(produce={i: completions(i, 2) for i in first.ids}, into=rollouts)
     # Stored, not consumed: still counted, as another handle (another host) sees too.
     with ReplayBuffer(db_url, name=buffer_name) as elsewhere:
-        assert elsewhere.admission().backlog == 4
+        assert elsewhere.admission_stats().backlog == 4
         with pytest.raises(AdmissionTimeoutError):
-            elsewhere.claim(1, consumer="actor-1", wait=0.1)
+            elsewhere.claim(1, consumer="actor-1", wait_s=0.1)
     rollouts.claim(2, consumer="learner").ack()  # the learner consumes a batch
     second = prompts.claim(5, consumer="actor-1")
     assert second.ids == ["p2"]
-    assert prompts.admission().capacity == 0
+    assert prompts.admission_stats().capacity == 0
 
 
 def test_admission_waits_for_the_learner_then_claims(queues) -> None:
     prompts, rollouts = queues
-    prompts.store_prompts([prompt(i) for i in range(2)], n_samples=2)
+    prompts.store_prompts([prompt(i) for i in range(2)], group_size=2)
     rollouts.store_batch(completions("old", 2))
-    prompts.set_admission(rollouts, batch_size=2, max_staleness=0, timeout=None)
+    prompts.set_admission(rollouts, batch_size=2, max_batches_ahead=0, timeout_s=None)
     timer = threading.Timer(0.3, lambda: rollouts.claim(2, consumer="learner").ack())
     timer.start()
     try:
-        claim = prompts.claim(1, consumer="actor", wait=30)
+        claim = prompts.claim(1, consumer="actor", wait_s=30)
     finally:
         timer.join()
     assert claim.ids == ["p0"]
@@ -201,20 +204,20 @@ def test_admission_by_backlog_names_its_bound(queues) -> None:
     prompts, rollouts = queues
     prompts.store_batch([prompt(0), prompt(1)])  # plain rows: one completion each
     rollouts.store_batch(completions("old", 3))
-    prompts.set_admission(rollouts, max_backlog=3, timeout=0.1)
+    prompts.set_admission(rollouts, max_backlog=3, timeout_s=0.1)
     with pytest.raises(AdmissionTimeoutError, match="max_backlog") as held:
         prompts.claim(1, consumer="actor")
     assert held.value.held_by == "backlog" and held.value.backlog == 3
     rollouts.claim(1, consumer="learner").ack()
     assert prompts.claim(2, consumer="actor").ids == ["p0", "p1"]  # no staleness bound
     prompts.set_admission(None)
-    assert prompts.admission() is None
+    assert prompts.admission() is None and prompts.admission_stats() is None
 
 
 def test_a_prompt_larger_than_the_whole_bound_is_refused(queues) -> None:
     prompts, rollouts = queues
-    prompts.store_prompts([prompt(0)], n_samples=8)
-    prompts.set_admission(rollouts, batch_size=2, max_staleness=1)
+    prompts.store_prompts([prompt(0)], group_size=8)
+    prompts.set_admission(rollouts, batch_size=2, max_batches_ahead=1)
     with pytest.raises(InvalidArgumentError, match="could never be claimed"):
         prompts.claim(1, consumer="actor")
     assert prompts.queue_stats().leased == 0
@@ -224,11 +227,12 @@ def test_a_prompt_larger_than_the_whole_bound_is_refused(queues) -> None:
     ("kwargs", "error"),
     [
         ({"batch_size": 4}, "go together"),
-        ({"max_staleness": 1}, "go together"),
+        ({"max_batches_ahead": 1}, "go together"),
         ({}, "needs a bound"),
-        ({"batch_size": 0, "max_staleness": 1}, "batch_size"),
+        ({"batch_size": 0, "max_batches_ahead": 1}, "batch_size"),
+        ({"batch_size": 4, "max_batches_ahead": -1}, "max_batches_ahead"),
         ({"max_backlog": -1}, "max_backlog"),
-        ({"max_backlog": 4, "timeout": -1}, "timeout"),
+        ({"max_backlog": 4, "timeout_s": -1}, "timeout_s"),
     ],
 )
 def test_bad_admission_settings_are_refused(queues, kwargs, error) -> None:
@@ -242,8 +246,8 @@ def test_bad_admission_settings_are_refused(queues, kwargs, error) -> None:
 
 def test_admission_is_exact_for_concurrent_actors(queues, db_url: str, buffer_name: str) -> None:
     prompts, rollouts = queues
-    prompts.store_prompts([prompt(i) for i in range(40)], n_samples=3)
-    prompts.set_admission(rollouts, batch_size=3, max_staleness=2, timeout=0.05)
+    prompts.store_prompts([prompt(i) for i in range(40)], group_size=3)
+    prompts.set_admission(rollouts, batch_size=3, max_batches_ahead=2, timeout_s=0.05)
     taken: list[str] = []
     errors: list[BaseException] = []
 
@@ -266,12 +270,12 @@ def test_admission_is_exact_for_concurrent_actors(queues, db_url: str, buffer_na
     assert not errors
     # (2 + 1) * 3 = 9 completions: three prompts of three, never more, whoever claimed.
     assert len(taken) == len(set(taken)) == 3
-    assert prompts.admission().in_flight == 9
+    assert prompts.admission_stats().in_flight == 9
 
 
 def test_only_completions_the_write_stored_count_towards_a_target(queues) -> None:
     prompts, rollouts = queues
-    prompts.store_prompts([prompt(0)], n_samples=4)
+    prompts.store_prompts([prompt(0)], group_size=4)
     claim = prompts.claim(1, consumer="actor")
     made = completions("p0", 4)
     made[3] = made[2].model_copy(update={"id": "p0/c3"})  # the same content as c2
@@ -292,7 +296,7 @@ def test_only_completions_the_write_stored_count_towards_a_target(queues) -> Non
 
 def test_an_ack_whose_generations_all_failed_releases_its_prompt(queues) -> None:
     prompts, rollouts = queues
-    prompts.store_prompts([prompt(0)], n_samples=2)
+    prompts.store_prompts([prompt(0)], group_size=2)
     claim = prompts.claim(1, consumer="actor")
     assert claim.ack(produce={"p0": []}, into=rollouts) == 0
     assert claim.unfinished == ["p0"] and len(rollouts) == 0

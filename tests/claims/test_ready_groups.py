@@ -286,7 +286,7 @@ def test_groups_the_condition_refuses_do_not_hold_writers_back(buffer: ReplayBuf
 
     buffer.set_rate_limiter(
         RateLimiter(
-            min_size=8, samples_per_insert=1.0, error_buffer=16, block_writers=True, timeout=30
+            min_size=8, samples_per_insert=1.0, error_buffer=16, block_writers=True, timeout_s=30
         )
     )
     sampler = GroupSampler(group_size=4, varied_reward=True)
@@ -306,7 +306,7 @@ def test_groups_the_condition_refuses_do_not_hold_writers_back(buffer: ReplayBuf
     taken: list[str] = []
     while writer.is_alive() or buffer.ready_groups(sampler).ready:
         claim = (
-            buffer.claim(8, consumer="learner", order=sampler, wait=0.5, min_n=4)
+            buffer.claim(8, consumer="learner", order=sampler, wait_s=0.5, min_batch_size=4)
             if (buffer.ready_groups(sampler).ready)
             else None
         )
@@ -386,7 +386,7 @@ def test_a_consumer_claims_whole_groups_with_min_n(buffer: ReplayBuffer) -> None
     sampler = GroupSampler(group_size=2)
     learner = buffer.consumer("learner")
     buffer.store_batch(group("p0", [0.0, 1.0]))
-    claim = learner.claim(8, order=sampler, wait=5, min_n=2)
+    claim = learner.claim(8, order=sampler, wait_s=5, min_batch_size=2)
     assert prompts(claim.batch) == ["p0", "p0"]
 
 

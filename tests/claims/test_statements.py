@@ -37,7 +37,7 @@ def _prompt(i: int) -> DataRow:
 @pytest.fixture
 def prompts(db_url: str, buffer_name: str) -> Iterator[ReplayBuffer]:
     with ReplayBuffer(db_url, name=buffer_name) as buffer:
-        buffer.store_prompts([_prompt(i) for i in range(40)], n_samples=4)
+        buffer.store_prompts([_prompt(i) for i in range(40)], group_size=4)
         yield buffer
 
 

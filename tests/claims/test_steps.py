@@ -55,7 +55,7 @@ def test_a_step_writes_acks_checkpoint_version_eviction_and_priorities_at_once(
     with learner.step() as step:
         step.ack(first)
         step.ack(second)
-        step.checkpoint({"step": 1})
+        step.save_checkpoint({"step": 1})
         step.set_policy_version(5)
         step.update_priorities(first.ids, [1.0, 2.0, 3.0])
         step.update_priorities(first.ids[:1] + second.ids, [9.0, 4.0, 5.0, 6.0])  # last wins
@@ -68,7 +68,7 @@ def test_a_step_writes_acks_checkpoint_version_eviction_and_priorities_at_once(
     assert {(v.state, v.checkpoint_seq) for v in lineage.values()} == {("consumed", 1)}
     assert sorted(_priorities(buf).values()) == [2.0, 3.0, 4.0, 5.0, 6.0, 9.0]
     with pytest.raises(ClaimFinishedError, match="already committed"):
-        step.checkpoint({"step": 2})
+        step.save_checkpoint({"step": 2})
 
 
 def test_an_exception_in_the_block_writes_nothing_and_the_claims_stay_held(
@@ -81,7 +81,7 @@ def test_an_exception_in_the_block_writes_nothing_and_the_claims_stay_held(
     with pytest.raises(RuntimeError, match="loss is NaN"):
         with learner.step() as step:
             step.ack(claim)
-            step.checkpoint({"step": 2})
+            step.save_checkpoint({"step": 2})
             step.set_policy_version(3)
             step.update_priorities(claim.ids, [1.0, 1.0, 1.0])
             raise RuntimeError("loss is NaN")
@@ -104,7 +104,7 @@ def test_a_part_that_fails_at_commit_rolls_back_every_part(buf: ReplayBuffer, fa
     with pytest.raises(Exception) as raised:
         with learner.step() as step:
             step.ack(pending)
-            step.checkpoint({"step": 5})
+            step.save_checkpoint({"step": 5})
             step.update_priorities(pending.ids, [3.0, 3.0])
             step.set_policy_version(3 if failing == "version backwards" else 5)
             if failing == "claim acked meanwhile":
@@ -133,7 +133,7 @@ def test_a_step_fails_whole_on_a_claim_taken_over_after_its_lease(buf: ReplayBuf
         with learner.step() as step:
             step.ack(fresh)
             step.ack(slow)
-            step.checkpoint({"step": 1})
+            step.save_checkpoint({"step": 1})
     assert buf.checkpoint("learner", default=None) is None
     assert buf.lineage(fresh.ids)[fresh.ids[0]].state == "leased"
 
@@ -142,7 +142,7 @@ def test_a_step_checks_what_it_is_given_when_given(buf: ReplayBuffer) -> None:
     learner = buf.consumer("learner")
     with learner.step() as step:
         with pytest.raises(UnsupportedTypeError, match="checkpoint must be JSON"):
-            step.checkpoint({"x": object()})
+            step.save_checkpoint({"x": object()})
         with pytest.raises(InvalidArgumentError, match="version"):
             step.set_policy_version(-1)
         with pytest.raises(UnsupportedTypeError, match="force must be True or False"):
@@ -157,7 +157,7 @@ def test_a_checkpoint_alone_is_a_step_too(buf: ReplayBuffer) -> None:
     buf.store_batch(make_rows(2))
     learner = buf.consumer("learner")
     step = learner.step()
-    step.checkpoint({"epoch": 3})
+    step.save_checkpoint({"epoch": 3})
     step.commit()
     assert learner.checkpoint() == {"epoch": 3} and step.acked == 0
 
@@ -229,7 +229,7 @@ def test_steps_beside_writers_and_claimers_commit_whole_and_lose_nothing(
                 n += 1
                 with learner.step() as step:
                     step.ack(claim)
-                    step.checkpoint({"step": n, "rows": len(acked[name]) + len(claim)})
+                    step.save_checkpoint({"step": n, "rows": len(acked[name]) + len(claim)})
                     step.set_policy_version(n + (100 if name == "b" else 0), force=True)
                     step.update_priorities(claim.ids, [float(n)] * len(claim))
                 acked[name].extend(claim.ids)

@@ -157,8 +157,8 @@ def test_stats_show_a_prompt_queue_its_actors_and_admission(
                 )
                 for i in range(3)
             ]
-            prompts.store_prompts(made, n_samples=4)
-            prompts.set_admission(rollouts, batch_size=4, max_staleness=1)
+            prompts.store_prompts(made, group_size=4)
+            prompts.set_admission(rollouts, batch_size=4, max_batches_ahead=1)
             prompts.claim(1, consumer="actor-0").save_progress({"tokens": [1, 2]})
     stats = json.loads(invoke("stats", "--db", db_url, "--buffer", buffer_name, "--json").stdout)
     queue = stats["queue"]

@@ -174,7 +174,7 @@ def test_revision_0005_keeps_rows_and_counts_them_as_inserted(fresh_url: str) ->
         rows = list(buf.query())
         assert [r.exp_meta.policy_version for r in rows] == [None, None]
         assert buf.policy_version() is None
-        buf.set_rate_limiter(RateLimiter(min_size=2, samples_per_insert=1.0, timeout=0))
+        buf.set_rate_limiter(RateLimiter(min_size=2, samples_per_insert=1.0, timeout_s=0))
         stats = buf.rate_limit_stats()
         assert stats is not None and stats.inserted == 2  # the rows there count as inserted
         # Rows stored before 0005 carry no content hash: dedup does not compare with them.

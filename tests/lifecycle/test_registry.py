@@ -97,8 +97,8 @@ def test_clear_while_a_write_is_in_progress_keeps_the_count(
     buffer.store_batch(make_rows(4))
     real = registry.count_inserted
 
-    def slow(handle, conn, n, removed=0):  # noqa: ANN001, ANN202
-        real(handle, conn, n, removed)
+    def slow(handle, conn, n, removed=0, changed=False):  # noqa: ANN001, ANN202
+        real(handle, conn, n, removed, changed)
         time.sleep(0.4)  # the write holds the buffer's row, rows inserted, not committed
 
     monkeypatch.setattr(writer, "count_inserted", slow)

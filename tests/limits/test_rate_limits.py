@@ -23,7 +23,7 @@ from tests.helpers import make_row, make_rows
 
 
 def test_min_size_holds_sampling_until_enough_rows_were_inserted(buf: ReplayBuffer) -> None:
-    buf.set_rate_limiter(RateLimiter(min_size=10, timeout=0.05))
+    buf.set_rate_limiter(RateLimiter(min_size=10, timeout_s=0.05))
     buf.store_batch(make_rows(9))
     held = (
         r"min_size holds it: 9 rows count as inserted.*inserted 9, discarded 0, sampled 0 "
@@ -39,7 +39,7 @@ def test_samples_per_insert_is_a_budget_shared_by_every_handle(
     db_url: str, buffer_name: str
 ) -> None:
     with ReplayBuffer(db_url, name=buffer_name) as a, ReplayBuffer(db_url, name=buffer_name) as b:
-        a.set_rate_limiter(RateLimiter(min_size=4, samples_per_insert=2.0, timeout=0.05))
+        a.set_rate_limiter(RateLimiter(min_size=4, samples_per_insert=2.0, timeout_s=0.05))
         a.store_batch(make_rows(10))  # budget 20 samples
         assert len(a.sample(batch_size=8)) == 8
         assert len(b.sample(batch_size=12)) == 12  # another handle spends the same budget
@@ -54,7 +54,7 @@ def test_samples_per_insert_is_a_budget_shared_by_every_handle(
 
 
 def test_a_blocked_sample_waits_for_inserts(buf: ReplayBuffer) -> None:
-    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, timeout=30))
+    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, timeout_s=30))
     buf.store_batch(make_rows(4))
     buf.sample(batch_size=4)
     writer = threading.Timer(0.3, lambda: buf.store_batch(make_rows(8)))
@@ -67,7 +67,7 @@ def test_a_blocked_sample_waits_for_inserts(buf: ReplayBuffer) -> None:
 
 
 def test_short_batches_give_back_what_they_did_not_draw(buf: ReplayBuffer) -> None:
-    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, timeout=0.05))
+    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, timeout_s=0.05))
     for p in range(3):
         buf.store_batch([make_row(f"p{p}", f"c{i}", reward=float(i)) for i in range(2)])
     rows = buf.sample(GroupSampler(group_size=2, seed=0), batch_size=4)  # 4 counted
@@ -79,7 +79,7 @@ def test_short_batches_give_back_what_they_did_not_draw(buf: ReplayBuffer) -> No
 
 def test_claims_count_against_the_budget_too(buf: ReplayBuffer) -> None:
     buf.store_batch(make_rows(12))
-    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=0.5, timeout=0.05))
+    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=0.5, timeout_s=0.05))
     assert len(buf.claim(4, consumer="c")) == 4  # a budget of 6 samples
     with pytest.raises(RateLimitedError):  # 8 claimable, 2 left: a claim of 4 waits, raises
         buf.claim(4, consumer="c")
@@ -102,7 +102,7 @@ def test_a_limit_set_by_another_process_holds_a_claim_made_as_without_one(
     buf.store_batch(make_rows(12))
     assert len(buf.claim(2, consumer="c")) == 2  # no limit seen
     with ReplayBuffer(url, name=name) as other:
-        other.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=0.5, timeout=0.05))
+        other.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=0.5, timeout_s=0.05))
     assert len(buf.claim(4, consumer="c")) == 4  # counted: a budget of 6 samples
     assert buf.rate_limit_stats().sampled == 4  # type: ignore[union-attr]
     with pytest.raises(RateLimitedError):  # 2 left: a claim of 4 waits, raises
@@ -117,7 +117,7 @@ def test_a_limit_set_by_another_process_holds_a_claim_made_as_without_one(
 
 def test_blocked_writers_wait_for_samplers(buf: ReplayBuffer) -> None:
     limiter = RateLimiter(
-        min_size=2, samples_per_insert=1.0, error_buffer=4, block_writers=True, timeout=0.1
+        min_size=2, samples_per_insert=1.0, error_buffer=4, block_writers=True, timeout_s=0.1
     )
     buf.set_rate_limiter(limiter)  # writers may run max_diff = 6 samples ahead
     buf.store_batch(make_rows(6))
@@ -141,7 +141,7 @@ def test_blocked_writers_wait_for_samplers(buf: ReplayBuffer) -> None:
 
 def test_a_blocked_writer_goes_when_a_learner_samples(buf: ReplayBuffer) -> None:
     buf.set_rate_limiter(
-        RateLimiter(1, samples_per_insert=1.0, error_buffer=2, block_writers=True, timeout=30)
+        RateLimiter(1, samples_per_insert=1.0, error_buffer=2, block_writers=True, timeout_s=30)
     )
     buf.store_batch(make_rows(3))
     learner = threading.Timer(0.3, lambda: buf.sample(batch_size=2))
@@ -152,7 +152,7 @@ def test_a_blocked_writer_goes_when_a_learner_samples(buf: ReplayBuffer) -> None
 
 
 def test_the_same_limiter_again_keeps_its_counters(db_url: str, buffer_name: str) -> None:
-    limiter = RateLimiter(min_size=1, samples_per_insert=1.0, timeout=0.05)
+    limiter = RateLimiter(min_size=1, samples_per_insert=1.0, timeout_s=0.05)
     with ReplayBuffer(db_url, name=buffer_name) as first:
         first.store_batch(make_rows(5))  # rows already there count as inserted
         first.set_rate_limiter(limiter)
@@ -161,8 +161,8 @@ def test_the_same_limiter_again_keeps_its_counters(db_url: str, buffer_name: str
         restarted.set_rate_limiter(limiter)  # a restarted trainer sets it again
         with pytest.raises(RateLimitedError):
             restarted.sample(batch_size=1)
-        assert restarted.rate_limiter() == RateLimiter(1, 1.0, 1.0, timeout=0.05)
-        restarted.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=2.0, timeout=0.05))
+        assert restarted.rate_limiter() == RateLimiter(1, 1.0, 1.0, timeout_s=0.05)
+        restarted.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=2.0, timeout_s=0.05))
         assert restarted.rate_limit_stats().sampled == 0  # type: ignore[union-attr]
         assert len(restarted.sample(batch_size=10)) == 10
         restarted.set_rate_limiter(None)
@@ -187,7 +187,7 @@ def test_a_min_size_beyond_the_capacity_is_refused(db_url: str, buffer_name: str
         ({"samples_per_insert": 4.0, "error_buffer": 2.0}, r"error_buffer must be at least .* = 4"),
         ({"error_buffer": 2.0}, "give samples_per_insert too"),
         ({"block_writers": True}, "give samples_per_insert"),
-        ({"timeout": -1}, "timeout"),
+        ({"timeout_s": -1}, "timeout_s"),
     ],
 )
 def test_bad_limits_are_refused(kwargs, match) -> None:
@@ -202,7 +202,7 @@ def test_set_rate_limiter_takes_a_limiter(buf: ReplayBuffer) -> None:
 
 def test_concurrent_samplers_never_exceed_the_budget(db_url: str, buffer_name: str) -> None:
     with ReplayBuffer(db_url, name=buffer_name) as setup:
-        setup.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, timeout=0.2))
+        setup.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, timeout_s=0.2))
     drawn: list[int] = []
     errors: list[BaseException] = []
     done = threading.Event()
@@ -237,12 +237,12 @@ def test_concurrent_samplers_never_exceed_the_budget(db_url: str, buffer_name: s
 
 
 def test_an_empty_limited_buffer_waits_instead_of_raising_empty(buf: ReplayBuffer) -> None:
-    buf.set_rate_limiter(RateLimiter(min_size=2, timeout=0.05))
+    buf.set_rate_limiter(RateLimiter(min_size=2, timeout_s=0.05))
     with pytest.raises(RateLimitedError, match="inserted 0, discarded 0"):
         buf.sample(batch_size=2)
     writer = threading.Timer(0.2, lambda: buf.store_batch(make_rows(2)))
     writer.start()
-    buf.set_rate_limiter(RateLimiter(min_size=2, timeout=30))
+    buf.set_rate_limiter(RateLimiter(min_size=2, timeout_s=30))
     assert len(buf.sample(batch_size=2)) == 2
     writer.join()
 
@@ -265,7 +265,7 @@ def test_a_limit_read_back_is_the_one_set(buf: ReplayBuffer, kwargs) -> None:  #
     an ulp below its floor (found by review: every read of 0.2 x 2 raised
     InvalidArgumentError, and a buffer stayed so until its limit was removed), and setting
     the same limit again must keep the counters."""
-    limiter = RateLimiter(**kwargs, timeout=0.05)
+    limiter = RateLimiter(**kwargs, timeout_s=0.05)
     buf.set_rate_limiter(limiter)
     back = buf.rate_limiter()
     assert back is not None and back.settings() == pytest.approx(limiter.settings())
@@ -273,7 +273,7 @@ def test_a_limit_read_back_is_the_one_set(buf: ReplayBuffer, kwargs) -> None:  #
     buf.sample(batch_size=1)
     stats = buf.rate_limit_stats()
     assert stats is not None and stats.sampled == 1
-    buf.set_rate_limiter(RateLimiter(**kwargs, timeout=0.05))  # the same limit again
+    buf.set_rate_limiter(RateLimiter(**kwargs, timeout_s=0.05))  # the same limit again
     again = buf.rate_limit_stats()
     assert again is not None and (again.inserted, again.sampled) == (20, 1)
     buf.set_rate_limiter(RateLimiter(min_size=1))  # another limit can replace it
@@ -286,7 +286,7 @@ def test_a_claim_counts_no_more_samples_than_rows_it_can_claim(
     held by block_writers pass against samples that never happened while a learner polled
     an empty queue (found by review: 26 rows stored where 11 were allowed)."""
     buf.set_rate_limiter(
-        RateLimiter(1, samples_per_insert=1.0, error_buffer=10, block_writers=True, timeout=0.05)
+        RateLimiter(1, samples_per_insert=1.0, error_buffer=10, block_writers=True, timeout_s=0.05)
     )
     buf.store_batch(make_rows(3))
     limits = buf.sql.rate_limits
@@ -311,14 +311,14 @@ def test_a_refund_goes_only_to_the_limit_its_samples_were_counted_under(
     """A sample that fails after counting gives its count back; when set_rate_limiter set
     another limit (counting afresh) in between, the refund is not taken from the new
     limit's count (found by review: the count went below zero)."""
-    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=4.0, timeout=0.05))
+    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=4.0, timeout_s=0.05))
     buf.store_batch(make_rows(4))
     acquire = buf.storage.acquire_samples
 
     def acquire_then_reset(n, since=None):  # noqa: ANN001, ANN202
         counted = acquire(n, since=since)
         # another process sets a new limit meanwhile
-        buf.set_rate_limiter(RateLimiter(min_size=2, samples_per_insert=4.0, timeout=0.05))
+        buf.set_rate_limiter(RateLimiter(min_size=2, samples_per_insert=4.0, timeout_s=0.05))
         return counted
 
     def fetch_fails(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
@@ -342,7 +342,7 @@ def test_a_claim_released_by_another_thread_gives_its_samples_back(buf: ReplayBu
     threads: the refund looked for the count in the releasing thread's own record)."""
     import threading
 
-    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=0.5, timeout=0.05))
+    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=0.5, timeout_s=0.05))
     buf.store_batch(make_rows(4))
     made: list = []  # type: ignore[type-arg]
     thread = threading.Thread(target=lambda: made.append(buf.claim(2, consumer="l1")))
@@ -363,7 +363,7 @@ def test_rows_written_between_an_empty_choice_and_its_budget_are_drawn(
     on; when a writer stored rows in between, the budget comes at once, without a wait,
     and the sample chooses again instead of raising EmptyBufferError (found by a loaded
     run of test_concurrent_samplers_never_exceed_the_budget)."""
-    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=4.0, timeout=0.05))
+    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=4.0, timeout_s=0.05))
     acquire = buf.storage.acquire_samples
 
     def rows_arrive_first(n, since=None):  # noqa: ANN001, ANN202
@@ -391,7 +391,7 @@ def test_discarded_rows_no_longer_hold_blocked_writers(buf: ReplayBuffer) -> Non
     as inserted-but-unsampled, so writers held by block_writers waited for ever."""
     buf.set_rate_limiter(
         RateLimiter(
-            min_size=8, samples_per_insert=1.0, error_buffer=16, block_writers=True, timeout=0.05
+            min_size=8, samples_per_insert=1.0, error_buffer=16, block_writers=True, timeout_s=0.05
         )
     )  # writers may run max_diff = 24 samples ahead
     buf.store_batch(make_rows(24))
@@ -410,7 +410,7 @@ def test_discarded_rows_no_longer_hold_blocked_writers(buf: ReplayBuffer) -> Non
 
 def test_a_writer_waiting_on_the_limit_goes_when_rows_are_discarded(buf: ReplayBuffer) -> None:
     buf.set_rate_limiter(
-        RateLimiter(1, samples_per_insert=1.0, error_buffer=2, block_writers=True, timeout=30)
+        RateLimiter(1, samples_per_insert=1.0, error_buffer=2, block_writers=True, timeout_s=30)
     )
     buf.store_batch(make_rows(3))
     index = threading.Timer(0.3, lambda: _discard(buf, 2))
@@ -422,7 +422,7 @@ def test_a_writer_waiting_on_the_limit_goes_when_rows_are_discarded(buf: ReplayB
 
 
 def test_discarded_rows_do_not_count_towards_min_size(buf: ReplayBuffer) -> None:
-    buf.set_rate_limiter(RateLimiter(min_size=4, timeout=0.05))
+    buf.set_rate_limiter(RateLimiter(min_size=4, timeout_s=0.05))
     buf.store_batch(make_rows(4))
     _discard(buf, 1)
     with pytest.raises(RateLimitedError, match="min_size holds it: 3 rows count as inserted"):
@@ -434,7 +434,7 @@ def test_discarded_rows_do_not_count_towards_min_size(buf: ReplayBuffer) -> None
 def test_discards_before_a_limit_is_set_are_not_counted_under_it(buf: ReplayBuffer) -> None:
     buf.store_batch(make_rows(4))
     _discard(buf, 4)
-    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, timeout=0.05))
+    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, timeout_s=0.05))
     stats = buf.rate_limit_stats()
     assert stats is not None and (stats.inserted, stats.discarded) == (4, 0)
 
@@ -442,7 +442,7 @@ def test_discards_before_a_limit_is_set_are_not_counted_under_it(buf: ReplayBuff
 def test_stats_say_when_learners_last_sampled_and_actors_last_inserted(
     buf: ReplayBuffer,
 ) -> None:
-    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=2.0, timeout=0.05))
+    buf.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=2.0, timeout_s=0.05))
     stats = buf.rate_limit_stats()
     assert stats is not None and stats.last_sample_at is None and stats.last_insert_at is None
     buf.store_batch(make_rows(4))
@@ -454,8 +454,8 @@ def test_stats_say_when_learners_last_sampled_and_actors_last_inserted(
 
 
 def test_a_queue_limit_bounds_the_rows_waiting_to_be_claimed(buf: ReplayBuffer) -> None:
-    limiter = RateLimiter.queue(8, timeout=0.05)
-    assert limiter == RateLimiter(1, 1.0, 7.0, block_writers=True, timeout=0.05)
+    limiter = RateLimiter.queue(8, timeout_s=0.05)
+    assert limiter == RateLimiter(1, 1.0, 7.0, block_writers=True, timeout_s=0.05)
     buf.set_rate_limiter(limiter)
     assert buf.rate_limiter() == limiter  # read back as set
     buf.store_batch(make_rows(8))
@@ -468,7 +468,7 @@ def test_a_queue_limit_bounds_the_rows_waiting_to_be_claimed(buf: ReplayBuffer) 
     _discard(buf, 2)  # rows that can never be claimed leave the backlog too
     buf.store_batch(make_rows(2))
     assert len(buf) == 13
-    with pytest.raises(InvalidArgumentError, match="max_backlog must be an int >= 2"):
+    with pytest.raises(InvalidArgumentError, match="max_size must be an int >= 2"):
         RateLimiter.queue(1)
 
 
@@ -476,5 +476,5 @@ def test_a_queue_limit_bounds_the_rows_waiting_to_be_claimed(buf: ReplayBuffer) 
 def test_a_limiter_refuses_numbers_beyond_a_float_with_a_typed_error(huge: float) -> None:
     with pytest.raises(InvalidArgumentError, match="samples_per_insert must be a finite number"):
         RateLimiter(samples_per_insert=huge)
-    with pytest.raises(InvalidArgumentError, match="timeout must be a finite number"):
-        RateLimiter(timeout=huge)
+    with pytest.raises(InvalidArgumentError, match="timeout_s must be a finite number"):
+        RateLimiter(timeout_s=huge)

@@ -364,7 +364,7 @@ def test_prompt_actors_store_each_completion_once_when_the_primary_is_killed(
             )
             for i in range(prompts_n)
         ]
-        prompts.store_prompts(rows, n_samples=4)
+        prompts.store_prompts(rows, group_size=4)
     stop = tmp_path / "stop"
     actors = {
         ns: _on(ns, "prompts", url, name, ns, str(stop))

@@ -26,7 +26,7 @@ from expstore import (
     UniformSampler,
 )
 from expstore.integrations.aworld_replay import AWorldSqlStorage
-from expstore.samplers.base import SampleInfo
+from expstore.samplers.loop import SampleInfo
 from tests.helpers import make_row
 from tests.samplers.test_contract import SAMPLERS
 

@@ -431,10 +431,10 @@ def test_a_group_claim_with_wait_waits_for_whole_groups(buf: ReplayBuffer) -> No
     buf.store_batch(group("p0", [0.0, 1.0]))  # 2 of 4 rows
     sampler = GroupSampler(group_size=4)
     with pytest.raises(WaitTimeoutError, match="no whole group of 4 rows"):
-        buf.claim(4, consumer="c", order=sampler, wait=0.3)
+        buf.claim(4, consumer="c", order=sampler, wait_s=0.3)
     completes = threading.Timer(0.2, lambda: buf.store_batch(group("p0", [1.0, 0.0])))
     completes.start()
-    claim = buf.claim(4, consumer="c", order=sampler, wait=10)
+    claim = buf.claim(4, consumer="c", order=sampler, wait_s=10)
     completes.join()
     assert prompts_of(claim.batch) == ["p0"] * 4
 

@@ -203,7 +203,7 @@ def test_all_zero_priorities_with_zero_eps_raise_a_clear_error(buffer: ReplayBuf
 
 @pytest.mark.parametrize("n", [1, 2, 31, 32, 33, 1000, 4097])
 def test_blocked_cdf_search_equals_searchsorted(n: int) -> None:
-    from expstore.samplers.prioritized import _BlockedCdf
+    from expstore.samplers.flat import BlockedCdf as _BlockedCdf
 
     rng = np.random.default_rng(n)
     weights = rng.random(n)

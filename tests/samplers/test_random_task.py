@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from expstore import ReplayBuffer
+from expstore import RateLimiter, ReplayBuffer
 from expstore.query import QueryBuilder
 from expstore.samplers import RandomTaskSample, RandomTaskSampler
 from tests.helpers import make_row
@@ -117,3 +117,22 @@ def test_over_the_key_space_many_tasks_are_counted_and_read_in_chunks(
         assert not chunked.storage.index.entries
     assert [r.id for r in rows] == [r.id for r in expected]
     assert len({r.exp_meta.task_id for r in rows}) == 6 and not buffer.storage.index.entries
+
+
+def test_sample_task_is_counted_by_the_rate_limit_like_sample(buffer: ReplayBuffer) -> None:
+    _store_uneven_tasks(buffer)  # 46 rows: 40 + 5 + 1
+    buffer.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, timeout=0.05))
+    (task_rows,) = buffer.sample_task(RandomTaskSampler(seed=0), batch_size=1)
+    stats = buffer.rate_limit_stats()
+    assert stats is not None and stats.sampled == len(task_rows)  # each row drawn counts
+
+
+def test_sample_task_rows_are_served_by_the_row_cache(buffer: ReplayBuffer) -> None:
+    _store_uneven_tasks(buffer)
+    first = buffer.sample_task(RandomTaskSampler(seed=0), batch_size=3)
+    misses = buffer.cache_stats().misses
+    assert misses == 46  # every row of the three tasks, read once
+    again = buffer.sample_task(RandomTaskSampler(seed=0), batch_size=3)
+    stats = buffer.cache_stats()
+    assert (stats.misses, stats.hits) == (46, 46)  # then served from the cache
+    assert sorted(map(len, again)) == sorted(map(len, first)) == [1, 5, 40]

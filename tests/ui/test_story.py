@@ -331,7 +331,7 @@ def test_prompts_and_their_completions_link_both_ways_through_lineage(
                     exp_data=Experience(messages=[{"role": "user", "content": "2+2?"}]),
                 )
             ],
-            n_samples=2,
+            group_size=2,
         )
         claim = prompts.consumer("actor-0").claim(1)
         made = [

@@ -75,6 +75,7 @@ import json
 import math
 import threading
 import time
+from collections.abc import Sequence
 from hashlib import sha256
 from typing import Any, ClassVar
 
@@ -83,6 +84,7 @@ from pydantic_core import to_jsonable_python
 
 from ...errors import CodecError, QueryError
 from ...model.rows import DataRow, Experience, ExpMeta, trusted_many
+from ...storage.reader import collector_paused
 
 __all__ = [
     "AGENT",
@@ -237,22 +239,51 @@ class ItemLayout:
     # -- rows to items ------------------------------------------------------------------
     def item(self, row: DataRow) -> Any:
         """The item ``row`` holds, of its own class, equal to the one stored."""
-        info = row.exp_data.ext_info[KEY]
-        if info["layout"] == "item":
-            value = _rebuild(info["value"], row.exp_data.state)
-        else:
-            value = self._trajectory_value(row, info)
-        if info["data"] is None:
-            return value
-        assert info["item"] is not None
-        # As it was stored (every field, from a valid Data), without validation: AWorld's
-        # Data declares block_id a str whose default is None, which validation refuses.
-        fields = {**info["data"], "id": info["id"], "value": value}
-        return _trusted(load_type(info["item"]), fields)
+        return self.items([row])[0]
 
-    def _trajectory_value(self, row: DataRow, info: dict[str, Any]) -> Any:
+    def items(self, rows: Sequence[DataRow]) -> list[Any]:
+        """The items ``rows`` hold (:meth:`item` of each), the models of a class made
+        together, with Python's cyclic garbage collector paused (a long trajectory is
+        thousands of small objects)."""
+        infos = [row.exp_data.ext_info[KEY] for row in rows]
+        with collector_paused():
+            values = self._values(rows, infos)
+            # As it was stored (every field, from a valid Data), without validation:
+            # AWorld's Data declares block_id a str whose default is None, which
+            # validation refuses.
+            enveloped: dict[str, list[int]] = {}
+            for at, info in enumerate(infos):
+                if info["data"] is not None:
+                    enveloped.setdefault(info["item"], []).append(at)
+            for path, places in enveloped.items():
+                fields = [
+                    {**infos[i]["data"], "id": infos[i]["id"], "value": values[i]} for i in places
+                ]
+                for at, made in zip(places, _trusted(load_type(path), fields), strict=True):
+                    values[at] = made
+        return values
+
+    def _values(self, rows: Sequence[DataRow], infos: list[dict[str, Any]]) -> list[Any]:
+        """The values the rows hold (a Data's value, or the item itself)."""
+        values: list[Any] = [None] * len(rows)
+        trajectories: list[int] = []
+        for at, (row, info) in enumerate(zip(rows, infos, strict=True)):
+            if info["layout"] == "item":
+                values[at] = _rebuild(info["value"], row.exp_data.state)
+            else:
+                trajectories.append(at)
+        if trajectories:
+            chosen = [rows[i] for i in trajectories]
+            made = self._trajectory_values(chosen, [infos[i] for i in trajectories])
+            for at, value in zip(trajectories, made, strict=True):
+                values[at] = value
+        return values
+
+    def _trajectory_values(
+        self, rows: Sequence[DataRow], infos: Sequence[dict[str, Any]]
+    ) -> list[Any]:
         raise CodecError(
-            f"row {row.id!r} holds an AWorld TrajectoryItem; read it through "
+            f"row {rows[0].id!r} holds an AWorld TrajectoryItem; read it through "
             "ExpstoreTrajectoryStorage (or TrajectoryLayout)"
         )
 
@@ -346,7 +377,43 @@ class TrajectoryLayout(ItemLayout):
             ),
         )
 
-    def _trajectory_value(self, row: DataRow, info: dict[str, Any]) -> Any:
+    def _trajectory_values(
+        self, rows: Sequence[DataRow], infos: Sequence[dict[str, Any]]
+    ) -> list[Any]:
+        items = [self._trajectory_json(row, info) for row, info in zip(rows, infos, strict=True)]
+        out: list[Any] = [None] * len(items)
+        plain = [at for at, info in enumerate(infos) if info["value"] == _TRAJECTORY_ITEM]
+        for at, info in enumerate(infos):
+            if info["value"] != _TRAJECTORY_ITEM:
+                out[at] = _rebuild(info["value"], items[at])
+        if not plain:
+            return out
+        from aworld.dataset import types
+
+        # A TrajectoryItem's fields are all JSON's own types (str, numbers, lists, dicts,
+        # Any): its JSON is its value, every field present, so it is rebuilt without
+        # validating it again (a fraction of the time, for get_data_items of a long task),
+        # each part's models made together.
+        chosen = [items[at] for at in plain]
+        parts = {
+            name: _trusted(cls, [item[name] for item in chosen])
+            for name, cls in (
+                ("meta", types.ExpMeta),
+                ("state", types.TrajectoryState),
+                ("action", types.TrajectoryAction),
+                ("reward", types.TrajectoryReward),
+            )
+        }
+        whole = [
+            {"id": item["id"], **{name: made[i] for name, made in parts.items()}}
+            for i, item in enumerate(chosen)
+        ]
+        for at, made in zip(plain, _trusted(types.TrajectoryItem, whole), strict=True):
+            out[at] = made
+        return out
+
+    def _trajectory_json(self, row: DataRow, info: dict[str, Any]) -> dict[str, Any]:
+        """The TrajectoryItem's JSON (``model_dump(mode="json")``) the row holds."""
         meta_row, data = row.exp_meta, row.exp_data
         meta = {
             "session_id": info["session_id"],
@@ -354,7 +421,7 @@ class TrajectoryLayout(ItemLayout):
             **{name: getattr(meta_row, name) for name in self._META_COLUMNS},
             **info["meta"],
         }
-        item = {
+        return {
             "id": info["item_id"],
             "meta": meta,
             "state": {**data.state, "messages": data.messages},
@@ -370,20 +437,6 @@ class TrajectoryLayout(ItemLayout):
                 "score": data.reward_t,
             },
         }
-        if info["value"] != _TRAJECTORY_ITEM:
-            return _rebuild(info["value"], item)
-        from aworld.dataset import types
-
-        # A TrajectoryItem's fields are all JSON's own types (str, numbers, lists, dicts,
-        # Any): its JSON is its value, every field present, so it is rebuilt without
-        # validating it again (a fraction of the time, for get_data_items of a long task).
-        parts = {
-            "meta": _trusted(types.ExpMeta, item["meta"]),
-            "state": _trusted(types.TrajectoryState, item["state"]),
-            "action": _trusted(types.TrajectoryAction, item["action"]),
-            "reward": _trusted(types.TrajectoryReward, item["reward"]),
-        }
-        return _trusted(types.TrajectoryItem, {"id": item["id"], **parts})
 
     def block_tasks(self, block: str) -> list[str]:
         if block.startswith(self.BLOCK_PREFIX) and len(block) > len(self.BLOCK_PREFIX):
@@ -412,12 +465,25 @@ class TrajectoryLayout(ItemLayout):
 _TRAJECTORY_ITEM = "aworld.dataset.types:TrajectoryItem"
 
 
-def _trusted(cls: type[BaseModel], values: dict[str, Any]) -> Any:
-    """``cls`` holding ``values`` (every field, valid when stored), not validated again;
-    validated if the fields are not exactly ``cls``'s (a row another version wrote)."""
-    if values.keys() != cls.model_fields.keys():
-        return cls.model_validate(values)
-    return trusted_many(cls, [values])[0]
+def _trusted(cls: type[BaseModel], values: list[dict[str, Any]]) -> list[Any]:
+    """``cls`` holding each of ``values`` (every field, valid when stored), not validated
+    again, made together; validated where the fields are not exactly ``cls``'s (a row
+    another version wrote)."""
+    names = _field_names(cls)
+    exact = [at for at, v in enumerate(values) if v.keys() == names]
+    if len(exact) == len(values):
+        return trusted_many(cls, values)
+    out: list[Any] = [None] * len(values)
+    for at, made in zip(exact, trusted_many(cls, [values[at] for at in exact]), strict=True):
+        out[at] = made
+    for at in set(range(len(values))).difference(exact):
+        out[at] = cls.model_validate(values[at])
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def _field_names(cls: type[BaseModel]) -> frozenset[str]:
+    return frozenset(cls.model_fields)
 
 
 def _finite(value: Any) -> float:

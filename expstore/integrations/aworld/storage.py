@@ -207,13 +207,17 @@ class ExpstoreStorage(Storage):  # type: ignore[misc]
         """The items matching ``condition`` (an AWorld condition dict, a ConditionBuilder,
         an expstore Condition; None: every item), found by the database."""
         compiled = compile_condition(condition, self.layout.field_path)
-        rows = await self.buffer.run(_query, compiled)
-        return [self.layout.item(row) for row in rows]
+        # the items rebuilt on the buffer's thread too, not on the event loop
+        items: list[Any] = await self.buffer.run(_items_of, self.layout, _query, compiled)
+        return items
 
     async def get_data_items(self, block_id: str | None = None) -> list[Any]:
         """The items of the block, in the order they were first written."""
-        rows = await self.buffer.run(_block_rows, self.layout, str(block_id))
-        return [self.layout.item(row) for row in rows]
+        block = str(block_id)
+        items: list[Any] = await self.buffer.run(
+            _items_of, self.layout, _block_rows, self.layout, block
+        )
+        return items
 
     async def size(self, condition: Any = None) -> int:
         """How many items match ``condition`` (every item for None)."""
@@ -375,6 +379,13 @@ def _block_rows(buffer: ReplayBuffer, layout: ItemLayout, block: str) -> list[Da
         found = [row for task in tasks for row in by_task.get(task, [])]
         found.sort(key=lambda row: (row.exp_meta.step, row.exp_meta.execute_time))
     return [row for row in found if row.exp_data.ext_info.get(KEY, {}).get("block") == block]
+
+
+def _items_of(
+    buffer: ReplayBuffer, layout: ItemLayout, read: Callable[..., list[DataRow]], *args: Any
+) -> list[Any]:
+    """The items of the rows ``read(buffer, *args)`` gives."""
+    return layout.items(read(buffer, *args))
 
 
 def _delete_block_items(buffer: ReplayBuffer, layout: ItemLayout, block: str) -> int:
