@@ -16,8 +16,8 @@ from expstore import ReplayBuffer, RowValidationError
 from expstore.db.schema import buffers, rows
 from expstore.db.trace import driver_statements
 from tests.arrays.test_stored_once import consistent
-from tests.retention.test_tombstones import tombstone_rows
 from tests.helpers import make_row, make_rows
+from tests.retention.test_tombstones import tombstone_rows
 
 
 def changed_rows(old: list[Any], reward: float) -> list[Any]:
