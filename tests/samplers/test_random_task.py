@@ -121,7 +121,7 @@ def test_over_the_key_space_many_tasks_are_counted_and_read_in_chunks(
 
 def test_sample_task_is_counted_by_the_rate_limit_like_sample(buffer: ReplayBuffer) -> None:
     _store_uneven_tasks(buffer)  # 46 rows: 40 + 5 + 1
-    buffer.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, timeout=0.05))
+    buffer.set_rate_limiter(RateLimiter(min_size=1, samples_per_insert=1.0, timeout_s=0.05))
     (task_rows,) = buffer.sample_task(RandomTaskSampler(seed=0), batch_size=1)
     stats = buffer.rate_limit_stats()
     assert stats is not None and stats.sampled == len(task_rows)  # each row drawn counts
