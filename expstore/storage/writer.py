@@ -306,7 +306,11 @@ def store_together(
     return (None if capacity is None else int(capacity)), policy, [d[2] for d in done]
 
 
-def replace_rows(handle: BufferHandle, rows: Sequence[Any] | RowSource) -> None:
+def replace_rows(
+    handle: BufferHandle,
+    rows: Sequence[Any] | RowSource,
+    replacing: Callable[[Connection], Sequence[str]] | None = None,
+) -> None:
     """Store ``rows``, each replacing the stored row of its id if there is one (an upsert
     by id: rows are immutable, so the old row is removed, as ``delete()`` removes it, with
     its tombstone and what the buffer's features keep of it, and the new one inserted):
@@ -318,7 +322,8 @@ def replace_rows(handle: BufferHandle, rows: Sequence[Any] | RowSource) -> None:
     gone (:func:`expstore.lifecycle.registry.remove_ids`: one statement on Postgres).
     ``rows``: DataRows (checked first, as :func:`store_batch` checks them), or rows a
     dict of columns gave (``column_source``: checked as they were cut, or a
-    :class:`RowSource`)."""
+    :class:`RowSource`). ``replacing(conn)``: the ids of the rows these replace, found in
+    the write's transaction (None: the rows' own ids)."""
     if isinstance(rows, RowSource):
         batch = rows
     elif all(isinstance(row, DataRow) for row in rows):
@@ -334,7 +339,8 @@ def replace_rows(handle: BufferHandle, rows: Sequence[Any] | RowSource) -> None:
                 with handle.errors("replace rows"), handle.write() as conn:
                     state = read_state(handle, conn)
                     removed = Removed(state.newest, deferred=True)
-                    remove_ids(handle, conn, ids, state, removed, len(ids))
+                    doomed = ids if replacing is None else list(replacing(conn))
+                    remove_ids(handle, conn, doomed, state, removed, len(ids))
                     write_in(handle, conn, batch, None, state, removed)
                 return
             except WriteBlocked as blocked:  # rolled back: wait for samplers, then again
