@@ -30,7 +30,6 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from ..db.handle import BufferHandle
 from ..db.schema import buffers, rows
-from ..query import Comparison
 from .hooks import BufferState, RemoveContext, Removed, read_state
 
 __all__ = [
@@ -250,8 +249,10 @@ def remove_ids(
         removed.counted_inserts = inserting
     if not found:
         return 0
-    where = handle.matching(Comparison("id", "in", tuple(ids)))
     doomed = [int(k) for (k,) in found]
+    # exactly the rows going, by the keys just locked (a hook may ask which; built
+    # without the query compiler, which cost a replace of one row 0.4 ms)
+    where = [rows.c.buffer_id == handle.buffer_id, rows.c.key.in_(doomed)]
     gone = remove(handle, conn, where, "delete", None, removed, state, doomed)
     if counting:
         removed.uncounted -= gone  # counted by the statement that locked them
