@@ -43,6 +43,7 @@ import json
 import os
 import socket
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,7 @@ from sqlalchemy import select  # noqa: E402
 
 from ..buffer import ReplayBuffer  # noqa: E402
 from ..codec.format import HEADER_SIZE, intact  # noqa: E402
+from ..db.handle import BufferHandle  # noqa: E402
 from ..db.schema import buffers, rows  # noqa: E402
 from ..storage import writer  # noqa: E402
 from ..storage.column_rows import column_source  # noqa: E402
@@ -168,6 +170,25 @@ def _stack(items: list[Any]) -> Any:
     leaves = [_tensor_leaves(item)[0] for item in items]
     spec = _pytree.tree_flatten(first)[1]
     return _pytree.tree_unflatten([torch.stack(ls) for ls in zip(*leaves, strict=True)], spec)
+
+
+def _slot_rows(
+    handle: BufferHandle, conn: Any, slots: list[int], *columns: Any
+) -> list[Sequence[Any]]:
+    """``columns`` of the rows the storage's ``slots`` hold, by one statement compiled once
+    per handle and columns (the slots are one bound set; not ordered: SQLite would walk
+    the key index)."""
+    dialect = handle.dialect
+
+    def build() -> Any:
+        return select(*columns).where(
+            rows.c.buffer_id == handle.buffer_id,
+            rows.c.task_id == SLOTS,
+            dialect.key_in(rows.c.step),
+        )
+
+    what = ("torchrl slots", *(column.name for column in columns))
+    return handle.statement(what, build).run(conn, keys=dialect.key_set(sorted(set(slots))))
 
 
 def _slots(cursor: Any, max_size: int) -> list[int]:
@@ -300,23 +321,11 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
         if self.policy_version is not None:
             columns["policy_version"] = self.policy_version
         handle = self.buffer.sql.handle
-        dialect = handle.dialect
-
-        def build() -> Any:  # compiled once per handle: the slots are one bound set
-            held = select(rows.c.id).where(
-                rows.c.buffer_id == handle.buffer_id,
-                rows.c.task_id == SLOTS,
-                dialect.key_in(rows.c.step),
-            )
-            return held  # (not ordered: SQLite would walk the key index)
 
         def held(conn: Any) -> list[str]:
             # The rows these slots hold now, replaced in the write's transaction as
             # delete() removes a row (tombstone, counts, the version readers follow).
-            found = handle.statement(("torchrl slot ids",), build).run(
-                conn, keys=dialect.key_set(sorted(set(slots)))
-            )
-            return [str(row_id) for (row_id,) in found]
+            return [str(row_id) for (row_id,) in _slot_rows(handle, conn, slots, rows.c.id)]
 
         # (Random ids: ids made of the slot numbers made reads of the same rows 1.8x slower
         # on SQLite, measured, for reasons of the file's layout.)
@@ -362,19 +371,10 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
         """Each slot's row (key, id, tensor blob), in one statement (OutOfRangeError names
         the slots no row fills)."""
         handle = self.buffer.sql.handle
-        dialect = handle.dialect
         wanted = sorted(set(slots))
-
-        def build() -> Any:  # compiled once per handle: the slots are one bound set
-            return select(rows.c.step, rows.c.key, rows.c.id, rows.c.tensors).where(
-                rows.c.buffer_id == handle.buffer_id,
-                rows.c.task_id == SLOTS,
-                dialect.key_in(rows.c.step),
-            )
-
-        statement = handle.statement(("torchrl slots",), build)
+        wanted_columns = (rows.c.step, rows.c.key, rows.c.id, rows.c.tensors)
         with handle.errors("read slots"), handle.read() as conn:
-            found = statement.run(conn, keys=dialect.key_set(wanted))
+            found = _slot_rows(handle, conn, wanted, *wanted_columns)
         held = {int(step): (int(key), rid, blob) for step, key, rid, blob in found}
         missing = [s for s in wanted if s not in held]
         if missing:
