@@ -169,7 +169,7 @@ def read_retention(handle: BufferHandle) -> RetentionSetting:
         None if capacity is None else int(capacity),
         eviction or "fifo",
         None if stale_after is None else int(stale_after),
-        tombstones.DEFAULT_KEEP if keep is None else int(keep),
+        tombstones.keep_setting(keep),
     )
 
 

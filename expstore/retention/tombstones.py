@@ -49,6 +49,7 @@ __all__ = [
     "REASONS",
     "Tombstone",
     "buried",
+    "keep_setting",
     "kept_tombstones",
     "reasons_of",
     "record",
@@ -59,6 +60,13 @@ __all__ = [
 
 #: Tombstones a buffer keeps unless ``set_retention(..., tombstones=n)`` says otherwise.
 DEFAULT_KEEP = 100_000
+
+
+def keep_setting(stored: Any) -> int:
+    """How many tombstones a buffer keeps, from its ``keep_tombstones`` column (NULL: the
+    default)."""
+    return DEFAULT_KEEP if stored is None else int(stored)
+
 
 #: Why a row left: beyond the capacity, stale (the ``"stale"`` policy), ``delete()``,
 #: ``clear()``.
@@ -99,7 +107,7 @@ def kept_tombstones(conn: Connection, buffer_id: int) -> tuple[int, int]:
     """How many tombstones the buffer keeps, and the ``seq`` of its newest (0: none yet):
     one statement, the buffer's row and one probe of the primary key."""
     keep, last = conn.execute(_KEPT, {"buffer_id": buffer_id}).one()
-    return (DEFAULT_KEEP if keep is None else int(keep)), int(last or 0)
+    return keep_setting(keep), int(last or 0)
 
 
 def _columns(now: Any, reason: Any, policy: Any, seq: Any) -> list[Any]:
@@ -310,7 +318,7 @@ class _TombstonesFeature(RowFeature):
         return [buffers.c.keep_tombstones, newest]
 
     def setting(self, values: Sequence[Any]) -> Any:
-        keep = DEFAULT_KEEP if values[0] is None else int(values[0])
+        keep = keep_setting(values[0])
         return (keep, int(values[1] or 0)) if keep else None
 
     def before_remove(self, ctx: RemoveContext, setting: Any) -> None:
