@@ -743,13 +743,13 @@ class ReplayBuffer:
         if not isinstance(takeover, bool):
             raise UnsupportedTypeError(f"takeover must be True or False, got {takeover!r}")
         sql = self.sql
-        epoch, taken = queue_of(sql.handle).open_consumer(name, takeover=takeover)
+        generation, taken = queue_of(sql.handle).open_consumer(name, takeover=takeover)
         if taken and sql.sampling_limited():
             # Rows the predecessors' claims counted as sampled go back to the queue
             # unconsumed: their samples go back to the rate limit (counted again when
             # claimed again), or a consume-once queue would lose budget at every restart.
             sql.rate_limits.refund(taken, current=True)
-        return Consumer(sql, name, epoch, taken)
+        return Consumer(sql, name, generation, taken)
 
     def checkpoint(self, consumer: str, default: Any = ...) -> Any:
         """The checkpoint ``consumer`` last acked with; ``default`` if it has none (without

@@ -170,7 +170,7 @@ class ClaimFinishedError(ClaimError):
 
 class FencedError(ClaimError):
     """A claim, ack, release, renewal or checkpoint of a consumer's older incarnation (or
-    one without an epoch, of a consumer opened with epochs): refused, nothing changed."""
+    one without an generation, of a consumer opened with generations): refused, nothing changed."""
 
 
 class RowsEvictedError(ClaimError):

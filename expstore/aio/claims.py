@@ -41,7 +41,7 @@ class AsyncClaim:
     """A :class:`~expstore.claims.Claim` whose ``ack``, ``release``, ``renew`` and
     ``save_progress`` (and the database reads ``progress()`` and ``needs()``) are
     coroutines. Its rows and facts are attributes as on the claim: ``batch``, ``ids``,
-    ``keys``, ``claim_id``, ``consumer``, ``epoch``, ``lease_until``, ``state``,
+    ``keys``, ``claim_id``, ``consumer``, ``generation``, ``lease_until``, ``state``,
     ``produced``; ``claim.sync`` is the Claim itself. ``async with claim:`` releases it if
     the block raises before it was acked or released."""
 

@@ -6,7 +6,7 @@
 - :mod:`~expstore.claims.steps`: a learner's training step in one transaction;
   :mod:`~expstore.claims.group_claims`: claiming whole groups (a claim order);
 - :mod:`~expstore.claims.queue`: claims, renewals, releases and acks in SQL;
-- below it, what the queue composes: :mod:`~expstore.claims.epochs` (consumers'
+- below it, what the queue composes: :mod:`~expstore.claims.generations` (consumers'
   incarnations, fencing), :mod:`~expstore.claims.prompts` (targets, progress, admission),
   :mod:`~expstore.claims.ready_groups` (the ready-group index group claims read),
   :mod:`~expstore.claims.reports` (lineage, queue stats) and

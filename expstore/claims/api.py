@@ -30,8 +30,8 @@ commits each training step in one transaction::
             step.set_policy_version(version)
             step.update_priorities(claim.ids, td)
 
-See :class:`Consumer` and :class:`Step`; the epochs are
-:mod:`expstore.claims.epochs`, the step's transaction
+See :class:`Consumer` and :class:`Step`; the generations are
+:mod:`expstore.claims.generations`, the step's transaction
 :mod:`expstore.claims.steps`.
 """
 
@@ -184,7 +184,7 @@ class Claim:
     def generation(self) -> int:
         """The generation of the consumer's incarnation that made the claim (0: a plain
         ``buffer.claim``; see :class:`Consumer`)."""
-        return self._claimed.epoch
+        return self._claimed.generation
 
     @property
     def claimed_at(self) -> float:
@@ -542,7 +542,7 @@ class Consumer:
             wait_s=wait_s,
             max_staleness=max_staleness,
             min_batch_size=min_batch_size,
-            epoch=self.generation,
+            generation=self.generation,
         )
 
     def checkpoint(self, default: Any = ...) -> Any:
@@ -576,7 +576,7 @@ class Step:
     Inside ``with consumer.step() as step:`` collect :meth:`ack` (one or more claims),
     :meth:`checkpoint`, :meth:`set_policy_version` and :meth:`update_priorities`; each is
     checked when given (a bad argument raises there, adding nothing). When the block ends
-    they run in ONE database transaction, with the consumer's epoch checked in it: the
+    they run in ONE database transaction, with the consumer's generation checked in it: the
     acks, the checkpoint (stored with the acked rows, as ``claim.ack(checkpoint=...)``
     does), the policy version with the ``"stale"`` eviction it brings (as
     :meth:`~expstore.ReplayBuffer.set_policy_version`), and the priorities (as
@@ -769,9 +769,9 @@ def claim_rows(
     wait_s: float | None = None,
     max_staleness: int | None = None,
     min_batch_size: int | None = None,
-    epoch: int = 0,
+    generation: int = 0,
 ) -> Claim:
-    """See :meth:`expstore.ReplayBuffer.claim`; ``epoch``: the incarnation claiming (see
+    """See :meth:`expstore.ReplayBuffer.claim`; ``generation``: the incarnation claiming (see
     :class:`Consumer`; 0 for a plain claim)."""
     n = check_int("batch_size", batch_size, minimum=1, maximum=MAX_BATCH)
     consumer = check_consumer(consumer)
@@ -848,7 +848,7 @@ def claim_rows(
                 lease,
                 candidates,
                 groups,
-                epoch,
+                generation,
                 at_least=min_n or 0,
                 unlimited=unlimited,
                 columns=ROW_COLUMNS if builder.paths is None else None,

@@ -19,7 +19,7 @@ Leases are measured by the database's clock, the same for every host.
 
 Every claim, ack, release and renewal first checks, in its own transaction and holding
 the consumer's row, that it comes from the consumer's current incarnation (see
-:mod:`expstore.claims.epochs`: fencing); the consumer's row is always locked
+:mod:`expstore.claims.generations`: fencing); the consumer's row is always locked
 before the claims' entries. On Postgres a FIFO claim, an ack without a checkpoint or
 produced rows and a release are each one statement that commits on its own where no
 feature needs the transaction: the same checks, as a guard the statement reads before it
@@ -95,7 +95,7 @@ from ..lifecycle.registry import buffer_row
 from ..policy_versions import fresh_clause, oldest_fresh
 from ..query import QueryCondition, condition_key
 from ..query.conditions import has_changed
-from .epochs import check_epoch, current_epoch, hold_epoch, next_epoch
+from .generations import check_generation, current_generation, hold_generation, next_generation
 from .lease_retention import AckRetention
 from .prompts import (
     admit,
@@ -144,9 +144,9 @@ class RateLimitFound(Exception):
 
 class Claimed(NamedTuple):
     """What one claim took: its id, its consumer, the rows' keys in claim order, when it
-    was taken and its lease ends (database clock, seconds since the epoch), the epoch
+    was taken and its lease ends (database clock, seconds since the epoch), the generation
     of the consumer's incarnation that took it (0: a plain claim; see
-    :mod:`expstore.claims.epochs`), and the rows as the claim's own statement
+    :mod:`expstore.claims.generations`), and the rows as the claim's own statement
     read them (the ``columns`` asked for, in claim order; None: not read)."""
 
     claim_id: str
@@ -154,7 +154,7 @@ class Claimed(NamedTuple):
     keys: np.ndarray
     claimed_at: float
     lease_until: float
-    epoch: int = 0
+    generation: int = 0
     rows: list[Sequence[Any]] | None = None
 
 
@@ -332,14 +332,14 @@ class ClaimQueue:
         lease_s: float,
         candidates: Callable[[int], np.ndarray] | None = None,
         groups: GroupTaker | None = None,
-        epoch: int = 0,
+        generation: int = 0,
         at_least: int = 0,
         unlimited: bool = False,
         columns: Sequence[Any] | None = None,
     ) -> Claimed:
         """Claim up to ``n`` claimable rows matching the condition: oldest first, or, with
         ``candidates`` (a function giving up to that many keys chosen by a sampler), among
-        the keys it chooses. ``epoch``: the consumer's incarnation claiming (0: a plain
+        the keys it chooses. ``generation``: the consumer's incarnation claiming (0: a plain
         claim), FencedError unless it is the consumer's current one. With ``at_least``, a
         claim that finds fewer rows takes none (its transaction rolled back) and raises
         :class:`ShortClaim`. ``unlimited``: the caller counted nothing against a rate limit,
@@ -363,7 +363,7 @@ class ClaimQueue:
             and unlimited
             and scope.max_staleness is None
         ):
-            fast = self._claim_at_once(n, scope, consumer, lease_s, epoch, claim_id, columns)
+            fast = self._claim_at_once(n, scope, consumer, lease_s, generation, claim_id, columns)
             if fast is not None:
                 return fast
         now = handle.dialect.now()  # evaluated by each statement: no round trip of its own
@@ -375,11 +375,11 @@ class ClaimQueue:
             committed.clear()
             with handle.errors("claim rows"), handle.write() as conn:
                 # One statement: still the handle's buffer, whether it has a rate limit
-                # and an admission bound, and the consumer's epoch (its row held shared).
+                # and an admission bound, and the consumer's generation (its row held shared).
                 limited, current, bounded = self._claim_head(conn, consumer)
                 if unlimited and limited:  # a limit set since the caller looked
                     raise RateLimitFound  # rolls the transaction back
-                check_epoch(handle, conn, consumer, epoch, "claim", current, shared=True)
+                check_generation(handle, conn, consumer, generation, "claim", current, shared=True)
                 entry = {
                     "buffer_id": handle.buffer_id,
                     "claim_id": claim_id,
@@ -417,11 +417,11 @@ class ClaimQueue:
         for then in committed:
             then()
         keys_ = np.asarray(keys, dtype=np.int64)
-        return Claimed(claim_id, consumer, keys_, at, at + lease_s, epoch)
+        return Claimed(claim_id, consumer, keys_, at, at + lease_s, generation)
 
     def _claim_head(self, conn: Connection, consumer: str) -> tuple[bool, Any, bool]:
         """A claim's first statement: checks the buffer's row is still the handle's
-        buffer; returns whether the buffer has a rate limit, the consumer's epoch (None: no
+        buffer; returns whether the buffer has a rate limit, the consumer's generation (None: no
         row yet), its row locked shared until the transaction ends, and whether the buffer
         has an admission bound. Compiled once per handle."""
         handle = self._handle
@@ -432,7 +432,7 @@ class ClaimQueue:
                 buffers.c.name,
                 buffers.c.created_at,
                 limited_flag(buffer_id),
-                current_epoch(handle, shared=True),
+                current_generation(handle, shared=True),
                 has_admission(buffer_id),
             ).where(buffers.c.id == buffer_id)
 
@@ -663,7 +663,7 @@ class ClaimQueue:
         scope: Scope,
         consumer: str,
         lease_s: float,
-        epoch: int,
+        generation: int,
         claim_id: str,
         columns: Sequence[Any],
     ) -> Claimed | None:
@@ -679,7 +679,7 @@ class ClaimQueue:
                 "buffer_id": handle.buffer_id,
                 "name": handle.name,
                 "created_at": handle.created_at,
-                "epoch": epoch,
+                "generation": generation,
             },
         )
         entry = {"claim_id": claim_id, "consumer": consumer}
@@ -702,7 +702,7 @@ class ClaimQueue:
             np.asarray(keys, dtype=np.int64),
             at,
             at + lease_s,
-            epoch,
+            generation,
             [by_key[k] for k in keys],
         )
 
@@ -833,8 +833,8 @@ class ClaimQueue:
         """What a claim that commits on its own (:meth:`_claim_at_once`) checks, as a
         SELECT of one row, ``ok``: the buffer's row is still the handle's (its name and
         ``created_at``, bound as ``name`` and ``created_at``), the buffer has no rate limit
-        and no admission bound, and the consumer bound as ``consumer`` is at the epoch
-        bound as ``epoch`` (its row held shared until the statement ends, as a claim's
+        and no admission bound, and the consumer bound as ``consumer`` is at the generation
+        bound as ``generation`` (its row held shared until the statement ends, as a claim's
         transaction holds it). Where any fails the claim takes nothing: its transaction
         finds out which, and acts on it."""
         handle = self._handle
@@ -848,13 +848,13 @@ class ClaimQueue:
             )
             .exists()
         )
-        epoch = func.coalesce(current_epoch(handle, shared=True), -1)
+        generation = func.coalesce(current_generation(handle, shared=True), -1)
         return select(
             and_(
                 same,
                 limited_flag(buffer_id) == 0,
                 ~has_admission(buffer_id),
-                epoch == bindparam("epoch", type_=Integer),
+                generation == bindparam("generation", type_=Integer),
             ).label("ok")
         )
 
@@ -996,12 +996,12 @@ class ClaimQueue:
                 if retention is not None and self._stale_seen:
                     retention.hold_buffer(conn)  # the buffer's row locked: the ack may evict
                     self._stale_seen = retention.stale
-                    hold_epoch(handle, conn, claim.consumer, claim.epoch, action)
+                    hold_generation(handle, conn, claim.consumer, claim.generation, action)
                     if entries:
                         self._own_entries(conn, claim, action)
                 else:
                     # One statement: still the handle's buffer (and what the ack clears),
-                    # and the consumer's epoch, its row locked (then, with ``entries``,
+                    # and the consumer's generation, its row locked (then, with ``entries``,
                     # the claim's entries). The buffer's row is not locked: an ack that
                     # finds it may evict starts again, locking it first (the lock order:
                     # the buffer's row, then the consumer's).
@@ -1011,7 +1011,9 @@ class ClaimQueue:
                     if retention is not None and retention.stale:
                         self._stale_seen = True
                         raise _StaleFound  # rolled back before anything was written
-                    check_epoch(handle, conn, claim.consumer, claim.epoch, action, current)
+                    check_generation(
+                        handle, conn, claim.consumer, claim.generation, action, current
+                    )
                     if held is not None:
                         self._check_own(conn, claim, action, held)
                     elif entries:  # (SQLite) by a statement of their own
@@ -1033,7 +1035,7 @@ class ClaimQueue:
         """Set ``values`` on every entry of ``claim`` by one statement that commits on its
         own (Postgres; see :meth:`_at_once_statement`), where nothing needs the ack's or
         release's transaction: the buffer's row is still the handle's, the consumer is at
-        the claim's epoch, and every entry is the claim's, none acked; for an ack also
+        the claim's generation, and every entry is the claim's, none acked; for an ack also
         every row still stored, the buffer's eviction not ``"stale"`` and none of the rows
         the first of a ready group (its saved progress goes in the same statement, and the
         rows are counted to the consumer). Returns whether it did; where it did not it
@@ -1054,7 +1056,7 @@ class ClaimQueue:
                     name=handle.name,
                     created_at=handle.created_at,
                     consumer=claim.consumer,
-                    epoch=claim.epoch,
+                    generation=claim.generation,
                     claim_id=claim.claim_id,
                     keys=handle.dialect.key_set(keys),
                     n=len(keys),
@@ -1094,12 +1096,12 @@ class ClaimQueue:
                     .where(dialect.key_in(ready_groups.c.first_key))
                     .exists()
                 )
-            epoch = func.coalesce(current_epoch(handle), -1)
+            generation = func.coalesce(current_generation(handle), -1)
             guard = select(
                 and_(
                     select(buffers.c.id).where(*same).exists(),
                     *checks,
-                    epoch == bindparam("epoch", type_=Integer),
+                    generation == bindparam("generation", type_=Integer),
                 ).label("ok")
             ).cte("guard")
             ok = select(guard.c.ok).scalar_subquery()
@@ -1160,7 +1162,7 @@ class ClaimQueue:
     ) -> tuple[Any, list[_Entry] | None]:
         """The first statement of an ack, release or renewal: checks the buffer's row is
         still the handle's buffer, reads what an ack's ``retention`` needs of it, and
-        returns the consumer's epoch (None: no row yet), its row locked until the
+        returns the consumer's generation (None: no row yet), its row locked until the
         transaction ends. With ``claim_id`` (Postgres), the same statement then locks the
         claim's entries in key order and returns them too (else None). Compiled once per
         handle and shape."""
@@ -1171,7 +1173,7 @@ class ClaimQueue:
         def build() -> Any:
             buffer_id = bindparam("buffer_id", type_=Integer)
             head = select(
-                buffers.c.name, buffers.c.created_at, *extra, current_epoch(handle)
+                buffers.c.name, buffers.c.created_at, *extra, current_generation(handle)
             ).where(buffers.c.id == buffer_id)
             if not with_entries:
                 return head
@@ -1214,7 +1216,7 @@ class ClaimQueue:
     def finish_in(
         self, conn: Connection, claim: Claimed, action: str, values: dict[str, Any]
     ) -> int:
-        """In the caller's transaction (which holds the consumer's row, its epoch checked):
+        """In the caller's transaction (which holds the consumer's row, its generation checked):
         check the claim is the consumer's to ``action``, then set ``values`` on its
         entries; returns how many."""
         return self._finish_entries(conn, claim, action, values, count_acked=False)[0]
@@ -1545,9 +1547,9 @@ class ClaimQueue:
 
         return self._finish(claim, "renew", body)
 
-    # -- consumers and their epochs (expstore.claims.epochs) ------------------------
+    # -- consumers and their generations (expstore.claims.generations) ------------------------
     def open_consumer(self, consumer: str, *, takeover: bool) -> tuple[int, int]:
-        """Open a new incarnation of ``consumer``: ``(its epoch, how many rows it took back)``.
+        """Open a new incarnation of ``consumer``: ``(its generation, how many rows it took back)``.
         With ``takeover`` the claims its predecessors still hold are released in the same
         transaction, so their rows are claimable at once."""
         handle = self._handle
@@ -1555,9 +1557,9 @@ class ClaimQueue:
         def write() -> tuple[int, int]:
             with handle.errors("open a consumer"), handle.write() as conn:
                 buffer_row(handle, conn)  # still the handle's buffer
-                epoch = next_epoch(handle, conn, consumer)
+                generation = next_generation(handle, conn, consumer)
                 taken = self.release_consumer_in(conn, consumer) if takeover else 0
-            return epoch, taken
+            return generation, taken
 
         return retried(write)
 
@@ -1586,9 +1588,9 @@ class ClaimQueue:
 
     def _checkpoint_at_ack(self, claim: Claimed) -> bool:
         """Whether an ack of ``claim`` stores its checkpoint with the statement that acks
-        the entries (Postgres): a consumer's incarnation (epoch above 0) has its row, which
+        the entries (Postgres): a consumer's incarnation (generation above 0) has its row, which
         the ack holds from its first statement, so the checkpoint's number is read from it."""
-        return self._handle.dialect.modifying_ctes and claim.epoch > 0
+        return self._handle.dialect.modifying_ctes and claim.generation > 0
 
     def store_checkpoint(self, conn: Connection, consumer: str, state: str, now: Now) -> int:
         """Store ``state`` (checked JSON text) as ``consumer``'s newest checkpoint in the

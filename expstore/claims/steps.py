@@ -1,7 +1,7 @@
 """One transaction per training step: a learner's acks of one or more claims, its
 checkpoint, the policy version it publishes (with the ``"stale"`` eviction that follows
 it) and the priorities it sets, all committed together or not at all, with the learner's
-epoch checked in the same transaction (see :mod:`expstore.claims.epochs`).
+generation checked in the same transaction (see :mod:`expstore.claims.generations`).
 
 After a crash the learner reads its checkpoint and the buffer's policy version, which
 always agree: either the whole step is there, or nothing of it. Each part is the code the
@@ -12,7 +12,7 @@ connection.
 
 Order inside the transaction, which is also the locking order: the buffer's row (only
 when the step sets a version or priorities, which take it anyway; writers take it first
-too), the consumer's row (the epoch check), the checkpoint, the claims' entries, the
+too), the consumer's row (the generation check), the checkpoint, the claims' entries, the
 version and its eviction, the priorities.
 """
 
@@ -28,7 +28,7 @@ from ..db.schema import buffers
 from ..lifecycle.registry import buffer_row, lock_buffer
 from ..policy_versions import set_version_in
 from ..priorities import Update, update_priorities_in
-from .epochs import hold_epoch
+from .generations import hold_generation
 from .queue import Claimed, ClaimQueue
 
 __all__ = ["StepDone", "StepParts", "commit_step"]
@@ -71,9 +71,9 @@ def _reached(part: str) -> None:
         after_part(part)
 
 
-def commit_step(queue: ClaimQueue, consumer: str, epoch: int, parts: StepParts) -> StepDone:
-    """Write ``parts`` for ``consumer``'s incarnation ``epoch`` in one transaction:
-    FencedError (nothing written) unless it is the consumer's current epoch, and any other
+def commit_step(queue: ClaimQueue, consumer: str, generation: int, parts: StepParts) -> StepDone:
+    """Write ``parts`` for ``consumer``'s incarnation ``generation`` in one transaction:
+    FencedError (nothing written) unless it is the consumer's current generation, and any other
     part's error (a claim whose lease ran out and was claimed again, a version going
     backwards) rolls back every part."""
     handle = queue.handle
@@ -87,7 +87,7 @@ def commit_step(queue: ClaimQueue, consumer: str, epoch: int, parts: StepParts) 
             (policy,) = buffer_row(handle, conn, buffers.c.eviction)
             if parts.version is not None or parts.ids or (parts.claims and policy == "stale"):
                 lock_buffer(handle, conn, buffers.c.id)
-            hold_epoch(handle, conn, consumer, epoch, "training step")
+            hold_generation(handle, conn, consumer, generation, "training step")
             _reached("fenced")
             seq = None
             if parts.checkpoint is not None:

@@ -333,17 +333,17 @@ checkpoints = Table(
 
 #: One row per consumer of a buffer: its last checkpoint's number, locked by each ack with
 #: a checkpoint, so two acks of one consumer number their checkpoints in turn (acks of
-#: different consumers never wait on each other); and its ``epoch``, the incarnation
+#: different consumers never wait on each other); and its ``generation``, the incarnation
 #: ``buffer.consumer(name)`` opened last (0: never opened that way), which every claim,
 #: ack, release and renewal checks holding this row (see
-#: :mod:`expstore.claims.epochs`).
+#: :mod:`expstore.claims.generations`).
 consumers = Table(
     "expstore_consumers",
     metadata,
     Column("buffer_id", Integer, primary_key=True),  # no foreign key: see consumption
     Column("consumer", String(255), primary_key=True),
     Column("last_seq", BigInteger, nullable=False, server_default="0"),
-    Column("epoch", BigInteger, nullable=False, server_default="0"),
+    Column("generation", BigInteger, nullable=False, server_default="0"),
     # Rows the consumer ever acked (counted by each ack, which holds this row already): a
     # prompt queue's admission counts what the learners consumed by it.
     Column("acked", BigInteger, nullable=False, server_default="0"),

@@ -3,7 +3,7 @@
 - ``expstore_consumers.epoch``: the consumer's current incarnation, bumped by each
   ``buffer.consumer(name)``; 0 for a consumer never opened that way (its plain claims go
   on as before). Claims, acks, releases, renewals and checkpoints carrying another epoch
-  are refused (see :mod:`expstore.claims.epochs`).
+  are refused (now :mod:`expstore.claims.generations`; the column is ``generation`` since 0020).
 
 Plain ``ALTER TABLE ... ADD COLUMN`` on both backends (never a table copy).
 

@@ -163,12 +163,12 @@ def test_completions_beyond_a_target_roll_the_whole_ack_back(
         assert {p.produced_by.prompt_id for p in produced.values()} == {pid}
 
 
-def test_a_claim_reads_the_buffer_the_epoch_and_the_bounds_in_one_statement(
+def test_a_claim_reads_the_buffer_the_generation_and_the_bounds_in_one_statement(
     db_url: str, prompts: ReplayBuffer
 ) -> None:
-    """No statement of its own for the consumer's epoch, the rate limit or the admission
+    """No statement of its own for the consumer's generation, the rate limit or the admission
     bound (a buffer without one reads none of its settings); the same for an ack's
-    epoch."""
+    generation."""
     me = prompts.consumer("actor-0")
     seen = counted(prompts, lambda: me.claim(1).ack())
     # SQLite: each call's first statement; Postgres: each call is one statement, whose
@@ -176,7 +176,7 @@ def test_a_claim_reads_the_buffer_the_epoch_and_the_bounds_in_one_statement(
     head = "SELECT expstore_buffers.name" if db_url.startswith("sqlite") else "WITH guard AS"
     firsts = [s for s in seen if s.startswith(head)]
     assert len(firsts) == 2  # the claim's first statement, the ack's
-    assert all("expstore_consumers.epoch" in s for s in firsts)
+    assert all("expstore_consumers.generation" in s for s in firsts)
     assert "expstore_admission" in firsts[0] and "expstore_rate_limits" in firsts[0]
     alone = [s for s in seen if s.startswith(("SELECT expstore_consumers", "SELECT (SELECT"))]
     assert alone == []

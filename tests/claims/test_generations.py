@@ -1,4 +1,4 @@
-"""Consumers with epochs (fencing), on SQLite and Postgres: after a new incarnation of a
+"""Consumers with generations (fencing), on SQLite and Postgres: after a new incarnation of a
 consumer opens, nothing an older one sends (claims, acks, releases, renewals, steps)
 changes anything; takeover=True frees the predecessor's leases at once."""
 
@@ -18,7 +18,7 @@ from expstore import (
     ReplayBuffer,
     UnsupportedTypeError,
 )
-from expstore.claims.epochs import next_epoch
+from expstore.claims.generations import next_generation
 from expstore.errors import ClaimError
 from tests.helpers import make_row, make_rows
 
@@ -27,7 +27,7 @@ def steps_of(claim) -> list[int]:
     return [row.exp_data.state["i"] for row in claim.batch]
 
 
-def test_opening_a_consumer_takes_the_next_epoch_per_name(buf: ReplayBuffer) -> None:
+def test_opening_a_consumer_takes_the_next_generation_per_name(buf: ReplayBuffer) -> None:
     assert [buf.consumer("a").generation for _ in range(3)] == [1, 2, 3]
     b = buf.consumer("b")
     assert (b.name, b.generation, b.taken_back) == ("b", 1, 0)
@@ -116,7 +116,7 @@ def test_takeover_gives_back_whole_groups_at_once(buf: ReplayBuffer) -> None:
 def test_plain_claims_work_until_the_name_is_opened_then_are_fenced(buf: ReplayBuffer) -> None:
     buf.store_batch(make_rows(20))
     plain = buf.claim(2, consumer="learner")
-    plain.ack(checkpoint={"step": 1})  # as always, without epochs
+    plain.ack(checkpoint={"step": 1})  # as always, without generations
     late = buf.claim(2, consumer="learner")
     learner = buf.consumer("learner")
     with pytest.raises(FencedError, match="without a generation"):
@@ -164,17 +164,17 @@ def test_a_database_made_anew_fences_an_incarnation_from_before(tmp_path) -> Non
         learner = buffer.consumer("learner")
         handle = buffer.sql.handle
         with handle.write() as conn:  # as a restore from before the consumer opened
-            conn.execute(text("UPDATE expstore_consumers SET epoch = 0"))
+            conn.execute(text("UPDATE expstore_consumers SET generation = 0"))
         with pytest.raises(FencedError, match="made anew or restored"):
             learner.claim(1)
 
 
 @pytest.mark.parametrize("action", ["ack", "claim"])
-def test_a_new_epoch_committing_meanwhile_is_waited_for_then_fences(
+def test_a_new_generation_committing_meanwhile_is_waited_for_then_fences(
     pg_url: str, buffer_name: str, action: str
 ) -> None:
     """Postgres: the check holds the consumer's row, so an old incarnation's write that
-    comes while a new epoch is being opened waits for it, and is then refused (never
+    comes while a new generation is being opened waits for it, and is then refused (never
     lands in between)."""
     with ReplayBuffer(pg_url, name=buffer_name) as buffer:
         buffer.store_batch(make_rows(10))
@@ -185,7 +185,7 @@ def test_a_new_epoch_committing_meanwhile_is_waited_for_then_fences(
         try:
             with engine.connect() as opening:
                 with opening.begin():
-                    next_epoch(handle, opening, "learner")  # not committed yet
+                    next_generation(handle, opening, "learner")  # not committed yet
                     outcome: list[BaseException | None] = []
 
                     def late() -> None:
