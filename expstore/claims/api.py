@@ -68,7 +68,6 @@ from ..errors import (
     AdmissionTimeoutError,
     ClaimFinishedError,
     ClaimOwnerError,
-    EmptyBufferError,
     FencedError,
     InvalidArgumentError,
     StorageError,
@@ -79,12 +78,9 @@ from ..errors import (
 from ..limits.counters import WriteBlocked
 from ..model.rows import DataRow
 from ..policy_versions import check_version
-from ..query import And, QueryCondition, as_condition
-from ..samplers.base import KeySampler
+from ..query import QueryCondition
 from ..samplers.group import GroupSampler
 from ..samplers.loop import SampleInfo
-from ..samplers.uniform import UniformSampler
-from ..storage.base import Storage
 from ..storage.reader import ROW_COLUMNS
 from ..storage.sql import SqlStorage
 from ..storage.writer import (
@@ -95,7 +91,8 @@ from ..storage.writer import (
     store_rows,
     write_in,
 )
-from .group_claims import claim_counts, claim_taker, claimable_groups
+from .group_claims import claim_counts
+from .orders import claim_order
 from .prompts import (
     MAX_TARGET,
     AdmissionBlocked,
@@ -262,12 +259,9 @@ class Claim:
         target = None if produce is None and into is None else self._target(produce, into)
         plan = None if produce is None else self._plan(produce)
         dedup = check_dedup(dedup)
-        reports: list[StoreReport] = []
-        short: list[int] = []
-
         prompt_ids = self._id_of() if plan is not None else {}
 
-        def write(conn: Connection) -> Mapping[int, int] | None:
+        def write(conn: Connection) -> tuple[Mapping[int, int] | None, StoreReport]:
             assert target is not None and plan is not None
             rows, made, by_prompt = plan
             here = self._queue.handle
@@ -278,12 +272,11 @@ class Claim:
                     "produce={row_id: [rows]}. Nothing was stored or acked"
                 )
             if not rows:  # every generation failed: nothing to store, the prompts short
-                reports.append(StoreReport(0, 0, 0, 0, 0))
-                return made
+                return made, StoreReport(0, 0, 0, 0, 0)
             # Without a dedup every row is stored or the ack fails on its id: every row
             # of these ids is this write's. With one, the rows above the largest key now.
             above = 0 if dedup is None else largest_key(target.handle, conn)
-            reports.append(write_in(target.handle, conn, as_source(rows), dedup)[2])
+            report = write_in(target.handle, conn, as_source(rows), dedup)[2]
             stored = record_produced(
                 target.handle,
                 conn,
@@ -295,11 +288,10 @@ class Claim:
                 above,
             )
             # What the write stored counts (a dedup may have left some out).
-            return None if made is None else {k: stored.get(k, 0) for k in made}
+            return None if made is None else {k: stored.get(k, 0) for k in made}, report
 
         waiting = RATE_LIMIT_WAIT.start()
         while True:
-            reports.clear()
             try:
                 done = self._queue.ack(
                     claimed,
@@ -307,7 +299,6 @@ class Claim:
                     with_checkpoint=with_checkpoint,
                     allow_evicted=allowed,
                     produce=None if target is None else write,
-                    short=short,
                 )
                 break
             except WriteBlocked as blocked:  # rolled back: wait for the learners, then again
@@ -322,14 +313,14 @@ class Claim:
                 raise duplicate from exc
         self.state = "acked"
         ids = self._id_of()
-        self.unfinished = [ids.get(k, str(k)) for k in short]
-        if short and self._refund is not None:
-            self._refund(len(short))  # back in the queue unconsumed
-        if target is not None and reports:
-            self._produced = reports[-1]
+        self.unfinished = [ids.get(k, str(k)) for k in done.short]
+        if done.short and self._refund is not None:
+            self._refund(len(done.short))  # back in the queue unconsumed
+        if target is not None and done.produced is not None:
+            self._produced = done.produced
             there = target.handle
-            there.dialect.wrote(there.connections.engine, there.buffer_id, reports[-1].stored)
-        return done
+            there.dialect.wrote(there.connections.engine, there.buffer_id, done.produced.stored)
+        return done.acked
 
     def _plan(
         self, produce: Sequence[DataRow] | Mapping[str, Sequence[DataRow]]
@@ -716,47 +707,6 @@ class Step:
         )
 
 
-def _candidates(
-    storage: Storage, order: Any, query_condition: QueryCondition
-) -> Callable[[int], np.ndarray] | None:
-    if order == "oldest":
-        return None
-    if order == "random":
-        order = UniformSampler()
-    if not isinstance(order, KeySampler):
-        raise UnsupportedTypeError(
-            'order must be "oldest", "random" or a sampler that chooses keys (UniformSampler, '
-            f"PrioritizedSampler, ...), got {order!r}"
-        )
-    sampler = order
-
-    def draw(m: int) -> np.ndarray:
-        for _ in range(2):  # again if the choice found the database made anew
-            try:
-                keys = sampler.choose(storage, m, query_condition).keys
-            except EmptyBufferError:
-                keys = np.empty(0, dtype=np.int64)
-            if not sampler.on_buffer(storage):
-                break
-        return keys
-
-    return draw
-
-
-def _sampler_scope(order: KeySampler, query_condition: QueryCondition, scope: Scope) -> Scope:
-    """The scope of a claim ordered by ``order``: the claim's, narrowed to the rows the
-    sampler can draw (its :meth:`~expstore.KeySampler.drawable` condition, and the tighter
-    of the claim's and the sampler's ``max_staleness``), so that no row it returns, nor
-    any it counts as claimable, is one the sampler would not draw."""
-    tightest = [k for k in (scope.max_staleness, order.max_staleness) if k is not None]
-    own = order.drawable()
-    condition: QueryCondition = query_condition
-    if own is not None:
-        mine = as_condition(query_condition)
-        condition = own if mine is None else And((mine, own))
-    return Scope(condition, min(tightest) if tightest else None)
-
-
 def claim_rows(
     sql: SqlStorage,
     batch_size: int,
@@ -784,100 +734,73 @@ def claim_rows(
             "give wait_s= too (the most seconds to wait), or leave min_batch_size out to "
             "take what there is now"
         )
-    scope = Scope(query_condition, check_staleness(max_staleness))
     queue = queue_of(sql.handle)
     builder = as_converter(DefaultConverter() if converter is None else converter)
-    if isinstance(order, KeySampler):
-        order.on_buffer(sql)
-    if isinstance(order, GroupSampler):
-        if n % order.group_size or (min_n is not None and min_n % order.group_size):
-            raise InvalidArgumentError(
-                f"a claim of whole groups of {order.group_size} rows takes a batch_size (and a "
-                f"min_batch_size) that is a multiple of {order.group_size}; got "
-                f"batch_size={n}" + ("" if min_n is None else f", min_batch_size={min_n}")
-            )
-        candidates, groups = None, claim_taker(order, sql, query_condition, scope.max_staleness)
-    else:
-        if isinstance(order, KeySampler):
-            scope = _sampler_scope(order, query_condition, scope)
-        candidates, groups = _candidates(sql, order, query_condition), None
-    if isinstance(order, GroupSampler):  # whole groups, not rows, must be claimable
-        size = order.group_size
-
-        def claimable(upto: int) -> int:
-            groups_now = claimable_groups(
-                order, sql, query_condition, scope.max_staleness, -(-upto // size)
-            )
-            return groups_now * size
-
-        what = f"whole group of {size} rows"
-    else:
-
-        def claimable(upto: int) -> int:
-            return queue.count(scope, upto, claimable=True)
-
-        what = "row"
+    strategy = claim_order(
+        order, sql, query_condition, Scope(query_condition, check_staleness(max_staleness))
+    )
+    strategy.check(n, min_n)
+    claimable, what = strategy.claimable, strategy.what
     need = n if min_n is None else min_n
     waiting = CLAIM_POLL.start(wait_s) if wait_s is not None else None
     admission: Waiting | None = waiting  # a prompt queue's admission: waited for within wait
     while True:
         if waiting is not None:
             _wait_for_claimable(sql, claimable, need, min_n, waiting, wait_s, what)
-        want, counted = n, 0
-        # A buffer last seen without a rate limit is claimed from at once: the claim's
-        # own transaction checks there still is none (no round trip of its own).
-        unlimited = not sql.rate_limits.maybe_limited()
-        if not unlimited:
-            # Counted against the rate limit before the claim, so only as many rows as are
-            # claimable now: a learner polling an empty queue must not count samples that a
-            # writer held by block_writers could pass against. With min_n, as many as the
-            # budget allows down to min_n; with wait, waiting no longer than the claim's own.
-            want = min(n, claimable(n))
-            if want:
-                unit = order.group_size if isinstance(order, GroupSampler) else 1
-                remaining = None if waiting is None else waiting.remaining()
-                left = None if remaining is None else max(remaining, 0.0)
-                least = None if min_n is None else min(min_n, want)
-                counted = sql.rate_limits.acquire(want, at_least=least, unit=unit, timeout=left)
-                want = counted or want
-        try:
-            claimed = queue.claim(
-                want,
-                scope,
-                consumer,
-                lease,
-                candidates,
-                groups,
-                generation,
-                at_least=min_n or 0,
-                unlimited=unlimited,
-                columns=ROW_COLUMNS if builder.paths is None else None,
-            )
-        except RateLimitFound:  # set since this handle last looked: count, then claim
-            sql.rate_limits.observe(True)
-            continue
-        except AdmissionBlocked as blocked:
-            sql.refund_samples(counted)
-            state: AdmissionState = blocked.args[0]
-            if admission is None:  # no wait_s= given: the queue's own timeout
-                admission = CLAIM_POLL.start(state.timeout_s)
-            if not admission.sleep():
-                raise _held_back(sql, state, admission.timeout_s) from None
-            continue
-        except ShortClaim as short:
-            # Other claimers took rows between the count and the claim; nothing was taken:
-            # wait for min_n again, within the same deadline.
-            sql.refund_samples(counted)
-            assert waiting is not None  # min_n goes with wait
-            if not waiting.sleep():
-                raise _timed_out(sql, min_n, int(short.args[0]), wait_s, what) from None
-            continue
-        except BaseException:
-            sql.refund_samples(counted)
-            raise
+        want = n
+        # Samples counted for this attempt; an attempt that takes nothing gives them back.
+        held = sql.rate_limits.reserve()
+        with held:
+            # A buffer last seen without a rate limit is claimed from at once: the claim's
+            # own transaction checks there still is none (no round trip of its own).
+            unlimited = not sql.rate_limits.maybe_limited()
+            if not unlimited:
+                # Counted against the rate limit before the claim, so only as many rows as
+                # are claimable now: a learner polling an empty queue must not count samples
+                # that a writer held by block_writers could pass against. With min_n, as
+                # many as the budget allows down to min_n; with wait, waiting no longer than
+                # the claim's own.
+                want = min(n, claimable(n))
+                if want:
+                    remaining = None if waiting is None else waiting.remaining()
+                    left = None if remaining is None else max(remaining, 0.0)
+                    least = None if min_n is None else min(min_n, want)
+                    held.add(want, at_least=least, unit=strategy.unit, timeout=left)
+                    want = held.counted or want
+            try:
+                claimed = queue.claim(
+                    want,
+                    strategy.scope,
+                    consumer,
+                    lease,
+                    strategy.candidates,
+                    strategy.groups,
+                    generation,
+                    at_least=min_n or 0,
+                    unlimited=unlimited,
+                    columns=ROW_COLUMNS if builder.paths is None else None,
+                )
+            except RateLimitFound:  # set since this handle last looked: count, then claim
+                sql.rate_limits.observe(True)
+                continue
+            except AdmissionBlocked as blocked:
+                state: AdmissionState = blocked.args[0]
+                if admission is None:  # no wait_s= given: the queue's own timeout
+                    admission = CLAIM_POLL.start(state.timeout_s)
+                if not admission.sleep():
+                    raise _held_back(sql, state, admission.timeout_s) from None
+                continue
+            except ShortClaim as short:
+                # Other claimers took rows between the count and the claim; nothing was
+                # taken: wait for min_n again, within the same deadline.
+                assert waiting is not None  # min_n goes with wait
+                if not waiting.sleep():
+                    raise _timed_out(sql, min_n, int(short.args[0]), wait_s, what) from None
+                continue
+            held.use(len(claimed.keys))
         break
-    if counted:
-        sql.refund_samples(counted - len(claimed.keys))
+    # Gives the claim's samples back if its rows return to the queue unconsumed.
+    refund = held.later()
     try:
         if claimed.rows is not None:  # read by the claim's own statement
             fetched = sql.fetch_read(claimed.keys, claimed.rows)
@@ -888,9 +811,8 @@ def claim_rows(
     except BaseException as exc:
         # The caller never gets this claim: its rows go back to the queue now, and their
         # samples back to the rate limit, instead of waiting out the lease.
-        _give_back(sql, queue, claimed, len(claimed.keys) if counted else 0, exc)
+        _give_back(queue, claimed, refund, exc)
         raise
-    refund = sql.rate_limits.refund_later() if counted else None
     # The claim keeps its keys, not the rows its statement read.
     return Claim(queue, claimed._replace(rows=None), list(fetched.ids), batch, refund, sql)
 
@@ -911,13 +833,18 @@ def count_ready_groups(
 
 
 def _give_back(
-    sql: SqlStorage, queue: ClaimQueue, claimed: Claimed, counted: int, exc: BaseException
+    queue: ClaimQueue,
+    claimed: Claimed,
+    refund: Callable[[int], None] | None,
+    exc: BaseException,
 ) -> None:
     """Release a claim its caller never got (fetching or converting its rows raised
-    ``exc``) and refund its ``counted`` samples; if that fails too, ``exc`` says so."""
+    ``exc``) and ``refund`` its samples (None: none counted); if that fails too, ``exc``
+    says so."""
     try:
         queue.release(claimed)
-        sql.refund_samples(counted)
+        if refund is not None:
+            refund(len(claimed.keys))
     except Exception as failed:  # the first error is the one to raise
         exc.add_note(
             f"The claim's {len(claimed.keys)} rows could not be released ({failed}); they "

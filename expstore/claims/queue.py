@@ -110,6 +110,7 @@ from .ready_groups import forget_consumed
 from .reports import Lineage, QueueStats, checkpoint_value, queue_stats, row_lineage
 
 __all__ = [
+    "Acked",
     "ClaimQueue",
     "Claimed",
     "GroupTaker",
@@ -140,6 +141,16 @@ class _StaleFound(Exception):
 class RateLimitFound(Exception):
     """Internal: a claim made as for a buffer without a rate limit found one (rolled back,
     nothing taken): count against it first, then claim again."""
+
+
+class Acked(NamedTuple):
+    """What an ack did: how many rows it acked, the keys of the prompts it released again
+    (short of their completion targets), and what its ``produce`` returned besides the
+    completions (None: no produce)."""
+
+    acked: int
+    short: list[int]
+    produced: Any
 
 
 class Claimed(NamedTuple):
@@ -367,12 +378,12 @@ class ClaimQueue:
             if fast is not None:
                 return fast
         now = handle.dialect.now()  # evaluated by each statement: no round trip of its own
-        floors: dict[str, _Floor] = {}  # the FIFO floor this claim moves, once committed
-        committed: list[Callable[[], None]] = []  # what a group taker does then
 
-        def write() -> tuple[list[int], float]:
-            floors.clear()
-            committed.clear()
+        def write() -> tuple[list[int], float, dict[str, _Floor], list[Callable[[], None]]]:
+            """One attempt: the keys, when, the FIFO floor the claim moves once committed
+            and what a group taker does then."""
+            floors: dict[str, _Floor] = {}
+            committed: list[Callable[[], None]] = []
             with handle.errors("claim rows"), handle.write() as conn:
                 # One statement: still the handle's buffer, whether it has a rate limit
                 # and an admission bound, and the consumer's generation (its row held shared).
@@ -409,10 +420,10 @@ class ClaimQueue:
                 if len(keys) < at_least:
                     raise ShortClaim(len(keys))  # rolls the transaction back
                 at = stamps[0] if stamps else float(conn.execute(select(now)).scalar_one())
-            return keys, at
+            return keys, at, floors, committed
 
         # A deadlock with an ack or another claim (Postgres) rolls it back: claim again.
-        keys, at = retried(write)
+        keys, at, floors, committed = retried(write)
         self._floors.update(floors)
         for then in committed:
             then()
@@ -1401,16 +1412,16 @@ class ClaimQueue:
         checkpoint_seq: int | None = None,
         retention: AckRetention | None = None,
         made: Mapping[int, int] | None = None,
-        short: list[int] | None = None,
         checkpoint_state: str | None = None,
-    ) -> int:
+    ) -> tuple[int, list[int]]:
         """Mark the claim's rows consumed in the caller's transaction (see
         :meth:`finish_in`), with the number of the checkpoint stored with them; returns how
-        many rows were acked. Rows evicted or deleted meanwhile raise RowsEvictedError
+        many rows were acked and the keys of the prompts released again (see ``made``).
+        Rows evicted or deleted meanwhile raise RowsEvictedError
         (see :mod:`expstore.claims.lease_retention`; ``retention`` holds what this ack
         allows, its buffer lock taken already). ``made``: the completions the ack stored,
         by prompt key: prompts still short of their completion target are released
-        instead (their keys appended to ``short``; see
+        instead (their keys returned; see
         :mod:`expstore.claims.prompts`). ``checkpoint_state`` (where
         :meth:`_checkpoint_at_ack`): the consumer's new checkpoint, stored and numbered by
         the statement that acks the entries, in place of ``checkpoint_seq``."""
@@ -1453,8 +1464,6 @@ class ClaimQueue:
                 .values(acked_at=None, checkpoint_seq=None, **_RELEASED),
                 {"keys": dialect.key_set(again)},
             )
-            if short is not None:
-                short.extend(again)
         acked = present - len(again)
         # Counted for a prompt queue's admission (the consumer's row is held): by the
         # statement that acked (all its entries: those released again come off here).
@@ -1478,7 +1487,7 @@ class ClaimQueue:
         if retention.grouped:
             consumed = [k for k in claim.keys.tolist() if k not in again]
             forget_consumed(self._handle, conn, consumed)
-        return acked
+        return acked, again
 
     def retention(self, claim: Claimed, *, allow_evicted: bool) -> AckRetention:
         """The retention side of an ack of ``claim``."""
@@ -1491,40 +1500,42 @@ class ClaimQueue:
         *,
         with_checkpoint: bool,
         allow_evicted: bool = False,
-        produce: Callable[[Connection], Mapping[int, int] | None] | None = None,
-        short: list[int] | None = None,
-    ) -> int:
+        produce: Callable[[Connection], tuple[Mapping[int, int] | None, Any]] | None = None,
+    ) -> Acked:
         """Mark the claim's rows consumed, storing ``checkpoint`` for its consumer in the
-        same transaction; returns how many rows were acked. Rows evicted or deleted
+        same transaction (see :class:`Acked` for what it returns). Rows evicted or deleted
         meanwhile raise RowsEvictedError and change nothing, unless ``allow_evicted``
         (then the rows left are acked and counted); see
         :mod:`expstore.claims.lease_retention`. ``produce(conn)``: writes the claim's
         output (rows into another buffer of the database) in the ack's transaction and
-        returns how many rows it stored per prompt key (None: the claim did not say);
-        prompts left short of their completion targets are released, their keys appended
-        to ``short``."""
+        returns how many rows it stored per prompt key (None: the claim did not say) and
+        a report of its own; prompts left short of their completion targets are released.
+        A transaction retried runs ``produce`` again: what is returned is the committed
+        attempt's."""
         state = check_checkpoint(checkpoint) if with_checkpoint else None
         now = self._handle.dialect.now()
         if produce is None and state is None and not self._stale_seen:
             done = {"acked_at": now, "lease_until": None}
             if self._finish_at_once(claim, "ack", done, acking=True):
-                if short is not None:
-                    short.clear()
-                return len(claim.keys)
+                return Acked(len(claim.keys), [], None)
 
-        def body(conn: Connection) -> int:
-            made = None
+        def body(conn: Connection) -> Acked:
+            made, report = None, None
             if produce is not None:  # what the claim's work made, in the same commit
                 # (its entries checked already: see _finish's entries)
-                made = produce(conn)
-            if short is not None:
-                short.clear()
+                made, report = produce(conn)
             if state is not None and produce is None and self._checkpoint_at_ack(claim):
                 # Stored by the statement that acks the entries (the consumer's row, held
                 # since the transaction's first statement, is written once).
-                return self.ack_in(conn, claim, now, None, retention, None, short, state)
-            seq = None if state is None else self.store_checkpoint(conn, claim.consumer, state, now)
-            return self.ack_in(conn, claim, now, seq, retention, made, short)
+                acked, short = self.ack_in(conn, claim, now, None, retention, None, state)
+            else:
+                seq = (
+                    None
+                    if state is None
+                    else self.store_checkpoint(conn, claim.consumer, state, now)
+                )
+                acked, short = self.ack_in(conn, claim, now, seq, retention, made)
+            return Acked(acked, short, report)
 
         retention = self.retention(claim, allow_evicted=allow_evicted)
         return self._finish(claim, "ack", body, retention, entries=produce is not None)

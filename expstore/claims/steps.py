@@ -98,7 +98,7 @@ def commit_step(queue: ClaimQueue, consumer: str, generation: int, parts: StepPa
                 allowed = i < len(parts.allow_evicted) and parts.allow_evicted[i]
                 retention = queue.retention(claim, allow_evicted=allowed)
                 retention.hold_buffer(conn)  # locked above already if it may evict
-                acked += queue.ack_in(conn, claim, now, seq, retention)
+                acked += queue.ack_in(conn, claim, now, seq, retention)[0]
                 _reached(f"ack {i}")
             evicted = 0
             if parts.version is not None:

@@ -34,6 +34,7 @@ from ..lifecycle.hooks import RowFeature, WriteContext, register
 from ..lifecycle.reader_state import limited_flag
 from ..lifecycle.registry import lock_buffer
 from .rate_limiter import RateLimiter, RateLimitStats
+from .reservation import Reservation
 
 __all__ = ["RateLimits", "WriteBlocked", "discard", "limited_flag"]
 
@@ -337,6 +338,19 @@ class RateLimits:
                     "not inserted); or raise the limiter's timeout, sample less often, or "
                     "loosen samples_per_insert / min_size. Nothing was sampled"
                 )
+
+    def reserve(self) -> Reservation:
+        """A reservation of samples under this limit (see
+        :mod:`expstore.limits.reservation`): :meth:`acquire` counts, its options
+        (``at_least``, ``unit``, ``timeout``) passed through; what is not used goes back to
+        the limit it was counted under."""
+
+        def count(n: int, since: float | None = None, **options: Any) -> tuple[int, bool]:
+            before = self.waits
+            got = self.acquire(n, since, **options)
+            return got, self.waits != before
+
+        return Reservation(count, self.refund, self.refund_later)
 
     def refund(self, n: int, *, current: bool = False) -> None:
         """Give back ``n`` counted samples that were not drawn (a short batch), to the limit

@@ -161,7 +161,7 @@ def draw(
     sampler.on_buffer(storage)
     deleted = lost = remade = 0
     started = time.monotonic()
-    counted: int | None = None
+    held = storage.reserve_samples()
     # A batch chosen again (rows deleted before the fetch, a rate limit's wait, a lost
     # connection) starts from where the first choice did: an epoch loses no rows to it.
     mark = sampler.mark()
@@ -170,7 +170,7 @@ def draw(
     #: A consume_after batch's rows counted so far, owed to this batch, in parts as they
     #: were chosen (the sampler is not rewound past them: an epoch gave them already).
     owed: list[Choice] = []
-    try:
+    with held:
         while True:
             if chosen_before and not owed:
                 sampler.rewind(mark)
@@ -181,7 +181,7 @@ def draw(
                     # Chosen again after a rate limit's wait: no more rows than were
                     # counted (counting more could wait again, and the rows' draws are
                     # counted already).
-                    wanted = batch_size if not counted else min(batch_size, counted)
+                    wanted = batch_size if not held.counted else min(batch_size, held.counted)
                     choice = _choose_consuming(storage, sampler, wanted, query_condition, owed)
                 else:
                     choice = sampler.choose(storage, batch_size, query_condition)
@@ -201,23 +201,22 @@ def draw(
                 mark, chosen_before = sampler.mark(), False
                 continue
             if empty is not None:
-                if counted is not None:
+                if held.asked:
                     raise empty
                 # Under a rate limit an empty buffer is one below its min_size: wait for
                 # the budget as Reverb does, then choose again. Budget granted at once
                 # means rows arrived since the choice found none: choose again too (once:
                 # an empty choice with samples counted raises above).
-                counted, waited = storage.acquire_samples(batch_size, since=started)
-                if waited or counted:
+                waited = held.add(batch_size, since=started)
+                if waited or held.counted:
                     continue
                 raise empty
             size = len(choice.keys) if choice.rows is None else len(choice.rows)
-            if counted is None or 0 < counted < size:
+            if not held.asked or 0 < held.counted < size:
                 # The buffer's rate limit (if any) counts the batch before it is fetched (a
                 # batch chosen again larger than counted, the rest); a batch that had to
                 # wait is chosen again, from the buffer as it is now.
-                more, waited = storage.acquire_samples(size - (counted or 0), since=started)
-                counted = (counted or 0) + more
+                waited = held.add(size - held.counted, since=started)
                 if waited:
                     continue
             if choice.rows is not None:
@@ -244,13 +243,7 @@ def draw(
                         "the call"
                     )
                 break
-
-    except BaseException:
-        if counted:  # nothing drawn: the count goes back
-            storage.refund_samples(counted)
-        raise
-    if counted:
-        storage.refund_samples(counted - len(fetched.ids))
+        held.use(len(fetched.ids))  # the rest of the count goes back (all of it on an error)
     return fetched, sampler.describe(choice, fetched.ids)
 
 

@@ -35,6 +35,7 @@ import numpy as np
 from ..arrays.stored_once import ArraySetting
 from ..errors import InvalidArgumentError
 from ..lifecycle.reader_state import Signature, moved_on
+from ..limits.reservation import Reservation
 from ..model.rows import DataRow
 from ..policy_versions import oldest_fresh
 from ..query import QueryCondition, condition_key
@@ -302,6 +303,12 @@ class Storage(ABC):
     @abstractmethod
     def refund_samples(self, n: int) -> None:
         """Give back ``n`` counted samples that were not drawn."""
+
+    def reserve_samples(self) -> Reservation:
+        """A reservation of samples under the buffer's rate limit, counted by
+        :meth:`acquire_samples` and given back by :meth:`refund_samples` in the part not
+        used (see :mod:`expstore.limits.reservation`)."""
+        return Reservation(self.acquire_samples, self.refund_samples)
 
     @abstractmethod
     def sampling_limited(self) -> bool:
