@@ -16,15 +16,33 @@ longer reaches back that far.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, delete, select
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Double,
+    Integer,
+    Text,
+    and_,
+    bindparam,
+    column,
+    delete,
+    exists,
+    func,
+    select,
+    true,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, distinct_on
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 
 from ._args import check_priorities
 from .db import schema
 from .db.handle import BufferHandle
 from .db.row_ids import ids_to_keys
-from .db.schema import buffers, priority_log
+from .db.schema import buffers, priority_log, rows
 from .lifecycle.registry import bump_version, lock_buffer
 
 __all__ = ["Update", "logged_priorities", "update_priorities", "update_priorities_in"]
@@ -55,6 +73,8 @@ def update_priorities_in(
     # The buffer's row first, as store_batch takes it: locking rows and then the
     # buffer would deadlock with a writer evicting those rows.
     lock_buffer(handle, conn, buffers.c.id)
+    if handle.dialect.modifying_ctes:
+        return _update_at_once(handle, conn, ids, values)
     key_of = ids_to_keys(handle, conn, ids)
     # By key, the last priority given for it winning (as the UPDATEs in order would).
     latest = {key_of[i]: float(p) for i, p in zip(ids, values, strict=True) if i in key_of}
@@ -84,6 +104,86 @@ def update_priorities_in(
     keys = np.fromiter(latest, dtype=np.int64, count=len(latest))
     priorities_ = np.fromiter(latest.values(), dtype=np.float64, count=len(latest))
     return seq, keys, priorities_
+
+
+def _update_at_once(
+    handle: BufferHandle, conn: Connection, ids: Sequence[str], values: np.ndarray
+) -> Update | None:
+    """:func:`update_priorities_in` as one statement (Postgres), the buffer's row locked
+    already (so no row of it can be deleted until the transaction ends, and the statement's
+    snapshot sees every row there is): the ids looked up by the ``(buffer_id, id)`` index,
+    the last priority given for an id winning, the entries upserted, the version bumped,
+    the update logged and the log trimmed; nothing when no id is stored."""
+    statement = handle.statement(("priorities at once",), _at_once_statement)
+    found = statement.run(
+        conn,
+        buffer_id=handle.buffer_id,
+        ids=list(ids),
+        values=[float(v) for v in values],
+        keep=handle.tuning.priority_log_keep,
+    )
+    if not found:
+        return None
+    seq = int(found[0][0])
+    keys = np.fromiter((r[1] for r in found), dtype=np.int64, count=len(found))
+    priorities_ = np.fromiter((r[2] for r in found), dtype=np.float64, count=len(found))
+    return seq, keys, priorities_
+
+
+def _at_once_statement() -> Any:
+    """The statement of :func:`_update_at_once` (see there), compiled once per handle;
+    returns ``(seq, key, priority)`` per key set."""
+    buffer_id = bindparam("buffer_id", type_=Integer)
+    pairs = (
+        func.unnest(bindparam("ids", type_=ARRAY(Text)), bindparam("values", type_=ARRAY(Double)))
+        .table_valued(column("id", Text), column("value", Double), with_ordinality="ord")
+        .render_derived(name="pairs")
+    )
+    # Each stored id's key and the last priority given for it.
+    given = (
+        select(rows.c.key.label("key"), pairs.c.value.label("value"))
+        .ext(distinct_on(rows.c.key))
+        .select_from(pairs.join(rows, and_(rows.c.buffer_id == buffer_id, rows.c.id == pairs.c.id)))
+        .order_by(rows.c.key, pairs.c.ord.desc())
+        .cte("given")
+    )
+    bumped = (
+        update(buffers)
+        .where(buffers.c.id == buffer_id, exists(select(given.c.key)))
+        .values(priority_version=buffers.c.priority_version + 1)
+        .returning(buffers.c.priority_version.label("seq"))
+        .cte("bumped")
+    )
+    # Read through bumped: the version is bumped before any entry is written.
+    setting = select(given.c.key, buffer_id, given.c.value).select_from(given.join(bumped, true()))
+    upsert = postgresql_insert(schema.priorities).from_select(
+        ["key", "buffer_id", "priority"], setting
+    )
+    upserted = upsert.on_conflict_do_update(
+        index_elements=["key"], set_={"priority": upsert.excluded.priority}
+    ).cte("upserted")
+    logging = select(given.c.key, buffer_id, bumped.c.seq, given.c.value).select_from(
+        given.join(bumped, true())
+    )
+    logged = (
+        priority_log.insert()
+        .from_select(["key", "buffer_id", "seq", "priority"], logging)
+        .cte("logged")
+    )
+    trimmed = (
+        delete(priority_log)
+        .where(
+            priority_log.c.buffer_id == buffer_id,
+            priority_log.c.seq
+            <= select(bumped.c.seq).scalar_subquery() - bindparam("keep", type_=BigInteger),
+        )
+        .cte("trimmed")
+    )
+    return (
+        select(bumped.c.seq, given.c.key, given.c.value)
+        .select_from(given.join(bumped, true()))
+        .add_cte(upserted, logged, trimmed)
+    )
 
 
 def logged_priorities(

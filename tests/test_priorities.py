@@ -9,6 +9,7 @@ from sqlalchemy import func, select
 
 from expstore import QueryBuilder, ReplayBuffer
 from expstore.db.schema import priorities
+from expstore.db.trace import driver_statements
 from expstore.samplers import PrioritizedSampler, UniformSampler
 from expstore.storage import Tuning
 from tests.helpers import make_row, make_rows
@@ -126,3 +127,36 @@ def test_remembered_keys_stay_bounded(db_url: str, buffer_name: str) -> None:
         with handle.read() as conn:
             mine = priorities.c.buffer_id == handle.buffer_id
             assert conn.execute(select(func.count()).where(mine)).scalar_one() == 200
+
+
+def test_an_update_sets_the_last_priority_of_each_stored_id_and_logs_it_once(
+    buffer: ReplayBuffer, db_url: str, buffer_name: str
+) -> None:
+    """Ids given twice: the last priority wins; unknown ids are skipped; one logged update,
+    which another handle's index picks up; on Postgres, one statement after the lock."""
+    rows = make_rows(6)
+    buffer.store_batch(rows)
+    ids = [rows[0].id, rows[1].id, "no-such-id", rows[0].id, rows[2].id]
+    sql = buffer.sql  # type: ignore[attr-defined]
+    with driver_statements(sql.handle.connections.engine) as seen:
+        assert buffer.update_priorities(ids, [1.0, 2.0, 3.0, 4.0, 5.0]) == 3
+    key_of = _keys(buffer)
+    assert _entries(buffer) == {
+        key_of[rows[0].id]: 4.0,
+        key_of[rows[1].id]: 2.0,
+        key_of[rows[2].id]: 5.0,
+    }
+    if buffer.sql.handle.dialect.modifying_ctes:  # type: ignore[attr-defined]
+        assert [s.split()[0] for s in seen] == ["BEGIN", "SELECT", "WITH", "COMMIT"]
+    assert buffer.update_priorities(["no-such-id"], [1.0]) == 0  # nothing stored: no update
+    other = ReplayBuffer(db_url, name=buffer_name)
+    try:
+        index = other.storage.key_index(columns=("priority",))  # type: ignore[attr-defined]
+        by_key = dict(zip(index["key"].tolist(), index["priority"].tolist(), strict=True))
+        assert by_key[key_of[rows[0].id]] == 4.0 and by_key[key_of[rows[2].id]] == 5.0
+        buffer.update_priorities([rows[2].id], [6.0])  # logged: the other index is patched
+        index = other.storage.key_index(columns=("priority",))  # type: ignore[attr-defined]
+        by_key = dict(zip(index["key"].tolist(), index["priority"].tolist(), strict=True))
+        assert by_key[key_of[rows[2].id]] == 6.0
+    finally:
+        other.close()
