@@ -40,10 +40,12 @@ expstore's own API (``buffer.extend``) and sample with expstore's samplers.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import uuid
 from collections.abc import Sequence
+from hashlib import blake2b
 from pathlib import Path
 from typing import Any
 
@@ -191,6 +193,56 @@ def _slot_rows(
     return handle.statement(what, build).run(conn, keys=dialect.key_set(sorted(set(slots))))
 
 
+def _key_rows(handle: BufferHandle, conn: Any, keys: list[int]) -> list[Sequence[Any]]:
+    """Key, id and tensor blob of the buffer's rows with ``keys`` (distinct), by one
+    statement compiled once per handle."""
+    dialect = handle.dialect
+
+    def build() -> Any:
+        return select(rows.c.key, rows.c.id, rows.c.tensors).where(
+            rows.c.buffer_id == handle.buffer_id, dialect.key_in(rows.c.key)
+        )
+
+    return handle.statement(("torchrl rows",), build).run(conn, keys=dialect.key_set(keys))
+
+
+def _blob_table(blobs: list[tuple[str, Any]], size: int) -> Any:
+    """The rows' tensor blobs (each with its row's id) as one uint8 array, a row each, or
+    None when one is damaged or not ``size`` bytes long (another layout: the codec says
+    what it holds)."""
+    kept = []
+    for rid, blob in blobs:
+        blob = bytes(blob) if isinstance(blob, memoryview) else blob
+        if len(blob) != size or not intact(blob, rid):
+            return None
+        kept.append(blob)
+    return np.frombuffer(b"".join(kept), np.uint8).reshape(len(kept), size)
+
+
+def _cache_paths(layout: _Layout, leaves: Sequence[tuple[Any, Sequence[int]]]) -> list[str]:
+    """The names the row cache keeps a slot row's leaves under, as raw bytes: named by the
+    element's layout and each leaf's dtype and shape, so rows of another layout are never
+    taken for these (no stored path looks like them)."""
+    text = layout.text + repr([(str(dtype), [int(d) for d in shape]) for dtype, shape in leaves])
+    tag = blake2b(text.encode(), digest_size=8).hexdigest()
+    return [f"torchrl:{tag}:l{i}" for i in range(len(leaves))]
+
+
+def _leaf_bytes(leaf: Any) -> Any:
+    """A leaf batch (first dimension: the rows, on the CPU) as a uint8 array of its raw
+    bytes, a row each (what a row's blob holds of it)."""
+    n = int(leaf.shape[0])
+    flat = leaf.contiguous().reshape(n, math.prod(leaf.shape[1:]))
+    return (flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)).numpy()
+
+
+def _missing_slots(name: str, missing: list[int], held: int, wanted: int) -> OutOfRangeError:
+    return OutOfRangeError(
+        f"slots {missing[:5]} of the storage {name!r} hold nothing ({held} of the "
+        f"{wanted} asked are filled); sample indices below len(storage)"
+    )
+
+
 def _slots(cursor: Any, max_size: int) -> list[int]:
     """The slots a cursor names (an int, a sequence, a tensor, a range or a slice)."""
     if isinstance(cursor, slice):
@@ -307,6 +359,7 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
 
     def _write(self, slots: list[int], layout: _Layout, leaves: list[Any]) -> None:
         n = len(slots)
+        cpu = [leaf.detach().cpu() for leaf in leaves]
         columns: dict[str, Any] = {
             "id": [uuid.uuid4().hex for _ in range(n)],
             "task_id": SLOTS,
@@ -315,7 +368,7 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
             # [n, 1, ...]: each row's leaf a tensor even for a scalar element
             "state": {
                 "torchrl": [layout.text] * n,
-                **{f"l{i}": leaf.detach().cpu().unsqueeze(1) for i, leaf in enumerate(leaves)},
+                **{f"l{i}": leaf.unsqueeze(1) for i, leaf in enumerate(cpu)},
             },
         }
         if self.policy_version is not None:
@@ -327,9 +380,29 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
             # delete() removes a row (tombstone, counts, the version readers follow).
             return [str(row_id) for (row_id,) in _slot_rows(handle, conn, slots, rows.c.id)]
 
+        cache = self.buffer.sql.row_cache
+        offered = cache.enabled and not any(leaf.dtype.is_complex for leaf in cpu)
+        written: dict[int, int] = {}
+
+        def wrote(conn: Any) -> None:
+            # The keys the new rows got, for the row cache (read in the write's transaction)
+            found = _slot_rows(handle, conn, slots, rows.c.step, rows.c.key)
+            written.update((int(step), int(key)) for step, key in found)
+
         # (Random ids: ids made of the slot numbers made reads of the same rows 1.8x slower
         # on SQLite, measured, for reasons of the file's layout.)
-        writer.replace_rows(handle, column_source(columns), held)
+        writer.replace_rows(handle, column_source(columns), held, wrote if offered else None)
+        if offered:
+            # Committed: the row cache keeps the leaves as these rows' blobs hold them, so a
+            # sample of them reads only which rows its slots hold (see _cached_leaves).
+            specs = [(leaf.dtype, leaf.shape[1:]) for leaf in cpu]
+            cache.offer(
+                self.buffer.sql.identity,
+                [written[slot] for slot in slots],
+                columns["id"],
+                [_leaf_bytes(leaf) for leaf in cpu],
+                _cache_paths(layout, specs),
+            )
 
     def get(self, index: Any) -> Any:
         """The elements at the slots ``index`` names: one element for an int, else a batch
@@ -356,10 +429,14 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
             flat = [i + size if i < 0 else i for i in flat]
         if not flat:
             raise OutOfRangeError(f"no element to get: the index {index!r} names no slot")
-        found = self._read(flat)
-        layout = self._layout_of(found[flat[0]][0])
+        leaves = self._cached_leaves(flat)
+        if leaves is not None:
+            layout = self._layout
+        else:
+            found = self._read(flat)
+            layout = self._layout_of(found[flat[0]][0])
+            leaves = self._blob_leaves(flat, found, layout)
         assert layout is not None
-        leaves = self._blob_leaves(flat, found, layout)
         if leaves is None:  # not the plain layout: the codec reads the rows
             keys = [found[slot][0] for slot in flat]
             paths = [f"exp_data.state.l{i}" for i in range(len(layout.keys) or 1)]
@@ -378,12 +455,61 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
         held = {int(step): (int(key), rid, blob) for step, key, rid, blob in found}
         missing = [s for s in wanted if s not in held]
         if missing:
-            raise OutOfRangeError(
-                f"slots {missing[:5]} of the storage {self.name!r} hold nothing "
-                f"({len(held)} of the {len(wanted)} asked are filled); sample indices "
-                "below len(storage)"
-            )
+            raise _missing_slots(self.name, missing, len(held), len(wanted))
         return held
+
+    def _cached_leaves(self, slots: list[int]) -> list[Any] | None:
+        """The leaves, batched, through the row cache: one statement reads which rows the
+        slots hold (the slot index alone), the cache gives the leaves of the rows it holds
+        (rows never change: a key is one row for good), and the others are cut out of
+        their blobs (and kept). None when the cache is off, the rows' layout is not the
+        plain one, or a row went between the two reads (the caller reads by slot)."""
+        sql = self.buffer.sql
+        cache = sql.row_cache
+        if not cache.enabled:
+            return None
+        handle = sql.handle
+        wanted = sorted(set(slots))
+        with handle.errors("read slots"), handle.read() as conn:
+            found = _slot_rows(handle, conn, wanted, rows.c.step, rows.c.key)
+        key_of = {int(step): int(key) for step, key in found}
+        if len(key_of) < len(wanted):
+            missing = [s for s in wanted if s not in key_of]
+            raise _missing_slots(self.name, missing, len(key_of), len(wanted))
+        keys = [key_of[slot] for slot in slots]
+        layout = self._layout_of(keys[0])
+        assert layout is not None
+        if layout.plan is None:
+            layout.plan = self._plan(keys[0], layout)
+        if not layout.plan:
+            return None
+        size, parts = layout.plan
+        plain = [True]
+
+        def read(some: list[int], _paths: Any, _writable: bool) -> tuple[list[str], list[Any]]:
+            with handle.errors("read slots"), handle.read() as conn:
+                got = {
+                    int(k): (rid, blob)
+                    for k, rid, blob in _key_rows(handle, conn, sorted(set(some)))
+                }
+            present = [k for k in some if k in got]
+            table = _blob_table([got[k] for k in present], size)
+            if table is None:
+                plain[0] = False
+                return [], [[] for _ in parts]
+            return [got[k][0] for k in present], [table[:, a:b].copy() for a, b, _, _ in parts]
+
+        paths = _cache_paths(layout, [(dtype, shape) for _, _, dtype, shape in parts])
+        ids, columns, _ = cache.fetch_columns(sql.identity, keys, paths, True, read)
+        n = len(slots)
+        if not plain[0] or len(ids) != n:
+            return None
+        leaves = []
+        for column, (start, stop, dtype, shape) in zip(columns, parts, strict=True):
+            if type(column) is not np.ndarray or column.shape != (n, stop - start):
+                return None  # (rows of another form under these names: read by slot)
+            leaves.append(torch.from_numpy(column).view(dtype).reshape((n, *shape)))
+        return leaves
 
     def _blob_leaves(
         self, slots: list[int], found: dict[int, tuple[int, str, Any]], layout: _Layout
@@ -397,15 +523,13 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
         if not plan:
             return None
         size, parts = plan
-        blobs = {}
-        for slot in set(slots):
-            _, rid, blob = found[slot]
-            blob = bytes(blob) if isinstance(blob, memoryview) else blob
-            if not intact(blob, rid) or len(blob) != size:
-                return None  # damaged, or another layout: the codec says what it is
-            blobs[slot] = blob
-        joined = np.frombuffer(b"".join(blobs[slot] for slot in slots), np.uint8)
-        table = joined.reshape(len(slots), size)
+        distinct = list(dict.fromkeys(slots))
+        table = _blob_table([found[slot][1:] for slot in distinct], size)
+        if table is None:
+            return None  # damaged, or another layout: the codec says what it is
+        if len(distinct) < len(slots):
+            at = {slot: i for i, slot in enumerate(distinct)}
+            table = table[[at[slot] for slot in slots]]
         leaves = []
         for start, stop, dtype, shape in parts:
             raw = torch.from_numpy(table[:, start:stop].copy())  # its own, writable

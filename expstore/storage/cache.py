@@ -658,6 +658,25 @@ class RowCache:
         hits = list(zip(held_keys, held_ids, strict=True))
         return out_ids, out, hits
 
+    def offer(
+        self,
+        epoch: Hashable,
+        keys: list[int],
+        ids: list[str],
+        columns: list[Any],
+        paths: Sequence[str],
+    ) -> None:
+        """Keep the values at ``paths`` of rows this process has just written and seen
+        committed (distinct ``keys``, ``ids``; ``columns[j][i]``: key i's value at path j,
+        as :meth:`fetch_columns`' ``read`` would give it), admitted as a read of them would
+        be (:meth:`_admitted`). Their keys are theirs for good, so nothing goes stale: the
+        caller still asks the database which keys it wants."""
+        if not self.enabled or not keys:
+            return
+        with self._guard():
+            self._check_epoch(epoch)
+        self._keep(epoch, keys, ids, columns, paths, keys, range(len(keys)))
+
     def _learn_forms(self, paths: Sequence[str], columns: list[Any]) -> None:
         """Note whether the database's values at each path came stacked (a tensor field
         the decoder stacks) or as a list (parts walked in Python, say): the cache hands
