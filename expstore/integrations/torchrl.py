@@ -61,7 +61,7 @@ _tensordict: Any = require("tensordict", _purpose)
 _pytree: Any = require("torch.utils._pytree", _purpose)
 
 import numpy as np  # noqa: E402
-from sqlalchemy import select  # noqa: E402
+from sqlalchemy import BigInteger, bindparam, select  # noqa: E402
 
 from ..buffer import ReplayBuffer  # noqa: E402
 from ..codec.format import HEADER_SIZE, intact  # noqa: E402
@@ -86,7 +86,7 @@ class _Layout:
     TensorDict element's batch dimensions; ``device``: where the element was (None: a
     TensorDict without one); ``tree``: a pytree's spec (``torch.utils._pytree``'s JSON)."""
 
-    __slots__ = ("batch", "device", "keys", "kind", "plan", "text", "tree")
+    __slots__ = ("batch", "cached_as", "device", "keys", "kind", "plan", "text", "tree")
 
     def __init__(
         self,
@@ -99,6 +99,8 @@ class _Layout:
         self.kind, self.keys, self.batch, self.device, self.tree = kind, keys, batch, device, tree
         #: where the leaves are in a row's blob (see ExpstoreStorage._blob_leaves)
         self.plan: Any = None
+        #: the name the row cache keeps these rows' leaves under (see _cache_path)
+        self.cached_as: str | None = None
         self.text = json.dumps(
             {"kind": kind, "keys": keys, "batch": batch, "device": device, "tree": tree},
             sort_keys=True,
@@ -219,21 +221,93 @@ def _blob_table(blobs: list[tuple[str, Any]], size: int) -> Any:
     return np.frombuffer(b"".join(kept), np.uint8).reshape(len(kept), size)
 
 
-def _cache_paths(layout: _Layout, leaves: Sequence[tuple[Any, Sequence[int]]]) -> list[str]:
-    """The names the row cache keeps a slot row's leaves under, as raw bytes: named by the
-    element's layout and each leaf's dtype and shape, so rows of another layout are never
-    taken for these (no stored path looks like them)."""
+def _cache_path(layout: _Layout, leaves: Sequence[tuple[Any, Sequence[int]]]) -> str:
+    """The name the row cache keeps a slot row's leaves under, their raw bytes one after
+    the other (:func:`_packed`): named by the element's layout and each leaf's dtype and
+    shape, so rows of another layout are never taken for these (no stored path looks like
+    it)."""
     text = layout.text + repr([(str(dtype), [int(d) for d in shape]) for dtype, shape in leaves])
-    tag = blake2b(text.encode(), digest_size=8).hexdigest()
-    return [f"torchrl:{tag}:l{i}" for i in range(len(leaves))]
+    return f"torchrl:{blake2b(text.encode(), digest_size=8).hexdigest()}"
 
 
-def _leaf_bytes(leaf: Any) -> Any:
-    """A leaf batch (first dimension: the rows, on the CPU) as a uint8 array of its raw
-    bytes, a row each (what a row's blob holds of it)."""
-    n = int(leaf.shape[0])
-    flat = leaf.contiguous().reshape(n, math.prod(leaf.shape[1:]))
-    return (flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)).numpy()
+def _packed(leaves: list[Any]) -> Any:
+    """Leaf batches (first dimension: the rows, on the CPU) as one uint8 array, a row
+    each: each leaf's raw bytes (what a row's blob holds of it), one after the other."""
+    n = int(leaves[0].shape[0])
+    parts = []
+    for leaf in leaves:
+        flat = leaf.contiguous().reshape(n, math.prod(leaf.shape[1:]))
+        parts.append((flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)).numpy())
+    return np.concatenate(parts, axis=1)
+
+
+def _counters(handle: BufferHandle, conn: Any) -> tuple[Any, ...]:
+    """The buffer's counters that every change moves: its version (removals), rows ever
+    inserted, rows now, and its creation (a database made anew)."""
+
+    def build() -> Any:
+        b = buffers.c
+        return select(b.version, b.inserted, b.row_count, b.created_at).where(
+            b.id == handle.buffer_id
+        )
+
+    return tuple(handle.statement(("torchrl counters",), build).run(conn)[0])
+
+
+def _slot_rows_after(handle: BufferHandle, conn: Any, key: int) -> list[Sequence[Any]]:
+    """Slot and key of the storage's rows with keys above ``key`` (rows written since)."""
+
+    def build() -> Any:
+        return select(rows.c.step, rows.c.key).where(
+            rows.c.buffer_id == handle.buffer_id,
+            rows.c.key > bindparam("after", type_=BigInteger),
+            rows.c.task_id == SLOTS,
+        )
+
+    return handle.statement(("torchrl slots after",), build).run(conn, after=key)
+
+
+def _all_slot_rows(handle: BufferHandle, conn: Any) -> list[Sequence[Any]]:
+    """Slot and key of every row of the storage (the slot index alone)."""
+
+    def build() -> Any:
+        return select(rows.c.step, rows.c.key).where(
+            rows.c.buffer_id == handle.buffer_id, rows.c.task_id == SLOTS
+        )
+
+    return handle.statement(("torchrl all slots",), build).run(conn)
+
+
+class _SlotMap:
+    """Which row (key) each slot holds (-1: none), as the buffer was at ``counters``
+    (:func:`_counters`), in the process ``pid``. Rows never change and a key is never
+    handed out twice, so while the counters stay the same the map is what the database
+    holds; a read checks them first (one row's read) and brings the map up to date or
+    drops it (see ExpstoreStorage._slot_keys)."""
+
+    __slots__ = ("counters", "keys", "max_key", "pid")
+
+    def __init__(self, size: int, counters: tuple[Any, ...]) -> None:
+        self.keys = np.full(size, -1, np.int64)
+        self.counters = counters
+        self.max_key = 0
+        self.pid = os.getpid()
+
+    def put(self, found: Sequence[Sequence[Any]], *, into_empty: bool = False) -> bool:
+        """Note these (slot, key) rows; False (nothing noted) if one falls outside the
+        slots, or with ``into_empty`` names a slot the map has filled."""
+        if not found:
+            return True
+        pairs = np.asarray(found, np.int64).reshape(-1, 2)
+        slots, keys = pairs[:, 0], pairs[:, 1]
+        if slots.min() < 0 or slots.max() >= len(self.keys):
+            return False
+        if into_empty and (self.keys[slots] >= 0).any():
+            return False
+        order = np.argsort(keys, kind="stable")  # (the newest row of a slot last)
+        self.keys[slots[order]] = keys[order]
+        self.max_key = max(self.max_key, int(keys.max()))
+        return True
 
 
 def _missing_slots(name: str, missing: list[int], held: int, wanted: int) -> OutOfRangeError:
@@ -302,6 +376,10 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
         self._shapes: tuple[Any, ...] = ()
         self._opened: tuple[int, ReplayBuffer] | None = None
         self._full = False
+        #: which row each slot holds, kept while the buffer's counters say it is current
+        self._map: _SlotMap | None = None
+        #: the counters the last read without a map found (the same twice: make the map)
+        self._quiet: tuple[Any, ...] | None = None
         self.buffer  # noqa: B018  (opened now: a bad url fails here, not at the first write)
 
     # -- the expstore buffer, one per process ------------------------------------------
@@ -316,6 +394,7 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
     def __getstate__(self) -> dict[str, Any]:
         state: dict[str, Any] = super().__getstate__()
         state["_opened"] = None  # connections stay in their process; the url travels
+        state["_map"] = state["_quiet"] = None  # another process reads the slots again
         return state
 
     # -- TorchRL's contract ---------------------------------------------------------------
@@ -374,25 +453,33 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
         if self.policy_version is not None:
             columns["policy_version"] = self.policy_version
         handle = self.buffer.sql.handle
+        cache = self.buffer.sql.row_cache
+        tracked = cache.enabled  # (without the cache, reads ask the slot index every time)
+        counters: list[tuple[Any, ...]] = []
 
         def held(conn: Any) -> list[str]:
+            if tracked:  # the buffer as this write finds it (its row taken)
+                counters[:] = [_counters(handle, conn)]
             # The rows these slots hold now, replaced in the write's transaction as
             # delete() removes a row (tombstone, counts, the version readers follow).
             return [str(row_id) for (row_id,) in _slot_rows(handle, conn, slots, rows.c.id)]
 
-        cache = self.buffer.sql.row_cache
-        offered = cache.enabled and not any(leaf.dtype.is_complex for leaf in cpu)
         written: dict[int, int] = {}
 
         def wrote(conn: Any) -> None:
-            # The keys the new rows got, for the row cache (read in the write's transaction)
+            # The keys the new rows got and the counters after, for the slot map and the
+            # row cache (read in the write's transaction)
             found = _slot_rows(handle, conn, slots, rows.c.step, rows.c.key)
+            written.clear()
             written.update((int(step), int(key)) for step, key in found)
+            counters[1:] = [_counters(handle, conn)]
 
         # (Random ids: ids made of the slot numbers made reads of the same rows 1.8x slower
         # on SQLite, measured, for reasons of the file's layout.)
-        writer.replace_rows(handle, column_source(columns), held, wrote if offered else None)
-        if offered:
+        writer.replace_rows(handle, column_source(columns), held, wrote if tracked else None)
+        if tracked:
+            self._moved(counters[0], counters[1], written)
+        if tracked and not any(leaf.dtype.is_complex for leaf in cpu):
             # Committed: the row cache keeps the leaves as these rows' blobs hold them, so a
             # sample of them reads only which rows its slots hold (see _cached_leaves).
             specs = [(leaf.dtype, leaf.shape[1:]) for leaf in cpu]
@@ -400,8 +487,8 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
                 self.buffer.sql.identity,
                 [written[slot] for slot in slots],
                 columns["id"],
-                [_leaf_bytes(leaf) for leaf in cpu],
-                _cache_paths(layout, specs),
+                [_packed(cpu)],
+                [_cache_path(layout, specs)],
             )
 
     def get(self, index: Any) -> Any:
@@ -424,24 +511,24 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
         else:
             flat = [int(i) for i in index]
             shape = (len(flat),)
-        if any(i < 0 for i in flat):
+        if flat and min(flat) < 0:
             size = len(self)
             flat = [i + size if i < 0 else i for i in flat]
         if not flat:
             raise OutOfRangeError(f"no element to get: the index {index!r} names no slot")
         leaves = self._cached_leaves(flat)
-        if leaves is not None:
-            layout = self._layout
-        else:
+        layout = self._layout
+        if leaves is None:
             found = self._read(flat)
             layout = self._layout_of(found[flat[0]][0])
+            assert layout is not None
             leaves = self._blob_leaves(flat, found, layout)
+            if leaves is None:  # not the plain layout: the codec reads the rows
+                keys = [found[slot][0] for slot in flat]
+                paths = [f"exp_data.state.l{i}" for i in range(len(layout.keys) or 1)]
+                fetched = self.buffer.sql.fetch_columns(keys, paths)[1]
+                leaves = [torch.cat(list(column)) for column in fetched]
         assert layout is not None
-        if leaves is None:  # not the plain layout: the codec reads the rows
-            keys = [found[slot][0] for slot in flat]
-            paths = [f"exp_data.state.l{i}" for i in range(len(layout.keys) or 1)]
-            fetched = self.buffer.sql.fetch_columns(keys, paths)[1]
-            leaves = [torch.cat(list(column)) for column in fetched]
         return _join(layout, leaves, shape)
 
     def _read(self, slots: list[int]) -> dict[int, tuple[int, str, Any]]:
@@ -458,6 +545,72 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
             raise _missing_slots(self.name, missing, len(held), len(wanted))
         return held
 
+    def _moved(
+        self, before: tuple[Any, ...], after: tuple[Any, ...], written: dict[int, int]
+    ) -> None:
+        """After this process's write committed: the slot map moved on by it, if it was
+        current when the write began (``before``: the counters then; an empty buffer
+        starts one), else dropped."""
+        held = self._map
+        if held is None or held.pid != os.getpid() or len(held.keys) != self.max_size:
+            held = _SlotMap(self.max_size, before) if before[2] == 0 else None
+        if held is not None and held.counters == before and held.put(list(written.items())):
+            held.counters = after
+            self._map = held
+        else:
+            self._map = None
+
+    def _slot_keys(self, slots: list[int]) -> list[int]:
+        """The key of the row each slot holds (OutOfRangeError names slots no row fills).
+
+        One row's read says whether the slot map is current (the buffer's counters): if
+        so, the map answers; rows only added since (another process filling slots) are
+        read and noted; any other change drops the map, and the slot index answers, until
+        two reads in a row find the buffer unchanged, which read the whole slot index into
+        a new map."""
+        handle = self.buffer.sql.handle
+        held = self._map
+        if held is not None and (held.pid != os.getpid() or len(held.keys) != self.max_size):
+            held = None
+        with handle.errors("read slots"), handle.read() as conn:
+            now = _counters(handle, conn)
+            if held is not None and held.counters != now:
+                held = self._caught_up(conn, held, now)
+            if held is None and now == self._quiet:
+                held = _SlotMap(self.max_size, now)
+                if not held.put(_all_slot_rows(handle, conn)):
+                    held = None
+            self._map, self._quiet = held, now
+            if held is None or min(slots) < 0 or max(slots) >= self.max_size:
+                wanted = sorted(set(slots))
+                found = _slot_rows(handle, conn, wanted, rows.c.step, rows.c.key)
+                key_of = {int(step): int(key) for step, key in found}
+                if len(key_of) < len(wanted):
+                    missing = [s for s in wanted if s not in key_of]
+                    raise _missing_slots(self.name, missing, len(key_of), len(wanted))
+                return [key_of[slot] for slot in slots]
+        keys = held.keys[np.asarray(slots, np.int64)]
+        if (keys < 0).any():
+            empty = sorted({s for s, k in zip(slots, keys.tolist(), strict=True) if k < 0})
+            asked = len(set(slots))
+            raise _missing_slots(self.name, empty, asked - len(empty), asked)
+        return keys.tolist()  # type: ignore[no-any-return]
+
+    def _caught_up(self, conn: Any, held: _SlotMap, now: tuple[Any, ...]) -> _SlotMap | None:
+        """``held`` brought up to the counters ``now`` when since then rows were only added
+        (the version, the creation the same, as many rows more as were inserted): the
+        storage's rows above the largest key it knew, each into a slot it had empty;
+        else None."""
+        version, inserted, count, created = now
+        was = held.counters
+        if (version, created) != (was[0], was[3]) or count - was[2] != inserted - was[1]:
+            return None  # rows went, or the database was made anew
+        found = _slot_rows_after(self.buffer.sql.handle, conn, held.max_key)
+        if not held.put(found, into_empty=True):
+            return None
+        held.counters = now
+        return held
+
     def _cached_leaves(self, slots: list[int]) -> list[Any] | None:
         """The leaves, batched, through the row cache: one statement reads which rows the
         slots hold (the slot index alone), the cache gives the leaves of the rows it holds
@@ -469,14 +622,7 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
         if not cache.enabled:
             return None
         handle = sql.handle
-        wanted = sorted(set(slots))
-        with handle.errors("read slots"), handle.read() as conn:
-            found = _slot_rows(handle, conn, wanted, rows.c.step, rows.c.key)
-        key_of = {int(step): int(key) for step, key in found}
-        if len(key_of) < len(wanted):
-            missing = [s for s in wanted if s not in key_of]
-            raise _missing_slots(self.name, missing, len(key_of), len(wanted))
-        keys = [key_of[slot] for slot in slots]
+        keys = self._slot_keys(slots)
         layout = self._layout_of(keys[0])
         assert layout is not None
         if layout.plan is None:
@@ -496,19 +642,24 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
             table = _blob_table([got[k] for k in present], size)
             if table is None:
                 plain[0] = False
-                return [], [[] for _ in parts]
-            return [got[k][0] for k in present], [table[:, a:b].copy() for a, b, _, _ in parts]
+                return [], [[]]
+            ids = [got[k][0] for k in present]
+            return ids, [np.concatenate([table[:, a:b] for a, b, _, _ in parts], axis=1)]
 
-        paths = _cache_paths(layout, [(dtype, shape) for _, _, dtype, shape in parts])
-        ids, columns, _ = cache.fetch_columns(sql.identity, keys, paths, True, read)
+        if layout.cached_as is None:
+            layout.cached_as = _cache_path(layout, [(dtype, shape) for _, _, dtype, shape in parts])
+        ids, (packed,), _ = cache.fetch_columns(sql.identity, keys, [layout.cached_as], True, read)
         n = len(slots)
+        width = sum(stop - start for start, stop, _, _ in parts)
         if not plain[0] or len(ids) != n:
             return None
-        leaves = []
-        for column, (start, stop, dtype, shape) in zip(columns, parts, strict=True):
-            if type(column) is not np.ndarray or column.shape != (n, stop - start):
-                return None  # (rows of another form under these names: read by slot)
-            leaves.append(torch.from_numpy(column).view(dtype).reshape((n, *shape)))
+        if type(packed) is not np.ndarray or packed.shape != (n, width):
+            return None  # (rows of another form under this name: read by slot)
+        leaves, at = [], 0
+        for start, stop, dtype, shape in parts:
+            raw = packed[:, at : at + stop - start].copy()  # its own, writable
+            leaves.append(torch.from_numpy(raw).view(dtype).reshape((n, *shape)))
+            at += stop - start
         return leaves
 
     def _blob_leaves(
@@ -590,7 +741,7 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
 
     def _empty(self) -> None:
         self.buffer.clear()
-        self._full = False
+        self._full, self._map = False, None
         self._bump_mutation_revision()
 
     def state_dict(self) -> dict[str, Any]:
@@ -609,7 +760,7 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
         if (state_dict["url"], state_dict["name"]) != (self.url, self.name):
             self.url, self.name = state_dict["url"], state_dict["name"]
             self._opened, self._layout = None, None
-        self._full = False
+        self._full, self._map = False, None
         self.max_size = int(state_dict["max_size"])
         self._set_last_cursor(state_dict.get("last_cursor"))
         self._bump_mutation_revision()
