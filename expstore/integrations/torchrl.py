@@ -21,7 +21,14 @@ buffer calls ``get(indices)``. Here a slot is a row of the buffer ``name`` with
   ``max_size`` is TorchRL's: the writer's cursor moves, the storage only writes slots.
 - ``len(storage)`` is the number of filled slots (the buffer's row count, kept on its
   row): a round-robin writer fills them ``0, 1, ...`` so it is also the next fresh slot.
-- ``get`` reads the rows of the slots asked for (by the index) and only their tensors.
+- ``get`` reads the buffer's counters (one row); while they show no change but this
+  process's own writes, a map of which row each slot holds answers (rows another process
+  only added are read into it; any other change drops it, and the slot index answers
+  until two reads in a row find the buffer unchanged). The leaves come from the buffer's
+  row cache, which keeps the rows this process wrote and read by key (a key is one row
+  for good, so nothing it holds goes stale), the rest cut out of their blobs.
+- A row's id is its slot (ten digits) then 88 random bits, so it sorts beside the id of
+  the row it replaces (fewer index pages written).
 
 Elements go in and come out as TorchRL gives them: a tensor, a TensorDict (nested keys,
 batch dimensions after the first) or a pytree of tensors, every leaf with its dtype
@@ -486,10 +493,8 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
             specs = [(leaf.dtype, leaf.shape[1:]) for leaf in cpu]
             cache.offer(
                 self.buffer.sql.identity,
-                [written[slot] for slot in slots],
-                columns["id"],
-                [_packed(cpu)],
-                [_cache_path(layout, specs)],
+                ([written[slot] for slot in slots], columns["id"]),
+                {_cache_path(layout, specs): _packed(cpu)},
             )
 
     def get(self, index: Any) -> Any:

@@ -659,23 +659,20 @@ class RowCache:
         return out_ids, out, hits
 
     def offer(
-        self,
-        epoch: Hashable,
-        keys: list[int],
-        ids: list[str],
-        columns: list[Any],
-        paths: Sequence[str],
+        self, epoch: Hashable, rows: tuple[list[int], list[str]], fields: dict[str, Any]
     ) -> None:
-        """Keep the values at ``paths`` of rows this process has just written and seen
-        committed (distinct ``keys``, ``ids``; ``columns[j][i]``: key i's value at path j,
-        as :meth:`fetch_columns`' ``read`` would give it), admitted as a read of them would
-        be (:meth:`_admitted`). Their keys are theirs for good, so nothing goes stale: the
-        caller still asks the database which keys it wants."""
+        """Keep fields of rows this process has just written and seen committed (``rows``:
+        their distinct keys and their ids; ``fields``: per path, the rows' values in that
+        order, as :meth:`fetch_columns`' ``read`` would give them), admitted as a read of
+        them would be (:meth:`_admitted`). Their keys are theirs for good, so nothing goes
+        stale: the caller still asks the database which keys it wants."""
+        keys, ids = rows
         if not self.enabled or not keys:
             return
         with self._guard():
             self._check_epoch(epoch)
-        self._keep(epoch, keys, ids, columns, paths, keys, range(len(keys)))
+        paths = list(fields)
+        self._keep(epoch, keys, ids, [fields[p] for p in paths], paths, keys, range(len(keys)))
 
     def _learn_forms(self, paths: Sequence[str], columns: list[Any]) -> None:
         """Note whether the database's values at each path came stacked (a tensor field
