@@ -467,12 +467,16 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
         tracked = cache.enabled  # (without the cache, reads ask the slot index every time)
         counters: list[tuple[Any, ...]] = []
 
+        replaced = [0]
+
         def held(conn: Any) -> list[str]:
             if tracked:  # the buffer as this write finds it (its row taken)
                 counters[:] = [_counters(handle, conn)]
             # The rows these slots hold now, replaced in the write's transaction as
             # delete() removes a row (tombstone, counts, the version readers follow).
-            return [str(row_id) for (row_id,) in _slot_rows(handle, conn, slots, rows.c.id)]
+            ids = [str(row_id) for (row_id,) in _slot_rows(handle, conn, slots, rows.c.id)]
+            replaced[0] = len(ids)
+            return ids
 
         written: dict[int, int] = {}
 
@@ -486,7 +490,7 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
 
         writer.replace_rows(handle, column_source(columns), held, wrote if tracked else None)
         if tracked:
-            self._moved(counters[0], counters[1], written)
+            self._moved(counters[0], counters[1], written, replaced[0])
         if tracked and not any(leaf.dtype.is_complex for leaf in cpu):
             # Committed: the row cache keeps the leaves as these rows' blobs hold them, so a
             # sample of them reads only which rows its slots hold (see _cached_leaves).
@@ -552,15 +556,28 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
         return held
 
     def _moved(
-        self, before: tuple[Any, ...], after: tuple[Any, ...], written: dict[int, int]
+        self,
+        before: tuple[Any, ...],
+        after: tuple[Any, ...],
+        written: dict[int, int],
+        replaced: int,
     ) -> None:
         """After this process's write committed: the slot map moved on by it, if it was
         current when the write began (``before``: the counters then; an empty buffer
-        starts one), else dropped."""
+        starts one) and the write changed nothing but its slots (``replaced``: the rows it
+        removed from them; a retention that evicted other rows in the write, say, drops
+        the map)."""
         held = self._map
         if held is None or held.pid != os.getpid() or len(held.keys) != self.max_size:
             held = _SlotMap(self.max_size, before) if before[2] == 0 else None
-        if held is not None and held.counters == before and held.put(list(written.items())):
+        added, count = after[1] - before[1], after[2] - before[2]
+        only_slots = added == len(written) and count == len(written) - replaced
+        if (
+            held is not None
+            and only_slots
+            and held.counters == before
+            and held.put(list(written.items()))
+        ):
             held.counters = after
             self._map = held
         else:

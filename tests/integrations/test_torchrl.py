@@ -368,3 +368,18 @@ def test_a_storage_reads_what_another_handle_wrote_or_deleted_since(
     mine.set([3], torch.tensor([7.0]))  # a write after another handle's: read back right
     assert_same(mine.get([3, 0]), torch.tensor([7.0, -1.0]))
     assert_same(other.get([3, 0]), torch.tensor([7.0, -1.0]))
+
+
+def test_rows_a_retention_evicts_in_a_write_leave_their_slots(
+    db_url: str, buffer_name: str
+) -> None:
+    """A write that also evicts other rows (the buffer's capacity) leaves those slots
+    empty to this handle too (its map of the slots does not keep them)."""
+    storage = ExpstoreStorage(8, url=db_url, name=buffer_name)
+    storage.set(list(range(4)), torch.arange(4.0))
+    assert_same(storage.get([0, 3]), torch.tensor([0.0, 3.0]))
+    storage.buffer.set_retention(4)  # the oldest rows go as new ones come
+    storage.set([4, 5], torch.tensor([4.0, 5.0]))
+    with pytest.raises(OutOfRangeError, match=r"slots \[0\] .* hold nothing"):
+        storage.get([0, 5])
+    assert_same(storage.get([5, 2, 4, 3]), torch.tensor([5.0, 2.0, 4.0, 3.0]))
