@@ -590,12 +590,14 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
         so, the map answers; rows only added since (another process filling slots) are
         read and noted; any other change drops the map, and the slot index answers, until
         two reads in a row find the buffer unchanged, which read the whole slot index into
-        a new map."""
+        a new map. Each statement on its own (no transaction: one round trip each on
+        Postgres), on the primary; the counters first, so what is read after them is as
+        new as they say or newer (a map newer than its counters is only read again)."""
         handle = self.buffer.sql.handle
         held = self._map
         if held is not None and (held.pid != os.getpid() or len(held.keys) != self.max_size):
             held = None
-        with handle.errors("read slots"), handle.read() as conn:
+        with handle.errors("read slots"), handle.single() as conn:
             now = _counters(handle, conn)
             if held is not None and held.counters != now:
                 held = self._caught_up(conn, held, now)
@@ -656,7 +658,7 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
         plain = [True]
 
         def read(some: list[int], _paths: Any, _writable: bool) -> tuple[list[str], list[Any]]:
-            with handle.errors("read slots"), handle.read() as conn:
+            with handle.errors("read slots"), handle.single() as conn:
                 got = {
                     int(k): (rid, blob)
                     for k, rid, blob in _key_rows(handle, conn, sorted(set(some)))
