@@ -188,17 +188,19 @@ def _slot_rows(
 ) -> list[Sequence[Any]]:
     """``columns`` of the rows the storage's ``slots`` hold, by one statement compiled once
     per handle and columns (the slots are one bound set; not ordered: SQLite would walk
-    the key index)."""
+    the key index). Columns of the buffer's row (:data:`_COUNTERS`) come with each row."""
     dialect = handle.dialect
+    joined = any(column.table is buffers for column in columns)
 
     def build() -> Any:
-        return select(*columns).where(
+        stmt = select(*columns).where(
             rows.c.buffer_id == handle.buffer_id,
             rows.c.task_id == SLOTS,
             dialect.key_in(rows.c.step),
         )
+        return stmt.where(buffers.c.id == rows.c.buffer_id) if joined else stmt
 
-    what = ("torchrl slots", *(column.name for column in columns))
+    what = ("torchrl slots", *(f"{column.table.name}.{column.name}" for column in columns))
     return handle.statement(what, build).run(conn, keys=dialect.key_set(sorted(set(slots))))
 
 
@@ -248,15 +250,16 @@ def _packed(leaves: list[Any]) -> Any:
     return np.concatenate(parts, axis=1)
 
 
+#: The buffer's counters that every change moves: its version (removals), rows ever
+#: inserted, rows now, and its creation (a database made anew).
+_COUNTERS = (buffers.c.version, buffers.c.inserted, buffers.c.row_count, buffers.c.created_at)
+
+
 def _counters(handle: BufferHandle, conn: Any) -> tuple[Any, ...]:
-    """The buffer's counters that every change moves: its version (removals), rows ever
-    inserted, rows now, and its creation (a database made anew)."""
+    """The buffer's :data:`_COUNTERS` now."""
 
     def build() -> Any:
-        b = buffers.c
-        return select(b.version, b.inserted, b.row_count, b.created_at).where(
-            b.id == handle.buffer_id
-        )
+        return select(*_COUNTERS).where(buffers.c.id == handle.buffer_id)
 
     return tuple(handle.statement(("torchrl counters",), build).run(conn)[0])
 
@@ -470,23 +473,24 @@ class ExpstoreStorage(_storages.Storage):  # type: ignore[misc]
         replaced = [0]
 
         def held(conn: Any) -> list[str]:
-            if tracked:  # the buffer as this write finds it (its row taken)
-                counters[:] = [_counters(handle, conn)]
             # The rows these slots hold now, replaced in the write's transaction as
-            # delete() removes a row (tombstone, counts, the version readers follow).
-            ids = [str(row_id) for (row_id,) in _slot_rows(handle, conn, slots, rows.c.id)]
-            replaced[0] = len(ids)
-            return ids
+            # delete() removes a row (tombstone, counts, the version readers follow), and
+            # the buffer's counters as this write finds them (its row taken)
+            found = _slot_rows(handle, conn, slots, rows.c.id, *(_COUNTERS if tracked else ()))
+            if tracked:
+                counters[:] = [tuple(found[0][1:]) if found else _counters(handle, conn)]
+            replaced[0] = len(found)
+            return [str(row[0]) for row in found]
 
         written: dict[int, int] = {}
 
         def wrote(conn: Any) -> None:
             # The keys the new rows got and the counters after, for the slot map and the
             # row cache (read in the write's transaction)
-            found = _slot_rows(handle, conn, slots, rows.c.step, rows.c.key)
+            found = _slot_rows(handle, conn, slots, rows.c.step, rows.c.key, *_COUNTERS)
             written.clear()
-            written.update((int(step), int(key)) for step, key in found)
-            counters[1:] = [_counters(handle, conn)]
+            written.update((int(row[0]), int(row[1])) for row in found)
+            counters[1:] = [tuple(found[0][2:])]
 
         writer.replace_rows(handle, column_source(columns), held, wrote if tracked else None)
         if tracked:
