@@ -658,6 +658,22 @@ class RowCache:
         hits = list(zip(held_keys, held_ids, strict=True))
         return out_ids, out, hits
 
+    def offer(
+        self, epoch: Hashable, rows: tuple[list[int], list[str]], fields: dict[str, Any]
+    ) -> None:
+        """Keep fields of rows this process has just written and seen committed (``rows``:
+        their distinct keys and their ids; ``fields``: per path, the rows' values in that
+        order, as :meth:`fetch_columns`' ``read`` would give them), admitted as a read of
+        them would be (:meth:`_admitted`). Their keys are theirs for good, so nothing goes
+        stale: the caller still asks the database which keys it wants."""
+        keys, ids = rows
+        if not self.enabled or not keys:
+            return
+        with self._guard():
+            self._check_epoch(epoch)
+        paths = list(fields)
+        self._keep(epoch, keys, ids, [fields[p] for p in paths], paths, keys, range(len(keys)))
+
     def _learn_forms(self, paths: Sequence[str], columns: list[Any]) -> None:
         """Note whether the database's values at each path came stacked (a tensor field
         the decoder stacks) or as a list (parts walked in Python, say): the cache hands

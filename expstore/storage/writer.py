@@ -310,6 +310,7 @@ def replace_rows(
     handle: BufferHandle,
     rows: Sequence[Any] | RowSource,
     replacing: Callable[[Connection], Sequence[str]] | None = None,
+    then: Callable[[Connection], None] | None = None,
 ) -> None:
     """Store ``rows``, each replacing the stored row of its id if there is one (an upsert
     by id: rows are immutable, so the old row is removed, as ``delete()`` removes it, with
@@ -323,7 +324,8 @@ def replace_rows(
     ``rows``: DataRows (checked first, as :func:`store_batch` checks them), or rows a
     dict of columns gave (``column_source``: checked as they were cut, or a
     :class:`RowSource`). ``replacing(conn)``: the ids of the rows these replace, found in
-    the write's transaction (None: the rows' own ids)."""
+    the write's transaction (None: the rows' own ids). ``then(conn)``: called after the
+    insert, in the write's transaction (to read what it wrote: the new rows' keys, say)."""
     if isinstance(rows, RowSource):
         batch = rows
     elif all(isinstance(row, DataRow) for row in rows):
@@ -342,6 +344,8 @@ def replace_rows(
                     doomed = ids if replacing is None else list(replacing(conn))
                     remove_ids(handle, conn, doomed, state, removed, len(ids))
                     write_in(handle, conn, batch, None, state, removed)
+                    if then is not None:
+                        then(conn)
                 return
             except WriteBlocked as blocked:  # rolled back: wait for samplers, then again
                 RateLimits(handle).wait_to_write(blocked, waiting)

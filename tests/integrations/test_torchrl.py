@@ -30,6 +30,7 @@ from torchrl.data.replay_buffers import (  # noqa: E402
     SliceSampler,
 )
 
+from expstore import QueryBuilder  # noqa: E402
 from expstore import ReplayBuffer as ExpBuffer  # noqa: E402
 from expstore.errors import (  # noqa: E402
     ExpstoreError,
@@ -339,3 +340,46 @@ def test_the_codec_reads_what_the_blob_path_reads(db_url: str, buffer_name: str)
     fast = storage[index]
     storage._layout.plan = ()  # as when a leaf is not a plain tensor in the blob
     assert_same(storage[index], fast)
+
+
+def test_a_storage_reads_what_another_handle_wrote_or_deleted_since(
+    db_url: str, buffer_name: str
+) -> None:
+    """Two handles on one buffer (as two processes): each keeps which row each slot holds
+    and the rows it wrote in its row cache, and still reads what the other did since:
+    slots filled, slots overwritten, rows deleted."""
+    mine = ExpstoreStorage(8, url=db_url, name=buffer_name)
+    other = ExpstoreStorage(8, url=db_url, name=buffer_name)
+    first, filled, overwritten = torch.arange(4) * 1.5, torch.arange(2) + 100.0, -torch.ones(2)
+    mine.set(list(range(4)), first)
+    assert_same(mine.get([0, 1, 2, 3]), first)  # from this handle's own writes
+    assert mine.buffer.sql.row_cache.stats().misses == 0
+    other.set([4, 5], filled)  # rows added only
+    assert_same(mine.get([5, 4, 0]), torch.stack([filled[1], filled[0], first[0]]))
+    other.set([0, 1], overwritten)  # rows replaced
+    for _ in range(3):  # read by slot, then (the buffer unchanged) by a map read anew
+        assert_same(
+            mine.get([1, 0, 3, 4]), torch.stack([*overwritten.flip(0), first[3], filled[0]])
+        )
+    other.buffer.delete(QueryBuilder().eq("step", 3).build())  # a row goes, no other comes
+    with pytest.raises(OutOfRangeError, match=r"slots \[3\] .* hold nothing"):
+        mine.get([2, 3])
+    assert_same(mine.get([2]), first[2:3])
+    mine.set([3], torch.tensor([7.0]))  # a write after another handle's: read back right
+    assert_same(mine.get([3, 0]), torch.tensor([7.0, -1.0]))
+    assert_same(other.get([3, 0]), torch.tensor([7.0, -1.0]))
+
+
+def test_rows_a_retention_evicts_in_a_write_leave_their_slots(
+    db_url: str, buffer_name: str
+) -> None:
+    """A write that also evicts other rows (the buffer's capacity) leaves those slots
+    empty to this handle too (its map of the slots does not keep them)."""
+    storage = ExpstoreStorage(8, url=db_url, name=buffer_name)
+    storage.set(list(range(4)), torch.arange(4.0))
+    assert_same(storage.get([0, 3]), torch.tensor([0.0, 3.0]))
+    storage.buffer.set_retention(4)  # the oldest rows go as new ones come
+    storage.set([4, 5], torch.tensor([4.0, 5.0]))
+    with pytest.raises(OutOfRangeError, match=r"slots \[0\] .* hold nothing"):
+        storage.get([0, 5])
+    assert_same(storage.get([5, 2, 4, 3]), torch.tensor([5.0, 2.0, 4.0, 3.0]))
