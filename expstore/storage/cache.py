@@ -405,7 +405,7 @@ class RowCache:
         self._fields = _Fields()
         self._lock = threading.Lock()
         self._pid = os.getpid()
-        self._epoch: Hashable = None
+        self._identity: Hashable = None
         self._bytes = 0
         self._hits = self._misses = self._evictions = self._resets = 0
         #: Per path, whether its last read came stacked (see :meth:`fetch_columns`).
@@ -490,18 +490,18 @@ class RowCache:
             self._evictions += 1
 
     # -- the fetch -----------------------------------------------------------------------
-    def _begin(self, epoch: Hashable, distinct: list[int]) -> dict[int, _Entry]:
+    def _begin(self, identity: Hashable, distinct: list[int]) -> dict[int, _Entry]:
         """The whole rows held of ``distinct`` keys, counted as hits (the rest as misses);
-        another ``epoch`` than the last one's empties the cache first."""
+        another buffer ``identity`` than the last one's empties the cache first."""
         with self._guard():
-            self._check_epoch(epoch)
+            self._check_identity(identity)
             held = self._held(distinct)
             self._hits += len(held)
             self._misses += len(distinct) - len(held)
             return held
 
     def fetch_rows(
-        self, epoch: Hashable, keys: Sequence[int] | np.ndarray, source: RawRows
+        self, identity: Hashable, keys: Sequence[int] | np.ndarray, source: RawRows
     ) -> tuple[list[DataRow], list[tuple[int, str]]]:
         """``(rows, hits)``: the whole rows with ``keys`` (in order, repeats kept, rows not
         found left out); ``hits`` are the ``(key, id)`` pairs the cache served.
@@ -511,7 +511,7 @@ class RowCache:
         then on (a frozen copy), so later hits cost a copy, not a decode."""
         wanted = _key_list(keys)
         distinct = list(dict.fromkeys(wanted))
-        held = self._begin(epoch, distinct)
+        held = self._begin(identity, distinct)
         hits = [(k, e.id) for k, e in held.items()]
         ready: dict[int, DataRow] = {}  # held decoded
         raw: dict[int, tuple[Any, ...]] = {}  # to decode: held as read, and read now
@@ -544,7 +544,7 @@ class RowCache:
                     kept = _Raw(r, mine)
                     fresh[key] = _Entry(r[1], kept, _footprint_raw(kept))
                 with self._guard():
-                    if epoch == self._epoch:
+                    if identity == self._identity:
                         self._insert(fresh)
         made: dict[int, DataRow] = {}
         if raw:
@@ -557,15 +557,15 @@ class RowCache:
             if promote:
                 sizes: list[int] = []
                 frozen = copy_rows([made[k] for k in promote], sizes=sizes)
-                self._promote(epoch, promote, frozen, sizes)
+                self._promote(identity, promote, frozen, sizes)
         return [made[k] for k in wanted if k in made], hits
 
     def _promote(
-        self, epoch: Hashable, keys: list[int], rows: list[DataRow], sizes: list[int]
+        self, identity: Hashable, keys: list[int], rows: list[DataRow], sizes: list[int]
     ) -> None:
         """Keep these rows decoded (held as read until now); ``sizes``: what each takes."""
         with self._guard():
-            if epoch != self._epoch:
+            if identity != self._identity:
                 return
             for key, row, size in zip(keys, rows, sizes, strict=True):
                 entry = self._entries.get(key)
@@ -579,7 +579,7 @@ class RowCache:
 
     def fetch_columns(
         self,
-        epoch: Hashable,
+        identity: Hashable,
         keys: Sequence[int] | np.ndarray,
         paths: Sequence[str],
         writable: bool,
@@ -593,7 +593,7 @@ class RowCache:
         distinct = list(dict.fromkeys(wanted))
         fields = self._fields
         with self._guard():
-            self._check_epoch(epoch)
+            self._check_identity(identity)
             slots, ok = fields.find(distinct, paths)
             n_held = int(ok.sum())
             self._hits += n_held
@@ -617,7 +617,7 @@ class RowCache:
             self._learn_forms(paths, columns)
             if len(ids) == len(wanted):  # (else rows went: the caller chooses again)
                 places = range(len(wanted)) if len(distinct) == len(wanted) else None
-                self._keep(epoch, distinct, ids, columns, paths, wanted, places)
+                self._keep(identity, distinct, ids, columns, paths, wanted, places)
             return ids, columns, []
         # Some held, some not: the others are read, and the batch put together by row.
         held_keys = [k for k, good in zip(distinct, ok.tolist(), strict=True) if good]
@@ -628,9 +628,9 @@ class RowCache:
             # A row chosen was deleted before this read: the batch is read whole, as
             # without a cache (the caller chooses again; nothing of it is kept).
             return (*read(wanted, paths, writable), [])
-        self._keep(epoch, missing, ids, columns, paths, missing, range(len(missing)))
+        self._keep(identity, missing, ids, columns, paths, missing, range(len(missing)))
         with self._guard():
-            if epoch != self._epoch:  # (made anew meanwhile: read it all)
+            if identity != self._identity:  # (made anew meanwhile: read it all)
                 return (*read(wanted, paths, writable), [])
             slots, ok = fields.find(held_keys, paths)
             if not ok.all():  # (evicted meanwhile by another thread: read it all)
@@ -659,7 +659,7 @@ class RowCache:
         return out_ids, out, hits
 
     def offer(
-        self, epoch: Hashable, rows: tuple[list[int], list[str]], fields: dict[str, Any]
+        self, identity: Hashable, rows: tuple[list[int], list[str]], fields: dict[str, Any]
     ) -> None:
         """Keep fields of rows this process has just written and seen committed (``rows``:
         their distinct keys and their ids; ``fields``: per path, the rows' values in that
@@ -670,9 +670,9 @@ class RowCache:
         if not self.enabled or not keys:
             return
         with self._guard():
-            self._check_epoch(epoch)
+            self._check_identity(identity)
         paths = list(fields)
-        self._keep(epoch, keys, ids, [fields[p] for p in paths], paths, keys, range(len(keys)))
+        self._keep(identity, keys, ids, [fields[p] for p in paths], paths, keys, range(len(keys)))
 
     def _learn_forms(self, paths: Sequence[str], columns: list[Any]) -> None:
         """Note whether the database's values at each path came stacked (a tensor field
@@ -681,13 +681,13 @@ class RowCache:
         for path, values in zip(paths, columns, strict=True):
             self._stacked[path] = type(values) is np.ndarray
 
-    def _check_epoch(self, epoch: Hashable) -> None:
-        """Another ``epoch`` than the last one's empties the cache first (in the lock)."""
-        if epoch != self._epoch:
+    def _check_identity(self, identity: Hashable) -> None:
+        """Another ``identity`` than the last one's empties the cache first (in the lock)."""
+        if identity != self._identity:
             if self._entries or self._fields.used:
                 self._resets += 1
             self._forget_all()
-            self._epoch = epoch
+            self._identity = identity
 
     def _held(self, distinct: list[int]) -> dict[int, _Entry]:
         """The whole rows held of ``distinct`` keys, moved to the recent end."""
@@ -702,7 +702,7 @@ class RowCache:
 
     def _keep(
         self,
-        epoch: Hashable,
+        identity: Hashable,
         keys: list[int],
         ids: list[str],
         columns: list[Any],
@@ -723,7 +723,7 @@ class RowCache:
         else:
             chosen, at = keys, list(places)
         with collector_paused(), self._guard():
-            if epoch != self._epoch:
+            if identity != self._identity:
                 return
             self._fields.put(chosen, [ids[i] for i in at], columns, paths, at)
             self._shrink()

@@ -657,13 +657,13 @@ class SqlStorage(Storage):
         cache = self.row_cache
         if not cache.enabled:
             return super().fetch(keys, paths, writable=writable)
-        epoch = self.identity
+        identity = self.identity
         if paths is None:
-            rows, hits = cache.fetch_rows(epoch, keys, self._reader)
+            rows, hits = cache.fetch_rows(identity, keys, self._reader)
             fetched = Fetched([row.id for row in rows], rows=rows)
         else:
             ids, columns, hits = cache.fetch_columns(
-                epoch, keys, paths, writable, self._read_columns
+                identity, keys, paths, writable, self._read_columns
             )
             fetched = Fetched(ids, columns=columns)
         if hits:  # a call by id soon after (a priority update) finds these rows by key
