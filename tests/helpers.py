@@ -91,3 +91,19 @@ def killed_actor(module: str, *args: str) -> None:
         check=False,
     )
     assert done.returncode == -9  # it died where it was told to
+
+
+def run_out(buffer: Any, claim: Any) -> None:
+    """End ``claim``'s lease now, by the database's clock: its entries' ``lease_until``
+    moved an hour back, as if the holder had stalled that long (tests of what happens once
+    a lease ran out, without a short lease that a loaded machine could outlive before the
+    test's next step)."""
+    handle = buffer.sql.handle
+    with handle.write() as conn:
+        conn.execute(
+            text(
+                "UPDATE expstore_consumption SET lease_until = lease_until - 3600 "
+                "WHERE claim_id = :claim_id"
+            ),
+            {"claim_id": claim.claim_id},
+        )

@@ -113,7 +113,7 @@ def _take_whole(
 ) -> list[Group]:
     """Claim up to ``need`` of ``groups`` whole; returns those taken. Groups a row of
     which was consumed (by a row claim, or a claim of another index) leave the index."""
-    free = set(queue.lock_free(conn, _flat(groups), entry["claimed_at"]))
+    free = set(queue.lock_free(conn, _flat(groups)))
     held = [g for g in groups if not free.issuperset(g[1].tolist())]
     if held:
         index.forget_spent(conn, synced, [int(k) for _, keys in held for k in keys])

@@ -151,8 +151,11 @@ def needs_of(handle: BufferHandle, conn: Connection, keys: Sequence[int]) -> dic
     if not len(keys):
         return {}
     dialect = handle.dialect
-    stmt = select(_T.key, _T.target - _T.done).where(dialect.key_in(_T.key))
-    found = conn.execute(stmt, {"keys": dialect.key_set(list(keys))}).all()
+    statement = handle.statement(
+        ("completions needed",),
+        lambda: select(_T.key, _T.target - _T.done).where(dialect.key_in(_T.key)),
+    )
+    found = statement.run(conn, keys=dialect.key_set(list(keys)))
     return {int(k): int(left) for k, left in found}
 
 

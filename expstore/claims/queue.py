@@ -73,6 +73,7 @@ from sqlalchemy import (
 from sqlalchemy.sql.elements import ColumnElement
 
 from .._args import check_checkpoint
+from ..db.dialects import Dialect
 from ..db.handle import BufferHandle, retried
 from ..db.schema import (
     buffers,
@@ -204,6 +205,41 @@ def unblocked(now: Now) -> ColumnElement[bool]:
 def _held_entry(now: Now) -> ColumnElement[bool]:
     """An existing entry that leaves its row claimable: released, or its lease ran out."""
     return and_(_C.acked_at.is_(None), or_(_C.lease_until.is_(None), _C.lease_until < now))
+
+
+def _claim_values(dialect: Dialect) -> dict[str, Any]:
+    """A claim's entry, bound: its ``claim_id`` and ``consumer``, taken now (the database's
+    clock) for ``lease_s`` seconds."""
+    now = dialect.now()
+    return {
+        "claim_id": bindparam("claim_id", type_=String),
+        "consumer": bindparam("consumer", type_=String),
+        "claimed_at": now,
+        "lease_until": now + bindparam("lease_s", type_=Double),
+    }
+
+
+def _new_entries(dialect: Dialect) -> Any:
+    """Entries for the rows of the bound ``keys`` never claimed (returning key and when);
+    DO NOTHING leaves an existing entry unlocked (DO UPDATE would lock it even where its
+    WHERE fails, making its ack wait)."""
+    values = {**_claim_values(dialect), "buffer_id": bindparam("buffer_id", type_=Integer)}
+    return (
+        dialect.insert_per_key(consumption, {**values, "times_claimed": 1})
+        .on_conflict_do_nothing(index_elements=[_C.key])
+        .returning(_C.key, _C.claimed_at)
+    )
+
+
+def _entries_again(dialect: Dialect) -> Any:
+    """The entries of the bound ``keys`` that leave their rows claimable (released, or
+    their lease ran out) handed to the bound claim (returning key and when)."""
+    return (
+        update(consumption)
+        .where(dialect.key_in(_C.key), _held_entry(dialect.now()))
+        .values(**_claim_values(dialect), times_claimed=_C.times_claimed + 1)
+        .returning(_C.key, _C.claimed_at)
+    )
 
 
 #: Takes whole groups for a claim: (queue, conn, n rows, now, entry, stamps) -> (keys taken,
@@ -391,14 +427,8 @@ class ClaimQueue:
                 if unlimited and limited:  # a limit set since the caller looked
                     raise RateLimitFound  # rolls the transaction back
                 check_generation(handle, conn, consumer, generation, "claim", current, shared=True)
-                entry = {
-                    "buffer_id": handle.buffer_id,
-                    "claim_id": claim_id,
-                    "consumer": consumer,
-                    "claimed_at": now,
-                    "lease_until": now + lease_s,
-                    "times_claimed": 1,
-                }
+                # The claim's entries: taken now (the database's clock), for lease_s.
+                entry = {"claim_id": claim_id, "consumer": consumer, "lease_s": lease_s}
                 stamps: list[float] = []  # when the entries were written, by the database
                 # A prompt queue's admission bound: its row held until the claim commits.
                 admission = admit(handle, conn, now, bounded=bounded)
@@ -460,64 +490,59 @@ class ClaimQueue:
         self,
         conn: Connection,
         keys: list[int],
-        now: Now,
         entry: dict[str, Any],
         stamps: list[float],
     ) -> list[int]:
         """Lock the rows of ``keys`` no other transaction holds and write this claim's
         entries for those still claimable; returns the keys taken, in the given order."""
-        taken = set(self.enter(conn, self.lock_free(conn, keys, now), entry, stamps))
+        taken = set(self.enter(conn, self.lock_free(conn, keys), entry, stamps))
         return [k for k in keys if k in taken]
 
-    def lock_free(self, conn: Connection, keys: list[int], now: Now) -> list[int]:
+    def lock_free(self, conn: Connection, keys: list[int]) -> list[int]:
         """Lock the rows of ``keys`` that no other transaction holds and that are claimable
         by this statement's snapshot; returns their keys."""
         if not keys:
             return []
-        dialect = self._handle.dialect
+        handle = self._handle
+        dialect = handle.dialect
         # Still claimable by this statement's snapshot: a claim that committed since the
         # candidates were read is passed over here, not met in the upsert (which would lock
         # its entries and make its ack wait for this transaction).
-        locked = dialect.skip_locked(select(rows.c.key).where(dialect.key_in(), unblocked(now)))
-        bound = {"keys": dialect.key_set(keys)}
-        return [int(k) for k in conn.execute(locked, bound).scalars()]
+        locked = handle.statement(
+            ("lock free",),
+            lambda: dialect.skip_locked(
+                select(rows.c.key).where(dialect.key_in(), unblocked(dialect.now()))
+            ),
+        )
+        return [int(k) for (k,) in locked.run(conn, keys=dialect.key_set(keys))]
 
     def enter(
         self, conn: Connection, free: list[int], entry: dict[str, Any], stamps: list[float]
     ) -> list[int]:
-        """Write this claim's entries for the locked rows ``free`` still claimable; returns
-        the keys entered."""
+        """Write this claim's entries (``entry``: its ``claim_id``, ``consumer`` and
+        ``lease_s``) for the locked rows ``free`` still claimable, taken now by the
+        database's clock; returns the keys entered."""
         if not free:
             return []
-        dialect = self._handle.dialect
-        now = entry["claimed_at"]
-        # Rows never claimed get an entry; DO NOTHING leaves an existing entry unlocked
-        # (DO UPDATE would lock it even where its WHERE fails, making its ack wait).
-        new = (
-            dialect.insert_per_key(consumption, entry)
-            .on_conflict_do_nothing(index_elements=[_C.key])
-            .returning(_C.key, _C.claimed_at)
-        )
-        returned = list(conn.execute(new, {"keys": dialect.key_set(free)}).all())
-        entered = {int(r.key) for r in returned}
+        handle = self._handle
+        dialect = handle.dialect
+        params = {
+            "claim_id": entry["claim_id"],
+            "consumer": entry["consumer"],
+            "lease_s": float(entry["lease_s"]),
+            "buffer_id": handle.buffer_id,
+        }
+        new = handle.statement(("enter new",), partial(_new_entries, dialect))
+        returned = list(new.run(conn, keys=dialect.key_set(free), **params))
+        entered = {int(k) for k, _ in returned}
         again = [k for k in free if k not in entered]
         if again:  # rows released, or whose lease ran out: their entry changes hands
-            reclaim = (
-                update(consumption)
-                .where(dialect.key_in(_C.key), _held_entry(now))
-                .values(
-                    claim_id=entry["claim_id"],
-                    consumer=entry["consumer"],
-                    claimed_at=entry["claimed_at"],
-                    lease_until=entry["lease_until"],
-                    times_claimed=_C.times_claimed + 1,
-                )
-                .returning(_C.key, _C.claimed_at)
-            )
-            returned += conn.execute(reclaim, {"keys": dialect.key_set(again)}).all()
+            reclaim = handle.statement(("enter again",), partial(_entries_again, dialect))
+            params.pop("buffer_id")
+            returned += reclaim.run(conn, keys=dialect.key_set(again), **params)
         if returned:
-            stamps.append(float(returned[0].claimed_at))
-        return [int(r.key) for r in returned]
+            stamps.append(float(returned[0][1]))
+        return [int(k) for k, _ in returned]
 
     def give_back(self, conn: Connection, keys: list[int], claim_id: str) -> None:
         """Release this claim's entries of ``keys`` inside its own transaction (a group
@@ -548,7 +573,7 @@ class ClaimQueue:
         where = scope.where(handle)
         floor_key = scope.key
         oldest = self._oldest(conn, scope)
-        start = self._start(conn, scope, now, oldest)
+        start = self._start(conn, scope, oldest)
         taken: list[int] = []
         floor: int | None = None
         scan_from = start
@@ -560,7 +585,7 @@ class ClaimQueue:
                 .limit(want)
             )
             found = [int(k) for k in conn.execute(scan).scalars()]
-            got = self._take(conn, found, now, entry, stamps)
+            got = self._take(conn, found, entry, stamps)
             taken.extend(got)
             if floor is None and len(got) < len(found):
                 # Held by a claimer still in its transaction (or taken since our read):
@@ -879,7 +904,7 @@ class ClaimQueue:
         oldest = oldest_fresh(None if current is None else int(current), scope.max_staleness)
         return -1 if oldest is None else oldest
 
-    def _start(self, conn: Connection, scope: Scope, now: Now, oldest: int | None) -> int:
+    def _start(self, conn: Connection, scope: Scope, oldest: int | None) -> int:
         """Where a FIFO scan for the condition starts: this handle's floor for it, or lower
         where a row below it became claimable again (released, lease ran out) or came
         back into scope (the version forced back below where it was)."""
@@ -892,10 +917,16 @@ class ClaimQueue:
         start = floor.key
         # The few unacked entries below the floor, through the (buffer_id, acked_at,
         # lease_until) index; then which of their rows match the condition.
-        reopened = select(_C.key).where(
-            _C.buffer_id == handle.buffer_id, _held_entry(now), _C.key < start
+        reopened = handle.statement(
+            ("reopened below",),
+            lambda: select(_C.key).where(
+                _C.buffer_id == bindparam("buffer_id", type_=Integer),
+                _held_entry(handle.dialect.now()),
+                _C.key < bindparam("start", type_=BigInteger),
+            ),
         )
-        keys = [int(k) for k in conn.execute(reopened).scalars()]
+        found_keys = reopened.run(conn, buffer_id=handle.buffer_id, start=start)
+        keys = [int(k) for (k,) in found_keys]
         if not keys:
             return start
         # By key alone (the keys are the buffer's): with buffer_id too, Postgres walks the
@@ -933,7 +964,7 @@ class ClaimQueue:
                 ).scalars()
             )
             open_drawn = [k for k in drawn if k in open_][:want]
-            taken.extend(self._take(conn, open_drawn, now, entry, stamps))
+            taken.extend(self._take(conn, open_drawn, entry, stamps))
         if len(taken) < n:
             # Few claimable rows left among those the sampler draws: the rest at random
             # among every claimable row.
@@ -944,7 +975,7 @@ class ClaimQueue:
                 .limit(n - len(taken))
             )
             chosen = [int(k) for k in conn.execute(rest).scalars()]
-            taken.extend(self._take(conn, chosen, now, entry, stamps))
+            taken.extend(self._take(conn, chosen, entry, stamps))
         return taken
 
     # -- finishing -----------------------------------------------------------------------
@@ -952,9 +983,18 @@ class ClaimQueue:
         """The claim's entries, locked; the typed error when they are not the claim's to
         finish any more."""
         handle = self._handle
-        mine = select(_C.key, _C.consumer, _C.acked_at).where(_C.claim_id == claim.claim_id)
-        # Locked in key order, as claims lock them (else the two can deadlock on Postgres).
-        held = list(conn.execute(handle.dialect.locked(mine.order_by(_C.key))).all())
+
+        def build() -> Any:
+            mine = select(_C.key, _C.consumer, _C.acked_at).where(
+                _C.claim_id == bindparam("claim_id", type_=String)
+            )
+            # Locked in key order, as claims lock them (else the two can deadlock on
+            # Postgres).
+            return handle.dialect.locked(mine.order_by(_C.key))
+
+        statement = handle.statement(("own entries",), build)
+        found = statement.run(conn, claim_id=claim.claim_id)
+        held = [_Entry(int(k), c, a) for k, c, a in found]
         self._check_own(conn, claim, action, held)
         return held
 
@@ -1752,7 +1792,7 @@ class ClaimQueue:
             some = select(rows.c.key).where(*scope.where(handle)).limit(upto)
             if claimable:
                 now = float(conn.execute(select(handle.dialect.now())).scalar_one())
-                start = self._start(conn, scope, now, self._oldest(conn, scope))
+                start = self._start(conn, scope, self._oldest(conn, scope))
                 some = some.where(rows.c.key >= start, unblocked(now))
             counted = select(func.count()).select_from(some.subquery())
             return int(conn.execute(counted).scalar_one())

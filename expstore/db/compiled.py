@@ -22,7 +22,8 @@ __all__ = ["CompiledSelect", "CompiledWrite"]
 
 
 class CompiledSelect:
-    """A SELECT compiled for one dialect; :meth:`run` returns its rows as tuples.
+    """A SELECT (or an INSERT, UPDATE or DELETE ... RETURNING) compiled for one dialect;
+    :meth:`run` returns its rows as tuples.
 
     Parameters given to :meth:`run` must be values the driver takes as they are (int,
     str, float, bytes, lists of ints for Postgres arrays): no bind processors run on them.
@@ -52,7 +53,8 @@ class CompiledSelect:
         # (psycopg; SQLAlchemy turns its automatic preparing off); sqlite3 caches its own.
         self._prepare = dialect.driver == "psycopg"
         self._dialect = dialect
-        selected = getattr(stmt, "selected_columns", None) or []
+        # What it selects (a SELECT) or returns (an INSERT, UPDATE or DELETE ... RETURNING).
+        selected = getattr(stmt, "selected_columns", None) or stmt.exported_columns
         self._types = [column.type.dialect_impl(dialect) for column in selected]
         # Result processors need the driver's type codes: set at the first run.
         self._processors: list[tuple[int, Any]] | None = None

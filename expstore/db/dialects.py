@@ -82,6 +82,14 @@ _RAISE_ISSUED = (
 )
 
 
+#: The database's clock in seconds since the Unix epoch, built once (an expression is
+#: immutable, and building it cost every statement that reads the clock). SQLite:
+#: julianday('now') has millisecond resolution; day 2440587.5 is the Unix epoch.
+_SQLITE_NOW: ColumnElement[float] = (func.julianday("now") - 2440587.5) * 86400.0
+#: Postgres: the transaction's start, one instant for every row a claim or an ack writes.
+_POSTGRES_NOW: ColumnElement[float] = cast(func.extract("epoch", func.now()), Double)
+
+
 class Dialect(ABC):
     """What one backend does its own way."""
 
@@ -370,8 +378,7 @@ class SqliteDialect(Dialect):
         return rows.c.key + 0
 
     def now(self) -> ColumnElement[float]:
-        # julianday('now') has millisecond resolution; day 2440587.5 is the Unix epoch.
-        return (func.julianday("now") - 2440587.5) * 86400.0
+        return _SQLITE_NOW
 
     def upsert(self, table: Any) -> Any:
         return sqlite_insert(table)
@@ -570,8 +577,7 @@ class PostgresDialect(Dialect):
         conn.execution_options(isolation_level="REPEATABLE READ")
 
     def now(self) -> ColumnElement[float]:
-        # The transaction's start: one instant for every row a claim or an ack writes.
-        return cast(func.extract("epoch", func.now()), Double)
+        return _POSTGRES_NOW
 
     def upsert(self, table: Any) -> Any:
         return pg_insert(table)

@@ -37,7 +37,7 @@ from expstore.errors import (
     UnsupportedTypeError,
     WaitTimeoutError,
 )
-from tests.helpers import make_row, make_rows
+from tests.helpers import make_row, make_rows, run_out
 
 
 @pytest.fixture
@@ -769,12 +769,12 @@ def test_progress_saved_on_a_claim_reaches_whoever_claims_the_row_next(
     buffer: ReplayBuffer,
 ) -> None:
     buffer.store_batch([make_row("p0"), make_row("p1")])
-    first = buffer.claim(1, consumer="actor-0", lease_s=0.3)
+    first = buffer.claim(1, consumer="actor-0", lease_s=60)
     assert first.progress == {}
     state = {"tokens": [1, 2, 3], "versions": [4, 4, 5]}
     first.save_progress(state)
     assert first.progress == {first.ids[0]: state}
-    time.sleep(0.5)  # actor-0 stalls past its lease
+    run_out(buffer, first)  # actor-0 stalls past its lease
     second = buffer.claim(1, consumer="actor-1")
     assert second.ids == first.ids and second.progress == {first.ids[0]: state}
     with pytest.raises(LeaseExpiredError, match="nothing was saved"):

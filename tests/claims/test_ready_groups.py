@@ -15,7 +15,7 @@ import pytest
 from expstore import GroupSampler, QueryBuilder, ReplayBuffer
 from expstore.claims.ready_groups import ready_groups_of
 from expstore.errors import InvalidArgumentError
-from tests.helpers import make_row
+from tests.helpers import make_row, run_out
 
 #: Seconds the writers-and-claimers soak runs per backend (the issue asks for a minute).
 SOAK_S = float(os.environ.get("EXPSTORE_GROUP_SOAK_S", "60"))
@@ -125,11 +125,11 @@ def test_held_groups_come_back_on_release_and_when_the_lease_runs_out(
     for p in range(2):
         buffer.store_batch(group(f"p{p}", [0.0, 1.0]))
     first = buffer.claim(2, consumer="a", order=sampler)
-    second = buffer.claim(2, consumer="b", order=sampler, lease_s=0.2)
+    second = buffer.claim(2, consumer="b", order=sampler, lease_s=60)
     assert (firsts(first.batch, 2), firsts(second.batch, 2)) == (["p0"], ["p1"])
     assert not buffer.claim(2, consumer="c", order=sampler)
     first.release()
-    time.sleep(0.3)  # the second lease runs out (by the database's clock)
+    run_out(buffer, second)  # the second lease runs out (by the database's clock)
     again = buffer.claim(4, consumer="c", order=sampler)
     assert firsts(again.batch, 2) == ["p0", "p1"]
     assert again.ack() == 4
