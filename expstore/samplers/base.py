@@ -337,7 +337,8 @@ class KeySampler(Sampler):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls.weighs_rows = cls.weights is not KeySampler.weights
+        # A sampler that weighs its rows says so, or overrides weights().
+        cls.weighs_rows = cls.weighs_rows or cls.weights is not KeySampler.weights
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         if cls.choose_flat is KeySampler.choose_flat and cls.sample_keys is KeySampler.sample_keys:

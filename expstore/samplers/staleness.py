@@ -10,8 +10,10 @@ from typing_extensions import Unpack
 
 from .._args import check_number
 from ..query import QueryCondition
-from ..storage.base import Storage
+from ..storage.base import KeySpace, Storage
 from .base import KeySampler, SamplerOptions, with_current_version
+from .flat import draw_uniform
+from .loop import Choice
 
 __all__ = ["StalenessAwareSampler"]
 
@@ -41,20 +43,40 @@ class StalenessAwareSampler(KeySampler):
     def read_index(self, storage: Storage, query_condition: QueryCondition) -> dict[str, Any]:
         return with_current_version(storage, super().read_index(storage, query_condition))
 
-    def sample_keys(
-        self, index: dict[str, Any], batch_size: int, rng: np.random.Generator
-    ) -> np.ndarray:
-        keys = index["key"]
-        versions = index["policy_version"]
-        current = index["current_version"]
+    # The envelope comes from the largest version; the probes must see the same rows.
+    flat_snapshot = True
 
-        def compute() -> np.ndarray:
-            return np.cumsum(staleness_weights(versions, current, self.power))
+    def choose_flat(
+        self, space: KeySpace, batch_size: int, query_condition: QueryCondition
+    ) -> Choice | None:
+        # Rejection under the envelope of the freshest row's weight: that of the buffer's
+        # largest version (an upper bound of the matching rows' too, which keeps the draw
+        # exact); a candidate is kept with its weight over it.
+        current = space.current_version
+        newest = space.largest("policy_version")
+        top = float(
+            staleness_weights(
+                np.array([np.nan if newest is None else newest]), current, self.power
+            )[0]
+        )
 
-        cumulative = self.derived(f"staleness:{current}:{self.power}", (versions,), compute)
-        drawn = rng.random(batch_size) * cumulative[-1]
-        positions = np.searchsorted(cumulative, drawn, side="right").clip(max=len(keys) - 1)
-        return cast("np.ndarray", keys[positions])
+        def accept(columns: dict[str, np.ndarray]) -> np.ndarray:
+            return staleness_weights(columns["policy_version"], current, self.power) / top
+
+        drawn = draw_uniform(
+            space,
+            batch_size,
+            self.rng,
+            columns=("policy_version",),
+            accept=accept,
+            hint=self.kept_hint(query_condition),
+            budget=self.probe_budget,
+            name=f"staleness:{current}:{self.power!r}:{top!r}",
+        )
+        if drawn is None:
+            return None
+        self.kept_hint(query_condition, drawn.kept)
+        return Choice(drawn.keys)
 
 
 def staleness_weights(versions: np.ndarray, current: int | None, power: float) -> np.ndarray:
