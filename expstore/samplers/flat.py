@@ -239,7 +239,7 @@ class Ranked(NamedTuple):
     """A space's matching rows by rank (insertion order, the oldest rank 0): how many there
     are and the key of each rank."""
 
-    count: int
+    rows: int
     keys: Callable[[np.ndarray], np.ndarray]
 
 
@@ -268,7 +268,8 @@ def ranked(space: KeySpace, late_limit: int) -> Ranked | None:
     before = late - low - np.arange(len(late))
 
     def keys_of(ranks: np.ndarray) -> np.ndarray:
-        return cast("np.ndarray", low + ranks + np.searchsorted(before, ranks, side="right"))
+        keys: np.ndarray = low + ranks + np.searchsorted(before, ranks, side="right")
+        return keys
 
     return Ranked(space.max_key - low + 1 - len(late), keys_of)
 

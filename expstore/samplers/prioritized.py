@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 import numpy as np
 from typing_extensions import Unpack
@@ -158,7 +158,8 @@ class PrioritizedSampler(KeySampler):
         """``(p + eps) ** alpha`` of each priority, rows without one counting as
         ``largest``."""
         filled = np.where(np.isnan(priority), largest, priority)
-        return cast("np.ndarray", np.power(filled + self.eps, self.alpha))
+        weights: np.ndarray = np.power(filled + self.eps, self.alpha)
+        return weights
 
     def _least_drawable(self, space: KeySpace, largest: float) -> float | None:
         """The least positive weight among the matching rows held in memory (None over

@@ -33,9 +33,9 @@ class ByRank(KeySampler):
         self, space: KeySpace, batch_size: int, query_condition: QueryCondition
     ) -> Choice | None:
         rows = ranked(space, self.late_keys)
-        if rows is None or not rows.count:
+        if rows is None or not rows.rows:
             return None
-        ranks = self.choose_ranks(rows.count, batch_size, every_rank=space.listed is not None)
+        ranks = self.choose_ranks(rows.rows, batch_size, every_rank=space.listed is not None)
         return None if ranks is None else Choice(rows.keys(ranks))
 
     def choose_ranks(self, count: int, batch_size: int, *, every_rank: bool) -> np.ndarray | None:
