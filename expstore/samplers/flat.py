@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -36,6 +36,7 @@ __all__ = [
     "Drawn",
     "Ranked",
     "draw_ranks",
+    "draw_shares",
     "draw_uniform",
     "ranked",
     "top_ranks",
@@ -128,6 +129,48 @@ def draw_uniform(
             return None
     keys = np.concatenate(taken)
     return Drawn(keys, {c: np.concatenate(v) for c, v in taken_columns.items()}, kept / tried)
+
+
+def draw_shares(
+    space: KeySpace,
+    name: str,
+    values: Sequence[Any],
+    shares: Sequence[int],
+    rng: np.random.Generator,
+    *,
+    hint: float = 1.0,
+    budget: int = PROBE_BUDGET,
+) -> Drawn | None:
+    """``shares[i]`` independent uniform draws among the matching rows of ``space`` that
+    hold ``values[i]`` in the column ``name``, for every ``i``, in no particular order
+    (stratified draws). Over a space that holds its rows in memory, positions among each
+    value's rows (:meth:`KeySpace.rows_of`, the values with a share alone); over the
+    database, candidates drawn uniformly kept while their value still wants rows (see
+    :func:`draw_uniform`), None when that does not pay."""
+    if space.listed is not None:
+        parts = []
+        for value, share in zip(values, shares, strict=True):
+            if share:
+                held = space.rows_of(name, [value], ())
+                if not len(held):
+                    return None  # (a value no row holds: the caller's values are off)
+                parts.append(held[rng.integers(0, len(held), share)])
+        keys = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+        return Drawn(keys, {}, hint)
+    remaining = list(shares)
+    number = {value: i for i, value in enumerate(values)}
+
+    def wanted(columns: dict[str, np.ndarray]) -> np.ndarray:
+        take = np.zeros(len(columns[name]), dtype=bool)
+        for i, value in enumerate(columns[name].tolist()):
+            group = number.get(value)
+            if group is not None and remaining[group]:
+                remaining[group] -= 1
+                take[i] = True
+        return take
+
+    n = int(sum(shares))
+    return draw_uniform(space, n, rng, columns=(name,), quota=wanted, hint=hint, budget=budget)
 
 
 def _draw_listed(

@@ -14,13 +14,13 @@ instead of rejecting candidates, and its probes are binary searches.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
 from ..query import QueryCondition
 from ..storage.base import Arrays, Kept, KeySpace, PriorityBounds
-from .state import DerivedArrays
+from .state import DerivedArrays, json_key, value_codes
 
 __all__ = ["IndexKeySpace"]
 
@@ -90,9 +90,6 @@ class IndexKeySpace(KeySpace):
         assert index is not None
         return index[name]  # type: ignore[no-any-return]
 
-    def distinct(self, name: str) -> list[Any] | None:
-        return None  # a stratified draw over the index groups it itself
-
     def largest(self, name: str) -> float | None:
         values = self.listed_column(name)
         present = values[~np.isnan(values)]
@@ -116,20 +113,64 @@ class IndexKeySpace(KeySpace):
     def logged_priorities(self, after: int) -> tuple[np.ndarray, np.ndarray] | None:
         return None
 
-    def _not_here(self, what: str) -> NotImplementedError:
-        return NotImplementedError(
-            f"{what} needs the database: a sampler that uses it draws over the database's "
-            "key space, or over its own key index"
-        )
+    # -- values of a column, grouped (kept while the arrays are unchanged) ---------------
+    def _grouped(self, name: str) -> _Grouped:
+        column = self.listed_column(name)
+
+        def compute() -> _Grouped:
+            if column.dtype == object:
+                listed = column.tolist()
+                codes = value_codes(list(map(json_key, listed)))
+                # codes are numbered by first appearance: each one's first holder, in order
+                values = [listed[i] for i in np.unique(codes, return_index=True)[1].tolist()]
+            else:  # numbers and bools; NaN (NULL) is one group, None
+                unique, codes = np.unique(column, return_inverse=True)
+                codes = codes.reshape(-1)
+                values = [None if v != v else v for v in unique.tolist()]
+            order = np.argsort(codes, kind="stable")  # each group's positions ascending
+            counts = np.bincount(codes) if len(codes) else np.zeros(0, dtype=np.int64)
+            starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+            number = {json_key(v): i for i, v in enumerate(values)}
+            return _Grouped(values, number, order, starts, counts)
+
+        return self.remember(f"grouped:{name}", (column,), compute)
+
+    def _rows_holding(self, name: str, value: Any) -> np.ndarray:
+        """The positions of the rows holding ``value`` in ``name``, ascending."""
+        grouped = self._grouped(name)
+        group = grouped.number.get(json_key(value))
+        if group is None:
+            return np.empty(0, dtype=np.int64)
+        start = int(grouped.starts[group])
+        return grouped.order[start : start + int(grouped.counts[group])]
+
+    def distinct(self, name: str) -> list[Any] | None:
+        """The values the rows hold (NULL one of them, None), each once as JSON compares
+        them: the same list while the arrays are unchanged."""
+        return self._grouped(name).values
 
     def first_matching(self, name: str, value: Any, start: int) -> int | None:
-        raise self._not_here("first_matching")
+        keys = self._keys[self._rows_holding(name, value)]
+        at = int(np.searchsorted(keys, start))
+        return int(keys[at]) if at < len(keys) else None
 
     def count_by(self, name: str, values: Sequence[Any]) -> dict[Any, int]:
-        raise self._not_here("count_by")
+        counts = {value: len(self._rows_holding(name, value)) for value in values}
+        return {value: n for value, n in counts.items() if n}
 
     def rows_of(self, name: str, values: Sequence[Any], order_by: Sequence[str]) -> np.ndarray:
-        raise self._not_here("rows_of")
+        parts = [self._rows_holding(name, value) for value in values]
+        if order_by:
+            parts = [
+                at[
+                    np.lexsort(
+                        (self._keys[at], *(self.listed_column(c)[at] for c in reversed(order_by)))
+                    )
+                ]
+                for at in parts
+            ]
+        at = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+        return self._keys[at]
 
     def in_ranges(
         self,
@@ -137,10 +178,42 @@ class IndexKeySpace(KeySpace):
         ranged: str,
         spans: Sequence[tuple[tuple[Any, ...], Any, Any]],
     ) -> list[tuple[Any, ...]]:
-        raise self._not_here("in_ranges")
+        found: list[tuple[Any, ...]] = []
+        along = self.listed_column(ranged)
+        for values, low, high in spans:
+            at = self._rows_holding(columns[0], values[0])
+            for name, value in zip(columns[1:], values[1:], strict=True):
+                held = [
+                    json_key(v) == json_key(value) for v in self.listed_column(name)[at].tolist()
+                ]
+                at = at[np.array(held, dtype=bool)]
+            at = at[(along[at] >= low) & (along[at] <= high)]
+            place = tuple(values)
+            found += [
+                (*place, v, k)
+                for v, k in zip(along[at].tolist(), self._keys[at].tolist(), strict=True)
+            ]
+        return found
 
     def group_summaries(self, spec: Any, keys: np.ndarray) -> Arrays | None:
         return None
 
     def group_counts(self, spec: Any) -> tuple[int, int, int, int]:
-        raise self._not_here("group_counts")
+        # A group's filter (having) is evaluated by the database: GroupSampler counts its
+        # groups over the summaries the storage keeps (GroupSampler.ready_groups).
+        raise NotImplementedError(
+            "group_counts needs the database (a group condition is evaluated in SQL): "
+            "GroupSampler counts over the storage's group summaries"
+        )
+
+
+class _Grouped(NamedTuple):
+    """A column's rows by value: the values (as :meth:`IndexKeySpace.distinct` gives
+    them), each value's number by its :func:`json_key`, the row positions ordered by
+    value (each value's ascending), and each value's start and count in that order."""
+
+    values: list[Any]
+    number: dict[Any, int]
+    order: np.ndarray
+    starts: np.ndarray
+    counts: np.ndarray

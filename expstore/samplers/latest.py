@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .recency import ByRank
+from .by_rank import ByRank
 
 __all__ = ["LatestSampler"]
 
