@@ -60,7 +60,7 @@ from ..model.rows import DataRow
 from ..policy_versions import fresh_mask
 from ..query import Condition, QueryCondition
 from ..storage.base import KeySpace, Storage
-from .flat import PROBE_BUDGET
+from .flat import PROBE_BUDGET, Drawn, DrawOptions, draw_uniform
 from .index_space import IndexKeySpace
 from .loop import Choice, SampleInfo, describe_condition, draw, draw_tasks, empty_error
 from .state import (
@@ -573,6 +573,36 @@ class KeySampler(Sampler):
         if choice is None:
             skips[key] = _FLAT_SKIPS
         return choice
+
+    def draw_rows(
+        self,
+        space: KeySpace,
+        batch_size: int,
+        query_condition: QueryCondition,
+        **options: Unpack[DrawOptions],
+    ) -> Drawn | None:
+        """:func:`~expstore.samplers.flat.draw_uniform` over ``space`` (with ``options``)
+        with this sampler's random stream and :attr:`probe_budget`, its first round sized
+        by the share of candidates the last draw under this condition kept
+        (:meth:`kept_hint`), which this one's share then replaces."""
+        hint = self.kept_hint(query_condition)
+        drawn = draw_uniform(
+            space, batch_size, self.rng, hint=hint, budget=self.probe_budget, **options
+        )
+        if drawn is not None:
+            self.kept_hint(query_condition, drawn.kept)
+        return drawn
+
+    def choose_rows(
+        self,
+        space: KeySpace,
+        batch_size: int,
+        query_condition: QueryCondition,
+        **options: Unpack[DrawOptions],
+    ) -> Choice | None:
+        """The keys :meth:`draw_rows` draws, as a choice (None when it gives up)."""
+        drawn = self.draw_rows(space, batch_size, query_condition, **options)
+        return None if drawn is None else Choice(drawn.keys)
 
     def kept_hint(self, query_condition: QueryCondition, kept: float | None = None) -> float:
         """The share of candidate keys the last flat draw under this condition kept (1.0

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, TypedDict, cast
 
 import numpy as np
 
@@ -33,6 +33,7 @@ __all__ = [
     "MIN_KEPT",
     "PROBE_BUDGET",
     "BlockedCdf",
+    "DrawOptions",
     "Drawn",
     "Ranked",
     "draw_ranks",
@@ -51,6 +52,15 @@ PROBE_BUDGET = 1 << 15
 MIN_KEPT = 1 / 128
 
 Accept = Callable[[dict[str, np.ndarray]], np.ndarray]
+
+
+class DrawOptions(TypedDict, total=False):
+    """What :func:`draw_uniform` takes for a sampler's draw (see
+    :meth:`KeySampler.draw_rows <expstore.samplers.base.KeySampler.draw_rows>`)."""
+
+    columns: Sequence[str]
+    accept: Accept | None
+    name: str | None
 
 
 class Drawn(NamedTuple):

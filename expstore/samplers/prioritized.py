@@ -14,7 +14,6 @@ from ..lifecycle.reader_state import Signature
 from ..query import QueryCondition
 from ..storage.base import KeySpace, Storage
 from .base import KeySampler, SamplerOptions
-from .flat import draw_uniform
 from .loop import Choice
 
 __all__ = ["PrioritizedSampler"]
@@ -136,19 +135,16 @@ class PrioritizedSampler(KeySampler):
             if low is None:
                 return None  # the key index finds the least drawable row
 
-        drawn = draw_uniform(
+        drawn = self.draw_rows(
             space,
             batch_size,
-            self.rng,
+            query_condition,
             columns=("priority",),
             accept=lambda columns: self._weights(columns["priority"], largest) / top,
-            hint=self.kept_hint(query_condition),
-            budget=self.probe_budget,
             name=f"priority:{self.alpha!r}:{self.eps!r}:{largest!r}",
         )
         if drawn is None:
             return None
-        self.kept_hint(query_condition, drawn.kept)
         # (N P_i)^-beta / max_j (N P_j)^-beta == (w_i / min_j w_j)^-beta
         weights = self._weights(drawn.columns["priority"], largest) / low
         weights = np.power(weights, -self.beta).astype(np.float32)

@@ -12,7 +12,6 @@ from .._args import check_number
 from ..query import QueryCondition
 from ..storage.base import KeySpace, Storage
 from .base import KeySampler, SamplerOptions, with_current_version
-from .flat import draw_uniform
 from .loop import Choice
 
 __all__ = ["StalenessAwareSampler"]
@@ -63,20 +62,15 @@ class StalenessAwareSampler(KeySampler):
         def accept(columns: dict[str, np.ndarray]) -> np.ndarray:
             return staleness_weights(columns["policy_version"], current, self.power) / top
 
-        drawn = draw_uniform(
+        name = f"staleness:{current}:{self.power!r}:{top!r}"
+        return self.choose_rows(
             space,
             batch_size,
-            self.rng,
+            query_condition,
             columns=("policy_version",),
             accept=accept,
-            hint=self.kept_hint(query_condition),
-            budget=self.probe_budget,
-            name=f"staleness:{current}:{self.power!r}:{top!r}",
+            name=name,
         )
-        if drawn is None:
-            return None
-        self.kept_hint(query_condition, drawn.kept)
-        return Choice(drawn.keys)
 
 
 def staleness_weights(versions: np.ndarray, current: int | None, power: float) -> np.ndarray:
