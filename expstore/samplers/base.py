@@ -10,7 +10,7 @@ builds the batch, in the one loop, :func:`draw` (below).
   says which columns it reads in ``columns``::
 
       import numpy as np
-      from expstore.samplers import Choice, KeySampler, draw_uniform
+      from expstore.samplers import KeySampler
 
       class HighRewardSampler(KeySampler):
           \"\"\"Uniform over the rows whose reward is at least ``threshold``.\"\"\"
@@ -25,15 +25,18 @@ builds the batch, in the one loop, :func:`draw` (below).
               def accept(c):
                   return (np.nan_to_num(c["reward_t"], nan=-np.inf) >= self.threshold) * 1.0
 
-              drawn = draw_uniform(space, batch_size, self.rng, columns=self.columns,
-                                   accept=accept, name=f"high:{self.threshold}")
-              return None if drawn is None else Choice(drawn.keys)
+              return self.choose_rows(space, batch_size, query_condition,
+                                      columns=self.columns, accept=accept,
+                                      name=f"high:{self.threshold}")
 
       rows = buffer.sample(HighRewardSampler(0.5, seed=0), batch_size=32)
 
-  It may instead override :meth:`KeySampler.sample_keys`, a draw over the key index's
-  arrays alone; one that weighs its rows (importance weights) also overrides
-  :meth:`KeySampler.weights`.
+  :meth:`KeySampler.choose_rows` is :func:`~expstore.samplers.flat.draw_uniform` with the
+  sampler's stream, probe budget and kept hint. A sampler that weighs its rows (importance
+  weights) sets ``weighs_rows`` and returns them with its keys (``drawn_weights``, as
+  :class:`~expstore.samplers.prioritized.PrioritizedSampler`). A sampler may instead
+  override :meth:`KeySampler.sample_keys`, a draw over the key index's arrays alone (and
+  :meth:`KeySampler.weights` if it weighs its rows).
 - :class:`TaskSampler` chooses whole tasks (trajectories), as AWorld's ``TaskSampler``.
 - :class:`Sampler` is AWorld's interface: ``sample(storage, batch_size, query_condition=None)``
   returns a list of :class:`~expstore.model.rows.DataRow`. A subclass that implements only

@@ -29,9 +29,13 @@ _T = TypeVar("_T")
 
 class IndexKeySpace(KeySpace):
     """The matching rows of a key index (``index["key"]`` ascending, its columns aligned)
-    as a key space. What needs the database beyond the index (other rows, the priority
-    log, group summaries) is not there: the methods for it raise NotImplementedError, and
-    a sampler that needs them draws over the database's space or its own index."""
+    as a key space: the rows of the buffer, as far as its primitives tell, are the matching
+    ones. Its probes, ``first_matching``, ``count_by``, ``rows_of`` and ``in_ranges`` are
+    binary searches over the arrays and a column's rows grouped by value (kept while the
+    arrays are unchanged, :meth:`remember`), so a sampler's ``choose_flat`` runs over it
+    unchanged. What only the database holds is not here: ``logged_priorities`` and
+    ``group_summaries`` return None, ``group_counts`` (group conditions are evaluated in
+    SQL) raises NotImplementedError."""
 
     def __init__(
         self,
