@@ -94,25 +94,33 @@ class IndexKeySpace(KeySpace):
         assert index is not None
         return index[name]  # type: ignore[no-any-return]
 
-    def largest(self, name: str) -> float | None:
+    def _extremes(self, name: str) -> _Extremes:
+        """The smallest and largest value of a numeric column and where the smallest is
+        (NULL, NaN, left out), kept while the arrays are unchanged."""
         values = self.listed_column(name)
-        present = values[~np.isnan(values)]
-        return float(present.max()) if len(present) else None
+
+        def compute() -> _Extremes:
+            present = ~np.isnan(values)
+            if not present.any():
+                return _Extremes(None, None, None)
+            at = int(np.nanargmin(values))
+            return _Extremes(float(values[at]), float(np.nanmax(values)), int(self._keys[at]))
+
+        return self.remember(f"extremes:{name}", (values, self._keys), compute)
+
+    def largest(self, name: str) -> float | None:
+        return self._extremes(name).largest
 
     def priority_bounds(self) -> PriorityBounds:
-        priority = self.listed_column("priority")
-        stored = priority[~np.isnan(priority)]
+        found = self._extremes("priority")
         largest = self.listed.get("max_priority") if self.listed else None
-        if largest is None and len(stored):
-            largest = float(stored.max())
-        return PriorityBounds(float(stored.min()) if len(stored) else None, largest)
+        return PriorityBounds(found.smallest, found.largest if largest is None else largest)
 
     def lowest_priority(self, walk: int | None) -> tuple[float, int | None] | None:
-        priority = self.listed_column("priority")
-        if not len(priority) or np.isnan(priority).all():
+        found = self._extremes("priority")
+        if found.smallest is None:
             return float("inf"), None
-        at = int(np.nanargmin(priority))
-        return float(priority[at]), int(self._keys[at])
+        return found.smallest, found.at
 
     def logged_priorities(self, after: int) -> tuple[np.ndarray, np.ndarray] | None:
         return None
@@ -135,18 +143,22 @@ class IndexKeySpace(KeySpace):
             counts = np.bincount(codes) if len(codes) else np.zeros(0, dtype=np.int64)
             starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
             number = {json_key(v): i for i, v in enumerate(values)}
-            return _Grouped(values, number, order, starts, counts)
+            keys = self._keys[order]
+            order.flags.writeable = keys.flags.writeable = False  # views of them are handed out
+            return _Grouped(values, number, order, keys, starts, counts)
 
-        return self.remember(f"grouped:{name}", (column,), compute)
+        return self.remember(f"grouped:{name}", (column, self._keys), compute)
 
-    def _rows_holding(self, name: str, value: Any) -> np.ndarray:
-        """The positions of the rows holding ``value`` in ``name``, ascending."""
+    def _rows_holding(self, name: str, value: Any, *, keys: bool = False) -> np.ndarray:
+        """The positions (or ``keys``) of the rows holding ``value`` in ``name``,
+        ascending (a view of arrays kept while the index is unchanged)."""
         grouped = self._grouped(name)
         group = grouped.number.get(json_key(value))
         if group is None:
             return np.empty(0, dtype=np.int64)
         start = int(grouped.starts[group])
-        return grouped.order[start : start + int(grouped.counts[group])]
+        held = grouped.keys if keys else grouped.order
+        return held[start : start + int(grouped.counts[group])]
 
     def distinct(self, name: str) -> list[Any] | None:
         """The values the rows hold (NULL one of them, None), each once as JSON compares
@@ -154,7 +166,7 @@ class IndexKeySpace(KeySpace):
         return self._grouped(name).values
 
     def first_matching(self, name: str, value: Any, start: int) -> int | None:
-        keys = self._keys[self._rows_holding(name, value)]
+        keys = self._rows_holding(name, value, keys=True)
         at = int(np.searchsorted(keys, start))
         return int(keys[at]) if at < len(keys) else None
 
@@ -163,18 +175,16 @@ class IndexKeySpace(KeySpace):
         return {value: n for value, n in counts.items() if n}
 
     def rows_of(self, name: str, values: Sequence[Any], order_by: Sequence[str]) -> np.ndarray:
-        parts = [self._rows_holding(name, value) for value in values]
-        if order_by:
-            parts = [
-                at[
-                    np.lexsort(
-                        (self._keys[at], *(self.listed_column(c)[at] for c in reversed(order_by)))
-                    )
-                ]
-                for at in parts
-            ]
-        at = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
-        return self._keys[at]
+        if not order_by:  # each value's rows by key, as kept
+            parts = [self._rows_holding(name, value, keys=True) for value in values]
+            if len(parts) == 1:
+                return parts[0]
+            return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+        parts = []
+        for at in (self._rows_holding(name, value) for value in values):
+            by = (self.listed_column(c)[at] for c in reversed(order_by))
+            parts.append(self._keys[at[np.lexsort((self._keys[at], *by))]])
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
     def in_ranges(
         self,
@@ -211,6 +221,12 @@ class IndexKeySpace(KeySpace):
         )
 
 
+class _Extremes(NamedTuple):
+    smallest: float | None
+    largest: float | None
+    at: int | None  # the key of a row holding the smallest
+
+
 class _Grouped(NamedTuple):
     """A column's rows by value: the values (as :meth:`IndexKeySpace.distinct` gives
     them), each value's number by its :func:`json_key`, the row positions ordered by
@@ -219,5 +235,6 @@ class _Grouped(NamedTuple):
     values: list[Any]
     number: dict[Any, int]
     order: np.ndarray
+    keys: np.ndarray  # the keys in that order
     starts: np.ndarray
     counts: np.ndarray
