@@ -42,27 +42,18 @@ class StalenessAwareSampler(KeySampler):
     def read_index(self, storage: Storage, query_condition: QueryCondition) -> dict[str, Any]:
         return with_current_version(storage, super().read_index(storage, query_condition))
 
-    # The envelope comes from the largest version; the probes must see the same rows.
-    flat_snapshot = True
-
     def choose_flat(
         self, space: KeySpace, batch_size: int, query_condition: QueryCondition
     ) -> Choice | None:
-        # Rejection under the envelope of the freshest row's weight: that of the buffer's
-        # largest version (an upper bound of the matching rows' too, which keeps the draw
-        # exact); a candidate is kept with its weight over it.
+        # Weights are at most 1 (staleness 0: rows of the current version, newer, or
+        # without one): a candidate is kept with its weight, exact rejection; over a key
+        # index held in memory, in proportion to it directly.
         current = space.current_version
-        newest = space.largest("policy_version")
-        top = float(
-            staleness_weights(
-                np.array([np.nan if newest is None else newest]), current, self.power
-            )[0]
-        )
 
         def accept(columns: dict[str, np.ndarray]) -> np.ndarray:
-            return staleness_weights(columns["policy_version"], current, self.power) / top
+            return staleness_weights(columns["policy_version"], current, self.power)
 
-        name = f"staleness:{current}:{self.power!r}:{top!r}"
+        name = f"staleness:{current}:{self.power!r}"
         return self.choose_rows(
             space,
             batch_size,

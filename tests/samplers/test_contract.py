@@ -165,7 +165,7 @@ def test_with_a_warm_index_sampling_only_checks_freshness_and_reads_by_key(
         q
         for q in queries[1:]
         if re.search(
-            r"max\(expstore_rows\.(reward_t|policy_version)\)|expstore_rows\.task_id IN"
+            r"max\(expstore_rows\.reward_t\)|expstore_rows\.task_id IN"
             r"|expstore_rows\.task_id = \S+ AND expstore_rows\.step >="
             r"|FROM expstore_priorities WHERE expstore_priorities\.buffer_id"
             r"|WITH RECURSIVE expstore_distinct"

@@ -186,14 +186,17 @@ def test_recency_follows_the_same_distribution_over_either_space(buffer: ReplayB
 
 def test_staleness_follows_the_same_distribution_over_either_space(buffer: ReplayBuffer) -> None:
     _fill(buffer)
+    # Rows without a version count as fresh (weight 1) however far behind the rest are.
+    buffer.store_batch([make_row("unversioned", "a0", i) for i in range(8)])
+    buffer.set_policy_version(8)
     keys = np.array(buffer.storage.key_index(None)["key"])
     versions = np.repeat(np.arange(6), 8)
-    weights = 1.0 / (5 - versions + 1.0)
+    weights = np.concatenate([1.0 / (8 - versions + 1.0), np.ones(8)])
     for flat in (True, False):
         drawn = _draws(buffer, lambda: StalenessAwareSampler(seed=1), flat, 40, 256)
         counts = np.array([drawn.count(k) for k in keys])
         assert chi_square_p(counts, weights) > P_MIN
-        assert chi_square_p(counts, np.ones(48)) < 1e-6
+        assert chi_square_p(counts, np.ones(56)) < 1e-6
 
 
 def test_stratified_gives_each_group_its_share_over_either_space(buffer: ReplayBuffer) -> None:
