@@ -159,12 +159,16 @@ def draw_shares(
     :func:`draw_uniform`), None when that does not pay."""
     if space.listed is not None:
         parts = []
+        draws = rng.random(int(sum(shares)))
+        taken = 0
         for value, share in zip(values, shares, strict=True):
             if share:
                 held = space.rows_of(name, [value], ())
                 if not len(held):
                     return None  # (a value no row holds: the caller's values are off)
-                parts.append(held[rng.integers(0, len(held), share)])
+                at = (draws[taken : taken + share] * len(held)).astype(np.int64)
+                parts.append(held[at])
+                taken += share
         keys = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
         return Drawn(keys, {}, hint)
     remaining = list(shares)

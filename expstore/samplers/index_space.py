@@ -60,6 +60,7 @@ class IndexKeySpace(KeySpace):
         self.signature = None
         self.kept = Kept()  # nothing to keep: the index is the whole answer
         self.probed = 0
+        self._grouped_here: dict[str, _Grouped] = {}  # this draw's, from the kept ones
 
     def remember(self, name: str, sources: tuple[np.ndarray, ...], compute: Callable[[], _T]) -> _T:
         return self._derived.get(name, sources, compute)
@@ -127,6 +128,12 @@ class IndexKeySpace(KeySpace):
 
     # -- values of a column, grouped (kept while the arrays are unchanged) ---------------
     def _grouped(self, name: str) -> _Grouped:
+        found = self._grouped_here.get(name)
+        if found is None:
+            found = self._grouped_here[name] = self._group(name)
+        return found
+
+    def _group(self, name: str) -> _Grouped:
         column = self.listed_column(name)
 
         def compute() -> _Grouped:
