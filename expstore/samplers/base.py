@@ -10,7 +10,7 @@ builds the batch, in the one loop, :func:`draw` (below).
   says which columns it reads in ``columns``::
 
       import numpy as np
-      from expstore.samplers import Choice, KeySampler, draw_uniform
+      from expstore.samplers import KeySampler
 
       class HighRewardSampler(KeySampler):
           \"\"\"Uniform over the rows whose reward is at least ``threshold``.\"\"\"
@@ -25,15 +25,18 @@ builds the batch, in the one loop, :func:`draw` (below).
               def accept(c):
                   return (np.nan_to_num(c["reward_t"], nan=-np.inf) >= self.threshold) * 1.0
 
-              drawn = draw_uniform(space, batch_size, self.rng, columns=self.columns,
-                                   accept=accept, name=f"high:{self.threshold}")
-              return None if drawn is None else Choice(drawn.keys)
+              return self.choose_rows(space, batch_size, query_condition,
+                                      columns=self.columns, accept=accept,
+                                      name=f"high:{self.threshold}")
 
       rows = buffer.sample(HighRewardSampler(0.5, seed=0), batch_size=32)
 
-  It may instead override :meth:`KeySampler.sample_keys`, a draw over the key index's
-  arrays alone; one that weighs its rows (importance weights) also overrides
-  :meth:`KeySampler.weights`.
+  :meth:`KeySampler.choose_rows` is :func:`~expstore.samplers.flat.draw_uniform` with the
+  sampler's stream, probe budget and kept hint. A sampler that weighs its rows (importance
+  weights) sets ``weighs_rows`` and returns them with its keys (``drawn_weights``, as
+  :class:`~expstore.samplers.prioritized.PrioritizedSampler`). A sampler may instead
+  override :meth:`KeySampler.sample_keys`, a draw over the key index's arrays alone (and
+  :meth:`KeySampler.weights` if it weighs its rows).
 - :class:`TaskSampler` chooses whole tasks (trajectories), as AWorld's ``TaskSampler``.
 - :class:`Sampler` is AWorld's interface: ``sample(storage, batch_size, query_condition=None)``
   returns a list of :class:`~expstore.model.rows.DataRow`. A subclass that implements only
@@ -60,7 +63,7 @@ from ..model.rows import DataRow
 from ..policy_versions import fresh_mask
 from ..query import Condition, QueryCondition
 from ..storage.base import KeySpace, Storage
-from .flat import PROBE_BUDGET
+from .flat import PROBE_BUDGET, Drawn, DrawOptions, draw_uniform
 from .index_space import IndexKeySpace
 from .loop import Choice, SampleInfo, describe_condition, draw, draw_tasks, empty_error
 from .state import (
@@ -337,7 +340,8 @@ class KeySampler(Sampler):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls.weighs_rows = cls.weights is not KeySampler.weights
+        # A sampler that weighs its rows says so, or overrides weights().
+        cls.weighs_rows = cls.weighs_rows or cls.weights is not KeySampler.weights
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         if cls.choose_flat is KeySampler.choose_flat and cls.sample_keys is KeySampler.sample_keys:
@@ -572,6 +576,36 @@ class KeySampler(Sampler):
         if choice is None:
             skips[key] = _FLAT_SKIPS
         return choice
+
+    def draw_rows(
+        self,
+        space: KeySpace,
+        batch_size: int,
+        query_condition: QueryCondition,
+        **options: Unpack[DrawOptions],
+    ) -> Drawn | None:
+        """:func:`~expstore.samplers.flat.draw_uniform` over ``space`` (with ``options``)
+        with this sampler's random stream and :attr:`probe_budget`, its first round sized
+        by the share of candidates the last draw under this condition kept
+        (:meth:`kept_hint`), which this one's share then replaces."""
+        hint = self.kept_hint(query_condition)
+        drawn = draw_uniform(
+            space, batch_size, self.rng, hint=hint, budget=self.probe_budget, **options
+        )
+        if drawn is not None:
+            self.kept_hint(query_condition, drawn.kept)
+        return drawn
+
+    def choose_rows(
+        self,
+        space: KeySpace,
+        batch_size: int,
+        query_condition: QueryCondition,
+        **options: Unpack[DrawOptions],
+    ) -> Choice | None:
+        """The keys :meth:`draw_rows` draws, as a choice (None when it gives up)."""
+        drawn = self.draw_rows(space, batch_size, query_condition, **options)
+        return None if drawn is None else Choice(drawn.keys)
 
     def kept_hint(self, query_condition: QueryCondition, kept: float | None = None) -> float:
         """The share of candidate keys the last flat draw under this condition kept (1.0

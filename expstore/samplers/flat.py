@@ -23,13 +23,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import NamedTuple, cast
+from typing import Any, NamedTuple, TypedDict, cast
 
 import numpy as np
 
 from ..storage.base import KeySpace
 
-__all__ = ["MIN_KEPT", "PROBE_BUDGET", "BlockedCdf", "Drawn", "draw_ranks", "draw_uniform"]
+__all__ = [
+    "MIN_KEPT",
+    "PROBE_BUDGET",
+    "BlockedCdf",
+    "DrawOptions",
+    "Drawn",
+    "Ranked",
+    "draw_ranks",
+    "draw_shares",
+    "draw_uniform",
+    "ranked",
+    "top_ranks",
+]
 
 #: Candidate keys probed per batch at most (or 64 per row asked, if more) before a sampler
 #: falls back to its key index: the default of ``draw_uniform(budget=)`` and of
@@ -40,6 +52,15 @@ PROBE_BUDGET = 1 << 15
 MIN_KEPT = 1 / 128
 
 Accept = Callable[[dict[str, np.ndarray]], np.ndarray]
+
+
+class DrawOptions(TypedDict, total=False):
+    """What :func:`draw_uniform` takes for a sampler's draw (see
+    :meth:`KeySampler.draw_rows <expstore.samplers.base.KeySampler.draw_rows>`)."""
+
+    columns: Sequence[str]
+    accept: Accept | None
+    name: str | None
 
 
 class Drawn(NamedTuple):
@@ -118,6 +139,52 @@ def draw_uniform(
             return None
     keys = np.concatenate(taken)
     return Drawn(keys, {c: np.concatenate(v) for c, v in taken_columns.items()}, kept / tried)
+
+
+def draw_shares(
+    space: KeySpace,
+    name: str,
+    values: Sequence[Any],
+    shares: Sequence[int],
+    rng: np.random.Generator,
+    *,
+    hint: float = 1.0,
+    budget: int = PROBE_BUDGET,
+) -> Drawn | None:
+    """``shares[i]`` independent uniform draws among the matching rows of ``space`` that
+    hold ``values[i]`` in the column ``name``, for every ``i``, in no particular order
+    (stratified draws). Over a space that holds its rows in memory, positions among each
+    value's rows (:meth:`KeySpace.rows_of`, the values with a share alone); over the
+    database, candidates drawn uniformly kept while their value still wants rows (see
+    :func:`draw_uniform`), None when that does not pay."""
+    if space.listed is not None:
+        parts = []
+        draws = rng.random(int(sum(shares)))
+        taken = 0
+        for value, share in zip(values, shares, strict=True):
+            if share:
+                held = space.rows_of(name, [value], ())
+                if not len(held):
+                    return None  # (a value no row holds: the caller's values are off)
+                at = (draws[taken : taken + share] * len(held)).astype(np.int64)
+                parts.append(held[at])
+                taken += share
+        keys = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+        return Drawn(keys, {}, hint)
+    remaining = list(shares)
+    number = {value: i for i, value in enumerate(values)}
+
+    def wanted(columns: dict[str, np.ndarray]) -> np.ndarray:
+        take = np.zeros(len(columns[name]), dtype=bool)
+        for i, value in enumerate(columns[name].tolist()):
+            group = number.get(value)
+            if group is not None and remaining[group]:
+                remaining[group] -= 1
+                take[i] = True
+        return take
+
+    n = int(sum(shares))
+    return draw_uniform(space, n, rng, columns=(name,), quota=wanted, hint=hint, budget=budget)
 
 
 def _draw_listed(
@@ -208,6 +275,60 @@ def draw_ranks(count: int, n: int, power: float, rng: np.random.Generator) -> np
         return ranks[rng.random(size) < chance]
 
     return _distinct(proposals, n, count)
+
+
+def top_ranks(count: int, n: int, power: float, rng: np.random.Generator) -> np.ndarray:
+    """:func:`draw_ranks` where rejection does not pay, over every rank held in memory:
+    all ``count`` ranks in a random order when ``n`` asks for as many; else Gumbel top-k
+    (the ``n`` largest log-weights plus Gumbel noise are ``n`` ranks drawn one after
+    another in proportion to ``(rank + 1) ** power`` among those not yet drawn; logs keep
+    large powers from overflowing)."""
+    if n >= count:
+        return rng.permutation(count)
+    if power == 0.0:
+        return rng.choice(count, size=n, replace=False)
+    scores = power * np.log(np.arange(1, count + 1, dtype=np.float64)) + rng.gumbel(size=count)
+    top = np.argpartition(scores, count - n)[count - n :]
+    return cast("np.ndarray", top[np.argsort(-scores[top], kind="stable")])
+
+
+class Ranked(NamedTuple):
+    """A space's matching rows by rank (insertion order, the oldest rank 0): how many there
+    are and the key of each rank."""
+
+    rows: int
+    keys: Callable[[np.ndarray], np.ndarray]
+
+
+def ranked(space: KeySpace, late_limit: int) -> Ranked | None:
+    """The matching rows of ``space`` by rank, when a rank gives its key without a probe:
+    rows held in memory (a rank is a position); a range whose every key is a matching row
+    (a rank is the key's distance from the smallest one); or, under ``max_staleness``, a
+    dense range with at most ``late_limit`` late stale rows among the fresh ones (less the
+    late keys before it). None otherwise."""
+    listed = space.listed
+    if listed is not None:
+        keys = listed["key"]
+        return Ranked(len(keys), keys.__getitem__)
+    if space.every_key_matches:
+        late = np.empty(0, dtype=np.int64)
+    elif space.dense and space.max_staleness is not None:
+        found = space.late_stale_keys(late_limit)  # those from low to max_key
+        if found is None:
+            return None
+        late = found
+    else:
+        return None
+    low = space.low
+    # The r-th matching key is low + r + the late keys before it: those whose key, less
+    # low and the late keys before them, is at most r.
+    before = late - low - np.arange(len(late))
+
+    def keys_of(ranks: np.ndarray) -> np.ndarray:
+        keys: np.ndarray = low + ranks + np.searchsorted(before, ranks, side="right")
+        return keys
+
+    return Ranked(space.max_key - low + 1 - len(late), keys_of)
 
 
 def _distinct(draw: Callable[[int], np.ndarray], n: int, count: int) -> np.ndarray | None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import KeySampler
+from .by_rank import ByRank
 
 __all__ = ["LatestSampler"]
 
 
-class LatestSampler(KeySampler):
+class LatestSampler(ByRank):
     """The ``batch_size`` most recently stored matching rows, newest first.
 
     ``LatestSampler(*, seed=None)`` (no randomness; ``seed`` is accepted for uniformity)
@@ -20,7 +20,5 @@ class LatestSampler(KeySampler):
     >>> sampler = LatestSampler()
     """
 
-    def sample_keys(
-        self, index: dict[str, np.ndarray], batch_size: int, rng: np.random.Generator
-    ) -> np.ndarray:
-        return index["key"][::-1][:batch_size]
+    def choose_ranks(self, count: int, batch_size: int, *, every_rank: bool) -> np.ndarray:
+        return np.arange(count - 1, max(count - batch_size, 0) - 1, -1)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 import numpy as np
 from typing_extensions import Unpack
@@ -14,7 +14,6 @@ from ..lifecycle.reader_state import Signature
 from ..query import QueryCondition
 from ..storage.base import KeySpace, Storage
 from .base import KeySampler, SamplerOptions
-from .flat import BlockedCdf, draw_uniform
 from .loop import Choice
 
 __all__ = ["PrioritizedSampler"]
@@ -61,6 +60,7 @@ class PrioritizedSampler(KeySampler):
     """
 
     columns = ("priority",)
+    weighs_rows = True
     #: Entries of the priority index walked for the least matching priority before the
     #: walk goes as far as it takes (None): it finds it early unless matching rows are
     #: rare among the lowest priorities. A knob for tests and measurements
@@ -78,8 +78,6 @@ class PrioritizedSampler(KeySampler):
         self.alpha = check_number("alpha", alpha, minimum=0)
         self.beta = check_number("beta", beta, minimum=0)
         self.eps = check_number("eps", eps, minimum=0)
-        # (keys, their positions in the index) of the last sample_keys(), for weights().
-        self._drawn: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def last_weights(self) -> np.ndarray:
@@ -130,49 +128,54 @@ class PrioritizedSampler(KeySampler):
             smallest = min(least, largest)  # inf: no matching row holds a priority
         top = (largest + self.eps) ** self.alpha
         low = (smallest + self.eps) ** self.alpha
-        if not (low > 0 and math.isfinite(top)):
+        if not math.isfinite(top):
             return None
+        if not low > 0:  # priorities 0 with eps 0: such rows are never drawn
+            low = self._least_drawable(space, largest)
+            if low is None:
+                return None  # the key index finds the least drawable row
 
-        def weight(columns: dict[str, np.ndarray]) -> np.ndarray:
-            priority = columns["priority"]
-            return np.power(np.where(np.isnan(priority), largest, priority) + self.eps, self.alpha)
-
-        drawn = draw_uniform(
+        drawn = self.draw_rows(
             space,
             batch_size,
-            self.rng,
+            query_condition,
             columns=("priority",),
-            accept=lambda columns: weight(columns) / top,
-            hint=self.kept_hint(query_condition),
-            budget=self.probe_budget,
+            accept=lambda columns: self._weights(columns["priority"], largest) / top,
+            name=f"priority:{self.alpha!r}:{self.eps!r}:{largest!r}",
         )
         if drawn is None:
             return None
-        self.kept_hint(query_condition, drawn.kept)
         # (N P_i)^-beta / max_j (N P_j)^-beta == (w_i / min_j w_j)^-beta
-        weights = np.power(weight(drawn.columns) / low, -self.beta).astype(np.float32)
+        weights = self._weights(drawn.columns["priority"], largest) / low
+        weights = np.power(weights, -self.beta).astype(np.float32)
         return Choice(drawn.keys, {"key": drawn.keys, "drawn_weights": weights})
 
-    def _distribution(self, index: dict[str, Any]) -> _Distribution:
-        """The unnormalised weights, their cumulative sum in blocks, and the smallest
-        positive weight, computed once per change of the buffer."""
-        priority = index["priority"]
-        largest = index.get("max_priority")
+    def _weights(self, priority: np.ndarray, largest: float) -> np.ndarray:
+        """``(p + eps) ** alpha`` of each priority, rows without one counting as
+        ``largest``."""
+        filled = np.where(np.isnan(priority), largest, priority)
+        weights: np.ndarray = np.power(filled + self.eps, self.alpha)
+        return weights
 
-        def compute() -> _Distribution:
-            unset = np.isnan(priority)
-            if unset.any():
-                top = _largest(priority) if largest is None else largest
-                filled = np.where(unset, top, priority)
-            else:
-                filled = priority
-            weights = np.power(filled + self.eps, self.alpha)
+    def _least_drawable(self, space: KeySpace, largest: float) -> float | None:
+        """The least positive weight among the matching rows held in memory (None over
+        the database, which does not find it); EmptyBufferError when none is positive."""
+        if space.listed is None:
+            return None
+        priority = space.listed["priority"]
+
+        def compute() -> float:
+            weights = self._weights(priority, largest)
             positive = weights[weights > 0]
-            smallest = float(positive.min()) if len(positive) else 0.0
-            return _Distribution(weights, BlockedCdf(np.cumsum(weights)), smallest)
+            return float(positive.min()) if len(positive) else 0.0
 
-        key = f"dist:{self.alpha!r}:{self.eps!r}:{largest!r}"
-        return self.derived(key, (priority,), compute)
+        name = f"least:{self.alpha!r}:{self.eps!r}:{largest!r}"
+        least = space.remember(name, (priority,), compute)
+        if not least > 0:
+            raise EmptyBufferError(
+                "every matching row has priority 0 and eps is 0, so none can be drawn"
+            )
+        return least
 
     def newly_spent(self, storage: Storage, index: dict[str, Any]) -> bool:
         """With ``consume_after``, the weights' normaliser must be an unspent row's: the
@@ -183,7 +186,13 @@ class PrioritizedSampler(KeySampler):
         limit = self.consume_after
         if limit is None:
             return False
-        weights = self._distribution(index).weights
+        priority, largest = index["priority"], index.get("max_priority")
+        top = _largest(priority) if largest is None else largest
+        weights = self.derived(
+            f"weights:{self.alpha!r}:{self.eps!r}:{top!r}",
+            (priority,),
+            lambda: self._weights(priority, top),
+        )
         drawable = np.flatnonzero(weights > 0)
         if len(drawable) > _LEAST_CHECKED:
             lowest = np.argpartition(weights[drawable], _LEAST_CHECKED)[:_LEAST_CHECKED]
@@ -193,47 +202,11 @@ class PrioritizedSampler(KeySampler):
         self._read_spent(storage, limit)
         return True
 
-    def sample_keys(
-        self, index: dict[str, np.ndarray], batch_size: int, rng: np.random.Generator
-    ) -> np.ndarray:
-        dist = self._distribution(index)
-        total = dist.cdf.total
-        if dist.smallest <= 0 or not math.isfinite(total):
-            raise EmptyBufferError(
-                "every matching row has priority 0 and eps is 0, so none can be drawn"
-            )
-        positions = dist.cdf.search(rng.random(batch_size) * total)
-        keys = index["key"][positions]
-        self._drawn = (keys, positions)
-        return cast("np.ndarray", keys)
-
-    def weights(self, index: dict[str, np.ndarray], keys: np.ndarray) -> np.ndarray:
-        dist = self._distribution(index)
-        weights, smallest = dist.weights, dist.smallest
-        drawn = self._drawn
-        if drawn is not None and drawn[0] is keys:  # the keys sample_keys just chose
-            positions = drawn[1]
-        else:
-            positions = np.searchsorted(index["key"], keys)
-        # (N P_i)^-beta / max_j (N P_j)^-beta == (w_i / min_j w_j)^-beta
-        return cast(
-            "np.ndarray", np.power(weights[positions] / smallest, -self.beta).astype(np.float32)
-        )
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_drawn": None}
-
 
 def _largest(priority: np.ndarray) -> float:
     """The largest stored priority, 1.0 when none is stored."""
     stored = priority[~np.isnan(priority)]
     return float(stored.max()) if len(stored) else 1.0
-
-
-class _Distribution(NamedTuple):
-    weights: np.ndarray
-    cdf: BlockedCdf
-    smallest: float
 
 
 # -- the least matching priority -------------------------------------------------------------

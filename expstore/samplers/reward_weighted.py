@@ -12,7 +12,6 @@ from ..errors import EmptyBufferError
 from ..query import Comparison, Condition, QueryCondition
 from ..storage.base import KeySpace
 from .base import KeySampler, SamplerOptions
-from .flat import draw_uniform
 from .loop import Choice
 
 __all__ = ["RewardWeightedSampler"]
@@ -75,17 +74,7 @@ class RewardWeightedSampler(KeySampler):
             weight = np.where(reward == top, 1.0, weight)
             return np.where(np.isnan(reward), 0.0, np.minimum(weight, 1.0))
 
-        drawn = draw_uniform(
-            space,
-            batch_size,
-            self.rng,
-            columns=("reward_t",),
-            accept=accept,
-            hint=self.kept_hint(query_condition),
-            budget=self.probe_budget,
-            name=f"reward:{temperature!r}:{top!r}",
+        name = f"reward:{temperature!r}:{top!r}"
+        return self.choose_rows(
+            space, batch_size, query_condition, columns=("reward_t",), accept=accept, name=name
         )
-        if drawn is None:
-            return None
-        self.kept_hint(query_condition, drawn.kept)
-        return Choice(drawn.keys)

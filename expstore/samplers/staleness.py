@@ -10,8 +10,9 @@ from typing_extensions import Unpack
 
 from .._args import check_number
 from ..query import QueryCondition
-from ..storage.base import Storage
+from ..storage.base import KeySpace, Storage
 from .base import KeySampler, SamplerOptions, with_current_version
+from .loop import Choice
 
 __all__ = ["StalenessAwareSampler"]
 
@@ -41,20 +42,26 @@ class StalenessAwareSampler(KeySampler):
     def read_index(self, storage: Storage, query_condition: QueryCondition) -> dict[str, Any]:
         return with_current_version(storage, super().read_index(storage, query_condition))
 
-    def sample_keys(
-        self, index: dict[str, Any], batch_size: int, rng: np.random.Generator
-    ) -> np.ndarray:
-        keys = index["key"]
-        versions = index["policy_version"]
-        current = index["current_version"]
+    def choose_flat(
+        self, space: KeySpace, batch_size: int, query_condition: QueryCondition
+    ) -> Choice | None:
+        # Weights are at most 1 (staleness 0: rows of the current version, newer, or
+        # without one): a candidate is kept with its weight, exact rejection; over a key
+        # index held in memory, in proportion to it directly.
+        current = space.current_version
 
-        def compute() -> np.ndarray:
-            return np.cumsum(staleness_weights(versions, current, self.power))
+        def accept(columns: dict[str, np.ndarray]) -> np.ndarray:
+            return staleness_weights(columns["policy_version"], current, self.power)
 
-        cumulative = self.derived(f"staleness:{current}:{self.power}", (versions,), compute)
-        drawn = rng.random(batch_size) * cumulative[-1]
-        positions = np.searchsorted(cumulative, drawn, side="right").clip(max=len(keys) - 1)
-        return cast("np.ndarray", keys[positions])
+        name = f"staleness:{current}:{self.power!r}"
+        return self.choose_rows(
+            space,
+            batch_size,
+            query_condition,
+            columns=("policy_version",),
+            accept=accept,
+            name=name,
+        )
 
 
 def staleness_weights(versions: np.ndarray, current: int | None, power: float) -> np.ndarray:

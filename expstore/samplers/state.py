@@ -4,6 +4,7 @@ arrays are unchanged), and what a key sampler holds of the buffer it draws from
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -14,6 +15,7 @@ __all__ = [
     "NO_KEYS",
     "DerivedArrays",
     "KeyState",
+    "json_key",
     "masked",
     "numbering",
     "same_arrays",
@@ -26,6 +28,19 @@ _T = TypeVar("_T")
 #: No keys (read-only).
 NO_KEYS = np.empty(0, dtype=np.int64)
 NO_KEYS.flags.writeable = False
+
+
+def json_key(value: Any) -> Any:
+    """A hashable key under which equal JSON values meet: True and 1 stay apart (as JSON
+    tells them apart), 1 and 1.0 meet, lists and dicts by their JSON text; NaN (a float
+    column's NULL) meets None."""
+    if type(value) is bool:
+        return (bool, value)
+    if isinstance(value, (list, dict)):
+        return (list, json.dumps(value, sort_keys=True))
+    if isinstance(value, float) and value != value:
+        return None
+    return value
 
 
 def numbering(values: Sequence[Any]) -> dict[Any, int]:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 import numpy as np
 from typing_extensions import Unpack
@@ -12,25 +11,14 @@ from ..query import QueryCondition
 from ..query.fields import resolve_field
 from ..storage.base import KeySpace
 from .base import KeySampler, SamplerOptions
-from .flat import draw_uniform
+from .flat import draw_shares
 from .loop import Choice
-from .state import value_codes
 
 __all__ = ["StratifiedSampler"]
 
 #: Groups beyond which stratified draws choose over the key index: a group's share of the
 #: key range is then too small for rejection to pay.
 MAX_FLAT_GROUPS = 64
-
-
-def _group_key(value: Any) -> Any:
-    """A hashable key under which equal JSON values meet: True and 1 stay apart (as JSON
-    tells them apart), 1 and 1.0 meet, lists and dicts by their JSON text."""
-    if type(value) is bool:
-        return (bool, value)
-    if isinstance(value, (list, dict)):
-        return (list, json.dumps(value, sort_keys=True))
-    return value
 
 
 class StratifiedSampler(KeySampler):
@@ -64,24 +52,6 @@ class StratifiedSampler(KeySampler):
     def index_columns(self) -> tuple[str, ...]:
         return (self.column,)
 
-    def _groups(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(row positions ordered by group, each group's start in that order, its size)."""
-
-        def compute() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-            if values.dtype == object:
-                listed = values.tolist()
-                if self._payload:  # any JSON value
-                    listed = list(map(_group_key, listed))
-                codes = value_codes(listed)
-            else:  # numbers and bools; NaN (NULL) forms one group
-                codes = np.unique(values, return_inverse=True)[1].reshape(-1)
-            order = np.argsort(codes, kind="stable")
-            counts = np.bincount(codes)  # codes run 0..groups-1, every group non-empty
-            starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-            return order, starts, counts
-
-        return self.derived("groups", (values,), compute)
-
     def can_draw_flat(self, query_condition: QueryCondition) -> bool:
         return not self._payload
 
@@ -92,36 +62,28 @@ class StratifiedSampler(KeySampler):
     def choose_flat(
         self, space: KeySpace, batch_size: int, query_condition: QueryCondition
     ) -> Choice | None:
-        if self._payload:
-            return None
+        # The groups are the values the matching rows hold (a value every row of which is
+        # stale, spent or filtered out gets no share): over the database, the column's
+        # distinct values (too many: the key index serves) and which a matching row holds;
+        # a key index held in memory holds the matching rows alone.
         values = space.distinct(self.column)
-        if not values or len(values) > MAX_FLAT_GROUPS:
-            return None
-        if space.filtered:
-            # The groups are the values the matching rows hold (a value every row of which
-            # is stale, spent or filtered out gets no share).
-            values = values_held(space, self.column, list(values))
-            if not values:
-                return None  # none: the key index says so
+        if not values:
+            return None  # none: the key index says so
+        if space.listed is None:
+            if len(values) > MAX_FLAT_GROUPS:
+                return None
+            if space.filtered:
+                values = values_held(space, self.column, list(values))
+                if not values:
+                    return None
         rng = self.rng
-        remaining = self._shares(len(values), batch_size, rng).tolist()
-        code = {v: i for i, v in enumerate(values)}
-
-        def wanted(columns: dict[str, np.ndarray]) -> np.ndarray:
-            take = np.zeros(len(columns[self.column]), dtype=bool)
-            for i, value in enumerate(columns[self.column].tolist()):
-                group = code.get(value)
-                if group is not None and remaining[group]:
-                    remaining[group] -= 1
-                    take[i] = True
-            return take
-
-        drawn = draw_uniform(
+        shares = self._shares(len(values), batch_size, rng)
+        drawn = draw_shares(
             space,
-            batch_size,
+            self.column,
+            values,
+            shares.tolist(),
             rng,
-            columns=(self.column,),
-            quota=wanted,
             hint=self.kept_hint(query_condition),
             budget=self.probe_budget,
         )
@@ -136,17 +98,6 @@ class StratifiedSampler(KeySampler):
         shares = np.full(groups, batch_size // groups, dtype=np.int64)
         shares[rng.choice(groups, size=batch_size % groups, replace=False)] += 1
         return shares
-
-    def sample_keys(
-        self, index: dict[str, np.ndarray], batch_size: int, rng: np.random.Generator
-    ) -> np.ndarray:
-        order, starts, counts = self._groups(index[self.column])
-        groups = len(counts)
-        shares = self._shares(groups, batch_size, rng)
-        group_of_row = np.repeat(np.arange(groups), shares)
-        offsets = np.floor(rng.random(batch_size) * counts[group_of_row]).astype(np.int64)
-        positions = order[starts[group_of_row] + offsets]
-        return cast("np.ndarray", index["key"][positions[rng.permutation(batch_size)]])
 
 
 # -- the values the matching rows hold -------------------------------------------------------

@@ -11,7 +11,6 @@ from ..query import QueryCondition
 from ..storage.base import KeySpace, Storage
 from .base import KeySampler, SamplerOptions
 from .epochs import EpochState, KeyPermutation, next_in_epoch, rest_of_epoch
-from .flat import draw_uniform
 from .loop import Choice
 
 __all__ = ["UniformSampler"]
@@ -119,12 +118,7 @@ class UniformSampler(KeySampler):
             if space.listed is not None:  # an epoch over the key index held in memory
                 return Choice(self._next_from_epoch(space.listed["key"], batch_size, self.rng))
             return self._epoch_over_key_space(space, batch_size)
-        hint = self.kept_hint(query_condition)
-        drawn = draw_uniform(space, batch_size, self.rng, hint=hint, budget=self.probe_budget)
-        if drawn is None:
-            return None
-        self.kept_hint(query_condition, drawn.kept)
-        return Choice(drawn.keys)
+        return self.choose_rows(space, batch_size, query_condition)
 
     def _epoch_over_key_space(self, space: KeySpace, batch_size: int) -> Choice | None:
         """The next keys of an epoch over the key space; None to begin one over the key

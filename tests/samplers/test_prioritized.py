@@ -43,12 +43,15 @@ def test_importance_weights_are_n_p_to_minus_beta_normalised_by_the_maximum() ->
     priority = np.array([1.0, 2.0, 4.0, 8.0])
     index = make_index(4, priority=priority)
     sampler = PrioritizedSampler(alpha=1.0, beta=0.5, eps=0.0, seed=0)
-    keys = index["key"]
-    weights = sampler.weights(index, keys)
+    choice = sampler._choose_listed(index, 400, None)  # over the key index held in memory
+    weights = sampler.weights_of(choice)
+    assert weights is not None
+    at = positions(index, choice.keys)
     probs = priority / priority.sum()
     raw = (4 * probs) ** -0.5
-    np.testing.assert_allclose(weights, raw / raw.max(), rtol=1e-6)
-    assert weights.dtype == np.float32 and weights[0] == 1.0
+    np.testing.assert_allclose(weights, (raw / raw.max())[at], rtol=1e-6)
+    assert weights.dtype == np.float32 and (weights[at == 0] == 1.0).all()
+    assert set(at.tolist()) == {0, 1, 2, 3}
 
 
 def test_one_million_rows_need_no_python_loop() -> None:
@@ -59,7 +62,7 @@ def test_one_million_rows_need_no_python_loop() -> None:
     rng = np.random.default_rng(0)
     index = make_index(1_000_000, priority=rng.random(1_000_000))
     sampler = PrioritizedSampler(seed=0)
-    sampler.sample_keys(index, 256, sampler.rng)  # builds the cumulative sum once
+    sampler._choose_listed(index, 256, None)  # builds the cumulative sum once
     lines = 0
 
     def tracer(frame, event, arg):  # noqa: ANN001, ANN202
@@ -70,21 +73,36 @@ def test_one_million_rows_need_no_python_loop() -> None:
 
     sys.settrace(tracer)
     try:
-        keys = sampler.sample_keys(index, 256, sampler.rng)
-        weights = sampler.weights(index, keys)
+        choice = sampler._choose_listed(index, 256, None)
+        weights = sampler.weights_of(choice)
     finally:
         sys.settrace(None)
-    assert len(keys) == 256 and len(weights) == 256
+    assert weights is not None
+    assert len(choice.keys) == 256 and len(weights) == 256
     assert lines < 200, f"{lines} Python lines ran for one batch"
 
 
-def test_the_distribution_is_built_once_per_change_of_the_buffer() -> None:
+def test_the_distribution_is_built_once_per_change_of_the_buffer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from expstore.samplers import flat
+
+    built = []
+
+    class Counted(flat.BlockedCdf):
+        def __init__(self, cdf: np.ndarray) -> None:
+            built.append(len(cdf))
+            super().__init__(cdf)
+
+    monkeypatch.setattr(flat, "BlockedCdf", Counted)
     index = make_index(100, priority=np.ones(100))
     sampler = PrioritizedSampler(seed=0)
-    first = sampler._distribution(index)
-    assert sampler._distribution(index) is first
+    sampler.sample_keys(index, 8, sampler.rng)
+    sampler.sample_keys(index, 8, sampler.rng)
+    assert built == [100]
     changed = make_index(100, priority=np.ones(100))
-    assert sampler._distribution(changed) is not first
+    sampler.sample_keys(changed, 8, sampler.rng)
+    assert built == [100, 100]
 
 
 def test_priorities_persist_and_every_process_sees_them(db_url: str, buffer_name: str) -> None:
