@@ -50,6 +50,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from ..errors import UnsupportedTypeError
 from ..model.paths import FieldPath
 from ..query.compiler import json_text
+from .compiled import execute_many
 from .schema import ROW_KEY, buffers, counters, rows
 
 __all__ = ["Dialect", "PostgresDialect", "SqliteDialect", "WRITE_COLUMNS", "dialect_for"]
@@ -319,10 +320,10 @@ class SqliteDialect(Dialect):
         next_key = None if issued is None or (largest or 0) >= issued else issued + 1
         for params in chunks:
             if next_key is None:
-                conn.exec_driver_sql(self._insert, params)
+                execute_many(conn, self._insert, params)
                 continue
             keyed = [(key, *p) for key, p in enumerate(params, next_key)]
-            conn.exec_driver_sql(self._insert_keyed, keyed)
+            execute_many(conn, self._insert_keyed, keyed)
             next_key += len(params)
 
     def before_delete(
