@@ -423,8 +423,14 @@ class Connections:
     def write(self) -> Iterator[Connection]:
         router = self.router
         if router is None or not router.read_your_writes:
-            with self._lock, self._engines()[1].begin() as conn, self._holding(conn):
-                yield conn
+            # (engine.begin() and _holding inlined: a one-row write's own Python counts)
+            with self._lock, self._engines()[1].connect() as conn, conn.begin():
+                stack = self._held.__dict__.setdefault("stack", [])
+                stack.append(conn)
+                try:
+                    yield conn
+                finally:
+                    stack.pop()
             return
         with self._lock, self._engines()[1].connect() as conn:
             with conn.begin(), self._holding(conn):

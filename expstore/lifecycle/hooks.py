@@ -95,22 +95,26 @@ class BufferState:
     newest: int
     keys: tuple[Any, ...]
     settings: dict[str, Any]
-
     def setting(self, name: str) -> Any:
         return self.settings.get(name)
 
-    def hooked(self, hook: str) -> Iterator[tuple[RowFeature, Any]]:
+    def hooked(self, hook: str) -> list[tuple[RowFeature, Any]]:
         """The features this buffer uses that have ``hook`` (a method they override), in
-        their order, with their settings."""
-        for feature in _HOOKED[hook]:
-            found = self.settings.get(feature.name)
-            if found is not None:
-                yield feature, found
+        their order, with their settings (as they are now: a hook may change its own)."""
+        settings = self.settings
+        return [
+            (feature, settings[feature.name])
+            for feature in _HOOKED[hook]
+            if settings.get(feature.name) is not None
+        ]
 
     def run(self, hook: str, ctx: WriteContext | RemoveContext) -> None:
         """``hook(ctx, setting)`` of each feature this buffer uses that has it."""
-        for feature, setting in list(self.hooked(hook)):
-            getattr(feature, hook)(ctx, setting)
+        settings = self.settings
+        for feature in _HOOKED[hook]:
+            setting = settings.get(feature.name)
+            if setting is not None:
+                getattr(feature, hook)(ctx, setting)
 
 
 @dataclass
