@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 from sqlalchemy.engine import Dialect
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, StatementError
 
 __all__ = ["CompiledSelect", "CompiledWrite", "driver_error", "execute_many"]
 
@@ -137,7 +137,7 @@ def execute_many(conn: Connection, sql: str, params: Sequence[Any]) -> None:
 
 def driver_error(
     conn: Connection, exc: Exception, sql: str, args: Any, cursor: Any = None
-) -> DBAPIError:
+) -> StatementError:
     """The SQLAlchemy error ``Connection.execute`` would raise for the driver's ``exc``
     (an IntegrityError for a constraint, and so on). As it would, a lost connection is
     marked so (and dropped from the pool) for callers that retry elsewhere."""

@@ -30,7 +30,7 @@ TorchRL's writer owning the write policy.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -43,6 +43,7 @@ from ..errors import InvalidArgumentError
 
 __all__ = [
     "BufferState",
+    "LazyWhere",
     "RemoveContext",
     "Removed",
     "RowFeature",
@@ -95,6 +96,7 @@ class BufferState:
     newest: int
     keys: tuple[Any, ...]
     settings: dict[str, Any]
+
     def setting(self, name: str) -> Any:
         return self.settings.get(name)
 
@@ -144,6 +146,27 @@ class WriteContext:
             )
             self._keys = {str(i): int(k) for i, k in self.conn.execute(stmt)}
         return self._keys
+
+
+class LazyWhere(Sequence[Any]):
+    """A removal's condition built only if a hook reads it (:attr:`RemoveContext.where`):
+    building SQLAlchemy expressions on every capped write cost more than its statements'
+    Python."""
+
+    def __init__(self, build: Callable[[], Sequence[ColumnElement[bool]]]) -> None:
+        self._build = build
+        self._built: Sequence[ColumnElement[bool]] | None = None
+
+    def _clauses(self) -> Sequence[ColumnElement[bool]]:
+        if self._built is None:
+            self._built = self._build()
+        return self._built
+
+    def __getitem__(self, at: Any) -> Any:
+        return self._clauses()[at]
+
+    def __len__(self) -> int:
+        return len(self._clauses())
 
 
 @dataclass
