@@ -392,8 +392,13 @@ class Connections:
         routed = None if self.router is None else self.router.connect()
         if routed is None:
             try:
-                with self._lock, engine.connect() as conn, self._holding(conn):
-                    yield conn
+                with self._lock, engine.connect() as conn:
+                    stack = self._held.__dict__.setdefault("stack", [])
+                    stack.append(conn)  # (_holding inlined, as in write)
+                    try:
+                        yield conn
+                    finally:
+                        stack.pop()
             except DBAPIError as exc:
                 if connection_lost(exc):  # cut under the read (e.g. a server restart)
                     raise ConnectionLostError(
