@@ -170,6 +170,10 @@ def _array_node(value: np.ndarray[Any, Any], n: int) -> _Slot | _Tensor:
 
 def _node(value: Any, n: int) -> Any:
     """The plan of one column (see :func:`plan_payloads`)."""
+    if type(value) is np.ndarray:  # the common cases first (no ABC checks)
+        return _array_node(value, n)
+    if type(value) is Same:
+        return value.value
     if isinstance(value, Same):
         return value.value
     if isinstance(value, Listed):

@@ -16,9 +16,9 @@ from typing import Any
 
 from sqlalchemy import Connection
 from sqlalchemy.engine import Dialect
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, StatementError
 
-__all__ = ["CompiledSelect", "CompiledWrite"]
+__all__ = ["CompiledSelect", "CompiledWrite", "driver_error", "execute_many"]
 
 
 class CompiledSelect:
@@ -100,16 +100,7 @@ class CompiledSelect:
                     if (p := kind.result_processor(self._dialect, code)) is not None
                 ]
         except self._error as exc:
-            # As Connection.execute would: a lost connection is marked so (and dropped from
-            # the pool) for callers that retry elsewhere.
-            lost = self._dialect.is_disconnect(exc, driver, cursor)  # type: ignore[arg-type]
-            error = DBAPIError.instance(
-                self.sql, args, exc, self._error, connection_invalidated=lost
-            )
-            if lost:
-                _close_quietly(cursor)
-                conn.invalidate(error)
-            raise error from exc
+            raise driver_error(conn, exc, self.sql, args, cursor) from exc
         finally:
             _close_quietly(cursor)
         if processors:
@@ -129,6 +120,40 @@ class CompiledWrite(CompiledSelect):
 
     def execute(self, conn: Connection, **params: Any) -> int:
         return int(self.run(conn, **params)[0][0])
+
+
+def execute_many(conn: Connection, sql: str, params: Sequence[Any]) -> None:
+    """``sql`` (the driver's own SQL, parameters in its style) for each of ``params`` on
+    the DB-API cursor: ``exec_driver_sql`` without SQLAlchemy's per-execution work (an
+    execution context, events, a result), its errors raised as SQLAlchemy raises them."""
+    driver = conn.connection.driver_connection
+    assert driver is not None
+    cursor = driver.cursor()
+    try:
+        cursor.executemany(sql, params)
+    except conn.dialect.loaded_dbapi.Error as exc:
+        raise driver_error(conn, exc, sql, params, cursor) from exc
+    finally:
+        _close_quietly(cursor)
+
+
+def driver_error(
+    conn: Connection, exc: Exception, sql: str, args: Any, cursor: Any = None
+) -> StatementError:
+    """The SQLAlchemy error ``Connection.execute`` would raise for the driver's ``exc``
+    (an IntegrityError for a constraint, and so on). As it would, a lost connection is
+    marked so (and dropped from the pool) for callers that retry elsewhere."""
+    dialect = conn.dialect
+    driver = conn.connection.driver_connection
+    lost = dialect.is_disconnect(exc, driver, cursor)  # type: ignore[arg-type]
+    error = DBAPIError.instance(
+        sql, args, exc, dialect.loaded_dbapi.Error, connection_invalidated=lost
+    )
+    if lost:
+        if cursor is not None:
+            _close_quietly(cursor)
+        conn.invalidate(error)
+    return error
 
 
 def _close_quietly(cursor: Any) -> None:

@@ -41,6 +41,7 @@ from sqlalchemy import (
     text,
     true,
 )
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -50,6 +51,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from ..errors import UnsupportedTypeError
 from ..model.paths import FieldPath
 from ..query.compiler import json_text
+from .compiled import execute_many
 from .schema import ROW_KEY, buffers, counters, rows
 
 __all__ = ["Dialect", "PostgresDialect", "SqliteDialect", "WRITE_COLUMNS", "dialect_for"]
@@ -164,11 +166,18 @@ class Dialect(ABC):
 
     @abstractmethod
     def insert_rows(
-        self, conn: Connection, chunks: Chunks, key_state: Sequence[Any] | None = None
-    ) -> None:
+        self,
+        conn: Connection,
+        chunks: Chunks,
+        key_state: Sequence[Any] | None = None,
+        count: int = 0,
+    ) -> bool:
         """Insert encoded rows, chunk by chunk as the encoder hands them over
         (``key_state``: the values of :meth:`key_state` as the write read them with the
-        buffer's row, which it holds; None: read them now)."""
+        buffer's row, which it holds; None: read them now). ``count``: the rows going in,
+        which the insert may count on the buffer's row in its own statement (its
+        ``inserted`` and ``row_count`` up by ``count``, ``inserted_at`` now, as the
+        write's count does): returns whether it did."""
 
     def key_state(self) -> list[Any]:
         """Scalar subqueries the writer reads with the buffer's row, for
@@ -314,8 +323,12 @@ class SqliteDialect(Dialect):
         return _KEY_STATE
 
     def insert_rows(
-        self, conn: Connection, chunks: Chunks, key_state: Sequence[Any] | None = None
-    ) -> None:
+        self,
+        conn: Connection,
+        chunks: Chunks,
+        key_state: Sequence[Any] | None = None,
+        count: int = 0,
+    ) -> bool:
         # The DB-API's executemany directly: the values are already in column order.
         # SQLite gives a new row the table's largest key + 1, which is the key of a deleted
         # row when the newest rows were deleted: then the keys are given here, above the
@@ -327,11 +340,12 @@ class SqliteDialect(Dialect):
         next_key = None if issued is None or (largest or 0) >= issued else issued + 1
         for params in chunks:
             if next_key is None:
-                conn.exec_driver_sql(self._insert, params)
+                execute_many(conn, self._insert, params)
                 continue
             keyed = [(key, *p) for key, p in enumerate(params, next_key)]
-            conn.exec_driver_sql(self._insert_keyed, keyed)
+            execute_many(conn, self._insert_keyed, keyed)
             next_key += len(params)
+        return False  # (no statement of SQLite's modifies in its WITH clause)
 
     def before_delete(
         self, conn: Connection, top: int, key_state: Sequence[Any]
@@ -439,7 +453,9 @@ class PostgresDialect(Dialect):
     def __init__(self) -> None:
         self.copy_types = [_copy_type(rows.c[name].type) for name in WRITE_COLUMNS]
         self._copy = f"COPY {rows.name} ({_COLUMN_LIST}) FROM STDIN (FORMAT BINARY)"
-        self._small: dict[int, str] = {}
+        self._small: dict[tuple[int, bool], str] = {}
+        #: now() as the write's count of its rows writes it (see _small_insert)
+        self._now_sql = str(self.now().compile(dialect=postgresql.dialect()))  # type: ignore[no-untyped-call]
         self._data_at = WRITE_COLUMNS.index("data")
         self._unchecked = 0
         self._may_analyze = True
@@ -479,8 +495,12 @@ class PostgresDialect(Dialect):
         return {"keys": [int(k) for k in keys], "values": [float(v) for v in values]}
 
     def insert_rows(
-        self, conn: Connection, chunks: Chunks, key_state: Sequence[Any] | None = None
-    ) -> None:
+        self,
+        conn: Connection,
+        chunks: Chunks,
+        key_state: Sequence[Any] | None = None,
+        count: int = 0,
+    ) -> bool:
         from psycopg.copy import QueuedLibpqWriter
         from psycopg.types.json import Jsonb
 
@@ -494,16 +514,22 @@ class PostgresDialect(Dialect):
         chunks = iter(chunks)
         first = next(chunks, None)
         if first is None:
-            return
+            return False
         following = next(chunks, None)
         if following is None and len(first) <= SMALL_INSERT:
             # A few rows (a step of vector envs, a GRPO group): one INSERT of them all, one
             # round trip, prepared once per connection and row count (SQLAlchemy turns
-            # psycopg's automatic preparing off); a COPY through a thread costs more.
-            statement = self._small_insert(len(first))
+            # psycopg's automatic preparing off); a COPY through a thread costs more. The
+            # write's count of them on the buffer's row goes in its WITH clause: no round
+            # trip of its own.
+            counting = count == len(first)
+            statement = self._small_insert(len(first), counting)
+            values = [v for p in first for v in as_sent(p)]
+            if counting:
+                values[:0] = [count, count, first[0][0]]  # (WRITE_COLUMNS[0]: buffer_id)
             with _as_sqlalchemy_errors(statement), raw.cursor() as cursor:
-                cursor.execute(statement, [v for p in first for v in as_sent(p)], prepare=True)
-            return
+                cursor.execute(statement, values, prepare=True)
+            return counting
         chunks = itertools.chain([first], [] if following is None else [following], chunks)
         # The queued writer sends to the server from a thread of its own, so encoding the
         # next rows overlaps the network and the server's work.
@@ -516,6 +542,7 @@ class PostgresDialect(Dialect):
             for params in chunks:  # one COPY for the whole batch: no stall per chunk
                 for p in params:
                     copy.write_row(as_sent(p))
+        return False
 
     def state_check(self, buffer_id: Any) -> list[Any]:
         # READ COMMITTED: a SELECT ... FOR UPDATE that waited for another writer returns
@@ -526,13 +553,22 @@ class PostgresDialect(Dialect):
         before = before.where(held.c.id == buffer_id)
         return [literal_column(f"{buffers.name}.xmin::text"), before.scalar_subquery()]
 
-    def _small_insert(self, n: int) -> str:
-        """``INSERT`` of ``n`` rows in WRITE_COLUMNS order, every value a placeholder."""
-        found = self._small.get(n)
+    def _small_insert(self, n: int, counting: bool = False) -> str:
+        """``INSERT`` of ``n`` rows in WRITE_COLUMNS order, every value a placeholder;
+        ``counting``: with the count of them on the buffer's row in its WITH clause (its
+        parameters first: the rows stored twice, as ``inserted`` and ``row_count`` grow,
+        and the buffer's id)."""
+        found = self._small.get((n, counting))
         if found is None:
             row = "(" + ", ".join(["%s"] * len(WRITE_COLUMNS)) + ")"
             found = f"INSERT INTO {rows.name} ({_COLUMN_LIST}) VALUES " + ", ".join([row] * n)
-            self._small[n] = found
+            if counting:
+                found = (
+                    f"WITH counted AS (UPDATE {buffers.name} SET "
+                    "inserted = inserted + %s::bigint, row_count = row_count + %s::bigint, "
+                    f"inserted_at = {self._now_sql} WHERE id = %s::integer) {found}"
+                )
+            self._small[(n, counting)] = found
         return found
 
     def ids_statement(self, buffer_id: int, ids: list[str]) -> Select[Any]:

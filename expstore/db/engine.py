@@ -24,6 +24,7 @@ from sqlalchemy.pool import StaticPool
 from .._optional import require
 from .._retry import SQLITE_BUSY
 from ..errors import ConnectionLostError, StorageError
+from .compiled import driver_error
 
 __all__ = ["Connections", "Router", "create_sql_engine", "is_memory", "normalise_url"]
 
@@ -274,8 +275,18 @@ def _set_up_sqlite(engine: Engine, *, memory: bool, read_only: bool = False) -> 
         options = conn.get_execution_options()
         if options.get("isolation_level") == "AUTOCOMMIT":
             return  # single(): each statement commits on its own
-        mode = options.get("expstore_begin", "")
-        conn.exec_driver_sql(f"BEGIN {mode}".strip())
+        sql = _BEGIN[options.get("expstore_begin", "")]
+        # On the driver's connection: a write's BEGIN through exec_driver_sql cost as much
+        # Python as the rest of a one-row write's statements together.
+        driver = conn.connection.driver_connection
+        try:
+            driver.execute(sql)  # type: ignore[union-attr]
+        except sqlite3.Error as exc:
+            raise driver_error(conn, exc, sql, ()) from exc
+
+
+#: The BEGIN of each ``expstore_begin`` mode.
+_BEGIN = {"": "BEGIN", "IMMEDIATE": "BEGIN IMMEDIATE"}
 
 
 def _use_wal(cursor: Any) -> None:
@@ -381,8 +392,13 @@ class Connections:
         routed = None if self.router is None else self.router.connect()
         if routed is None:
             try:
-                with self._lock, engine.connect() as conn, self._holding(conn):
-                    yield conn
+                with self._lock, engine.connect() as conn:
+                    stack = self._held.__dict__.setdefault("stack", [])
+                    stack.append(conn)  # (_holding inlined, as in write)
+                    try:
+                        yield conn
+                    finally:
+                        stack.pop()
             except DBAPIError as exc:
                 if connection_lost(exc):  # cut under the read (e.g. a server restart)
                     raise ConnectionLostError(
@@ -412,8 +428,14 @@ class Connections:
     def write(self) -> Iterator[Connection]:
         router = self.router
         if router is None or not router.read_your_writes:
-            with self._lock, self._engines()[1].begin() as conn, self._holding(conn):
-                yield conn
+            # (engine.begin() and _holding inlined: a one-row write's own Python counts)
+            with self._lock, self._engines()[1].connect() as conn, conn.begin():
+                stack = self._held.__dict__.setdefault("stack", [])
+                stack.append(conn)
+                try:
+                    yield conn
+                finally:
+                    stack.pop()
             return
         with self._lock, self._engines()[1].connect() as conn:
             with conn.begin(), self._holding(conn):

@@ -30,7 +30,7 @@ TorchRL's writer owning the write policy.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -43,6 +43,7 @@ from ..errors import InvalidArgumentError
 
 __all__ = [
     "BufferState",
+    "LazyWhere",
     "RemoveContext",
     "Removed",
     "RowFeature",
@@ -99,18 +100,23 @@ class BufferState:
     def setting(self, name: str) -> Any:
         return self.settings.get(name)
 
-    def hooked(self, hook: str) -> Iterator[tuple[RowFeature, Any]]:
+    def hooked(self, hook: str) -> list[tuple[RowFeature, Any]]:
         """The features this buffer uses that have ``hook`` (a method they override), in
-        their order, with their settings."""
-        for feature in _HOOKED[hook]:
-            found = self.settings.get(feature.name)
-            if found is not None:
-                yield feature, found
+        their order, with their settings (as they are now: a hook may change its own)."""
+        settings = self.settings
+        return [
+            (feature, settings[feature.name])
+            for feature in _HOOKED[hook]
+            if settings.get(feature.name) is not None
+        ]
 
     def run(self, hook: str, ctx: WriteContext | RemoveContext) -> None:
         """``hook(ctx, setting)`` of each feature this buffer uses that has it."""
-        for feature, setting in list(self.hooked(hook)):
-            getattr(feature, hook)(ctx, setting)
+        settings = self.settings
+        for feature in _HOOKED[hook]:
+            setting = settings.get(feature.name)
+            if setting is not None:
+                getattr(feature, hook)(ctx, setting)
 
 
 @dataclass
@@ -140,6 +146,27 @@ class WriteContext:
             )
             self._keys = {str(i): int(k) for i, k in self.conn.execute(stmt)}
         return self._keys
+
+
+class LazyWhere(Sequence[Any]):
+    """A removal's condition built only if a hook reads it (:attr:`RemoveContext.where`):
+    building SQLAlchemy expressions on every capped write cost more than its statements'
+    Python."""
+
+    def __init__(self, build: Callable[[], Sequence[ColumnElement[bool]]]) -> None:
+        self._build = build
+        self._built: Sequence[ColumnElement[bool]] | None = None
+
+    def _clauses(self) -> Sequence[ColumnElement[bool]]:
+        if self._built is None:
+            self._built = self._build()
+        return self._built
+
+    def __getitem__(self, at: Any) -> Any:
+        return self._clauses()[at]
+
+    def __len__(self) -> int:
+        return len(self._clauses())
 
 
 @dataclass

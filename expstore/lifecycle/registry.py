@@ -30,7 +30,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from ..db.handle import BufferHandle
 from ..db.schema import buffers, rows
-from .hooks import BufferState, RemoveContext, Removed, read_state
+from .hooks import BufferState, LazyWhere, RemoveContext, Removed, read_state
 
 __all__ = [
     "BufferInfo",
@@ -132,8 +132,15 @@ def count_removed(handle: BufferHandle, conn: Connection, n: int) -> None:
     """Count ``n`` rows deleted from the buffer in the caller's transaction (which holds
     the buffer's row)."""
     if n:
-        this = buffers.c.id == handle.buffer_id
-        conn.execute(update(buffers).where(this).values(row_count=buffers.c.row_count - n))
+
+        def build() -> Any:
+            this = buffers.c.id == bindparam("buffer_id", type_=Integer)
+            gone = bindparam("n", type_=BigInteger)
+            return update(buffers).where(this).values(row_count=buffers.c.row_count - gone)
+
+        handle.write_statement("count removed", build).execute(
+            conn, buffer_id=handle.buffer_id, n=n
+        )
 
 
 _DELETE_KEYS: dict[tuple[str, ...], Any] = {}
@@ -252,7 +259,7 @@ def remove_ids(
     doomed = [int(k) for (k,) in found]
     # exactly the rows going, by the keys just locked (a hook may ask which; built
     # without the query compiler, which cost a replace of one row 0.4 ms)
-    where = [rows.c.buffer_id == handle.buffer_id, rows.c.key.in_(doomed)]
+    where = LazyWhere(lambda: [rows.c.buffer_id == handle.buffer_id, rows.c.key.in_(doomed)])
     gone = remove(handle, conn, where, "delete", None, removed, state, doomed)
     if counting:
         removed.uncounted -= gone  # counted by the statement that locked them

@@ -96,6 +96,8 @@ def _field(name: Any) -> tuple[str, str]:
 
 def _length(name: str, value: Any) -> int | None:
     """The number of rows a column holds (None: one value for every row)."""
+    if type(value) is np.ndarray and value.ndim:  # the common case first
+        return int(value.shape[0])
     if isinstance(value, _PLAIN) or isinstance(value, np.generic):
         return None
     if isinstance(value, Mapping):
@@ -124,6 +126,8 @@ def _length(name: str, value: Any) -> int | None:
 
 def _values(value: Any, n: int) -> list[Any]:
     """A column's N per-row values."""
+    if type(value) is list:
+        return list(value)
     if isinstance(value, np.generic):  # a numpy scalar: the Python value, for every row
         value = value.item()
     if isinstance(value, _PLAIN):
@@ -319,8 +323,19 @@ def rows_from_columns(columns: Mapping[str, Any]) -> list[ColumnRow]:
     return parse_columns(columns).rows()
 
 
+#: The RFC 4122 variant's hex digit for each random one (its top two bits 10).
+_VARIANT = {d: "89ab"[int(d, 16) & 3] for d in "0123456789abcdef"}
+
+
 def fresh_ids(n: int) -> list[str]:
-    """N new random (version 4) UUIDs as text, made in bulk."""
+    """N new random (version 4) UUIDs as text, made in bulk (a few from the text of their
+    random bytes: numpy's arrays cost more than they save there)."""
+    if n < 16:
+        text = os.urandom(16 * n).hex()
+        return [
+            f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
+            for h in (text[i : i + 32] for i in range(0, 32 * n, 32))
+        ]
     raw = np.frombuffer(os.urandom(16 * n), np.uint8).reshape(n, 16).copy()
     raw[:, 6] = (raw[:, 6] & 0x0F) | 0x40  # version 4
     raw[:, 8] = (raw[:, 8] & 0x3F) | 0x80  # RFC 4122 variant

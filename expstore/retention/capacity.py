@@ -15,7 +15,14 @@ from .._args import check_int
 from ..db.handle import BufferHandle
 from ..db.schema import buffers, oldest_first, rows
 from ..errors import InvalidArgumentError, RetentionConflictError
-from ..lifecycle.hooks import BufferState, Removed, RowFeature, WriteContext, read_state
+from ..lifecycle.hooks import (
+    BufferState,
+    LazyWhere,
+    Removed,
+    RowFeature,
+    WriteContext,
+    read_state,
+)
 from ..lifecycle.hooks import register as register_feature
 from ..lifecycle.registry import bump_version, lock_buffer, remove
 from . import tombstones
@@ -114,7 +121,8 @@ class _Remover:
         if not doomed:
             return 0
         # exactly the rows at or below the last of them (a hook may ask which)
-        where = [rows.c.buffer_id == b, rows.c.key <= doomed[-1]]
+        last = doomed[-1]
+        where = LazyWhere(lambda: [rows.c.buffer_id == b, rows.c.key <= last])
         return remove(
             handle, self.conn, where, reason, self.policy, self.removed, self.state, doomed
         )

@@ -125,8 +125,7 @@ def encoded_columns(columns: Columns) -> EncodedColumns | None:
     n = columns.n
     if not column_ok(columns.ids, ID_COLUMN) or _TYPED_PAYLOAD & set(columns.payload):
         return None
-    # Each field's default (None for a required one, which column_ok then refuses).
-    defaults = {**field_defaults(ExpMeta, 0.0), **field_defaults(Experience, 0.0)}
+    defaults = _defaults()
     values: dict[str, list[Any]] = {}
     for name in (*META_COLUMNS, *SCALAR_COLUMNS):
         given = columns.fields[name] if name in columns.fields else [defaults[name]] * n
@@ -159,6 +158,17 @@ def encoded_columns(columns: Columns) -> EncodedColumns | None:
     _AGREED.add(layout)
     return encoded
 
+
+def _defaults() -> dict[str, Any]:
+    """Each field's default (None for a required one, which column_ok then refuses), read
+    from the models once: the values are only read (encoded), never changed."""
+    global _DEFAULTS
+    if _DEFAULTS is None:
+        _DEFAULTS = {**field_defaults(ExpMeta, 0.0), **field_defaults(Experience, 0.0)}
+    return _DEFAULTS
+
+
+_DEFAULTS: dict[str, Any] | None = None
 
 #: Layouts (:meth:`EncodedColumns.layout`) whose encoding agreed with the row path's: a
 #: batch of one of them is encoded the same way (its values were checked as it was

@@ -431,7 +431,10 @@ def write_in(
             ctx.chunks = iter([kept[i : i + WRITE_CHUNK] for i in range(0, len(kept), WRITE_CHUNK)])
         state.run("before_insert", ctx)
         if ctx.stored:
-            handle.dialect.insert_rows(conn, ctx.chunks, state.keys)
+            # (the insert may count its rows on the buffer's row itself: Postgres, a few)
+            counting = 0 if removed.counted_inserts else ctx.stored
+            if handle.dialect.insert_rows(conn, ctx.chunks, state.keys, counting):
+                removed.counted_inserts = counting
             state.run("after_insert", ctx)
         state.run("after_write", ctx)
         # (rows a replace's removal counted already on the buffer's row: none otherwise)

@@ -21,7 +21,7 @@ from tests.helpers import make_rows
 EXPECTED = {
     "claim(1) + release()": (14, 2),
     "claim(1) + ack()": (14, 2),
-    "claim(1) + save_progress + ack(produce=4 rows, into=...)": (25, 10),
+    "claim(1) + save_progress + ack(produce=4 rows, into=...)": (25, 9),
     "learner: claim(32) + ack(checkpoint=...)": (16, 5),
 }
 
