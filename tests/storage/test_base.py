@@ -52,6 +52,7 @@ def test_the_interfaces_import_no_implementation() -> None:
             "dedup",
             "group_summaries",
             "lifecycle",
+            "limits",  # a reservation of samples (reserve_samples)
             "policy_versions",
             "retention",
         }

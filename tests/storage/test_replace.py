@@ -5,6 +5,7 @@ capacity), while the write reads the buffer's state once. On both backends."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -200,6 +201,35 @@ def test_a_replace_reads_the_buffers_state_once_and_counts_once(
         assert any(s.startswith("WITH tombstones") and "DELETE FROM" in s for s in seen)
 
 
+@pytest.mark.parametrize("n", [3, 12])
+def test_a_replace_of_stored_and_new_ids_leaves_what_a_delete_then_a_store_leave(
+    db_url: str, buffer_name: str, n: int
+) -> None:
+    """Rows of which some replace stored ones and some are new, a few and more than one
+    INSERT statement takes: the same rows, counts and tombstones as a delete then a
+    store."""
+    first = make_rows(2 * n)
+    found = []
+    for way in ("replace", "delete"):
+        with ReplayBuffer(db_url, name=f"{buffer_name}_{way}") as buffer:
+            buffer.store_batch(first[:n])
+            before = counters(buffer)
+            again = changed_rows(first[1:n], 9.0) + first[n : n + 2]
+            if way == "replace":
+                buffer.sql.replace(again)
+            else:
+                buffer.delete({"field": "id", "value": [r.id for r in first[1:n]], "op": "in"})
+                buffer.store_batch(again)
+            after = counters(buffer)
+            assert (after[0], after[1]) == (n + 2, before[1] + n + 1)
+            assert after[2] > before[2]
+            rewards = {r.id: r.exp_data.reward_t for r in buffer.query(None)}
+            stones = [(t[2], t[3]) for t in tombstone_rows(buffer)]
+            found.append((rewards, stones))
+    assert found[0] == found[1]
+    assert found[0][1] == [(r.id, "delete") for r in first[1:n]]
+
+
 @pytest.mark.parametrize("n", [1, 3])
 def test_a_replace_that_fails_changes_nothing(
     three: tuple[ReplayBuffer, list[Any]], n: int
@@ -237,3 +267,67 @@ def test_a_replace_finds_its_rows_by_id_whatever_the_buffer_holds(
             )
         assert "sqlite_autoindex_expstore_rows_1" in plan and "buffer_id=? AND id=?" in plan, plan
         assert buffer.get(stored[5].id).exp_data.reward_t == 2.0
+
+
+def test_a_replace_that_waits_for_an_ack_records_the_row_as_acked(
+    db_url: str, buffer_name: str
+) -> None:
+    """Postgres: an ack holds its rows (FOR KEY SHARE) while it writes their entries. A
+    replace of an acked-in-flight row waits for it at its lock, then deletes the row with
+    a tombstone that says acked: the delete reads the consumption entry as the ack left
+    it, not from a snapshot taken before the wait. Made deterministic by holding the
+    ack's lock on a connection of the test's until the replace waits for it."""
+    if not db_url.startswith("postgresql"):
+        pytest.skip("SQLite runs one writer at a time")
+    from sqlalchemy import create_engine, text
+
+    from expstore.db.schema import consumption, tombstones
+
+    with ReplayBuffer(db_url, name=buffer_name) as buffer:
+        row = make_row("t1", reward=1.0)
+        buffer.store(row)
+        assert len(buffer.claim(1, consumer="learner")) == 1
+        key = keys_of(buffer)[row.id]
+        engine = create_engine(db_url)
+        failed: list[BaseException] = []
+        try:
+            with engine.connect() as ack:
+                ack.execute(
+                    text("SELECT key FROM expstore_rows WHERE key = :k FOR KEY SHARE"), {"k": key}
+                )
+
+                def replace() -> None:
+                    try:
+                        buffer.sql.replace(changed_rows([row], 2.0))
+                    except BaseException as exc:  # noqa: BLE001 - reported below
+                        failed.append(exc)
+
+                replacing = threading.Thread(target=replace)
+                replacing.start()
+                waiting = text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query LIKE 'WITH doomed%'"
+                )
+                with engine.connect() as watch:
+                    while not watch.execute(waiting).scalar_one():  # the replace waits
+                        watch.rollback()
+                        assert replacing.is_alive() and not failed, failed
+                ack.execute(
+                    consumption.update()
+                    .where(consumption.c.key == key)
+                    .values(acked_at=123.0, checkpoint_seq=None)
+                )
+                ack.commit()
+                replacing.join()
+        finally:
+            engine.dispose()
+        assert not failed, failed
+        with buffer.sql.handle.read() as conn:
+            t = tombstones.c
+            stone = conn.execute(
+                select(t.id, t.reason, t.consumer, t.acked_at).where(
+                    t.buffer_id == buffer.sql.buffer_id
+                )
+            ).one()
+        assert tuple(stone) == (row.id, "delete", "learner", 123.0)
+        assert buffer.get(row.id).exp_data.reward_t == 2.0  # type: ignore[union-attr]
