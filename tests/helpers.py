@@ -93,17 +93,18 @@ def killed_actor(module: str, *args: str) -> None:
     assert done.returncode == -9  # it died where it was told to
 
 
-def run_out(buffer: Any, claim: Any) -> None:
-    """End ``claim``'s lease now, by the database's clock: its entries' ``lease_until``
-    moved an hour back, as if the holder had stalled that long (tests of what happens once
-    a lease ran out, without a short lease that a loaded machine could outlive before the
-    test's next step)."""
+def run_out(buffer: Any, claim: Any = None) -> None:
+    """End ``claim``'s lease now (None: every lease of ``buffer``), by the database's
+    clock: the entries' ``lease_until`` moved an hour back, as if the holder had stalled
+    that long (tests of what happens once a lease ran out, without a short lease that a
+    loaded machine could outlive before the test's next step)."""
     handle = buffer.sql.handle
+    which = "claim_id = :claim_id" if claim is not None else "buffer_id = :buffer_id"
     with handle.write() as conn:
         conn.execute(
             text(
                 "UPDATE expstore_consumption SET lease_until = lease_until - 3600 "
-                "WHERE claim_id = :claim_id"
+                f"WHERE {which} AND lease_until IS NOT NULL"
             ),
-            {"claim_id": claim.claim_id},
+            {"claim_id": getattr(claim, "claim_id", None), "buffer_id": handle.buffer_id},
         )

@@ -745,7 +745,7 @@ def write_then_die(*args, **kwargs):
 
 front.write_in = write_then_die
 with ReplayBuffer(url, name=name) as prompts, ReplayBuffer(url, name=name + "_out") as out:
-    claim = prompts.claim(1, consumer="actor", lease_s=0.5)
+    claim = prompts.claim(1, consumer="actor", lease_s=600)
     made = [make_row("p0", f"c{i}", i) for i in range(4)]
     claim.ack(checkpoint={"done": 1}, produce=made, into=out)
 """
@@ -759,7 +759,8 @@ def test_an_actor_killed_inside_its_produce_ack_leaves_nothing_and_the_prompt_re
         with ReplayBuffer(db_url, name=buffer_name + "_out") as out:
             assert len(out) == 0
             assert prompts.checkpoint("actor", default=None) is None
-            again = prompts.claim(1, consumer="actor", wait_s=30)  # once the lease ran out
+            run_out(prompts)  # the dead actor's lease runs out
+            again = prompts.claim(1, consumer="actor", wait_s=30)
             assert len(again) == 1
             again.ack(produce=_completions("p0"), into=out)
             assert len(out) == 4 and prompts.queue_stats().consumed == 1
@@ -813,7 +814,7 @@ from expstore import ReplayBuffer
 
 url, name = sys.argv[1], sys.argv[2]
 with ReplayBuffer(url, name=name) as prompts:
-    claim = prompts.claim(1, consumer="actor", lease_s=0.5)
+    claim = prompts.claim(1, consumer="actor", lease_s=600)
     claim.save_progress({"tokens": list(range(100)), "versions": [7]})
     os.kill(os.getpid(), signal.SIGKILL)  # killed mid-generation
 """
@@ -824,6 +825,7 @@ def test_an_actor_killed_after_saving_progress_leaves_it_for_the_next(
 ) -> None:
     _actor_killed_by(_KILLED_AFTER_PROGRESS, db_url, buffer_name)
     with ReplayBuffer(db_url, name=buffer_name) as prompts:
+        run_out(prompts)  # the dead actor's lease runs out
         again = prompts.claim(1, consumer="actor", wait_s=30)
         assert list(again.progress.values()) == [{"tokens": list(range(100)), "versions": [7]}]
 
@@ -879,7 +881,7 @@ def record_then_die(*args, **kwargs):
 front.record_produced = record_then_die
 with ReplayBuffer(url, name=name) as prompts, ReplayBuffer(url, name=name + "_out") as out:
     prompts.store_prompts([make_row("q").model_copy(update={"id": "q"})], group_size=4)
-    claim = prompts.claim(2, consumer="actor", lease_s=0.5)  # p0 (no target) and q
+    claim = prompts.claim(2, consumer="actor", lease_s=600)  # p0 (no target) and q
     claim.ack(produce={"q": [make_row("q", "actor", i) for i in range(3)]}, into=out)
 """
 
@@ -892,6 +894,7 @@ def test_an_actor_killed_inside_an_ack_towards_a_target_changes_no_count(
         with ReplayBuffer(db_url, name=buffer_name + "_out") as out:
             assert len(out) == 0
             assert prompts.lineage(["q"])["q"].done == 0
+            run_out(prompts)  # the dead actor's leases run out
             again = prompts.claim(
                 2, consumer="actor", wait_s=30, min_batch_size=2
             )  # leases ran out
