@@ -16,6 +16,7 @@ longer reaches back that far.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -36,10 +37,10 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, distinct_on
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 
 from ._args import check_priorities
 from .db import schema
+from .db.dialects import Dialect
 from .db.handle import BufferHandle
 from .db.row_ids import ids_to_keys
 from .db.schema import buffers, priority_log, rows
@@ -114,7 +115,9 @@ def _update_at_once(
     snapshot sees every row there is): the ids looked up by the ``(buffer_id, id)`` index,
     the last priority given for an id winning, the entries upserted, the version bumped,
     the update logged and the log trimmed; nothing when no id is stored."""
-    statement = handle.statement(("priorities at once",), _at_once_statement)
+    statement = handle.statement(
+        ("priorities at once",), partial(_at_once_statement, handle.dialect)
+    )
     found = statement.run(
         conn,
         buffer_id=handle.buffer_id,
@@ -130,7 +133,7 @@ def _update_at_once(
     return seq, keys, priorities_
 
 
-def _at_once_statement() -> Any:
+def _at_once_statement(dialect: Dialect) -> Any:
     """The statement of :func:`_update_at_once` (see there), compiled once per handle;
     returns ``(seq, key, priority)`` per key set."""
     buffer_id = bindparam("buffer_id", type_=Integer)
@@ -155,15 +158,16 @@ def _at_once_statement() -> Any:
         .cte("bumped")
     )
     # Read through bumped: the version is bumped before any entry is written.
-    setting = select(given.c.key, buffer_id, given.c.value).select_from(given.join(bumped, true()))
-    upsert = postgresql_insert(schema.priorities).from_select(
+    through_bumped = given.join(bumped, true())
+    setting = select(given.c.key, buffer_id, given.c.value).select_from(through_bumped)
+    upsert = dialect.upsert(schema.priorities).from_select(
         ["key", "buffer_id", "priority"], setting
     )
     upserted = upsert.on_conflict_do_update(
         index_elements=["key"], set_={"priority": upsert.excluded.priority}
     ).cte("upserted")
     logging = select(given.c.key, buffer_id, bumped.c.seq, given.c.value).select_from(
-        given.join(bumped, true())
+        through_bumped
     )
     logged = (
         priority_log.insert()
@@ -181,7 +185,7 @@ def _at_once_statement() -> Any:
     )
     return (
         select(bumped.c.seq, given.c.key, given.c.value)
-        .select_from(given.join(bumped, true()))
+        .select_from(through_bumped)
         .add_cte(upserted, logged, trimmed)
     )
 
