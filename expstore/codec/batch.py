@@ -36,6 +36,13 @@ from .format import (
 
 __all__ = ["BatchDecoder"]
 
+#: Parts kept by their text (:attr:`BatchDecoder.numbers`): Python numbers and booleans
+#: whose text is at most this long.
+_NUMBERS = (int, float, bool)
+_NUMBER_TEXT = 64
+#: Not among :attr:`BatchDecoder.numbers`.
+_NOT_HELD = object()
+
 Blob = bytes | bytearray | memoryview | None
 #: Threads that unpack a batch's arrays stored by digest.
 _UNPACKERS = min(8, os.cpu_count() or 1)
@@ -64,9 +71,12 @@ class BatchDecoder:
         self.specs: dict[str, TensorSpec] = {}
         #: The numpy arrays among them, as read straight from a blob.
         self.views: dict[str, _View] = {}
+        #: Numbers and booleans by their JSON text (an action, a flag: parts whose texts
+        #: repeat across rows), each immutable, so rows share it.
+        self.numbers: dict[str, Any] = {}
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"max_specs": self.max_specs, "specs": {}, "views": {}}
+        return {"max_specs": self.max_specs, "specs": {}, "views": {}, "numbers": {}}
 
     def remember(self, text: str, spec: TensorSpec) -> None:
         if len(self.specs) >= self.max_specs:
@@ -143,12 +153,16 @@ class BatchDecoder:
                 return stacked
         if arrays and len(texts) > 1:
             arrays = self.unpacked(texts, row_ids, path, arrays)
-        views = self.views
+        views, numbers = self.views, self.numbers
         frombuffer = np.frombuffer
         out: list[Any] = []
         append = out.append
         given: set[int] = set()
         for text, blob, row_id in zip(texts, blobs, row_ids, strict=True):
+            number = numbers.get(text, _NOT_HELD)  # type: ignore[arg-type]
+            if number is not _NOT_HELD:
+                append(number)
+                continue
             view = views.get(text)  # type: ignore[arg-type]  # None is never a key
             if view is not None and type(blob) is bytes and len(blob) >= view.end:
                 if (checked is not None and id(blob) in checked) or intact(blob, row_id):
@@ -162,6 +176,10 @@ class BatchDecoder:
                         checked.add(id(blob))
                     continue
             value = None if text is None else self.decode_text(text, blob, row_id, path, arrays)
+            if type(value) in _NUMBERS and len(text) <= _NUMBER_TEXT:  # type: ignore[arg-type]
+                if len(numbers) >= self.max_specs:
+                    numbers.clear()
+                numbers[text] = value  # type: ignore[index]
             if type(value) is np.ndarray and value.base is not None and arrays:
                 # An array unpacked once for rows that share it: each row gets its own
                 # when they may be written to.

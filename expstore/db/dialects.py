@@ -16,7 +16,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 from typing import cast as as_type
 
 from sqlalchemy import (
@@ -54,7 +54,14 @@ from ..query.compiler import json_text
 from .compiled import execute_many
 from .schema import ROW_KEY, buffers, counters, rows
 
-__all__ = ["Dialect", "PostgresDialect", "SqliteDialect", "WRITE_COLUMNS", "dialect_for"]
+__all__ = [
+    "Dialect",
+    "Inserted",
+    "PostgresDialect",
+    "SqliteDialect",
+    "WRITE_COLUMNS",
+    "dialect_for",
+]
 
 #: The columns a write fills, in the order of the encoded tuples (see writer.py).
 WRITE_COLUMNS: tuple[str, ...] = tuple(c.name for c in rows.c if c.name not in ("key", "priority"))
@@ -65,6 +72,24 @@ Chunks = Iterator[list[tuple[Any, ...]]]
 #: Rows a Postgres write inserts with one INSERT statement; more go by COPY (measured: at
 #: 8 rows the two cost the same, at 32 and 64 the COPY takes half the time).
 SMALL_INSERT = 8
+
+
+def _jsonb_key(item: tuple[str, Any]) -> tuple[int, bytes]:
+    """Where JSONB puts an object's key: by its length in bytes, then its bytes."""
+    encoded = item[0].encode("utf-8", "surrogatepass")
+    return len(encoded), encoded
+
+
+class Inserted(NamedTuple):
+    """What :meth:`Dialect.insert_rows` did beside inserting."""
+
+    #: Whether the insert counted its rows on the buffer's row itself.
+    counted: bool = False
+    #: The keys the rows got, in the order given, where the insert knows them without a
+    #: statement of its own (SQLite hands them out; a few rows on Postgres return theirs);
+    #: else None.
+    keys: list[int] | None = None
+
 
 #: The largest row key ever handed out (kept by SQLite writers, see SqliteDialect).
 _ISSUED = select(counters.c.value).where(counters.c.name == ROW_KEY)
@@ -107,6 +132,11 @@ class Dialect(ABC):
     #: Whether a statement may hold INSERT/UPDATE ... RETURNING in its WITH clause
     #: (Postgres): a claim is then one statement per round.
     modifying_ctes: bool = False
+
+    def as_stored(self, value: Any) -> Any:
+        """A part of a document (parsed JSON) as the database gives it back: the same
+        (SQLite keeps a document's text as written)."""
+        return value
 
     def json_text(self, path: FieldPath) -> ColumnElement[Any]:
         """The JSON text of the value at a payload path of the rows' document (NULL where
@@ -171,13 +201,14 @@ class Dialect(ABC):
         chunks: Chunks,
         key_state: Sequence[Any] | None = None,
         count: int = 0,
-    ) -> bool:
+    ) -> Inserted:
         """Insert encoded rows, chunk by chunk as the encoder hands them over
         (``key_state``: the values of :meth:`key_state` as the write read them with the
         buffer's row, which it holds; None: read them now). ``count``: the rows going in,
         which the insert may count on the buffer's row in its own statement (its
         ``inserted`` and ``row_count`` up by ``count``, ``inserted_at`` now, as the
-        write's count does): returns whether it did."""
+        write's count does): :class:`Inserted` says whether it did, and the keys the rows
+        got where it knows them."""
 
     def key_state(self) -> list[Any]:
         """Scalar subqueries the writer reads with the buffer's row, for
@@ -328,7 +359,7 @@ class SqliteDialect(Dialect):
         chunks: Chunks,
         key_state: Sequence[Any] | None = None,
         count: int = 0,
-    ) -> bool:
+    ) -> Inserted:
         # The DB-API's executemany directly: the values are already in column order.
         # SQLite gives a new row the table's largest key + 1, which is the key of a deleted
         # row when the newest rows were deleted: then the keys are given here, above the
@@ -338,14 +369,20 @@ class SqliteDialect(Dialect):
             key_state = tuple(conn.execute(select(*_KEY_STATE)).one())
         largest, issued = key_state
         next_key = None if issued is None or (largest or 0) >= issued else issued + 1
+        # (without a key given, each row gets the table's largest key + 1: writers take
+        # turns, so the rows' keys follow the largest as the write read it)
+        first_key = (largest or 0) + 1 if next_key is None else next_key
+        stored = 0
         for params in chunks:
+            stored += len(params)
             if next_key is None:
                 execute_many(conn, self._insert, params)
                 continue
             keyed = [(key, *p) for key, p in enumerate(params, next_key)]
             execute_many(conn, self._insert_keyed, keyed)
             next_key += len(params)
-        return False  # (no statement of SQLite's modifies in its WITH clause)
+        # (no statement of SQLite's modifies in its WITH clause: never counted)
+        return Inserted(False, list(range(first_key, first_key + stored)))
 
     def before_delete(
         self, conn: Connection, top: int, key_state: Sequence[Any]
@@ -450,6 +487,15 @@ class PostgresDialect(Dialect):
     locks_rows = True
     modifying_ctes = True
 
+    def as_stored(self, value: Any) -> Any:
+        # JSONB keeps an object's keys shorter first, then in byte order
+        if type(value) is dict:
+            items = sorted(value.items(), key=_jsonb_key)
+            return {k: self.as_stored(v) for k, v in items}
+        if type(value) is list:
+            return [self.as_stored(v) for v in value]
+        return value
+
     def __init__(self) -> None:
         self.copy_types = [_copy_type(rows.c[name].type) for name in WRITE_COLUMNS]
         self._copy = f"COPY {rows.name} ({_COLUMN_LIST}) FROM STDIN (FORMAT BINARY)"
@@ -500,7 +546,7 @@ class PostgresDialect(Dialect):
         chunks: Chunks,
         key_state: Sequence[Any] | None = None,
         count: int = 0,
-    ) -> bool:
+    ) -> Inserted:
         from psycopg.copy import QueuedLibpqWriter
         from psycopg.types.json import Jsonb
 
@@ -514,7 +560,7 @@ class PostgresDialect(Dialect):
         chunks = iter(chunks)
         first = next(chunks, None)
         if first is None:
-            return False
+            return Inserted()
         following = next(chunks, None)
         if following is None and len(first) <= SMALL_INSERT:
             # A few rows (a step of vector envs, a GRPO group): one INSERT of them all, one
@@ -529,7 +575,9 @@ class PostgresDialect(Dialect):
                 values[:0] = [count, count, first[0][0]]  # (WRITE_COLUMNS[0]: buffer_id)
             with _as_sqlalchemy_errors(statement), raw.cursor() as cursor:
                 cursor.execute(statement, values, prepare=True)
-            return counting
+                returned = dict(cursor.fetchall())
+            # (keys by id: the order RETURNING gives rows in is not promised)
+            return Inserted(counting, [returned[p[1]] for p in first])
         chunks = itertools.chain([first], [] if following is None else [following], chunks)
         # The queued writer sends to the server from a thread of its own, so encoding the
         # next rows overlaps the network and the server's work.
@@ -542,7 +590,7 @@ class PostgresDialect(Dialect):
             for params in chunks:  # one COPY for the whole batch: no stall per chunk
                 for p in params:
                     copy.write_row(as_sent(p))
-        return False
+        return Inserted()
 
     def state_check(self, buffer_id: Any) -> list[Any]:
         # READ COMMITTED: a SELECT ... FOR UPDATE that waited for another writer returns
@@ -562,6 +610,7 @@ class PostgresDialect(Dialect):
         if found is None:
             row = "(" + ", ".join(["%s"] * len(WRITE_COLUMNS)) + ")"
             found = f"INSERT INTO {rows.name} ({_COLUMN_LIST}) VALUES " + ", ".join([row] * n)
+            found += " RETURNING id, key"
             if counting:
                 found = (
                     f"WITH counted AS (UPDATE {buffers.name} SET "

@@ -32,17 +32,19 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from sqlalchemy import Connection, Integer, bindparam, select
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
 
+from ..db.dialects import WRITE_COLUMNS
 from ..db.handle import BufferHandle
 from ..db.schema import buffers, newest_first, rows
 from ..errors import InvalidArgumentError
 
 __all__ = [
     "BufferState",
+    "Fresh",
     "LazyWhere",
     "RemoveContext",
     "Removed",
@@ -53,6 +55,20 @@ __all__ = [
     "registered",
     "unregister",
 ]
+
+
+_ID_AT = WRITE_COLUMNS.index("id")
+
+
+class Fresh(NamedTuple):
+    """Rows a write inserted, as encoded (WRITE_COLUMNS order), and their keys."""
+
+    keys: list[int]
+    rows: list[tuple[Any, ...]]
+
+    @property
+    def ids(self) -> list[str]:
+        return [row[_ID_AT] for row in self.rows]
 
 
 class Removed:
@@ -135,7 +151,16 @@ class WriteContext:
     removed: Removed
     #: What a feature keeps between its hooks in this write, under its name.
     notes: dict[str, Any] = field(default_factory=dict)
+    #: The rows inserted as encoded and their keys, where the insert said them (see
+    #: :meth:`inserted`); else None.
+    fresh: Fresh | None = None
     _keys: dict[str, int] | None = None
+
+    def inserted(self, encoded: list[tuple[Any, ...]], keys: list[int]) -> None:
+        """The insert put ``encoded`` (in WRITE_COLUMNS order) under ``keys``:
+        :meth:`new_keys` needs no statement."""
+        self.fresh = Fresh(keys, encoded)
+        self._keys = {row[_ID_AT]: key for key, row in zip(keys, encoded, strict=True)}
 
     def new_keys(self) -> dict[str, int]:
         """The keys of this write's rows by id, read once (writers of a buffer take turns,

@@ -165,6 +165,24 @@ def _python_spec(value: Any) -> _Spec | None:
     return (dtype, (), True)
 
 
+def _numbers(values: Any, of: np.ndarray, column: _Column) -> np.ndarray | None:
+    """The numbers ``values[of]`` as one array of the slab of ``column``, when they are
+    all Python numbers of its type (a column's, a scalar action's); else None."""
+    spec = column.spec
+    if type(values) is not list or spec is None or not spec[2] or spec[1]:
+        return None
+    chosen = [values[i] for i in of.tolist()]
+    kind = type(chosen[0])
+    dtype = _PYTHON_DTYPES.get(kind)
+    # (never ``None != dtype``: numpy reads None as float64)
+    if dtype is None or dtype != spec[0] or any(type(v) is not kind for v in chosen):
+        return None
+    try:
+        return np.array(chosen, spec[0])
+    except OverflowError:  # (an int beyond int64: held as an object)
+        return None
+
+
 #: What a row held by slot costs beside its values: its key in the map, its slot's
 #: places in the lists and arrays.
 _SLOT_OVERHEAD = 200
@@ -316,6 +334,16 @@ class _Fields:
                 column.in_slab[into] = True
                 column.held[into] = True
                 row_bytes = values[of[0]].nbytes
+                self.size[into] += row_bytes
+                self.bytes += row_bytes * len(into)
+                continue
+            numbers = _numbers(values, of, column)
+            if numbers is not None:  # Python numbers of the slab's type: one copy
+                assert column.slab is not None
+                column.slab[into] = numbers
+                column.in_slab[into] = True
+                column.held[into] = True
+                row_bytes = numbers.itemsize
                 self.size[into] += row_bytes
                 self.bytes += row_bytes * len(into)
                 continue
@@ -673,6 +701,12 @@ class RowCache:
             self._check_identity(identity)
         paths = list(fields)
         self._keep(identity, keys, ids, [fields[p] for p in paths], paths, keys, range(len(keys)))
+
+    def paths_read(self) -> list[str]:
+        """The paths :meth:`fetch_columns` has read since the cache was made (the fields
+        this process's converters ask for)."""
+        with self._guard():
+            return list(self._stacked)
 
     def _learn_forms(self, paths: Sequence[str], columns: list[Any]) -> None:
         """Note whether the database's values at each path came stacked (a tensor field

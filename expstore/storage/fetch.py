@@ -15,6 +15,7 @@ payload field, which gives exactly what decoding the whole row would.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -23,16 +24,21 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from ..codec import RESERVED_KEYS, BatchDecoder
 from ..codec.decode import Arrays
+from ..codec.encode import dump_document
 from ..codec.format import MALFORMED
-from ..db.dialects import Dialect
+from ..db.dialects import WRITE_COLUMNS, Dialect
 from ..db.schema import rows
 from ..errors import CodecError, StorageError
+from ..lifecycle.hooks import Fresh
 from ..model.layout import COLUMNS_BY_NAME
 from ..model.paths import FieldPath, parse_path, walk
 from .base import Values
 from .reader import RowReader, key_list
 
 __all__ = ["FieldFetcher", "FieldPlan"]
+
+#: Where each column is in a row as written (its encoded tuple).
+_WRITTEN_AT = {name: i for i, name in enumerate(WRITE_COLUMNS)}
 
 
 class _Part(NamedTuple):
@@ -53,7 +59,18 @@ class FieldPlan:
         self, paths: Sequence[str], dialect: Dialect, *, deep: bool, writable: bool = True
     ) -> None:
         self.columns: list[ColumnElement[Any]] = [rows.c.key, rows.c.id]
+        #: Where each column's value is in a row as written (:data:`WRITE_COLUMNS`: a
+        #: position; a part of the document: its payload field and the steps below it;
+        #: None: the key), for :meth:`as_fetched`.
+        self._written: list[int | tuple[str, tuple[str | int, ...]] | None] = [
+            None,
+            _WRITTEN_AT["id"],
+        ]
         self.writable = writable
+        self._dialect = dialect
+        #: Documents seen by :meth:`as_fetched` and their parts' texts (rows of a kind
+        #: often share their document's text: only their blobs differ).
+        self._parts_of: dict[str, tuple[Any, ...]] = {}
         self.parts: list[_Part] = []
         self.deep = deep
         self._tensors_at = -1
@@ -63,24 +80,72 @@ class FieldPlan:
             column = path.column
             if column is not None:
                 if column.name not in columns_at:
-                    columns_at[column.name] = self._add(rows.c[column.name])
+                    columns_at[column.name] = self._add(
+                        rows.c[column.name], _WRITTEN_AT[column.name]
+                    )
                 self.parts.append(_Part("column", columns_at[column.name], (), column.name))
                 continue
             steps = _sql_steps(path.steps) if deep else ()
+            assert path.top is not None  # (a payload path: not a column's)
             where = (path.top, steps)
             if where not in placed:
                 part = FieldPath(path.text, None, path.top, steps)
-                placed[where] = self._add(dialect.json_text(part))
+                placed[where] = self._add(dialect.json_text(part), where)
             if self._tensors_at < 0:
-                self._tensors_at = self._add(rows.c.tensors)
+                self._tensors_at = self._add(rows.c.tensors, _WRITTEN_AT["tensors"])
             label = ".".join([str(path.top), *map(str, steps)])
             self.parts.append(_Part("json", placed[where], path.steps[len(steps) :], label))
 
         self._json_at = sorted(set(placed.values()))
 
-    def _add(self, column: ColumnElement[Any]) -> int:
+    def _add(
+        self, column: ColumnElement[Any], written: int | tuple[str, tuple[str | int, ...]]
+    ) -> int:
         self.columns.append(column)
+        self._written.append(written)
         return len(self.columns) - 1
+
+    def as_fetched(self, fresh: Fresh) -> list[tuple[Any, ...]] | None:
+        """Rows just written (``fresh``: as encoded, with their keys) as a fetch by
+        :attr:`columns` would give them, without the database: the columns' values as
+        stored, each part of the document as JSON text, found by the steps the database's
+        path follows (keys in objects, indexes from 0 in lists); :meth:`read_all` then
+        decodes them as it decodes a fetch. None where a part is not there in some row
+        (or an index counts from the end): the database's answer is left to a read."""
+        sources = self._written
+        data_at = _WRITTEN_AT["data"]
+        parts_of = self._parts_of
+        out: list[tuple[Any, ...]] = []
+        for key, row in zip(fresh.keys, fresh.rows, strict=True):
+            text = row[data_at]
+            parts = parts_of.get(text)
+            if parts is None:
+                parts = self._parts(text)
+                if len(parts_of) >= _TEXTS_KEPT:
+                    parts_of.clear()
+                parts_of[text] = parts
+            if _ABSENT in parts:
+                return None
+            found = iter(parts)
+            out.append(
+                tuple(
+                    key if at is None else row[at] if type(at) is int else next(found)
+                    for at in sources
+                )
+            )
+        return out
+
+    def _parts(self, text: str) -> tuple[Any, ...]:
+        """The JSON text of each part of a document (:data:`_ABSENT`: not there), in the
+        order of :attr:`columns`."""
+        doc: dict[str, Any] = json.loads(text)
+        parts: list[Any] = []
+        as_stored = self._dialect.as_stored
+        for at in self._written:
+            if type(at) is tuple:
+                value = _part(doc, *at)
+                parts.append(value if value is _ABSENT else dump_document(as_stored(value)))
+        return tuple(parts)
 
     @property
     def texts_at(self) -> list[int]:
@@ -179,6 +244,19 @@ class FieldFetcher:
             self._plans[key] = plans
         return plans
 
+    def written_columns(
+        self, fresh: Fresh, paths: Sequence[str]
+    ) -> tuple[list[str], list[Values]] | None:
+        """What :meth:`fetch_columns` of ``paths`` would give for rows just written
+        (``fresh``, in their order), decoded from the rows as encoded: no read (None where
+        only a read can tell: see :meth:`FieldPlan.as_fetched`)."""
+        plan, _ = self.plans(paths, True)
+        fetched = plan.as_fetched(fresh)
+        if fetched is None:
+            return None
+        _, ids, values, _ = plan.read_all(fetched, self.decoder)
+        return ids, values
+
     def fetch_columns(
         self, keys: Sequence[int] | np.ndarray, paths: Sequence[str], *, writable: bool = True
     ) -> tuple[list[str], list[Values]]:
@@ -210,6 +288,26 @@ class FieldFetcher:
         return [ids[i] for i in positions], [
             v[order] if isinstance(v, np.ndarray) else [v[i] for i in positions] for v in values
         ]
+
+
+#: A part of a document that is not there.
+_ABSENT = object()
+#: Documents whose parts a plan keeps (:meth:`FieldPlan.as_fetched`).
+_TEXTS_KEPT = 1024
+
+
+def _part(doc: dict[str, Any], top: str, steps: tuple[str | int, ...]) -> Any:
+    """The value at ``top`` and ``steps`` of a parsed document, as a JSON path reaches it
+    (a key must meet an object, an index from 0 a list), or :data:`_ABSENT`."""
+    value = doc.get(top, _ABSENT)
+    for step in steps:
+        if type(step) is int:
+            if type(value) is not list or not 0 <= step < len(value):
+                return _ABSENT
+        elif type(value) is not dict or step not in value:
+            return _ABSENT
+        value = value[step]
+    return value
 
 
 def _check_column(name: str, values: list[Any], ids: Sequence[str]) -> None:

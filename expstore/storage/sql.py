@@ -30,6 +30,7 @@ keeps a capacity exact.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -75,6 +76,12 @@ from .key_index import KeyIndex
 from .key_space import KeySpaces
 from .reader import ReadAlready, RowReader, RowsPage, key_list
 from .writer import StoreReport
+
+_log = logging.getLogger("expstore.storage")
+#: Rows written are offered to the row cache only for this many paths read at most
+#: (a trainer's converter reads a few; a process reading many paths, a viewer, reads rows
+#: as it needs them).
+_OFFERED_PATHS = 16
 
 _T = TypeVar("_T")
 
@@ -285,7 +292,7 @@ class SqlStorage(Storage):
         stays small; any failure (a value the codec or the model refuses, a duplicate id)
         rolls it all back. ``dedup``: see :mod:`expstore.dedup`.
         """
-        self.capacity, self.eviction, done = writer.store_batch(self._handle, rows, dedup)
+        done = self._kept(writer.store_batch(self._handle, rows, dedup))
         return done if report else done.stored
 
     @overload
@@ -306,12 +313,34 @@ class SqlStorage(Storage):
         :class:`~expstore.storage.writer.StoreReport`)."""
         source = column_source(columns)
         try:
-            self.capacity, self.eviction, done = writer.store_rows(self._handle, source, dedup)
+            done = self._kept(writer.store_rows(self._handle, source, dedup))
         except RowValidationError as exc:
             if isinstance(source, EncodedColumns):  # checked whole: no row's own error
                 raise
             raise column_error(exc, source) from None
         return done if report else done.stored
+
+    def _kept(self, written: writer.Written) -> StoreReport:
+        """After a write committed: the retention it found, and its rows offered to the
+        :attr:`row_cache` for the fields this process's fetches read, decoded from the rows
+        as written (no read): a trainer that stores and samples in one process finds its
+        new rows held, so a batch holding them costs no read. Returns its report."""
+        self.capacity, self.eviction = written.capacity, written.policy
+        cache, fresh = self.row_cache, written.fresh
+        if fresh is None or not cache.enabled or written.report.evicted_at_once:
+            return written.report
+        paths = cache.paths_read()
+        if not paths or len(paths) > _OFFERED_PATHS:
+            return written.report
+        try:
+            written_columns = self._fields.written_columns(fresh, paths)
+            if written_columns is not None:
+                ids, values = written_columns
+                fields = dict(zip(paths, values, strict=True))
+                cache.offer(self.identity, (fresh.keys, ids), fields)
+        except Exception as exc:  # noqa: BLE001 - the rows are stored: a read decodes them
+            _log.warning("keeping rows just written in the row cache failed: %s", exc)
+        return written.report
 
     def write_alone(self, kind: WriteKind, data: Any, dedup: Dedup) -> StoreReport:
         """``extend(data)`` or ``store_batch(data)`` (``kind``) with ``report=True``: one

@@ -39,7 +39,7 @@ from ..errors import (
     RowValidationError,
     UnsupportedTypeError,
 )
-from ..lifecycle.hooks import BufferState, Removed, WriteContext, read_state
+from ..lifecycle.hooks import BufferState, Fresh, Removed, WriteContext, read_state
 from ..lifecycle.registry import bump_version, count_inserted, count_removed, remove_ids
 from ..limits.counters import RateLimits, WriteBlocked
 from ..model.layout import (
@@ -55,9 +55,11 @@ from ..model.rows import DataRow
 from ..retention.capacity import Retention
 
 __all__ = [
+    "KEPT_ROWS",
     "WRITE_CHUNK",
     "RowSource",
     "StoreReport",
+    "Written",
     "column_ok",
     "content_digest",
     "store_batch",
@@ -68,6 +70,9 @@ _log = logging.getLogger("expstore.writer")
 
 #: Rows encoded and sent per round trip inside one store_batch transaction.
 WRITE_CHUNK = 1000
+#: A write of at most this many rows keeps them, encoded, until its insert says their
+#: keys (see :class:`Written`).
+KEPT_ROWS = 1024
 
 # The encoded tuple is (buffer_id, id, *metadata, *scalars, data, tensors, content_hash,
 # change_flags): WRITE_COLUMNS. change_flags is 0 as encoded; a write to a buffer that tracks
@@ -134,6 +139,19 @@ class StoreReport(NamedTuple):
     def evicted(self) -> int:
         """Rows the write's eviction removed, whatever the reason."""
         return self.evicted_capacity + self.evicted_stale
+
+
+class Written(NamedTuple):
+    """What one write found and did: the buffer's retention as the write found it
+    (capacity, eviction), its report, and the rows it inserted with their keys where the
+    insert said them (a batch of at most :data:`KEPT_ROWS` on SQLite, of at most
+    :data:`~expstore.db.dialects.SMALL_INSERT` on Postgres, none of whose arrays is stored
+    by digest; else None)."""
+
+    capacity: Any
+    policy: str
+    report: StoreReport
+    fresh: Fresh | None = None
 
 
 class RowSource(ABC):
@@ -230,9 +248,7 @@ def prepare(batch: Sequence[DataRow]) -> list[DataRow]:
     return prepared
 
 
-def store_batch(
-    handle: BufferHandle, rows: Sequence[DataRow], dedup: str | None = None
-) -> tuple[int | None, str, StoreReport]:
+def store_batch(handle: BufferHandle, rows: Sequence[DataRow], dedup: str | None = None) -> Written:
     """Store every row in one transaction, or none; returns the buffer's retention as the
     write found it (capacity, eviction) and what the write did (see
     :mod:`expstore.dedup` for ``dedup``)."""
@@ -245,7 +261,7 @@ def store_rows(
     batch: Sequence[Any] | RowSource,
     dedup: str | None = None,
     then: Callable[[Connection], None] | None = None,
-) -> tuple[int | None, str, StoreReport]:
+) -> Written:
     """:func:`store_batch` of rows already prepared: DataRows, anything the writer reads
     as it reads them (``id``, ``exp_meta.__dict__``, ``exp_data.__dict__``), whose typed
     columns it checks the same way, or a :class:`RowSource`. ``then(conn)``: more writes
@@ -255,7 +271,7 @@ def store_rows(
     source = as_source(batch)
     waiting = RATE_LIMIT_WAIT.start()
 
-    def write() -> tuple[Any, str, StoreReport]:
+    def write() -> Written:
         while True:
             try:
                 return _write(handle, source, dedup, then)
@@ -263,9 +279,9 @@ def store_rows(
                 RateLimits(handle).wait_to_write(blocked, waiting)
 
     # A serialisation failure or deadlock rolled the whole write back: try again.
-    capacity, policy, report = retried(write)
-    _wrote(handle, report.stored)
-    return (None if capacity is None else int(capacity)), policy, report
+    done = retried(write)
+    _wrote(handle, done.report.stored)
+    return done._replace(capacity=None if done.capacity is None else int(done.capacity))
 
 
 class GroupRolledBack(Exception):
@@ -286,7 +302,7 @@ def store_together(
     sources = [(as_source(batch), check_dedup(dedup)) for batch, dedup in writes]
     before_commit = [False]
 
-    def write() -> list[tuple[Any, str, StoreReport]]:
+    def write() -> list[Written]:
         before_commit[0] = False
         with handle.errors("store rows"), handle.write() as conn:
             try:
@@ -301,9 +317,9 @@ def store_together(
         if before_commit[0]:
             raise GroupRolledBack() from exc
         raise
-    _wrote(handle, sum(report.stored for _, _, report in done))
-    capacity, policy, _ = done[-1]
-    return (None if capacity is None else int(capacity)), policy, [d[2] for d in done]
+    _wrote(handle, sum(d.report.stored for d in done))
+    capacity, policy = done[-1].capacity, done[-1].policy
+    return (None if capacity is None else int(capacity)), policy, [d.report for d in done]
 
 
 def replace_rows(
@@ -370,7 +386,7 @@ def _write(
     batch: RowSource,
     dedup: str | None,
     then: Callable[[Connection], None] | None = None,
-) -> tuple[Any, str, StoreReport]:
+) -> Written:
     """One attempt at the write transaction; returns the retention it found and what it
     did."""
     with handle.errors("store rows"):
@@ -400,7 +416,7 @@ def write_in(
     dedup: str | None,
     state: BufferState | None = None,
     removed: Removed | None = None,
-) -> tuple[Any, str, StoreReport]:
+) -> Written:
     """The write of ``batch`` into the handle's buffer inside the caller's transaction
     (``conn``, of the handle's database), as the row lifecycle has it
     (:mod:`expstore.lifecycle.hooks`): the buffer's state read with its row taken,
@@ -433,8 +449,16 @@ def write_in(
         if ctx.stored:
             # (the insert may count its rows on the buffer's row itself: Postgres, a few)
             counting = 0 if removed.counted_inserts else ctx.stored
-            if handle.dialect.insert_rows(conn, ctx.chunks, state.keys, counting):
+            # A small batch's encoded rows are kept until the insert says their keys
+            # (SQLite): the hooks need no statement to learn them, and the caller may keep
+            # their values (the row cache, see SqlStorage).
+            held: list[tuple[Any, ...]] | None = [] if ctx.stored <= KEPT_ROWS else None
+            chunks = ctx.chunks if held is None else _keeping(ctx.chunks, held)
+            inserted = handle.dialect.insert_rows(conn, chunks, state.keys, counting)
+            if inserted.counted:
                 removed.counted_inserts = counting
+            if held is not None and inserted.keys is not None:
+                ctx.inserted(held, inserted.keys)
             state.run("after_insert", ctx)
         state.run("after_write", ctx)
         # (rows a replace's removal counted already on the buffer's row: none otherwise)
@@ -460,7 +484,17 @@ def write_in(
         removed.new,
     )
     retention: Retention = state.setting("retention")
-    return retention.capacity, retention.policy, report
+    fresh = ctx.fresh if ctx.fresh is not None and not batch.external else None
+    return Written(retention.capacity, retention.policy, report, fresh)
+
+
+def _keeping(
+    chunks: Iterator[list[tuple[Any, ...]]], into: list[tuple[Any, ...]]
+) -> Iterator[list[tuple[Any, ...]]]:
+    """``chunks`` as they are, each also added to ``into`` as it goes by."""
+    for chunk in chunks:
+        into.extend(chunk)
+        yield chunk
 
 
 def _encoded_chunks(handle: BufferHandle, batch: RowSource) -> Iterator[list[tuple[Any, ...]]]:
