@@ -339,6 +339,7 @@ class Connections:
         #: :mod:`expstore.db.replicas`); None: every read on the primary.
         self.router: Router | None = None
         self.memory = is_memory(url)
+        self._postgres = url.get_backend_name() == "postgresql"
         self._lock: Any = threading.RLock() if self.memory else nullcontext()
         self._pid = os.getpid()
         self.engine = create_sql_engine(url)
@@ -393,12 +394,21 @@ class Connections:
         if routed is None:
             try:
                 with self._lock, engine.connect() as conn:
+                    # Postgres: each statement its own transaction, as READ COMMITTED
+                    # gives each its own snapshot anyway, with no BEGIN and no ROLLBACK
+                    # round trips (a one-statement read: one round trip, not three);
+                    # dialect.snapshot() makes it one REPEATABLE READ transaction.
+                    driver = conn.connection.driver_connection if self._postgres else None
+                    if driver is not None:
+                        driver.autocommit = True
                     stack = self._held.__dict__.setdefault("stack", [])
                     stack.append(conn)  # (_holding inlined, as in write)
                     try:
                         yield conn
                     finally:
                         stack.pop()
+                        if driver is not None and driver.autocommit:
+                            driver.autocommit = False
             except DBAPIError as exc:
                 if connection_lost(exc):  # cut under the read (e.g. a server restart)
                     raise ConnectionLostError(
