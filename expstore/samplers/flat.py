@@ -62,6 +62,8 @@ class DrawOptions(TypedDict, total=False):
     accept: Accept | None
     name: str | None
     min_kept: float
+    min_tried: int
+    probe: bool
 
 
 class Drawn(NamedTuple):
@@ -85,13 +87,19 @@ def draw_uniform(
     budget: int = PROBE_BUDGET,
     name: str | None = None,
     min_kept: float = MIN_KEPT,
+    min_tried: int = 0,
+    probe: bool = True,
 ) -> Drawn | None:
     """``n`` independent draws among the matching rows of ``space``: uniform, or, with
     ``accept`` (the probability of keeping each found candidate, from its ``"key"`` and
     ``columns``), in proportion to it. ``quota(columns)`` may then say which of the kept
     candidates, in order, are still wanted (a mask; stratified draws fill a share per
     group). None when it does not pay (see the module's docstring): past ``budget``
-    candidates (or 64 per row asked, if more), or a share of them kept below ``min_kept``.
+    candidates (or 64 per row asked, if more), or a share of them kept below ``min_kept``
+    (once ``min_tried`` were drawn: a draw whose rows are rare tells only then).
+    ``probe=False`` (with ``accept`` and no ``columns``): candidates are not probed, and
+    ``accept`` alone says which are kept (a chance of 0 for a key that is not a matching
+    row), where it finds that out anyway (the first rows of groups).
 
     Over a space that holds its rows in memory (:attr:`KeySpace.listed
     <expstore.storage.base.KeySpace.listed>`, a key index) the same draw takes positions in
@@ -114,11 +122,14 @@ def draw_uniform(
     need, tried, kept = n, 0, 0
     rate = min(max(hint, min_kept), 1.0)
     while need:
-        size = min(budget - tried, math.ceil(need / rate * 1.2) + 16)
+        size = min(budget - tried, math.ceil(need / max(rate, min_kept) * 1.2) + 16)
         if size <= 0:
             return None
         candidates = rng.integers(low, high, size=size)
-        found = space.probe(candidates, columns)
+        if probe:
+            found = space.probe(candidates, columns)
+        else:  # accept alone says which candidates are matching rows
+            found = {"key": np.unique(candidates)}
         where = _positions(found["key"], candidates)
         hit = where >= 0
         if accept is not None and hit.any():
@@ -137,7 +148,7 @@ def draw_uniform(
         # The share of candidates that were of use: with a quota, only those still wanted
         # (the last groups to fill may be a small part of the range).
         rate = (n - need) / tried if quota is not None else kept / tried
-        if need and rate < min_kept:
+        if need and rate < min_kept and tried >= min_tried:
             return None
     keys = np.concatenate(taken)
     return Drawn(keys, {c: np.concatenate(v) for c, v in taken_columns.items()}, kept / tried)

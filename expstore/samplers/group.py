@@ -235,22 +235,31 @@ class GroupSampler(KeySampler):
             if groups is None:  # no index to find a group's rows by: the summaries serve
                 return np.zeros(len(at["key"]))
             ready = self._ready(groups, space.current_version)
-            found.update(zip(groups["first"][ready].tolist(), groups["keys"][ready], strict=True))
+            if not listed:  # (over the summaries, the groups drawn are looked up once)
+                keys = groups["keys"][ready]
+                found.update(zip(groups["first"][ready].tolist(), keys, strict=True))
             return np.isin(at["key"], groups["first"][ready]).astype(np.float64)
 
         name = f"ready groups:{spec.key}:{self.max_staleness}:{space.current_version}"
         picked: list[int] = []
         seen: set[int] = set()
-        new_share = 1.0
+        new_share, drawn_groups = 1.0, 0
+        least = MIN_KEPT / self.group_size
         while len(picked) < wanted:
             need = wanted - len(picked)
+            # As many as wanted, and more once repeats were drawn (without replacement).
+            size = need if new_share >= 1.0 else math.ceil(need / new_share * 1.2) + 4
             drawn = self.draw_rows(
                 space,
-                math.ceil(need / new_share * 1.2) + 4,
+                size,
                 query_condition,
                 accept=firsts,
                 name=name,
-                min_kept=MIN_KEPT / self.group_size,
+                # Too few first rows of ready groups once enough were tried to tell (8
+                # expected at the threshold).
+                min_kept=least,
+                min_tried=math.ceil(8 / least),
+                probe=False,  # (a group's first row is a matching row)
             )
             if drawn is None:
                 return None
@@ -262,12 +271,13 @@ class GroupSampler(KeySampler):
                     if len(picked) < wanted:
                         picked.append(key)
             new_share = max(new / len(drawn.keys), 1e-3)
-            # Mostly repeats over the database: fewer ready groups than the batch asks for
+            drawn_groups += len(drawn.keys)
+            # Many repeats over the database: fewer ready groups than the batch asks for
             # without replacement, or about as many; the summaries count them.
-            if not listed and len(picked) < wanted and new_share < 0.5:
+            if not listed and len(picked) < wanted and drawn_groups > 4 * wanted + 16:
                 return None
         missing = [key for key in picked if key not in found]
-        if missing:  # (over the summaries, whose ready groups were found once)
+        if missing:
             groups = space.group_summaries(spec, np.array(missing, dtype=np.int64))
             assert groups is not None
             found.update(zip(groups["first"].tolist(), groups["keys"], strict=True))

@@ -18,6 +18,9 @@ from .loop import Choice
 
 __all__ = ["SliceSampler"]
 
+#: Candidates drawn before a draw over the key space may judge windows too rare.
+_MIN_TRIED = 1024
+
 
 class SliceSampler(KeySampler):
     """Windows of ``slice_len`` consecutive steps of one trajectory.
@@ -106,7 +109,13 @@ class SliceSampler(KeySampler):
 
         name = f"windows:{length}:{self.traj_key}"
         drawn = self.draw_rows(
-            space, batch_size // length, query_condition, columns=columns, accept=starts, name=name
+            space,
+            batch_size // length,
+            query_condition,
+            columns=columns,
+            accept=starts,
+            name=name,
+            min_tried=_MIN_TRIED,
         )
         if drawn is None:
             if space.listed is None:
