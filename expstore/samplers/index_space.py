@@ -34,13 +34,14 @@ class IndexKeySpace(KeySpace):
     """The matching rows of a key index (``index["key"]`` ascending, its columns aligned)
     as a key space: the rows of the buffer, as far as its primitives tell, are the matching
     ones. Its probes, ``first_matching``, ``count_by``, ``rows_of`` and ``in_ranges`` are
-    binary searches over the arrays and a column's rows grouped by value (kept while the
-    arrays are unchanged, :meth:`remember`), so a sampler's ``choose_flat`` runs over it
-    unchanged. What only the database holds is not here: ``logged_priorities`` returns
-    None. Made with the summaries of every group by a spec (``groups``: the storage's,
-    whose group conditions the database evaluated; a group sampler's listed keys are then
-    the groups' first rows), it answers ``group_summaries`` and ``group_counts`` from
-    them; otherwise ``group_summaries`` returns None."""
+    binary searches over the arrays and a column's rows grouped by value, ``runs_from`` and
+    ``windows`` look up the rows in run order (all kept while the arrays are unchanged,
+    :meth:`remember`), so a sampler's ``choose_flat`` runs over it unchanged. What only
+    the database holds is not here: ``logged_priorities`` returns None. Made with the
+    summaries of every group by a spec (``groups``: the storage's, whose group conditions
+    the database evaluated; a group sampler's listed keys are then the groups' first
+    rows), it answers ``group_summaries`` and ``group_counts`` from them; otherwise
+    ``group_summaries`` returns None."""
 
     def __init__(
         self,
@@ -384,9 +385,9 @@ def _group_firsts(
         rows = held[np.argsort(summaries["first"][held], kind="stable")]
         return rows, summaries["first"][rows]
 
-    found: tuple[np.ndarray, np.ndarray] = remember(
-        "group firsts", (summaries["first"], summaries["size"]), compute
-    )
+    # (on every array a draw over them depends on: its kept chances follow the firsts)
+    sources = tuple(summaries[name] for name in ("first", "size", "passes", "version"))
+    found: tuple[np.ndarray, np.ndarray] = remember("group firsts", sources, compute)
     return found
 
 
