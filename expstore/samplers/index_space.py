@@ -290,36 +290,35 @@ class IndexKeySpace(KeySpace):
 
     def _rest(
         self, columns: Sequence[str], ordered: str, keys: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """How many rows each key's run holds from it on (0: not a row of the index), and
-        the key's place in the run order (-1: none)."""
+    ) -> tuple[_Runs, np.ndarray, np.ndarray]:
+        """The runs, how many rows each key's run holds from it on (0: not a row of the
+        index), and the key's place in the run order (-1: none)."""
         runs = self._runs(columns, ordered)
         at = self._aligned(keys)
         found = at >= 0
         if found.all():  # (drawn keys: all of them rows of the index)
             place = runs.rank[at]
-            return runs.rest[place], place
+            return runs, runs.rest[place], place
         place = np.full(len(at), -1, dtype=np.int64)
         place[found] = runs.rank[at[found]]
         rest = np.zeros(len(at), dtype=np.int64)
         rest[found] = runs.rest[place[found]]
-        return rest, place
+        return runs, rest, place
 
     def runs_from(self, columns: Sequence[str], ordered: str, at: Arrays, limit: int) -> np.ndarray:
-        rest, _ = self._rest(columns, ordered, at["key"])
-        found: np.ndarray = np.minimum(rest, limit)
+        found: np.ndarray = np.minimum(self._rest(columns, ordered, at["key"])[1], limit)
         return found
 
     def windows(self, columns: Sequence[str], ordered: str, at: Arrays, length: int) -> np.ndarray:
-        rest, place = self._rest(columns, ordered, at["key"])
-        order = self._runs(columns, ordered).order
+        runs, rest, place = self._rest(columns, ordered, at["key"])
         starts = rest >= length
         if starts.all():  # (the starts of windows drawn)
-            return self._keys[order[place[:, None] + np.arange(length)]]  # type: ignore[no-any-return]
+            table: np.ndarray = self._keys[runs.order[place[:, None] + np.arange(length)]]
+            return table
         table = np.full((len(rest), length), -1, dtype=np.int64)
         if starts.any():
             spans = place[starts][:, None] + np.arange(length)
-            table[starts] = self._keys[order[spans]]
+            table[starts] = self._keys[runs.order[spans]]
         return table
 
     # -- groups (from the summaries of every group the storage keeps) -------------------

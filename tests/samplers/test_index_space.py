@@ -245,9 +245,9 @@ def test_runs_and_windows_are_the_databases(
 
     by_database, listed = _both(buffer, ask, condition, max_staleness)
     assert by_database == listed
-    runs = listed[0:5]  # by task: t4's gap and t5's repeated step cut runs
-    assert runs[4][:8] == [8, 7, 6, 5, 4, 3, 2, 1] or condition is not None or max_staleness
-    assert any(0 < n < 9 for limit in runs for n in limit)
+    by_task = listed[4]  # runs by task (up to 9): t4's gap and t5's repeated step cut some
+    assert 0 in by_task or condition is None and max_staleness is None
+    assert {8, 3} <= set(by_task)
 
 
 def _groups_space(buffer: ReplayBuffer, spec: GroupSpec, condition: Any, max_staleness: Any):
