@@ -61,6 +61,9 @@ class DrawOptions(TypedDict, total=False):
     columns: Sequence[str]
     accept: Accept | None
     name: str | None
+    min_kept: float
+    min_tried: int
+    probe: bool
 
 
 class Drawn(NamedTuple):
@@ -83,13 +86,20 @@ def draw_uniform(
     hint: float = 1.0,
     budget: int = PROBE_BUDGET,
     name: str | None = None,
+    min_kept: float = MIN_KEPT,
+    min_tried: int = 0,
+    probe: bool = True,
 ) -> Drawn | None:
     """``n`` independent draws among the matching rows of ``space``: uniform, or, with
-    ``accept`` (the probability of keeping each found candidate, from its ``columns``), in
-    proportion to it. ``quota(columns)`` may then say which of the kept candidates, in
-    order, are still wanted (a mask; stratified draws fill a share per group). None when it
-    does not pay (see the module's docstring): past ``budget`` candidates (or 64 per row
-    asked, if more).
+    ``accept`` (the probability of keeping each found candidate, from its ``"key"`` and
+    ``columns``), in proportion to it. ``quota(columns)`` may then say which of the kept
+    candidates, in order, are still wanted (a mask; stratified draws fill a share per
+    group). None when it does not pay (see the module's docstring): past ``budget``
+    candidates (or 64 per row asked, if more), or a share of them kept below ``min_kept``
+    (once ``min_tried`` were drawn: a draw whose rows are rare tells only then).
+    ``probe=False`` (with ``accept`` and no ``columns``): candidates are not probed, and
+    ``accept`` alone says which are kept (a chance of 0 for a key that is not a matching
+    row), where it finds that out anyway (the first rows of groups).
 
     Over a space that holds its rows in memory (:attr:`KeySpace.listed
     <expstore.storage.base.KeySpace.listed>`, a key index) the same draw takes positions in
@@ -110,17 +120,20 @@ def draw_uniform(
     taken: list[np.ndarray] = []
     taken_columns: dict[str, list[np.ndarray]] = {c: [] for c in columns}
     need, tried, kept = n, 0, 0
-    rate = min(max(hint, MIN_KEPT), 1.0)
+    rate = min(max(hint, min_kept), 1.0)
     while need:
-        size = min(budget - tried, math.ceil(need / rate * 1.2) + 16)
+        size = min(budget - tried, math.ceil(need / max(rate, min_kept) * 1.2) + 16)
         if size <= 0:
             return None
         candidates = rng.integers(low, high, size=size)
-        found = space.probe(candidates, columns)
+        if probe:
+            found = space.probe(candidates, columns)
+        else:  # accept alone says which candidates are matching rows
+            found = {"key": np.unique(candidates)}
         where = _positions(found["key"], candidates)
         hit = where >= 0
         if accept is not None and hit.any():
-            chances = accept({c: found[c][where[hit]] for c in columns})
+            chances = accept({c: found[c][where[hit]] for c in ("key", *columns)})
             hit[np.flatnonzero(hit)[rng.random(int(hit.sum())) >= chances]] = False
         tried += size
         kept += int(hit.sum())
@@ -135,7 +148,7 @@ def draw_uniform(
         # The share of candidates that were of use: with a quota, only those still wanted
         # (the last groups to fill may be a small part of the range).
         rate = (n - need) / tried if quota is not None else kept / tried
-        if need and rate < MIN_KEPT:
+        if need and rate < min_kept and tried >= min_tried:
             return None
     keys = np.concatenate(taken)
     return Drawn(keys, {c: np.concatenate(v) for c, v in taken_columns.items()}, kept / tried)
@@ -207,10 +220,11 @@ def _draw_listed(
         else:
 
             def compute() -> BlockedCdf:
-                chances = np.asarray(accept({c: index[c] for c in columns}), dtype=np.float64)
+                every = {c: index[c] for c in ("key", *columns)}
+                chances = np.asarray(accept(every), dtype=np.float64)
                 return BlockedCdf(np.cumsum(chances))
 
-            sources = tuple(index[c] for c in columns)
+            sources = tuple(index[c] for c in ("key", *columns))
             cdf = compute() if name is None else space.remember(f"cdf:{name}", sources, compute)
             if not (cdf.total > 0 and math.isfinite(cdf.total)):
                 return None  # no row can be drawn
@@ -221,7 +235,7 @@ def _draw_listed(
         for _ in range(64):
             candidates = rng.integers(0, rows, size=2 * need + 16)
             if accept is not None:
-                chances = accept({c: index[c][candidates] for c in columns})
+                chances = accept({c: index[c][candidates] for c in ("key", *columns)})
                 candidates = candidates[rng.random(len(candidates)) < chances]
             wanted = quota({c: index[c][candidates] for c in columns})
             chosen = candidates[wanted][:need]

@@ -11,7 +11,7 @@ import numpy as np
 from typing_extensions import Unpack
 
 from .._args import check_int
-from ..errors import InvalidArgumentError, UnsupportedTypeError
+from ..errors import EmptyBufferError, InvalidArgumentError, UnsupportedTypeError
 from ..group_summaries import GroupSpec
 from ..policy_versions import fresh_mask
 from ..query import QueryCondition
@@ -20,16 +20,13 @@ from ..query.groups import GroupCondition, GroupStat
 from ..storage.base import KeySpace, Storage
 from .base import KeySampler, SamplerOptions
 from .flat import MIN_KEPT
+from .index_space import IndexKeySpace
 from .loop import Choice, empty_error
 
 __all__ = ["GroupCounts", "GroupOrder", "GroupSampler"]
 
 #: The order a group claim takes ready groups in: oldest first (by first row), or at random.
 GroupOrder = Literal["oldest", "random"]
-
-#: Candidate keys per round of a draw over the key space (each round's groups are
-#: summarised in one statement).
-_ROUND = 4096
 
 
 class GroupCounts(NamedTuple):
@@ -147,52 +144,38 @@ class GroupSampler(KeySampler):
         if counts_of is not None:
             self._counts_of = None
             storage, query_condition = counts_of
-            counts = storage.key_space(
-                query_condition,
-                lambda space: space.group_counts(self.spec),
-                max_staleness=self.max_staleness,
-            )
+
+            def count(space: KeySpace) -> tuple[int, int, int, int]:
+                return space.group_counts(self.spec)
+
+            counts = storage.key_space(query_condition, count, max_staleness=self.max_staleness)
             if counts is None:  # a storage without a key space: over its summaries
-                self.ready_groups(storage, query_condition)
-            else:
-                self._counts = GroupCounts(*counts)
+                counts = count(self.summaries_space(storage, query_condition))
+            self._counts = GroupCounts(*counts)
         return self._counts
 
     @property
     def spec(self) -> GroupSpec:
         return GroupSpec(self.group_by, self.group_size, self.having)
 
-    def ready_groups(
-        self, storage: Storage, query_condition: QueryCondition
-    ) -> tuple[dict[str, Any], np.ndarray]:
-        """The group summaries and the positions in them of the groups that can be drawn
-        now (complete, passing, fresh); sets :attr:`last_counts`."""
-        index = storage.groups(query_condition, self.spec)
-        current = index.get("current_version")
-        sources = (index["size"], index["passes"], index["version"])
-
-        def compute() -> tuple[np.ndarray, GroupCounts]:
-            complete = index["size"] == self.group_size
-            passing = complete & index["passes"]
-            keep = None
-            if self.max_staleness is not None:
-                keep = fresh_mask(index["version"], current, self.max_staleness)
-            fresh = passing if keep is None else passing & keep
-            counts = GroupCounts(
-                ready=int(fresh.sum()),
-                waiting=int(((index["size"] > 0) & ~complete).sum()),
-                filtered=int((complete & ~index["passes"]).sum()),
-                stale=int((passing & ~fresh).sum()),
-            )
-            return np.flatnonzero(fresh), counts
-
-        ready, self._counts = self.derived(f"ready:{current}", sources, compute)
-        self._counts_of = None
-        return index, ready
+    def summaries_space(self, storage: Storage, query_condition: QueryCondition) -> KeySpace:
+        """The summaries of every group the storage keeps (:meth:`Storage.groups`, up to
+        date incrementally) as a key space held in memory, whose rows are the groups'
+        first rows (:meth:`IndexKeySpace.of_groups
+        <expstore.samplers.index_space.IndexKeySpace.of_groups>`)."""
+        return IndexKeySpace.of_groups(
+            self.spec,
+            storage.groups(query_condition, self.spec),
+            self._derived_arrays(),
+            query_condition=query_condition,
+            max_staleness=self.max_staleness,
+        )
 
     def choose(
         self, storage: Storage, batch_size: int, query_condition: QueryCondition = None
     ) -> Choice:
+        """:meth:`choose_flat` over the key space (a buffer of more than
+        :attr:`summaries_up_to` rows), or over the summaries of every group."""
         if batch_size % self.group_size:
             raise InvalidArgumentError(
                 f"GroupSampler(group_size={self.group_size}) returns whole groups, so "
@@ -202,16 +185,13 @@ class GroupSampler(KeySampler):
         if flat is not None:
             self._counts, self._counts_of = None, (storage, query_condition)
             return flat
-        index, ready = self.ready_groups(storage, query_condition)
-        if not len(ready):
-            raise empty_error(storage, query_condition, self._why_empty())
-        wanted = batch_size // self.group_size
-        if self.replacement:
-            chosen = ready[self.rng.integers(0, len(ready), wanted)]
-        else:
-            chosen = ready[self.rng.choice(len(ready), min(wanted, len(ready)), replace=False)]
-        keys = index["keys"][chosen].reshape(-1)
-        return Choice(keys[keys >= 0])
+        space = self.summaries_space(storage, query_condition)
+        try:
+            choice = self.choose_flat(space, batch_size, query_condition)
+        except EmptyBufferError as exc:
+            raise empty_error(storage, query_condition, str(exc)) from None
+        assert choice is not None  # (over every group's summary the draw is exact)
+        return choice
 
     # The probes and the group summaries must see the same rows (a group's first key).
     flat_snapshot = True
@@ -227,65 +207,81 @@ class GroupSampler(KeySampler):
     def choose_flat(
         self, space: KeySpace, batch_size: int, query_condition: QueryCondition
     ) -> Choice | None:
-        """Groups drawn over the key space: a key drawn uniformly from the buffer's range
-        is kept when it is the first matching row of a ready group (complete, passing,
-        fresh), read by the group column's index. Every ready group has one first row, so
-        the kept ones are uniform draws among the ready groups, as over the summaries of
-        all of them; repeats are drawn again without replacement. None (the summaries
-        serve) when the group column has no index, or too few candidates are first rows
+        """Groups drawn by their first rows: matching rows drawn uniformly, kept when they
+        are the first row of a ready group (complete, passing, fresh; by
+        :meth:`KeySpace.group_summaries <expstore.storage.base.KeySpace.group_summaries>`),
+        repeats drawn again without replacement. Every ready group has one first row, so
+        the kept ones are uniform draws among the ready groups. Over the database's key
+        space by rejection, the group column's index finding the candidates' groups; None
+        (the summaries serve) when it has no index, or too few candidates are first rows
         of ready groups (few ready groups, or fewer than the batch asks for without
-        replacement)."""
-        if batch_size % self.group_size or space.rows <= self.summaries_up_to:
+        replacement). Over the summaries of every group (:meth:`summaries_space`), whose
+        rows are the groups' first rows, exactly, among the ready ones, which are counted
+        (:attr:`last_counts`) and taken all when the batch asks for more."""
+        listed = space.listed is not None
+        if batch_size % self.group_size or (not listed and space.rows <= self.summaries_up_to):
             return None  # choose() says why, or the summaries are cheap
         wanted = batch_size // self.group_size
-        # A ready group's rows are all fresh: its first row is not below the first fresh one.
-        low, high = space.candidates
-        if high <= low:
-            return None
-        picked: list[np.ndarray] = []
-        seen: set[int] = set()
-        spec, rng = self.spec, self.rng
-        budget = max(self.probe_budget, 64 * batch_size)
-        # Rows the group index may read for one draw: groups much longer than group_size
-        # (whole trajectories by task) make each candidate read its whole group.
-        rows_budget, start = 8 * budget, space.probed
-        tried = kept = 0
-        rate = self.kept_hint(query_condition)
-        while len(picked) < wanted:
-            read = space.probed - start
-            per_candidate = max(read / tried, 1.0) if tried else 1.0
-            size = min(
-                budget - tried,
-                _ROUND,
-                math.ceil((wanted - len(picked)) / rate * 1.2) + 16,
-                int((rows_budget - read) / per_candidate),
-            )
-            if size <= 0:
-                return None
-            candidates = rng.integers(low, high, size=size)
-            tried += size
-            # No probe first: a candidate that is its group's first matching row is a
-            # matching row of the buffer.
-            groups = space.group_summaries(spec, candidates)
-            if groups is None:
-                return None  # no index to find a group's rows by
+        spec = self.spec
+        if listed:
+            self.record_counts(GroupCounts(*space.group_counts(spec)))
+            ready = self._why_empty_if_none()
+            if not self.replacement:
+                wanted = min(wanted, ready)
+        found: dict[int, np.ndarray] = {}  # the keys of ready groups, by first key
+
+        def firsts(at: dict[str, np.ndarray]) -> np.ndarray:
+            groups = space.group_summaries(spec, at["key"])
+            if groups is None:  # no index to find a group's rows by: the summaries serve
+                return np.zeros(len(at["key"]))
             ready = self._ready(groups, space.current_version)
-            firsts = dict(zip(groups["first"][ready].tolist(), groups["keys"][ready], strict=True))
-            for key in candidates.tolist():
-                if key not in firsts or (not self.replacement and key in seen):
-                    continue
-                kept += 1  # a new draw, wanted or not: the share sizes the next round
-                seen.add(key)
-                if len(picked) < wanted:
-                    picked.append(firsts[key])
-            rate = max(kept / tried, 1e-6)
-            # Too few first rows of ready groups, once enough were tried to tell (8 expected
-            # at the threshold): few groups are ready, or fewer than the batch asks for.
-            least = MIN_KEPT / self.group_size
-            if len(picked) < wanted and rate < least and tried * least >= 8:
+            if not listed:  # (over the summaries, the groups drawn are looked up once)
+                keys = groups["keys"][ready]
+                found.update(zip(groups["first"][ready].tolist(), keys, strict=True))
+            return np.isin(at["key"], groups["first"][ready]).astype(np.float64)
+
+        name = f"ready groups:{spec.key}:{self.max_staleness}:{space.current_version}"
+        picked: list[int] = []
+        seen: set[int] = set()
+        new_share, drawn_groups = 1.0, 0
+        least = MIN_KEPT / self.group_size
+        while len(picked) < wanted:
+            need = wanted - len(picked)
+            # As many as wanted, and more once repeats were drawn (without replacement).
+            size = need if new_share >= 1.0 else math.ceil(need / new_share * 1.2) + 4
+            drawn = self.draw_rows(
+                space,
+                size,
+                query_condition,
+                accept=firsts,
+                name=name,
+                # Too few first rows of ready groups once enough were tried to tell (8
+                # expected at the threshold).
+                min_kept=least,
+                min_tried=math.ceil(8 / least),
+                probe=False,  # (a group's first row is a matching row)
+            )
+            if drawn is None:
                 return None
-        self.kept_hint(query_condition, rate)
-        keys = np.concatenate(picked)
+            new = 0
+            for key in drawn.keys.tolist():
+                if self.replacement or key not in seen:
+                    seen.add(key)
+                    new += 1
+                    if len(picked) < wanted:
+                        picked.append(key)
+            new_share = max(new / len(drawn.keys), 1e-3)
+            drawn_groups += len(drawn.keys)
+            # Many repeats over the database: fewer ready groups than the batch asks for
+            # without replacement, or about as many; the summaries count them.
+            if not listed and len(picked) < wanted and drawn_groups > 4 * wanted + 16:
+                return None
+        missing = [key for key in picked if key not in found]
+        if missing:
+            groups = space.group_summaries(spec, np.array(missing, dtype=np.int64))
+            assert groups is not None
+            found.update(zip(groups["first"].tolist(), groups["keys"], strict=True))
+        keys = np.concatenate([found[key] for key in picked])
         return Choice(keys[keys >= 0])
 
     def _ready(self, groups: dict[str, Any], current: int | None) -> np.ndarray:
@@ -297,10 +293,14 @@ class GroupSampler(KeySampler):
                 ready &= keep
         return ready
 
-    def _why_empty(self) -> str:
-        counts = self.last_counts
+    def _why_empty_if_none(self) -> int:
+        """How many groups :attr:`last_counts` says are ready; EmptyBufferError saying why
+        when none is."""
+        counts = self._counts
         assert counts is not None
-        return (
+        if counts.ready:
+            return counts.ready
+        raise EmptyBufferError(
             f"no complete group of {self.group_size} rows by {self.group_by} is ready "
             f"({counts.waiting} waiting for rows, {counts.filtered} filtered out by "
             f"{self.having or 'no condition'}, {counts.stale} older than max_staleness="
@@ -317,8 +317,3 @@ class GroupSampler(KeySampler):
         """A claim's ``max_staleness`` with this sampler's (the tighter one counts)."""
         limits = [s for s in (self.max_staleness, max_staleness) if s is not None]
         return min(limits) if limits else None
-
-    def sample_keys(
-        self, index: dict[str, Any], batch_size: int, rng: np.random.Generator
-    ) -> np.ndarray:
-        raise UnsupportedTypeError("GroupSampler chooses whole groups through choose()")

@@ -476,6 +476,24 @@ class KeySpace(ABC):
         the column ``ranged`` (``low`` and ``high`` both included), as ``(*values of
         columns, value of ranged, key)`` in no particular order."""
 
+    # -- runs: consecutive steps of one trajectory ----------------------------------------
+    # The matching rows of a trajectory (one value of each of ``columns``), in order of
+    # ``ordered`` (the step) then key, cut into runs wherever ``ordered`` does not go up by
+    # exactly 1 (a missing step, a repeated one). A window of ``length`` is ``length``
+    # rows in a row of one run, found by its first row.
+    @abstractmethod
+    def runs_from(self, columns: Sequence[str], ordered: str, at: Arrays, limit: int) -> np.ndarray:
+        """For each row of ``at`` (``"key"``, and the values of ``columns`` and
+        ``ordered`` as :meth:`probe` gives them), how many rows its run holds from it on
+        (itself included), counted up to ``limit``; 0 for a key that is not a matching
+        row. A row starts a window of ``length`` exactly when this is ``length``."""
+
+    @abstractmethod
+    def windows(self, columns: Sequence[str], ordered: str, at: Arrays, length: int) -> np.ndarray:
+        """The keys of the window of ``length`` starting at each row of ``at`` (as for
+        :meth:`runs_from`): a ``(len(at["key"]), length)`` table, a row of -1 where the
+        row starts none."""
+
     # -- aggregates ----------------------------------------------------------------------
     @abstractmethod
     def largest(self, name: str) -> float | None:

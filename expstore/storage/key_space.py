@@ -62,6 +62,8 @@ _T = TypeVar("_T")
 _SPAN_CHUNK = 256
 #: :meth:`KeySpace.distinct` gives up beyond this many values.
 DISTINCT_LIMIT = 1024
+#: The largest step a row can have (BIGINT).
+_TOP_STEP = 2**63 - 1
 
 
 class KeySpaces:
@@ -160,6 +162,8 @@ class SqlKeySpace(KeySpace):
         self._fresh_bounds = FreshBounds() if fresh_bounds is None else fresh_bounds
         self._low: int | None = None
         self._every_key: bool | None = None
+        #: The runs :meth:`runs_from` found, by (columns, ordered, key, limit).
+        self._found_runs: dict[tuple[Any, ...], tuple[int, ...]] = {}
 
     @property
     def low(self) -> int:
@@ -425,6 +429,44 @@ class SqlKeySpace(KeySpace):
         self.probed += len(found)
         return found
 
+    def runs_from(self, columns: Sequence[str], ordered: str, at: Arrays, limit: int) -> np.ndarray:
+        """By the rows of each one's next ``limit - 1`` steps (:meth:`in_ranges`, one
+        index range per row); what they are is kept for :meth:`windows` of this space."""
+        runs = self._runs(columns, ordered, at, limit)
+        return np.array([len(run) for run in runs], dtype=np.int64)
+
+    def windows(self, columns: Sequence[str], ordered: str, at: Arrays, length: int) -> np.ndarray:
+        runs = self._runs(columns, ordered, at, length)
+        table = np.full((len(runs), length), -1, dtype=np.int64)
+        for i, run in enumerate(runs):
+            if len(run) == length:
+                table[i] = run
+        return table
+
+    def _runs(
+        self, columns: Sequence[str], ordered: str, at: Arrays, limit: int
+    ) -> list[tuple[int, ...]]:
+        """The keys of each row's run from it on, up to ``limit`` rows (found once per
+        space: a draw's windows are those its acceptance read)."""
+        places = list(zip(*(at[name].tolist() for name in columns), strict=True))
+        steps, keys = at[ordered].tolist(), at["key"].tolist()
+        known = self._found_runs
+        wanted = [
+            (tuple(place), step, key)
+            for place, step, key in zip(places, steps, keys, strict=True)
+            if (tuple(columns), ordered, key, limit) not in known
+        ]
+        if wanted:
+            # (a run's last step never passes the largest step a row can have)
+            spans = [(t, step, min(step + limit - 1, _TOP_STEP)) for t, step, _ in wanted]
+            rows_at: dict[tuple[Any, ...], list[int]] = {}
+            for *where, key in self.in_ranges(columns, ordered, spans):
+                rows_at.setdefault(tuple(where), []).append(key)
+            for place, step, key in wanted:
+                run = _run_from(rows_at, place, step, key, limit)
+                known[(tuple(columns), ordered, key, limit)] = run
+        return [known[(tuple(columns), ordered, key, limit)] for key in keys]
+
     def largest(self, name: str) -> float | None:
         """The largest value of the buffer's indexed numeric column ``name`` (None when no
         row has one, or the largest is not a number), by its ``(buffer_id, name)`` index."""
@@ -566,6 +608,32 @@ def _column_of(name: str, what: str) -> Any:
     if column is None:
         raise InvalidArgumentError(f"{what}() needs a column, got {name!r}")
     return rows.c[column.name]
+
+
+def _run_from(
+    rows_at: dict[tuple[Any, ...], list[int]],
+    trajectory: tuple[Any, ...],
+    step: int,
+    key: int,
+    limit: int,
+) -> tuple[int, ...]:
+    """The keys of the run of row ``key`` (at ``step`` of ``trajectory``) from it on, up to
+    ``limit``, from the rows of the trajectory by step (``rows_at``, by (*trajectory,
+    step)); empty when ``key`` is not among them. Rows of a trajectory go by step, then
+    key, and a run breaks wherever the step does not go up by exactly 1: so the run goes
+    on past a row only when it is the last of its step, to the first of the next step."""
+    here = rows_at.get((*trajectory, step), [])
+    if key not in here:
+        return ()
+    run = [key]
+    previous = here
+    while len(run) < limit and max(previous) == run[-1]:
+        following = sorted(rows_at.get((*trajectory, step + len(run)), []))
+        if not following:
+            break
+        run.append(following[0])
+        previous = following
+    return tuple(run)
 
 
 def _chunks(values: Sequence[Any], size: int) -> list[list[Any]]:

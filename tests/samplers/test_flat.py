@@ -697,11 +697,12 @@ def test_slice_windows_over_the_key_space_are_uniform_over_every_window(
 
 
 def _windows(sampler, buffer: ReplayBuffer, cond) -> list[list[int]]:
-    """Every window the key index path can draw (by its run order and window starts)."""
+    """Every window the key index path can draw (the one starting at each row that starts
+    one, by the key index held in memory)."""
     index = buffer.storage.key_index(cond, sampler.index_columns())
-    order, starts, _ = sampler._windows(index)
-    keys = index["key"]
-    return [keys[order[s : s + sampler.slice_len]].tolist() for s in starts.tolist()]
+    space = sampler.index_space(index, cond)
+    table = space.windows(sampler.traj_key, "step", index, sampler.slice_len)
+    return [window for window in table.tolist() if window[0] >= 0]
 
 
 def test_slice_over_the_key_space_gives_up_for_the_key_index_when_windows_are_rare(

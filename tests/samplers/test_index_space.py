@@ -14,11 +14,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from expstore import ReplayBuffer
+from expstore import GroupSampler, GroupStat, ReplayBuffer
+from expstore.group_summaries import GroupSpec
 from expstore.query import QueryBuilder
 from expstore.samplers import (
     LatestSampler,
     RecencySampler,
+    SliceSampler,
     StalenessAwareSampler,
     StratifiedSampler,
 )
@@ -218,3 +220,125 @@ def test_stratified_gives_each_group_its_share_over_either_space(buffer: ReplayB
             expected = ["a1", "a2", "a9"] if condition is not None else ["a0", "a1", "a2", "a9"]
             assert sorted(groups) == expected
             assert set(groups.values()) == {36 // len(expected)}
+
+
+TRAJECTORIES = [("task_id",), ("task_id", "agent_id"), ("agent_id",)]
+
+
+@pytest.mark.parametrize(("condition", "max_staleness"), [(None, None), (AGENT_1, None), (None, 2)])
+def test_runs_and_windows_are_the_databases(
+    buffer: ReplayBuffer, condition: Any, max_staleness: int | None
+) -> None:
+    _fill(buffer)
+    # Every row of the buffer, matching or not (0 rows in its run: not a matching row).
+    every = buffer.storage.key_index(None, COLUMNS)
+    every = {k: v for k, v in every.items() if isinstance(v, np.ndarray)}
+
+    def ask(space: KeySpace) -> list[Any]:
+        found = []
+        for columns in TRAJECTORIES:
+            for limit in (1, 2, 3, 5, 9):
+                found.append(space.runs_from(columns, "step", every, limit).tolist())
+            for length in (1, 3, 6):
+                found.append(space.windows(columns, "step", every, length).tolist())
+        return found
+
+    by_database, listed = _both(buffer, ask, condition, max_staleness)
+    assert by_database == listed
+    by_task = listed[4]  # runs by task (up to 9): t4's gap and t5's repeated step cut some
+    assert 0 in by_task or condition is None and max_staleness is None
+    assert {8, 3} <= set(by_task)
+
+
+def _groups_space(buffer: ReplayBuffer, spec: GroupSpec, condition: Any, max_staleness: Any):
+    return IndexKeySpace.of_groups(
+        spec,
+        buffer.storage.groups(condition, spec),
+        DerivedArrays(),
+        query_condition=condition,
+        max_staleness=max_staleness,
+    )
+
+
+SPECS = [
+    GroupSpec("task_id", 8),
+    GroupSpec("task_id", 4, GroupStat.mean("reward_t") > 20),
+    GroupSpec("agent_id", 16, GroupStat.spread("reward_t") > 0),
+    GroupSpec("agent_id", 12),
+]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=["8", "4 mean", "agent 16 spread", "agent 12"])
+@pytest.mark.parametrize(("condition", "max_staleness"), [(None, None), (AGENT_1, None), (None, 2)])
+def test_group_summaries_and_counts_are_the_databases(
+    buffer: ReplayBuffer, spec: GroupSpec, condition: Any, max_staleness: int | None
+) -> None:
+    """The summaries of every group made a key space answer as the database's key space."""
+    _fill(buffer)
+    buffer.store_batch([make_row("t6", "a0", s, version=5, reward=1.0) for s in range(3)])
+    keys = buffer.storage.key_index(None)["key"]
+
+    def ask(space: KeySpace) -> tuple[Any, ...]:
+        found = space.group_summaries(spec, keys)
+        assert found is not None
+        order = np.argsort(found["first"])
+        summaries = {name: found[name][order].tolist() for name in sorted(found)}
+        return space.group_counts(spec), summaries
+
+    by_database = buffer.storage.key_space(condition, ask, max_staleness=max_staleness)
+    listed = ask(_groups_space(buffer, spec, condition, max_staleness))
+    assert by_database == listed
+    assert sum(listed[0]) > 0
+
+
+def test_slice_windows_follow_the_same_distribution_over_either_space(
+    buffer: ReplayBuffer,
+) -> None:
+    _fill(buffer)
+    index = buffer.storage.key_index(None, COLUMNS)
+    space = IndexKeySpace(index, DerivedArrays())
+    table = space.windows(("task_id",), "step", index, 3)
+    windows = [tuple(w) for w in table.tolist() if w[0] >= 0]
+    assert len(windows) == 6 * 6 - 3 - 3  # t4's gap and t5's repeat leave 3 fewer each
+    for flat in (True, False):
+        buffer.storage.forget_caches()
+        sampler = SliceSampler(3, seed=7)
+        sampler.flat = flat
+        drawn: list[tuple[int, ...]] = []
+        for _ in range(60):
+            sampler.sample(buffer.storage, 3 * 20)
+            drawn += [tuple(w) for w in sampler.last_keys.reshape(-1, 3).tolist()]
+        assert bool(buffer.storage.index.entries) is not flat  # over the space asked for
+        assert set(drawn) <= set(windows)
+        counts = [drawn.count(w) for w in windows]
+        assert chi_square_p(counts, np.ones(len(windows))) > P_MIN
+
+
+@pytest.mark.parametrize("replacement", [False, True])
+def test_group_draws_follow_the_same_distribution_over_either_space(
+    buffer: ReplayBuffer, replacement: bool
+) -> None:
+    _fill(buffer)  # by task, 4 rows: t2-t5 fresh under max_staleness=3, all varied
+    buffer.store_batch([make_row("t6", "a0", s, version=5, reward=1.0) for s in range(4)])
+    buffer.store_batch([make_row("t7", "a0", s, version=5, reward=1.0) for s in range(2)])
+    ready = ["t2", "t3", "t4", "t5"]  # t6's rewards are equal, t7 waits, t0-t1 stale
+    for over_key_space in (True, False):
+        sampler = GroupSampler(
+            "task_id", 4, varied_reward=True, max_staleness=3, replacement=replacement, seed=8
+        )
+        if over_key_space:
+            sampler.summaries_up_to = 0
+        else:
+            sampler.flat = False
+        buffer.storage.group_index.clear()
+        drawn: list[str] = []
+        for _ in range(150):
+            rows = buffer.sample(sampler, batch_size=8)
+            names = [r.exp_meta.task_id for r in rows]
+            assert len(names) == 8 and names[0] == names[3] and names[4] == names[7]
+            assert replacement or names[0] != names[4]
+            drawn += names[::4]
+        assert bool(buffer.storage.group_index.entries) is not over_key_space
+        assert sorted(set(drawn)) == ready
+        assert chi_square_p([drawn.count(t) for t in ready], np.ones(4)) > P_MIN
+        assert sampler.last_counts == (4, 1, 1, 2)
