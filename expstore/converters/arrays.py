@@ -187,7 +187,7 @@ def stack_values(
         values = list(values)
     first = values[0] if values else None
     kind_of_first = type(first)
-    if kind_of_first in _NATURAL and all(type(v) is kind_of_first for v in values):
+    if kind_of_first in _NATURAL and set(map(type, values)) == {kind_of_first}:
         # a numeric column (rewards, steps, done flags): one array at once
         try:
             natural = _NATURAL[kind_of_first]
