@@ -138,6 +138,14 @@ class Dialect(ABC):
         (SQLite keeps a document's text as written)."""
         return value
 
+    def column_as_stored(self, value: Any) -> Any:
+        """A typed column's value as the database gives it back: the same."""
+        return value
+
+    def says_keys(self, n: int) -> bool:
+        """Whether :meth:`insert_rows` of ``n`` rows returns their keys."""
+        return False
+
     def json_text(self, path: FieldPath) -> ColumnElement[Any]:
         """The JSON text of the value at a payload path of the rows' document (NULL where
         there is none), as conditions read it (:func:`expstore.query.compiler.json_text`)."""
@@ -407,6 +415,13 @@ class SqliteDialect(Dialect):
             rows.c.buffer_id == buffer_id, rows.c.id.in_(ids)
         )
 
+    def column_as_stored(self, value: Any) -> Any:
+        # A REAL column keeps an integral value as an integer: -0.0 comes back 0.0.
+        return 0.0 if type(value) is float and value == 0.0 else value
+
+    def says_keys(self, n: int) -> bool:
+        return True
+
     # SQLite's BEGIN IMMEDIATE already lets one writer in at a time: no row locks.
 
     def snapshot(self, conn: Connection) -> None:
@@ -486,6 +501,9 @@ class PostgresDialect(Dialect):
     encodes_in_thread = True
     locks_rows = True
     modifying_ctes = True
+
+    def says_keys(self, n: int) -> bool:
+        return n <= SMALL_INSERT  # (one INSERT ... RETURNING; more go by COPY)
 
     def as_stored(self, value: Any) -> Any:
         # JSONB keeps an object's keys shorter first, then in byte order

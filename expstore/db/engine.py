@@ -162,7 +162,7 @@ def _set_up_postgres(engine: Engine) -> None:
         dbapi_connection.autocommit = autocommit
 
     @event.listens_for(engine, "reset")
-    def _on_reset(dbapi_connection: Any, _record: Any, reset_state: Any) -> None:
+    def _on_reset(dbapi_connection: Any, record: Any, reset_state: Any) -> None:
         # What the pool's reset would do (a ROLLBACK of whatever the connection was left
         # in), sent past psycopg's rollback(), which also forgets every prepared statement
         # (and deallocates them, a round trip): the hot statements expstore prepares
@@ -175,14 +175,17 @@ def _set_up_postgres(engine: Engine) -> None:
         if pgconn is None or pq is None:
             dbapi_connection.rollback()
             return
-        if pgconn.transaction_status == pq.TransactionStatus.IDLE:
-            return
-        try:
-            ended = pgconn.exec_(b"ROLLBACK").status == pq.ExecStatus.COMMAND_OK
-        except Exception:  # noqa: BLE001 - a lost connection: rollback() says so, below
-            ended = False
-        if not ended:
-            dbapi_connection.rollback()  # (raises on a lost connection: the pool drops it)
+        if pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            try:
+                ended = pgconn.exec_(b"ROLLBACK").status == pq.ExecStatus.COMMAND_OK
+            except Exception:  # noqa: BLE001 - a lost connection: rollback() says so, below
+                ended = False
+            if not ended:
+                dbapi_connection.rollback()  # (raises on a lost connection: the pool drops it)
+        if dbapi_connection.autocommit:
+            # A read left it in autocommit (see Connections.read): a pooled connection's
+            # next holder, a write, must get a transaction.
+            dbapi_connection.autocommit = False
 
     @event.listens_for(engine, "checkout")
     def _on_checkout(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
@@ -284,6 +287,23 @@ def _set_up_sqlite(engine: Engine, *, memory: bool, read_only: bool = False) -> 
         except sqlite3.Error as exc:
             raise driver_error(conn, exc, sql, ()) from exc
 
+
+def _end_autocommit(conn: Connection, driver: Any) -> None:
+    """Give a read's Postgres connection its transactions back (see
+    :meth:`Connections.read`). Where it cannot now (a statement cut off under it, a lost
+    connection), it is dropped from the pool rather than given to a writer in autocommit,
+    and whatever ended the read is what the caller sees."""
+    try:
+        if not driver.closed and driver.info.transaction_status == _IDLE:
+            driver.autocommit = False
+            return
+    except Exception:  # noqa: BLE001, S110 - dropped below
+        pass
+    conn.invalidate()
+
+
+#: psycopg's "idle, outside a transaction" (``pq.TransactionStatus.IDLE``).
+_IDLE = 0
 
 #: The BEGIN of each ``expstore_begin`` mode.
 _BEGIN = {"": "BEGIN", "IMMEDIATE": "BEGIN IMMEDIATE"}
@@ -408,7 +428,7 @@ class Connections:
                     finally:
                         stack.pop()
                         if driver is not None and driver.autocommit:
-                            driver.autocommit = False
+                            _end_autocommit(conn, driver)
             except DBAPIError as exc:
                 if connection_lost(exc):  # cut under the read (e.g. a server restart)
                     raise ConnectionLostError(

@@ -217,7 +217,7 @@ class _Column:
         of them of one type (an action), handed back as Python values."""
         spec: _Spec | None
         if type(value) is np.ndarray:
-            if value.dtype.hasobject:
+            if value.dtype.hasobject or not value.ndim:  # (a 0-d array: kept as it is)
                 return False
             spec = (value.dtype, value.shape, False)
         else:
@@ -704,8 +704,11 @@ class RowCache:
 
     def paths_read(self) -> list[str]:
         """The paths :meth:`fetch_columns` has read since the cache was made (the fields
-        this process's converters ask for)."""
+        this process's converters ask for); none while the cache would not keep rows read
+        for the first time (more than half full: see :meth:`_admitted`)."""
         with self._guard():
+            if self._bytes + self._fields.bytes >= self._limit() // 2:
+                return []
             return list(self._stacked)
 
     def _learn_forms(self, paths: Sequence[str], columns: list[Any]) -> None:

@@ -115,21 +115,27 @@ class FieldPlan:
         sources = self._written
         data_at = _WRITTEN_AT["data"]
         parts_of = self._parts_of
+        column_as_stored = self._dialect.column_as_stored
         out: list[tuple[Any, ...]] = []
         for key, row in zip(fresh.keys, fresh.rows, strict=True):
             text = row[data_at]
             parts = parts_of.get(text)
             if parts is None:
                 parts = self._parts(text)
-                if len(parts_of) >= _TEXTS_KEPT:
-                    parts_of.clear()
-                parts_of[text] = parts
+                if len(text) <= _TEXT_KEPT_CHARS:  # (a long text: a transcript, unique)
+                    if len(parts_of) >= _TEXTS_KEPT:
+                        parts_of.clear()
+                    parts_of[text] = parts
             if _ABSENT in parts:
                 return None
             found = iter(parts)
             out.append(
                 tuple(
-                    key if at is None else row[at] if type(at) is int else next(found)
+                    key
+                    if at is None
+                    else column_as_stored(row[at])
+                    if type(at) is int
+                    else next(found)
                     for at in sources
                 )
             )
@@ -292,8 +298,10 @@ class FieldFetcher:
 
 #: A part of a document that is not there.
 _ABSENT = object()
-#: Documents whose parts a plan keeps (:meth:`FieldPlan.as_fetched`).
+#: Documents whose parts a plan keeps (:meth:`FieldPlan.as_fetched`), each of at most
+#: this many characters.
 _TEXTS_KEPT = 1024
+_TEXT_KEPT_CHARS = 4096
 
 
 def _part(doc: dict[str, Any], top: str, steps: tuple[str | int, ...]) -> Any:

@@ -452,7 +452,8 @@ def write_in(
             # A small batch's encoded rows are kept until the insert says their keys
             # (SQLite): the hooks need no statement to learn them, and the caller may keep
             # their values (the row cache, see SqlStorage).
-            held: list[tuple[Any, ...]] | None = [] if ctx.stored <= KEPT_ROWS else None
+            keeps = ctx.stored <= KEPT_ROWS and handle.dialect.says_keys(ctx.stored)
+            held: list[tuple[Any, ...]] | None = [] if keeps else None
             chunks = ctx.chunks if held is None else _keeping(ctx.chunks, held)
             inserted = handle.dialect.insert_rows(conn, chunks, state.keys, counting)
             if inserted.counted:

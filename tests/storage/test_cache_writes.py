@@ -27,6 +27,7 @@ PATHS = [
     "exp_data.state.keys.z.0",
     "exp_data.state.tag.n.0",
     'exp_data.state.a"b',
+    "exp_data.state.z",
     "exp_data.actions",
     "exp_data.messages",
     "reward_t",
@@ -44,6 +45,7 @@ def _row(i: int) -> DataRow:
         "keys": {"\u00e9": 1, "b": {"dd": [], "c": {}}, "ab": 'q"\n\\', "z": [{"y": 1, "x": 2}]},
         "tag": {"n": [i, str(i)], "zz": i % 2 == 0, "a": None},
         'a"b': np.full(3, i, np.int16),
+        "z": np.array(float(i)),  # 0-d
     }
     return DataRow.model_validate(
         {
@@ -52,7 +54,7 @@ def _row(i: int) -> DataRow:
                 "state": state,
                 "actions": [{"click": [i, i + 1]}] if i % 2 else [i],
                 "messages": [{"role": "user", "content": f"\u6587 {i}"}],
-                "reward_t": None if i % 5 == 0 else i / 7,
+                "reward_t": None if i % 5 == 0 else -0.0 if i % 5 == 1 else i / 7,
                 "done": i % 3 == 0,
             },
         }
