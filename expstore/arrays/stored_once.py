@@ -410,6 +410,9 @@ class _ArraysFeature(RowFeature):
         # removals later in this transaction (the write's eviction) look for references
         ctx.state.settings[self.name] = setting._replace(holds=True)
 
+    def quiet_after(self, ctx: WriteContext, setting: Any) -> bool:
+        return not ctx.batch.external  # no array of the batch stored apart
+
     def before_remove(self, ctx: RemoveContext, setting: Any) -> None:
         if setting.holds:
             ctx.notes[self.name] = referred_by(ctx.handle, ctx.conn, ctx.keys)

@@ -50,6 +50,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY
 
 from ..db.handle import BufferHandle
+from ..db.pipeline import Batched
 from ..db.schema import (
     admission,
     buffers,
@@ -229,29 +230,36 @@ def record_produced(
     claim_id: str,
     consumer: str,
     above: int,
-) -> dict[int, int]:
+    tail: Batched | None = None,
+) -> dict[int, int] | None:
     """Record which prompt row (``ids_by_prompt``: pairs of a prompt key, None when the
     claim did not say, and the ids of the rows produced for it) of which claim produced
     each row this write just stored into ``into``'s buffer (keys above ``above``, the
     buffer's largest key before it: rows a dedup left out, or stored earlier under the same
     id, are not this write's), in the caller's transaction. Returns how many rows were
-    stored per prompt key."""
+    stored per prompt key; with ``tail`` (Postgres), the statement is sent with the
+    transaction's COMMIT instead, and None is returned (for a write that stores every row
+    or fails)."""
     wanted = [i for _, ids in ids_by_prompt for i in ids]
     if not wanted:
         return {}
     if into.dialect.modifying_ctes:  # one statement: the rows' keys read as it inserts
         pairs = [(prompt, str(i)) for prompt, ids in ids_by_prompt for i in ids]
-        found = into.statement(("record produced",), partial(_produced_statement, into)).run(
-            conn,
-            into_id=into.buffer_id,
-            above=above,
-            ids=[i for _, i in pairs],
-            prompt_keys=[p for p, _ in pairs],
-            prompt_ids=[None if p is None else prompt_ids.get(p) for p, _ in pairs],
-            claim_id=claim_id,
-            consumer=consumer,
-            prompt_buffer_id=prompt_buffer_id,
-        )
+        statement = into.statement(("record produced",), partial(_produced_statement, into))
+        params = {
+            "into_id": into.buffer_id,
+            "above": above,
+            "ids": [i for _, i in pairs],
+            "prompt_keys": [p for p, _ in pairs],
+            "prompt_ids": [None if p is None else prompt_ids.get(p) for p, _ in pairs],
+            "claim_id": claim_id,
+            "consumer": consumer,
+            "prompt_buffer_id": prompt_buffer_id,
+        }
+        if tail is not None:
+            tail.at_commit(lambda: statement.send(conn, **params))
+            return None
+        found = statement.run(conn, **params)
         stored: dict[int, int] = {}
         for (prompt,) in found:
             if prompt is not None:

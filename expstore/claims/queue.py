@@ -75,6 +75,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from .._args import check_checkpoint
 from ..db.dialects import Dialect
 from ..db.handle import BufferHandle, retried
+from ..db.pipeline import Batched, batched, batches
 from ..db.schema import (
     buffers,
     checkpoints,
@@ -1211,12 +1212,23 @@ class ClaimQueue:
         retention: AckRetention | None,
         claim_id: str | None = None,
     ) -> tuple[Any, list[_Entry] | None]:
+        """:meth:`_send_finish_head`, its result read at once."""
+        return self._send_finish_head(conn, consumer, retention, claim_id)()
+
+    def _send_finish_head(
+        self,
+        conn: Connection,
+        consumer: str,
+        retention: AckRetention | None,
+        claim_id: str | None = None,
+    ) -> Callable[[], tuple[Any, list[_Entry] | None]]:
         """The first statement of an ack, release or renewal: checks the buffer's row is
         still the handle's buffer, reads what an ack's ``retention`` needs of it, and
         returns the consumer's generation (None: no row yet), its row locked until the
         transaction ends. With ``claim_id`` (Postgres), the same statement then locks the
         claim's entries in key order and returns them too (else None). Compiled once per
-        handle and shape."""
+        handle and shape. Sent now; what it returns is read (and checked) by the call of
+        the function returned."""
         handle = self._handle
         extra = () if retention is None else retention.columns()
         with_entries = claim_id is not None and handle.dialect.modifying_ctes
@@ -1251,18 +1263,23 @@ class ClaimQueue:
         if with_entries:
             params["claim_id"] = claim_id
         key = ("finish head", retention is not None, with_entries)
-        found = handle.statement(key, build).run(conn, **params)
-        if not found:
-            raise handle.recreated(None)
-        held: list[_Entry] | None = None
-        if with_entries:
-            held = [_Entry(int(r[-3]), r[-2], r[-1]) for r in found if r[-3] is not None]
-            found = [r[:-3] for r in found]
-        name, created_at, *read, current = found[0]
-        handle.check_row(name, float(created_at))
-        if retention is not None:
-            retention.take(tuple(read))
-        return current, held
+        sent = handle.statement(key, build).send(conn, **params)
+
+        def read() -> tuple[Any, list[_Entry] | None]:
+            found = sent.rows()
+            if not found:
+                raise handle.recreated(None)
+            held: list[_Entry] | None = None
+            if with_entries:
+                held = [_Entry(int(r[-3]), r[-2], r[-1]) for r in found if r[-3] is not None]
+                found = [r[:-3] for r in found]
+            name, created_at, *values, current = found[0]
+            handle.check_row(name, float(created_at))
+            if retention is not None:
+                retention.take(tuple(values))
+            return current, held
+
+        return read
 
     def finish_in(
         self, conn: Connection, claim: Claimed, action: str, values: dict[str, Any]
@@ -1303,6 +1320,33 @@ class ClaimQueue:
                 stmt = update(consumption).where(_C.claim_id == claim.claim_id).values(**values)
                 conn.execute(stmt)
             return len(held), False, None
+        return self._send_finish_entries(
+            conn,
+            claim,
+            action,
+            values,
+            count_acked=count_acked,
+            hold_rows=hold_rows,
+            drop_progress=drop_progress,
+            checkpoint_state=checkpoint_state,
+            completions=completions,
+        )()
+
+    def _send_finish_entries(
+        self,
+        conn: Connection,
+        claim: Claimed,
+        action: str,
+        values: dict[str, Any],
+        *,
+        count_acked: bool,
+        hold_rows: list[int] | None = None,
+        drop_progress: bool = False,
+        checkpoint_state: str | None = None,
+        completions: list[int] | None = None,
+    ) -> Callable[[], tuple[int, bool, dict[int, int] | None]]:
+        """:meth:`_finish_entries` on Postgres: its statement sent now, its result read
+        (and the entries checked) by the call of the function returned."""
         # One statement: the entries locked in key order (as claims lock them), checked
         # below; set only when all are the consumer's and none acked (the check raises,
         # rolling the transaction back, otherwise).
@@ -1326,21 +1370,26 @@ class ClaimQueue:
         if counting:
             assert hold_rows is not None and completions is not None
             params.update(self._handle.dialect.key_value_params(hold_rows, completions))
-        found = statement.run(
+        sent = statement.send(
             conn,
             claim_id=claim.claim_id,
             consumer=claim.consumer,
             buffer_id=self._handle.buffer_id,
             **params,
         )
-        if not counting:
-            held = [_Entry(int(k), c, a) for k, c, a in found]
-            left = None
-        else:  # the entries (need NULL), then the targets as they were
-            held = [_Entry(int(k), c, a) for k, c, a, need in found if need is None]
-            left = {int(k): int(need) for k, _, _, need in found if need is not None}
-        self._check_own(conn, claim, action, held)
-        return len(held), count_acked, left
+
+        def read() -> tuple[int, bool, dict[int, int] | None]:
+            found = sent.rows()
+            left: dict[int, int] | None = None
+            if not counting:
+                held = [_Entry(int(k), c, a) for k, c, a in found]
+            else:  # the entries (need NULL), then the targets as they were
+                held = [_Entry(int(k), c, a) for k, c, a, need in found if need is None]
+                left = {int(k): int(need) for k, _, _, need in found if need is not None}
+            self._check_own(conn, claim, action, held)
+            return len(held), count_acked, left
+
+        return read
 
     def _finish_statement(
         self,
@@ -1493,6 +1542,22 @@ class ClaimQueue:
             checkpoint_state=checkpoint_state,
             completions=completions,
         )
+        return self._after_finish(conn, claim, retention, made, present, counted, left, again)
+
+    def _after_finish(
+        self,
+        conn: Connection,
+        claim: Claimed,
+        retention: AckRetention,
+        made: Mapping[int, int] | None,
+        present: int,
+        counted: bool,
+        left: dict[int, int] | None,
+        again: list[int],
+    ) -> tuple[int, list[int]]:
+        """The rest of :meth:`ack_in` once the statement that acks the entries has run
+        (``present``, ``counted``, ``left``: what it returned; ``again``: the prompts
+        found short already, SQLite)."""
         if made is not None and left is not None:
             again = short_of(made, left, claim.claim_id)
         retention.settle(conn, present)
@@ -1540,7 +1605,9 @@ class ClaimQueue:
         *,
         with_checkpoint: bool,
         allow_evicted: bool = False,
-        produce: Callable[[Connection], tuple[Mapping[int, int] | None, Any]] | None = None,
+        produce: Callable[[Connection, Batched | None], tuple[Mapping[int, int] | None, Any]]
+        | None = None,
+        made: Mapping[int, int] | None = None,
     ) -> Acked:
         """Mark the claim's rows consumed, storing ``checkpoint`` for its consumer in the
         same transaction (see :class:`Acked` for what it returns). Rows evicted or deleted
@@ -1551,19 +1618,33 @@ class ClaimQueue:
         returns how many rows it stored per prompt key (None: the claim did not say) and
         a report of its own; prompts left short of their completion targets are released.
         A transaction retried runs ``produce`` again: what is returned is the committed
-        attempt's."""
+        attempt's. ``made``: what ``produce`` stores per prompt key, where it is known
+        before it runs (each of its rows is stored, or the ack fails); then, on Postgres,
+        the ack goes in three round trips (see :meth:`_ack_batched`) and ``produce`` is
+        given the transaction, to send its last statements with the COMMIT."""
         state = check_checkpoint(checkpoint) if with_checkpoint else None
         now = self._handle.dialect.now()
         if produce is None and state is None and not self._stale_seen:
             done = {"acked_at": now, "lease_until": None}
             if self._finish_at_once(claim, "ack", done, acking=True):
                 return Acked(len(claim.keys), [], None)
+        retention = self.retention(claim, allow_evicted=allow_evicted)
+        if (
+            produce is not None
+            and made is not None
+            and state is None
+            and not self._stale_seen
+            and batches(self._handle.connections.engine.dialect)
+        ):
+            acked = self._ack_batched(claim, retention, made, produce)
+            if acked is not None:
+                return acked
 
         def body(conn: Connection) -> Acked:
             made, report = None, None
             if produce is not None:  # what the claim's work made, in the same commit
                 # (its entries checked already: see _finish's entries)
-                made, report = produce(conn)
+                made, report = produce(conn, None)
             if state is not None and produce is None and self._checkpoint_at_ack(claim):
                 # Stored by the statement that acks the entries (the consumer's row, held
                 # since the transaction's first statement, is written once).
@@ -1577,8 +1658,64 @@ class ClaimQueue:
                 acked, short = self.ack_in(conn, claim, now, seq, retention, made)
             return Acked(acked, short, report)
 
-        retention = self.retention(claim, allow_evicted=allow_evicted)
         return self._finish(claim, "ack", body, retention, entries=produce is not None)
+
+    def _ack_batched(
+        self,
+        claim: Claimed,
+        retention: AckRetention,
+        made: Mapping[int, int],
+        produce: Callable[[Connection, Batched | None], tuple[Mapping[int, int] | None, Any]],
+    ) -> Acked | None:
+        """An ack with ``produce`` (Postgres, pipeline mode; see
+        :mod:`expstore.db.pipeline`) in three round trips: BEGIN, the head (the buffer,
+        the consumer's generation, the claim's entries locked) and the statement that
+        acks the entries (with the completions ``made`` added to their targets and the
+        saved progress deleted) in one; then ``produce``'s, which reads the target
+        buffer's state, locking its row, and sends its rows, their count and their
+        lineage with the COMMIT in the last. The buffer's row is held from the second
+        round trip to the commit, not from before the ack's first statement. The checks
+        are those of :meth:`_finish` (the statement that acks sets nothing unless the
+        entries are the consumer's; whatever the head finds wrong raises, rolling back
+        both). None where the buffer's eviction is ``"stale"`` (rolled back: the caller
+        acks as :meth:`_finish` does, the buffer's row locked first)."""
+        handle = self._handle
+        now = handle.dialect.now()
+        completions = [int(made.get(k, 0)) for k in retention.keys]
+
+        def write() -> Acked:
+            with handle.errors("ack a claim"), handle.single() as conn, batched(conn) as tx:
+                with tx.batch():
+                    head = self._send_finish_head(conn, claim.consumer, retention, claim.claim_id)
+                    finish = self._send_finish_entries(
+                        conn,
+                        claim,
+                        "ack",
+                        {"acked_at": now, "lease_until": None},
+                        count_acked=True,
+                        hold_rows=retention.keys,
+                        drop_progress=True,
+                        completions=completions,
+                    )
+                current, held = head()
+                if retention.stale:
+                    raise _StaleFound  # rolled back before anything was kept
+                check_generation(handle, conn, claim.consumer, claim.generation, "ack", current)
+                assert held is not None
+                self._check_own(conn, claim, "ack", held)
+                present, counted, left = finish()
+                acked, short = self._after_finish(
+                    conn, claim, retention, made, present, counted, left, []
+                )
+                _, report = produce(conn, tx)
+            return Acked(acked, short, report)
+
+        try:
+            # A deadlock with a claim taking the rows over rolls it back: again.
+            return retried(write)
+        except _StaleFound:
+            self._stale_seen = True
+            return None
 
     def release(self, claim: Claimed) -> int:
         """Return the claim's rows to the queue; returns how many."""

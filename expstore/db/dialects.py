@@ -179,6 +179,13 @@ class Dialect(ABC):
         ``inserted`` and ``row_count`` up by ``count``, ``inserted_at`` now, as the
         write's count does): returns whether it did."""
 
+    def pipelines_insert(self, rows: int) -> bool:
+        """Whether an insert of ``rows`` rows may be sent in a pipeline (see
+        :mod:`expstore.db.pipeline`; not a COPY), its result unread, counting its rows
+        on the buffer's row itself (:meth:`insert_rows` with ``count`` of them all returns
+        True)."""
+        return False
+
     def key_state(self) -> list[Any]:
         """Scalar subqueries the writer reads with the buffer's row, for
         :meth:`insert_rows` to hand keys out (none: the database does it alone)."""
@@ -543,6 +550,9 @@ class PostgresDialect(Dialect):
                 for p in params:
                     copy.write_row(as_sent(p))
         return False
+
+    def pipelines_insert(self, rows: int) -> bool:
+        return 0 < rows <= SMALL_INSERT  # one INSERT, its count in its WITH clause
 
     def state_check(self, buffer_id: Any) -> list[Any]:
         # READ COMMITTED: a SELECT ... FOR UPDATE that waited for another writer returns

@@ -228,6 +228,12 @@ class RowFeature(ABC):
         """Last in the write's transaction, after every feature's :meth:`after_insert`."""
         return None
 
+    def quiet_after(self, ctx: WriteContext, setting: Any) -> bool:
+        """Whether this write's :meth:`after_insert` and :meth:`after_write` would do
+        nothing (its rows encoded already): then the write may skip them, and send its
+        insert later in the transaction (with the COMMIT). By default no."""
+        return False
+
     def before_remove(self, ctx: RemoveContext, setting: Any) -> None:
         """With the keys about to go (``ctx.keys``), still present."""
         return None

@@ -30,6 +30,7 @@ from ..codec import HEADER_SIZE, PayloadWriter
 from ..codec.compression import DEFAULT_MAX_ARRAY_BYTES, EXTERNAL_THRESHOLD
 from ..db.dialects import WRITE_COLUMNS
 from ..db.handle import BufferHandle, retried
+from ..db.pipeline import Batched
 from ..db.row_ids import ids_to_keys
 from ..dedup import check_dedup, without_duplicates
 from ..errors import (
@@ -400,6 +401,7 @@ def write_in(
     dedup: str | None,
     state: BufferState | None = None,
     removed: Removed | None = None,
+    tail: Batched | None = None,
 ) -> tuple[Any, str, StoreReport]:
     """The write of ``batch`` into the handle's buffer inside the caller's transaction
     (``conn``, of the handle's database), as the row lifecycle has it
@@ -410,7 +412,13 @@ def write_in(
     duplicate id raises IntegrityError: once rolled back, :func:`duplicate_of` says
     which ids. ``state`` and ``removed``: the buffer's state as the caller's transaction
     read it (its row taken) and the removals it made before the write, deferred to the
-    write's count (:func:`replace_rows`); by default read now, none."""
+    write's count (:func:`replace_rows`); by default read now, none. ``tail``: the
+    caller's transaction, when it is :func:`~expstore.db.pipeline.batched` and the write
+    is its last: where the dialect may pipeline the insert (a few rows, counted on the
+    buffer's row by the insert itself), nothing was removed and no feature has anything
+    to do after the insert (:meth:`~expstore.lifecycle.hooks.RowFeature.quiet_after`),
+    the insert is sent with the COMMIT, in its round trip: the buffer's row, locked by
+    the state's read, is held one round trip less."""
     try:
         # Writers of a buffer take turns on its row, so keys are handed out in commit
         # order (readers' cached key indexes only ever need the keys above the largest they
@@ -430,13 +438,16 @@ def write_in(
             ctx.stored = len(kept)
             ctx.chunks = iter([kept[i : i + WRITE_CHUNK] for i in range(0, len(kept), WRITE_CHUNK)])
         state.run("before_insert", ctx)
-        if ctx.stored:
-            # (the insert may count its rows on the buffer's row itself: Postgres, a few)
-            counting = 0 if removed.counted_inserts else ctx.stored
-            if handle.dialect.insert_rows(conn, ctx.chunks, state.keys, counting):
-                removed.counted_inserts = counting
-            state.run("after_insert", ctx)
-        state.run("after_write", ctx)
+        if ctx.stored and tail is not None and _with_commit(ctx, tail):
+            pass  # sent with the COMMIT, counted by itself; nothing to do after it
+        else:
+            if ctx.stored:
+                # (the insert may count its rows on the buffer's row itself: Postgres, a few)
+                counting = 0 if removed.counted_inserts else ctx.stored
+                if handle.dialect.insert_rows(conn, ctx.chunks, state.keys, counting):
+                    removed.counted_inserts = counting
+                state.run("after_insert", ctx)
+            state.run("after_write", ctx)
         # (rows a replace's removal counted already on the buffer's row: none otherwise)
         to_count = ctx.stored - removed.counted_inserts
         if to_count:
@@ -461,6 +472,34 @@ def write_in(
     )
     retention: Retention = state.setting("retention")
     return retention.capacity, retention.policy, report
+
+
+def _with_commit(ctx: WriteContext, tail: Batched) -> bool:
+    """Send the write's insert with ``tail``'s COMMIT (see :func:`write_in`'s ``tail``),
+    if it may go there; returns whether it does (else nothing is sent, ``ctx.chunks``
+    still hold the rows)."""
+    removed = ctx.removed
+    dialect = ctx.handle.dialect
+    if (
+        removed.counted_inserts
+        or removed.total
+        or removed.uncounted
+        or removed.changed
+        or not dialect.pipelines_insert(ctx.stored)
+    ):
+        return False
+    chunks = list(ctx.chunks)  # encoded now (what a feature does after may depend on it)
+    ctx.chunks = iter(chunks)
+    if len(chunks) != 1 or len(chunks[0]) != ctx.stored:
+        return False
+    state = ctx.state
+    for hook in ("after_insert", "after_write"):
+        if not all(feature.quiet_after(ctx, setting) for feature, setting in state.hooked(hook)):
+            return False
+    conn, keys, stored = ctx.conn, state.keys, ctx.stored
+    tail.at_commit(lambda: dialect.insert_rows(conn, iter(chunks), keys, stored))
+    removed.counted_inserts = stored  # by the insert (see Dialect.pipelines_insert)
+    return True
 
 
 def _encoded_chunks(handle: BufferHandle, batch: RowSource) -> Iterator[list[tuple[Any, ...]]]:
