@@ -76,6 +76,7 @@ from ..errors import (
     UnsupportedTypeError,
     WaitTimeoutError,
 )
+from ..lifecycle.hooks import BufferState
 from ..limits.counters import WriteBlocked
 from ..model.rows import DataRow
 from ..policy_versions import check_version
@@ -263,7 +264,7 @@ class Claim:
         prompt_ids = self._id_of() if plan is not None else {}
 
         def write(
-            conn: Connection, tx: Batched | None
+            conn: Connection, tx: Batched | None, state: BufferState | None = None
         ) -> tuple[Mapping[int, int] | None, StoreReport]:
             assert target is not None and plan is not None
             rows, made, by_prompt = plan
@@ -279,7 +280,7 @@ class Claim:
             # Without a dedup every row is stored or the ack fails on its id: every row
             # of these ids is this write's. With one, the rows above the largest key now.
             above = 0 if dedup is None else largest_key(target.handle, conn)
-            report = write_in(target.handle, conn, as_source(rows), dedup, tail=tx)[2]
+            report = write_in(target.handle, conn, as_source(rows), dedup, state, tail=tx)[2]
             stored = record_produced(
                 target.handle,
                 conn,
@@ -307,6 +308,8 @@ class Claim:
                     produce=None if target is None else write,
                     # known before the write where every row is stored or none
                     made=None if plan is None or dedup is not None else plan[1],
+                    # the target's state, read with the ack's first statements
+                    produce_state=None if target is None else target.handle,
                 )
                 break
             except WriteBlocked as blocked:  # rolled back: wait for the learners, then again

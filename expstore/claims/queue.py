@@ -90,8 +90,10 @@ from ..errors import (
     ClaimFinishedError,
     ClaimOwnerError,
     LeaseExpiredError,
+    StorageError,
     UnknownConsumerError,
 )
+from ..lifecycle.hooks import BufferState, StateChanged, changed_since_read, send_state
 from ..lifecycle.reader_state import limited_flag
 from ..lifecycle.registry import buffer_row
 from ..policy_versions import fresh_clause, oldest_fresh
@@ -188,6 +190,11 @@ class _Guarded:
 
 #: The database's clock, as a float (a bound value) or as SQL evaluated by the statement.
 Now = float | ColumnElement[float]
+#: An ack's ``produce(conn, batched transaction or None, the target's state or None)``:
+#: the completions it stored per prompt key (None: not said), and its report.
+_Produce = Callable[
+    [Connection, Batched | None, BufferState | None], tuple[Mapping[int, int] | None, Any]
+]
 
 
 def unblocked(now: Now) -> ColumnElement[bool]:
@@ -1605,9 +1612,9 @@ class ClaimQueue:
         *,
         with_checkpoint: bool,
         allow_evicted: bool = False,
-        produce: Callable[[Connection, Batched | None], tuple[Mapping[int, int] | None, Any]]
-        | None = None,
+        produce: _Produce | None = None,
         made: Mapping[int, int] | None = None,
+        produce_state: BufferHandle | None = None,
     ) -> Acked:
         """Mark the claim's rows consumed, storing ``checkpoint`` for its consumer in the
         same transaction (see :class:`Acked` for what it returns). Rows evicted or deleted
@@ -1620,8 +1627,10 @@ class ClaimQueue:
         A transaction retried runs ``produce`` again: what is returned is the committed
         attempt's. ``made``: what ``produce`` stores per prompt key, where it is known
         before it runs (each of its rows is stored, or the ack fails); then, on Postgres,
-        the ack goes in three round trips (see :meth:`_ack_batched`) and ``produce`` is
-        given the transaction, to send its last statements with the COMMIT."""
+        the ack goes in two round trips (see :meth:`_ack_batched`) and ``produce`` is
+        given the transaction, to send its last statements with the COMMIT, and the state
+        of ``produce_state`` (the buffer it writes into), read with the ack's first
+        statements, without its row."""
         state = check_checkpoint(checkpoint) if with_checkpoint else None
         now = self._handle.dialect.now()
         if produce is None and state is None and not self._stale_seen:
@@ -1636,7 +1645,7 @@ class ClaimQueue:
             and not self._stale_seen
             and batches(self._handle.connections.engine.dialect)
         ):
-            acked = self._ack_batched(claim, retention, made, produce)
+            acked = self._ack_batched(claim, retention, made, produce, produce_state)
             if acked is not None:
                 return acked
 
@@ -1644,7 +1653,7 @@ class ClaimQueue:
             made, report = None, None
             if produce is not None:  # what the claim's work made, in the same commit
                 # (its entries checked already: see _finish's entries)
-                made, report = produce(conn, None)
+                made, report = produce(conn, None, None)
             if state is not None and produce is None and self._checkpoint_at_ack(claim):
                 # Stored by the statement that acks the entries (the consumer's row, held
                 # since the transaction's first statement, is written once).
@@ -1665,20 +1674,24 @@ class ClaimQueue:
         claim: Claimed,
         retention: AckRetention,
         made: Mapping[int, int],
-        produce: Callable[[Connection, Batched | None], tuple[Mapping[int, int] | None, Any]],
+        produce: _Produce,
+        into: BufferHandle | None = None,
     ) -> Acked | None:
         """An ack with ``produce`` (Postgres, pipeline mode; see
-        :mod:`expstore.db.pipeline`) in three round trips: BEGIN, the head (the buffer,
-        the consumer's generation, the claim's entries locked) and the statement that
-        acks the entries (with the completions ``made`` added to their targets and the
-        saved progress deleted) in one; then ``produce``'s, which reads the target
-        buffer's state, locking its row, and sends its rows, their count and their
-        lineage with the COMMIT in the last. The buffer's row is held from the second
-        round trip to the commit, not from before the ack's first statement. The checks
-        are those of :meth:`_finish` (the statement that acks sets nothing unless the
-        entries are the consumer's; whatever the head finds wrong raises, rolling back
-        both). None where the buffer's eviction is ``"stale"`` (rolled back: the caller
-        acks as :meth:`_finish` does, the buffer's row locked first)."""
+        :mod:`expstore.db.pipeline`) in two round trips: BEGIN, the head (the buffer,
+        the consumer's generation, the claim's entries locked), the statement that acks
+        the entries (with the completions ``made`` added to their targets and the saved
+        progress deleted) and the state of ``into``, the buffer ``produce`` writes into,
+        read without its row, in one; then ``produce``'s: its rows encoded, and, where
+        nothing of that buffer needs its row before the insert, the row taken, its
+        settings checked unchanged (:func:`~expstore.lifecycle.hooks.hold_unchanged`),
+        the rows inserted and counted, their lineage and the COMMIT, in the last. The
+        target's row is then held only by the server, for those statements and the
+        commit, not across a round trip. The checks are those of :meth:`_finish` (the
+        statement that acks sets nothing unless the entries are the consumer's; whatever
+        the head finds wrong raises, rolling back both). None where the buffer's eviction
+        is ``"stale"`` or the target's settings changed since they were read (rolled back:
+        the caller acks as :meth:`_finish` does)."""
         handle = self._handle
         now = handle.dialect.now()
         completions = [int(made.get(k, 0)) for k in retention.keys]
@@ -1697,6 +1710,11 @@ class ClaimQueue:
                         drop_progress=True,
                         completions=completions,
                     )
+                    state = (
+                        None
+                        if into is None
+                        else send_state(into, conn, locked=False, fingerprint=True)
+                    )
                 current, held = head()
                 if retention.stale:
                     raise _StaleFound  # rolled back before anything was kept
@@ -1707,15 +1725,25 @@ class ClaimQueue:
                 acked, short = self._after_finish(
                     conn, claim, retention, made, present, counted, left, []
                 )
-                _, report = produce(conn, tx)
+                _, report = produce(conn, tx, None if state is None else state())
             return Acked(acked, short, report)
+
+        def attempt() -> Acked:
+            try:
+                return write()
+            except StorageError as exc:
+                if changed_since_read(exc):
+                    raise StateChanged() from exc  # (rolled back)
+                raise
 
         try:
             # A deadlock with a claim taking the rows over rolls it back: again.
-            return retried(write)
+            return retried(attempt)
         except _StaleFound:
             self._stale_seen = True
             return None
+        except StateChanged:
+            return None  # the caller acks again, holding the target's row in turn
 
     def release(self, claim: Claimed) -> int:
         """Return the claim's rows to the queue; returns how many."""

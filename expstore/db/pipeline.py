@@ -69,8 +69,9 @@ class Batched:
 
     def at_commit(self, send: Callable[[], Any]) -> None:
         """Send what ``send()`` sends (statements whose results nobody reads) with the
-        COMMIT, in its round trip (what it returns: a :class:`~expstore.db.compiled.Pending`
-        or anything else; its rows are read after the commit, closing its cursor)."""
+        COMMIT, in its round trip (what it returns: a :class:`~expstore.db.compiled.Pending`,
+        a list of them, or anything else; their rows are read after the commit, closing
+        their cursors)."""
         self._later.append(send)
 
     def commit(self) -> None:
@@ -83,9 +84,10 @@ class Batched:
             sent = [send() for send in later]
             self._send("COMMIT")
         self._done = True
-        for pending in sent:
-            if isinstance(pending, Pending):
-                pending.rows()  # (arrived with the commit: no round trip)
+        for got in sent:
+            for pending in got if isinstance(got, list) else [got]:
+                if isinstance(pending, Pending):
+                    pending.rows()  # (arrived with the commit: no round trip)
 
     @contextmanager
     def _pipeline(self) -> Iterator[None]:

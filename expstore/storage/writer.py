@@ -40,7 +40,14 @@ from ..errors import (
     RowValidationError,
     UnsupportedTypeError,
 )
-from ..lifecycle.hooks import BufferState, Removed, WriteContext, read_state
+from ..lifecycle.hooks import (
+    BufferState,
+    Removed,
+    StateChanged,
+    WriteContext,
+    hold_unchanged,
+    read_state,
+)
 from ..lifecycle.registry import bump_version, count_inserted, count_removed, remove_ids
 from ..limits.counters import RateLimits, WriteBlocked
 from ..model.layout import (
@@ -426,6 +433,10 @@ def write_in(
         # write's.
         if state is None:
             state = read_state(handle, conn)
+        elif state.fingerprint is not None and not (
+            tail is not None and dedup is None and removed is None and state.reads_unlocked()
+        ):
+            _hold(handle, conn, state)  # read without the row: take it now
         if removed is None:
             # (removals' counts are deferred to the write's one update of the buffer's row)
             removed = Removed(state.newest, deferred=True)
@@ -441,6 +452,8 @@ def write_in(
         if ctx.stored and tail is not None and _with_commit(ctx, tail):
             pass  # sent with the COMMIT, counted by itself; nothing to do after it
         else:
+            if state.fingerprint is not None:
+                _hold(handle, conn, state)  # the insert takes keys holding the row
             if ctx.stored:
                 # (the insert may count its rows on the buffer's row itself: Postgres, a few)
                 counting = 0 if removed.counted_inserts else ctx.stored
@@ -474,6 +487,17 @@ def write_in(
     return retention.capacity, retention.policy, report
 
 
+def _hold(handle: BufferHandle, conn: Connection, state: BufferState) -> None:
+    """Take the buffer's row for a write whose ``state`` was read without it: the state
+    read again holding it, the same settings (else StateChanged: the caller writes again
+    from the start), its counts as they are now."""
+    held = read_state(handle, conn, fingerprint=True)
+    if held.fingerprint != state.fingerprint:
+        raise StateChanged()
+    state.newest, state.keys, state.settings = held.newest, held.keys, held.settings
+    state.fingerprint = None
+
+
 def _with_commit(ctx: WriteContext, tail: Batched) -> bool:
     """Send the write's insert with ``tail``'s COMMIT (see :func:`write_in`'s ``tail``),
     if it may go there; returns whether it does (else nothing is sent, ``ctx.chunks``
@@ -497,6 +521,9 @@ def _with_commit(ctx: WriteContext, tail: Batched) -> bool:
         if not all(feature.quiet_after(ctx, setting) for feature, setting in state.hooked(hook)):
             return False
     conn, keys, stored = ctx.conn, state.keys, ctx.stored
+    if state.fingerprint is not None:  # read without the row: taken, and checked, first
+        handle = ctx.handle
+        tail.at_commit(lambda: hold_unchanged(handle, conn, state))
     tail.at_commit(lambda: dialect.insert_rows(conn, iter(chunks), keys, stored))
     removed.counted_inserts = stored  # by the insert (see Dialect.pipelines_insert)
     return True

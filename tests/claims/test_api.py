@@ -756,6 +756,46 @@ def test_an_ack_with_produce_alone_into_a_capped_buffer_evicts_as_a_write_does(
     assert prompts.queue_stats().consumed == 3
 
 
+def test_an_ack_whose_target_changed_after_its_state_was_read_writes_again(
+    db_url: str, two_buffers: tuple[ReplayBuffer, ReplayBuffer], monkeypatch: Any
+) -> None:
+    """On Postgres an ack with produce reads the target's state without its row, and
+    takes the row with the statements it sends with the COMMIT, checking the settings
+    unchanged: a capacity set in between (another transaction, committed first) fails
+    the check, and the ack is made again holding the row, the capacity applied."""
+    if db_url.startswith("sqlite"):
+        pytest.skip("SQLite's writes hold the database from their first statement")
+    from sqlalchemy import create_engine, update
+
+    import expstore.storage.writer as writer
+    from expstore.db.schema import buffers
+
+    prompts, rollouts = two_buffers
+    prompts.store_batch([make_row("p0")])
+    rollouts.store_batch([make_row("x") for _ in range(3)])
+    real, changed = writer._with_commit, []
+    target_id = rollouts.sql._handle.buffer_id
+
+    def meanwhile(ctx: Any, tail: Any) -> bool:
+        if not changed:  # as another process sets it (this one's pool is the ack's)
+            other = create_engine(db_url)
+            with other.begin() as conn:
+                changed.append(
+                    conn.execute(
+                        update(buffers).where(buffers.c.id == target_id).values(capacity=5)
+                    ).rowcount
+                )
+            other.dispose()
+        return real(ctx, tail)
+
+    monkeypatch.setattr(writer, "_with_commit", meanwhile)
+    claim = prompts.claim(1, consumer="actor")
+    assert claim.ack(produce=_completions("p0"), into=rollouts) == 1
+    assert changed and len(rollouts) == 5 and _counted(rollouts) == 5
+    assert claim.produced is not None and claim.produced.stored == 4
+    assert prompts.queue_stats().consumed == 1
+
+
 def test_produce_into_a_buffer_of_another_database_is_refused(tmp_path: Any) -> None:
     with ReplayBuffer(f"sqlite:///{tmp_path}/a.db") as prompts:
         with ReplayBuffer(f"sqlite:///{tmp_path}/b.db") as elsewhere:

@@ -21,13 +21,13 @@ from tests.helpers import make_rows
 EXPECTED = {
     "claim(1) + release()": (14, 2),
     "claim(1) + ack()": (14, 2),
-    "claim(1) + save_progress + ack(produce=4 rows, into=...)": (25, 9),
+    "claim(1) + save_progress + ack(produce=4 rows, into=...)": (25, 11),
     "learner: claim(32) + ack(checkpoint=...)": (16, 5),
 }
 #: Round trips of each call on Postgres where they are fewer than its statements (an ack
-#: with produce sends its statements in three batches: expstore.db.pipeline).
+#: with produce sends its statements in two batches: expstore.db.pipeline).
 ROUND_TRIPS = {
-    "claim(1) + save_progress + ack(produce=4 rows, into=...)": 5,
+    "claim(1) + save_progress + ack(produce=4 rows, into=...)": 4,
 }
 
 
@@ -109,10 +109,13 @@ def test_a_prompts_cycle(db_url: str, prompts: ReplayBuffer, buffer_name: str) -
     assert len(seen) == expected(db_url, what), seen
     assert trips == expected_trips(db_url, what), seen
     if not db_url.startswith("sqlite"):
-        # the rollouts' row, locked by the write's first statement, is held for one
-        # round trip more: the one that sends the rows, their lineage and the COMMIT
+        # the rollouts' row is taken by the last round trip, with the settings' check,
+        # the rows, their count, their lineage and the COMMIT: held by the server alone
         locking = [i for i, s in enumerate(seen) if s.endswith("FOR UPDATE")]
-        assert locking and seen[locking[-1] + 1].startswith("WITH counted AS"), seen
+        assert len(locking) == 1, seen  # (the state is read with the ack's head: unlocked)
+        assert locking and seen[locking[-1]].startswith("SELECT expstore_buffers.id"), seen
+        assert seen[locking[-1] + 1].startswith("SELECT CAST(concat("), seen  # the check
+        assert seen[locking[-1] + 2].startswith("WITH counted AS"), seen
         assert seen[-1] == "COMMIT" and "expstore_produced" in seen[-2], seen
 
 
