@@ -368,6 +368,10 @@ class ClaimQueue:
         #: Whether this handle's last ack found the buffer's eviction "stale" (its acks
         #: lock the buffer's row first; see :meth:`_finish`).
         self._stale_seen = False
+        #: Whether this handle's last claim in a transaction found an admission bound:
+        #: its claims then start with that transaction, not with a guarded statement
+        #: whose guard an admission bound fails (a round trip for nothing).
+        self._bounded_seen = False
         handle.caches.append(self.clear)
 
     @property
@@ -417,6 +421,7 @@ class ClaimQueue:
             and not at_least
             and unlimited
             and scope.max_staleness is None
+            and not self._bounded_seen
         ):
             fast = self._claim_at_once(n, scope, consumer, lease_s, generation, claim_id, columns)
             if fast is not None:
@@ -432,6 +437,7 @@ class ClaimQueue:
                 # One statement: still the handle's buffer, whether it has a rate limit
                 # and an admission bound, and the consumer's generation (its row held shared).
                 limited, current, bounded = self._claim_head(conn, consumer)
+                self._bounded_seen = bounded
                 if unlimited and limited:  # a limit set since the caller looked
                     raise RateLimitFound  # rolls the transaction back
                 check_generation(handle, conn, consumer, generation, "claim", current, shared=True)
