@@ -342,6 +342,24 @@ def _held_ctes(dialect: Any, mine: Any, rows_where: list[Any] | None) -> tuple[A
     return kept, held
 
 
+class _Acking(NamedTuple):
+    """What the statement that sets an ack's entries also does (Postgres). With
+    ``count_acked`` (an ack none of whose rows can be released again), the entries set
+    are added to the consumer's ``acked`` count. ``hold_rows``: the claim's keys, whose
+    rows it locks against deletion before the entries (see
+    :meth:`AckRetention.hold_rows`). ``drop_progress`` (with ``count_acked``): the rows'
+    saved progress deleted. ``checkpoint_state`` (with ``count_acked``): stored as the
+    consumer's next checkpoint, the entries acked with its number. ``completions`` (with
+    ``hold_rows``): the completions stored for each of those keys, added to their
+    targets."""
+
+    count_acked: bool
+    hold_rows: list[int] | None = None
+    drop_progress: bool = False
+    checkpoint_state: str | None = None
+    completions: list[int] | None = None
+
+
 class _Floor(NamedTuple):
     """Where a FIFO claim of a scope starts looking, as a handle saw it last."""
 
@@ -1300,7 +1318,7 @@ class ClaimQueue:
         """In the caller's transaction (which holds the consumer's row, its generation checked):
         check the claim is the consumer's to ``action``, then set ``values`` on its
         entries; returns how many."""
-        return self._finish_entries(conn, claim, action, values, count_acked=False)[0]
+        return self._finish_entries(conn, claim, action, values)()[0]
 
     def _finish_entries(
         self,
@@ -1308,58 +1326,23 @@ class ClaimQueue:
         claim: Claimed,
         action: str,
         values: dict[str, Any],
-        *,
-        count_acked: bool,
-        hold_rows: list[int] | None = None,
-        drop_progress: bool = False,
-        checkpoint_state: str | None = None,
-        completions: list[int] | None = None,
-    ) -> tuple[int, bool, dict[int, int] | None]:
-        """:meth:`finish_in`; with ``count_acked`` (an ack none of whose rows can be
-        released again), where one statement can also write (Postgres), the entries set
-        are added to the consumer's ``acked`` count by the same statement. ``hold_rows``
-        (an ack, Postgres): the claim's keys, whose rows the statement locks against
-        deletion before the entries (see :meth:`AckRetention.hold_rows`). Returns how
-        many entries, and whether they were counted so (and then, with ``drop_progress``,
-        the rows' saved progress deleted by the same statement). ``checkpoint_state``
-        (Postgres, with ``count_acked``): stored as the consumer's next checkpoint by the
-        same statement, the entries acked with its number. ``completions`` (Postgres, with
-        ``hold_rows``): the completions stored for each of those keys, added to their
-        targets by the same statement, which returns what the targets needed before (key
-        -> completions; else None)."""
+        acking: _Acking | None = None,
+    ) -> Callable[[], tuple[int, bool, dict[int, int] | None]]:
+        """:meth:`finish_in`, for an ack with what ``acking`` says (see :class:`_Acking`);
+        on Postgres its statement is sent now and read (the entries checked) by the call
+        of the function returned, which returns how many entries, whether they were
+        counted as acked by the same statement (and then their saved progress deleted,
+        with ``drop_progress``), and, with ``completions``, what the targets needed
+        before (key -> completions; else None)."""
         if not self._handle.dialect.modifying_ctes:
             held = self._own_entries(conn, claim, action)
             if held:
                 stmt = update(consumption).where(_C.claim_id == claim.claim_id).values(**values)
                 conn.execute(stmt)
-            return len(held), False, None
-        return self._send_finish_entries(
-            conn,
-            claim,
-            action,
-            values,
-            count_acked=count_acked,
-            hold_rows=hold_rows,
-            drop_progress=drop_progress,
-            checkpoint_state=checkpoint_state,
-            completions=completions,
-        )()
-
-    def _send_finish_entries(
-        self,
-        conn: Connection,
-        claim: Claimed,
-        action: str,
-        values: dict[str, Any],
-        *,
-        count_acked: bool,
-        hold_rows: list[int] | None = None,
-        drop_progress: bool = False,
-        checkpoint_state: str | None = None,
-        completions: list[int] | None = None,
-    ) -> Callable[[], tuple[int, bool, dict[int, int] | None]]:
-        """:meth:`_finish_entries` on Postgres: its statement sent now, its result read
-        (and the entries checked) by the call of the function returned."""
+            return lambda: (len(held), False, None)
+        count_acked, hold_rows, drop_progress, checkpoint_state, completions = acking or _Acking(
+            False
+        )
         # One statement: the entries locked in key order (as claims lock them), checked
         # below; set only when all are the consumer's and none acked (the check raises,
         # rolling the transaction back, otherwise).
@@ -1549,12 +1532,14 @@ class ClaimQueue:
             claim,
             "ack",
             done,
-            count_acked=True,
-            hold_rows=retention.keys if at_once else None,
-            drop_progress=retention.saved,
-            checkpoint_state=checkpoint_state,
-            completions=completions,
-        )
+            _Acking(
+                True,
+                retention.keys if at_once else None,
+                retention.saved,
+                checkpoint_state,
+                completions,
+            ),
+        )()
         return self._after_finish(conn, claim, retention, made, present, counted, left, again)
 
     def _after_finish(
@@ -1706,15 +1691,12 @@ class ClaimQueue:
             with handle.errors("ack a claim"), handle.single() as conn, batched(conn) as tx:
                 with tx.batch():
                     head = self._send_finish_head(conn, claim.consumer, retention, claim.claim_id)
-                    finish = self._send_finish_entries(
+                    finish = self._finish_entries(
                         conn,
                         claim,
                         "ack",
                         {"acked_at": now, "lease_until": None},
-                        count_acked=True,
-                        hold_rows=retention.keys,
-                        drop_progress=True,
-                        completions=completions,
+                        _Acking(True, retention.keys, True, None, completions),
                     )
                     state = (
                         None
