@@ -29,7 +29,10 @@ An ack in a transaction (a checkpoint, produced rows) sets the entries with one 
 (:meth:`ClaimQueue._finish_statement`) that also counts them to the consumer, deletes their
 saved progress, adds the completions to the targets and stores an incarnation's
 checkpoint, so its round trips are the transaction's BEGIN, head and COMMIT, that
-statement, and those of the rows it stores.
+statement, and those of the rows it stores. An ack that stores rows (``produce``) without
+a checkpoint sends all of them in two batches (psycopg's pipeline mode, see
+:meth:`ClaimQueue._ack_batched`): two round trips, the target buffer's row taken only by
+the last.
 
 FIFO claims do not walk the consumed part of the buffer again on every call: each handle
 keeps, per condition, a key below which every matching row has a committed consumption
