@@ -402,8 +402,13 @@ def in_flight(handle: BufferHandle, conn: Connection, now: Any) -> int:
     """Completions the live claims of the buffer's rows still need: a row with a target
     counts what it needs, one without counts 1. Read through the ``(buffer_id, acked_at,
     lease_until)`` index: only the entries held now."""
+    return int(conn.execute(select(_in_flight(handle, now))).scalar_one())
+
+
+def _in_flight(handle: BufferHandle, now: Any) -> Any:
+    """:func:`in_flight` as a scalar subquery."""
     need = func.coalesce(_T.target - _T.done, 1)
-    stmt = (
+    return (
         select(func.coalesce(func.sum(need), 0))
         .select_from(consumption.outerjoin(targets, _T.key == _C.key))
         .where(
@@ -411,33 +416,39 @@ def in_flight(handle: BufferHandle, conn: Connection, now: Any) -> int:
             _C.acked_at.is_(None),
             _C.lease_until >= now,
         )
+        .scalar_subquery()
     )
-    return int(conn.execute(stmt).scalar_one())
 
 
 def backlog(conn: Connection, into_id: int) -> int:
     """Rows stored into buffer ``into_id`` and not yet consumed: inserted, less discarded,
     less acked by its consumers, and at most the rows it holds (rows evicted unconsumed
     leave it). Counters only: the same cost whatever the history."""
+    return max(0, int(conn.execute(select(_backlog(into_id))).scalar_one() or 0))
+
+
+def _backlog(into_id: int) -> Any:
+    """:func:`backlog` as a scalar subquery (NULL where the buffer is gone)."""
     acked = (
         select(func.coalesce(func.sum(consumers.c.acked), 0))
         .where(consumers.c.buffer_id == into_id)
         .scalar_subquery()
     )
     left = buffers.c.inserted - discarded_total(into_id) - acked
-    stmt = select(case((left < buffers.c.row_count, left), else_=buffers.c.row_count)).where(
-        buffers.c.id == into_id
+    return (
+        select(case((left < buffers.c.row_count, left), else_=buffers.c.row_count))
+        .where(buffers.c.id == into_id)
+        .scalar_subquery()
     )
-    found = conn.execute(stmt).scalar_one_or_none()
-    return max(0, int(found or 0))
 
 
 def admission_state(
     handle: BufferHandle, conn: Connection, settings: AdmissionSettings, now: Any
 ) -> AdmissionState:
     """The counts and the room left under ``settings``, now."""
-    flying = in_flight(handle, conn, now)
-    stored = backlog(conn, settings.into_id)
+    # one statement, one snapshot (taken after the admission row, for a claim)
+    found = conn.execute(select(_in_flight(handle, now), _backlog(settings.into_id))).one()
+    flying, stored = int(found[0]), max(0, int(found[1] or 0))
     bound = settings.staleness_bound
     capacity = None if bound is None else bound - flying - stored
     held_by = None
