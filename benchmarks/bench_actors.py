@@ -272,7 +272,11 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=400)
     parser.add_argument("--segment-ms", type=float, default=50.0)
     parser.add_argument("--run-s", type=float, default=4.0)
+    parser.add_argument(
+        "--pg-database", default="bench_actors", help="made anew, then dropped (Postgres)"
+    )
     args = parser.parse_args()
+    db = args.pg_database
     for backend in args.backends.split(","):
         print(f"{backend}:", flush=True)
         with tempfile.TemporaryDirectory() as tmp:
@@ -281,9 +285,9 @@ def main() -> None:
             else:
                 admin = create_engine(f"{PG}/postgres", isolation_level="AUTOCOMMIT")
                 with admin.connect() as conn:
-                    conn.execute(text("DROP DATABASE IF EXISTS bench_actors"))
-                    conn.execute(text("CREATE DATABASE bench_actors"))
-                url = f"{PG}/bench_actors"
+                    conn.execute(text(f'DROP DATABASE IF EXISTS "{db}"'))
+                    conn.execute(text(f'CREATE DATABASE "{db}"'))
+                url = f"{PG}/{db}"
             try:
                 print(overhead(url, "plain", args, admission=False), flush=True)
                 print(overhead(url, "admitted", args, admission=True), flush=True)
@@ -291,7 +295,7 @@ def main() -> None:
             finally:
                 if backend != "sqlite":
                     with admin.connect() as conn:
-                        conn.execute(text("DROP DATABASE IF EXISTS bench_actors WITH (FORCE)"))
+                        conn.execute(text(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)'))
                     admin.dispose()
 
 

@@ -201,7 +201,8 @@ def run(url: str, label: str, args: argparse.Namespace) -> list[str]:
 
 
 def coordination(url: str, label: str) -> list[str]:
-    """Statements (Postgres: round trips) of the claim cycle and of a draw, counted
+    """Statements and round trips (Postgres: each statement is one, except those sent
+    together in a pipeline) of the claim cycle and of a draw, counted
     only (the timings of these calls are bench_actors.py's and bench_cache.py's)."""
     from expstore import PrioritizedSampler, UniformSampler
 
@@ -247,7 +248,9 @@ def coordination(url: str, label: str) -> list[str]:
             for _ in range(each):
                 call()
         per_call = (len(seen) - before) / each
-        lines.append(f"| {label} | {what} | {per_call:.1f} |")
+        trips = seen.round_trips_since(before) / each
+        shown = f"{trips:.1f}" if label != "SQLite" else "-"
+        lines.append(f"| {label} | {what} | {per_call:.1f} | {shown} |")
         print(lines[-1], flush=True)
 
     lines: list[str] = []
@@ -304,8 +307,8 @@ def main() -> None:
             finally:
                 drop()
     print()
-    print("| backend | calls | statements (Postgres: round trips) |")
-    print("|---|---|---|")
+    print("| backend | calls | statements | round trips (a pipeline's statements: one) |")
+    print("|---|---|---|---|")
     with tempfile.TemporaryDirectory() as folder:
         coordination(f"sqlite:///{folder}/coord.db", "SQLite")
     if not args.skip_pg:

@@ -389,6 +389,12 @@ class _ArraysFeature(RowFeature):
     def setting(self, values: Sequence[Any]) -> Any:
         return ArraysInUse(setting_of(values[0], values[1], values[2]), bool(values[3]))
 
+    # its hooks before the insert read only its settings (not whether arrays are held)
+    reads_unlocked = True
+
+    def settings_columns(self, columns: Sequence[Any]) -> Sequence[Any]:
+        return columns[:3]
+
     def prepare(self, ctx: WriteContext, setting: Any) -> None:
         ctx.batch.max_array_bytes = setting.setting.max_array_bytes
         ctx.batch.external.clear()  # (a write tried again encodes its rows again)
@@ -409,6 +415,9 @@ class _ArraysFeature(RowFeature):
         )
         # removals later in this transaction (the write's eviction) look for references
         ctx.state.settings[self.name] = setting._replace(holds=True)
+
+    def quiet_after(self, ctx: WriteContext, setting: Any) -> bool:
+        return not ctx.batch.external  # no array of the batch stored apart
 
     def before_remove(self, ctx: RemoveContext, setting: Any) -> None:
         if setting.holds:

@@ -61,6 +61,7 @@ from .._retry import CLAIM_POLL, RATE_LIMIT_WAIT, Waiting
 from ..converters.base import Converter, as_converter
 from ..converters.default import DefaultConverter
 from ..db.engine import is_memory
+from ..db.pipeline import Batched
 from ..db.schema import buffers
 from ..db.schema import rows as rows_table
 from ..dedup import Dedup, check_dedup
@@ -75,6 +76,7 @@ from ..errors import (
     UnsupportedTypeError,
     WaitTimeoutError,
 )
+from ..lifecycle.hooks import BufferState
 from ..limits.counters import WriteBlocked
 from ..model.rows import DataRow
 from ..policy_versions import check_version
@@ -261,7 +263,9 @@ class Claim:
         dedup = check_dedup(dedup)
         prompt_ids = self._id_of() if plan is not None else {}
 
-        def write(conn: Connection) -> tuple[Mapping[int, int] | None, StoreReport]:
+        def write(
+            conn: Connection, tx: Batched | None, state: BufferState | None = None
+        ) -> tuple[Mapping[int, int] | None, StoreReport]:
             assert target is not None and plan is not None
             rows, made, by_prompt = plan
             here = self._queue.handle
@@ -276,7 +280,7 @@ class Claim:
             # Without a dedup every row is stored or the ack fails on its id: every row
             # of these ids is this write's. With one, the rows above the largest key now.
             above = 0 if dedup is None else largest_key(target.handle, conn)
-            report = write_in(target.handle, conn, as_source(rows), dedup)[2]
+            report = write_in(target.handle, conn, as_source(rows), dedup, state, tail=tx)[2]
             stored = record_produced(
                 target.handle,
                 conn,
@@ -286,7 +290,10 @@ class Claim:
                 self.claim_id,
                 self.consumer,
                 above,
+                tx,
             )
+            if stored is None:  # sent with the commit: every row stored, or the ack fails
+                return made, report
             # What the write stored counts (a dedup may have left some out).
             return None if made is None else {k: stored.get(k, 0) for k in made}, report
 
@@ -299,6 +306,10 @@ class Claim:
                     with_checkpoint=with_checkpoint,
                     allow_evicted=allowed,
                     produce=None if target is None else write,
+                    # known before the write where every row is stored or none
+                    made=None if plan is None or dedup is not None else plan[1],
+                    # the target's state, read with the ack's first statements
+                    produce_state=None if target is None else target.handle,
                 )
                 break
             except WriteBlocked as blocked:  # rolled back: wait for the learners, then again

@@ -50,6 +50,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY
 
 from ..db.handle import BufferHandle
+from ..db.pipeline import Batched
 from ..db.schema import (
     admission,
     buffers,
@@ -229,29 +230,36 @@ def record_produced(
     claim_id: str,
     consumer: str,
     above: int,
-) -> dict[int, int]:
+    tail: Batched | None = None,
+) -> dict[int, int] | None:
     """Record which prompt row (``ids_by_prompt``: pairs of a prompt key, None when the
     claim did not say, and the ids of the rows produced for it) of which claim produced
     each row this write just stored into ``into``'s buffer (keys above ``above``, the
     buffer's largest key before it: rows a dedup left out, or stored earlier under the same
     id, are not this write's), in the caller's transaction. Returns how many rows were
-    stored per prompt key."""
+    stored per prompt key; with ``tail`` (Postgres), the statement is sent with the
+    transaction's COMMIT instead, and None is returned (for a write that stores every row
+    or fails)."""
     wanted = [i for _, ids in ids_by_prompt for i in ids]
     if not wanted:
         return {}
     if into.dialect.modifying_ctes:  # one statement: the rows' keys read as it inserts
         pairs = [(prompt, str(i)) for prompt, ids in ids_by_prompt for i in ids]
-        found = into.statement(("record produced",), partial(_produced_statement, into)).run(
-            conn,
-            into_id=into.buffer_id,
-            above=above,
-            ids=[i for _, i in pairs],
-            prompt_keys=[p for p, _ in pairs],
-            prompt_ids=[None if p is None else prompt_ids.get(p) for p, _ in pairs],
-            claim_id=claim_id,
-            consumer=consumer,
-            prompt_buffer_id=prompt_buffer_id,
-        )
+        statement = into.statement(("record produced",), partial(_produced_statement, into))
+        params = {
+            "into_id": into.buffer_id,
+            "above": above,
+            "ids": [i for _, i in pairs],
+            "prompt_keys": [p for p, _ in pairs],
+            "prompt_ids": [None if p is None else prompt_ids.get(p) for p, _ in pairs],
+            "claim_id": claim_id,
+            "consumer": consumer,
+            "prompt_buffer_id": prompt_buffer_id,
+        }
+        if tail is not None:
+            tail.at_commit(lambda: statement.send(conn, **params))
+            return None
+        found = statement.run(conn, **params)
         stored: dict[int, int] = {}
         for (prompt,) in found:
             if prompt is not None:
@@ -394,8 +402,13 @@ def in_flight(handle: BufferHandle, conn: Connection, now: Any) -> int:
     """Completions the live claims of the buffer's rows still need: a row with a target
     counts what it needs, one without counts 1. Read through the ``(buffer_id, acked_at,
     lease_until)`` index: only the entries held now."""
+    return int(conn.execute(select(_in_flight(handle, now))).scalar_one())
+
+
+def _in_flight(handle: BufferHandle, now: Any) -> Any:
+    """:func:`in_flight` as a scalar subquery."""
     need = func.coalesce(_T.target - _T.done, 1)
-    stmt = (
+    return (
         select(func.coalesce(func.sum(need), 0))
         .select_from(consumption.outerjoin(targets, _T.key == _C.key))
         .where(
@@ -403,33 +416,39 @@ def in_flight(handle: BufferHandle, conn: Connection, now: Any) -> int:
             _C.acked_at.is_(None),
             _C.lease_until >= now,
         )
+        .scalar_subquery()
     )
-    return int(conn.execute(stmt).scalar_one())
 
 
 def backlog(conn: Connection, into_id: int) -> int:
     """Rows stored into buffer ``into_id`` and not yet consumed: inserted, less discarded,
     less acked by its consumers, and at most the rows it holds (rows evicted unconsumed
     leave it). Counters only: the same cost whatever the history."""
+    return max(0, int(conn.execute(select(_backlog(into_id))).scalar_one() or 0))
+
+
+def _backlog(into_id: int) -> Any:
+    """:func:`backlog` as a scalar subquery (NULL where the buffer is gone)."""
     acked = (
         select(func.coalesce(func.sum(consumers.c.acked), 0))
         .where(consumers.c.buffer_id == into_id)
         .scalar_subquery()
     )
     left = buffers.c.inserted - discarded_total(into_id) - acked
-    stmt = select(case((left < buffers.c.row_count, left), else_=buffers.c.row_count)).where(
-        buffers.c.id == into_id
+    return (
+        select(case((left < buffers.c.row_count, left), else_=buffers.c.row_count))
+        .where(buffers.c.id == into_id)
+        .scalar_subquery()
     )
-    found = conn.execute(stmt).scalar_one_or_none()
-    return max(0, int(found or 0))
 
 
 def admission_state(
     handle: BufferHandle, conn: Connection, settings: AdmissionSettings, now: Any
 ) -> AdmissionState:
     """The counts and the room left under ``settings``, now."""
-    flying = in_flight(handle, conn, now)
-    stored = backlog(conn, settings.into_id)
+    # one statement, one snapshot (taken after the admission row, for a claim)
+    found = conn.execute(select(_in_flight(handle, now), _backlog(settings.into_id))).one()
+    flying, stored = int(found[0]), max(0, int(found[1] or 0))
     bound = settings.staleness_bound
     capacity = None if bound is None else bound - flying - stored
     held_by = None

@@ -29,7 +29,10 @@ An ack in a transaction (a checkpoint, produced rows) sets the entries with one 
 (:meth:`ClaimQueue._finish_statement`) that also counts them to the consumer, deletes their
 saved progress, adds the completions to the targets and stores an incarnation's
 checkpoint, so its round trips are the transaction's BEGIN, head and COMMIT, that
-statement, and those of the rows it stores.
+statement, and those of the rows it stores. An ack that stores rows (``produce``) without
+a checkpoint sends all of them in two batches (psycopg's pipeline mode, see
+:meth:`ClaimQueue._ack_batched`): two round trips, the target buffer's row taken only by
+the last.
 
 FIFO claims do not walk the consumed part of the buffer again on every call: each handle
 keeps, per condition, a key below which every matching row has a committed consumption
@@ -75,6 +78,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from .._args import check_checkpoint
 from ..db.dialects import Dialect
 from ..db.handle import BufferHandle, retried
+from ..db.pipeline import Batched, batched, batches
 from ..db.schema import (
     buffers,
     checkpoints,
@@ -89,8 +93,10 @@ from ..errors import (
     ClaimFinishedError,
     ClaimOwnerError,
     LeaseExpiredError,
+    StorageError,
     UnknownConsumerError,
 )
+from ..lifecycle.hooks import BufferState, StateChanged, changed_since_read, send_state
 from ..lifecycle.reader_state import limited_flag
 from ..lifecycle.registry import buffer_row
 from ..policy_versions import fresh_clause, oldest_fresh
@@ -187,6 +193,11 @@ class _Guarded:
 
 #: The database's clock, as a float (a bound value) or as SQL evaluated by the statement.
 Now = float | ColumnElement[float]
+#: An ack's ``produce(conn, batched transaction or None, the target's state or None)``:
+#: the completions it stored per prompt key (None: not said), and its report.
+_Produce = Callable[
+    [Connection, Batched | None, BufferState | None], tuple[Mapping[int, int] | None, Any]
+]
 
 
 def unblocked(now: Now) -> ColumnElement[bool]:
@@ -334,6 +345,24 @@ def _held_ctes(dialect: Any, mine: Any, rows_where: list[Any] | None) -> tuple[A
     return kept, held
 
 
+class _Acking(NamedTuple):
+    """What the statement that sets an ack's entries also does (Postgres). With
+    ``count_acked`` (an ack none of whose rows can be released again), the entries set
+    are added to the consumer's ``acked`` count. ``hold_rows``: the claim's keys, whose
+    rows it locks against deletion before the entries (see
+    :meth:`AckRetention.hold_rows`). ``drop_progress`` (with ``count_acked``): the rows'
+    saved progress deleted. ``checkpoint_state`` (with ``count_acked``): stored as the
+    consumer's next checkpoint, the entries acked with its number. ``completions`` (with
+    ``hold_rows``): the completions stored for each of those keys, added to their
+    targets."""
+
+    count_acked: bool
+    hold_rows: list[int] | None = None
+    drop_progress: bool = False
+    checkpoint_state: str | None = None
+    completions: list[int] | None = None
+
+
 class _Floor(NamedTuple):
     """Where a FIFO claim of a scope starts looking, as a handle saw it last."""
 
@@ -360,6 +389,10 @@ class ClaimQueue:
         #: Whether this handle's last ack found the buffer's eviction "stale" (its acks
         #: lock the buffer's row first; see :meth:`_finish`).
         self._stale_seen = False
+        #: Whether this handle's last claim in a transaction found an admission bound:
+        #: its claims then start with that transaction, not with a guarded statement
+        #: whose guard an admission bound fails (a round trip for nothing).
+        self._bounded_seen = False
         handle.caches.append(self.clear)
 
     @property
@@ -409,6 +442,7 @@ class ClaimQueue:
             and not at_least
             and unlimited
             and scope.max_staleness is None
+            and not self._bounded_seen
         ):
             fast = self._claim_at_once(n, scope, consumer, lease_s, generation, claim_id, columns)
             if fast is not None:
@@ -424,6 +458,7 @@ class ClaimQueue:
                 # One statement: still the handle's buffer, whether it has a rate limit
                 # and an admission bound, and the consumer's generation (its row held shared).
                 limited, current, bounded = self._claim_head(conn, consumer)
+                self._bounded_seen = bounded
                 if unlimited and limited:  # a limit set since the caller looked
                     raise RateLimitFound  # rolls the transaction back
                 check_generation(handle, conn, consumer, generation, "claim", current, shared=True)
@@ -1211,12 +1246,23 @@ class ClaimQueue:
         retention: AckRetention | None,
         claim_id: str | None = None,
     ) -> tuple[Any, list[_Entry] | None]:
+        """:meth:`_send_finish_head`, its result read at once."""
+        return self._send_finish_head(conn, consumer, retention, claim_id)()
+
+    def _send_finish_head(
+        self,
+        conn: Connection,
+        consumer: str,
+        retention: AckRetention | None,
+        claim_id: str | None = None,
+    ) -> Callable[[], tuple[Any, list[_Entry] | None]]:
         """The first statement of an ack, release or renewal: checks the buffer's row is
         still the handle's buffer, reads what an ack's ``retention`` needs of it, and
         returns the consumer's generation (None: no row yet), its row locked until the
         transaction ends. With ``claim_id`` (Postgres), the same statement then locks the
         claim's entries in key order and returns them too (else None). Compiled once per
-        handle and shape."""
+        handle and shape. Sent now; what it returns is read (and checked) by the call of
+        the function returned."""
         handle = self._handle
         extra = () if retention is None else retention.columns()
         with_entries = claim_id is not None and handle.dialect.modifying_ctes
@@ -1251,18 +1297,23 @@ class ClaimQueue:
         if with_entries:
             params["claim_id"] = claim_id
         key = ("finish head", retention is not None, with_entries)
-        found = handle.statement(key, build).run(conn, **params)
-        if not found:
-            raise handle.recreated(None)
-        held: list[_Entry] | None = None
-        if with_entries:
-            held = [_Entry(int(r[-3]), r[-2], r[-1]) for r in found if r[-3] is not None]
-            found = [r[:-3] for r in found]
-        name, created_at, *read, current = found[0]
-        handle.check_row(name, float(created_at))
-        if retention is not None:
-            retention.take(tuple(read))
-        return current, held
+        sent = handle.statement(key, build).send(conn, **params)
+
+        def read() -> tuple[Any, list[_Entry] | None]:
+            found = sent.rows()
+            if not found:
+                raise handle.recreated(None)
+            held: list[_Entry] | None = None
+            if with_entries:
+                held = [_Entry(int(r[-3]), r[-2], r[-1]) for r in found if r[-3] is not None]
+                found = [r[:-3] for r in found]
+            name, created_at, *values, current = found[0]
+            handle.check_row(name, float(created_at))
+            if retention is not None:
+                retention.take(tuple(values))
+            return current, held
+
+        return read
 
     def finish_in(
         self, conn: Connection, claim: Claimed, action: str, values: dict[str, Any]
@@ -1270,7 +1321,7 @@ class ClaimQueue:
         """In the caller's transaction (which holds the consumer's row, its generation checked):
         check the claim is the consumer's to ``action``, then set ``values`` on its
         entries; returns how many."""
-        return self._finish_entries(conn, claim, action, values, count_acked=False)[0]
+        return self._finish_entries(conn, claim, action, values)()[0]
 
     def _finish_entries(
         self,
@@ -1278,31 +1329,23 @@ class ClaimQueue:
         claim: Claimed,
         action: str,
         values: dict[str, Any],
-        *,
-        count_acked: bool,
-        hold_rows: list[int] | None = None,
-        drop_progress: bool = False,
-        checkpoint_state: str | None = None,
-        completions: list[int] | None = None,
-    ) -> tuple[int, bool, dict[int, int] | None]:
-        """:meth:`finish_in`; with ``count_acked`` (an ack none of whose rows can be
-        released again), where one statement can also write (Postgres), the entries set
-        are added to the consumer's ``acked`` count by the same statement. ``hold_rows``
-        (an ack, Postgres): the claim's keys, whose rows the statement locks against
-        deletion before the entries (see :meth:`AckRetention.hold_rows`). Returns how
-        many entries, and whether they were counted so (and then, with ``drop_progress``,
-        the rows' saved progress deleted by the same statement). ``checkpoint_state``
-        (Postgres, with ``count_acked``): stored as the consumer's next checkpoint by the
-        same statement, the entries acked with its number. ``completions`` (Postgres, with
-        ``hold_rows``): the completions stored for each of those keys, added to their
-        targets by the same statement, which returns what the targets needed before (key
-        -> completions; else None)."""
+        acking: _Acking | None = None,
+    ) -> Callable[[], tuple[int, bool, dict[int, int] | None]]:
+        """:meth:`finish_in`, for an ack with what ``acking`` says (see :class:`_Acking`);
+        on Postgres its statement is sent now and read (the entries checked) by the call
+        of the function returned, which returns how many entries, whether they were
+        counted as acked by the same statement (and then their saved progress deleted,
+        with ``drop_progress``), and, with ``completions``, what the targets needed
+        before (key -> completions; else None)."""
         if not self._handle.dialect.modifying_ctes:
             held = self._own_entries(conn, claim, action)
             if held:
                 stmt = update(consumption).where(_C.claim_id == claim.claim_id).values(**values)
                 conn.execute(stmt)
-            return len(held), False, None
+            return lambda: (len(held), False, None)
+        count_acked, hold_rows, drop_progress, checkpoint_state, completions = acking or _Acking(
+            False
+        )
         # One statement: the entries locked in key order (as claims lock them), checked
         # below; set only when all are the consumer's and none acked (the check raises,
         # rolling the transaction back, otherwise).
@@ -1326,21 +1369,26 @@ class ClaimQueue:
         if counting:
             assert hold_rows is not None and completions is not None
             params.update(self._handle.dialect.key_value_params(hold_rows, completions))
-        found = statement.run(
+        sent = statement.send(
             conn,
             claim_id=claim.claim_id,
             consumer=claim.consumer,
             buffer_id=self._handle.buffer_id,
             **params,
         )
-        if not counting:
-            held = [_Entry(int(k), c, a) for k, c, a in found]
-            left = None
-        else:  # the entries (need NULL), then the targets as they were
-            held = [_Entry(int(k), c, a) for k, c, a, need in found if need is None]
-            left = {int(k): int(need) for k, _, _, need in found if need is not None}
-        self._check_own(conn, claim, action, held)
-        return len(held), count_acked, left
+
+        def read() -> tuple[int, bool, dict[int, int] | None]:
+            found = sent.rows()
+            left: dict[int, int] | None = None
+            if not counting:
+                held = [_Entry(int(k), c, a) for k, c, a in found]
+            else:  # the entries (need NULL), then the targets as they were
+                held = [_Entry(int(k), c, a) for k, c, a, need in found if need is None]
+                left = {int(k): int(need) for k, _, _, need in found if need is not None}
+            self._check_own(conn, claim, action, held)
+            return len(held), count_acked, left
+
+        return read
 
     def _finish_statement(
         self,
@@ -1487,12 +1535,30 @@ class ClaimQueue:
             claim,
             "ack",
             done,
-            count_acked=True,
-            hold_rows=retention.keys if at_once else None,
-            drop_progress=retention.saved,
-            checkpoint_state=checkpoint_state,
-            completions=completions,
-        )
+            _Acking(
+                True,
+                retention.keys if at_once else None,
+                retention.saved,
+                checkpoint_state,
+                completions,
+            ),
+        )()
+        return self._after_finish(conn, claim, retention, made, present, counted, left, again)
+
+    def _after_finish(
+        self,
+        conn: Connection,
+        claim: Claimed,
+        retention: AckRetention,
+        made: Mapping[int, int] | None,
+        present: int,
+        counted: bool,
+        left: dict[int, int] | None,
+        again: list[int],
+    ) -> tuple[int, list[int]]:
+        """The rest of :meth:`ack_in` once the statement that acks the entries has run
+        (``present``, ``counted``, ``left``: what it returned; ``again``: the prompts
+        found short already, SQLite)."""
         if made is not None and left is not None:
             again = short_of(made, left, claim.claim_id)
         retention.settle(conn, present)
@@ -1540,7 +1606,9 @@ class ClaimQueue:
         *,
         with_checkpoint: bool,
         allow_evicted: bool = False,
-        produce: Callable[[Connection], tuple[Mapping[int, int] | None, Any]] | None = None,
+        produce: _Produce | None = None,
+        made: Mapping[int, int] | None = None,
+        produce_state: BufferHandle | None = None,
     ) -> Acked:
         """Mark the claim's rows consumed, storing ``checkpoint`` for its consumer in the
         same transaction (see :class:`Acked` for what it returns). Rows evicted or deleted
@@ -1551,19 +1619,35 @@ class ClaimQueue:
         returns how many rows it stored per prompt key (None: the claim did not say) and
         a report of its own; prompts left short of their completion targets are released.
         A transaction retried runs ``produce`` again: what is returned is the committed
-        attempt's."""
+        attempt's. ``made``: what ``produce`` stores per prompt key, where it is known
+        before it runs (each of its rows is stored, or the ack fails); then, on Postgres,
+        the ack goes in two round trips (see :meth:`_ack_batched`) and ``produce`` is
+        given the transaction, to send its last statements with the COMMIT, and the state
+        of ``produce_state`` (the buffer it writes into), read with the ack's first
+        statements, without its row."""
         state = check_checkpoint(checkpoint) if with_checkpoint else None
         now = self._handle.dialect.now()
         if produce is None and state is None and not self._stale_seen:
             done = {"acked_at": now, "lease_until": None}
             if self._finish_at_once(claim, "ack", done, acking=True):
                 return Acked(len(claim.keys), [], None)
+        retention = self.retention(claim, allow_evicted=allow_evicted)
+        if (
+            produce is not None
+            and made is not None
+            and state is None
+            and not self._stale_seen
+            and batches(self._handle.connections.engine.dialect)
+        ):
+            acked = self._ack_batched(claim, retention, made, produce, produce_state)
+            if acked is not None:
+                return acked
 
         def body(conn: Connection) -> Acked:
             made, report = None, None
             if produce is not None:  # what the claim's work made, in the same commit
                 # (its entries checked already: see _finish's entries)
-                made, report = produce(conn)
+                made, report = produce(conn, None, None)
             if state is not None and produce is None and self._checkpoint_at_ack(claim):
                 # Stored by the statement that acks the entries (the consumer's row, held
                 # since the transaction's first statement, is written once).
@@ -1577,8 +1661,80 @@ class ClaimQueue:
                 acked, short = self.ack_in(conn, claim, now, seq, retention, made)
             return Acked(acked, short, report)
 
-        retention = self.retention(claim, allow_evicted=allow_evicted)
         return self._finish(claim, "ack", body, retention, entries=produce is not None)
+
+    def _ack_batched(
+        self,
+        claim: Claimed,
+        retention: AckRetention,
+        made: Mapping[int, int],
+        produce: _Produce,
+        into: BufferHandle | None = None,
+    ) -> Acked | None:
+        """An ack with ``produce`` (Postgres, pipeline mode; see
+        :mod:`expstore.db.pipeline`) in two round trips: BEGIN, the head (the buffer,
+        the consumer's generation, the claim's entries locked), the statement that acks
+        the entries (with the completions ``made`` added to their targets and the saved
+        progress deleted) and the state of ``into``, the buffer ``produce`` writes into,
+        read without its row, in one; then ``produce``'s: its rows encoded, and, where
+        nothing of that buffer needs its row before the insert, the row taken, its
+        settings checked unchanged (:func:`~expstore.lifecycle.hooks.hold_unchanged`),
+        the rows inserted and counted, their lineage and the COMMIT, in the last. The
+        target's row is then held only by the server, for those statements and the
+        commit, not across a round trip. The checks are those of :meth:`_finish` (the
+        statement that acks sets nothing unless the entries are the consumer's; whatever
+        the head finds wrong raises, rolling back both). None where the buffer's eviction
+        is ``"stale"`` or the target's settings changed since they were read (rolled back:
+        the caller acks as :meth:`_finish` does)."""
+        handle = self._handle
+        now = handle.dialect.now()
+        completions = [int(made.get(k, 0)) for k in retention.keys]
+
+        def write() -> Acked:
+            with handle.errors("ack a claim"), handle.single() as conn, batched(conn) as tx:
+                with tx.batch():
+                    head = self._send_finish_head(conn, claim.consumer, retention, claim.claim_id)
+                    finish = self._finish_entries(
+                        conn,
+                        claim,
+                        "ack",
+                        {"acked_at": now, "lease_until": None},
+                        _Acking(True, retention.keys, True, None, completions),
+                    )
+                    state = (
+                        None
+                        if into is None
+                        else send_state(into, conn, locked=False, fingerprint=True)
+                    )
+                current, held = head()
+                if retention.stale:
+                    raise _StaleFound  # rolled back before anything was kept
+                check_generation(handle, conn, claim.consumer, claim.generation, "ack", current)
+                assert held is not None
+                self._check_own(conn, claim, "ack", held)
+                present, counted, left = finish()
+                acked, short = self._after_finish(
+                    conn, claim, retention, made, present, counted, left, []
+                )
+                _, report = produce(conn, tx, None if state is None else state())
+            return Acked(acked, short, report)
+
+        def attempt() -> Acked:
+            try:
+                return write()
+            except StorageError as exc:
+                if changed_since_read(exc):
+                    raise StateChanged() from exc  # (rolled back)
+                raise
+
+        try:
+            # A deadlock with a claim taking the rows over rolls it back: again.
+            return retried(attempt)
+        except _StaleFound:
+            self._stale_seen = True
+            return None
+        except StateChanged:
+            return None  # the caller acks again, holding the target's row in turn
 
     def release(self, claim: Claimed) -> int:
         """Return the claim's rows to the queue; returns how many."""

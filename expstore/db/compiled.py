@@ -18,7 +18,7 @@ from sqlalchemy import Connection
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError, StatementError
 
-__all__ = ["CompiledSelect", "CompiledWrite", "driver_error", "execute_many"]
+__all__ = ["CompiledSelect", "CompiledWrite", "Pending", "driver_error", "execute_many"]
 
 
 class CompiledSelect:
@@ -79,6 +79,12 @@ class CompiledSelect:
             _close_quietly(cursor)
 
     def run(self, conn: Connection, **params: Any) -> list[Sequence[Any]]:
+        return self.send(conn, **params).rows()
+
+    def send(self, conn: Connection, **params: Any) -> Pending:
+        """Send the statement without reading its result yet: :meth:`Pending.rows` reads
+        it (as :meth:`run` returns it). Inside a pipeline (:mod:`expstore.db.pipeline`)
+        statements sent so go to the server together, in one round trip."""
         args = self._args(params)
         driver = conn.connection.driver_connection
         assert driver is not None
@@ -88,6 +94,17 @@ class CompiledSelect:
                 cursor.execute(self.sql, args, prepare=True)
             else:
                 cursor.execute(self.sql, args)
+        except self._error as exc:
+            error = driver_error(conn, exc, self.sql, args, cursor)
+            _close_quietly(cursor)
+            raise error from exc
+        except BaseException:
+            _close_quietly(cursor)
+            raise
+        return Pending(self, conn, cursor, args)
+
+    def _read(self, conn: Connection, cursor: Any, args: Any) -> list[Sequence[Any]]:
+        try:
             if not self._types:  # an UPDATE, INSERT or DELETE: how many rows it changed
                 return [(cursor.rowcount,)]
             fetched: list[Any] = cursor.fetchall()
@@ -112,6 +129,23 @@ class CompiledSelect:
         for i, processor in processors:
             row[i] = processor(row[i])
         return row
+
+
+class Pending:
+    """A statement sent (:meth:`CompiledSelect.send`) whose result is read later."""
+
+    __slots__ = ("_statement", "_conn", "_cursor", "_args")
+
+    def __init__(self, statement: CompiledSelect, conn: Connection, cursor: Any, args: Any):
+        self._statement = statement
+        self._conn = conn
+        self._cursor = cursor
+        self._args = args
+
+    def rows(self) -> list[Sequence[Any]]:
+        """The statement's rows (an UPDATE, INSERT or DELETE without RETURNING: one row of
+        how many rows it changed)."""
+        return self._statement._read(self._conn, self._cursor, self._args)
 
 
 class CompiledWrite(CompiledSelect):

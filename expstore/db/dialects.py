@@ -209,6 +209,8 @@ class Dialect(ABC):
         chunks: Chunks,
         key_state: Sequence[Any] | None = None,
         count: int = 0,
+        *,
+        keys_said: bool = True,
     ) -> Inserted:
         """Insert encoded rows, chunk by chunk as the encoder hands them over
         (``key_state``: the values of :meth:`key_state` as the write read them with the
@@ -216,7 +218,15 @@ class Dialect(ABC):
         which the insert may count on the buffer's row in its own statement (its
         ``inserted`` and ``row_count`` up by ``count``, ``inserted_at`` now, as the
         write's count does): :class:`Inserted` says whether it did, and the keys the rows
-        got where it knows them."""
+        got where it knows them (``keys_said=False``: never, its result not read: an
+        insert sent in a pipeline, see :meth:`pipelines_insert`)."""
+
+    def pipelines_insert(self, rows: int) -> bool:
+        """Whether an insert of ``rows`` rows may be sent in a pipeline (see
+        :mod:`expstore.db.pipeline`; not a COPY), its result unread, counting its rows
+        on the buffer's row itself (:meth:`insert_rows` with ``count`` of them all says
+        ``counted``)."""
+        return False
 
     def key_state(self) -> list[Any]:
         """Scalar subqueries the writer reads with the buffer's row, for
@@ -367,6 +377,8 @@ class SqliteDialect(Dialect):
         chunks: Chunks,
         key_state: Sequence[Any] | None = None,
         count: int = 0,
+        *,
+        keys_said: bool = True,
     ) -> Inserted:
         # The DB-API's executemany directly: the values are already in column order.
         # SQLite gives a new row the table's largest key + 1, which is the key of a deleted
@@ -517,7 +529,7 @@ class PostgresDialect(Dialect):
     def __init__(self) -> None:
         self.copy_types = [_copy_type(rows.c[name].type) for name in WRITE_COLUMNS]
         self._copy = f"COPY {rows.name} ({_COLUMN_LIST}) FROM STDIN (FORMAT BINARY)"
-        self._small: dict[tuple[int, bool], str] = {}
+        self._small: dict[tuple[int, bool, bool], str] = {}
         #: now() as the write's count of its rows writes it (see _small_insert)
         self._now_sql = str(self.now().compile(dialect=postgresql.dialect()))  # type: ignore[no-untyped-call]
         self._data_at = WRITE_COLUMNS.index("data")
@@ -564,6 +576,8 @@ class PostgresDialect(Dialect):
         chunks: Chunks,
         key_state: Sequence[Any] | None = None,
         count: int = 0,
+        *,
+        keys_said: bool = True,
     ) -> Inserted:
         from psycopg.copy import QueuedLibpqWriter
         from psycopg.types.json import Jsonb
@@ -587,12 +601,14 @@ class PostgresDialect(Dialect):
             # write's count of them on the buffer's row goes in its WITH clause: no round
             # trip of its own.
             counting = count == len(first)
-            statement = self._small_insert(len(first), counting)
+            statement = self._small_insert(len(first), counting, keys_said)
             values = [v for p in first for v in as_sent(p)]
             if counting:
                 values[:0] = [count, count, first[0][0]]  # (WRITE_COLUMNS[0]: buffer_id)
             with _as_sqlalchemy_errors(statement), raw.cursor() as cursor:
                 cursor.execute(statement, values, prepare=True)
+                if not keys_said:
+                    return Inserted(counting)
                 returned = dict(cursor.fetchall())
             # (keys by id: the order RETURNING gives rows in is not promised)
             return Inserted(counting, [returned[p[1]] for p in first])
@@ -610,6 +626,9 @@ class PostgresDialect(Dialect):
                     copy.write_row(as_sent(p))
         return Inserted()
 
+    def pipelines_insert(self, rows: int) -> bool:
+        return 0 < rows <= SMALL_INSERT  # one INSERT, its count in its WITH clause
+
     def state_check(self, buffer_id: Any) -> list[Any]:
         # READ COMMITTED: a SELECT ... FOR UPDATE that waited for another writer returns
         # the row as that writer left it (its xmin), but its subqueries read the snapshot
@@ -619,23 +638,24 @@ class PostgresDialect(Dialect):
         before = before.where(held.c.id == buffer_id)
         return [literal_column(f"{buffers.name}.xmin::text"), before.scalar_subquery()]
 
-    def _small_insert(self, n: int, counting: bool = False) -> str:
+    def _small_insert(self, n: int, counting: bool = False, returning: bool = True) -> str:
         """``INSERT`` of ``n`` rows in WRITE_COLUMNS order, every value a placeholder;
         ``counting``: with the count of them on the buffer's row in its WITH clause (its
         parameters first: the rows stored twice, as ``inserted`` and ``row_count`` grow,
-        and the buffer's id)."""
-        found = self._small.get((n, counting))
+        and the buffer's id); ``returning``: each row's id and key returned."""
+        found = self._small.get((n, counting, returning))
         if found is None:
             row = "(" + ", ".join(["%s"] * len(WRITE_COLUMNS)) + ")"
             found = f"INSERT INTO {rows.name} ({_COLUMN_LIST}) VALUES " + ", ".join([row] * n)
-            found += " RETURNING id, key"
+            if returning:
+                found += " RETURNING id, key"
             if counting:
                 found = (
                     f"WITH counted AS (UPDATE {buffers.name} SET "
                     "inserted = inserted + %s::bigint, row_count = row_count + %s::bigint, "
                     f"inserted_at = {self._now_sql} WHERE id = %s::integer) {found}"
                 )
-            self._small[(n, counting)] = found
+            self._small[(n, counting, returning)] = found
         return found
 
     def ids_statement(self, buffer_id: int, ids: list[str]) -> Select[Any]:

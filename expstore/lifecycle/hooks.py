@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
-from sqlalchemy import Connection, Integer, bindparam, select
+from sqlalchemy import Connection, Integer, Text, bindparam, cast, func, select
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
 
 from ..db.dialects import WRITE_COLUMNS
@@ -46,6 +46,10 @@ __all__ = [
     "BufferState",
     "Fresh",
     "LazyWhere",
+    "StateChanged",
+    "changed_since_read",
+    "hold_unchanged",
+    "send_state",
     "RemoveContext",
     "Removed",
     "RowFeature",
@@ -112,9 +116,19 @@ class BufferState:
     newest: int
     keys: tuple[Any, ...]
     settings: dict[str, Any]
+    #: Read without the buffer's row (:func:`send_state` with ``fingerprint``): a digest
+    #: of every feature's settings as read, which :func:`hold_unchanged` checks once the
+    #: row is held. None: read holding it.
+    fingerprint: str | None = None
 
     def setting(self, name: str) -> Any:
         return self.settings.get(name)
+
+    def reads_unlocked(self) -> bool:
+        """Whether every feature this buffer uses may run its hooks on a state read
+        without the buffer's row (:attr:`RowFeature.reads_unlocked`)."""
+        settings = self.settings
+        return all(f.reads_unlocked for f in _FEATURES if settings.get(f.name) is not None)
 
     def hooked(self, hook: str) -> list[tuple[RowFeature, Any]]:
         """The features this buffer uses that have ``hook`` (a method they override), in
@@ -226,6 +240,11 @@ class RowFeature(ABC):
     #: :meth:`removal_statements` in the rows' DELETE (one round trip for all) instead
     #: of :meth:`before_remove`.
     joins_removal: ClassVar[bool] = False
+    #: Whether a write may run this feature's hooks on its setting as read before the
+    #: write holds the buffer's row (:func:`send_state` with ``fingerprint``), provided
+    #: its :meth:`settings_columns` are unchanged once it does: its hooks before the
+    #: insert read nothing else (a feature whose setting is None is passed over).
+    reads_unlocked: ClassVar[bool] = False
 
     @abstractmethod
     def columns(self, buffer_id: BindParameter[int]) -> Sequence[ColumnElement[Any]]:
@@ -236,6 +255,13 @@ class RowFeature(ABC):
     def setting(self, values: Sequence[Any]) -> Any:
         """The feature's setting for this buffer from those values, in their order;
         ``None`` when the buffer does not use the feature (then no hook of it runs)."""
+
+    def settings_columns(self, columns: Sequence[Any]) -> Sequence[Any]:
+        """Of :meth:`columns` (as given), those that are settings, which writes leave as
+        they are (not counts that every write or removal moves): what a write that read
+        them before holding the buffer's row finds unchanged (:func:`hold_unchanged`). By
+        default all."""
+        return columns
 
     def prepare(self, ctx: WriteContext, setting: Any) -> None:
         """Before the batch is encoded."""
@@ -252,6 +278,12 @@ class RowFeature(ABC):
     def after_write(self, ctx: WriteContext, setting: Any) -> None:
         """Last in the write's transaction, after every feature's :meth:`after_insert`."""
         return None
+
+    def quiet_after(self, ctx: WriteContext, setting: Any) -> bool:
+        """Whether this write's :meth:`after_insert` and :meth:`after_write` would do
+        nothing (its rows encoded already): then the write may skip them, and send its
+        insert later in the transaction (with the COMMIT). By default no."""
+        return False
 
     def before_remove(self, ctx: RemoveContext, setting: Any) -> None:
         """With the keys about to go (``ctx.keys``), still present."""
@@ -281,8 +313,12 @@ HOOKS = ("prepare", "before_insert", "after_insert", "after_write", "before_remo
 _HOOKED: dict[str, list[RowFeature]] = {hook: [] for hook in HOOKS}
 #: (the statement, each feature's span of its columns, where the key state ends)
 _Compiled = tuple[Any, list[tuple[RowFeature, int, int]], int, int]
-#: The state statement, by backend (built from the features registered at first use).
-_STATEMENTS: dict[tuple[str, bool], _Compiled] = {}
+#: The state statement, by backend, lock and fingerprint (built from the features
+#: registered at first use).
+_STATEMENTS: dict[tuple[str, bool, bool], _Compiled] = {}
+#: What the check of :func:`hold_unchanged` raises (a cast of this text, and the buffer's
+#: name, to an integer), found again by :func:`changed_since_read`.
+_CHANGED = "expstore: the settings of buffer "
 
 
 def register(feature: RowFeature) -> RowFeature:
@@ -317,9 +353,19 @@ def registered() -> list[RowFeature]:
     return list(_FEATURES)
 
 
-def _statement(handle: BufferHandle, locked: bool) -> _Compiled:
+def _fingerprint(buffer_id: Any) -> Any:
+    """A digest of every registered feature's settings columns (Postgres)."""
+    parts = [
+        func.coalesce(cast(column, Text), "~")
+        for feature in _FEATURES
+        for column in feature.settings_columns(list(feature.columns(buffer_id)))
+    ]
+    return func.md5(func.concat_ws("|", *parts))
+
+
+def _statement(handle: BufferHandle, locked: bool, fingerprint: bool = False) -> _Compiled:
     dialect = handle.dialect
-    found = _STATEMENTS.get((dialect.name, locked))
+    found = _STATEMENTS.get((dialect.name, locked, fingerprint))
     if found is not None:
         return found
     buffer_id = bindparam("buffer_id", type_=Integer)
@@ -334,27 +380,97 @@ def _statement(handle: BufferHandle, locked: bool) -> _Compiled:
         own = list(feature.columns(buffer_id))
         spans.append((feature, len(columns), len(columns) + len(own)))
         columns.extend(own)
+    if fingerprint:
+        columns.append(_fingerprint(buffer_id))
     stmt: Any = select(*columns).where(buffers.c.id == buffer_id)
     if locked:
         stmt = dialect.locked(stmt)
-    found = _STATEMENTS[(dialect.name, locked)] = (stmt, spans, keys_end, check_end)
+    found = _STATEMENTS[(dialect.name, locked, fingerprint)] = (
+        stmt,
+        spans,
+        keys_end,
+        check_end,
+    )
     return found
 
 
-def read_state(handle: BufferHandle, conn: Connection, *, locked: bool = True) -> BufferState:
+def read_state(
+    handle: BufferHandle, conn: Connection, *, locked: bool = True, fingerprint: bool = False
+) -> BufferState:
     """The buffer's state in one statement (``locked``: its row held until the
     transaction ends; StorageError if the row no longer is the handle's buffer)."""
-    stmt, spans, keys_end, check_end = _statement(handle, locked)
+    return send_state(handle, conn, locked=locked, fingerprint=fingerprint)()
+
+
+def send_state(
+    handle: BufferHandle, conn: Connection, *, locked: bool = True, fingerprint: bool = False
+) -> Callable[[], BufferState]:
+    """:func:`read_state`'s statement, sent now; the function returned reads it.
+    ``fingerprint`` (Postgres, not ``locked``): with the digest of the features'
+    settings, for a write that takes the row later (:func:`hold_unchanged`)."""
+    stmt, spans, keys_end, check_end = _statement(handle, locked, fingerprint)
     # compiled once per handle, run on the driver's cursor
-    key = ("buffer state", locked, len(_FEATURES))  # (a feature registered later: anew)
+    key = ("buffer state", locked, fingerprint, len(_FEATURES))  # (registered later: anew)
     compiled = handle.statement(key, lambda: stmt)
-    got = compiled.run(conn, buffer_id=handle.buffer_id)
-    if not got:
-        raise handle.recreated(None)
-    found = got[0]
-    handle.check_row(found[0], float(found[1]))
-    if check_end > keys_end and found[keys_end] != found[keys_end + 1]:
-        # The row changed while this waited for it: read again, holding it now.
-        return read_state(handle, conn, locked=False)
-    settings = {feature.name: feature.setting(found[start:stop]) for feature, start, stop in spans}
-    return BufferState(int(found[2] or 0), tuple(found[3:keys_end]), settings)
+    sent = compiled.send(conn, buffer_id=handle.buffer_id)
+
+    def read() -> BufferState:
+        got = sent.rows()
+        if not got:
+            raise handle.recreated(None)
+        found = got[0]
+        handle.check_row(found[0], float(found[1]))
+        if check_end > keys_end and found[keys_end] != found[keys_end + 1]:
+            # The row changed while this waited for it: read again, holding it now.
+            return read_state(handle, conn, locked=False, fingerprint=fingerprint)
+        settings = {f.name: f.setting(found[start:stop]) for f, start, stop in spans}
+        digest = str(found[-1]) if fingerprint else None
+        return BufferState(int(found[2] or 0), tuple(found[3:keys_end]), settings, digest)
+
+    return read
+
+
+def hold_unchanged(handle: BufferHandle, conn: Connection, state: BufferState) -> list[Any]:
+    """Send (their results unread: returned, :class:`~expstore.db.compiled.Pending`) the
+    statements that take the buffer's row for a write whose ``state`` was read without it
+    (its ``fingerprint``), then check, in a snapshot taken once the row is held (every
+    change of a feature's settings holds the row until it commits), that every
+    feature's settings are as that state read them: else the check raises (a
+    DBAPIError that :func:`changed_since_read` recognises), failing the transaction.
+    Meant for a pipeline (:mod:`expstore.db.pipeline`), before the write's insert: one
+    round trip for the lock, the check, the insert and the COMMIT."""
+    dialect = handle.dialect
+
+    def lock() -> Any:
+        return dialect.locked(
+            select(buffers.c.id).where(buffers.c.id == bindparam("buffer_id", type_=Integer))
+        )
+
+    def check() -> Any:
+        buffer_id = bindparam("buffer_id", type_=Integer)
+        # (the cast reads the row: never folded into a constant, so raised only here)
+        raised = cast(func.concat(_CHANGED, buffers.c.name, " changed"), Integer)
+        differs = _fingerprint(buffer_id) != bindparam("seen", type_=Text)
+        return select(raised).where(buffers.c.id == buffer_id, differs)
+
+    return [
+        handle.statement(("hold buffer",), lock).send(conn, buffer_id=handle.buffer_id),
+        handle.statement(("buffer unchanged", len(_FEATURES)), check).send(
+            conn, buffer_id=handle.buffer_id, seen=state.fingerprint
+        ),
+    ]
+
+
+class StateChanged(Exception):
+    """Internal: a write that read the buffer's state before holding its row found its
+    settings changed once it held it (rolled back: the caller writes again, holding the
+    row from the start)."""
+
+
+def changed_since_read(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or what caused it) is the failed check of :func:`hold_unchanged`."""
+    while exc is not None:
+        if _CHANGED in str(getattr(exc, "orig", None) or ""):
+            return True
+        exc = exc.__cause__
+    return False

@@ -208,6 +208,14 @@ class _RetentionFeature(RowFeature):
         capacity = None if values[0] is None else int(values[0])
         return Retention(capacity, values[1] or "fifo", int(values[2] or 0))
 
+    reads_unlocked = True  # (no hook before the insert)
+
+    def settings_columns(self, columns: Sequence[Any]) -> Sequence[Any]:
+        return columns[:2]  # not the row count
+
+    def quiet_after(self, ctx: WriteContext, setting: Any) -> bool:
+        return not setting.evicts
+
     def after_write(self, ctx: WriteContext, setting: Any) -> None:
         if setting.evicts:
             # the rows now: as the state read them, with this write's in and its removals

@@ -321,6 +321,11 @@ class _TombstonesFeature(RowFeature):
         keep = keep_setting(values[0])
         return (keep, int(values[1] or 0)) if keep else None
 
+    reads_unlocked = True  # (no hook in a write before removals)
+
+    def settings_columns(self, columns: Sequence[Any]) -> Sequence[Any]:
+        return columns[:1]  # not the newest tombstone's number
+
     def before_remove(self, ctx: RemoveContext, setting: Any) -> None:
         keep, last = setting
         newest = record(ctx.handle, ctx.conn, ctx.keys, ctx.reason, ctx.policy, keep, last)

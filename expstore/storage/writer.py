@@ -30,6 +30,7 @@ from ..codec import HEADER_SIZE, PayloadWriter
 from ..codec.compression import DEFAULT_MAX_ARRAY_BYTES, EXTERNAL_THRESHOLD
 from ..db.dialects import WRITE_COLUMNS
 from ..db.handle import BufferHandle, retried
+from ..db.pipeline import Batched
 from ..db.row_ids import ids_to_keys
 from ..dedup import check_dedup, without_duplicates
 from ..errors import (
@@ -39,7 +40,15 @@ from ..errors import (
     RowValidationError,
     UnsupportedTypeError,
 )
-from ..lifecycle.hooks import BufferState, Fresh, Removed, WriteContext, read_state
+from ..lifecycle.hooks import (
+    BufferState,
+    Fresh,
+    Removed,
+    StateChanged,
+    WriteContext,
+    hold_unchanged,
+    read_state,
+)
 from ..lifecycle.registry import bump_version, count_inserted, count_removed, remove_ids
 from ..limits.counters import RateLimits, WriteBlocked
 from ..model.layout import (
@@ -416,6 +425,7 @@ def write_in(
     dedup: str | None,
     state: BufferState | None = None,
     removed: Removed | None = None,
+    tail: Batched | None = None,
 ) -> Written:
     """The write of ``batch`` into the handle's buffer inside the caller's transaction
     (``conn``, of the handle's database), as the row lifecycle has it
@@ -426,7 +436,13 @@ def write_in(
     duplicate id raises IntegrityError: once rolled back, :func:`duplicate_of` says
     which ids. ``state`` and ``removed``: the buffer's state as the caller's transaction
     read it (its row taken) and the removals it made before the write, deferred to the
-    write's count (:func:`replace_rows`); by default read now, none."""
+    write's count (:func:`replace_rows`); by default read now, none. ``tail``: the
+    caller's transaction, when it is :func:`~expstore.db.pipeline.batched` and the write
+    is its last: where the dialect may pipeline the insert (a few rows, counted on the
+    buffer's row by the insert itself), nothing was removed and no feature has anything
+    to do after the insert (:meth:`~expstore.lifecycle.hooks.RowFeature.quiet_after`),
+    the insert is sent with the COMMIT, in its round trip: the buffer's row, locked by
+    the state's read, is held one round trip less."""
     try:
         # Writers of a buffer take turns on its row, so keys are handed out in commit
         # order (readers' cached key indexes only ever need the keys above the largest they
@@ -434,6 +450,10 @@ def write_in(
         # write's.
         if state is None:
             state = read_state(handle, conn)
+        elif state.fingerprint is not None and not (
+            tail is not None and dedup is None and removed is None and state.reads_unlocked()
+        ):
+            _hold(handle, conn, state)  # read without the row: take it now
         if removed is None:
             # (removals' counts are deferred to the write's one update of the buffer's row)
             removed = Removed(state.newest, deferred=True)
@@ -446,22 +466,27 @@ def write_in(
             ctx.stored = len(kept)
             ctx.chunks = iter([kept[i : i + WRITE_CHUNK] for i in range(0, len(kept), WRITE_CHUNK)])
         state.run("before_insert", ctx)
-        if ctx.stored:
-            # (the insert may count its rows on the buffer's row itself: Postgres, a few)
-            counting = 0 if removed.counted_inserts else ctx.stored
-            # A small batch's encoded rows are kept until the insert says their keys
-            # (SQLite): the hooks need no statement to learn them, and the caller may keep
-            # their values (the row cache, see SqlStorage).
-            keeps = ctx.stored <= KEPT_ROWS and handle.dialect.says_keys(ctx.stored)
-            held: list[tuple[Any, ...]] | None = [] if keeps else None
-            chunks = ctx.chunks if held is None else _keeping(ctx.chunks, held)
-            inserted = handle.dialect.insert_rows(conn, chunks, state.keys, counting)
-            if inserted.counted:
-                removed.counted_inserts = counting
-            if held is not None and inserted.keys is not None:
-                ctx.inserted(held, inserted.keys)
-            state.run("after_insert", ctx)
-        state.run("after_write", ctx)
+        if ctx.stored and tail is not None and _with_commit(ctx, tail):
+            pass  # sent with the COMMIT, counted by itself; nothing to do after it
+        else:
+            if state.fingerprint is not None:
+                _hold(handle, conn, state)  # the insert takes keys holding the row
+            if ctx.stored:
+                # (the insert may count its rows on the buffer's row itself: Postgres, a few)
+                counting = 0 if removed.counted_inserts else ctx.stored
+                # A small batch's encoded rows are kept until the insert says their keys:
+                # the hooks need no statement to learn them, and the caller may keep
+                # their values (the row cache, see SqlStorage).
+                keeps = ctx.stored <= KEPT_ROWS and handle.dialect.says_keys(ctx.stored)
+                held: list[tuple[Any, ...]] | None = [] if keeps else None
+                chunks = ctx.chunks if held is None else _keeping(ctx.chunks, held)
+                inserted = handle.dialect.insert_rows(conn, chunks, state.keys, counting)
+                if inserted.counted:
+                    removed.counted_inserts = counting
+                if held is not None and inserted.keys is not None:
+                    ctx.inserted(held, inserted.keys)
+                state.run("after_insert", ctx)
+            state.run("after_write", ctx)
         # (rows a replace's removal counted already on the buffer's row: none otherwise)
         to_count = ctx.stored - removed.counted_inserts
         if to_count:
@@ -496,6 +521,48 @@ def _keeping(
     for chunk in chunks:
         into.extend(chunk)
         yield chunk
+
+
+def _hold(handle: BufferHandle, conn: Connection, state: BufferState) -> None:
+    """Take the buffer's row for a write whose ``state`` was read without it: the state
+    read again holding it, the same settings (else StateChanged: the caller writes again
+    from the start), its counts as they are now."""
+    held = read_state(handle, conn, fingerprint=True)
+    if held.fingerprint != state.fingerprint:
+        raise StateChanged()
+    state.newest, state.keys, state.settings = held.newest, held.keys, held.settings
+    state.fingerprint = None
+
+
+def _with_commit(ctx: WriteContext, tail: Batched) -> bool:
+    """Send the write's insert with ``tail``'s COMMIT (see :func:`write_in`'s ``tail``),
+    if it may go there; returns whether it does (else nothing is sent, ``ctx.chunks``
+    still hold the rows)."""
+    removed = ctx.removed
+    dialect = ctx.handle.dialect
+    if (
+        removed.counted_inserts
+        or removed.total
+        or removed.uncounted
+        or removed.changed
+        or not dialect.pipelines_insert(ctx.stored)
+    ):
+        return False
+    chunks = list(ctx.chunks)  # encoded now (what a feature does after may depend on it)
+    ctx.chunks = iter(chunks)
+    if len(chunks) != 1 or len(chunks[0]) != ctx.stored:
+        return False
+    state = ctx.state
+    for hook in ("after_insert", "after_write"):
+        if not all(feature.quiet_after(ctx, setting) for feature, setting in state.hooked(hook)):
+            return False
+    conn, keys, stored = ctx.conn, state.keys, ctx.stored
+    if state.fingerprint is not None:  # read without the row: taken, and checked, first
+        handle = ctx.handle
+        tail.at_commit(lambda: hold_unchanged(handle, conn, state))
+    tail.at_commit(lambda: dialect.insert_rows(conn, iter(chunks), keys, stored, keys_said=False))
+    removed.counted_inserts = stored  # by the insert (see Dialect.pipelines_insert)
+    return True
 
 
 def _encoded_chunks(handle: BufferHandle, batch: RowSource) -> Iterator[list[tuple[Any, ...]]]:

@@ -693,6 +693,109 @@ def test_an_ack_with_produce_that_fails_stores_nothing(
     assert len(rollouts) == 4
 
 
+def _counted(buffer: ReplayBuffer) -> int | None:
+    """The buffer's rows as its row count says (kept by every write)."""
+    from expstore.lifecycle.registry import list_buffers
+
+    handle = buffer.sql._handle
+    with handle.read() as conn:
+        return {b.name: b.rows for b in list_buffers(conn)}[handle.name]
+
+
+def test_an_ack_with_produce_alone_keeps_every_check(
+    two_buffers: tuple[ReplayBuffer, ReplayBuffer],
+) -> None:
+    """An ack with produce and no checkpoint (on Postgres: three round trips, its rows,
+    their lineage and the COMMIT sent together; expstore.db.pipeline): the rows stored,
+    counted and linked to the claim, the claim acked; a duplicate id stores and acks
+    nothing; a zombie's ack is fenced, storing nothing; an ack retried after its commit is
+    told so."""
+    from expstore.errors import DuplicateIdError, FencedError
+
+    prompts, rollouts = two_buffers
+    prompts.store_batch([make_row("p0"), make_row("p1"), make_row("p2")])
+    me = prompts.consumer("actor")
+    claim = me.claim(1)
+    made = _completions(claim.ids[0])
+    stored = make_row("x")
+    rollouts.store_batch([stored])
+    with pytest.raises(DuplicateIdError):
+        claim.ack(produce=[*made, stored], into=rollouts)
+    assert len(rollouts) == 1 and claim.state == "held"
+    assert prompts.queue_stats().leased == 1
+    assert claim.ack(produce=made, into=rollouts) == 1
+    assert claim.produced is not None and claim.produced.stored == 4
+    assert len(rollouts) == 5 and _counted(rollouts) == 5
+    links = rollouts.lineage([r.id for r in made])
+    assert {link.produced_by.claim_id for link in links.values() if link.produced_by} == {
+        claim.claim_id
+    }
+    assert prompts.lineage(claim.ids)[claim.ids[0]].state == "consumed"
+    with pytest.raises(ClaimFinishedError):
+        claim.ack(produce=made, into=rollouts)
+    assert len(rollouts) == 5
+    stalled = me.claim(1)
+    prompts.consumer("actor")  # a new incarnation: the old one is fenced
+    with pytest.raises(FencedError):
+        stalled.ack(produce=_completions(stalled.ids[0]), into=rollouts)
+    assert len(rollouts) == 5 and prompts.queue_stats().consumed == 1
+
+
+def test_an_ack_with_produce_alone_into_a_capped_buffer_evicts_as_a_write_does(
+    two_buffers: tuple[ReplayBuffer, ReplayBuffer],
+) -> None:
+    """Produced rows beyond the target buffer's capacity are evicted by the ack's
+    write, as a store evicts them (the write's insert is then not left for the COMMIT)."""
+    prompts, rollouts = two_buffers
+    rollouts.set_retention(6)
+    prompts.store_batch([make_row(f"p{i}") for i in range(3)])
+    for _ in range(3):
+        claim = prompts.claim(1, consumer="actor")
+        assert claim.ack(produce=_completions(claim.ids[0]), into=rollouts) == 1
+    assert len(rollouts) == 6 and _counted(rollouts) == 6
+    assert prompts.queue_stats().consumed == 3
+
+
+def test_an_ack_whose_target_changed_after_its_state_was_read_writes_again(
+    db_url: str, two_buffers: tuple[ReplayBuffer, ReplayBuffer], monkeypatch: Any
+) -> None:
+    """On Postgres an ack with produce reads the target's state without its row, and
+    takes the row with the statements it sends with the COMMIT, checking the settings
+    unchanged: a capacity set in between (another transaction, committed first) fails
+    the check, and the ack is made again holding the row, the capacity applied."""
+    if db_url.startswith("sqlite"):
+        pytest.skip("SQLite's writes hold the database from their first statement")
+    from sqlalchemy import create_engine, update
+
+    import expstore.storage.writer as writer
+    from expstore.db.schema import buffers
+
+    prompts, rollouts = two_buffers
+    prompts.store_batch([make_row("p0")])
+    rollouts.store_batch([make_row("x") for _ in range(3)])
+    real, changed = writer._with_commit, []
+    target_id = rollouts.sql._handle.buffer_id
+
+    def meanwhile(ctx: Any, tail: Any) -> bool:
+        if not changed:  # as another process sets it (this one's pool is the ack's)
+            other = create_engine(db_url)
+            with other.begin() as conn:
+                changed.append(
+                    conn.execute(
+                        update(buffers).where(buffers.c.id == target_id).values(capacity=5)
+                    ).rowcount
+                )
+            other.dispose()
+        return real(ctx, tail)
+
+    monkeypatch.setattr(writer, "_with_commit", meanwhile)
+    claim = prompts.claim(1, consumer="actor")
+    assert claim.ack(produce=_completions("p0"), into=rollouts) == 1
+    assert changed and len(rollouts) == 5 and _counted(rollouts) == 5
+    assert claim.produced is not None and claim.produced.stored == 4
+    assert prompts.queue_stats().consumed == 1
+
+
 def test_produce_into_a_buffer_of_another_database_is_refused(tmp_path: Any) -> None:
     with ReplayBuffer(f"sqlite:///{tmp_path}/a.db") as prompts:
         with ReplayBuffer(f"sqlite:///{tmp_path}/b.db") as elsewhere:
