@@ -25,6 +25,7 @@ from .._optional import require
 from .._retry import SQLITE_BUSY
 from ..errors import ConnectionLostError, StorageError
 from .compiled import driver_error
+from .pipeline import Batched, batched, batches
 
 __all__ = ["Connections", "Router", "create_sql_engine", "is_memory", "normalise_url"]
 
@@ -476,6 +477,26 @@ class Connections:
                 # The write committed; its LSN could not be read. The next read goes to
                 # the primary instead, which has it.
                 router.read_primary_once()
+
+    @property
+    def batches_writes(self) -> bool:
+        """Whether :meth:`batched_write` may serve a write (Postgres with pipeline mode,
+        no replica that must see this process's writes)."""
+        found = self.__dict__.get("_batches")
+        if found is None:
+            found = self._batches = self._postgres and batches(self.engine.dialect)
+        return bool(found) and (self.router is None or not self.router.read_your_writes)
+
+    @contextmanager
+    def batched_write(self) -> Iterator[Batched]:
+        """A write transaction sent a batch at a time (see :mod:`expstore.db.pipeline`):
+        its BEGIN goes with its first statements, its last statements with its COMMIT.
+        Committed when the block ends, rolled back if it raises; this thread's connection
+        (:meth:`held`) meanwhile, as :meth:`write`'s is."""
+        with self._lock, self._engines()[1].connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            with self._holding(conn), batched(conn) as tx:
+                yield tx
 
     def close(self) -> None:
         if self.router is not None:

@@ -48,6 +48,7 @@ from ..lifecycle.hooks import (
     WriteContext,
     hold_unchanged,
     read_state,
+    send_state,
 )
 from ..lifecycle.registry import bump_version, count_inserted, count_removed, remove_ids
 from ..limits.counters import RateLimits, WriteBlocked
@@ -400,6 +401,14 @@ def _write(
     did."""
     with handle.errors("store rows"):
         try:
+            connections = handle.connections
+            if then is None and connections.batches_writes:
+                # Postgres: BEGIN with the state's read (its row taken), and a few rows'
+                # insert with the COMMIT where nothing follows it (write_in's tail).
+                with connections.batched_write() as tx:
+                    with tx.batch():
+                        state = send_state(handle, tx.conn)
+                    return write_in(handle, tx.conn, batch, dedup, state(), tail=tx)
             with handle.write() as conn:
                 done = write_in(handle, conn, batch, dedup)
                 if then is not None:
