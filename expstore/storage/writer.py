@@ -361,17 +361,28 @@ def replace_rows(
     ids = list(batch.ids)
     waiting = RATE_LIMIT_WAIT.start()
 
+    def replace(conn: Connection, state: BufferState, tail: Batched | None = None) -> None:
+        removed = Removed(state.newest, deferred=True)
+        doomed = ids if replacing is None else list(replacing(conn))
+        remove_ids(handle, conn, doomed, state, removed, len(ids))
+        write_in(handle, conn, batch, None, state, removed, tail=tail)
+        if then is not None:
+            then(conn)
+
     def write() -> None:
         while True:
             try:
-                with handle.errors("replace rows"), handle.write() as conn:
-                    state = read_state(handle, conn)
-                    removed = Removed(state.newest, deferred=True)
-                    doomed = ids if replacing is None else list(replacing(conn))
-                    remove_ids(handle, conn, doomed, state, removed, len(ids))
-                    write_in(handle, conn, batch, None, state, removed)
-                    if then is not None:
-                        then(conn)
+                with handle.errors("replace rows"):
+                    connections = handle.connections
+                    if then is None and connections.batches_writes:
+                        # Postgres: BEGIN with the state's read, as _write sends them
+                        with connections.batched_write() as tx:
+                            with tx.batch():
+                                state = send_state(handle, tx.conn)
+                            replace(tx.conn, state(), tx)
+                        return
+                    with handle.write() as conn:
+                        replace(conn, read_state(handle, conn))
                 return
             except WriteBlocked as blocked:  # rolled back: wait for samplers, then again
                 RateLimits(handle).wait_to_write(blocked, waiting)

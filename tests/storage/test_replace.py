@@ -187,8 +187,10 @@ def test_a_replace_reads_the_buffers_state_once_and_counts_once(
 ) -> None:
     buffer, first = three
     buffer.sql.replace(changed_rows(first[:1], 1.0))  # warm
-    with driver_statements(buffer.sql.handle.connections.engine) as seen:
+    with driver_statements(buffer.sql.handle.connections.engine) as traced:
         buffer.sql.replace(changed_rows(first[1:2], 2.0))
+    # (after the commit, the planner's statistics may be refreshed: not the write's own)
+    seen = [s for s in traced if not s.startswith("ANALYZE")]
     state_reads = [s for s in seen if s.startswith("SELECT expstore_buffers.name")]
     buffer_updates = [s for s in seen if "UPDATE expstore_buffers" in s]
     assert len(state_reads) == 1 and len(buffer_updates) == 1
