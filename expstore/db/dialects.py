@@ -88,7 +88,7 @@ class Inserted(NamedTuple):
     #: The keys the rows got, in the order given, where the insert knows them without a
     #: statement of its own (SQLite hands them out; a few rows on Postgres return theirs);
     #: else None.
-    keys: list[int] | None = None
+    keys: Sequence[int] | None = None
 
 
 #: The largest row key ever handed out (kept by SQLite writers, see SqliteDialect).
@@ -402,7 +402,7 @@ class SqliteDialect(Dialect):
             execute_many(conn, self._insert_keyed, keyed)
             next_key += len(params)
         # (no statement of SQLite's modifies in its WITH clause: never counted)
-        return Inserted(False, list(range(first_key, first_key + stored)))
+        return Inserted(False, range(first_key, first_key + stored))
 
     def before_delete(
         self, conn: Connection, top: int, key_state: Sequence[Any]

@@ -170,10 +170,10 @@ class WriteContext:
     fresh: Fresh | None = None
     _keys: dict[str, int] | None = None
 
-    def inserted(self, encoded: list[tuple[Any, ...]], keys: list[int]) -> None:
+    def inserted(self, encoded: list[tuple[Any, ...]], keys: Sequence[int]) -> None:
         """The insert put ``encoded`` (in WRITE_COLUMNS order) under ``keys``:
         :meth:`new_keys` needs no statement."""
-        self.fresh = Fresh(keys, encoded)
+        self.fresh = Fresh(list(keys), encoded)
         self._keys = {row[_ID_AT]: key for key, row in zip(keys, encoded, strict=True)}
 
     def new_keys(self) -> dict[str, int]:

@@ -16,6 +16,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from functools import partial
 from hashlib import blake2b
 from operator import is_not, itemgetter
@@ -361,28 +362,23 @@ def replace_rows(
     ids = list(batch.ids)
     waiting = RATE_LIMIT_WAIT.start()
 
-    def replace(conn: Connection, state: BufferState, tail: Batched | None = None) -> None:
-        removed = Removed(state.newest, deferred=True)
-        doomed = ids if replacing is None else list(replacing(conn))
-        remove_ids(handle, conn, doomed, state, removed, len(ids))
-        write_in(handle, conn, batch, None, state, removed, tail=tail)
-        if then is not None:
-            then(conn)
-
     def write() -> None:
         while True:
             try:
-                with handle.errors("replace rows"):
-                    connections = handle.connections
-                    if then is None and connections.batches_writes:
-                        # Postgres: BEGIN with the state's read, as _write sends them
-                        with connections.batched_write() as tx:
-                            with tx.batch():
-                                state = send_state(handle, tx.conn)
-                            replace(tx.conn, state(), tx)
-                        return
-                    with handle.write() as conn:
-                        replace(conn, read_state(handle, conn))
+                with (
+                    handle.errors("replace rows"),
+                    _transaction(handle, then is None) as (
+                        conn,
+                        state,
+                        tail,
+                    ),
+                ):
+                    removed = Removed(state.newest, deferred=True)
+                    doomed = ids if replacing is None else list(replacing(conn))
+                    remove_ids(handle, conn, doomed, state, removed, len(ids))
+                    write_in(handle, conn, batch, None, state, removed, tail=tail)
+                    if then is not None:
+                        then(conn)
                 return
             except WriteBlocked as blocked:  # rolled back: wait for samplers, then again
                 RateLimits(handle).wait_to_write(blocked, waiting)
@@ -412,16 +408,8 @@ def _write(
     did."""
     with handle.errors("store rows"):
         try:
-            connections = handle.connections
-            if then is None and connections.batches_writes:
-                # Postgres: BEGIN with the state's read (its row taken), and a few rows'
-                # insert with the COMMIT where nothing follows it (write_in's tail).
-                with connections.batched_write() as tx:
-                    with tx.batch():
-                        state = send_state(handle, tx.conn)
-                    return write_in(handle, tx.conn, batch, dedup, state(), tail=tx)
-            with handle.write() as conn:
-                done = write_in(handle, conn, batch, dedup)
+            with _transaction(handle, then is None) as (conn, state, tail):
+                done = write_in(handle, conn, batch, dedup, state, tail=tail)
                 if then is not None:
                     then(conn)
                 return done
@@ -430,6 +418,26 @@ def _write(
             if duplicate is None:
                 raise  # not a duplicate id: reported as the database said it
             raise duplicate from exc
+
+
+@contextmanager
+def _transaction(
+    handle: BufferHandle, pipelined: bool
+) -> Iterator[tuple[Connection, BufferState, Batched | None]]:
+    """A write transaction of the handle's buffer and its state, read in it with the
+    buffer's row taken: ``(conn, state, tail)``. On Postgres, where ``pipelined`` (nothing
+    of the caller's reads what the write's insert wrote before the commit), BEGIN goes with
+    the state's read and ``tail`` is the transaction, so write_in may send a few rows'
+    insert with the COMMIT; otherwise ``tail`` is None. Committed when the block ends."""
+    connections = handle.connections
+    if pipelined and connections.batches_writes:
+        with connections.batched_write() as tx:
+            with tx.batch():
+                state = send_state(handle, tx.conn)
+            yield tx.conn, state(), tx
+        return
+    with handle.write() as conn:
+        yield conn, read_state(handle, conn), None
 
 
 def duplicate_of(handle: BufferHandle, batch: RowSource) -> DuplicateIdError | None:
